@@ -1,0 +1,1 @@
+//! pmrxe-abi (being written).

@@ -1,0 +1,1 @@
+//! pmrxe-config (being written).

@@ -1,0 +1,1 @@
+//! pmrxe-mem (being written).

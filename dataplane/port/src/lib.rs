@@ -1,0 +1,1 @@
+//! pmrxe-port (being written).

@@ -1,0 +1,1 @@
+//! pmrxe-runtime (being written).

@@ -1,0 +1,1 @@
+//! pmrxe-service (being written).

@@ -1,0 +1,1 @@
+//! pmrxe-transport (being written).

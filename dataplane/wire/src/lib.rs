@@ -1,0 +1,1 @@
+//! pmrxe-wire (being written).

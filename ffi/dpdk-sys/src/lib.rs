@@ -1,0 +1,1 @@
+//! pmrxe-dpdk-sys (being written).

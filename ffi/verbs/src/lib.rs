@@ -1,0 +1,1 @@
+//! pmrxe-verbs shim (being written).
