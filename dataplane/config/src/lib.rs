@@ -1,1 +1,394 @@
-//! pmrxe-config (being written).
+//! pmrxe's configuration: the TOML schema, its loader and its validation.
+//!
+//! Contract: [`Config::load`] / [`Config::from_str`] either return a configuration that has
+//! passed every check in [`Config::validate_with`], or a [`ConfigError`] whose `Display` is one
+//! line naming the key (`config error: unknown key 'no_such_key' at top level`,
+//! `config error: ports[0].mac: invalid MAC "zz"`). Every table denies unknown keys, so a typo
+//! is an error rather than a silently ignored setting. The full schema, with defaults, is
+//! documented in `configs/README.md` and on the types below.
+//!
+//! ```toml
+//! [service]    socket, log, idle = { mode, spin_iterations, max_sleep_us }, metrics
+//! [eal]        hugepages, memory_mb, file_prefix, in_memory, extra_args, log_level
+//! [lcores]     cores = [1], main_core = 0
+//! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc
+//! [[neighbors]] ip, mac
+//! [limits]     max_qp, max_cq, ... (defaults in Limits::default)
+//! [faults]     loss, duplicate, reorder, corrupt, seed (optional)
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod sys;
+mod types;
+mod validate;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use error::ConfigError;
+pub use sys::SystemInfo;
+pub use types::{Ipv4Cidr, Ipv6Cidr, MacAddr};
+
+/// The embedded default configuration (`configs/loopback.toml` is an identical copy; a test
+/// keeps them equal): two ring-pair devices `pmrxe0` ↔ `pmrxe1`, no hugepages, one lcore.
+pub const DEFAULT_LOOPBACK: &str = include_str!("loopback.toml");
+
+/// Environment variable that overrides `service.socket` (see [`Config::socket_path`]).
+pub const SOCKET_ENV: &str = "PMRXE_SOCKET";
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[service]`: control socket, logging, idle policy, metrics.
+    pub service: ServiceConfig,
+    /// `[eal]`: DPDK EAL memory and process options.
+    pub eal: EalSection,
+    /// `[lcores]`: CPUs for poll-mode lcores and the main lcore.
+    pub lcores: LcoreConfig,
+    /// `[[ports]]`: the devices, in order; device `pmrxeN` is usually `ports[N]`.
+    pub ports: Vec<PortConfig>,
+    /// `[[neighbors]]`: static ARP/ND entries.
+    pub neighbors: Vec<Neighbor>,
+    /// `[limits]`: device limits reported by `ibv_query_device` and enforced by the service.
+    pub limits: Limits,
+    /// `[faults]`: optional fault injection on every port (tests only).
+    pub faults: Option<FaultConfig>,
+}
+
+/// `[service]`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// Control socket path. Default `/run/pmrxe/pmrxe.sock`; `PMRXE_SOCKET` overrides it.
+    pub socket: PathBuf,
+    /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing `EnvFilter` string).
+    pub log: String,
+    /// What a poll-mode lcore does when a loop iteration found no work.
+    pub idle: IdleConfig,
+    /// Optional `host:port` for the metrics endpoint.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            socket: PathBuf::from("/run/pmrxe/pmrxe.sock"),
+            log: "info".into(),
+            idle: IdleConfig::default(),
+            metrics: None,
+        }
+    }
+}
+
+/// `service.idle`: lcore idle policy.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdleConfig {
+    /// `backoff` (spin, then sleep with exponential back-off) or `busy` (never sleep).
+    pub mode: IdleMode,
+    /// Empty iterations spent spinning before the first sleep (backoff mode).
+    pub spin_iterations: u32,
+    /// Longest sleep between polls, in microseconds (backoff mode).
+    pub max_sleep_us: u32,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        IdleConfig { mode: IdleMode::Backoff, spin_iterations: 1000, max_sleep_us: 200 }
+    }
+}
+
+/// Idle policy of a poll-mode lcore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleMode {
+    /// Spin `spin_iterations` times, then sleep up to `max_sleep_us` (tests, shared machines).
+    Backoff,
+    /// Poll forever without sleeping (benchmarks, dedicated cores).
+    Busy,
+}
+
+/// `[eal]`: DPDK Environment Abstraction Layer options.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EalSection {
+    /// Use hugepages (must be reserved: see `scripts/hugepages.sh`). `false` passes `--no-huge`.
+    pub hugepages: bool,
+    /// Memory for EAL in MiB (`-m`).
+    pub memory_mb: u32,
+    /// `--file-prefix`; default `pmrxe-<pid>` so that processes never collide.
+    pub file_prefix: Option<String>,
+    /// `--in-memory`: no runtime files at all (no multi-process, no file prefix).
+    pub in_memory: bool,
+    /// Extra EAL arguments appended verbatim.
+    pub extra_args: Vec<String>,
+    /// `--log-level` value (`error`, `info`, `8`, `lib.eal:debug`, ...). Default: DPDK's.
+    pub log_level: Option<String>,
+}
+
+impl Default for EalSection {
+    fn default() -> Self {
+        EalSection {
+            hugepages: false,
+            memory_mb: 256,
+            file_prefix: None,
+            in_memory: false,
+            extra_args: Vec::new(),
+            log_level: None,
+        }
+    }
+}
+
+impl EalSection {
+    /// The effective `--file-prefix`: the configured one or `pmrxe-<pid>`.
+    pub fn file_prefix(&self) -> String {
+        self.file_prefix.clone().unwrap_or_else(|| format!("pmrxe-{}", std::process::id()))
+    }
+}
+
+/// `[lcores]`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LcoreConfig {
+    /// CPU ids for the poll-mode lcores, one lcore each. The control thread never runs on them.
+    pub cores: Vec<u32>,
+    /// CPU of the EAL main lcore (and the control thread). Must not be in `cores`.
+    pub main_core: u32,
+}
+
+impl Default for LcoreConfig {
+    fn default() -> Self {
+        LcoreConfig { cores: vec![1], main_core: 0 }
+    }
+}
+
+/// What a port is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortKind {
+    /// Two ports wired back to back inside this process by two `rte_ring`s
+    /// (`rte_eth_from_rings`); needs `peer`, no `devargs`.
+    RingPair,
+    /// A DPDK virtual device: `devargs` starts with `net_` (`net_memif0,role=server,...`,
+    /// `net_af_packet0,iface=veth0`, `net_af_xdp0,iface=...`, `net_tap0`, ...).
+    Vdev,
+    /// A PCI device: `devargs` is a PCI address (`0000:3b:00.0[,key=value...]`).
+    Pci,
+}
+
+/// One `[[ports]]` entry: a device `pmrxeN`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PortConfig {
+    /// Device name, also the verbs device name (`pmrxe0`). Unique.
+    pub name: String,
+    /// Port kind; inferred when absent ([`PortConfig::kind`]).
+    pub kind: Option<PortKind>,
+    /// DPDK device string for `vdev`/`pci` kinds.
+    pub devargs: Option<String>,
+    /// The other port of a `ring_pair`, by name.
+    pub peer: Option<String>,
+    /// MAC address; default: the one the PMD reports.
+    pub mac: Option<MacAddr>,
+    /// IPv4 address with prefix (`198.18.0.1/24`); becomes the IPv4-mapped RoCEv2 GID.
+    pub ipv4: Option<Ipv4Cidr>,
+    /// Optional IPv6 address with prefix; becomes a RoCEv2 GID.
+    pub ipv6: Option<Ipv6Cidr>,
+    /// Ethernet MTU (L3 bytes). 68..=9216; default 1500.
+    pub mtu: u16,
+    /// Number of RX queues (1..=64).
+    pub rx_queues: u16,
+    /// Number of TX queues (1..=64).
+    pub tx_queues: u16,
+    /// RX descriptors per queue (power of two, 32..=16384).
+    pub rx_desc: u16,
+    /// TX descriptors per queue (power of two, 32..=16384).
+    pub tx_desc: u16,
+}
+
+impl Default for PortConfig {
+    fn default() -> Self {
+        PortConfig {
+            name: String::new(),
+            kind: None,
+            devargs: None,
+            peer: None,
+            mac: None,
+            ipv4: None,
+            ipv6: None,
+            mtu: 1500,
+            rx_queues: 1,
+            tx_queues: 1,
+            rx_desc: 1024,
+            tx_desc: 1024,
+        }
+    }
+}
+
+impl PortConfig {
+    /// The effective kind: explicit, else `ring_pair` if `peer` is set, `pci` if `devargs`
+    /// looks like a PCI address, otherwise `vdev`.
+    pub fn kind(&self) -> PortKind {
+        if let Some(k) = self.kind {
+            return k;
+        }
+        match (&self.peer, &self.devargs) {
+            (Some(_), None) => PortKind::RingPair,
+            (_, Some(d)) if validate::is_pci_addr(d.split(',').next().unwrap_or("")) => PortKind::Pci,
+            _ => PortKind::Vdev,
+        }
+    }
+}
+
+/// One `[[neighbors]]` entry: a static ARP (IPv4) or ND (IPv6) entry.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Neighbor {
+    /// The neighbour's IP address.
+    #[serde(deserialize_with = "types::de_ip")]
+    pub ip: IpAddr,
+    /// Its MAC address.
+    pub mac: MacAddr,
+}
+
+/// `[limits]`: device limits. Defaults are sane for a software device.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Queue pairs per device.
+    pub max_qp: u32,
+    /// Completion queues per device.
+    pub max_cq: u32,
+    /// Memory regions per device.
+    pub max_mr: u32,
+    /// Memory windows per device.
+    pub max_mw: u32,
+    /// Shared receive queues per device.
+    pub max_srq: u32,
+    /// Protection domains per device.
+    pub max_pd: u32,
+    /// Address handles per device.
+    pub max_ah: u32,
+    /// Work requests per send or receive queue.
+    pub max_qp_wr: u32,
+    /// Work requests per SRQ.
+    pub max_srq_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Bytes of inline data per send work request.
+    pub max_inline: u32,
+    /// Entries per completion queue.
+    pub max_cqe: u32,
+    /// Outstanding RDMA READ/atomic requests per QP, as responder and as initiator.
+    pub max_rd_atomic: u32,
+    /// Largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Largest message, in bytes (IBTA: at most 2^31).
+    pub max_msg_size: u32,
+    /// Pages in a fast-registration page list.
+    pub max_fast_reg_pages: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_qp: 1024,
+            max_cq: 1024,
+            max_mr: 4096,
+            max_mw: 1024,
+            max_srq: 256,
+            max_pd: 1024,
+            max_ah: 1024,
+            max_qp_wr: 4096,
+            max_srq_wr: 4096,
+            max_sge: 16,
+            max_inline: 256,
+            max_cqe: 65536,
+            max_rd_atomic: 16,
+            max_mr_size: 1 << 40,
+            max_msg_size: 1 << 31,
+            max_fast_reg_pages: 512,
+        }
+    }
+}
+
+/// `[faults]`: seeded fault injection applied to every port (for tests and demos).
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Fraction of frames dropped, 0..=1.
+    pub loss: f64,
+    /// Fraction of frames sent twice, 0..=1.
+    pub duplicate: f64,
+    /// Fraction of frames held back and sent after the next one, 0..=1.
+    pub reorder: f64,
+    /// Fraction of frames with one byte flipped, 0..=1.
+    pub corrupt: f64,
+    /// RNG seed: the same seed gives the same fault pattern.
+    pub seed: u64,
+}
+
+impl Config {
+    /// Reads and validates a config file against this machine ([`SystemInfo::probe`]).
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
+        Config::from_str(&text)
+    }
+
+    /// Parses and validates TOML text against this machine ([`SystemInfo::probe`]).
+    #[allow(clippy::should_implement_trait)] // also implemented as FromStr below
+    pub fn from_str(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(text, &SystemInfo::probe())
+    }
+
+    /// Parses and validates TOML text against a given machine description (for tests).
+    pub fn parse_with(text: &str, sys: &SystemInfo) -> Result<Config, ConfigError> {
+        let cfg = Config::parse_unvalidated(text)?;
+        cfg.validate_with(sys)?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text and checks types and keys only (no cross-field or machine checks).
+    pub fn parse_unvalidated(text: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        serde_path_to_error::deserialize(de).map_err(|e| validate::map_de_error(text, e))
+    }
+
+    /// The embedded default ([`DEFAULT_LOOPBACK`]), validated against this machine.
+    pub fn default_loopback() -> Result<Config, ConfigError> {
+        Config::from_str(DEFAULT_LOOPBACK)
+    }
+
+    /// Checks every cross-field rule and the machine-dependent ones (CPU ids, free
+    /// hugepages). Called by every loader; public for configs built in code.
+    pub fn validate_with(&self, sys: &SystemInfo) -> Result<(), ConfigError> {
+        validate::validate(self, sys)
+    }
+
+    /// The control socket path: `$PMRXE_SOCKET` when set and non-empty, else `service.socket`.
+    pub fn socket_path(&self) -> PathBuf {
+        match std::env::var_os(SOCKET_ENV) {
+            Some(v) if !v.is_empty() => PathBuf::from(v),
+            _ => self.service.socket.clone(),
+        }
+    }
+
+    /// The port named `name`, with its index.
+    pub fn port(&self, name: &str) -> Option<(usize, &PortConfig)> {
+        self.ports.iter().enumerate().find(|(_, p)| p.name == name)
+    }
+}
+
+impl std::str::FromStr for Config {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Config::from_str(s)
+    }
+}
