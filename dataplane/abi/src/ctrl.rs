@@ -1,0 +1,404 @@
+//! The control protocol between a verbs client (the shim) and the service.
+//!
+//! Transport: a Unix `SOCK_SEQPACKET` socket (one datagram per message, ordered, reliable),
+//! bincode-encoded [`Request`]/[`Response`] values, file descriptors (shared-memory segments,
+//! completion-channel eventfds) passed with `SCM_RIGHTS` beside the message. The service
+//! learns the client's pid/uid with `SO_PEERCRED`; the first message must be
+//! [`Request::Hello`] with [`crate::ABI_VERSION`].
+//!
+//! Every request gets exactly one response. Errors carry an errno the shim returns to the
+//! application as-is, plus a message for logs.
+use serde::{Deserialize, Serialize};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::layout::{CqSegmentLayout, Doorbell, QpSegmentLayout, SrqSegmentLayout};
+
+/// Largest control message (bytes).
+pub const MAX_MSG: usize = 64 * 1024;
+/// Largest number of fds passed with one message.
+pub const MAX_FDS: usize = 4;
+
+/// Device attributes reported by `ibv_query_device` (subset the service fills honestly).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub atomic_cap: u32,
+    pub max_mw: u32,
+    pub max_ah: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub max_fast_reg_page_list_len: u32,
+    pub max_inline_data: u32,
+}
+
+/// Port attributes (`ibv_query_port`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PortAttr {
+    /// `enum ibv_port_state` (4 = ACTIVE).
+    pub state: u32,
+    /// `enum ibv_mtu` (1 = 256 .. 5 = 4096).
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub pkey_tbl_len: u16,
+    pub active_width: u8,
+    pub active_speed: u8,
+    /// `enum ibv_port_phys_state`-ish (5 = LINKUP).
+    pub phys_state: u8,
+    /// 2 = Ethernet.
+    pub link_layer: u8,
+}
+
+/// One GID table entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GidEntry {
+    pub index: u32,
+    pub gid: [u8; 16],
+    /// `enum ibv_gid_type` values of rdma-core: 0 = IB/RoCE v1, 1 = RoCE v2.
+    pub gid_type: u32,
+}
+
+/// A device as the shim presents it (`pmrxe0`, ...).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    pub guid: u64,
+    pub mac: [u8; 6],
+    pub attr: DeviceAttr,
+    pub port: PortAttr,
+    pub gids: Vec<GidEntry>,
+}
+
+/// Address vector (`struct ibv_ah_attr` with its GRH), as given by the application.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AhAttr {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub is_global: bool,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr` fields the service understands (values as in libibverbs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpAttr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: QpCap,
+    pub ah_attr: AhAttr,
+    pub pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+/// `struct ibv_qp_cap`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// A page-aligned piece of a registration: `len` bytes at `seg_offset` inside segment `seg`.
+/// The pieces of a [`Request::RegMr`] cover the page-aligned span of the MR in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    pub seg: u64,
+    pub seg_offset: u64,
+    pub len: u64,
+}
+
+/// Client → service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    Hello { abi_version: u32, pid: u32, program: String },
+    AllocPd { device: u32 },
+    DeallocPd { pd: u32 },
+    CreateCompChannel { device: u32 },
+    DestroyCompChannel { channel: u32 },
+    CreateCq { device: u32, cqe: u32, channel: Option<u32> },
+    DestroyCq { cq: u32 },
+    /// Hand the service a shared-memory segment (fd 0, a memfd) that now backs the client's
+    /// pages `base..base+len` (page aligned). `seg` is chosen by the client, unique per client.
+    AddSegment { seg: u64, base: u64, len: u64 },
+    /// The client no longer uses segment `seg` for new registrations; the service closes it
+    /// once no MR maps it.
+    ReleaseSegment { seg: u64 },
+    /// Register application memory `addr..addr+len` (client addresses). `pieces` cover the
+    /// page-aligned span `[addr & !4095, round_up(addr+len, 4096))` in order. The service maps
+    /// the pieces contiguously in its own address space (one map per MR).
+    RegMr { pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: Vec<Piece> },
+    DeregMr { key: u32 },
+    /// pmrxedv: fast-registration MR with `max_num_sg` page slots (FREE).
+    AllocMr { pd: u32, max_num_sg: u32 },
+    /// pmrxedv: map a scatter list into the MR's staging translation. Entries are
+    /// (client address, length); each must lie in a segment the client added.
+    MapMrSg { key: u32, sg: Vec<(u64, u64)>, sg_offset: u64, page_size: u64 },
+    AllocMw { pd: u32, mw_type: u32 },
+    DeallocMw { key: u32 },
+    CreateQp { device: u32, pd: u32, qp_type: u32, send_cq: u32, recv_cq: u32, srq: Option<u32>, cap: QpCap, sq_sig_all: bool },
+    ModifyQp { qpn: u32, attr: QpAttr, mask: u32 },
+    QueryQp { qpn: u32 },
+    DestroyQp { qpn: u32 },
+    CreateSrq { device: u32, pd: u32, max_wr: u32, max_sge: u32, srq_limit: u32 },
+    ModifySrq { srq: u32, max_wr: u32, srq_limit: u32, mask: u32 },
+    QuerySrq { srq: u32 },
+    DestroySrq { srq: u32 },
+    CreateAh { pd: u32, attr: AhAttr },
+    DestroyAh { ah: u32 },
+    /// Async events queued for this client (non-blocking).
+    GetAsyncEvent,
+    /// Service statistics (text or JSON).
+    Stats { json: bool },
+    /// Start a live capture into a pcap stream written to the passed fd.
+    Capture { count: u64, qpn: Option<u32> },
+}
+
+/// An asynchronous event (`enum ibv_event_type` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AsyncEvent {
+    pub event_type: u32,
+    /// QPN, CQ handle, SRQ handle or port number, depending on the event.
+    pub element: u32,
+}
+
+/// Service → client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Handshake accepted; fd 0 = the client page (doorbells).
+    Hello { abi_version: u32, client_id: u32, devices: Vec<DeviceInfo> },
+    Pd { pd: u32 },
+    /// fd 0 = the eventfd the client waits on.
+    CompChannel { channel: u32 },
+    /// fd 0 = the CQ segment.
+    Cq { cq: u32, cqe: u32, layout: CqSegmentLayout },
+    Mr { key: u32 },
+    /// Number of SG entries mapped.
+    Mapped { n: u32 },
+    Mw { key: u32 },
+    /// fd 0 = the QP segment.
+    Qp { qpn: u32, cap: QpCap, layout: QpSegmentLayout, doorbell: Doorbell },
+    QpAttr { attr: QpAttr, init_cap: QpCap },
+    /// fd 0 = the SRQ segment.
+    Srq { srq: u32, max_wr: u32, max_sge: u32, layout: SrqSegmentLayout, doorbell: Doorbell },
+    SrqAttr { max_wr: u32, max_sge: u32, srq_limit: u32 },
+    Ah { ah: u32 },
+    AsyncEvent(Option<AsyncEvent>),
+    Stats(String),
+    Ok,
+    Err { errno: i32, msg: String },
+}
+
+/// Encode a message.
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    bincode::serialize(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Decode a message; hostile input gives an error, never a panic or an unbounded allocation.
+pub fn decode<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> io::Result<T> {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(MAX_MSG as u64)
+        .deserialize(buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Send one message with optional fds over a SEQPACKET socket.
+pub fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if bytes.len() > MAX_MSG || fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
+    }
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut cbuf = [0u64; 8]; // 64 bytes: room for CMSG_SPACE(4 fds)
+    // SAFETY: msghdr is plain data; zeroed is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let fd_bytes = core::mem::size_of_val(fds);
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `cbuf`, which is at least `space` bytes (checked by the
+        // MAX_FDS bound), so the first header and its data fit.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            core::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), fd_bytes);
+        }
+    }
+    loop {
+        // SAFETY: `msg` and everything it points to are valid for the call.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receive one message and its fds. `Ok(None)` on orderly shutdown by the peer.
+pub fn recv_msg(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd>>> {
+    buf.resize(MAX_MSG, 0);
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: plain data.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = core::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: `msg` points at live buffers of the declared sizes.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control buffer the kernel filled, using the CMSG_* accessors.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let len = (*cmsg).cmsg_len as usize - (data as usize - cmsg as usize);
+                for i in 0..len / 4 {
+                    let fd = core::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message fds truncated"));
+    }
+    if n == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    buf.truncate(n);
+    Ok(Some(fds))
+}
+
+/// The peer's credentials (`SO_PEERCRED`): (pid, uid, gid).
+pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred`/`len` are valid out-parameters of the declared size.
+    let r = unsafe {
+        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
+}
+
+/// Resolve the control socket path: `$PMRXE_SOCKET`, else `default`.
+pub fn socket_path(default: &str) -> std::path::PathBuf {
+    std::env::var_os("PMRXE_SOCKET").map(Into::into).unwrap_or_else(|| default.into())
+}
+
+/// Default control socket path when neither the config nor `PMRXE_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/pmrxe/pmrxe.sock";
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixDatagram;
+
+    #[test]
+    fn messages_round_trip_with_fds() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop((a, b));
+        // SEQPACKET pair via libc (std has no constructor for it).
+        let mut sv = [0; 2];
+        // SAFETY: `sv` is a valid out array of two fds.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
+        // SAFETY: socketpair returned two fresh fds we now own.
+        let (s0, s1) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let req = Request::RegMr { pd: 3, addr: 0x7f00_0000_1000, len: 8192, iova: 0x1000, access: 7, pieces: vec![Piece { seg: 1, seg_offset: 4096, len: 8192 }] };
+        let (d0, _d1) = UnixDatagram::pair().unwrap();
+        send_msg(s0.as_raw_fd(), &encode(&req).unwrap(), &[d0.as_raw_fd()]).unwrap();
+        let mut buf = Vec::new();
+        let fds = recv_msg(s1.as_raw_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(fds.len(), 1);
+        assert_eq!(decode::<Request>(&buf).unwrap(), req);
+        drop(s0);
+        assert!(recv_msg(s1.as_raw_fd(), &mut buf).unwrap().is_none());
+    }
+
+    #[test]
+    fn garbage_decodes_to_an_error() {
+        for seed in 0u32..200 {
+            let bytes: Vec<u8> = (0..(seed % 61)).map(|i| (i.wrapping_mul(2654435761u32.wrapping_add(seed)) >> 7) as u8).collect();
+            let _ = decode::<Request>(&bytes); // must not panic or allocate unboundedly
+        }
+        // A huge declared length must not allocate.
+        let mut evil = vec![9u8, 0, 0, 0];
+        evil.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode::<Request>(&evil).is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! Fixed-size entries and segment layouts shared between the shim and the service.
+//!
+//! Numeric values of opcodes, flags and statuses are the libibverbs ones (rdma-core 44
+//! `verbs.h`), so the shim copies fields across without translation tables and the service
+//! validates them in one place.
+use crate::ring::{ring_bytes, Pod};
+use crate::sync::{AtomicU32, AtomicU64};
+
+/// Protocol/ABI version; the control handshake refuses a mismatch.
+pub const ABI_VERSION: u32 = 1;
+
+/// Maximum scatter/gather entries in a send WQE.
+pub const MAX_SEND_SGE: usize = 16;
+/// Maximum scatter/gather entries in a receive WQE.
+pub const MAX_RECV_SGE: usize = 8;
+/// Bytes of the send WQE area shared by SGEs and inline data.
+pub const WQE_DATA_BYTES: usize = MAX_SEND_SGE * 16;
+/// Maximum inline data in a send WQE.
+pub const MAX_INLINE_DATA: usize = WQE_DATA_BYTES;
+/// Maximum lcores a client page has doorbell bitmaps for.
+pub const MAX_LCORES: usize = 4;
+/// Doorbell bitmap words per lcore (64 bits each): doorbell slots per lcore per client.
+pub const DOORBELL_WORDS: usize = 32;
+/// Doorbell slots per lcore per client.
+pub const DOORBELL_SLOTS: usize = DOORBELL_WORDS * 64;
+
+/// libibverbs `enum ibv_wr_opcode` values.
+pub mod wr_opcode {
+    pub const RDMA_WRITE: u32 = 0;
+    pub const RDMA_WRITE_WITH_IMM: u32 = 1;
+    pub const SEND: u32 = 2;
+    pub const SEND_WITH_IMM: u32 = 3;
+    pub const RDMA_READ: u32 = 4;
+    pub const ATOMIC_CMP_AND_SWP: u32 = 5;
+    pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    pub const LOCAL_INV: u32 = 7;
+    pub const BIND_MW: u32 = 8;
+    pub const SEND_WITH_INV: u32 = 9;
+    pub const TSO: u32 = 10;
+    pub const DRIVER1: u32 = 11;
+    /// pmrxe extension (pmrxedv): fast-register an MR (kernel IB_WR_REG_MR semantics).
+    pub const PMRXE_REG_MR: u32 = 0x100;
+}
+
+/// libibverbs `enum ibv_send_flags` values.
+pub mod send_flags {
+    pub const FENCE: u32 = 1;
+    pub const SIGNALED: u32 = 2;
+    pub const SOLICITED: u32 = 4;
+    pub const INLINE: u32 = 8;
+    pub const IP_CSUM: u32 = 16;
+}
+
+/// One scatter/gather element (`struct ibv_sge` layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShmSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+// SAFETY: repr(C) of integers.
+unsafe impl Pod for ShmSge {}
+
+/// A send work request as posted by the client. 352 bytes.
+///
+/// Field use by opcode:
+/// * all: `wr_id`, `opcode`, `send_flags`;
+/// * SEND/WRITE/READ/atomics: `num_sge` + `data` as SGEs, or inline bytes (`inline_len`) when
+///   `send_flags & INLINE`; `imm_or_inv` carries the immediate (network order as the app gave
+///   it) or the rkey to invalidate;
+/// * WRITE/READ/atomics: `remote_addr`, `rkey`; atomics: `compare_add`, `swap`;
+/// * UD: `ah`, `remote_qpn`, `remote_qkey`;
+/// * LOCAL_INV: `imm_or_inv` = key;
+/// * PMRXE_REG_MR: `mr_key` (the MR), `new_key`, `access`, `remote_addr` = iova, `length`
+///   (0 = keep the mapped length), `send_flags`;
+/// * BIND_MW: `mr_key` = bound MR lkey, `mw_key` = the MW, `new_key` = new rkey, `remote_addr`
+///   = addr, `length`, `access`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ShmSendWqe {
+    pub wr_id: u64,
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub num_sge: u32,
+    pub inline_len: u32,
+    pub imm_or_inv: u32,
+    pub rkey: u32,
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub length: u64,
+    pub ah: u32,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+    pub mr_key: u32,
+    pub mw_key: u32,
+    pub new_key: u32,
+    pub access: u32,
+    pub _reserved: u32,
+    pub data: [u8; WQE_DATA_BYTES],
+}
+// SAFETY: repr(C) of integers and a byte array.
+unsafe impl Pod for ShmSendWqe {}
+
+impl Default for ShmSendWqe {
+    fn default() -> Self {
+        // SAFETY: all-zero is a valid value of a Pod struct.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
+impl ShmSendWqe {
+    /// The SGE at `i` (`i < MAX_SEND_SGE`).
+    pub fn sge(&self, i: usize) -> ShmSge {
+        let o = i * 16;
+        let b = &self.data[o..o + 16];
+        ShmSge {
+            addr: u64::from_ne_bytes(b[0..8].try_into().unwrap()),
+            length: u32::from_ne_bytes(b[8..12].try_into().unwrap()),
+            lkey: u32::from_ne_bytes(b[12..16].try_into().unwrap()),
+        }
+    }
+    /// Store the SGE at `i` (`i < MAX_SEND_SGE`).
+    pub fn set_sge(&mut self, i: usize, s: ShmSge) {
+        let o = i * 16;
+        self.data[o..o + 8].copy_from_slice(&s.addr.to_ne_bytes());
+        self.data[o + 8..o + 12].copy_from_slice(&s.length.to_ne_bytes());
+        self.data[o + 12..o + 16].copy_from_slice(&s.lkey.to_ne_bytes());
+    }
+}
+
+/// A receive work request. 144 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ShmRecvWqe {
+    pub wr_id: u64,
+    pub num_sge: u32,
+    pub _reserved: u32,
+    pub sge: [ShmSge; MAX_RECV_SGE],
+}
+// SAFETY: repr(C) of integers.
+unsafe impl Pod for ShmRecvWqe {}
+
+/// A completion as the client reads it (field meanings as `struct ibv_wc`). 64 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShmCqe {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Immediate data (network order as on the wire) or the invalidated rkey.
+    pub imm_or_inv: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    pub _reserved: [u8; 18],
+}
+// SAFETY: repr(C) of integers.
+unsafe impl Pod for ShmCqe {}
+
+const _: () = assert!(core::mem::size_of::<ShmSendWqe>() == 352);
+const _: () = assert!(core::mem::size_of::<ShmRecvWqe>() == 144);
+const _: () = assert!(core::mem::size_of::<ShmCqe>() == 64);
+
+/// Where the rings of a QP live inside its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QpSegmentLayout {
+    pub sq_offset: u64,
+    pub sq_capacity: u32,
+    pub rq_offset: u64,
+    /// 0 when the QP uses an SRQ.
+    pub rq_capacity: u32,
+    pub total_len: u64,
+}
+
+impl QpSegmentLayout {
+    /// Layout for the given ring capacities (powers of two; `rq_capacity` may be 0).
+    pub fn new(sq_capacity: u32, rq_capacity: u32) -> Self {
+        let sq_len = ring_bytes::<ShmSendWqe>(sq_capacity) as u64;
+        let rq_len = if rq_capacity == 0 { 0 } else { ring_bytes::<ShmRecvWqe>(rq_capacity) as u64 };
+        let total = page_round(sq_len + rq_len);
+        QpSegmentLayout { sq_offset: 0, sq_capacity, rq_offset: sq_len, rq_capacity, total_len: total }
+    }
+}
+
+/// Notification state at the start of a CQ segment (the ring follows at
+/// [`CqSegmentLayout::ring_offset`]).
+#[repr(C, align(64))]
+pub struct CqNotify {
+    /// 0 = not armed, 1 = next completion, 2 = solicited only. Written by the client
+    /// (req_notify_cq), swapped to 0 by the service when it fires an event.
+    pub armed: AtomicU32,
+    /// Events fired (service increments).
+    pub events: AtomicU32,
+    /// Set by the service when the CQ overflowed (the client reports it).
+    pub overflow: AtomicU32,
+}
+
+/// Where the ring of a CQ lives inside its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CqSegmentLayout {
+    pub ring_offset: u64,
+    pub capacity: u32,
+    pub total_len: u64,
+}
+
+impl CqSegmentLayout {
+    /// Layout for a CQ ring of `capacity` entries (a power of two).
+    pub fn new(capacity: u32) -> Self {
+        let ring = ring_bytes::<ShmCqe>(capacity) as u64;
+        CqSegmentLayout { ring_offset: 64, capacity, total_len: page_round(64 + ring) }
+    }
+}
+
+/// Layout of an SRQ segment: one receive ring at offset 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SrqSegmentLayout {
+    pub capacity: u32,
+    pub total_len: u64,
+}
+
+impl SrqSegmentLayout {
+    /// Layout for an SRQ ring of `capacity` entries (a power of two).
+    pub fn new(capacity: u32) -> Self {
+        SrqSegmentLayout { capacity, total_len: page_round(ring_bytes::<ShmRecvWqe>(capacity) as u64) }
+    }
+}
+
+/// The per-client page: doorbells. The client sets bit `slot` of `doorbell[lcore]` (a
+/// `fetch_or` with release ordering) after publishing WQEs on an SQ, RQ or SRQ; the owning
+/// lcore swaps each non-zero word to 0 and services exactly those queues, so an idle lcore
+/// never scans every QP.
+#[repr(C, align(64))]
+pub struct ClientPage {
+    pub magic: u32,
+    pub version: u32,
+    /// Set to 1 by the service when it is shutting down (the shim reports errors instead of
+    /// posting into a dead service).
+    pub service_down: AtomicU32,
+    pub _pad: [u32; 13],
+    pub doorbell: [[AtomicU64; DOORBELL_WORDS]; MAX_LCORES],
+}
+
+/// Magic of a [`ClientPage`] ("PMRC").
+pub const CLIENT_PAGE_MAGIC: u32 = 0x504d_5243;
+/// Size of the client page segment.
+pub const CLIENT_PAGE_LEN: u64 = 4096;
+const _: () = assert!(core::mem::size_of::<ClientPage>() <= CLIENT_PAGE_LEN as usize);
+
+/// Where a queue's doorbell is: lcore index and bit slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Doorbell {
+    pub lcore: u16,
+    pub slot: u16,
+}
+
+impl ClientPage {
+    /// Ring a doorbell (client side).
+    pub fn ring(&self, db: Doorbell) {
+        let lc = db.lcore as usize % MAX_LCORES;
+        let slot = db.slot as usize % DOORBELL_SLOTS;
+        self.doorbell[lc][slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
+    }
+}
+
+fn page_round(n: u64) -> u64 {
+    (n + 4095) & !4095
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sge_accessors_round_trip() {
+        let mut w = ShmSendWqe::default();
+        for i in 0..MAX_SEND_SGE {
+            w.set_sge(i, ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
+        }
+        for i in 0..MAX_SEND_SGE {
+            assert_eq!(w.sge(i), ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
+        }
+    }
+
+    #[test]
+    fn layouts_are_page_rounded_and_disjoint() {
+        let l = QpSegmentLayout::new(128, 512);
+        assert_eq!(l.rq_offset, ring_bytes::<ShmSendWqe>(128) as u64);
+        assert!(l.rq_offset + ring_bytes::<ShmRecvWqe>(512) as u64 <= l.total_len);
+        assert_eq!(l.total_len % 4096, 0);
+        let c = CqSegmentLayout::new(256);
+        assert!(c.ring_offset as usize >= core::mem::size_of::<CqNotify>());
+    }
+}

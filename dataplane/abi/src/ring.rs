@@ -1,0 +1,434 @@
+//! A single-producer/single-consumer ring in shared memory.
+//!
+//! Layout (all offsets from the segment base, which must be 64-byte aligned):
+//!
+//! ```text
+//!   0   RingHeader: magic, entry_size, capacity (power of two), flags
+//!  64   producer index  (own cache line; written only by the producer)
+//! 128   consumer index  (own cache line; written only by the consumer)
+//! 192   slots[capacity] of `entry_size` bytes each
+//! ```
+//!
+//! Indices run freely over `u32` and wrap; a slot is `index & (capacity - 1)`. The ring is empty
+//! when `producer == consumer` and full when `producer - consumer == capacity`, so no slot is
+//! wasted (the rtrb scheme with wrapping arithmetic). Each side keeps a cached copy of the other
+//! side's index and reloads it only when the cache says "maybe full" / "maybe empty".
+//!
+//! Ordering: the producer writes a slot and then release-stores the producer index; the
+//! consumer acquire-loads the producer index before reading slots, and release-stores the
+//! consumer index after it has copied a slot out. That is the whole protocol.
+//!
+//! Trust: the two sides live in different processes and the service must not trust the
+//! client. Every slot access is masked, so no index value can reach outside the slot array;
+//! an index that is inconsistent (`producer - consumer > capacity`) is reported as
+//! [`RingError::Corrupt`] and the caller tears the object down. Entries are `Pod` (every bit
+//! pattern valid) and are copied out before use, so a client scribbling over a slot while the
+//! service reads it can only produce garbage *values*, which the service validates.
+use crate::sync::{AtomicU32, Ordering};
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+/// Magic at the start of every ring header ("PMRR").
+pub const RING_MAGIC: u32 = 0x504d_5252;
+/// Bytes before the first slot.
+pub const RING_HEADER_LEN: usize = 192;
+
+/// Marker for plain-old-data entries: `repr(C)`, no padding-dependent invariants, every bit
+/// pattern a valid value.
+///
+/// # Safety
+/// Implementors must be `repr(C)` structs of integers/arrays of integers (no bool, enum,
+/// reference or pointer fields), so that any bytes written by another process form a valid
+/// value.
+pub unsafe trait Pod: Copy + 'static {}
+
+#[repr(C, align(64))]
+struct CacheLine(AtomicU32);
+
+/// The ring header as it lies in shared memory.
+#[repr(C)]
+pub struct RingHeader {
+    magic: u32,
+    entry_size: u32,
+    capacity: u32,
+    flags: u32,
+    _reserved: [u32; 12],
+    producer: CacheLine,
+    consumer: CacheLine,
+}
+
+const _: () = assert!(core::mem::size_of::<RingHeader>() == RING_HEADER_LEN);
+
+/// Why a ring could not be attached or used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingError {
+    /// The segment is too small for the header and slots it declares.
+    TooSmall,
+    /// Misaligned base pointer.
+    Misaligned,
+    /// Header magic, entry size or capacity do not match what the caller expects.
+    BadHeader,
+    /// The peer left the indices in an impossible state (`producer - consumer > capacity`).
+    Corrupt,
+}
+
+impl core::fmt::Display for RingError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RingError::TooSmall => "ring segment too small",
+            RingError::Misaligned => "ring segment misaligned",
+            RingError::BadHeader => "ring header does not match",
+            RingError::Corrupt => "ring indices corrupt",
+        })
+    }
+}
+impl std::error::Error for RingError {}
+
+/// Bytes a ring of `capacity` entries of `T` occupies (header + slots), rounded to 64.
+pub const fn ring_bytes<T>(capacity: u32) -> usize {
+    let n = RING_HEADER_LEN + capacity as usize * core::mem::size_of::<T>();
+    (n + 63) & !63
+}
+
+/// Initialise a ring header in place (done once by the side that creates the segment).
+///
+/// # Safety
+/// `base` must point to at least `ring_bytes::<T>(capacity)` writable bytes, 64-byte aligned,
+/// that nobody else uses concurrently during initialisation.
+pub unsafe fn init_ring<T: Pod>(base: *mut u8, capacity: u32) -> Result<(), RingError> {
+    if !capacity.is_power_of_two() {
+        return Err(RingError::BadHeader);
+    }
+    if base as usize % 64 != 0 {
+        return Err(RingError::Misaligned);
+    }
+    let hdr = base.cast::<RingHeader>();
+    // SAFETY: the caller guarantees `base` is valid, aligned and exclusively ours; we write a
+    // fresh header value (atomics are plain u32 in memory).
+    unsafe {
+        hdr.write(RingHeader {
+            magic: RING_MAGIC,
+            entry_size: core::mem::size_of::<T>() as u32,
+            capacity,
+            flags: 0,
+            _reserved: [0; 12],
+            producer: CacheLine(AtomicU32::new(0)),
+            consumer: CacheLine(AtomicU32::new(0)),
+        })
+    };
+    Ok(())
+}
+
+struct Raw<T> {
+    hdr: NonNull<RingHeader>,
+    slots: NonNull<T>,
+    mask: u32,
+}
+
+impl<T: Pod> Raw<T> {
+    /// # Safety
+    /// `base..base+len` must stay mapped and readable/writable for the lifetime of the ring
+    /// handle, and hold a ring initialised by [`init_ring`] (possibly by another process).
+    unsafe fn attach(base: *mut u8, len: usize, capacity: u32) -> Result<Self, RingError> {
+        if base.is_null() || base as usize % 64 != 0 {
+            return Err(RingError::Misaligned);
+        }
+        if len < RING_HEADER_LEN {
+            return Err(RingError::TooSmall);
+        }
+        let hdr = base.cast::<RingHeader>();
+        // SAFETY: `base` is valid for `len >= RING_HEADER_LEN` bytes (caller); these fields are
+        // written only at init time, a volatile read tolerates a hostile writer.
+        let (magic, esz, cap) = unsafe {
+            (
+                core::ptr::addr_of!((*hdr).magic).read_volatile(),
+                core::ptr::addr_of!((*hdr).entry_size).read_volatile(),
+                core::ptr::addr_of!((*hdr).capacity).read_volatile(),
+            )
+        };
+        if magic != RING_MAGIC || esz as usize != core::mem::size_of::<T>() || cap != capacity || !cap.is_power_of_two() {
+            return Err(RingError::BadHeader);
+        }
+        if len < ring_bytes::<T>(capacity) {
+            return Err(RingError::TooSmall);
+        }
+        // SAFETY: checked above that the slot array fits inside the segment.
+        let slots = unsafe { base.add(RING_HEADER_LEN) }.cast::<T>();
+        Ok(Raw {
+            // SAFETY: non-null checked above.
+            hdr: unsafe { NonNull::new_unchecked(hdr) },
+            // SAFETY: derived from a non-null base by an in-bounds offset.
+            slots: unsafe { NonNull::new_unchecked(slots) },
+            mask: capacity - 1,
+        })
+    }
+    fn hdr(&self) -> &RingHeader {
+        // SAFETY: attach() validated the header; the mapping outlives the handle (attach contract).
+        unsafe { self.hdr.as_ref() }
+    }
+    fn slot(&self, idx: u32) -> *mut T {
+        // SAFETY: `idx & mask < capacity`, inside the slot array validated by attach().
+        unsafe { self.slots.as_ptr().add((idx & self.mask) as usize) }
+    }
+}
+
+/// The producing side of a shared ring.
+pub struct Producer<T: Pod> {
+    raw: Raw<T>,
+    head: u32,
+    cached_tail: u32,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: a Producer is the only writer of its side; moving it to another thread moves that
+// role with it. The shared header is accessed only through atomics and masked slots.
+unsafe impl<T: Pod> Send for Producer<T> {}
+
+impl<T: Pod> Producer<T> {
+    /// Attach the producer side of the ring at `base`.
+    ///
+    /// # Safety
+    /// See [`Consumer::attach`]; additionally, at most one `Producer` may exist for a ring.
+    pub unsafe fn attach(base: *mut u8, len: usize, capacity: u32) -> Result<Self, RingError> {
+        // SAFETY: forwarded contract.
+        let raw = unsafe { Raw::attach(base, len, capacity)? };
+        let head = raw.hdr().producer.0.load(Ordering::Relaxed);
+        let tail = raw.hdr().consumer.0.load(Ordering::Acquire);
+        Ok(Producer { raw, head, cached_tail: tail, _t: PhantomData })
+    }
+
+    /// Capacity of the ring.
+    pub fn capacity(&self) -> u32 {
+        self.raw.mask + 1
+    }
+
+    /// Free slots, refreshing the consumer index. `Err(Corrupt)` if the consumer index is
+    /// impossible (a hostile or broken peer).
+    pub fn free(&mut self) -> Result<u32, RingError> {
+        self.cached_tail = self.raw.hdr().consumer.0.load(Ordering::Acquire);
+        let used = self.head.wrapping_sub(self.cached_tail);
+        if used > self.capacity() {
+            return Err(RingError::Corrupt);
+        }
+        Ok(self.capacity() - used)
+    }
+
+    /// Write `item` into the next slot without publishing it. Returns the item back when full.
+    /// Call [`Producer::publish`] to make staged items visible (one release store per batch).
+    pub fn stage(&mut self, item: T) -> Result<(), PushError<T>> {
+        let cap = self.capacity();
+        let mut used = self.head.wrapping_sub(self.cached_tail);
+        if used >= cap {
+            // Possibly full: refresh the consumer index and check again.
+            self.cached_tail = self.raw.hdr().consumer.0.load(Ordering::Acquire);
+            used = self.head.wrapping_sub(self.cached_tail);
+            if used > cap {
+                return Err(PushError::Corrupt(item));
+            }
+            if used == cap {
+                return Err(PushError::Full(item));
+            }
+        }
+        // SAFETY: the slot is outside [tail, head) so the consumer does not read it until the
+        // release store in publish(); volatile because another process maps the page.
+        unsafe { self.raw.slot(self.head).write_volatile(item) };
+        self.head = self.head.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Publish every staged item.
+    pub fn publish(&mut self) {
+        self.raw.hdr().producer.0.store(self.head, Ordering::Release);
+    }
+
+    /// Stage and publish one item.
+    pub fn push(&mut self, item: T) -> Result<(), PushError<T>> {
+        self.stage(item)?;
+        self.publish();
+        Ok(())
+    }
+}
+
+/// Push failure; the item is handed back so nothing is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushError<T> {
+    /// No free slot.
+    Full(T),
+    /// The consumer left an impossible index.
+    Corrupt(T),
+}
+
+/// The consuming side of a shared ring.
+pub struct Consumer<T: Pod> {
+    raw: Raw<T>,
+    tail: u32,
+    cached_head: u32,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: a Consumer is the only reader of its side; see Producer.
+unsafe impl<T: Pod> Send for Consumer<T> {}
+
+impl<T: Pod> Consumer<T> {
+    /// Attach the consumer side of the ring at `base`.
+    ///
+    /// # Safety
+    /// `base` must be 64-byte aligned and `base..base+len` must stay mapped read/write for the
+    /// life of the handle. The contents may be written concurrently by another process: that
+    /// cannot cause undefined behaviour here (masked slots, Pod entries, volatile access), only
+    /// garbage values or [`RingError::Corrupt`]. At most one `Consumer` may exist for a ring.
+    pub unsafe fn attach(base: *mut u8, len: usize, capacity: u32) -> Result<Self, RingError> {
+        // SAFETY: forwarded contract.
+        let raw = unsafe { Raw::attach(base, len, capacity)? };
+        let tail = raw.hdr().consumer.0.load(Ordering::Relaxed);
+        Ok(Consumer { raw, tail, cached_head: tail, _t: PhantomData })
+    }
+
+    /// Capacity of the ring.
+    pub fn capacity(&self) -> u32 {
+        self.raw.mask + 1
+    }
+
+    /// Entries ready to be consumed (refreshes the producer index).
+    pub fn available(&mut self) -> Result<u32, RingError> {
+        self.cached_head = self.raw.hdr().producer.0.load(Ordering::Acquire);
+        let n = self.cached_head.wrapping_sub(self.tail);
+        if n > self.capacity() {
+            return Err(RingError::Corrupt);
+        }
+        Ok(n)
+    }
+
+    /// Copy the next entry out without releasing its slot; `Ok(None)` when empty.
+    pub fn peek(&mut self) -> Result<Option<T>, RingError> {
+        if self.tail == self.cached_head && self.available()? == 0 {
+            return Ok(None);
+        }
+        // SAFETY: the slot is inside [tail, head): published by the producer (acquire above);
+        // Pod makes any bytes a valid T; volatile because another process maps the page.
+        Ok(Some(unsafe { self.raw.slot(self.tail).read_volatile() }))
+    }
+
+    /// Advance past the entry returned by the last `peek`, without publishing.
+    pub fn advance(&mut self) {
+        debug_assert!(self.tail != self.cached_head);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Publish the consumer index (frees the slots consumed so far).
+    pub fn release(&mut self) {
+        self.raw.hdr().consumer.0.store(self.tail, Ordering::Release);
+    }
+
+    /// Pop one entry and release its slot.
+    pub fn pop(&mut self) -> Result<Option<T>, RingError> {
+        let item = self.peek()?;
+        if item.is_some() {
+            self.advance();
+            self.release();
+        }
+        Ok(item)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct E {
+        a: u64,
+        b: u64,
+    }
+    // SAFETY: repr(C) of integers.
+    unsafe impl Pod for E {}
+
+    #[repr(C, align(64))]
+    struct Seg([u8; 4096]);
+
+    fn seg() -> Box<Seg> {
+        Box::new(Seg([0; 4096]))
+    }
+
+    #[test]
+    fn push_pop_wraps_and_reports_full() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: `s` outlives the handles, is aligned and large enough.
+        let (mut p, mut c) = unsafe {
+            init_ring::<E>(base, 8).unwrap();
+            (Producer::<E>::attach(base, 4096, 8).unwrap(), Consumer::<E>::attach(base, 4096, 8).unwrap())
+        };
+        for round in 0..10u64 {
+            for i in 0..8 {
+                p.push(E { a: round, b: i }).unwrap();
+            }
+            assert_eq!(p.push(E { a: 99, b: 99 }), Err(PushError::Full(E { a: 99, b: 99 })));
+            for i in 0..8 {
+                assert_eq!(c.pop().unwrap(), Some(E { a: round, b: i }));
+            }
+            assert_eq!(c.pop().unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn corrupt_producer_index_is_detected_not_trusted() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: as above.
+        let mut c = unsafe {
+            init_ring::<E>(base, 8).unwrap();
+            Consumer::<E>::attach(base, 4096, 8).unwrap()
+        };
+        // A hostile producer writes an impossible index.
+        // SAFETY: the header lies at `base`; we only write the producer index word.
+        unsafe { (*base.cast::<RingHeader>()).producer.0.store(1000, Ordering::Release) };
+        assert_eq!(c.pop(), Err(RingError::Corrupt));
+    }
+
+    #[test]
+    fn attach_rejects_bad_header_and_short_segment() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: as above.
+        unsafe {
+            init_ring::<E>(base, 8).unwrap();
+            assert_eq!(Consumer::<E>::attach(base, 4096, 16).err(), Some(RingError::BadHeader));
+            assert_eq!(Consumer::<E>::attach(base, 200, 8).err(), Some(RingError::TooSmall));
+            assert_eq!(init_ring::<E>(base, 6), Err(RingError::BadHeader));
+        }
+    }
+
+    #[test]
+    fn threads_transfer_every_item_in_order() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: as above.
+        let (mut p, mut c) = unsafe {
+            init_ring::<E>(base, 16).unwrap();
+            (Producer::<E>::attach(base, 4096, 16).unwrap(), Consumer::<E>::attach(base, 4096, 16).unwrap())
+        };
+        const N: u64 = 200_000;
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let mut i = 0;
+                while i < N {
+                    if p.push(E { a: i, b: !i }).is_ok() {
+                        i += 1;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let mut want = 0;
+            while want < N {
+                if let Some(e) = c.pop().unwrap() {
+                    assert_eq!(e, E { a: want, b: !want });
+                    want += 1;
+                }
+            }
+        });
+        drop(s);
+    }
+}
