@@ -1,1 +1,155 @@
-//! pmrxe-wire (being written).
+//! pmrxe-wire: RoCEv2 wire formats.
+//!
+//! # Contract (smoltcp style)
+//!
+//! This crate is pure packet representation: no state, no I/O, no allocation in any
+//! parse or emit path, and no `unsafe`. Each header has two levels:
+//!
+//! * `Packet<T: AsRef<[u8]>>` (exported as e.g. [`BthPacket`]) is a zero-copy view over any
+//!   buffer (a slice, a `Vec`, an mbuf data area). Getters need `AsRef<[u8]>`, setters
+//!   additionally `AsMut<[u8]>`. `new_unchecked` wraps without checking; `new_checked`
+//!   calls `check_len`. **After `check_len()` returns `Ok`, no accessor panics.**
+//!   On the emit path use `new_unchecked` on a buffer of exactly `Repr::buffer_len()` bytes:
+//!   a reused buffer holds stale length fields, so `new_checked` would judge garbage.
+//! * `Repr` is the small validated form: `Repr::parse(&Packet) -> Result<Repr>` never
+//!   panics after `new_checked`; `Repr::emit(&self, &mut Packet)` never panics if the buffer is
+//!   at least `buffer_len()` bytes long.
+//!
+//! The whole-packet API used by the transport and the runtime is in [`frame`]
+//! ([`parse_frame`], [`emit_frame_headers`], [`finish_frame`]) and [`headers`]
+//! ([`TransportHeaders`]). The opcode table ([`opcode`]) drives which extension headers a
+//! packet carries; offsets and lengths are computed from it, never typed by hand.
+//!
+//! Non-RoCE frames are reported as such by [`parse_frame`] ([`Error::Arp`],
+//! [`Error::Icmpv6`]) so the runtime can hand them to its neighbour code ([`arp`],
+//! [`icmpv6`]).
+#![forbid(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+pub mod error;
+pub mod psn;
+pub mod qpn;
+pub mod opcode;
+
+pub mod eth;
+pub mod arp;
+pub mod ipv4;
+pub mod ipv6;
+pub mod icmpv6;
+pub mod udp;
+pub mod bth;
+pub mod reth;
+pub mod aeth;
+pub mod atomic_eth;
+pub mod atomic_ack_eth;
+pub mod immdt;
+pub mod ieth;
+pub mod deth;
+pub mod icrc;
+
+pub mod headers;
+pub mod frame;
+pub mod pcap;
+pub mod sample;
+
+/// A byte range inside a header (smoltcp's `Field`).
+pub(crate) type Field = core::ops::Range<usize>;
+
+pub use error::{Error, Result};
+pub use psn::{Msn, Psn};
+pub use qpn::{PKey, Qpn};
+pub use opcode::{next_opcode, ExtSet, MsgPos, OpInfo, OpKind, Opcode, QpType};
+
+pub use eth::{EtherType, MacAddr, Packet as EthPacket, Repr as EthRepr};
+pub use arp::{ArpOp, Packet as ArpPacket, Repr as ArpRepr};
+pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr};
+pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};
+pub use icmpv6::{NdRepr, Packet as Icmpv6Packet};
+pub use udp::{Packet as UdpPacket, Repr as UdpRepr, ROCE_PORT};
+pub use bth::{Packet as BthPacket, Repr as BthRepr};
+pub use reth::{Packet as RethPacket, Repr as RethRepr};
+pub use aeth::{NakCode, Packet as AethPacket, Repr as AethRepr, Syndrome};
+pub use atomic_eth::{Packet as AtomicEthPacket, Repr as AtomicEthRepr};
+pub use atomic_ack_eth::{Packet as AtomicAckEthPacket, Repr as AtomicAckEthRepr};
+pub use immdt::Packet as ImmDtPacket;
+pub use ieth::Packet as IethPacket;
+pub use deth::{Packet as DethPacket, Repr as DethRepr};
+pub use icrc::{icrc, ICRC_LEN};
+
+pub use headers::TransportHeaders;
+pub use frame::{
+    build_frame, build_frame_vec, emit_frame_headers, finish_frame, frame_header_len, frame_len,
+    pad_for, parse_frame, parse_frame_with, udp_sport, L3Info, ParseOptions, RoceFrame,
+};
+pub use pcap::{read_pcap, PcapReader, PcapRecord, PcapWriter};
+pub use sample::{sample_frames, sample_specs, write_sample, SampleSpec};
+pub use arp::{emit_arp_frame, parse_arp_frame};
+pub use icmpv6::{emit_nd_frame, parse_nd_frame, NdFrame};
+
+#[inline]
+pub(crate) fn rd16(b: &[u8], f: Field) -> u16 {
+    let s = &b[f];
+    u16::from_be_bytes([s[0], s[1]])
+}
+#[inline]
+pub(crate) fn rd32(b: &[u8], f: Field) -> u32 {
+    let s = &b[f];
+    u32::from_be_bytes([s[0], s[1], s[2], s[3]])
+}
+#[inline]
+pub(crate) fn rd64(b: &[u8], f: Field) -> u64 {
+    let s = &b[f];
+    u64::from_be_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
+}
+#[inline]
+pub(crate) fn wr16(b: &mut [u8], f: Field, v: u16) {
+    b[f].copy_from_slice(&v.to_be_bytes())
+}
+#[inline]
+pub(crate) fn wr32(b: &mut [u8], f: Field, v: u32) {
+    b[f].copy_from_slice(&v.to_be_bytes())
+}
+#[inline]
+pub(crate) fn wr64(b: &mut [u8], f: Field, v: u64) {
+    b[f].copy_from_slice(&v.to_be_bytes())
+}
+
+/// Common `Packet` boilerplate: wrapper, constructors, `check_len` against a fixed length.
+macro_rules! fixed_packet {
+    ($len:expr) => {
+        /// A read/write view of this header over a buffer.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Packet<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+        impl<T: AsRef<[u8]>> Packet<T> {
+            /// Wrap without checking the length (accessors may panic on a short buffer).
+            #[inline]
+            pub const fn new_unchecked(buffer: T) -> Packet<T> {
+                Packet { buffer }
+            }
+            /// Wrap and `check_len`.
+            #[inline]
+            pub fn new_checked(buffer: T) -> $crate::Result<Packet<T>> {
+                let p = Packet::new_unchecked(buffer);
+                p.check_len()?;
+                Ok(p)
+            }
+            /// `Err(Truncated)` if the buffer is shorter than the header.
+            #[inline]
+            pub fn check_len(&self) -> $crate::Result<()> {
+                if self.buffer.as_ref().len() < $len {
+                    Err($crate::Error::Truncated)
+                } else {
+                    Ok(())
+                }
+            }
+            /// The underlying buffer.
+            #[inline]
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+pub(crate) use fixed_packet;

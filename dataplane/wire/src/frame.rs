@@ -1,0 +1,399 @@
+//! Whole frames: Ethernet / IPv4|IPv6 / UDP 4791 / BTH .. payload, pad / ICRC.
+//!
+//! # Building (no intermediate copy)
+//!
+//! ```text
+//! let hl = frame_header_len(ipv6);                       // Eth + IP + UDP
+//! let n  = headers.emit(&mut buf[hl..])?;                // BTH .. last ext header
+//! buf[hl + n..][..len].copy_from_slice(payload);         // or DMA/copy from the MR
+//! zero pad_for(len) bytes; roce_len = n + len + pad
+//! emit_frame_headers(&mut buf, &l3, roce_len)?;          // Eth/IP/UDP in front
+//! finish_frame(&mut buf[..hl + roce_len + ICRC_LEN])?;   // ICRC in the last 4 bytes
+//! ```
+//! [`build_frame`] does exactly that for a payload slice.
+//!
+//! # Parsing
+//!
+//! [`parse_frame`] validates everything before anything is used: Ethernet (up to two VLAN
+//! tags skipped), IP version/length/fragment, UDP length == IP payload length, destination
+//! port 4791, the BTH (TVer, opcode), the length of every header the opcode implies, the
+//! pad rules, and finally the ICRC (last, so garbage never costs a CRC pass — F7).
+//! Trailing bytes after the IP datagram (Ethernet minimum-size padding) are ignored.
+//! Responder-level length rules (FIRST/MIDDLE == MTU, LAST ≥ 1 byte) are the transport's,
+//! because it must NAK them rather than drop them (F6).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::eth::{self, EtherType, MacAddr};
+use crate::{ipv4, ipv6, udp, Error, Result, TransportHeaders, ICRC_LEN, ROCE_PORT};
+
+/// Everything below the transport needed to build a frame: an address vector plus MACs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct L3Info {
+    /// Source MAC.
+    pub src_mac: MacAddr,
+    /// Destination MAC.
+    pub dst_mac: MacAddr,
+    /// Source IP; IPv4 and IPv6 must not be mixed with `dst_ip`.
+    pub src_ip: IpAddr,
+    /// Destination IP.
+    pub dst_ip: IpAddr,
+    /// Traffic class (DSCP << 2 | ECN): IPv4 TOS or IPv6 traffic class.
+    pub tclass: u8,
+    /// TTL / hop limit.
+    pub ttl: u8,
+    /// IPv6 flow label (20 bits; ignored for IPv4).
+    pub flow_label: u32,
+    /// UDP source port (see [`udp_sport`]).
+    pub udp_sport: u16,
+    /// IPv4 identification (ignored for IPv6; 0 is fine since DF is set).
+    pub ip_id: u16,
+}
+
+impl Default for L3Info {
+    fn default() -> L3Info {
+        L3Info {
+            src_mac: MacAddr::default(),
+            dst_mac: MacAddr::default(),
+            src_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            dst_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            tclass: 0,
+            ttl: 64,
+            flow_label: 0,
+            udp_sport: 0xC000,
+            ip_id: 0,
+        }
+    }
+}
+
+impl L3Info {
+    /// Whether this builds IPv6 frames (`BadAddress` if the families differ).
+    pub fn is_ipv6(&self) -> Result<bool> {
+        match (self.src_ip, self.dst_ip) {
+            (IpAddr::V4(_), IpAddr::V4(_)) => Ok(false),
+            (IpAddr::V6(_), IpAddr::V6(_)) => Ok(true),
+            _ => Err(Error::BadAddress),
+        }
+    }
+}
+
+/// The RoCEv2 UDP source port for a QP pair, `rdma_get_udp_sport` style (F8): if
+/// `flow_label` is 0 a 20-bit label is derived from the QP numbers (product, folded by
+/// xor-shifts of 20 and 40 bits); the label's top 6 bits are xor-folded into its low 14
+/// bits and the result is put in the range 0xC000..=0xFFFF. Constant per QP pair.
+pub fn udp_sport(flow_label: u32, src_qpn: u32, dst_qpn: u32) -> u16 {
+    const FLOW_MASK: u32 = 0xF_FFFF;
+    let fl = if flow_label & FLOW_MASK != 0 {
+        flow_label & FLOW_MASK
+    } else {
+        let mut v = u64::from(src_qpn) * u64::from(dst_qpn);
+        v ^= v >> 20;
+        v ^= v >> 40;
+        (v as u32) & FLOW_MASK
+    };
+    let low = (fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14);
+    (low as u16) | 0xC000
+}
+
+/// Ethernet + IP + UDP header length.
+pub const fn frame_header_len(ipv6: bool) -> usize {
+    eth::HEADER_LEN + if ipv6 { ipv6::HEADER_LEN } else { ipv4::HEADER_LEN } + udp::HEADER_LEN
+}
+
+/// Pad count for a payload of `len` bytes: (−len) mod 4.
+pub const fn pad_for(len: usize) -> u8 {
+    (len.wrapping_neg() & 3) as u8
+}
+
+/// Total frame length for transport headers of `header_len` bytes and a payload of
+/// `payload_len` bytes (pad and ICRC included).
+pub const fn frame_len(ipv6: bool, header_len: usize, payload_len: usize) -> usize {
+    frame_header_len(ipv6) + header_len + payload_len + pad_for(payload_len) as usize + ICRC_LEN
+}
+
+/// Write Ethernet, IP (IPv4: DF, checksum) and UDP (dport 4791, checksum 0) headers at the
+/// start of `buf` for a RoCE part of `roce_len` bytes (BTH .. payload + pad; the ICRC is
+/// added by the lengths here and stored by [`finish_frame`]). Returns the header length
+/// (= `frame_header_len`). Errors: `BadAddress` (mixed families), `Truncated` (short
+/// buffer), `BadLength` (too long for the IP length field).
+pub fn emit_frame_headers(buf: &mut [u8], l3: &L3Info, roce_len: usize) -> Result<usize> {
+    let v6 = l3.is_ipv6()?;
+    let hl = frame_header_len(v6);
+    if buf.len() < hl {
+        return Err(Error::Truncated);
+    }
+    let udp_payload = roce_len.checked_add(ICRC_LEN).ok_or(Error::BadLength)?;
+    let (e, rest) = buf[..hl].split_at_mut(eth::HEADER_LEN);
+    let (ip, u) = rest.split_at_mut(hl - eth::HEADER_LEN - udp::HEADER_LEN);
+    match (l3.src_ip, l3.dst_ip) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => ipv4::Repr {
+            src,
+            dst,
+            protocol: ipv4::PROTO_UDP,
+            payload_len: udp::HEADER_LEN + udp_payload,
+            tos: l3.tclass,
+            ttl: l3.ttl,
+            ident: l3.ip_id,
+        }
+        .emit(&mut ipv4::Packet::new_unchecked(ip))?,
+        (IpAddr::V6(src), IpAddr::V6(dst)) => ipv6::Repr {
+            src,
+            dst,
+            next_header: ipv4::PROTO_UDP,
+            payload_len: udp::HEADER_LEN + udp_payload,
+            tclass: l3.tclass,
+            flow_label: l3.flow_label,
+            hop_limit: l3.ttl,
+        }
+        .emit(&mut ipv6::Packet::new_unchecked(ip))?,
+        _ => return Err(Error::BadAddress),
+    }
+    udp::Repr { src_port: l3.udp_sport, dst_port: ROCE_PORT, payload_len: udp_payload }
+        .emit(&mut udp::Packet::new_unchecked(u))?;
+    eth::Repr {
+        src: l3.src_mac,
+        dst: l3.dst_mac,
+        ethertype: if v6 { EtherType::IPV6 } else { EtherType::IPV4 },
+    }
+    .emit(&mut eth::Packet::new_unchecked(e));
+    Ok(hl)
+}
+
+/// Where the layers of a frame are (after length validation).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ip: usize,
+    udp: usize,
+    /// End of the UDP datagram (the ICRC is its last 4 bytes).
+    end: usize,
+}
+
+/// Skip Ethernet and up to two VLAN tags; returns (EtherType, offset of L3).
+fn l2(frame: &[u8]) -> Result<(EtherType, usize)> {
+    let e = eth::Packet::new_checked(frame)?;
+    let mut et = e.ethertype();
+    let mut off = eth::HEADER_LEN;
+    for _ in 0..2 {
+        if et != EtherType::VLAN && et != EtherType::QINQ {
+            break;
+        }
+        let tag = frame.get(off..off + 4).ok_or(Error::Truncated)?;
+        et = EtherType(u16::from_be_bytes([tag[2], tag[3]]));
+        off += 4;
+    }
+    Ok((et, off))
+}
+
+/// Compute the ICRC of a complete frame and store it in the last 4 bytes of the UDP
+/// datagram (= of `frame`, for frames built here). All lengths must already be set.
+pub fn finish_frame(frame: &mut [u8]) -> Result<()> {
+    let l = layout(frame)?;
+    let c = crate::icrc(&frame[l.ip..l.udp], &frame[l.udp..l.end - ICRC_LEN]);
+    frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
+    Ok(())
+}
+
+fn layout(frame: &[u8]) -> Result<Layout> {
+    let (et, ip) = l2(frame)?;
+    let (udp_off, ip_end) = match et {
+        EtherType::IPV4 => {
+            let p = ipv4::Packet::new_checked(&frame[ip..])?;
+            if p.version() != 4 {
+                return Err(Error::BadIpHeader);
+            }
+            (ip + p.header_len(), ip + usize::from(p.total_len()))
+        }
+        EtherType::IPV6 => {
+            let p = ipv6::Packet::new_checked(&frame[ip..])?;
+            (ip + ipv6::HEADER_LEN, ip + ipv6::HEADER_LEN + usize::from(p.payload_len()))
+        }
+        _ => return Err(Error::NotIp),
+    };
+    let u = udp::Packet::new_checked(&frame[udp_off..ip_end])?;
+    let end = udp_off + usize::from(u.len());
+    if end != ip_end {
+        return Err(Error::BadLength);
+    }
+    if usize::from(u.len()) < udp::HEADER_LEN + crate::bth::HEADER_LEN + ICRC_LEN {
+        return Err(Error::Truncated);
+    }
+    Ok(Layout { ip, udp: udp_off, end })
+}
+
+/// Options for [`parse_frame_with`] (offload knobs are parameters, not globals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// Verify the ICRC (turn off only when hardware already did).
+    pub verify_icrc: bool,
+}
+
+impl Default for ParseOptions {
+    fn default() -> ParseOptions {
+        ParseOptions { verify_icrc: true }
+    }
+}
+
+/// A validated RoCEv2 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceFrame<'a> {
+    /// Source MAC.
+    pub src_mac: MacAddr,
+    /// Destination MAC.
+    pub dst_mac: MacAddr,
+    /// Source IP.
+    pub src_ip: IpAddr,
+    /// Destination IP.
+    pub dst_ip: IpAddr,
+    /// IPv4 TOS / IPv6 traffic class (DSCP << 2 | ECN).
+    pub tclass: u8,
+    /// TTL / hop limit.
+    pub ttl: u8,
+    /// IPv6 flow label (0 for IPv4).
+    pub flow_label: u32,
+    /// IPv4 identification (0 for IPv6).
+    pub ip_id: u16,
+    /// UDP source port.
+    pub udp_sport: u16,
+    /// BTH and extension headers.
+    pub headers: TransportHeaders,
+    /// Payload without pad and ICRC.
+    pub payload: &'a [u8],
+    /// The ICRC as stored (verified unless `ParseOptions::verify_icrc` was off).
+    pub icrc: u32,
+    /// Offset of the BTH in the frame.
+    pub bth_offset: usize,
+}
+
+impl RoceFrame<'_> {
+    /// Whether the frame is IPv6.
+    pub fn is_ipv6(&self) -> bool {
+        self.src_ip.is_ipv6()
+    }
+}
+
+/// Parse and fully validate a RoCEv2 frame (ICRC verified). See the module doc for the
+/// checks and their order. ARP and ICMPv6 frames give `Err(Arp)` / `Err(Icmpv6)`.
+pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>> {
+    parse_frame_with(frame, &ParseOptions::default())
+}
+
+/// [`parse_frame`] with options.
+pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<RoceFrame<'a>> {
+    let (et, ip) = l2(frame)?;
+    let e = eth::Packet::new_unchecked(frame);
+    let (src_mac, dst_mac) = (e.src(), e.dst());
+    let l3 = &frame[ip..];
+    let (src_ip, dst_ip, tclass, ttl, flow_label, ip_id, udp_off, ip_end);
+    match et {
+        EtherType::IPV4 => {
+            let p = ipv4::Packet::new_checked(l3)?;
+            let r = ipv4::Repr::parse(&p)?;
+            if r.protocol != ipv4::PROTO_UDP {
+                return Err(Error::NotUdp);
+            }
+            (src_ip, dst_ip) = (IpAddr::V4(r.src), IpAddr::V4(r.dst));
+            (tclass, ttl, flow_label, ip_id) = (r.tos, r.ttl, 0, r.ident);
+            udp_off = ip + p.header_len();
+            ip_end = udp_off + r.payload_len;
+        }
+        EtherType::IPV6 => {
+            let p = ipv6::Packet::new_checked(l3)?;
+            let r = ipv6::Repr::parse(&p)?;
+            match r.next_header {
+                ipv4::PROTO_UDP => {}
+                crate::icmpv6::NEXT_HEADER => return Err(Error::Icmpv6),
+                _ => return Err(Error::NotUdp),
+            }
+            (src_ip, dst_ip) = (IpAddr::V6(r.src), IpAddr::V6(r.dst));
+            (tclass, ttl, flow_label, ip_id) = (r.tclass, r.hop_limit, r.flow_label, 0);
+            udp_off = ip + ipv6::HEADER_LEN;
+            ip_end = udp_off + r.payload_len;
+        }
+        EtherType::ARP => return Err(Error::Arp),
+        _ => return Err(Error::NotIp),
+    }
+    let u = udp::Packet::new_checked(&frame[udp_off..ip_end])?;
+    let ur = udp::Repr::parse(&u)?;
+    if ur.dst_port != ROCE_PORT {
+        return Err(Error::NotRoce);
+    }
+    if udp::HEADER_LEN + ur.payload_len != ip_end - udp_off {
+        return Err(Error::BadLength);
+    }
+    let bth_offset = udp_off + udp::HEADER_LEN;
+    let roce = &frame[bth_offset..ip_end];
+    if roce.len() < crate::bth::HEADER_LEN + ICRC_LEN {
+        return Err(Error::Truncated);
+    }
+    let body = &roce[..roce.len() - ICRC_LEN];
+    let (headers, hlen) = TransportHeaders::parse(body)?;
+    let info = headers.bth.opcode.info().ok_or(Error::UnknownOpcode(headers.bth.opcode.0))?;
+    let rest = body.len() - hlen; // payload + pad
+    let pad = usize::from(headers.bth.pad);
+    if !info.has_payload() {
+        if rest != 0 {
+            return Err(Error::BadLength);
+        }
+        if pad != 0 {
+            return Err(Error::BadPad);
+        }
+    } else {
+        // IBA 9.7.7: payload + pad is a whole number of 4-byte words; FIRST/MIDDLE carry
+        // full-MTU payloads and so never a pad.
+        if rest % 4 != 0 || pad > rest || (info.full_mtu_payload() && pad != 0) {
+            return Err(Error::BadPad);
+        }
+    }
+    let stored = {
+        let c = &roce[roce.len() - ICRC_LEN..];
+        u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+    };
+    if opts.verify_icrc && crate::icrc(&frame[ip..udp_off], &frame[udp_off..ip_end - ICRC_LEN]) != stored {
+        return Err(Error::BadIcrc);
+    }
+    Ok(RoceFrame {
+        src_mac,
+        dst_mac,
+        src_ip,
+        dst_ip,
+        tclass,
+        ttl,
+        flow_label,
+        ip_id,
+        udp_sport: ur.src_port,
+        headers,
+        payload: &body[hlen..hlen + rest - pad],
+        icrc: stored,
+        bth_offset,
+    })
+}
+
+/// Build a complete frame into `buf`: headers, payload, zero pad, ICRC. The BTH pad count
+/// is set from `payload.len()` (whatever `headers.bth.pad` says). Returns the frame length.
+pub fn build_frame(buf: &mut [u8], l3: &L3Info, headers: &TransportHeaders, payload: &[u8]) -> Result<usize> {
+    let v6 = l3.is_ipv6()?;
+    let mut h = *headers;
+    h.bth.pad = pad_for(payload.len());
+    h.check()?;
+    let hl = frame_header_len(v6);
+    let total = frame_len(v6, h.header_len(), payload.len());
+    if buf.len() < total {
+        return Err(Error::Truncated);
+    }
+    let n = h.emit(&mut buf[hl..])?;
+    let p = hl + n;
+    buf[p..p + payload.len()].copy_from_slice(payload);
+    let pad_end = p + payload.len() + usize::from(h.bth.pad);
+    buf[p + payload.len()..pad_end].fill(0);
+    emit_frame_headers(buf, l3, pad_end - hl)?;
+    finish_frame(&mut buf[..total])?;
+    Ok(total)
+}
+
+/// [`build_frame`] into a new `Vec` (tests, samples, control path).
+pub fn build_frame_vec(l3: &L3Info, headers: &TransportHeaders, payload: &[u8]) -> Result<Vec<u8>> {
+    let mut v = vec![0u8; frame_len(l3.is_ipv6()?, headers.header_len(), payload.len())];
+    let n = build_frame(&mut v, l3, headers, payload)?;
+    v.truncate(n);
+    Ok(v)
+}

@@ -1,0 +1,179 @@
+//! [`TransportHeaders`]: the BTH plus the extension headers its opcode implies, as one
+//! value. This is what the transport engine builds and consumes.
+
+use crate::opcode::ExtSet;
+use crate::{
+    aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, AethRepr, AtomicAckEthRepr,
+    AtomicEthRepr, BthRepr, DethRepr, Error, RethRepr, Result,
+};
+
+/// BTH and extension headers of one RoCE packet. Exactly the `Option`s named by the
+/// opcode's [`ExtSet`](crate::ExtSet) are `Some` (checked by `emit`, guaranteed by `parse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportHeaders {
+    /// Base transport header.
+    pub bth: BthRepr,
+    /// RDMA ETH (WRITE FIRST/ONLY, READ request).
+    pub reth: Option<RethRepr>,
+    /// ACK ETH (ACK, atomic ACK, READ response FIRST/LAST/ONLY).
+    pub aeth: Option<AethRepr>,
+    /// Atomic ETH (CMP_SWP, FETCH_ADD).
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// Atomic ACK ETH.
+    pub atomic_ack: Option<AtomicAckEthRepr>,
+    /// Immediate data (as the 32-bit big-endian value on the wire).
+    pub imm: Option<u32>,
+    /// IETH: the R_Key to invalidate.
+    pub ieth: Option<u32>,
+    /// Datagram ETH (UD).
+    pub deth: Option<DethRepr>,
+}
+
+impl TransportHeaders {
+    /// Headers with only a BTH (fill in the extension headers the opcode needs).
+    pub const fn new(bth: BthRepr) -> TransportHeaders {
+        TransportHeaders {
+            bth,
+            reth: None,
+            aeth: None,
+            atomic_eth: None,
+            atomic_ack: None,
+            imm: None,
+            ieth: None,
+            deth: None,
+        }
+    }
+
+    /// The set of extension headers present.
+    pub fn ext_set(&self) -> ExtSet {
+        let mut s = ExtSet::NONE;
+        let mut add = |present: bool, h: ExtSet| {
+            if present {
+                s = s.with(h)
+            }
+        };
+        add(self.deth.is_some(), ExtSet::DETH);
+        add(self.reth.is_some(), ExtSet::RETH);
+        add(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH);
+        add(self.aeth.is_some(), ExtSet::AETH);
+        add(self.atomic_ack.is_some(), ExtSet::ATOMIC_ACK);
+        add(self.imm.is_some(), ExtSet::IMMDT);
+        add(self.ieth.is_some(), ExtSet::IETH);
+        s
+    }
+
+    /// BTH + extension headers present (for a consistent value, equals the opcode's
+    /// `header_len()`).
+    pub fn header_len(&self) -> usize {
+        bth::HEADER_LEN + self.ext_set().wire_len()
+    }
+
+    /// Check that the opcode is known and the present headers are exactly its set.
+    pub fn check(&self) -> Result<()> {
+        let info = self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        if info.ext != self.ext_set() {
+            return Err(Error::HeaderMismatch);
+        }
+        Ok(())
+    }
+
+    /// Write the BTH and extension headers at the start of `buf`; returns the length
+    /// written. `Err(HeaderMismatch)` if the headers do not match the opcode,
+    /// `Err(Truncated)` if `buf` is too short. The pad count is `bth.pad` as given.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.check()?;
+        let len = self.header_len();
+        if buf.len() < len {
+            return Err(Error::Truncated);
+        }
+        let (b, mut rest) = buf[..len].split_at_mut(bth::HEADER_LEN);
+        self.bth.emit(&mut bth::Packet::new_unchecked(b));
+        // Wire order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
+        if let Some(d) = &self.deth {
+            let (h, r) = rest.split_at_mut(deth::HEADER_LEN);
+            d.emit(&mut deth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = &self.reth {
+            let (h, r) = rest.split_at_mut(reth::HEADER_LEN);
+            x.emit(&mut reth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = &self.atomic_eth {
+            let (h, r) = rest.split_at_mut(atomic_eth::HEADER_LEN);
+            x.emit(&mut atomic_eth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = &self.aeth {
+            let (h, r) = rest.split_at_mut(aeth::HEADER_LEN);
+            x.emit(&mut aeth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = &self.atomic_ack {
+            let (h, r) = rest.split_at_mut(atomic_ack_eth::HEADER_LEN);
+            x.emit(&mut atomic_ack_eth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = self.imm {
+            let (h, r) = rest.split_at_mut(immdt::HEADER_LEN);
+            immdt::emit(x, &mut immdt::Packet::new_unchecked(h));
+            rest = r;
+        }
+        if let Some(x) = self.ieth {
+            let (h, r) = rest.split_at_mut(ieth::HEADER_LEN);
+            ieth::emit(x, &mut ieth::Packet::new_unchecked(h));
+            rest = r;
+        }
+        debug_assert!(rest.is_empty());
+        Ok(len)
+    }
+
+    /// Parse the BTH and the extension headers its opcode implies from the start of `buf`
+    /// (which begins at the BTH). Returns the headers and their total length. Checks TVer
+    /// (`BadTver`), the opcode (`UnknownOpcode`) and that `buf` holds every header
+    /// (`Truncated`). Payload, pad and ICRC are not looked at here (see
+    /// [`parse_frame`](crate::parse_frame)).
+    pub fn parse(buf: &[u8]) -> Result<(TransportHeaders, usize)> {
+        let bth = BthRepr::parse(&bth::Packet::new_checked(buf)?)?;
+        // Known: BthRepr::parse rejects unknown opcodes.
+        let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+        let len = info.header_len();
+        if buf.len() < len {
+            return Err(Error::Truncated);
+        }
+        let mut h = TransportHeaders::new(bth);
+        let mut rest = &buf[bth::HEADER_LEN..len];
+        let mut take = |n: usize| {
+            let (a, b) = rest.split_at(n);
+            rest = b;
+            a
+        };
+        let e = info.ext;
+        if e.contains(ExtSet::DETH) {
+            h.deth = Some(DethRepr::parse(&deth::Packet::new_unchecked(take(deth::HEADER_LEN)))?);
+        }
+        if e.contains(ExtSet::RETH) {
+            h.reth = Some(RethRepr::parse(&reth::Packet::new_unchecked(take(reth::HEADER_LEN)))?);
+        }
+        if e.contains(ExtSet::ATOMIC_ETH) {
+            h.atomic_eth = Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(take(
+                atomic_eth::HEADER_LEN,
+            )))?);
+        }
+        if e.contains(ExtSet::AETH) {
+            h.aeth = Some(AethRepr::parse(&aeth::Packet::new_unchecked(take(aeth::HEADER_LEN)))?);
+        }
+        if e.contains(ExtSet::ATOMIC_ACK) {
+            h.atomic_ack = Some(AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(
+                take(atomic_ack_eth::HEADER_LEN),
+            ))?);
+        }
+        if e.contains(ExtSet::IMMDT) {
+            h.imm = Some(immdt::parse(&immdt::Packet::new_unchecked(take(immdt::HEADER_LEN)))?);
+        }
+        if e.contains(ExtSet::IETH) {
+            h.ieth = Some(ieth::parse(&ieth::Packet::new_unchecked(take(ieth::HEADER_LEN)))?);
+        }
+        Ok((h, len))
+    }
+}
