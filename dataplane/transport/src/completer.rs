@@ -1,0 +1,414 @@
+//! Completer: turns ACKs, NAKs, READ responses and atomic ACKs into WQE completions (in SQ
+//! order, through `Qp::retire`) and decides retries.
+//!
+//! * ACKs are cumulative (IBA 9.7.5.1): an ACK for PSN p completes every SEND/WRITE whose last
+//!   PSN ≤ p. An ACK covering an outstanding READ/ATOMIC means its response was lost: the
+//!   "implicit NAK" → go-back-N from the READ's first missing PSN.
+//! * A PSN sequence NAK (0x60) acknowledges everything before its PSN and starts go-back-N
+//!   from it, once per retry (further NAKs are ignored until forward progress).
+//! * RNR NAK: wait the delay of its 5-bit code (IBA RNR table), then go-back-N; `rnr_retry`
+//!   7 is infinite. The retransmit timer is stopped while waiting (rxe problem 6).
+//! * NAK 0x61/0x62/0x63 → REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR for the WQE holding the
+//!   PSN; the QP goes to ERR once it reaches the head (§4.2).
+//! * Local ACK timeout 4.096 µs × 2^timeout (0 = off); `retry_cnt` 7 means 7 retries.
+//! * READ responses are placed in PSN order straight into the local SGEs; an out-of-order
+//!   response starts a retry from the first missing PSN with a smaller request (D5).
+
+use pmrxe_wire::{MsgPos, NakCode, OpKind, Syndrome, TransportHeaders};
+
+use crate::cq::WcStatus;
+use crate::memops::MemOps;
+use crate::qp::{Qp, QpAttr, QpState};
+use crate::timers::{local_ack_timeout_ns, rnr_delay_ns, Instant, RetryLimit, Timer};
+use crate::wqe::SendOp;
+use crate::Psn;
+
+/// Completer state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CompState {
+    /// Oldest unacknowledged PSN.
+    pub psn: Psn,
+    /// Transport retries left.
+    pub retry: RetryLimit,
+    /// RNR retries left.
+    pub rnr: RetryLimit,
+    /// A go-back-N is in progress; sequence NAKs don't start another until progress.
+    pub started_retry: bool,
+    /// PSN to resume from when the RNR timer fires.
+    pub rnr_psn: Psn,
+}
+
+impl Default for CompState {
+    fn default() -> Self {
+        CompState {
+            psn: Psn::new(0),
+            retry: RetryLimit::transport(7),
+            rnr: RetryLimit::rnr(7),
+            started_retry: false,
+            rnr_psn: Psn::new(0),
+        }
+    }
+}
+
+impl CompState {
+    pub(crate) fn reset_psn(&mut self, p: Psn) {
+        self.psn = p;
+    }
+    pub(crate) fn reset_retry(&mut self, a: &QpAttr) {
+        self.retry = RetryLimit::transport(a.retry_cnt);
+        self.rnr = RetryLimit::rnr(a.rnr_retry);
+    }
+}
+
+enum AckOutcome {
+    /// Completed WQEs / advanced.
+    Progress(bool),
+    /// An earlier READ/ATOMIC lost its response: retry from this PSN.
+    ImplicitNak(Psn),
+}
+
+impl Qp {
+    fn outstanding(&self) -> bool {
+        self.comp.psn.distance(self.req.next_psn) < 0
+    }
+
+    /// Restart (or stop) the retransmit timer after forward progress.
+    fn on_progress(&mut self, now: Instant) {
+        self.comp.reset_retry(&self.attr);
+        self.comp.started_retry = false;
+        self.rearm_retransmit(now);
+    }
+
+    fn rearm_retransmit(&mut self, now: Instant) {
+        match local_ack_timeout_ns(self.attr.timeout) {
+            Some(t) if self.outstanding() && self.timers.get(Timer::RnrWait).is_none() => {
+                self.timers.set(Timer::Retransmit, now.add_ns(t))
+            }
+            _ => self.timers.stop(Timer::Retransmit),
+        }
+    }
+
+    /// Cumulative acknowledgement of every PSN ≤ `p`.
+    fn ack_through(&mut self, p: Psn) -> AckOutcome {
+        let mut progress = false;
+        let mut idx = self.sq_head;
+        while idx < self.sq_end() {
+            let e = *self.entry(idx);
+            if e.done.is_some() {
+                idx += 1;
+                continue;
+            }
+            if !e.started {
+                break;
+            }
+            if e.last_psn().distance(p) > 0 {
+                // Not covered. Partial SEND/WRITE coverage still advances comp.psn below.
+                break;
+            }
+            if e.wqe.op.is_rd_atomic() {
+                return AckOutcome::ImplicitNak(e.first_psn.wrapping_add(e.rcvd));
+            }
+            self.finish_wqe(idx, WcStatus::Success);
+            progress = true;
+            idx += 1;
+        }
+        let next = p.wrapping_add(1);
+        if next.distance(self.comp.psn) > 0 && next.distance(self.req.max_sent) <= 0 {
+            // Never move past a READ that still misses responses.
+            let limit = (self.sq_head..self.sq_end())
+                .map(|i| self.entry(i))
+                .find(|e| e.started && e.done.is_none() && e.wqe.op.is_rd_atomic())
+                .map(|e| e.first_psn.wrapping_add(e.rcvd));
+            let target = match limit {
+                Some(l) if next.distance(l) > 0 => l,
+                _ => next,
+            };
+            if target.distance(self.comp.psn) > 0 {
+                self.comp.psn = target;
+                progress = true;
+            }
+        }
+        AckOutcome::Progress(progress)
+    }
+
+    /// Index of the started, unfinished WQE holding PSN `p`.
+    fn wqe_with_psn(&self, p: Psn) -> Option<u64> {
+        (self.sq_head..self.sq_end()).find(|&i| {
+            let e = self.entry(i);
+            e.done.is_none() && e.contains_psn(p)
+        })
+    }
+
+    /// Go-back-N: rewind the network cursor to the WQE holding `p` (or the first unfinished
+    /// started WQE after it). Local ops below the execution cursor are skipped on the way.
+    pub(crate) fn retry_from(&mut self, now: Instant, p: Psn) {
+        let Some(idx) = (self.sq_head..self.sq_end()).find(|&i| {
+            let e = self.entry(i);
+            e.started && e.done.is_none() && e.last_psn().distance(p) >= 0
+        }) else {
+            return;
+        };
+        for j in idx..self.sq_end() {
+            let e = self.entry_mut(j);
+            if !e.started || e.done.is_some() {
+                continue;
+            }
+            if j == idx {
+                let k = p.distance(e.first_psn).max(0) as u32;
+                match e.wqe.op {
+                    SendOp::Read => {
+                        e.tx_pkt = e.rcvd;
+                        e.read_req_out = false;
+                    }
+                    _ => e.tx_pkt = k.min(e.npsn),
+                }
+            } else {
+                e.tx_pkt = e.rcvd;
+                e.read_req_out = false;
+            }
+        }
+        self.req.net_cursor = idx;
+        self.req.noack_pkts = 0;
+        self.stats.retries += 1;
+        self.comp.started_retry = true;
+        self.rearm_retransmit(now);
+    }
+
+    fn fail_at(&mut self, p: Psn, st: WcStatus) {
+        let idx = self.wqe_with_psn(p).or_else(|| {
+            (self.sq_head..self.sq_end()).find(|&i| {
+                let e = self.entry(i);
+                e.started && e.done.is_none()
+            })
+        });
+        if let Some(i) = idx {
+            self.finish_wqe(i, st);
+        }
+        self.timers.stop(Timer::Retransmit);
+        self.retire();
+    }
+
+    /// Sequence-error style retry (NAK 0x60, implicit NAK, out-of-order READ response).
+    fn retry_or_fail(&mut self, now: Instant, p: Psn) {
+        if self.comp.retry.take() {
+            self.retry_from(now, p);
+        } else {
+            self.stats.retry_exceeded += 1;
+            self.fail_at(p, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// Local ACK timer fired.
+    pub(crate) fn on_retransmit_timeout(&mut self, now: Instant) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || !self.outstanding() {
+            return;
+        }
+        self.stats.timeouts += 1;
+        let p = self.comp.psn;
+        if self.comp.retry.take() {
+            self.retry_from(now, p);
+            if let Some(t) = local_ack_timeout_ns(self.attr.timeout) {
+                self.timers.set(Timer::Retransmit, now.add_ns(t));
+            }
+        } else {
+            self.stats.retry_exceeded += 1;
+            self.fail_at(p, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// RNR wait is over: resend from the NAKed PSN.
+    pub(crate) fn on_rnr_timer(&mut self, now: Instant) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let p = self.comp.rnr_psn;
+        self.retry_from(now, p);
+    }
+
+    /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester.
+    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let Some(info) = hdr.bth.opcode.info() else { return };
+        let p = hdr.bth.psn;
+        // A response must be for a PSN we sent: [comp.psn - 2^23, max_sent).
+        if p.distance(self.req.max_sent) >= 0 {
+            self.stats.dropped += 1;
+            return;
+        }
+        match info.kind {
+            OpKind::Ack => {
+                let Some(aeth) = hdr.aeth else { return };
+                match aeth.syndrome {
+                    Syndrome::Ack { .. } => {
+                        self.stats.acks_received += 1;
+                        self.process_ack(now, p);
+                    }
+                    Syndrome::RnrNak { timer } => {
+                        self.stats.rnr_naks_received += 1;
+                        if p.distance(self.comp.psn) < 0 {
+                            return;
+                        }
+                        self.process_ack(now, p.wrapping_sub(1));
+                        if self.state == QpState::Err {
+                            return;
+                        }
+                        if self.comp.rnr.take() {
+                            self.comp.rnr_psn = p;
+                            self.timers.stop(Timer::Retransmit);
+                            self.timers.set(Timer::RnrWait, now.add_ns(rnr_delay_ns(timer)));
+                        } else {
+                            self.stats.rnr_retry_exceeded += 1;
+                            self.fail_at(p, WcStatus::RnrRetryExcErr);
+                        }
+                    }
+                    Syndrome::Nak(code) => {
+                        if p.distance(self.comp.psn) < 0 {
+                            self.stats.dropped += 1;
+                            return;
+                        }
+                        let progress = matches!(self.ack_through_and_apply(now, p.wrapping_sub(1)), Some(true));
+                        if self.state == QpState::Err {
+                            return;
+                        }
+                        match code {
+                            NakCode::PsnSeqErr => {
+                                self.stats.seq_naks_received += 1;
+                                if self.comp.started_retry && !progress {
+                                    return;
+                                }
+                                self.retry_or_fail(now, p);
+                            }
+                            other => {
+                                self.stats.err_naks_received += 1;
+                                let st = match other {
+                                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                                    NakCode::RemoteAccess => WcStatus::RemAccessErr,
+                                    _ => WcStatus::RemOpErr,
+                                };
+                                self.fail_at(p, st);
+                            }
+                        }
+                    }
+                    Syndrome::Reserved(_) => self.stats.dropped += 1,
+                }
+            }
+            OpKind::AtomicAck => {
+                let Some(ack) = hdr.atomic_ack else { return };
+                let Some(idx) = self.wqe_with_psn(p) else {
+                    self.stats.dropped += 1;
+                    return;
+                };
+                let e = *self.entry(idx);
+                if !e.wqe.op.is_atomic() {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                if self.ack_through_and_apply(now, p.wrapping_sub(1)).is_none() {
+                    return;
+                }
+                let bytes = ack.orig.to_le_bytes();
+                match mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), 0, &bytes) {
+                    Ok(()) => self.finish_wqe(idx, WcStatus::Success),
+                    Err(_) => self.finish_wqe(idx, WcStatus::LocProtErr),
+                }
+                self.stats.acks_received += 1;
+                if p.wrapping_add(1).distance(self.comp.psn) > 0 {
+                    self.comp.psn = p.wrapping_add(1);
+                }
+                self.on_progress(now);
+                self.retire();
+            }
+            OpKind::ReadResponse => self.on_read_response(now, hdr, info.pos, payload, mem),
+            _ => self.stats.dropped += 1,
+        }
+    }
+
+    /// ACK processing shared by ACK/NAK/atomic ACK. Returns `None` if an implicit NAK started
+    /// a retry (the caller stops), else whether progress was made.
+    fn ack_through_and_apply(&mut self, now: Instant, p: Psn) -> Option<bool> {
+        match self.ack_through(p) {
+            AckOutcome::Progress(progress) => {
+                if progress {
+                    self.on_progress(now);
+                }
+                self.retire();
+                Some(progress)
+            }
+            AckOutcome::ImplicitNak(from) => {
+                self.retire();
+                if !self.comp.started_retry {
+                    self.retry_or_fail(now, from);
+                }
+                None
+            }
+        }
+    }
+
+    fn process_ack(&mut self, now: Instant, p: Psn) {
+        let _ = self.ack_through_and_apply(now, p);
+    }
+
+    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, pos: MsgPos, payload: &[u8], mem: &M) {
+        let p = hdr.bth.psn;
+        let Some(idx) = self.wqe_with_psn(p) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let e = *self.entry(idx);
+        if !matches!(e.wqe.op, SendOp::Read) {
+            // READ response for a non-READ WQE (§4.2 FATAL_ERR).
+            self.fail_at(p, WcStatus::FatalErr);
+            return;
+        }
+        // The response implies every earlier request was executed.
+        if hdr.aeth.is_some() && self.ack_through_and_apply(now, e.first_psn.wrapping_sub(1)).is_none() {
+            return;
+        }
+        if self.state == QpState::Err {
+            return;
+        }
+        let e = *self.entry(idx);
+        let expected = e.first_psn.wrapping_add(e.rcvd);
+        let d = p.distance(expected);
+        if d != 0 {
+            if d > 0 && !self.comp.started_retry {
+                // A response was lost: re-request from the first missing PSN (D5).
+                self.retry_or_fail(now, expected);
+            } else {
+                self.stats.dropped += 1;
+            }
+            return;
+        }
+        let mtu = u64::from(self.mtu());
+        let off = u64::from(e.rcvd) * mtu;
+        let remain = e.len.saturating_sub(off);
+        let is_last = p == e.last_psn();
+        let ok = if is_last {
+            payload.len() as u64 == remain && pos.is_end()
+        } else {
+            payload.len() as u64 == mtu && !pos.is_end()
+        };
+        if !ok {
+            self.stats.dropped += 1;
+            return;
+        }
+        if !payload.is_empty() {
+            if mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).is_err() {
+                self.finish_wqe(idx, WcStatus::LocProtErr);
+                self.retire();
+                return;
+            }
+        }
+        let en = self.entry_mut(idx);
+        en.rcvd += 1;
+        self.comp.psn = p.wrapping_add(1);
+        if is_last {
+            self.finish_wqe(idx, WcStatus::Success);
+        }
+        self.on_progress(now);
+        self.retire();
+    }
+}

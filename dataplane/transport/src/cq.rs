@@ -1,0 +1,161 @@
+//! Completion queue entries (`ibv_wc` semantics, numeric values from libibverbs `verbs.h`).
+//!
+//! The QP produces CQEs in order on two logical queues ([`CqSide::Send`], [`CqSide::Recv`]);
+//! the runtime copies them into the consumer's CQ rings (several QPs may share one CQ).
+
+/// Which CQ of the QP a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqSide {
+    /// The send CQ.
+    Send,
+    /// The receive CQ.
+    Recv,
+}
+
+/// `enum ibv_wc_status` (values as in libibverbs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// IBV_WC_SUCCESS
+    Success = 0,
+    /// IBV_WC_LOC_LEN_ERR
+    LocLenErr = 1,
+    /// IBV_WC_LOC_QP_OP_ERR
+    LocQpOpErr = 2,
+    /// IBV_WC_LOC_PROT_ERR
+    LocProtErr = 4,
+    /// IBV_WC_WR_FLUSH_ERR
+    WrFlushErr = 5,
+    /// IBV_WC_MW_BIND_ERR
+    MwBindErr = 6,
+    /// IBV_WC_BAD_RESP_ERR
+    BadRespErr = 7,
+    /// IBV_WC_LOC_ACCESS_ERR
+    LocAccessErr = 8,
+    /// IBV_WC_REM_INV_REQ_ERR
+    RemInvReqErr = 9,
+    /// IBV_WC_REM_ACCESS_ERR
+    RemAccessErr = 10,
+    /// IBV_WC_REM_OP_ERR
+    RemOpErr = 11,
+    /// IBV_WC_RETRY_EXC_ERR
+    RetryExcErr = 12,
+    /// IBV_WC_RNR_RETRY_EXC_ERR
+    RnrRetryExcErr = 13,
+    /// IBV_WC_FATAL_ERR
+    FatalErr = 19,
+    /// IBV_WC_GENERAL_ERR
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// Number of distinct statuses tracked by [`crate::QpStats`].
+    pub const COUNT: usize = 22;
+    /// Is this SUCCESS?
+    pub fn is_ok(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// `enum ibv_wc_opcode` (values as in libibverbs; REG_MR uses IBV_WC_DRIVER1 = 135 like mlx5dv).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// IBV_WC_SEND
+    Send = 0,
+    /// IBV_WC_RDMA_WRITE
+    RdmaWrite = 1,
+    /// IBV_WC_RDMA_READ
+    RdmaRead = 2,
+    /// IBV_WC_COMP_SWAP
+    CompSwap = 3,
+    /// IBV_WC_FETCH_ADD
+    FetchAdd = 4,
+    /// IBV_WC_BIND_MW
+    BindMw = 5,
+    /// IBV_WC_LOCAL_INV
+    LocalInv = 6,
+    /// IBV_WC_RECV
+    Recv = 128,
+    /// IBV_WC_RECV_RDMA_WITH_IMM
+    RecvRdmaWithImm = 129,
+    /// IBV_WC_DRIVER1 (fast-register MR completion)
+    RegMr = 135,
+}
+
+/// `ibv_wc_flags`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WcFlags(pub u32);
+
+impl WcFlags {
+    /// IBV_WC_GRH: a 40-byte GRH was written at the start of the receive buffer.
+    pub const GRH: WcFlags = WcFlags(1);
+    /// IBV_WC_WITH_IMM.
+    pub const WITH_IMM: WcFlags = WcFlags(2);
+    /// IBV_WC_WITH_INV.
+    pub const WITH_INV: WcFlags = WcFlags(8);
+    /// Are all bits of `o` set?
+    pub const fn contains(self, o: WcFlags) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+impl core::ops::BitOrAssign for WcFlags {
+    fn bitor_assign(&mut self, o: WcFlags) {
+        self.0 |= o.0;
+    }
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cqe {
+    /// Consumer's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningless for flushed completions).
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receive: message length; READ: bytes read).
+    pub byte_len: u32,
+    /// Immediate data.
+    pub imm_data: Option<u32>,
+    /// The key invalidated by a SEND with invalidate.
+    pub invalidated_rkey: Option<u32>,
+    /// Local QPN.
+    pub qp_num: u32,
+    /// Source QPN (UD receive).
+    pub src_qp: u32,
+    /// `ibv_wc_flags`.
+    pub wc_flags: WcFlags,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Source LID (0 on RoCE).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// DLID path bits (0 on RoCE).
+    pub dlid_path_bits: u8,
+    /// A GRH is present (UD receive).
+    pub grh_present: bool,
+}
+
+impl Cqe {
+    /// A completion with everything but the given fields zeroed.
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {
+        Cqe {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num,
+            src_qp: 0,
+            wc_flags: WcFlags::default(),
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+            grh_present: false,
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The engine's view of memory: a thin adapter over `pmrxe_mem::MemTable`.
+//!
+//! The engine reaches memory only through [`MemOps`], so it never holds a pointer: payload is
+//! gathered into the transmit buffer and scattered from the received packet by the memory
+//! crate, which checks keys, PDs, access rights and ranges (with checked arithmetic).
+//! `MemOps` is implemented for `pmrxe_mem::MemTable` in this file; tests may implement it for
+//! a model.
+
+pub use pmrxe_mem::{Access, Key, MemError, MemTable, Sge};
+
+/// Protection domain handle (same representation as `pmrxe_mem`).
+pub type PdHandle = u32;
+
+/// A failed memory operation (the memory crate's error).
+pub type MemFault = MemError;
+
+/// An atomic operation at the responder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare and swap.
+    CmpSwap {
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Fetch and add.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+/// Everything the engine asks of the memory layer. All methods take `&self`: the table uses
+/// its own synchronisation, so QPs on one lcore share one `&MemTable`.
+pub trait MemOps {
+    /// Copy bytes `[offset, offset + out.len())` of the message described by `sges` (local
+    /// keys, no special access) into `out`.
+    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemFault>;
+    /// Copy `data` to bytes `[offset, ..)` of the message described by `sges` (needs
+    /// LOCAL_WRITE on every MR touched).
+    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemFault>;
+    /// Check that `rkey` grants `need` on `[va, va + len)` for QP `qpn` in `pd`.
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemFault>;
+    /// Remote write of `data` at `va` through `rkey`.
+    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemFault>;
+    /// Remote read into `out` from `va` through `rkey`.
+    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemFault>;
+    /// Remote atomic on the 8 bytes at `va` through `rkey`; returns the original value.
+    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemFault>;
+    /// Invalidation requested by a SEND with invalidate (IETH).
+    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemFault>;
+    /// Execute a fast-register (REG_MR) work request.
+    #[allow(clippy::too_many_arguments)]
+    fn reg_mr(&self, pd: PdHandle, qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemFault>;
+    /// Execute a LOCAL_INV work request.
+    fn local_inv(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemFault>;
+    /// Execute a BIND_MW work request.
+    #[allow(clippy::too_many_arguments)]
+    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemFault>;
+}
+
+impl MemOps for MemTable {
+    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemFault> {
+        pmrxe_mem::gather(self, pd, qpn, sges, offset, out)
+    }
+    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemFault> {
+        pmrxe_mem::scatter(self, pd, qpn, sges, offset, data)
+    }
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemFault> {
+        self.lookup(Key(rkey), pd, qpn, va, len, need).map(|_| ())
+    }
+    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemFault> {
+        self.lookup(Key(rkey), pd, qpn, va, data.len() as u64, Access::REMOTE_WRITE)?.copy_in(va, data)
+    }
+    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemFault> {
+        self.lookup(Key(rkey), pd, qpn, va, out.len() as u64, Access::REMOTE_READ)?.copy_out(va, out)
+    }
+    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemFault> {
+        let r = self.lookup(Key(rkey), pd, qpn, va, 8, Access::REMOTE_ATOMIC)?;
+        match op {
+            AtomicOp::CmpSwap { compare, swap } => r.atomic_cmp_swap(va, compare, swap),
+            AtomicOp::FetchAdd { add } => r.atomic_fetch_add(va, add),
+        }
+    }
+    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemFault> {
+        self.remote_invalidate(pd, qpn, Key(key))
+    }
+    fn reg_mr(&self, pd: PdHandle, _qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemFault> {
+        self.exec_reg_mr_for(pd, mr, key, access, iova, length)
+    }
+    fn local_inv(&self, pd: PdHandle, _qpn: u32, key: Key) -> Result<(), MemFault> {
+        self.exec_local_inv(pd, key)
+    }
+    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemFault> {
+        self.exec_bind_mw(pd, qpn, mw, new_key, mr, addr, len, access)
+    }
+}

@@ -1,0 +1,981 @@
+//! The QP: attributes, the IBTA state machine (modify/query with per-transition attribute
+//! masks), posting, flushing and in-order retirement. The three roles live in
+//! `requester.rs`, `completer.rs` and `responder.rs`; this file is the only code that
+//! connects them (retry, error, retire).
+
+use std::collections::VecDeque;
+
+use crate::completer::CompState;
+use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
+use crate::memops::PdHandle;
+use crate::requester::ReqState;
+use crate::responder::RespState;
+use crate::stats::QpStats;
+use crate::timers::{Instant, Timer, TimerTable};
+use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, MAX_INLINE, MAX_SGE};
+use crate::Psn;
+
+/// Transport service type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    pub(crate) fn wire(self) -> pmrxe_wire::QpType {
+        match self {
+            QpType::Rc => pmrxe_wire::QpType::Rc,
+            QpType::Uc => pmrxe_wire::QpType::Uc,
+            QpType::Ud => pmrxe_wire::QpType::Ud,
+        }
+    }
+}
+
+/// `enum ibv_qp_state` (same order and values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QpState {
+    /// IBV_QPS_RESET
+    #[default]
+    Reset = 0,
+    /// IBV_QPS_INIT
+    Init = 1,
+    /// IBV_QPS_RTR
+    Rtr = 2,
+    /// IBV_QPS_RTS
+    Rts = 3,
+    /// IBV_QPS_SQD
+    Sqd = 4,
+    /// IBV_QPS_SQE
+    Sqe = 5,
+    /// IBV_QPS_ERR
+    Err = 6,
+}
+
+/// `enum ibv_mtu` (values 1..5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PathMtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    #[default]
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl PathMtu {
+    /// Payload bytes per packet.
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// Path to the peer (RoCEv2: GIDs are IP addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AddressVector {
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Source GID index on our port.
+    pub sgid_index: u8,
+    /// IPv6 flow label (also feeds the UDP source port hash).
+    pub flow_label: u32,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// Traffic class / TOS.
+    pub traffic_class: u8,
+    /// Resolved destination MAC, if known.
+    pub dmac: Option<[u8; 6]>,
+    /// Port number (1-based).
+    pub port: u8,
+}
+
+/// Requested QP capacities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Gather entries per send WQE.
+    pub max_send_sge: u32,
+    /// Scatter entries per receive WQE.
+    pub max_recv_sge: u32,
+    /// Inline payload per send WQE.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 }
+    }
+}
+
+/// Limits of this engine.
+pub const MAX_QP_WR: u32 = 16384;
+/// Largest `max_rd_atomic` / `max_dest_rd_atomic`.
+pub const MAX_RD_ATOMIC: u8 = 128;
+
+/// QP attributes (`struct ibv_qp_attr`, the fields RoCE uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: QpState,
+    /// Current state (checked if `CUR_STATE` is in the mask).
+    pub cur_qp_state: QpState,
+    /// Path MTU.
+    pub path_mtu: PathMtu,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Expected PSN of the responder.
+    pub rq_psn: u32,
+    /// First PSN of the requester.
+    pub sq_psn: u32,
+    /// Remote QPN (RC/UC).
+    pub dest_qp_num: u32,
+    /// `ibv_access_flags` for remote access to this QP (REMOTE_WRITE/READ/ATOMIC).
+    pub qp_access_flags: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Local ACK timeout exponent (0 = infinite, ≤ 31).
+    pub timeout: u8,
+    /// Transport retry count (≤ 7; 7 means 7).
+    pub retry_cnt: u8,
+    /// RNR retry count (≤ 7; 7 means infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code our responder advertises (≤ 31).
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/ATOMIC as requester.
+    pub max_rd_atomic: u8,
+    /// READ/ATOMIC resources as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Primary path.
+    pub ah_attr: AddressVector,
+    /// Port number.
+    pub port_num: u8,
+    /// Query only: SQD and still draining.
+    pub sq_draining: bool,
+    /// Raise `AsyncEvent::SqDrained` when SQD drain completes.
+    pub en_sqd_async_notify: bool,
+    /// Capacities (query only).
+    pub cap: QpCaps,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            path_mtu: PathMtu::Mtu1024,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qp_num: 0,
+            qp_access_flags: 0,
+            pkey_index: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            ah_attr: AddressVector::default(),
+            port_num: 1,
+            sq_draining: false,
+            en_sqd_async_notify: false,
+            cap: QpCaps::default(),
+        }
+    }
+}
+
+/// `enum ibv_qp_attr_mask` (IBV_QP_* bit values exactly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AttrMask(pub u32);
+
+#[allow(missing_docs)]
+impl AttrMask {
+    pub const STATE: AttrMask = AttrMask(1);
+    pub const CUR_STATE: AttrMask = AttrMask(2);
+    pub const EN_SQD_ASYNC_NOTIFY: AttrMask = AttrMask(4);
+    pub const ACCESS_FLAGS: AttrMask = AttrMask(8);
+    pub const PKEY_INDEX: AttrMask = AttrMask(16);
+    pub const PORT: AttrMask = AttrMask(32);
+    pub const QKEY: AttrMask = AttrMask(64);
+    pub const AV: AttrMask = AttrMask(128);
+    pub const PATH_MTU: AttrMask = AttrMask(256);
+    pub const TIMEOUT: AttrMask = AttrMask(512);
+    pub const RETRY_CNT: AttrMask = AttrMask(1024);
+    pub const RNR_RETRY: AttrMask = AttrMask(2048);
+    pub const RQ_PSN: AttrMask = AttrMask(4096);
+    pub const MAX_QP_RD_ATOMIC: AttrMask = AttrMask(8192);
+    pub const ALT_PATH: AttrMask = AttrMask(16384);
+    pub const MIN_RNR_TIMER: AttrMask = AttrMask(32768);
+    pub const SQ_PSN: AttrMask = AttrMask(65536);
+    pub const MAX_DEST_RD_ATOMIC: AttrMask = AttrMask(131072);
+    pub const PATH_MIG_STATE: AttrMask = AttrMask(262144);
+    pub const CAP: AttrMask = AttrMask(524288);
+    pub const DEST_QPN: AttrMask = AttrMask(1048576);
+    /// No bits.
+    pub const EMPTY: AttrMask = AttrMask(0);
+
+    /// All bits of `o` set?
+    pub const fn contains(self, o: AttrMask) -> bool {
+        self.0 & o.0 == o.0
+    }
+    /// Bits in `self` but not in `o`.
+    pub const fn minus(self, o: AttrMask) -> AttrMask {
+        AttrMask(self.0 & !o.0)
+    }
+    /// Is it empty?
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    const fn or(self, o: AttrMask) -> AttrMask {
+        AttrMask(self.0 | o.0)
+    }
+}
+impl core::ops::BitOr for AttrMask {
+    type Output = AttrMask;
+    fn bitor(self, o: AttrMask) -> AttrMask {
+        self.or(o)
+    }
+}
+
+/// Attributes a transition requires and allows (beyond `STATE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransitionMasks {
+    /// Must be present.
+    pub required: AttrMask,
+    /// May be present.
+    pub optional: AttrMask,
+}
+
+/// The IBTA QP state table (IBA 10.3.1, as the kernel's `qp_state_table`): `None` if
+/// `cur → next` is not a valid transition for `ty`, otherwise the attribute masks.
+pub fn transition_masks(ty: QpType, cur: QpState, next: QpState) -> Option<TransitionMasks> {
+    use AttrMask as M;
+    use QpState::*;
+    let by = |ud: AttrMask, uc: AttrMask, rc: AttrMask| match ty {
+        QpType::Ud => ud,
+        QpType::Uc => uc,
+        QpType::Rc => rc,
+    };
+    let none = M::EMPTY;
+    let t = |required: AttrMask, optional: AttrMask| Some(TransitionMasks { required, optional });
+    match (cur, next) {
+        (_, Reset) | (_, Err) => t(none, none),
+        (Reset, Init) => t(
+            by(M::PKEY_INDEX | M::PORT | M::QKEY, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            none,
+        ),
+        (Init, Init) => t(
+            none,
+            by(M::PKEY_INDEX | M::PORT | M::QKEY, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        ),
+        (Init, Rtr) => t(
+            by(
+                none,
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+            ),
+            by(M::PKEY_INDEX | M::QKEY, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX),
+        ),
+        (Rtr, Rts) => t(
+            by(M::SQ_PSN, M::SQ_PSN, M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
+            by(
+                M::CUR_STATE | M::QKEY,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+        ),
+        (Rts, Rts) | (Sqd, Rts) => t(
+            none,
+            by(
+                M::CUR_STATE | M::QKEY,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+            ),
+        ),
+        (Rts, Sqd) => t(none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => t(
+            none,
+            by(
+                M::PKEY_INDEX | M::QKEY,
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
+        ),
+        (Sqe, Rts) if ty != QpType::Rc => {
+            t(none, by(M::CUR_STATE | M::QKEY, M::CUR_STATE | M::ACCESS_FLAGS, none))
+        }
+        _ => None,
+    }
+}
+
+/// `create_qp` failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateError {
+    /// A capacity exceeds the engine's limits.
+    CapsTooLarge,
+    /// An SRQ was given for a QP type that cannot use it... (reserved) or other bad argument.
+    InvalidArgument,
+}
+
+/// `modify_qp` failure (EINVAL in verbs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModifyError {
+    /// `cur → next` is not a valid transition.
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// Required attributes missing.
+    MissingAttributes(AttrMask),
+    /// Attributes not allowed for this transition.
+    InvalidAttributes(AttrMask),
+    /// An attribute value is out of range.
+    InvalidValue(&'static str),
+    /// `cur_qp_state` does not match.
+    CurrentStateMismatch,
+}
+
+/// `post_send`/`post_recv` failure (the WR is returned as `bad_wr`; no CQE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP state does not accept this post.
+    InvalidState,
+    /// The queue is full.
+    QueueFull,
+    /// Opcode not valid for this QP type.
+    BadOpcode,
+    /// More SGEs than the QP's capacity.
+    TooManySge,
+    /// Message longer than 2^31 bytes.
+    TooLong,
+    /// Atomic with length ≠ 8 or misaligned remote address.
+    BadAtomic,
+    /// Inline payload larger than `max_inline_data`, or inline on an op that cannot be inline.
+    BadInline,
+    /// UD send without a destination.
+    NoDestination,
+}
+
+/// Asynchronous events (`ibv_event_type` subset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// IBV_EVENT_COMM_EST: first packet received in RTR.
+    CommEstablished,
+    /// IBV_EVENT_SQ_DRAINED.
+    SqDrained,
+    /// IBV_EVENT_SRQ_LIMIT_REACHED for SRQ `srqn`.
+    SrqLimitReached {
+        /// The SRQ.
+        srqn: u32,
+    },
+    /// IBV_EVENT_QP_LAST_WQE_REACHED (QP with an SRQ entered ERR).
+    LastWqeReached,
+    /// IBV_EVENT_QP_FATAL.
+    QpFatal,
+    /// IBV_EVENT_QP_REQ_ERR: invalid request at our responder with no WQE to report it.
+    QpRequestError,
+    /// IBV_EVENT_QP_ACCESS_ERR: rkey violation at our responder with no WQE to report it.
+    QpAccessError,
+}
+
+/// One packet written by [`Qp::poll_transmit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written: BTH + extension headers + payload + pad (no ICRC).
+    pub len: usize,
+    /// Path: the QP's primary path (RC/UC) or the WQE's address handle (UD).
+    pub av: AddressVector,
+    /// Destination QPN.
+    pub dest_qpn: u32,
+    /// Our QPN.
+    pub src_qpn: u32,
+}
+
+/// One SQ slot: the WQE and its progress.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqEntry {
+    pub wqe: SendWqe,
+    /// Message length.
+    pub len: u64,
+    /// PSN of the first packet (valid once `started`).
+    pub first_psn: Psn,
+    /// PSNs consumed (packets, READ responses).
+    pub npsn: u32,
+    /// First transmission started: PSNs assigned, credit taken.
+    pub started: bool,
+    /// Next packet index to (re)transmit (SEND/WRITE); READ: packet index the next request
+    /// starts from; atomic: 0 or 1.
+    pub tx_pkt: u32,
+    /// READ request for `tx_pkt..` has been sent.
+    pub read_req_out: bool,
+    /// READ response packets placed.
+    pub rcvd: u32,
+    /// Holds an rd_atomic credit.
+    pub credit: bool,
+    /// Final status once known.
+    pub done: Option<WcStatus>,
+}
+
+impl SqEntry {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.wrapping_add(self.npsn.saturating_sub(1))
+    }
+    pub(crate) fn contains_psn(&self, p: Psn) -> bool {
+        self.started && p.distance(self.first_psn) >= 0 && p.distance(self.last_psn()) <= 0
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: PdHandle,
+    pub(crate) caps: QpCaps,
+    pub(crate) srq: Option<u32>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) state: QpState,
+    pub(crate) attr: QpAttr,
+    /// SQ ring; `sq[0]` has absolute index `sq_head`.
+    pub(crate) sq: VecDeque<SqEntry>,
+    pub(crate) sq_head: u64,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) req: ReqState,
+    pub(crate) comp: CompState,
+    pub(crate) resp: RespState,
+    pub(crate) timers: TimerTable,
+    pub(crate) cqes: VecDeque<(CqSide, Cqe)>,
+    pub(crate) events: VecDeque<AsyncEvent>,
+    pub(crate) stats: QpStats,
+    pub(crate) sqd_notified: bool,
+}
+
+impl Qp {
+    /// Create a QP in RESET. Queues are allocated here, never on the fast path.
+    pub fn new(qpn: u32, qp_type: QpType, pd: PdHandle, caps: QpCaps, srq: Option<u32>) -> Result<Self, CreateError> {
+        if caps.max_send_wr > MAX_QP_WR
+            || caps.max_recv_wr > MAX_QP_WR
+            || caps.max_send_sge as usize > MAX_SGE
+            || caps.max_recv_sge as usize > MAX_SGE
+            || caps.max_inline_data as usize > MAX_INLINE
+        {
+            return Err(CreateError::CapsTooLarge);
+        }
+        if qpn == 0 || qpn > 0x00FF_FFFF {
+            return Err(CreateError::InvalidArgument);
+        }
+        let attr = QpAttr { cap: caps, ..QpAttr::default() };
+        Ok(Qp {
+            qpn,
+            qp_type,
+            pd,
+            caps,
+            srq,
+            sq_sig_all: false,
+            state: QpState::Reset,
+            attr,
+            sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            sq_head: 0,
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            req: ReqState::default(),
+            comp: CompState::default(),
+            resp: RespState::new(),
+            timers: TimerTable::default(),
+            cqes: VecDeque::with_capacity((caps.max_send_wr + caps.max_recv_wr) as usize),
+            events: VecDeque::with_capacity(8),
+            stats: QpStats::default(),
+            sqd_notified: false,
+        })
+    }
+
+    /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
+    pub fn set_sq_sig_all(&mut self, on: bool) {
+        self.sq_sig_all = on;
+    }
+
+    /// Our QPN.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// Attached SRQ.
+    pub fn srq(&self) -> Option<u32> {
+        self.srq
+    }
+    /// Counters.
+    pub fn stats(&self) -> &QpStats {
+        &self.stats
+    }
+    /// Path MTU in bytes.
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> QpAttr {
+        let mut a = self.attr;
+        a.qp_state = self.state;
+        a.cur_qp_state = self.state;
+        a.sq_draining = self.state == QpState::Sqd && !self.sq_drained();
+        a.cap = self.caps;
+        a
+    }
+
+    /// `ibv_modify_qp`: checks the transition and the attribute mask against the IBTA table
+    /// ([`transition_masks`]), validates values, then applies. Entering ERR flushes both
+    /// queues; entering RESET clears everything.
+    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
+        let cur = self.state;
+        if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+            // IBA 11.2.4.2 allows CUR_STATE only to confirm the state (or SQE/RTS recovery).
+            return Err(ModifyError::CurrentStateMismatch);
+        }
+        let next = if mask.contains(AttrMask::STATE) { attr.qp_state } else { cur };
+        let t = transition_masks(self.qp_type, cur, next)
+            .ok_or(ModifyError::InvalidTransition { from: cur, to: next })?;
+        let given = mask.minus(AttrMask::STATE);
+        let missing = t.required.minus(given);
+        if !missing.is_empty() {
+            return Err(ModifyError::MissingAttributes(missing));
+        }
+        let extra = given.minus(t.required | t.optional);
+        if !extra.is_empty() {
+            return Err(ModifyError::InvalidAttributes(extra));
+        }
+        // Values.
+        if mask.contains(AttrMask::TIMEOUT) && attr.timeout > 31 {
+            return Err(ModifyError::InvalidValue("timeout > 31"));
+        }
+        if mask.contains(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(ModifyError::InvalidValue("retry_cnt > 7"));
+        }
+        if mask.contains(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(ModifyError::InvalidValue("rnr_retry > 7"));
+        }
+        if mask.contains(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(ModifyError::InvalidValue("min_rnr_timer > 31"));
+        }
+        if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_RD_ATOMIC {
+            return Err(ModifyError::InvalidValue("max_rd_atomic"));
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_RD_ATOMIC {
+            return Err(ModifyError::InvalidValue("max_dest_rd_atomic"));
+        }
+        if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
+            return Err(ModifyError::InvalidValue("port_num"));
+        }
+        if mask.contains(AttrMask::DEST_QPN) && attr.dest_qp_num > 0x00FF_FFFF {
+            return Err(ModifyError::InvalidValue("dest_qp_num"));
+        }
+        if mask.contains(AttrMask::CAP) {
+            return Err(ModifyError::InvalidAttributes(AttrMask::CAP));
+        }
+        // Apply values.
+        macro_rules! set {
+            ($($bit:ident => $f:ident),* $(,)?) => { $( if mask.contains(AttrMask::$bit) { self.attr.$f = attr.$f; } )* };
+        }
+        set!(
+            ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num,
+            QKEY => qkey, AV => ah_attr, PATH_MTU => path_mtu, TIMEOUT => timeout,
+            RETRY_CNT => retry_cnt, RNR_RETRY => rnr_retry, RQ_PSN => rq_psn,
+            MAX_QP_RD_ATOMIC => max_rd_atomic, MIN_RNR_TIMER => min_rnr_timer, SQ_PSN => sq_psn,
+            MAX_DEST_RD_ATOMIC => max_dest_rd_atomic, DEST_QPN => dest_qp_num,
+            EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify,
+        );
+        if mask.contains(AttrMask::RQ_PSN) {
+            self.resp.reset_psn(Psn::new(attr.rq_psn));
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            self.req.reset_psn(Psn::new(attr.sq_psn));
+            self.comp.reset_psn(Psn::new(attr.sq_psn));
+        }
+        if mask.contains(AttrMask::RETRY_CNT) || mask.contains(AttrMask::RNR_RETRY) {
+            self.comp.reset_retry(&self.attr);
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
+            self.resp.set_resources(self.attr.max_dest_rd_atomic);
+        }
+        if next != cur {
+            match next {
+                QpState::Reset => self.reset(),
+                QpState::Err => self.enter_error(),
+                QpState::Sqd => {
+                    self.state = QpState::Sqd;
+                    self.sqd_notified = false;
+                    self.check_sq_drained();
+                }
+                s => self.state = s,
+            }
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        let (qpn, ty, pd, caps, srq, sig) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all);
+        // Reuse the allocations.
+        let mut sq = core::mem::take(&mut self.sq);
+        let mut rq = core::mem::take(&mut self.rq);
+        let mut cqes = core::mem::take(&mut self.cqes);
+        let mut events = core::mem::take(&mut self.events);
+        sq.clear();
+        rq.clear();
+        cqes.clear();
+        events.clear();
+        *self = Qp::new(qpn, ty, pd, caps, srq).unwrap_or_else(|_| unreachable!("caps validated at create"));
+        self.sq = sq;
+        self.rq = rq;
+        self.cqes = cqes;
+        self.events = events;
+        self.sq_sig_all = sig;
+    }
+
+    /// Move to ERR and flush: every WQE still on the SQ or RQ completes with WR_FLUSH_ERR
+    /// (IBA 10.7.3.1). Nothing executes after this.
+    pub(crate) fn enter_error(&mut self) {
+        if self.state == QpState::Err {
+            self.flush();
+            return;
+        }
+        self.state = QpState::Err;
+        self.timers.clear();
+        self.resp.on_error();
+        self.flush();
+        if self.srq.is_some() {
+            self.events.push_back(AsyncEvent::LastWqeReached);
+        }
+    }
+
+    fn flush(&mut self) {
+        while let Some(e) = self.sq.pop_front() {
+            self.sq_head += 1;
+            if e.credit {
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            }
+            let mut c = Cqe::new(e.wqe.wr_id, WcStatus::WrFlushErr, wc_opcode(&e.wqe.op), self.qpn);
+            c.byte_len = 0;
+            self.stats.completion(WcStatus::WrFlushErr);
+            self.cqes.push_back((CqSide::Send, c));
+        }
+        self.req.net_cursor = self.sq_head;
+        self.req.exec_cursor = self.req.exec_cursor.max(self.sq_head);
+        while let Some(r) = self.rq.pop_front() {
+            self.stats.completion(WcStatus::WrFlushErr);
+            self.cqes.push_back((CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
+        }
+        if let Some(r) = self.resp.take_current_recv() {
+            self.stats.completion(WcStatus::WrFlushErr);
+            self.cqes.push_back((CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
+        }
+    }
+
+    /// `ibv_post_send`. Validation failures return an error and produce no CQE
+    /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed.
+    pub fn post_send(&mut self, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
+        let _ = now;
+        match self.state {
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
+            _ => return Err(PostError::InvalidState),
+        }
+        if self.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        let op = &wqe.op;
+        let ok_for_type = match self.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(op, SendOp::Send | SendOp::SendImm(_) | SendOp::Write | SendOp::WriteImm(_))
+                || op.is_local(),
+            QpType::Ud => matches!(op, SendOp::Send | SendOp::SendImm(_)),
+        };
+        if !ok_for_type {
+            return Err(PostError::BadOpcode);
+        }
+        if wqe.num_sge > self.caps.max_send_sge as usize || wqe.num_sge > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        let inline = wqe.flags.contains(SendFlags::INLINE);
+        if inline {
+            if op.is_local() || op.is_rd_atomic() || wqe.inline_len > self.caps.max_inline_data as usize || wqe.inline_len > MAX_INLINE {
+                return Err(PostError::BadInline);
+            }
+        }
+        let len = wqe.payload_len();
+        if len > 1 << 31 {
+            return Err(PostError::TooLong);
+        }
+        if op.is_atomic() && (len != 8 || wqe.remote_addr & 7 != 0) {
+            return Err(PostError::BadAtomic);
+        }
+        if self.qp_type == QpType::Ud && wqe.ud.is_none() {
+            return Err(PostError::NoDestination);
+        }
+        let npsn = match op {
+            _ if op.is_local() => 0,
+            SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            _ => (len.div_ceil(u64::from(self.mtu())) as u32).max(1),
+        };
+        self.sq.push_back(SqEntry {
+            wqe,
+            len,
+            first_psn: Psn::new(0),
+            npsn,
+            started: false,
+            tx_pkt: 0,
+            read_req_out: false,
+            rcvd: 0,
+            credit: false,
+            done: None,
+        });
+        if self.state == QpState::Err {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR.
+    pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            return Err(PostError::InvalidState);
+        }
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState);
+        }
+        if wqe.num_sge > self.caps.max_recv_sge as usize || wqe.num_sge > MAX_SGE {
+            return Err(PostError::TooManySge);
+        }
+        if self.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        self.rq.push_back(wqe);
+        if self.state == QpState::Err {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Next completion, in order per side.
+    #[must_use]
+    pub fn poll_completion(&mut self) -> Option<(CqSide, Cqe)> {
+        self.cqes.pop_front()
+    }
+
+    /// Next asynchronous event.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest timer deadline.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_timeout()
+    }
+
+    /// Service every expired timer.
+    pub fn handle_timeout<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M) {
+        let _ = mem;
+        for t in Timer::ALL {
+            if self.timers.is_expired(t, now) {
+                self.timers.stop(t);
+                match t {
+                    Timer::Retransmit => self.on_retransmit_timeout(now),
+                    Timer::RnrWait => self.on_rnr_timer(now),
+                }
+            }
+        }
+    }
+
+    /// Absolute index one past the last posted WQE.
+    pub(crate) fn sq_end(&self) -> u64 {
+        self.sq_head + self.sq.len() as u64
+    }
+    pub(crate) fn entry(&self, idx: u64) -> &SqEntry {
+        &self.sq[(idx - self.sq_head) as usize]
+    }
+    pub(crate) fn entry_mut(&mut self, idx: u64) -> &mut SqEntry {
+        let h = self.sq_head;
+        &mut self.sq[(idx - h) as usize]
+    }
+
+    /// Set the final status of WQE `idx` (first status wins) and release its credit.
+    pub(crate) fn finish_wqe(&mut self, idx: u64, st: WcStatus) {
+        let e = self.entry_mut(idx);
+        if e.done.is_some() {
+            return;
+        }
+        e.done = Some(st);
+        let had = core::mem::replace(&mut e.credit, false);
+        if had {
+            self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+        }
+        if st != WcStatus::Success {
+            // Nothing at or after the failing WQE is started any more.
+            self.req.stop_at = Some(self.req.stop_at.map_or(idx, |s| s.min(idx)));
+        }
+    }
+
+    /// Retire finished WQEs from the head in SQ order, producing CQEs (always for errors,
+    /// IBA 10.7.3.1). A failed WQE moves the QP to ERR and flushes the rest.
+    pub(crate) fn retire(&mut self) {
+        while let Some(e) = self.sq.front() {
+            let Some(st) = e.done else { break };
+            let e = *e;
+            self.sq.pop_front();
+            self.sq_head += 1;
+            if st != WcStatus::Success || e.wqe.signaled() || self.sq_sig_all {
+                let mut c = Cqe::new(e.wqe.wr_id, st, wc_opcode(&e.wqe.op), self.qpn);
+                if st == WcStatus::Success {
+                    c.byte_len = match e.wqe.op {
+                        SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => 8,
+                        _ => e.len as u32,
+                    };
+                }
+                self.stats.completion(st);
+                self.cqes.push_back((CqSide::Send, c));
+            }
+            if st != WcStatus::Success {
+                self.enter_error();
+                return;
+            }
+        }
+        self.check_sq_drained();
+    }
+
+    pub(crate) fn sq_drained(&self) -> bool {
+        // Drained: nothing started is still outstanding.
+        self.sq.iter().all(|e| e.done.is_some() || !e.started)
+    }
+
+    fn check_sq_drained(&mut self) {
+        if self.state == QpState::Sqd && !self.sqd_notified && self.sq_drained() {
+            self.sqd_notified = true;
+            if self.attr.en_sqd_async_notify {
+                self.events.push_back(AsyncEvent::SqDrained);
+            }
+        }
+    }
+
+    /// Write the next packet into `buf` (BTH + extension headers + payload + pad; no ICRC, no
+    /// L2/L3/L4). Responder output (ACK/NAK, READ responses, atomic ACKs) goes first, then
+    /// requester packets. Local operations execute here when the SQ walk reaches them.
+    #[must_use]
+    pub fn poll_transmit<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.poll_response(mem, buf) {
+            return Some(t);
+        }
+        self.poll_request(now, mem, buf)
+    }
+
+    /// Does this QP have something to send right now (responder output or requester work)?
+    /// The runtime keeps QPs for which this is true on its ready list.
+    pub fn wants_transmit(&self) -> bool {
+        if self.resp.has_output() {
+            return true;
+        }
+        match self.state {
+            QpState::Rts | QpState::Sqd => self.req.net_cursor < self.sq_end() && self.timers.get(Timer::RnrWait).is_none(),
+            _ => false,
+        }
+    }
+}
+
+/// The CQE opcode of a send WQE.
+pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => WcOpcode::Send,
+        SendOp::Write | SendOp::WriteImm(_) => WcOpcode::RdmaWrite,
+        SendOp::Read => WcOpcode::RdmaRead,
+        SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::RegMr { .. } => WcOpcode::RegMr,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rc() -> Qp {
+        Qp::new(17, QpType::Rc, 1, QpCaps::default(), None).unwrap()
+    }
+
+    #[test]
+    fn reset_to_init_requires_pkey_port_access() {
+        let mut q = rc();
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+        assert_eq!(
+            q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX),
+            Err(ModifyError::MissingAttributes(AttrMask::PORT | AttrMask::ACCESS_FLAGS))
+        );
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
+        assert_eq!(q.state(), QpState::Init);
+    }
+
+    #[test]
+    fn init_to_rts_is_invalid_and_extra_bits_rejected() {
+        let mut q = rc();
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
+        let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+        assert!(matches!(q.modify(&a, AttrMask::STATE), Err(ModifyError::InvalidTransition { .. })));
+        let a = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
+        let need = AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        assert_eq!(
+            q.modify(&a, AttrMask::STATE | need | AttrMask::SQ_PSN),
+            Err(ModifyError::InvalidAttributes(AttrMask::SQ_PSN))
+        );
+        q.modify(&a, AttrMask::STATE | need).unwrap();
+        let a = QpAttr { qp_state: QpState::Rts, timeout: 32, ..QpAttr::default() };
+        let need = AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN | AttrMask::MAX_QP_RD_ATOMIC;
+        assert_eq!(q.modify(&a, AttrMask::STATE | need), Err(ModifyError::InvalidValue("timeout > 31")));
+        let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | need).unwrap();
+        assert_eq!(q.query().qp_state, QpState::Rts);
+    }
+
+    #[test]
+    fn ud_transitions() {
+        let mut q = Qp::new(5, QpType::Ud, 1, QpCaps::default(), None).unwrap();
+        let a = QpAttr { qp_state: QpState::Init, qkey: 0x1111, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+        assert_eq!(q.query().qkey, 0x1111);
+        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Reset, ..a }, AttrMask::STATE).unwrap();
+        assert_eq!(q.state(), QpState::Reset);
+    }
+}

@@ -1,0 +1,396 @@
+//! Requester: walks the SQ in order and turns WQEs into request packets.
+//!
+//! Two cursors (DESIGN.md invariant 2): `net_cursor` is the next WQE to (re)transmit and is
+//! rewound by go-back-N; `exec_cursor` is one past the last WQE whose first transmission /
+//! local execution has happened and never goes back. A local operation below `exec_cursor`
+//! is skipped on replay, so REG_MR / LOCAL_INV / BIND_MW execute exactly once.
+//!
+//! Gating, checked only when a WQE *starts* (first transmission):
+//! * LOCAL_INV waits until every earlier WQE has completed (mandatory Local Invalidate Fence,
+//!   IBA 10.6.5.1 as rxe/mlx4 SO implement it);
+//! * IBV_SEND_FENCE waits until every earlier READ/ATOMIC has its data placed (IBA 10.8.3.3;
+//!   the rd_atomic in-flight count reaches zero only when the completer placed the data);
+//! * READ/ATOMIC need one of `max_rd_atomic` credits;
+//! * at most [`MAX_UNACKED_PSNS`] PSNs outstanding (RC);
+//! * SQD: no new WQE starts.
+//!
+//! Packets are a pure function of (WQE, packet index): the gather offset is
+//! `index × PMTU`, so a retransmission rebuilds exactly the packet (rxe problem 8).
+
+use pmrxe_wire::{next_opcode, AtomicEthRepr, BthRepr, DethRepr, MsgPos, OpKind, Qpn, RethRepr, TransportHeaders};
+
+use crate::cq::WcStatus;
+use crate::memops::{MemError, MemOps};
+use crate::qp::{Qp, QpState, QpType, Transmit};
+use crate::timers::{local_ack_timeout_ns, Instant, Timer};
+use crate::wqe::{SendFlags, SendOp};
+use crate::Psn;
+
+/// Outstanding PSN window (rxe `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// Request an ACK at least every this many packets of a long message (rxe
+/// `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Default P_Key.
+pub const DEFAULT_PKEY: u16 = 0xFFFF;
+
+/// Requester state.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReqState {
+    /// Next WQE (absolute SQ index) to transmit.
+    pub net_cursor: u64,
+    /// One past the last WQE that has started (local ops: executed). Never decreases.
+    pub exec_cursor: u64,
+    /// PSN for the next WQE that starts.
+    pub next_psn: Psn,
+    /// One past the highest PSN transmitted so far (to tell retransmissions apart).
+    pub max_sent: Psn,
+    /// READ/ATOMIC WQEs started whose data is not placed yet.
+    pub rd_atomic_inflight: u32,
+    /// A WQE at this index failed: start nothing at or after it.
+    pub stop_at: Option<u64>,
+    /// Packets sent since the last AckReq.
+    pub noack_pkts: u32,
+}
+
+impl ReqState {
+    pub(crate) fn reset_psn(&mut self, p: Psn) {
+        self.next_psn = p;
+        self.max_sent = p;
+    }
+}
+
+/// What the payload of a packet comes from.
+pub(crate) enum Payload<'a> {
+    None,
+    /// Gather from SGEs at a message offset.
+    Gather { sges: &'a [crate::Sge], offset: u64, len: usize },
+    /// Inline bytes.
+    Bytes(&'a [u8]),
+    /// Read through an rkey (READ responses): QPN, rkey, va, len.
+    Remote { rkey: u32, va: u64, len: usize },
+}
+
+/// Write `hdr` + payload + pad into `buf`; returns the length, or the gather error.
+pub(crate) fn build<M: MemOps + ?Sized>(
+    mem: &M,
+    pd: u32,
+    qpn: u32,
+    mut hdr: TransportHeaders,
+    payload: Payload<'_>,
+    buf: &mut [u8],
+) -> Result<Option<usize>, MemError> {
+    let plen = match &payload {
+        Payload::None => 0,
+        Payload::Gather { len, .. } => *len,
+        Payload::Bytes(b) => b.len(),
+        Payload::Remote { len, .. } => *len,
+    };
+    let pad = (4 - (plen & 3)) & 3;
+    hdr.bth.pad = pad as u8;
+    let hlen = hdr.header_len();
+    let total = hlen + plen + pad;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    match payload {
+        Payload::None => {}
+        Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
+        Payload::Bytes(b) => buf[hlen..hlen + b.len()].copy_from_slice(b),
+        Payload::Remote { rkey, va, len } => mem.read_remote(pd, qpn, rkey, va, &mut buf[hlen..hlen + len])?,
+    }
+    buf[hlen + plen..total].fill(0);
+    if hdr.emit(buf).is_err() {
+        return Ok(None);
+    }
+    Ok(Some(total))
+}
+
+/// A BTH with our defaults.
+pub(crate) fn bth(opcode: pmrxe_wire::Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited: false,
+        migreq: true,
+        pad: 0,
+        tver: 0,
+        pkey: DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(dest_qp),
+        ack_req: false,
+        psn,
+    }
+}
+
+impl Qp {
+    /// Requester half of `poll_transmit`.
+    pub(crate) fn poll_request<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+        loop {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                return None;
+            }
+            if self.timers.get(Timer::RnrWait).is_some() {
+                return None;
+            }
+            let idx = self.req.net_cursor;
+            if idx >= self.sq_end() {
+                return None;
+            }
+            if self.req.stop_at.is_some_and(|s| idx >= s) {
+                return None;
+            }
+            let first_time = idx >= self.req.exec_cursor;
+            let e = *self.entry(idx);
+            if e.wqe.op.is_local() {
+                if !first_time {
+                    // Replay: the local effect is already applied (execution cursor ahead).
+                    self.stats.local_op_replay_skips += 1;
+                    self.req.net_cursor += 1;
+                    continue;
+                }
+                if self.state == QpState::Sqd {
+                    return None;
+                }
+                if matches!(e.wqe.op, SendOp::LocalInv { .. }) && idx != self.sq_head {
+                    // Mandatory LIF: every earlier WQE must have completed.
+                    return None;
+                }
+                if e.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                    return None;
+                }
+                if e.done.is_some() {
+                    // Would be a second execution: never happens by construction; counted.
+                    self.stats.local_op_reexecutions += 1;
+                }
+                let st = self.execute_local(mem, &e.wqe.op);
+                self.req.exec_cursor = idx + 1;
+                self.req.net_cursor = idx + 1;
+                self.finish_wqe(idx, st);
+                self.retire();
+                continue;
+            }
+            if e.done.is_some() {
+                // UC/UD already completed at last transmission.
+                self.req.net_cursor += 1;
+                continue;
+            }
+            if first_time {
+                if self.state == QpState::Sqd {
+                    return None;
+                }
+                if e.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                    return None;
+                }
+                if e.wqe.op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
+                    return None;
+                }
+                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
+                    return None;
+                }
+                if self.qp_type == QpType::Ud && e.len > u64::from(self.mtu()) {
+                    // C10-93.1.1 (as rxe): a UD message over the MTU completes without sending.
+                    self.req.exec_cursor = idx + 1;
+                    self.req.net_cursor = idx + 1;
+                    let e = self.entry_mut(idx);
+                    e.started = true;
+                    self.finish_wqe(idx, WcStatus::Success);
+                    self.retire();
+                    continue;
+                }
+                let p = self.req.next_psn;
+                let credit = e.wqe.op.is_rd_atomic();
+                let en = self.entry_mut(idx);
+                en.started = true;
+                en.first_psn = p;
+                en.credit = credit;
+                let npsn = en.npsn;
+                if credit {
+                    self.req.rd_atomic_inflight += 1;
+                }
+                self.req.next_psn = p.wrapping_add(npsn);
+                self.req.exec_cursor = idx + 1;
+            }
+            return self.transmit_wqe(now, mem, idx, buf);
+        }
+    }
+
+    fn execute_local<M: MemOps + ?Sized>(&mut self, mem: &M, op: &SendOp) -> WcStatus {
+        self.stats.local_op_executions += 1;
+        match *op {
+            SendOp::RegMr { mr, key, access, iova, length } => match mem.reg_mr(self.pd, self.qpn, mr, key, access, iova, length) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocQpOpErr,
+            },
+            SendOp::LocalInv { key } => match mem.local_inv(self.pd, self.qpn, key) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocQpOpErr,
+            },
+            SendOp::BindMw { mw, new_key, mr, addr, len, access } => {
+                match mem.bind_mw(self.pd, self.qpn, mw, new_key, mr, addr, len, access) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                }
+            }
+            _ => WcStatus::LocQpOpErr,
+        }
+    }
+
+    /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
+    fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Transmit> {
+        let e = *self.entry(idx);
+        let mtu = self.mtu();
+        let wire_ty = self.qp_type.wire();
+        let (dest_qpn, av) = match (self.qp_type, e.wqe.ud) {
+            (QpType::Ud, Some(ud)) => (ud.remote_qpn, ud.av),
+            _ => (self.attr.dest_qp_num, self.attr.ah_attr),
+        };
+        let k = e.tx_pkt;
+        let psn = e.first_psn.wrapping_add(k);
+        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
+            return None;
+        }
+        let op = e.wqe.op;
+        let inline = e.wqe.flags.contains(SendFlags::INLINE);
+        let (hdr, payload, last) = match op {
+            SendOp::Read => {
+                let off = u64::from(k) * u64::from(mtu);
+                let mut h = TransportHeaders::new(bth(pmrxe_wire::Opcode::RC_RDMA_READ_REQUEST, dest_qpn, psn));
+                h.bth.ack_req = true;
+                h.reth = Some(RethRepr {
+                    va: e.wqe.remote_addr.wrapping_add(off),
+                    rkey: e.wqe.rkey,
+                    len: (e.len - off.min(e.len)) as u32,
+                });
+                (h, Payload::None, true)
+            }
+            SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => {
+                let (opc, swap_add, compare) = match op {
+                    SendOp::CmpSwap { compare, swap } => (pmrxe_wire::Opcode::RC_COMPARE_SWAP, swap, compare),
+                    SendOp::FetchAdd { add } => (pmrxe_wire::Opcode::RC_FETCH_ADD, add, 0),
+                    _ => unreachable!(),
+                };
+                let mut h = TransportHeaders::new(bth(opc, dest_qpn, psn));
+                h.bth.ack_req = true;
+                h.atomic_eth = Some(AtomicEthRepr { va: e.wqe.remote_addr, rkey: e.wqe.rkey, swap_add, compare });
+                (h, Payload::None, true)
+            }
+            _ => {
+                let npkts = e.npsn;
+                let pos = match (k == 0, k + 1 == npkts) {
+                    (true, true) => MsgPos::Only,
+                    (true, false) => MsgPos::First,
+                    (false, true) => MsgPos::Last,
+                    (false, false) => MsgPos::Middle,
+                };
+                let kind = if op.is_write() { OpKind::Write } else { OpKind::Send };
+                let imm = op.imm();
+                let inv = match op {
+                    SendOp::SendInv(k) => Some(k),
+                    _ => None,
+                };
+                let opc = next_opcode(wire_ty, kind, pos, imm.is_some(), inv.is_some())?;
+                let mut h = TransportHeaders::new(bth(opc, dest_qpn, psn));
+                if pos.is_end() {
+                    h.imm = imm;
+                    h.ieth = inv;
+                    h.bth.solicited = e.wqe.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || imm.is_some());
+                }
+                if kind == OpKind::Write && pos.is_start() {
+                    h.reth = Some(RethRepr { va: e.wqe.remote_addr, rkey: e.wqe.rkey, len: e.len as u32 });
+                }
+                if let (QpType::Ud, Some(ud)) = (self.qp_type, e.wqe.ud) {
+                    h.deth = Some(DethRepr { qkey: ud.remote_qkey, src_qp: Qpn::new(self.qpn) });
+                }
+                let off = u64::from(k) * u64::from(mtu);
+                let len = (e.len - off.min(e.len)).min(u64::from(mtu)) as usize;
+                let payload = if inline {
+                    Payload::Bytes(&e.wqe.inline[off as usize..off as usize + len])
+                } else {
+                    Payload::Gather { sges: e.wqe.sg_list(), offset: off, len }
+                };
+                (h, payload, pos.is_end())
+            }
+        };
+        let mut hdr = hdr;
+        if self.qp_type == QpType::Rc {
+            self.req.noack_pkts += 1;
+            if last || self.req.noack_pkts >= MAX_PKT_PER_ACK {
+                hdr.bth.ack_req = true;
+            }
+            if hdr.bth.ack_req {
+                self.req.noack_pkts = 0;
+            }
+        }
+        let plen = match &payload {
+            Payload::Gather { len, .. } => *len,
+            Payload::Bytes(b) => b.len(),
+            Payload::None | Payload::Remote { .. } => 0,
+        };
+        let sges = e.wqe.sges;
+        let payload = match payload {
+            Payload::Gather { offset, len, .. } => Payload::Gather { sges: &sges[..e.wqe.num_sge], offset, len },
+            p => p,
+        };
+        let len = match build(mem, self.pd, self.qpn, hdr, payload, buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                self.stats.dropped += 1;
+                return None;
+            }
+            Err(_) => {
+                // Local protection error while gathering (IBTA / mlx5 status; rxe reports
+                // LOC_QP_OP_ERR). Reported in order once earlier WQEs complete.
+                self.finish_wqe(idx, WcStatus::LocProtErr);
+                self.retire();
+                return None;
+            }
+        };
+        // Advance.
+        let npsn = e.npsn;
+        let en = self.entry_mut(idx);
+        let all_sent = match op {
+            SendOp::Read => {
+                en.read_req_out = true;
+                true
+            }
+            _ => {
+                en.tx_pkt += 1;
+                en.tx_pkt >= npsn
+            }
+        };
+        if all_sent {
+            self.req.net_cursor = idx + 1;
+        }
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += plen as u64;
+        let end_psn = match op {
+            SendOp::Read => e.last_psn().wrapping_add(1),
+            _ => psn.wrapping_add(1),
+        };
+        if psn.distance(self.req.max_sent) < 0 {
+            self.stats.retransmits += 1;
+        }
+        if end_psn.distance(self.req.max_sent) > 0 {
+            self.req.max_sent = end_psn;
+        }
+        match self.qp_type {
+            QpType::Rc => {
+                if self.timers.get(Timer::Retransmit).is_none() {
+                    if let Some(t) = local_ack_timeout_ns(self.attr.timeout) {
+                        self.timers.set(Timer::Retransmit, now.add_ns(t));
+                    }
+                }
+            }
+            QpType::Uc | QpType::Ud => {
+                if all_sent {
+                    // Unreliable: complete when the last packet is handed to the wire.
+                    self.comp.psn = self.req.next_psn;
+                    self.finish_wqe(idx, WcStatus::Success);
+                    self.retire();
+                }
+            }
+        }
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn })
+    }
+}

@@ -1,0 +1,690 @@
+//! Responder: executes incoming requests in PSN order and produces ACKs, NAKs, READ
+//! responses and atomic ACKs.
+//!
+//! Checks, in order (rxe `check_psn` … `execute`, as small functions returning
+//! `Result<_, RespError>`): PSN (ahead → one sequence NAK per gap; behind → duplicate), opcode
+//! sequence, QP access flags, lengths (C9-92/C9-94), rkey/range (C9-88: zero length skips
+//! the lookup), resources (RQ/SRQ → RNR NAK). Class C errors NAK and move the QP to ERR.
+//!
+//! Duplicates never touch memory (C9-105): SEND/WRITE are re-ACKed; READ is replayed from the
+//! resource ring with the rkey checked again per packet; an atomic returns the saved original
+//! value.
+
+use std::collections::VecDeque;
+
+use pmrxe_wire::{next_opcode, AethRepr, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Syndrome, TransportHeaders};
+
+use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
+use crate::memops::{Access, AtomicOp, MemError, MemOps};
+use crate::packet::RxPacket;
+use crate::qp::{AsyncEvent, Qp, QpState, QpType, Transmit};
+use crate::requester::{bth, build, Payload};
+use crate::srq::Srq;
+use crate::timers::Instant;
+use crate::wqe::RecvWqe;
+use crate::Psn;
+
+/// `IBV_ACCESS_REMOTE_WRITE` etc. in `qp_access_flags`.
+const QP_REMOTE_WRITE: u32 = 2;
+const QP_REMOTE_READ: u32 = 4;
+const QP_REMOTE_ATOMIC: u32 = 8;
+/// Bound of the responder output queue.
+const OUT_CAP: usize = 256;
+
+/// Responder errors, mapped to the spec in one place ([`RespError::nak`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RespError {
+    /// Class C: opcode sequence, unsupported op, length, alignment.
+    InvalidRequest,
+    /// Class C: rkey/range/access violation.
+    RemoteAccess,
+    /// Class A: bad receive WQE.
+    RemoteOp,
+    /// Class B: no receive WQE.
+    Rnr,
+    /// Class C at the receiver: SEND longer than the receive buffer.
+    LocalLength,
+    /// Class J: invalid IETH rkey.
+    InvalidInvalidate,
+}
+
+impl RespError {
+    /// The NAK syndrome sent for this error.
+    pub fn nak(self, min_rnr_timer: u8) -> Syndrome {
+        match self {
+            RespError::InvalidRequest | RespError::LocalLength | RespError::InvalidInvalidate => Syndrome::Nak(NakCode::InvalidRequest),
+            RespError::RemoteAccess => Syndrome::Nak(NakCode::RemoteAccess),
+            RespError::RemoteOp => Syndrome::Nak(NakCode::RemoteOpErr),
+            RespError::Rnr => Syndrome::RnrNak { timer: min_rnr_timer },
+        }
+    }
+    /// Status of the receive WQE involved, if any.
+    pub fn wc_status(self) -> WcStatus {
+        match self {
+            RespError::InvalidRequest => WcStatus::RemInvReqErr,
+            RespError::RemoteAccess => WcStatus::RemAccessErr,
+            RespError::RemoteOp => WcStatus::LocQpOpErr,
+            RespError::Rnr => WcStatus::Success,
+            // IBTA/HW report LOC_LEN_ERR at the receiver (rxe: REM_INV_REQ_ERR).
+            RespError::LocalLength => WcStatus::LocLenErr,
+            RespError::InvalidInvalidate => WcStatus::RemInvReqErr,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ResKind {
+    Read,
+    Atomic,
+}
+
+/// A READ/ATOMIC responder resource (ring of `max_dest_rd_atomic`).
+#[derive(Clone, Copy, Debug)]
+struct Resource {
+    kind: ResKind,
+    gen: u64,
+    first: Psn,
+    last: Psn,
+    rkey: u32,
+    va: u64,
+    len: u64,
+    orig: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Out {
+    Ack { psn: Psn, syndrome: Syndrome },
+    AtomicAck { psn: Psn, orig: u64 },
+    Read { slot: usize, gen: u64, next: Psn, sfirst: Psn },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InMsg {
+    None,
+    Send,
+    Write { rkey: u32, va: u64, len: u64, off: u64 },
+    /// UC: drop until the next FIRST/ONLY.
+    Drop,
+}
+
+/// Responder state.
+#[derive(Debug)]
+pub(crate) struct RespState {
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    in_msg: InMsg,
+    recv: Option<RecvWqe>,
+    recv_off: u64,
+    res: Vec<Option<Resource>>,
+    res_next: usize,
+    gen: u64,
+    out: VecDeque<Out>,
+    comm_est: bool,
+}
+
+impl RespState {
+    pub(crate) fn new() -> Self {
+        RespState {
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_sent: false,
+            in_msg: InMsg::None,
+            recv: None,
+            recv_off: 0,
+            res: vec![None; 1],
+            res_next: 0,
+            gen: 0,
+            out: VecDeque::with_capacity(OUT_CAP),
+            comm_est: false,
+        }
+    }
+    pub(crate) fn reset_psn(&mut self, p: Psn) {
+        self.epsn = p;
+    }
+    pub(crate) fn set_resources(&mut self, n: u8) {
+        self.res = vec![None; usize::from(n.max(1))];
+        self.res_next = 0;
+    }
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+    /// Entering ERR: only NAKs already queued may still leave.
+    pub(crate) fn on_error(&mut self) {
+        self.out.retain(|o| matches!(o, Out::Ack { syndrome: Syndrome::Nak(_), .. }));
+        self.in_msg = InMsg::None;
+    }
+    pub(crate) fn take_current_recv(&mut self) -> Option<RecvWqe> {
+        self.recv_off = 0;
+        self.recv.take()
+    }
+    fn push(&mut self, o: Out) {
+        if let (Out::Ack { syndrome: Syndrome::Ack { .. }, .. }, Some(Out::Ack { syndrome: Syndrome::Ack { .. }, .. })) = (&o, self.out.back()) {
+            // ACK coalescing: a later cumulative ACK replaces a queued one.
+            *self.out.back_mut().expect("checked") = o;
+            return;
+        }
+        if self.out.len() < OUT_CAP {
+            self.out.push_back(o);
+        }
+    }
+}
+
+fn mem_to_resp(e: MemError) -> RespError {
+    match e {
+        MemError::BadAlignment => RespError::InvalidRequest,
+        _ => RespError::RemoteAccess,
+    }
+}
+
+impl Qp {
+    /// Hand a received packet to the QP. `mem` is the lcore's memory table, `srq` the SRQ
+    /// this QP draws from (if any).
+    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
+        self.stats.rx_packets += 1;
+        let Some(info) = pkt.hdr.bth.opcode.info() else {
+            self.stats.dropped += 1;
+            return;
+        };
+        if info.qp != self.qp_type.wire() {
+            self.stats.dropped += 1;
+            return;
+        }
+        if self.qp_type != QpType::Ud && self.attr.ah_attr.dgid != [0; 16] && pkt.src_gid != [0; 16] && pkt.src_gid != self.attr.ah_attr.dgid {
+            // RC/UC path check: the source must be our peer.
+            self.stats.dropped += 1;
+            return;
+        }
+        if info.is_response() {
+            if self.qp_type == QpType::Rc {
+                self.on_response(now, &pkt.hdr, pkt.payload, mem);
+            } else {
+                self.stats.dropped += 1;
+            }
+            return;
+        }
+        match self.state {
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
+            _ => {
+                // Never execute after ERR (rxe problem 14), nor before RTR.
+                self.stats.dropped += 1;
+                return;
+            }
+        }
+        if !self.resp.comm_est {
+            self.resp.comm_est = true;
+            if self.state == QpState::Rtr {
+                self.events.push_back(AsyncEvent::CommEstablished);
+            }
+        }
+        if self.qp_type == QpType::Ud {
+            self.on_ud_request(pkt, mem, srq);
+        } else {
+            self.on_request(pkt, mem, srq);
+        }
+    }
+
+    fn on_ud_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
+        let Some(deth) = pkt.hdr.deth else { return };
+        if deth.qkey != self.attr.qkey || pkt.payload.len() > self.mtu() as usize {
+            self.stats.dropped += 1;
+            return;
+        }
+        let Some(wqe) = self.take_recv(srq) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let grh = pkt.grh();
+        let total = 40 + pkt.payload.len() as u64;
+        let mut c = Cqe::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        if total > wqe.capacity() {
+            c.status = WcStatus::LocLenErr;
+        } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload).is_err() {
+            c.status = WcStatus::LocProtErr;
+        }
+        c.byte_len = total as u32;
+        c.src_qp = deth.src_qp.value();
+        c.grh_present = true;
+        c.wc_flags = WcFlags::GRH;
+        if let Some(i) = pkt.hdr.imm {
+            c.imm_data = Some(i);
+            c.wc_flags |= WcFlags::WITH_IMM;
+        }
+        self.stats.resp_bytes_written += pkt.payload.len() as u64;
+        self.stats.completion(c.status);
+        self.cqes.push_back((CqSide::Recv, c));
+    }
+
+    fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
+        match (self.srq, srq) {
+            (Some(n), Some(s)) => {
+                let (w, fire) = s.take()?;
+                if fire {
+                    self.events.push_back(AsyncEvent::SrqLimitReached { srqn: n });
+                }
+                Some(w)
+            }
+            (Some(_), None) => None,
+            _ => self.rq.pop_front(),
+        }
+    }
+
+    fn has_recv(&self, srq: &Option<&mut Srq>) -> bool {
+        match self.srq {
+            Some(_) => srq.as_ref().is_some_and(|s| !s.is_empty()),
+            None => !self.rq.is_empty(),
+        }
+    }
+
+    fn queue_ack(&mut self, psn: Psn) {
+        self.resp.push(Out::Ack { psn, syndrome: Syndrome::ACK_UNLIMITED });
+    }
+
+    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>) {
+        let h = &pkt.hdr;
+        let info = h.bth.opcode.info().expect("checked by caller");
+        let p = h.bth.psn;
+        let rc = self.qp_type == QpType::Rc;
+        let d = p.distance(self.resp.epsn);
+        if rc {
+            if d > 0 {
+                self.stats.out_of_sequence += 1;
+                if !self.resp.nak_sent {
+                    // Class B: one PSN sequence NAK per gap.
+                    self.resp.nak_sent = true;
+                    self.stats.seq_naks_sent += 1;
+                    let e = self.resp.epsn;
+                    self.resp.push(Out::Ack { psn: e, syndrome: Syndrome::Nak(NakCode::PsnSeqErr) });
+                }
+                return;
+            }
+            if d < 0 {
+                self.on_duplicate(pkt);
+                return;
+            }
+            self.resp.nak_sent = false;
+        } else if d != 0 || self.resp.in_msg == InMsg::Drop {
+            // UC: a gap drops the rest of the current message (IBA 9.8.3).
+            if info.pos.is_start() {
+                self.resp.in_msg = InMsg::None;
+                self.resp.recv_off = 0;
+            } else {
+                self.resp.in_msg = InMsg::Drop;
+                self.resp.epsn = p.wrapping_add(1);
+                self.stats.dropped += 1;
+                return;
+            }
+            self.resp.epsn = p;
+        }
+        match self.execute(pkt, mem, &mut srq) {
+            Ok(()) => {}
+            Err(RespError::Rnr) => {
+                if rc {
+                    self.stats.rnr_naks_sent += 1;
+                    let t = self.attr.min_rnr_timer;
+                    self.resp.push(Out::Ack { psn: p, syndrome: Syndrome::RnrNak { timer: t } });
+                } else {
+                    self.resp.in_msg = InMsg::Drop;
+                    self.resp.epsn = p.wrapping_add(1);
+                    self.stats.dropped += 1;
+                }
+            }
+            Err(e) => {
+                if matches!(e, RespError::RemoteAccess) {
+                    self.stats.rkey_violations += 1;
+                }
+                if !rc {
+                    // UC (class D/E): drop the message silently.
+                    self.resp.in_msg = InMsg::Drop;
+                    self.resp.epsn = p.wrapping_add(1);
+                    self.stats.dropped += 1;
+                    return;
+                }
+                // Class C/J: report on the receive WQE if one is involved, NAK, QP → ERR.
+                match self.resp.take_current_recv() {
+                    Some(w) => {
+                        let st = e.wc_status();
+                        self.stats.completion(st);
+                        self.cqes.push_back((CqSide::Recv, Cqe::new(w.wr_id, st, WcOpcode::Recv, self.qpn)));
+                    }
+                    None => self.events.push_back(match e {
+                        RespError::RemoteAccess => AsyncEvent::QpAccessError,
+                        _ => AsyncEvent::QpRequestError,
+                    }),
+                }
+                self.enter_error();
+                self.stats.err_naks_sent += 1;
+                let t = self.attr.min_rnr_timer;
+                self.resp.push(Out::Ack { psn: p, syndrome: e.nak(t) });
+            }
+        }
+    }
+
+    /// Execute the in-sequence request packet `pkt`.
+    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>) -> Result<(), RespError> {
+        let h = &pkt.hdr;
+        let info = h.bth.opcode.info().expect("checked");
+        let p = h.bth.psn;
+        let mtu = self.mtu() as usize;
+        let plen = pkt.payload.len();
+        let rc = self.qp_type == QpType::Rc;
+        // Opcode sequence (C9-90/91).
+        let seq_ok = match (self.resp.in_msg, info.kind) {
+            (InMsg::None | InMsg::Drop, _) => info.pos.is_start(),
+            (InMsg::Send, OpKind::Send) | (InMsg::Write { .. }, OpKind::Write) => !info.pos.is_start(),
+            _ => false,
+        };
+        if !seq_ok {
+            return Err(RespError::InvalidRequest);
+        }
+        // QP access flags.
+        let need = match info.kind {
+            OpKind::Write => QP_REMOTE_WRITE,
+            OpKind::ReadRequest => QP_REMOTE_READ,
+            OpKind::CompareSwap | OpKind::FetchAdd => QP_REMOTE_ATOMIC,
+            _ => 0,
+        };
+        if self.attr.qp_access_flags & need != need {
+            return Err(RespError::InvalidRequest);
+        }
+        // C9-92: FIRST/MIDDLE carry exactly one PMTU, LAST 1..=PMTU, ONLY ≤ PMTU.
+        if info.has_payload() {
+            let ok = match info.pos {
+                MsgPos::First | MsgPos::Middle => plen == mtu,
+                MsgPos::Last => plen >= 1 && plen <= mtu,
+                MsgPos::Only => plen <= mtu,
+            };
+            if !ok {
+                return Err(RespError::InvalidRequest);
+            }
+        }
+        let ack_req = h.bth.ack_req && rc;
+        match info.kind {
+            OpKind::Send => {
+                if info.pos.is_start() {
+                    if self.resp.recv.is_none() {
+                        if !self.has_recv(srq) {
+                            return Err(RespError::Rnr);
+                        }
+                        self.resp.recv = self.take_recv(srq.as_deref_mut());
+                    }
+                    self.resp.recv_off = 0;
+                }
+                let Some(w) = self.resp.recv else { return Err(RespError::InvalidRequest) };
+                if self.resp.recv_off + plen as u64 > w.capacity() {
+                    return Err(RespError::LocalLength);
+                }
+                if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload).is_err() {
+                    return Err(RespError::RemoteOp);
+                }
+                self.stats.resp_bytes_written += plen as u64;
+                self.resp.recv_off += plen as u64;
+                if info.pos.is_end() {
+                    let mut c = Cqe::new(w.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+                    c.byte_len = self.resp.recv_off as u32;
+                    if let Some(i) = h.imm {
+                        c.imm_data = Some(i);
+                        c.wc_flags |= WcFlags::WITH_IMM;
+                    }
+                    if let Some(k) = h.ieth {
+                        // IBA 9.4.1.1.1 / rxe: place, then invalidate (class J on failure).
+                        if mem.invalidate_remote(self.pd, self.qpn, k).is_err() {
+                            return Err(RespError::InvalidInvalidate);
+                        }
+                        c.invalidated_rkey = Some(k);
+                        c.wc_flags |= WcFlags::WITH_INV;
+                    }
+                    self.resp.recv = None;
+                    self.resp.recv_off = 0;
+                    self.resp.in_msg = InMsg::None;
+                    self.resp.msn = self.resp.msn.wrapping_add(1);
+                    self.stats.completion(WcStatus::Success);
+                    self.cqes.push_back((CqSide::Recv, c));
+                } else {
+                    self.resp.in_msg = InMsg::Send;
+                }
+            }
+            OpKind::Write => {
+                if info.pos.is_start() {
+                    let r = h.reth.ok_or(RespError::InvalidRequest)?;
+                    let len = u64::from(r.len);
+                    if len > 1 << 31 {
+                        return Err(RespError::InvalidRequest); // C9-94
+                    }
+                    if len > 0 {
+                        mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_WRITE).map_err(mem_to_resp)?;
+                    }
+                    self.resp.in_msg = InMsg::Write { rkey: r.rkey, va: r.va, len, off: 0 };
+                }
+                let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else { return Err(RespError::InvalidRequest) };
+                let end = off + plen as u64;
+                if end > len || (info.pos.is_end() && end != len) {
+                    return Err(RespError::InvalidRequest);
+                }
+                if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.resp.recv.is_none() {
+                    // WRITE with immediate consumes a receive WQE: check before writing.
+                    return Err(RespError::Rnr);
+                }
+                if plen > 0 {
+                    let at = va.checked_add(off).ok_or(RespError::RemoteAccess)?;
+                    mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload).map_err(mem_to_resp)?;
+                    self.stats.resp_bytes_written += plen as u64;
+                }
+                if info.pos.is_end() {
+                    self.resp.in_msg = InMsg::None;
+                    self.resp.msn = self.resp.msn.wrapping_add(1);
+                    if info.imm {
+                        let w = match self.resp.recv.take() {
+                            Some(w) => w,
+                            None => self.take_recv(srq.as_deref_mut()).ok_or(RespError::Rnr)?,
+                        };
+                        let mut c = Cqe::new(w.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+                        c.byte_len = len as u32;
+                        c.imm_data = h.imm;
+                        c.wc_flags |= WcFlags::WITH_IMM;
+                        self.stats.completion(WcStatus::Success);
+                        self.cqes.push_back((CqSide::Recv, c));
+                    }
+                } else {
+                    self.resp.in_msg = InMsg::Write { rkey, va, len, off: end };
+                }
+            }
+            OpKind::ReadRequest => {
+                let r = h.reth.ok_or(RespError::InvalidRequest)?;
+                let len = u64::from(r.len);
+                if len > 1 << 31 || self.attr.max_dest_rd_atomic == 0 {
+                    return Err(RespError::InvalidRequest);
+                }
+                if len > 0 {
+                    mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ).map_err(mem_to_resp)?;
+                }
+                let npkts = (len.div_ceil(mtu as u64) as u32).max(1);
+                let slot = self.alloc_res(Resource {
+                    kind: ResKind::Read,
+                    gen: 0,
+                    first: p,
+                    last: p.wrapping_add(npkts - 1),
+                    rkey: r.rkey,
+                    va: r.va,
+                    len,
+                    orig: 0,
+                });
+                let gen = self.resp.res[slot].map_or(0, |r| r.gen);
+                self.resp.push(Out::Read { slot, gen, next: p, sfirst: p });
+                self.resp.msn = self.resp.msn.wrapping_add(1);
+                self.resp.epsn = p.wrapping_add(npkts);
+                return Ok(());
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                let a = h.atomic_eth.ok_or(RespError::InvalidRequest)?;
+                if self.attr.max_dest_rd_atomic == 0 || a.va & 7 != 0 {
+                    return Err(RespError::InvalidRequest); // E11
+                }
+                let op = if info.kind == OpKind::CompareSwap {
+                    AtomicOp::CmpSwap { compare: a.compare, swap: a.swap_add }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let orig = mem.atomic_remote(self.pd, self.qpn, a.rkey, a.va, op).map_err(mem_to_resp)?;
+                self.stats.resp_bytes_written += 8;
+                self.alloc_res(Resource { kind: ResKind::Atomic, gen: 0, first: p, last: p, rkey: a.rkey, va: a.va, len: 8, orig });
+                self.resp.push(Out::AtomicAck { psn: p, orig });
+                self.resp.msn = self.resp.msn.wrapping_add(1);
+                self.resp.epsn = p.wrapping_add(1);
+                return Ok(());
+            }
+            _ => return Err(RespError::InvalidRequest),
+        }
+        self.resp.epsn = p.wrapping_add(1);
+        if ack_req {
+            self.queue_ack(p);
+        }
+        Ok(())
+    }
+
+    fn alloc_res(&mut self, mut r: Resource) -> usize {
+        let n = self.resp.res.len();
+        let slot = self.resp.res_next % n;
+        self.resp.res_next = (slot + 1) % n;
+        self.resp.gen += 1;
+        r.gen = self.resp.gen;
+        // Drop any queued response stream of the slot being reused.
+        self.resp.out.retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
+        self.resp.res[slot] = Some(r);
+        slot
+    }
+
+    fn on_duplicate(&mut self, pkt: &RxPacket<'_>) {
+        let h = &pkt.hdr;
+        let info = h.bth.opcode.info().expect("checked");
+        let p = h.bth.psn;
+        self.stats.duplicates += 1;
+        match info.kind {
+            OpKind::Send | OpKind::Write => {
+                // C9-105: re-ACK, never re-execute.
+                let a = self.resp.epsn.wrapping_sub(1);
+                if h.bth.ack_req {
+                    self.queue_ack(a);
+                }
+            }
+            OpKind::ReadRequest => {
+                let Some(r) = h.reth else { return };
+                let mtu = u64::from(self.mtu());
+                let found = self.resp.res.iter().enumerate().find_map(|(i, s)| match s {
+                    Some(res) if res.kind == ResKind::Read && p.distance(res.first) >= 0 && p.distance(res.last) <= 0 => Some((i, *res)),
+                    _ => None,
+                });
+                let Some((slot, res)) = found else {
+                    self.stats.dropped += 1;
+                    return;
+                };
+                // Must be the original request or a subset of it starting at p.
+                let skip = p.distance(res.first) as u64 * mtu;
+                if r.rkey != res.rkey || r.va != res.va.wrapping_add(skip) || u64::from(r.len) > res.len.saturating_sub(skip) {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                self.resp.out.retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
+                self.stats.read_replays += 1;
+                self.resp.push(Out::Read { slot, gen: res.gen, next: p, sfirst: p });
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                let found = self.resp.res.iter().flatten().find(|r| r.kind == ResKind::Atomic && r.first == p).copied();
+                match found {
+                    Some(r) => {
+                        self.stats.atomic_replays += 1;
+                        self.resp.push(Out::AtomicAck { psn: p, orig: r.orig });
+                    }
+                    None => self.stats.dropped += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Responder half of `poll_transmit`.
+    pub(crate) fn poll_response<M: MemOps + ?Sized>(&mut self, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+        loop {
+            let o = *self.resp.out.front()?;
+            let dest = self.attr.dest_qp_num;
+            let msn = Msn::new(self.resp.msn);
+            let (av, me) = (self.attr.ah_attr, self.qpn);
+            let tx = |len| Transmit { len, av, dest_qpn: dest, src_qpn: me };
+            match o {
+                Out::Ack { psn, syndrome } => {
+                    self.resp.out.pop_front();
+                    let mut hdr = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, dest, psn));
+                    hdr.aeth = Some(AethRepr { syndrome, msn });
+                    let len = build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
+                    self.stats.acks_sent += 1;
+                    return Some(tx(len));
+                }
+                Out::AtomicAck { psn, orig } => {
+                    self.resp.out.pop_front();
+                    if self.state == QpState::Err {
+                        continue;
+                    }
+                    let mut hdr = TransportHeaders::new(bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
+                    hdr.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
+                    hdr.atomic_ack = Some(AtomicAckEthRepr { orig });
+                    let len = build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
+                    self.stats.acks_sent += 1;
+                    return Some(tx(len));
+                }
+                Out::Read { slot, gen, next, sfirst } => {
+                    let res = match self.resp.res.get(slot).copied().flatten() {
+                        Some(r) if r.gen == gen && self.state != QpState::Err => r,
+                        _ => {
+                            self.resp.out.pop_front();
+                            continue;
+                        }
+                    };
+                    let mtu = u64::from(self.mtu());
+                    let off = next.distance(res.first) as u64 * mtu;
+                    let plen = res.len.saturating_sub(off).min(mtu) as usize;
+                    let pos = match (next == sfirst, next == res.last) {
+                        (true, true) => MsgPos::Only,
+                        (true, false) => MsgPos::First,
+                        (false, true) => MsgPos::Last,
+                        (false, false) => MsgPos::Middle,
+                    };
+                    let opc = next_opcode(pmrxe_wire::QpType::Rc, OpKind::ReadResponse, pos, false, false)?;
+                    let mut hdr = TransportHeaders::new(bth(opc, dest, next));
+                    if pos != MsgPos::Middle {
+                        hdr.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
+                    }
+                    let payload = if plen > 0 {
+                        Payload::Remote { rkey: res.rkey, va: res.va.wrapping_add(off), len: plen }
+                    } else {
+                        Payload::None
+                    };
+                    match build(mem, self.pd, self.qpn, hdr, payload, buf) {
+                        Ok(Some(len)) => {
+                            if next == res.last {
+                                self.resp.out.pop_front();
+                            } else if let Some(Out::Read { next: n, .. }) = self.resp.out.front_mut() {
+                                *n = next.wrapping_add(1);
+                            }
+                            self.stats.read_responses_sent += 1;
+                            return Some(tx(len));
+                        }
+                        Ok(None) => return None,
+                        Err(_) => {
+                            // rkey recheck failed mid-stream (invalidate/dereg): NAK 0x62 at this
+                            // PSN, class C (§2.9 item 7, E12).
+                            self.stats.rkey_violations += 1;
+                            self.stats.err_naks_sent += 1;
+                            self.events.push_back(AsyncEvent::QpAccessError);
+                            self.enter_error();
+                            self.resp.out.clear();
+                            let mut hdr = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, dest, next));
+                            hdr.aeth = Some(AethRepr { syndrome: Syndrome::Nak(NakCode::RemoteAccess), msn });
+                            let len = build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
+                            return Some(tx(len));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

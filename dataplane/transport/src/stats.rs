@@ -1,0 +1,87 @@
+//! Per-QP counters (one per protocol event, rxe `RXE_CNT_*` style). Plain `u64`s: the QP is
+//! owned by one lcore.
+
+use crate::cq::WcStatus;
+
+/// Counters of one QP. Summed by [`crate::Engine::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Request packets sent (first transmissions and retransmissions).
+    pub tx_packets: u64,
+    /// Payload bytes sent.
+    pub tx_bytes: u64,
+    /// Packets handed to `handle_packet`.
+    pub rx_packets: u64,
+    /// Packets retransmitted by go-back-N.
+    pub retransmits: u64,
+    /// Go-back-N retries started (timeout, sequence NAK, implicit NAK, RNR).
+    pub retries: u64,
+    /// Local ACK timer expirations that caused a retry.
+    pub timeouts: u64,
+    /// PSN sequence NAKs sent by our responder.
+    pub seq_naks_sent: u64,
+    /// PSN sequence NAKs received by our requester.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Other NAKs sent (invalid request, remote access, remote op).
+    pub err_naks_sent: u64,
+    /// Other NAKs received.
+    pub err_naks_received: u64,
+    /// ACK packets sent (incl. atomic ACKs).
+    pub acks_sent: u64,
+    /// ACK packets received.
+    pub acks_received: u64,
+    /// READ response packets sent.
+    pub read_responses_sent: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicates: u64,
+    /// Duplicate READ requests replayed.
+    pub read_replays: u64,
+    /// Duplicate atomics answered from the saved result.
+    pub atomic_replays: u64,
+    /// Out-of-sequence requests (PSN ahead of expected).
+    pub out_of_sequence: u64,
+    /// rkey/range/access violations at the responder.
+    pub rkey_violations: u64,
+    /// Bytes the responder wrote into memory (WRITE, SEND, atomics).
+    pub resp_bytes_written: u64,
+    /// Local operations executed (REG_MR, LOCAL_INV, BIND_MW). Each WQE counts once.
+    pub local_op_executions: u64,
+    /// Local operations skipped on replay (network cursor behind the execution cursor).
+    pub local_op_replay_skips: u64,
+    /// Local operations executed a second time. Invariant: always 0.
+    pub local_op_reexecutions: u64,
+    /// Packets dropped (bad state, bad header, unexpected response, ...).
+    pub dropped: u64,
+    /// Retry count exhausted.
+    pub retry_exceeded: u64,
+    /// RNR retry count exhausted.
+    pub rnr_retry_exceeded: u64,
+    /// Completions by `ibv_wc_status` value.
+    pub completions: [u64; WcStatus::COUNT],
+}
+
+impl QpStats {
+    /// Count a completion.
+    pub fn completion(&mut self, s: WcStatus) {
+        self.completions[s as usize] += 1;
+    }
+    /// Add `o` into `self`.
+    pub fn add(&mut self, o: &QpStats) {
+        macro_rules! sum { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
+        sum!(
+            tx_packets, tx_bytes, rx_packets, retransmits, retries, timeouts, seq_naks_sent,
+            seq_naks_received, rnr_naks_sent, rnr_naks_received, err_naks_sent,
+            err_naks_received, acks_sent, acks_received, read_responses_sent, duplicates,
+            read_replays, atomic_replays, out_of_sequence, rkey_violations, resp_bytes_written,
+            local_op_executions, local_op_replay_skips, local_op_reexecutions, dropped,
+            retry_exceeded, rnr_retry_exceeded
+        );
+        for (a, b) in self.completions.iter_mut().zip(o.completions.iter()) {
+            *a += b;
+        }
+    }
+}
