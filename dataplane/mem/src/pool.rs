@@ -207,8 +207,10 @@ impl HugePool {
             return None;
         }
         let mut free = self.inner.free.lock().unwrap_or_else(|p| p.into_inner());
+        let base = self.inner.map.ptr as usize;
+        // Align the address, not the offset (the mapping is only page-aligned).
         let (i, start) = free.iter().enumerate().find_map(|(i, &(o, l))| {
-            let s = o.checked_next_multiple_of(align)?;
+            let s = (base + o).checked_next_multiple_of(align)? - base;
             (s.checked_add(len)? <= o + l).then_some((i, s))
         })?;
         let (o, l) = free[i];
