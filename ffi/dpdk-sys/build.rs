@@ -28,6 +28,11 @@ fn main() {
         }
     };
 
+    // `rte_eth_from_rings` lives in the net_ring PMD library, which pkg-config's --libs
+    // does not list (PMDs are normally only dlopen'ed). The linked .so is the same file EAL
+    // autoloads from pmds-23.0 (a symlink), so glibc maps it once.
+    println!("cargo:rustc-link-lib=dylib=rte_net_ring");
+
     // The raw cflags tokens, in order. `-include rte_config.h` must stay a pair, and
     // `-march=corei7` is required by the inline SSE code in the headers.
     let cflags = pkg_config::get_variable("libdpdk", "cflags").ok();

@@ -1,0 +1,78 @@
+//! The [`Port`] and [`PacketBuf`] traits: what the runtime and the transport tests need from
+//! a network port, implemented by DPDK ports ([`crate::EthPort`]), the in-memory
+//! [`crate::SimPort`] and the fault-injecting wrapper [`crate::FaultyPort`].
+//!
+//! Contract:
+//! - Bursts never allocate: callers pass fixed-capacity [`ArrayVec`]s (see [`Burst`]).
+//! - `rx_burst` appends at most `out.remaining_capacity()` buffers to `out`.
+//! - `tx_burst` sends a prefix of `bufs` and removes exactly those; the unsent suffix stays
+//!   in `bufs`, in order, owned by the caller. Nothing is ever leaked or silently dropped.
+//! - A port handle serves one RX and one TX queue and is used by one thread at a time
+//!   (`&mut self`); clone DPDK handles per lcore with [`crate::EthPort::for_queues`].
+
+pub use arrayvec::ArrayVec;
+pub use pmrxe_config::MacAddr;
+
+/// Default burst size.
+pub const BURST: usize = 32;
+
+/// A burst of packet buffers with the default capacity.
+pub type Burst<B> = ArrayVec<B, BURST>;
+
+/// A packet buffer: contiguous bytes with head- and tailroom.
+pub trait PacketBuf: Send {
+    /// The packet bytes.
+    fn data(&self) -> &[u8];
+    /// The packet bytes, mutable.
+    fn data_mut(&mut self) -> &mut [u8];
+    /// Number of packet bytes.
+    fn len(&self) -> usize {
+        self.data().len()
+    }
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Free bytes after the data.
+    fn tailroom(&self) -> usize;
+    /// Free bytes before the data.
+    fn headroom(&self) -> usize;
+    /// Grows the tail by `len` bytes and returns the new region (`None`: no room, no change).
+    fn append(&mut self, len: usize) -> Option<&mut [u8]>;
+    /// Grows the head by `len` bytes and returns the new region (`None`: no room, no change).
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]>;
+    /// Removes `len` bytes from the tail (`false`: too short, no change).
+    fn trim(&mut self, len: usize) -> bool;
+    /// Removes `len` bytes from the head (`false`: too short, no change).
+    fn adj(&mut self, len: usize) -> bool;
+    /// Appends a copy of `bytes` (`false`: no room, no change).
+    fn extend_from_slice(&mut self, bytes: &[u8]) -> bool {
+        match self.append(bytes.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A network port (one RX queue, one TX queue) as seen by the data plane.
+pub trait Port: Send {
+    /// Its packet buffer type.
+    type Buf: PacketBuf;
+
+    /// Port id (DPDK port id, or a small integer for simulated ports).
+    fn port_id(&self) -> u16;
+    /// The port's MAC address.
+    fn mac(&self) -> MacAddr;
+    /// The port's MTU (L3 bytes; frames are up to `mtu + 14` bytes without FCS/VLAN).
+    fn mtu(&self) -> u16;
+    /// An empty buffer for transmission, with headroom for headers; `None` if exhausted.
+    fn alloc(&mut self) -> Option<Self::Buf>;
+    /// Receives up to `out.remaining_capacity()` frames, appended to `out`. Returns the count.
+    fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<Self::Buf, N>) -> usize;
+    /// Sends a prefix of `bufs`, removing the sent ones; unsent ones stay in `bufs` in order.
+    /// Returns the number sent.
+    fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<Self::Buf, N>) -> usize;
+}
