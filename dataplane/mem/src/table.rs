@@ -531,6 +531,12 @@ impl MemTable {
         }
         let max = ctl.max_num_sg as usize;
         let stage_buf = ctl.active_buf ^ 1;
+        // The staging buffer is about to be overwritten: forget what it held, so a failed map
+        // cannot leave a staged page list pointing into memory whose owners we dropped.
+        if ctl.staged_is_remap {
+            ctl.staged = None;
+            ctl.staged_is_remap = false;
+        }
         let base = ctl.arena_start as usize + stage_buf as usize * max;
         let pages = &self.pages[base..base + max];
         let m: SgMapping = map::sg_to_pages(
