@@ -257,7 +257,7 @@ cores = [{other}]
 main_core = {main_core}
 [[ports]]
 name = "pmrxe0"
-devargs = "net_memif0,role={role},socket={sock},id=0"
+devargs = "net_memif0,role={role},socket={sock},socket-abstract=no,id=0"
 mac = "02:00:00:00:aa:{mac}"
 "#,
         pid = std::process::id(),
