@@ -49,6 +49,7 @@ pub mod timers;
 pub mod wire_adapter;
 pub mod wqe;
 
+pub use engine::Engine;
 pub use cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 pub use memops::{Access, AtomicOp, Key, MemFault, MemOps, MemTable, PdHandle, Sge};
 pub use packet::RxPacket;

@@ -1,1 +1,532 @@
-//! placeholder
+//! A deterministic simulated wire (quinn-proto's `Pair`, smoltcp's fault injector): nodes
+//! (an [`Engine`] and a `MemTable` each) joined by a link with latency; a virtual clock; a
+//! seeded RNG that drops, delays, duplicates, reorders and corrupts packets by rate; and
+//! filters that hit specific packets (by PSN, opcode, direction ...).
+//!
+//! Packets cross as real bytes: Ethernet/IPv4/UDP headers and the ICRC are written with
+//! `pmrxe_wire` (`emit_frame_headers` + `finish_frame`) and parsed with `parse_frame` (which
+//! verifies the ICRC) on the other side, so the wire format is exercised on every packet.
+//! Every packet is recorded in [`Sim::trace`] with its send time.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+
+use pmrxe_wire::{emit_frame_headers, finish_frame, frame_header_len, parse_frame, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cq::{CqSide, Cqe};
+use crate::engine::Engine;
+use crate::memops::MemTable;
+use crate::packet::RxPacket;
+use crate::qp::{AsyncEvent, Qp};
+use crate::timers::Instant;
+
+/// What happens to one packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Deliver normally.
+    Pass,
+    /// Discard.
+    Drop,
+    /// Deliver after this many extra nanoseconds.
+    Delay(u64),
+    /// Deliver twice.
+    Duplicate,
+    /// Flip a bit (the receiver's ICRC check drops it).
+    Corrupt,
+}
+
+/// A packet as filters and the trace see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// Send time.
+    pub time: Instant,
+    /// Sending node.
+    pub from: usize,
+    /// Receiving node.
+    pub to: usize,
+    /// Source QPN.
+    pub src_qpn: u32,
+    /// Destination QPN.
+    pub dst_qpn: u32,
+    /// BTH opcode.
+    pub opcode: Opcode,
+    /// BTH PSN.
+    pub psn: u32,
+    /// AckReq bit.
+    pub ack_req: bool,
+    /// AETH syndrome (ACKs, READ responses).
+    pub syndrome: Option<Syndrome>,
+    /// Payload bytes.
+    pub payload_len: usize,
+    /// UDP source port.
+    pub udp_sport: u16,
+    /// What the link did with it.
+    pub fault: Fault,
+}
+
+impl PacketInfo {
+    /// A request (requester → responder)?
+    pub fn is_request(&self) -> bool {
+        self.opcode.info().is_some_and(|i| i.is_request())
+    }
+}
+
+/// Random impairments (rates in 0..=1).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Impairments {
+    /// Loss rate.
+    pub drop: f64,
+    /// Duplication rate.
+    pub duplicate: f64,
+    /// Rate of packets delayed by up to `reorder_ns` (reordering).
+    pub reorder: f64,
+    /// Max extra delay of reordered packets.
+    pub reorder_ns: u64,
+    /// Corruption rate.
+    pub corrupt: f64,
+}
+
+type Filter = Box<dyn FnMut(&PacketInfo) -> Option<Fault>>;
+
+/// One host on the simulated link.
+#[derive(Debug)]
+pub struct Node {
+    /// Its QPs and SRQs.
+    pub engine: Engine,
+    /// Its memory table.
+    pub mem: MemTable,
+    /// Its IPv4 address (GID = IPv4-mapped).
+    pub ip: Ipv4Addr,
+    /// Completions collected by `drive` (QPN, side, CQE), in delivery order.
+    pub cqes: VecDeque<(u32, CqSide, Cqe)>,
+    /// Events collected by `drive`.
+    pub events: VecDeque<(u32, AsyncEvent)>,
+    /// Frames dropped by the receive parser (bad ICRC, malformed).
+    pub rx_parse_drops: u64,
+}
+
+impl Node {
+    /// The node's GID (IPv4-mapped IPv6).
+    pub fn gid(&self) -> [u8; 16] {
+        gid_of(self.ip)
+    }
+    /// A QP.
+    pub fn qp(&self, qpn: u32) -> &Qp {
+        self.engine.qp(qpn).expect("no such QP")
+    }
+    /// A QP, mutably.
+    pub fn qp_mut(&mut self, qpn: u32) -> &mut Qp {
+        self.engine.qp_mut(qpn).expect("no such QP")
+    }
+    /// Completions of `qpn` on `side` collected so far (removed from the log).
+    pub fn take_cqes(&mut self, qpn: u32, side: CqSide) -> Vec<Cqe> {
+        let mut out = Vec::new();
+        self.cqes.retain(|(q, s, c)| {
+            if *q == qpn && *s == side {
+                out.push(*c);
+                false
+            } else {
+                true
+            }
+        });
+        out
+    }
+}
+
+/// IPv4-mapped GID of `ip`.
+pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
+    ip.to_ipv6_mapped().octets()
+}
+
+/// The simulated network.
+pub struct Sim {
+    /// Virtual time.
+    pub now: Instant,
+    /// One-way latency.
+    pub latency_ns: u64,
+    /// Hosts.
+    pub nodes: Vec<Node>,
+    /// Random impairments.
+    pub impair: Impairments,
+    /// Every packet sent, in send order.
+    pub trace: Vec<PacketInfo>,
+    /// Record the trace (turn off for long soaks).
+    pub record: bool,
+    rng: SmallRng,
+    filters: Vec<Filter>,
+    in_flight: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
+    seq: u64,
+    buf: Vec<u8>,
+}
+
+impl core::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("in_flight", &self.in_flight.len()).finish()
+    }
+}
+
+/// `drive` did not reach quiescence within the step bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Livelock;
+
+impl Sim {
+    /// `n` nodes, seeded RNG, 1 µs latency.
+    pub fn new(n: usize, seed: u64) -> Self {
+        let nodes = (0..n)
+            .map(|i| Node {
+                engine: Engine::new(),
+                mem: MemTable::new(Default::default()),
+                ip: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
+                cqes: VecDeque::new(),
+                events: VecDeque::new(),
+                rx_parse_drops: 0,
+            })
+            .collect();
+        Sim {
+            now: Instant(0),
+            latency_ns: 1_000,
+            nodes,
+            impair: Impairments::default(),
+            trace: Vec::new(),
+            record: true,
+            rng: SmallRng::seed_from_u64(seed),
+            filters: Vec::new(),
+            in_flight: BinaryHeap::new(),
+            seq: 0,
+            buf: vec![0u8; 10_000],
+        }
+    }
+
+    /// Add a filter; the first filter returning `Some` decides a packet's fate (before
+    /// random impairments). Filters keep their own state (e.g. "only once").
+    pub fn add_filter(&mut self, f: impl FnMut(&PacketInfo) -> Option<Fault> + 'static) {
+        self.filters.push(Box::new(f));
+    }
+    /// Remove all filters.
+    pub fn clear_filters(&mut self) {
+        self.filters.clear();
+    }
+    /// Node index owning `ip`'s GID.
+    fn node_of(&self, gid: &[u8; 16]) -> Option<usize> {
+        self.nodes.iter().position(|n| &n.gid() == gid)
+    }
+
+    /// Move every ready packet of node `i` onto the link.
+    fn transmit_node(&mut self, i: usize) -> usize {
+        let mut sent = 0;
+        let hl = frame_header_len(false);
+        loop {
+            let now = self.now;
+            let (node_ip, t) = {
+                let node = &mut self.nodes[i];
+                let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { break };
+                (node.ip, t)
+            };
+            sent += 1;
+            let dst = self.node_of(&t.av.dgid);
+            let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&t.av.dgid[12..16]).expect("4 bytes"));
+            let l3 = L3Info {
+                src_mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
+                dst_mac: MacAddr([2, 0, 0, 0, 0, dst.unwrap_or(255) as u8]),
+                src_ip: IpAddr::V4(node_ip),
+                dst_ip: IpAddr::V4(dst_ip),
+                tclass: t.av.traffic_class,
+                ttl: t.av.hop_limit.max(1),
+                flow_label: t.av.flow_label,
+                udp_sport: udp_sport(t.av.flow_label, t.src_qpn, t.dest_qpn),
+                ip_id: 0,
+            };
+            let n = emit_frame_headers(&mut self.buf, &l3, t.len).expect("frame headers");
+            let total = n + t.len + ICRC_LEN;
+            finish_frame(&mut self.buf[..total]).expect("finish frame");
+            let frame = self.buf[..total].to_vec();
+            let parsed = parse_frame(&frame).expect("our own frame parses");
+            let h = parsed.headers;
+            let mut info = PacketInfo {
+                time: now,
+                from: i,
+                to: dst.unwrap_or(usize::MAX),
+                src_qpn: t.src_qpn,
+                dst_qpn: h.bth.dest_qp.value(),
+                opcode: h.bth.opcode,
+                psn: h.bth.psn.value(),
+                ack_req: h.bth.ack_req,
+                syndrome: h.aeth.map(|a| a.syndrome),
+                payload_len: parsed.payload.len(),
+                udp_sport: parsed.udp_sport,
+                fault: Fault::Pass,
+            };
+            let mut fault = None;
+            for f in &mut self.filters {
+                if let Some(x) = f(&info) {
+                    fault = Some(x);
+                    break;
+                }
+            }
+            let fault = fault.unwrap_or_else(|| {
+                let im = self.impair;
+                let r: f64 = self.rng.gen();
+                if r < im.drop {
+                    Fault::Drop
+                } else if r < im.drop + im.duplicate {
+                    Fault::Duplicate
+                } else if r < im.drop + im.duplicate + im.corrupt {
+                    Fault::Corrupt
+                } else if r < im.drop + im.duplicate + im.corrupt + im.reorder && im.reorder_ns > 0 {
+                    Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
+                } else {
+                    Fault::Pass
+                }
+            });
+            info.fault = fault;
+            if self.record {
+                self.trace.push(info);
+            }
+            let Some(dst) = dst else { continue };
+            let at = now.add_ns(self.latency_ns);
+            match fault {
+                Fault::Pass => self.enqueue(at, dst, frame),
+                Fault::Drop => {}
+                Fault::Delay(d) => self.enqueue(at.add_ns(d), dst, frame),
+                Fault::Duplicate => {
+                    self.enqueue(at, dst, frame.clone());
+                    self.enqueue(at.add_ns(1), dst, frame);
+                }
+                Fault::Corrupt => {
+                    let mut f = frame;
+                    let k = f.len() - ICRC_LEN - 1;
+                    f[k] ^= 0x10;
+                    self.enqueue(at, dst, f);
+                }
+            }
+        }
+        sent
+    }
+
+    fn enqueue(&mut self, at: Instant, dst: usize, frame: Vec<u8>) {
+        self.seq += 1;
+        self.in_flight.push(Reverse((at, self.seq, dst, frame)));
+    }
+
+    fn collect(&mut self) {
+        for n in &mut self.nodes {
+            while let Some(c) = n.engine.poll_completion() {
+                n.cqes.push_back(c);
+            }
+            while let Some(e) = n.engine.poll_event() {
+                n.events.push_back(e);
+            }
+        }
+    }
+
+    fn deliver(&mut self, dst: usize, frame: &[u8]) {
+        let now = self.now;
+        let node = &mut self.nodes[dst];
+        let Ok(f) = parse_frame(frame) else {
+            node.rx_parse_drops += 1;
+            return;
+        };
+        let to_gid = |ip: IpAddr| match ip {
+            IpAddr::V4(v) => gid_of(v),
+            IpAddr::V6(v) => v.octets(),
+        };
+        let mut pkt = RxPacket::new(f.headers, f.payload);
+        pkt.src_gid = to_gid(f.src_ip);
+        pkt.dst_gid = to_gid(f.dst_ip);
+        pkt.src_udp_port = f.udp_sport;
+        pkt.traffic_class = f.tclass;
+        pkt.hop_limit = f.ttl;
+        pkt.flow_label = f.flow_label;
+        node.engine.handle_packet(now, &pkt, &node.mem);
+    }
+
+    /// Make every QP of every node that has work eligible to send (after posting directly
+    /// through `qp_mut`).
+    pub fn kick_all(&mut self) {
+        for n in &mut self.nodes {
+            let qpns: Vec<u32> = n.engine.qpns().collect();
+            for q in qpns {
+                n.engine.kick(q);
+            }
+        }
+    }
+
+    /// One step: transmit everything ready, then advance the clock to the next delivery or
+    /// timer and process it. Returns `false` when nothing is left to do.
+    pub fn step(&mut self) -> bool {
+        self.kick_all();
+        for i in 0..self.nodes.len() {
+            self.transmit_node(i);
+        }
+        self.collect();
+        let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
+        let next_timer = self.nodes.iter().filter_map(|n| n.engine.poll_timeout()).min();
+        let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else {
+            return false;
+        };
+        if next > self.now {
+            self.now = next;
+        }
+        while let Some(Reverse((t, ..))) = self.in_flight.peek() {
+            if *t > self.now {
+                break;
+            }
+            let Reverse((_, _, dst, frame)) = self.in_flight.pop().expect("peeked");
+            self.deliver(dst, &frame);
+        }
+        let now = self.now;
+        for n in &mut self.nodes {
+            n.engine.handle_timeout(now, &n.mem);
+        }
+        self.collect();
+        true
+    }
+
+    /// Run until quiescent (no packet in flight, no timer, nothing to send), at most
+    /// `max_steps` steps.
+    pub fn drive(&mut self, max_steps: usize) -> Result<usize, Livelock> {
+        for i in 0..max_steps {
+            if !self.step() {
+                return Ok(i);
+            }
+        }
+        Err(Livelock)
+    }
+
+    /// Run until `cond` holds or quiescence, at most `max_steps` steps; returns whether
+    /// `cond` held.
+    pub fn drive_until(&mut self, max_steps: usize, mut cond: impl FnMut(&Sim) -> bool) -> bool {
+        for _ in 0..max_steps {
+            if cond(self) {
+                return true;
+            }
+            if !self.step() {
+                return cond(self);
+            }
+        }
+        cond(self)
+    }
+
+    /// Run until virtual time reaches `t` (or quiescence).
+    pub fn run_until(&mut self, t: Instant, max_steps: usize) {
+        let _ = self.drive_until(max_steps, |s| s.now >= t);
+        if self.now < t {
+            self.now = t;
+        }
+    }
+}
+
+/// Connection parameters for [`Sim::connect`] (defaults: the SEMANTICS.md §7 setup).
+#[derive(Clone, Copy, Debug)]
+pub struct PairParams {
+    /// Transport.
+    pub qp_type: crate::QpType,
+    /// Path MTU.
+    pub mtu: crate::PathMtu,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count.
+    pub rnr_retry: u8,
+    /// Advertised RNR timer code.
+    pub min_rnr_timer: u8,
+    /// Requester READ/ATOMIC credits.
+    pub max_rd_atomic: u8,
+    /// Responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// `qp_access_flags`.
+    pub access: u32,
+    /// First PSN of each side's requester.
+    pub sq_psn: u32,
+    /// Capacities.
+    pub caps: crate::QpCaps,
+    /// PD of both QPs.
+    pub pd: u32,
+}
+
+impl Default for PairParams {
+    fn default() -> Self {
+        PairParams {
+            qp_type: crate::QpType::Rc,
+            mtu: crate::PathMtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 3,
+            rnr_retry: 3,
+            min_rnr_timer: 1,
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
+            access: 2 | 4 | 8,
+            sq_psn: 100,
+            caps: crate::QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 8, max_recv_sge: 8, max_inline_data: 256 },
+            pd: 1,
+        }
+    }
+}
+
+impl Sim {
+    /// Create QP `qa` on node `a` and `qb` on node `b` and move both to RTS connected to
+    /// each other (UD: RTS with Q_Key 0x11111111, no peer).
+    pub fn connect(&mut self, a: usize, qa: u32, b: usize, qb: u32, p: &PairParams) {
+        self.connect_with_srq(a, qa, None, b, qb, None, p)
+    }
+
+    /// [`Sim::connect`] with SRQs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_with_srq(&mut self, a: usize, qa: u32, srq_a: Option<u32>, b: usize, qb: u32, srq_b: Option<u32>, p: &PairParams) {
+        let (ga, gb) = (self.nodes[a].gid(), self.nodes[b].gid());
+        for (node, qpn, srq, peer, peer_gid) in [(a, qa, srq_a, qb, gb), (b, qb, srq_b, qa, ga)] {
+            let mut qp = Qp::new(qpn, p.qp_type, p.pd, p.caps, srq).expect("create QP");
+            bring_up(&mut qp, peer, peer_gid, p);
+            self.nodes[node].engine.add_qp(qp);
+        }
+    }
+}
+
+/// RESET → INIT → RTR → RTS with the masks the IBTA table requires.
+pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
+    use crate::qp::{AddressVector, AttrMask as M, QpAttr, QpState};
+    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, ..AddressVector::default() };
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        qkey: 0x1111_1111,
+        path_mtu: p.mtu,
+        qp_access_flags: p.access,
+        port_num: 1,
+        dest_qp_num: peer,
+        rq_psn: p.sq_psn,
+        sq_psn: p.sq_psn,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry: p.rnr_retry,
+        min_rnr_timer: p.min_rnr_timer,
+        max_rd_atomic: p.max_rd_atomic,
+        max_dest_rd_atomic: p.max_dest_rd_atomic,
+        ah_attr: av,
+        ..QpAttr::default()
+    };
+    let ty = qp.qp_type();
+    let init = match ty {
+        crate::QpType::Ud => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+        _ => M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    };
+    qp.modify(&a, init).expect("INIT");
+    let rtr = match ty {
+        crate::QpType::Ud => M::STATE,
+        crate::QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+        crate::QpType::Rc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+    };
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, rtr).expect("RTR");
+    let rts = match ty {
+        crate::QpType::Rc => M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        _ => M::STATE | M::SQ_PSN,
+    };
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, rts).expect("RTS");
+    if ty == crate::QpType::Ud {
+        // UD path MTU comes from the port; the engine uses the attribute.
+        qp.attr.path_mtu = p.mtu;
+    }
+}
