@@ -136,7 +136,7 @@ impl Stall {
     }
     fn check(&mut self, mark: (u64, u64), what: impl FnOnce() -> String) -> Result<(), PortError> {
         self.iter = self.iter.wrapping_add(1);
-        if self.iter % 256 != 0 {
+        if self.iter & 255 != 0 {
             return Ok(());
         }
         if mark != self.last_mark {
