@@ -22,52 +22,95 @@ fn bench(c: &mut Criterion) {
     let t = MemTable::new(MemLimits::default());
     let mem = aligned(64 * N, N);
     mem.fill(0, 64 * N, 0x5a).unwrap();
-    let user = t.reg_mr(PD, mem.clone(), 0x1_0000, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let user = t
+        .reg_mr(
+            PD,
+            mem.clone(),
+            0x1_0000,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
     let fr = t.alloc_mr(PD, 64).unwrap();
-    t.map_mr_sg(fr, &[SgEntry { region: &mem, offset: 0, len: 64 * N }], 0, N as u64).unwrap();
-    t.exec_reg_mr(PD, fr, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None).unwrap();
+    t.map_mr_sg(
+        fr,
+        &[SgEntry {
+            region: &mem,
+            offset: 0,
+            len: 64 * N,
+        }],
+        0,
+        N as u64,
+    )
+    .unwrap();
+    t.exec_reg_mr(
+        PD,
+        fr,
+        Access::LOCAL_WRITE | Access::REMOTE_READ,
+        None,
+        None,
+    )
+    .unwrap();
     let fr_iova = t.query(fr).unwrap().iova;
     let mut dst = vec![0u8; N];
     let src = vec![0xa5u8; N];
 
     let mut g = c.benchmark_group("mem_4k");
     g.throughput(Throughput::Bytes(N as u64));
-    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
 
     g.bench_function("memcpy_4k", |b| {
         b.iter(|| mem.read(black_box(8 * N), black_box(&mut dst)).unwrap());
     });
     g.bench_function("lookup_only", |b| {
         b.iter(|| {
-            let m = t.lookup(black_box(fr), PD, 0, black_box(fr_iova + 8 * N as u64), N as u64, Access::REMOTE_READ).unwrap();
+            let m = t
+                .lookup(
+                    black_box(fr),
+                    PD,
+                    0,
+                    black_box(fr_iova + 8 * N as u64),
+                    N as u64,
+                    Access::REMOTE_READ,
+                )
+                .unwrap();
             black_box(&m);
         });
     });
     g.bench_function("lookup_copy_out_4k_user_mr", |b| {
         b.iter(|| {
             let va = black_box(0x1_0000 + 8 * N as u64);
-            let m = t.lookup(user, PD, 0, va, N as u64, Access::REMOTE_READ).unwrap();
+            let m = t
+                .lookup(user, PD, 0, va, N as u64, Access::REMOTE_READ)
+                .unwrap();
             m.copy_out(va, &mut dst).unwrap();
         });
     });
     g.bench_function("lookup_copy_out_4k_fastreg_aligned", |b| {
         b.iter(|| {
             let va = black_box(fr_iova + 8 * N as u64);
-            let m = t.lookup(fr, PD, 0, va, N as u64, Access::REMOTE_READ).unwrap();
+            let m = t
+                .lookup(fr, PD, 0, va, N as u64, Access::REMOTE_READ)
+                .unwrap();
             m.copy_out(va, &mut dst).unwrap();
         });
     });
     g.bench_function("lookup_copy_out_4k_fastreg_straddle", |b| {
         b.iter(|| {
             let va = black_box(fr_iova + 8 * N as u64 + 2048);
-            let m = t.lookup(fr, PD, 0, va, N as u64, Access::REMOTE_READ).unwrap();
+            let m = t
+                .lookup(fr, PD, 0, va, N as u64, Access::REMOTE_READ)
+                .unwrap();
             m.copy_out(va, &mut dst).unwrap();
         });
     });
     g.bench_function("lookup_copy_in_4k_fastreg", |b| {
         b.iter(|| {
             let va = black_box(fr_iova + 9 * N as u64);
-            let m = t.lookup(fr, PD, 0, va, N as u64, Access::LOCAL_WRITE).unwrap();
+            let m = t
+                .lookup(fr, PD, 0, va, N as u64, Access::LOCAL_WRITE)
+                .unwrap();
             m.copy_in(va, &src).unwrap();
         });
     });

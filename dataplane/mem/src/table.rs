@@ -10,13 +10,18 @@
 //!   obtained through the old state has been dropped (DESIGN invariant 3).
 //!
 //! # Publication protocol (per slot)
-//! `word` packs `state << 32 | key`. A reader increments `inflight` (SeqCst), *then* loads `word`
-//! (SeqCst); only if it is VALID with the exact key does it read the translation fields. An
-//! invalidator stores a non-VALID `word` (SeqCst), *then* waits for `inflight == 0`. By the
-//! SeqCst total order either the reader sees the new word and backs off, or the invalidator sees
-//! the reader's increment and waits for its `MrRef` to drop. Translation fields are written only
-//! while the slot is not VALID and drained, and published by the Release store of a VALID word.
-//! All translation fields are atomics (Relaxed), so there are no data races in the Rust model.
+//! One atomic `word` per slot packs `refs << 34 | state << 32 | key`. A reader does a single
+//! `fetch_add(1 << 34, Acquire)` and checks state and key *in the value it incremented*; on any
+//! failure its guard subtracts again. Every state change is a read-modify-write of the same
+//! word (keeping `refs`), and an invalidator, after its RMW to a non-VALID state, waits until
+//! `refs == 0` (Acquire, pairing with the readers' Release decrement). Because all of this is
+//! one location, its modification order decides every race: a reader incremented either before
+//! the invalidating RMW (the invalidator then sees its ref and waits for it to drop) or after
+//! (the reader sees the new state and backs off). No store-load (Dekker) ordering is needed,
+//! so the argument holds under plain acquire/release and loom checks it exactly.
+//! Translation fields are written only while the slot is not VALID and drained, and published
+//! by the Release RMW that makes it VALID. All translation fields are atomics (Relaxed), so
+//! there are no data races in the Rust model.
 //!
 //! Control operations on one slot are serialised by the slot's `ctl` mutex (never taken by
 //! `lookup`). Lock order: MW ctl → MR ctl → table allocators.
@@ -163,12 +168,15 @@ pub struct SgEntry<'a> {
 // Slots
 
 const STATE_SHIFT: u32 = 32;
+const REF_SHIFT: u32 = 34;
+const REF_ONE: u64 = 1 << REF_SHIFT;
+const REF_MASK: u64 = !(REF_ONE - 1);
 
 const fn pack(state: MrState, key: Key) -> u64 {
     (state.code() << STATE_SHIFT) | key.0 as u64
 }
 const fn unpack(w: u64) -> (MrState, Key) {
-    (MrState::from_code(w >> STATE_SHIFT), Key(w as u32))
+    (MrState::from_code((w >> STATE_SHIFT) & 3), Key(w as u32))
 }
 
 /// Translation meta as the control side knows it.
@@ -201,7 +209,6 @@ struct MrCtl {
 #[repr(align(64))]
 struct MrSlot {
     word: AtomicU64,
-    inflight: AtomicU32,
     mw_bound: AtomicU32,
     pd: AtomicU32,
     access: AtomicU32,
@@ -217,7 +224,6 @@ impl MrSlot {
     fn new() -> Self {
         MrSlot {
             word: AtomicU64::new(0),
-            inflight: AtomicU32::new(0),
             mw_bound: AtomicU32::new(0),
             pd: AtomicU32::new(0),
             access: AtomicU32::new(0),
@@ -246,7 +252,6 @@ struct MwCtl {
 #[repr(align(64))]
 struct MwSlot {
     word: AtomicU64,
-    inflight: AtomicU32,
     pd: AtomicU32,
     access: AtomicU32,
     mr_index: AtomicU32,
@@ -262,7 +267,6 @@ impl MwSlot {
     fn new() -> Self {
         MwSlot {
             word: AtomicU64::new(0),
-            inflight: AtomicU32::new(0),
             pd: AtomicU32::new(0),
             access: AtomicU32::new(0),
             mr_index: AtomicU32::new(0),
@@ -275,11 +279,23 @@ impl MwSlot {
     }
 }
 
-/// Store a non-VALID word, then wait until no reader is inside (see the module protocol).
-fn block_and_drain(word: &AtomicU64, inflight: &AtomicU32, new: u64) {
-    word.store(new, Ordering::SeqCst);
+/// Set state and key, keeping the reference count (Release: publishes translation fields).
+fn set_word(word: &AtomicU64, state: MrState, key: Key) {
+    let new = pack(state, key);
+    let mut cur = word.load(Ordering::Relaxed);
+    loop {
+        match word.compare_exchange_weak(cur, (cur & REF_MASK) | new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(w) => cur = w,
+        }
+    }
+}
+
+/// Move to a non-VALID state, then wait until no reader holds a reference (module protocol).
+fn block_and_drain(word: &AtomicU64, state: MrState, key: Key) {
+    set_word(word, state, key);
     let mut i = 0u32;
-    while inflight.load(Ordering::SeqCst) != 0 {
+    while word.load(Ordering::Acquire) & REF_MASK != 0 {
         spin_wait(i);
         i = i.saturating_add(1);
     }
@@ -364,6 +380,10 @@ impl MemTable {
                 vec![]
             },
         };
+        // Deterministic under loom (models must replay identically).
+        #[cfg(loom)]
+        let seed = 0x1234_5678u64;
+        #[cfg(not(loom))]
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -498,7 +518,7 @@ impl MemTable {
             o.clear();
             o.reserve(max_num_sg as usize);
         }
-        slot.word.store(pack(MrState::Free, key), Ordering::Release);
+        set_word(&slot.word, MrState::Free, key);
         Ok(key)
     }
 
@@ -601,7 +621,7 @@ impl MemTable {
         if slot.mw_bound.load(Ordering::SeqCst) != 0 {
             return Err(MemError::MwBound); // IBA 10.6.7.2.6
         }
-        block_and_drain(&slot.word, &slot.inflight, pack(MrState::Invalid, ctl.key));
+        block_and_drain(&slot.word, MrState::Invalid, ctl.key);
         if ctl.kind == Some(MrKind::FastReg) {
             lock(&self.arena).release(ctl.arena_start, ctl.max_num_sg * 2);
         }
@@ -637,7 +657,7 @@ impl MemTable {
             MwType::Type1 => MrState::Valid,
             MwType::Type2 => MrState::Free,
         };
-        slot.word.store(pack(state, key), Ordering::Release);
+        set_word(&slot.word, state, key);
         Ok(key)
     }
 
@@ -649,7 +669,7 @@ impl MemTable {
         if ctl.mw_type.is_none() {
             return Err(MemError::NoSuchKey);
         }
-        block_and_drain(&slot.word, &slot.inflight, pack(MrState::Invalid, ctl.key));
+        block_and_drain(&slot.word, MrState::Invalid, ctl.key);
         self.unbind_locked(&mut ctl);
         ctl.mw_type = None;
         drop(ctl);
@@ -853,7 +873,7 @@ impl MemTable {
                 MrState::Free if !must_be_valid => return Ok(()),
                 _ => return Err(MemError::NotValid),
             }
-            block_and_drain(&slot.word, &slot.inflight, pack(MrState::Free, key));
+            block_and_drain(&slot.word, MrState::Free, key);
             return Ok(());
         }
         let slot = self.mw_slot(key.index()).ok_or(MemError::NoSuchKey)?;
@@ -880,7 +900,7 @@ impl MemTable {
                 return Err(MemError::QpMismatch);
             }
         }
-        block_and_drain(&slot.word, &slot.inflight, pack(MrState::Free, key));
+        block_and_drain(&slot.word, MrState::Free, key);
         self.unbind_locked(&mut ctl);
         Ok(())
     }
@@ -921,7 +941,7 @@ impl MemTable {
                     return Err(MemError::BadAccessCombo);
                 }
                 if len == 0 {
-                    block_and_drain(&slot.word, &slot.inflight, pack(MrState::Free, ctl.key));
+                    block_and_drain(&slot.word, MrState::Free, ctl.key);
                     self.unbind_locked(&mut ctl);
                     ctl.key = new_key;
                     slot.length.store(0, Ordering::Relaxed);
@@ -969,7 +989,7 @@ impl MemTable {
         }
         // Rebinding a type-1 MW: block its old binding first.
         if ctl.bound_mr.is_some() {
-            block_and_drain(&slot.word, &slot.inflight, pack(MrState::Free, ctl.key));
+            block_and_drain(&slot.word, MrState::Free, ctl.key);
             self.unbind_locked(&mut ctl);
         }
         mr_slot.mw_bound.fetch_add(1, Ordering::SeqCst);
@@ -1017,8 +1037,8 @@ impl MemTable {
         }
         let end = iova.checked_add(len).ok_or(MemError::Overflow)?;
         if let Some(slot) = self.mr_slot(key.index()) {
-            let guard = InflightGuard::enter(&slot.inflight);
-            let (state, k) = unpack(slot.word.load(Ordering::SeqCst));
+            let (guard, w) = InflightGuard::enter(&slot.word);
+            let (state, k) = unpack(w);
             check_word(state, k, key)?;
             if slot.pd.load(Ordering::Relaxed) != pd {
                 return Err(MemError::PdMismatch);
@@ -1043,8 +1063,8 @@ impl MemTable {
             });
         }
         let slot = self.mw_slot(key.index()).ok_or(MemError::NoSuchKey)?;
-        let guard = InflightGuard::enter(&slot.inflight);
-        let (state, k) = unpack(slot.word.load(Ordering::SeqCst));
+        let (guard, w) = InflightGuard::enter(&slot.word);
+        let (state, k) = unpack(w);
         check_word(state, k, key)?;
         let mw_len = slot.length.load(Ordering::Relaxed);
         if mw_len == 0 {
@@ -1091,13 +1111,14 @@ impl MemTable {
 
     /// Copies currently holding a reference to `key`'s object (diagnostics, tests).
     pub fn inflight(&self, key: Key) -> u32 {
-        if let Some(s) = self.mr_slot(key.index()) {
-            s.inflight.load(Ordering::SeqCst)
+        let w = if let Some(s) = self.mr_slot(key.index()) {
+            s.word.load(Ordering::Acquire)
         } else if let Some(s) = self.mw_slot(key.index()) {
-            s.inflight.load(Ordering::SeqCst)
+            s.word.load(Ordering::Acquire)
         } else {
             0
-        }
+        };
+        (w >> REF_SHIFT) as u32
     }
 }
 
@@ -1124,21 +1145,22 @@ fn check_iova_rewrite(meta: &Meta, iova: u64) -> Result<(), MemError> {
     Ok(())
 }
 
-/// Holds one in-flight count; released on drop.
-struct InflightGuard<'a>(&'a AtomicU32);
+/// Holds one reference in a slot word; released on drop.
+struct InflightGuard<'a>(&'a AtomicU64);
 
 impl<'a> InflightGuard<'a> {
+    /// Take a reference; returns the word as it was (state and key to check).
     #[inline]
-    fn enter(c: &'a AtomicU32) -> Self {
-        c.fetch_add(1, Ordering::SeqCst);
-        InflightGuard(c)
+    fn enter(w: &'a AtomicU64) -> (Self, u64) {
+        let old = w.fetch_add(REF_ONE, Ordering::Acquire);
+        (InflightGuard(w), old)
     }
 }
 
 impl Drop for InflightGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Release);
+        self.0.fetch_sub(REF_ONE, Ordering::Release);
     }
 }
 
@@ -1247,7 +1269,7 @@ impl<'a> MrRef<'a> {
     }
 
     fn atomic_at(&self, iova: u64) -> Result<&core::sync::atomic::AtomicU64, MemError> {
-        if iova % 8 != 0 {
+        if iova & 7 != 0 {
             return Err(MemError::BadAlignment);
         }
         let mut addr = 0usize;
@@ -1256,7 +1278,7 @@ impl<'a> MrRef<'a> {
             addr = a;
             pieces += 1;
         })?;
-        if pieces != 1 || addr % 8 != 0 {
+        if pieces != 1 || addr & 7 != 0 {
             return Err(MemError::BadAlignment);
         }
         // SAFETY: 8 aligned bytes inside a live VALID translation (see `copy_out`); the memory

@@ -13,11 +13,28 @@ use pmrxe_mem::*;
 const PD: PdHandle = 3;
 
 fn small_table() -> (Arc<MemTable>, Key, u64, Region) {
-    let t = MemTable::new(MemLimits { max_mr: 1, max_mw: 1, max_fast_reg_pages: 1, page_slots: 2, ..MemLimits::default() });
+    let t = MemTable::new(MemLimits {
+        max_mr: 1,
+        max_mw: 1,
+        max_fast_reg_pages: 1,
+        page_slots: 2,
+        ..MemLimits::default()
+    });
     let r = Region::zeroed(64);
     let k = t.alloc_mr(PD, 1).unwrap();
-    t.map_mr_sg(k, &[SgEntry { region: &r, offset: 0, len: 64 }], 0, 4096).unwrap();
-    t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None).unwrap();
+    t.map_mr_sg(
+        k,
+        &[SgEntry {
+            region: &r,
+            offset: 0,
+            len: 64,
+        }],
+        0,
+        4096,
+    )
+    .unwrap();
+    t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None)
+        .unwrap();
     let iova = t.query(k).unwrap().iova;
     (Arc::new(t), k, iova, r)
 }
@@ -32,9 +49,15 @@ fn loom_local_inv_waits_for_copy() {
             let (t, done) = (t.clone(), done.clone());
             thread::spawn(move || {
                 if let Ok(m) = t.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
-                    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
+                    assert!(
+                        !done.load(Ordering::SeqCst),
+                        "copy started after invalidate returned"
+                    );
                     m.copy_out(iova, &mut [0; 8]).unwrap();
-                    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
+                    assert!(
+                        !done.load(Ordering::SeqCst),
+                        "copy ran after invalidate returned"
+                    );
                 }
             })
         };
@@ -61,7 +84,8 @@ fn loom_reregister_new_key_old_key_never_valid_after_inv() {
         };
         t.exec_local_inv(PD, k).unwrap();
         inv_done.store(true, Ordering::SeqCst);
-        t.exec_reg_mr(PD, k.inc(), Access::REMOTE_READ, None, None).unwrap();
+        t.exec_reg_mr(PD, k.inc(), Access::REMOTE_READ, None, None)
+            .unwrap();
         reader.join().unwrap();
     });
 }

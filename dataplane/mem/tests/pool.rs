@@ -44,7 +44,10 @@ fn pool_chunks_register_and_are_reused() {
     let t = MemTable::new(MemLimits::default());
     let k = t.reg_mr(1, a.clone(), 0, Access::LOCAL_WRITE).unwrap();
     let mut buf = [0u8; 5];
-    t.lookup(k, 1, 0, 100, 5, Access::EMPTY).unwrap().copy_out(100, &mut buf).unwrap();
+    t.lookup(k, 1, 0, 100, 5, Access::EMPTY)
+        .unwrap()
+        .copy_out(100, &mut buf)
+        .unwrap();
     assert_eq!(&buf, b"hello");
     // The memfd shares the bytes (what a client would map).
     let off = pool.offset_of(&a).unwrap();

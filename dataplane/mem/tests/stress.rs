@@ -20,14 +20,23 @@ const POISON: u8 = 0xdd;
 
 #[test]
 fn stress_invalidate_vs_copy_never_touches_poison() {
-    let table = Arc::new(MemTable::new(MemLimits { max_mr: 4, max_mw: 1, page_slots: 64, ..MemLimits::default() }));
+    let table = Arc::new(MemTable::new(MemLimits {
+        max_mr: 4,
+        max_mw: 1,
+        page_slots: 64,
+        ..MemLimits::default()
+    }));
     // Two pages so copies cross a page boundary of the page list.
     let big = Region::zeroed(2 * LEN + 4096);
     let off = (4096 - big.addr() as usize % 4096) % 4096;
     let mem = big.slice(off, 2 * LEN).unwrap();
     mem.fill(0, 2 * LEN, GOOD).unwrap();
     let k0 = table.alloc_mr(PD, 2).unwrap();
-    let sg = [SgEntry { region: &mem, offset: 0, len: 2 * LEN }];
+    let sg = [SgEntry {
+        region: &mem,
+        offset: 0,
+        len: 2 * LEN,
+    }];
     table.map_mr_sg(k0, &sg, 0, 4096).unwrap();
     let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mut key = k0.inc();
@@ -49,7 +58,10 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
                 let at = iova + LEN as u64 - 256 + (i % 7) * 8; // straddles the page boundary
                 if let Ok(m) = t.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE) {
                     m.copy_out(at, &mut buf).unwrap();
-                    assert!(!buf.contains(&POISON), "read poisoned memory through a live MrRef");
+                    assert!(
+                        !buf.contains(&POISON),
+                        "read poisoned memory through a live MrRef"
+                    );
                     m.copy_in(at, &good).unwrap();
                     copies.fetch_add(1, Ordering::Relaxed);
                 }
@@ -67,11 +79,14 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
         for _ in 0..50 {
             std::hint::spin_loop();
         }
-        if rounds % 16 == 0 {
+        if rounds & 15 == 0 {
             std::thread::yield_now(); // let the reader run against the FREE key
         }
         mem.read(0, &mut check).unwrap();
-        assert!(check.iter().all(|&b| b == POISON), "a copy wrote through an invalidated key (round {rounds})");
+        assert!(
+            check.iter().all(|&b| b == POISON),
+            "a copy wrote through an invalidated key (round {rounds})"
+        );
         mem.fill(0, 2 * LEN, GOOD).unwrap();
         key = key.inc();
         table.exec_reg_mr(PD, key, acc, None, None).unwrap();
@@ -79,6 +94,9 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
     }
     stop.store(true, Ordering::Relaxed);
     reader.join().expect("reader saw poison");
-    eprintln!("rounds {rounds}, successful copies {}", copies.load(Ordering::Relaxed));
+    eprintln!(
+        "rounds {rounds}, successful copies {}",
+        copies.load(Ordering::Relaxed)
+    );
     assert!(rounds > 100);
 }

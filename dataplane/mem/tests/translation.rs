@@ -18,7 +18,10 @@ fn layout() -> impl Strategy<Value = (u32, Vec<(usize, usize)>, u64, u64, u32)> 
         any::<u32>(),
     )
         .prop_map(|(shift, els, o, t, hi)| {
-            let els: Vec<(usize, usize)> = els.into_iter().map(|(p, c)| (p, c.min(NPAGES - p))).collect();
+            let els: Vec<(usize, usize)> = els
+                .into_iter()
+                .map(|(p, c)| (p, c.min(NPAGES - p)))
+                .collect();
             (shift, els, o, t, hi)
         })
 }
