@@ -155,6 +155,8 @@ pub struct Sim {
     pub trace: Vec<PacketInfo>,
     /// Record the trace (turn off for long soaks).
     pub record: bool,
+    /// Packets each node may send per step (`usize::MAX`: everything ready).
+    pub max_burst: usize,
     rng: SmallRng,
     filters: Vec<Filter>,
     in_flight: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
@@ -192,6 +194,7 @@ impl Sim {
             impair: Impairments::default(),
             trace: Vec::new(),
             record: true,
+            max_burst: usize::MAX,
             rng: SmallRng::seed_from_u64(seed),
             filters: Vec::new(),
             in_flight: BinaryHeap::new(),
@@ -218,7 +221,7 @@ impl Sim {
     fn transmit_node(&mut self, i: usize) -> usize {
         let mut sent = 0;
         let hl = frame_header_len(false);
-        loop {
+        while sent < self.max_burst {
             let now = self.now;
             let (node_ip, t) = {
                 let node = &mut self.nodes[i];
@@ -364,9 +367,11 @@ impl Sim {
         self.collect();
         let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
         let next_timer = self.nodes.iter().filter_map(|n| n.engine.poll_timeout()).min();
+        let busy = self.nodes.iter().any(|n| n.engine.has_ready());
         let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else {
-            return false;
+            return busy;
         };
+        let next = if busy { self.now } else { next };
         if next > self.now {
             self.now = next;
         }
