@@ -20,7 +20,9 @@ fn small_table() -> (Arc<MemTable>, Key, u64, Region) {
         page_slots: 2,
         ..MemLimits::default()
     });
-    let r = Region::zeroed(64);
+    // 64 bytes that never straddle a 4 KiB page (max_num_sg = 1).
+    let big = Region::zeroed(128);
+    let r = big.slice((64 - big.addr() as usize % 64) % 64, 64).unwrap();
     let k = t.alloc_mr(PD, 1).unwrap();
     t.map_mr_sg(
         k,
