@@ -1,0 +1,298 @@
+//! The FFI boundary: every `extern "C"` body runs inside [`ffi_boundary`], errors are one type
+//! ([`Errno`]) mapped to the C convention of each verb in exactly one place per convention.
+//!
+//! Conventions of libibverbs (rdma-core 44):
+//! * constructors return a pointer, NULL + `errno` on failure ([`ret_ptr`]);
+//! * most other verbs return 0 or a positive errno ([`ret_errno`]);
+//! * `poll_cq` returns a count or a negative value ([`ret_count`]).
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// An errno value (positive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub c_int);
+
+impl Errno {
+    pub const INVAL: Errno = Errno(libc::EINVAL);
+    pub const NOMEM: Errno = Errno(libc::ENOMEM);
+    pub const NOSYS: Errno = Errno(libc::ENOSYS);
+    pub const OPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
+    pub const IO: Errno = Errno(libc::EIO);
+    pub const NODEV: Errno = Errno(libc::ENODEV);
+    pub const NOENT: Errno = Errno(libc::ENOENT);
+    pub const AGAIN: Errno = Errno(libc::EAGAIN);
+
+    /// The calling thread's last OS error.
+    pub fn last() -> Errno {
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl From<std::io::Error> for Errno {
+    fn from(e: std::io::Error) -> Self {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+/// Shorthand result type of the shim's internals.
+pub type Res<T> = Result<T, Errno>;
+
+/// Set the calling thread's `errno`.
+pub fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Run `f`, turning a panic into `default` (with errno = EIO) instead of unwinding into C.
+pub fn ffi_boundary<T>(default: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_errno(libc::EIO);
+            default
+        }
+    }
+}
+
+/// Constructor convention: the pointer, or NULL with errno set.
+pub fn ret_ptr<T>(r: Res<*mut T>) -> *mut T {
+    match r {
+        Ok(p) => p,
+        Err(Errno(e)) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Verb convention: 0 or a positive errno (errno is set as well, as rdma-core does).
+pub fn ret_errno(r: Res<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            set_errno(e);
+            e
+        }
+    }
+}
+
+/// `-1` + errno convention (ibv_get_cq_event, ibv_get_async_event, ...).
+pub fn ret_minus1(r: Res<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// Count convention: a non-negative count or a negative errno.
+pub fn ret_count(r: Res<c_int>) -> c_int {
+    match r {
+        Ok(n) => n,
+        Err(Errno(e)) => -e,
+    }
+}
+
+/// Turn a possibly-NULL pointer into a reference, or EINVAL.
+///
+/// # Safety
+/// A non-NULL `p` must point to a live, properly aligned `T` for the lifetime `'a`.
+pub unsafe fn nonnull<'a, T>(p: *mut T) -> Res<&'a mut T> {
+    // SAFETY: forwarded contract.
+    unsafe { p.as_mut() }.ok_or(Errno::INVAL)
+}
+
+/// A handle type: a `#[repr(C)]` struct whose first field is the C struct handed to the
+/// application, plus a magic word that tells our objects from anything else.
+///
+/// Ownership: handles are created with `Box::into_raw` by the constructor verb and freed by
+/// the matching destroy verb (`Box::from_raw`); the application only borrows them in between.
+pub trait Handle: Sized {
+    /// The C struct that is the first field.
+    type C;
+    /// Magic word identifying this handle type.
+    const MAGIC: u64;
+    /// The stored magic (must equal `MAGIC` on a live handle).
+    fn magic(&self) -> u64;
+
+    /// Recover our handle from the C pointer the application passes back.
+    ///
+    /// # Safety
+    /// A non-NULL `p` must have been produced by this shim for a handle of type `Self` and not
+    /// yet destroyed (the magic check catches some, not all, misuse).
+    unsafe fn from_c<'a>(p: *mut Self::C) -> Res<&'a mut Self> {
+        if p.is_null() {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: `C` is the first field of a repr(C) `Self`, so the pointers coincide; the
+        // caller guarantees it is one of ours and alive.
+        let h = unsafe { &mut *p.cast::<Self>() };
+        if h.magic() != Self::MAGIC {
+            return Err(Errno::INVAL);
+        }
+        Ok(h)
+    }
+
+    /// Box the handle and return the C pointer.
+    fn into_c(self: Box<Self>) -> *mut Self::C {
+        Box::into_raw(self).cast()
+    }
+
+    /// Take ownership back (for destroy verbs).
+    ///
+    /// # Safety
+    /// `p` must be a live handle of this type (checked with [`Handle::from_c`] just before);
+    /// the application must not use it afterwards.
+    unsafe fn take(p: *mut Self::C) -> Box<Self> {
+        // SAFETY: produced by `into_c` (caller contract).
+        let mut b = unsafe { Box::from_raw(p.cast::<Self>()) };
+        b.clear_magic();
+        b
+    }
+
+    /// Overwrite the magic so a stale pointer is rejected.
+    fn clear_magic(&mut self);
+}
+
+/// Implement [`Handle`] for a struct with a `magic: u64` field.
+macro_rules! handle {
+    ($t:ty, $c:ty, $magic:expr) => {
+        impl $crate::boundary::Handle for $t {
+            type C = $c;
+            const MAGIC: u64 = $magic;
+            fn magic(&self) -> u64 {
+                self.magic
+            }
+            fn clear_magic(&mut self) {
+                self.magic = 0xdead_dead_dead_dead;
+            }
+        }
+    };
+}
+pub(crate) use handle;
+
+/// A tiny test-and-test-and-set spinlock for per-queue data-path state (no syscalls).
+pub struct SpinLock<T> {
+    locked: std::sync::atomic::AtomicBool,
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: access to `value` is serialised by `locked` (acquire on lock, release on unlock).
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: moving the lock moves the value; T: Send.
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+/// Guard of a [`SpinLock`].
+pub struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> SpinLock<T> {
+    pub fn new(v: T) -> Self {
+        SpinLock { locked: std::sync::atomic::AtomicBool::new(false), value: std::cell::UnsafeCell::new(v) }
+    }
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        use std::sync::atomic::Ordering::*;
+        let mut spins = 0u32;
+        loop {
+            if !self.locked.load(Relaxed) && self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_ok() {
+                return SpinGuard { lock: self };
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                // Another thread holds the queue for long (e.g. between wr_start and
+                // wr_complete); stop burning the core.
+                std::thread::yield_now();
+            }
+        }
+    }
+    /// Lock without a guard (wr_start .. wr_complete span two calls).
+    pub fn raw_lock(&self) {
+        std::mem::forget(self.lock());
+    }
+    /// Release a lock taken with [`SpinLock::raw_lock`].
+    ///
+    /// # Safety
+    /// The calling thread must hold the lock through `raw_lock`.
+    pub unsafe fn raw_unlock(&self) {
+        self.locked.store(false, std::sync::atomic::Ordering::Release);
+    }
+    /// The value, assuming the lock is held through `raw_lock`.
+    ///
+    /// # Safety
+    /// The caller holds the lock via `raw_lock` and creates no other reference.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn raw_get(&self) -> &mut T {
+        // SAFETY: exclusive by the caller's lock.
+        unsafe { &mut *self.value.get() }
+    }
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard proves exclusive access.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard proves exclusive access.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// A shared mapping that is unmapped on drop.
+pub struct Mapping {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a Mapping is plain address-space ownership; access is synchronised by its users.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// mmap `len` bytes of `fd` shared read/write.
+    pub fn map_fd(fd: std::os::fd::RawFd, len: usize) -> Res<Mapping> {
+        if len == 0 {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: a fresh shared mapping at a kernel-chosen address; no existing memory touched.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own this mapping (created by map_fd) and nothing uses it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Copy a C string into a fixed `c_char` array (NUL-terminated, truncated).
+pub fn copy_cstr(dst: &mut [std::os::raw::c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as std::os::raw::c_char;
+    }
+    if let Some(d) = dst.get_mut(n) {
+        *d = 0;
+    }
+}

@@ -1,0 +1,137 @@
+//! The per-process connection to the service: one `SOCK_SEQPACKET` socket, one request in
+//! flight at a time (a mutex), the client page (doorbells) and the device list from `Hello`.
+//!
+//! The connection is made lazily by the first verb that needs it (`ibv_get_device_list`) and
+//! lives until the process exits (objects stay valid across `ibv_free_device_list`).
+use crate::boundary::{Errno, Mapping, Res};
+use pmrxe_abi::ctrl::{self, DeviceInfo, Request, Response};
+use pmrxe_abi::{ClientPage, Doorbell, ABI_VERSION, CLIENT_PAGE_LEN, CLIENT_PAGE_MAGIC};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+/// A live connection.
+pub struct Client {
+    sock: OwnedFd,
+    /// Serialises request/response pairs and holds the receive buffer.
+    io: Mutex<Vec<u8>>,
+    page: Mapping,
+    pub client_id: u32,
+    pub devices: Vec<DeviceInfo>,
+}
+
+static CLIENT: Mutex<Option<&'static Client>> = Mutex::new(None);
+
+/// The process's connection, connecting on first use.
+pub fn client() -> Res<&'static Client> {
+    let mut g = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = *g {
+        return Ok(c);
+    }
+    let c: &'static Client = Box::leak(Box::new(Client::connect()?));
+    *g = Some(c);
+    Ok(c)
+}
+
+/// The connection if one exists (verbs on objects imply one does).
+pub fn existing() -> Res<&'static Client> {
+    let g = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
+    (*g).ok_or(Errno::NODEV)
+}
+
+impl Client {
+    fn connect() -> Res<Client> {
+        let path = ctrl::socket_path(ctrl::DEFAULT_SOCKET);
+        // SAFETY: plain socket(2) call.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(Errno::last());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sockaddr_un is plain data.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let p = path.as_os_str().as_encoded_bytes();
+        if p.len() >= addr.sun_path.len() {
+            return Err(Errno(libc::ENAMETOOLONG));
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(p) {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: `addr` is a valid sockaddr_un of the given size.
+        let r = unsafe {
+            libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32)
+        };
+        if r != 0 {
+            let e = Errno::last();
+            if std::env::var_os("PMRXE_DEBUG").is_some() {
+                eprintln!("pmrxe-verbs: cannot connect to the service at {}: errno {}", path.display(), e.0);
+            }
+            return Err(e);
+        }
+        let program = std::env::args().next().unwrap_or_default();
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let mut buf = Vec::new();
+        let (resp, fds) = roundtrip(sock.as_raw_fd(), &mut buf, &Request::Hello { abi_version: ABI_VERSION, pid, program }, &[])?;
+        let (client_id, devices) = match resp {
+            Response::Hello { abi_version, client_id, devices } if abi_version == ABI_VERSION => (client_id, devices),
+            Response::Hello { .. } => return Err(Errno(libc::EPROTO)),
+            _ => return Err(Errno(libc::EPROTO)),
+        };
+        let page_fd = fds.first().ok_or(Errno(libc::EPROTO))?;
+        let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
+        let c = Client { sock, io: Mutex::new(buf), page, client_id, devices };
+        if c.page().magic != CLIENT_PAGE_MAGIC {
+            return Err(Errno(libc::EPROTO));
+        }
+        Ok(c)
+    }
+
+    /// The client page.
+    pub fn page(&self) -> &ClientPage {
+        // SAFETY: the mapping is CLIENT_PAGE_LEN bytes, page aligned, lives as long as `self`,
+        // and ClientPage fits (const-asserted in the abi crate); its shared fields are atomics.
+        unsafe { &*self.page.ptr.cast::<ClientPage>() }
+    }
+
+    /// Ring a queue's doorbell.
+    pub fn ring(&self, db: Doorbell) {
+        self.page().ring(db);
+    }
+
+    /// True once the service announced it is going away.
+    pub fn service_down(&self) -> bool {
+        self.page().service_down.load(std::sync::atomic::Ordering::Relaxed) != 0
+    }
+
+    /// One request, one response. `Response::Err` becomes `Err(errno)`.
+    pub fn call(&self, req: &Request, fds: &[RawFd]) -> Res<(Response, Vec<OwnedFd>)> {
+        let mut buf = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        roundtrip(self.sock.as_raw_fd(), &mut buf, req, fds)
+    }
+
+    /// A request whose only expected success is `Response::Ok`.
+    pub fn call_ok(&self, req: &Request) -> Res<()> {
+        match self.call(req, &[])?.0 {
+            Response::Ok => Ok(()),
+            _ => Err(Errno(libc::EPROTO)),
+        }
+    }
+}
+
+fn roundtrip(sock: RawFd, buf: &mut Vec<u8>, req: &Request, fds: &[RawFd]) -> Res<(Response, Vec<OwnedFd>)> {
+    let bytes = ctrl::encode(req)?;
+    ctrl::send_msg(sock, &bytes, fds)?;
+    let got = ctrl::recv_msg(sock, buf)?.ok_or(Errno(libc::ECONNRESET))?;
+    let resp: Response = ctrl::decode(buf)?;
+    match resp {
+        Response::Err { errno, msg } => {
+            if std::env::var_os("PMRXE_DEBUG").is_some() {
+                eprintln!("pmrxe-verbs: {req:?} -> errno {errno}: {msg}");
+            }
+            Err(Errno(if errno > 0 { errno } else { libc::EIO }))
+        }
+        r => Ok((r, got)),
+    }
+}

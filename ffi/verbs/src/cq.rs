@@ -1,0 +1,595 @@
+//! Completion queues and completion channels.
+//!
+//! Data path: the CQ segment holds a [`CqNotify`] and an SPSC ring of [`ShmCqe`] produced by
+//! the service; the shim is the consumer. `poll_cq` copies CQEs out under the CQ's spinlock
+//! and releases the slots once per call. No system call.
+//!
+//! Events: `req_notify_cq` stores the arm state into `CqNotify.armed`; when the service fires
+//! it bumps `CqNotify.events` and writes the channel's eventfd. `ibv_get_cq_event` blocks on
+//! the eventfd, then looks for CQs of the channel whose `events` advanced past what it has
+//! delivered, queueing one pending event per increment.
+use crate::boundary::{ffi_boundary, handle, nonnull, ret_count, ret_errno, ret_minus1, ret_ptr, Errno, Handle, Mapping, Res, SpinLock};
+use crate::client;
+use crate::device::ShimContext;
+use crate::sys::*;
+use pmrxe_abi::ctrl::{Request, Response};
+use pmrxe_abi::ring::Consumer;
+use pmrxe_abi::{CqNotify, ShmCqe};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// Consumer state of a CQ (under the spinlock).
+pub struct CqRing {
+    cons: Consumer<ShmCqe>,
+    /// The CQE the extended poll API (`start_poll`/`next_poll`) is positioned on.
+    cur: Option<ShmCqe>,
+}
+
+/// A CQ handle; `ibv_cq` is the prefix of `ibv_cq_ex`, so one struct serves both APIs.
+#[repr(C)]
+pub struct ShimCq {
+    pub ex: ibv_cq_ex,
+    magic: u64,
+    pub handle: u32,
+    ring: SpinLock<CqRing>,
+    notify: *const CqNotify,
+    _map: Mapping,
+    channel: *mut ShimChannel,
+    /// `CqNotify.events` value up to which events were queued for delivery.
+    events_seen: AtomicU32,
+    /// Events acknowledged with ibv_ack_cq_events.
+    acked: AtomicU32,
+}
+handle!(ShimCq, ibv_cq_ex, 0x504d_5845_4351_3031);
+
+impl ShimCq {
+    /// Recover from a plain `ibv_cq` pointer.
+    ///
+    /// # Safety
+    /// As [`Handle::from_c`].
+    pub unsafe fn from_cq<'a>(cq: *mut ibv_cq) -> Res<&'a mut ShimCq> {
+        // SAFETY: ibv_cq is the prefix of ibv_cq_ex, the first field of ShimCq.
+        unsafe { ShimCq::from_c(cq.cast()) }
+    }
+    fn notify(&self) -> &CqNotify {
+        // SAFETY: points into `_map`, which lives as long as `self`; fields are atomics.
+        unsafe { &*self.notify }
+    }
+    /// Service-side handle of a CQ pointer given by the application.
+    ///
+    /// # Safety
+    /// As [`Handle::from_c`].
+    pub unsafe fn handle_of(cq: *mut ibv_cq) -> Res<u32> {
+        // SAFETY: forwarded.
+        Ok(unsafe { ShimCq::from_cq(cq) }?.handle)
+    }
+}
+
+/// Convert a CQE to `struct ibv_wc` (field for field; values are libibverbs values).
+pub fn cqe_to_wc(e: &ShmCqe) -> ibv_wc {
+    // SAFETY: plain C data.
+    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+    wc.wr_id = e.wr_id;
+    wc.status = e.status;
+    wc.opcode = e.opcode;
+    wc.vendor_err = e.vendor_err;
+    wc.byte_len = e.byte_len;
+    wc.__bindgen_anon_1.imm_data = e.imm_or_inv;
+    wc.qp_num = e.qp_num;
+    wc.src_qp = e.src_qp;
+    wc.wc_flags = e.wc_flags;
+    wc.pkey_index = e.pkey_index;
+    wc.slid = e.slid;
+    wc.sl = e.sl;
+    wc.dlid_path_bits = e.dlid_path_bits;
+    wc
+}
+
+/// `ops.poll_cq`.
+///
+/// # Safety
+/// `wc` has room for `num_entries` entries.
+pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    ffi_boundary(-libc::EIO, || {
+        ret_count((|| {
+            // SAFETY: magic-checked.
+            let c = unsafe { ShimCq::from_cq(cq) }?;
+            if num_entries <= 0 {
+                return Ok(0);
+            }
+            if wc.is_null() {
+                return Err(Errno::INVAL);
+            }
+            let mut r = c.ring.lock();
+            let mut n = 0;
+            while n < num_entries as usize {
+                match r.cons.peek() {
+                    Ok(Some(e)) => {
+                        // SAFETY: n < num_entries, the caller's array size.
+                        unsafe { wc.add(n).write(cqe_to_wc(&e)) };
+                        r.cons.advance();
+                        n += 1;
+                    }
+                    Ok(None) => break,
+                    Err(_) => return Err(Errno::IO),
+                }
+            }
+            if n > 0 {
+                r.cons.release();
+            }
+            Ok(n as c_int)
+        })())
+    })
+}
+
+/// `ops.req_notify_cq`.
+///
+/// # Safety
+/// `cq` is ours.
+pub unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let c = unsafe { ShimCq::from_cq(cq) }?;
+            let armed = &c.notify().armed;
+            if solicited_only != 0 {
+                // "Next completion" already covers solicited ones; do not narrow it.
+                let _ = armed.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
+            } else {
+                armed.store(1, Ordering::Release);
+            }
+            Ok(())
+        })())
+    })
+}
+
+/// A completion channel.
+#[repr(C)]
+pub struct ShimChannel {
+    pub ch: ibv_comp_channel,
+    magic: u64,
+    pub handle: u32,
+    efd: OwnedFd,
+    state: Mutex<ChanState>,
+}
+handle!(ShimChannel, ibv_comp_channel, 0x504d_5845_4343_3031);
+
+#[derive(Default)]
+struct ChanState {
+    /// CQs attached to this channel (ShimCq addresses).
+    cqs: Vec<usize>,
+    /// CQs with an event not yet returned by ibv_get_cq_event.
+    pending: VecDeque<usize>,
+}
+
+/// # Safety
+/// `context` is ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    ffi_boundary(std::ptr::null_mut(), || {
+        ret_ptr((|| {
+            // SAFETY: magic-checked.
+            let c = unsafe { ShimContext::from_ctx(context) }?;
+            let (r, mut fds) = client::existing()?.call(&Request::CreateCompChannel { device: c.dev }, &[])?;
+            let Response::CompChannel { channel } = r else { return Err(Errno(libc::EPROTO)) };
+            if fds.is_empty() {
+                return Err(Errno(libc::EPROTO));
+            }
+            let efd = fds.swap_remove(0);
+            let ch = ibv_comp_channel { context, fd: efd.as_raw_fd(), refcnt: 0 };
+            Ok(Box::new(ShimChannel { ch, magic: ShimChannel::MAGIC, handle: channel, efd, state: Mutex::new(ChanState::default()) }).into_c())
+        })())
+    })
+}
+
+/// # Safety
+/// `channel` is ours and has no CQs left.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let ch = unsafe { ShimChannel::from_c(channel) }?;
+            if !ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.is_empty() {
+                return Err(Errno(libc::EBUSY));
+            }
+            client::existing()?.call_ok(&Request::DestroyCompChannel { channel: ch.handle })?;
+            // SAFETY: validated above.
+            drop(unsafe { ShimChannel::take(channel) });
+            Ok(())
+        })())
+    })
+}
+
+fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel) -> Res<Box<ShimCq>> {
+    // SAFETY: magic-checked.
+    let c = unsafe { ShimContext::from_ctx(context) }?;
+    if cqe <= 0 {
+        return Err(Errno::INVAL);
+    }
+    let ch = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: magic-checked.
+        Some(unsafe { ShimChannel::from_c(channel) }?)
+    };
+    let req = Request::CreateCq { device: c.dev, cqe: cqe as u32, channel: ch.as_ref().map(|c| c.handle) };
+    let (r, fds) = client::existing()?.call(&req, &[])?;
+    let Response::Cq { cq, cqe, layout } = r else { return Err(Errno(libc::EPROTO)) };
+    let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
+    let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
+    if layout.ring_offset >= layout.total_len || (layout.ring_offset as usize) < std::mem::size_of::<CqNotify>() {
+        return Err(Errno(libc::EPROTO));
+    }
+    // SAFETY: the ring lies inside our mapping (checked offset), which the ShimCq owns.
+    let cons = unsafe {
+        Consumer::<ShmCqe>::attach(map.ptr.add(layout.ring_offset as usize), (layout.total_len - layout.ring_offset) as usize, layout.capacity)
+    }
+    .map_err(|_| Errno(libc::EPROTO))?;
+    let notify = map.ptr.cast::<CqNotify>().cast_const();
+    // SAFETY: plain C data.
+    let mut ex: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    ex.context = context;
+    ex.channel = channel;
+    ex.cq_context = cq_context;
+    ex.handle = cq;
+    ex.cqe = cqe as c_int;
+    let start = notify_events(notify);
+    let b = Box::new(ShimCq {
+        ex,
+        magic: ShimCq::MAGIC,
+        handle: cq,
+        ring: SpinLock::new(CqRing { cons, cur: None }),
+        notify,
+        _map: map,
+        channel: ch.map(|c| c as *mut ShimChannel).unwrap_or(std::ptr::null_mut()),
+        events_seen: AtomicU32::new(start),
+        acked: AtomicU32::new(0),
+    });
+    Ok(b)
+}
+
+fn notify_events(n: *const CqNotify) -> u32 {
+    // SAFETY: `n` points into a live CQ mapping.
+    unsafe { &*n }.events.load(Ordering::Acquire)
+}
+
+fn attach_to_channel(cq: &mut ShimCq) {
+    if !cq.channel.is_null() {
+        // SAFETY: validated when the CQ was created; channels outlive their CQs (EBUSY).
+        let ch = unsafe { &*cq.channel };
+        ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.push(cq as *mut ShimCq as usize);
+    }
+}
+
+/// # Safety
+/// `context` is ours; `channel` NULL or ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    ffi_boundary(std::ptr::null_mut(), || {
+        ret_ptr(create_cq(context, cqe, cq_context, channel).map(|b| {
+            let p = Box::into_raw(b);
+            // SAFETY: fresh allocation.
+            attach_to_channel(unsafe { &mut *p });
+            p.cast::<ibv_cq>()
+        }))
+    })
+}
+
+/// Completion fields the extended CQ can report.
+const SUPPORTED_WC_FLAGS: u64 = (IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_IMM
+    | IBV_WC_EX_WITH_QP_NUM
+    | IBV_WC_EX_WITH_SRC_QP
+    | IBV_WC_EX_WITH_SLID
+    | IBV_WC_EX_WITH_SL
+    | IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
+
+/// `verbs_context.create_cq_ex`. Timestamps, CVLAN, flow tag and TM info are not available
+/// (EOPNOTSUPP, as a device without them answers).
+///
+/// # Safety
+/// `attr` readable.
+pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex {
+    ffi_boundary(std::ptr::null_mut(), || {
+        ret_ptr((|| {
+            // SAFETY: caller contract.
+            let a = unsafe { nonnull(attr) }?;
+            if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
+                return Err(Errno::OPNOTSUPP);
+            }
+            if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 || a.cqe == 0 || a.cqe > i32::MAX as u32 {
+                return Err(Errno::INVAL);
+            }
+            let mut b = create_cq(context, a.cqe as c_int, a.cq_context, a.channel)?;
+            let e = &mut b.ex;
+            e.start_poll = Some(ex_start_poll);
+            e.next_poll = Some(ex_next_poll);
+            e.end_poll = Some(ex_end_poll);
+            e.read_opcode = Some(ex_read_opcode);
+            e.read_vendor_err = Some(ex_read_vendor_err);
+            e.read_byte_len = Some(ex_read_byte_len);
+            e.read_imm_data = Some(ex_read_imm_data);
+            e.read_qp_num = Some(ex_read_qp_num);
+            e.read_src_qp = Some(ex_read_src_qp);
+            e.read_wc_flags = Some(ex_read_wc_flags);
+            e.read_slid = Some(ex_read_slid);
+            e.read_sl = Some(ex_read_sl);
+            e.read_dlid_path_bits = Some(ex_read_dlid_path_bits);
+            let p = Box::into_raw(b);
+            // SAFETY: fresh allocation.
+            attach_to_channel(unsafe { &mut *p });
+            Ok(p.cast::<ibv_cq_ex>())
+        })())
+    })
+}
+
+/// The CQ from an `ibv_cq_ex` callback (the pointer is ours by construction: only our CQs
+/// carry these callbacks).
+unsafe fn ex_cq<'a>(cq: *mut ibv_cq_ex) -> &'a mut ShimCq {
+    // SAFETY: see above.
+    unsafe { &mut *cq.cast::<ShimCq>() }
+}
+
+/// Position on the next CQE (consuming the current one); ENOENT when empty.
+fn ex_step(c: &mut ShimCq, consume_current: bool) -> c_int {
+    // SAFETY: the lock is held from start_poll to end_poll by this thread.
+    let r = unsafe { c.ring.raw_get() };
+    if consume_current && r.cur.take().is_some() {
+        r.cons.advance();
+    }
+    match r.cons.peek() {
+        Ok(Some(e)) => {
+            c.ex.wr_id = e.wr_id;
+            c.ex.status = e.status;
+            r.cur = Some(e);
+            0
+        }
+        Ok(None) => libc::ENOENT,
+        Err(_) => libc::EIO,
+    }
+}
+
+unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        // SAFETY: only our CQs have this callback.
+        let c = unsafe { ex_cq(cq) };
+        c.ring.raw_lock();
+        let rc = ex_step(c, false);
+        if rc != 0 {
+            // Per the API, end_poll is not called when start_poll fails.
+            // SAFETY: locked just above by this thread.
+            unsafe { c.ring.raw_unlock() };
+        }
+        rc
+    })
+}
+
+unsafe extern "C" fn ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: only our CQs have this callback; lock held since start_poll.
+    ffi_boundary(libc::EIO, || ex_step(unsafe { ex_cq(cq) }, true))
+}
+
+unsafe extern "C" fn ex_end_poll(cq: *mut ibv_cq_ex) {
+    ffi_boundary((), || {
+        // SAFETY: only our CQs have this callback.
+        let c = unsafe { ex_cq(cq) };
+        // SAFETY: lock held since start_poll.
+        let r = unsafe { c.ring.raw_get() };
+        if r.cur.take().is_some() {
+            r.cons.advance();
+        }
+        r.cons.release();
+        // SAFETY: held since start_poll by this thread.
+        unsafe { c.ring.raw_unlock() };
+    })
+}
+
+fn cur(cq: *mut ibv_cq_ex) -> ShmCqe {
+    // SAFETY: only our CQs have these callbacks; called between start_poll and end_poll.
+    unsafe { ex_cq(cq).ring.raw_get() }.cur.unwrap_or_default()
+}
+unsafe extern "C" fn ex_read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode {
+    cur(cq).opcode
+}
+unsafe extern "C" fn ex_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).vendor_err
+}
+unsafe extern "C" fn ex_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).byte_len
+}
+unsafe extern "C" fn ex_read_imm_data(cq: *mut ibv_cq_ex) -> __be32 {
+    cur(cq).imm_or_inv
+}
+unsafe extern "C" fn ex_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).qp_num
+}
+unsafe extern "C" fn ex_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).src_qp
+}
+unsafe extern "C" fn ex_read_wc_flags(cq: *mut ibv_cq_ex) -> std::os::raw::c_uint {
+    cur(cq).wc_flags
+}
+unsafe extern "C" fn ex_read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    u32::from(cur(cq).slid)
+}
+unsafe extern "C" fn ex_read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    cur(cq).sl
+}
+unsafe extern "C" fn ex_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    cur(cq).dlid_path_bits
+}
+
+/// # Safety
+/// `cq` is ours; no QP uses it any more.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let c = unsafe { ShimCq::from_cq(cq) }?;
+            client::existing()?.call_ok(&Request::DestroyCq { cq: c.handle })?;
+            if !c.channel.is_null() {
+                // SAFETY: channels outlive their CQs (destroy_comp_channel refuses with EBUSY).
+                let ch = unsafe { &*c.channel };
+                let me = c as *mut ShimCq as usize;
+                let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.cqs.retain(|x| *x != me);
+                st.pending.retain(|x| *x != me);
+            }
+            // SAFETY: validated above.
+            drop(unsafe { ShimCq::take(cq.cast()) });
+            Ok(())
+        })())
+    })
+}
+
+/// `ibv_resize_cq`: the ring is sized at creation; a request that fits the existing ring
+/// succeeds (and updates `cqe`), a larger one is EOPNOTSUPP (README).
+///
+/// # Safety
+/// `cq` is ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let c = unsafe { ShimCq::from_cq(cq) }?;
+            if cqe <= 0 {
+                return Err(Errno::INVAL);
+            }
+            let cap = c.ring.lock().cons.capacity();
+            if cqe as u32 > cap {
+                return Err(Errno::OPNOTSUPP);
+            }
+            c.ex.cqe = cqe;
+            Ok(())
+        })())
+    })
+}
+
+/// # Safety
+/// `channel` ours; `cq`, `cq_context` writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+    ffi_boundary(-1, || {
+        ret_minus1((|| {
+            // SAFETY: magic-checked.
+            let ch = unsafe { ShimChannel::from_c(channel) }?;
+            if cq.is_null() || cq_context.is_null() {
+                return Err(Errno::INVAL);
+            }
+            let mut idle_scans = 0u32;
+            loop {
+                {
+                    let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
+                    let found = scan(&mut st);
+                    if let Some(p) = st.pending.pop_front() {
+                        // SAFETY: CQs remove themselves from the lists before being freed.
+                        let c = unsafe { &*(p as *const ShimCq) };
+                        // SAFETY: caller-provided out pointers.
+                        unsafe {
+                            *cq = p as *mut ibv_cq;
+                            *cq_context = c.ex.cq_context;
+                        }
+                        return Ok(());
+                    }
+                    let _ = found;
+                }
+                // The service bumps `events` before writing the eventfd; re-scan a little
+                // before blocking so a wake-up that raced our previous scan is not lost.
+                if idle_scans < 64 {
+                    idle_scans += 1;
+                    if idle_scans > 1 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
+                let mut v = 0u64;
+                // SAFETY: reading 8 bytes from our eventfd into a u64.
+                let n = unsafe { libc::read(ch.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                if n < 0 {
+                    let e = Errno::last();
+                    if e.0 == libc::EINTR {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                idle_scans = 0;
+            }
+        })())
+    })
+}
+
+fn scan(st: &mut ChanState) -> bool {
+    let mut any = false;
+    for &p in &st.cqs {
+        // SAFETY: CQs in the list are alive (removed before free).
+        let c = unsafe { &*(p as *const ShimCq) };
+        let now = c.notify().events.load(Ordering::Acquire);
+        let seen = c.events_seen.swap(now, Ordering::AcqRel);
+        let delta = now.wrapping_sub(seen).min(1024);
+        for _ in 0..delta {
+            st.pending.push_back(p);
+            any = true;
+        }
+    }
+    any
+}
+
+/// # Safety
+/// `cq` is ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: std::os::raw::c_uint) {
+    ffi_boundary((), || {
+        // SAFETY: magic-checked.
+        if let Ok(c) = unsafe { ShimCq::from_cq(cq) } {
+            c.acked.fetch_add(nevents, Ordering::Relaxed);
+            c.ex.comp_events_completed = c.ex.comp_events_completed.wrapping_add(nevents);
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cqe_converts_field_for_field() {
+        let e = ShmCqe {
+            wr_id: 0x1122_3344_5566_7788,
+            status: IBV_WC_REM_ACCESS_ERR,
+            opcode: IBV_WC_RECV_RDMA_WITH_IMM,
+            vendor_err: 7,
+            byte_len: 4096,
+            imm_or_inv: 0xdead_beef,
+            qp_num: 0x11,
+            src_qp: 0x22,
+            wc_flags: IBV_WC_WITH_IMM | IBV_WC_GRH,
+            pkey_index: 3,
+            slid: 4,
+            sl: 5,
+            dlid_path_bits: 6,
+            _reserved: [0; 18],
+        };
+        let wc = cqe_to_wc(&e);
+        assert_eq!(wc.wr_id, e.wr_id);
+        assert_eq!(wc.status, IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+        assert_eq!(wc.vendor_err, 7);
+        assert_eq!(wc.byte_len, 4096);
+        // SAFETY: union of two u32.
+        assert_eq!(unsafe { wc.__bindgen_anon_1.imm_data }, 0xdead_beef);
+        assert_eq!((wc.qp_num, wc.src_qp, wc.wc_flags), (0x11, 0x22, IBV_WC_WITH_IMM | IBV_WC_GRH));
+        assert_eq!((wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits), (3, 4, 5, 6));
+    }
+}

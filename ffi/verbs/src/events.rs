@@ -1,0 +1,47 @@
+//! Asynchronous events. The context's `async_fd` is an eventfd of our own; events come from
+//! the service through `GetAsyncEvent`, which `ibv_get_async_event` polls (every 10 ms while
+//! blocking; immediately EAGAIN when the application made `async_fd` non-blocking).
+use crate::boundary::{ffi_boundary, nonnull, ret_minus1, Errno};
+use crate::client;
+use crate::device::ShimContext;
+use crate::sys::*;
+use pmrxe_abi::ctrl::{Request, Response};
+
+/// # Safety
+/// `context` ours, `event` writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> std::os::raw::c_int {
+    ffi_boundary(-1, || {
+        ret_minus1((|| {
+            // SAFETY: magic-checked; caller-provided out pointer.
+            let (c, ev) = unsafe { (ShimContext::from_ctx(context)?, nonnull(event)?) };
+            let fd = c.vctx.context.async_fd;
+            // SAFETY: fcntl on our own fd.
+            let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+            loop {
+                let (r, _) = client::existing()?.call(&Request::GetAsyncEvent, &[])?;
+                let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
+                if let Some(e) = e {
+                    // SAFETY: plain C data.
+                    *ev = unsafe { std::mem::zeroed() };
+                    ev.event_type = e.event_type;
+                    // The element is reported by number; map QP/CQ/SRQ events to our handles
+                    // is not possible without a table, so report port numbers and leave the
+                    // pointers NULL for object events (README: limits).
+                    ev.element.port_num = e.element as i32;
+                    return Ok(());
+                }
+                if nonblock {
+                    return Err(Errno::AGAIN);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })())
+    })
+}
+
+/// # Safety
+/// `event` came from `ibv_get_async_event`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+

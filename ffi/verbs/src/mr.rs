@@ -1,0 +1,458 @@
+//! Memory registration, FreeFlow style.
+//!
+//! The service can only read and write application memory that it maps too, so registering
+//! `addr..addr+len` makes that memory *shared*: for every page span of the registration not
+//! already covered by a live segment of this process we create a memfd, copy the current bytes
+//! into it, and `mremap` its mapping over the application's pages (`MREMAP_FIXED` replaces the
+//! old private pages atomically). The application's pointer keeps working and keeps its
+//! contents; the memfd goes to the service (`AddSegment`), and `RegMr` names the pieces.
+//!
+//! Invariants of [`Segments`]:
+//! * segments never overlap and are page aligned;
+//! * `refs` counts the MRs (and fast-reg mappings) whose pieces use the segment; at 0 the
+//!   segment is released to the service and forgotten (its pages stay memfd-backed, which is
+//!   harmless; a later registration of those pages makes a fresh segment from the current
+//!   contents).
+use crate::boundary::{ffi_boundary, handle, ret_errno, ret_ptr, set_errno, Errno, Handle, Res};
+use crate::client::{self, Client};
+use crate::pd::ShimPd;
+use crate::sys::*;
+use pmrxe_abi::ctrl::{Piece, Request, Response};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::raw::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+/// Page size assumed for segments.
+pub const PAGE: u64 = 4096;
+const HUGE: u64 = 2 << 20;
+
+/// Where new segments are announced (the service, or a test double).
+pub trait SegmentSink {
+    /// `AddSegment` with the memfd as fd 0.
+    fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()>;
+    /// `ReleaseSegment`.
+    fn release_segment(&self, seg: u64) -> Res<()>;
+}
+
+impl SegmentSink for Client {
+    fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()> {
+        match self.call(&Request::AddSegment { seg, base, len }, &[fd])?.0 {
+            Response::Ok => Ok(()),
+            _ => Err(Errno(libc::EPROTO)),
+        }
+    }
+    fn release_segment(&self, seg: u64) -> Res<()> {
+        self.call_ok(&Request::ReleaseSegment { seg })
+    }
+}
+
+#[derive(Debug)]
+struct Seg {
+    id: u64,
+    len: u64,
+    refs: u32,
+}
+
+/// The live segments of this process, by base address.
+#[derive(Debug, Default)]
+pub struct Segments {
+    by_base: BTreeMap<u64, Seg>,
+    next_id: u64,
+}
+
+/// The process-wide segment table.
+pub static SEGMENTS: Mutex<Segments> = Mutex::new(Segments { by_base: BTreeMap::new(), next_id: 1 });
+
+/// The page-aligned span `[start, end)` of `addr..addr+len`; EINVAL on zero length or overflow.
+pub fn page_span(addr: u64, len: u64) -> Res<(u64, u64)> {
+    if len == 0 || addr == 0 {
+        return Err(Errno::INVAL);
+    }
+    let end = addr.checked_add(len).ok_or(Errno::INVAL)?;
+    let end = end.checked_add(PAGE - 1).ok_or(Errno::INVAL)? & !(PAGE - 1);
+    Ok((addr & !(PAGE - 1), end))
+}
+
+impl Segments {
+    /// Cover `addr..addr+len` with segments (creating and announcing the missing ones) and
+    /// take one reference on each segment used. Returns the pieces in address order and the
+    /// segment ids referenced (each once).
+    pub fn cover(&mut self, sink: &dyn SegmentSink, addr: u64, len: u64) -> Res<(Vec<Piece>, Vec<u64>)> {
+        let (start, end) = page_span(addr, len)?;
+        let mut pieces = Vec::new();
+        let mut ids: Vec<u64> = Vec::new();
+        let mut cur = start;
+        let r = (|| {
+            while cur < end {
+                // A segment containing `cur`?
+                let hit = self.by_base.range(..=cur).next_back().filter(|(b, s)| **b + s.len > cur).map(|(b, s)| (*b, s.id, s.len));
+                let (base, id, seg_len) = match hit {
+                    Some(h) => h,
+                    None => {
+                        // A gap: up to the next segment or the end.
+                        let gap_end = self.by_base.range(cur..).next().map(|(b, _)| (*b).min(end)).unwrap_or(end);
+                        let id = self.next_id;
+                        let fd = share_pages(cur, gap_end - cur)?;
+                        sink.add_segment(id, cur, gap_end - cur, fd.as_raw_fd())?;
+                        self.next_id += 1;
+                        self.by_base.insert(cur, Seg { id, len: gap_end - cur, refs: 0 });
+                        (cur, id, gap_end - cur)
+                    }
+                };
+                let piece_end = (base + seg_len).min(end);
+                pieces.push(Piece { seg: id, seg_offset: cur - base, len: piece_end - cur });
+                if !ids.contains(&id) {
+                    ids.push(id);
+                    self.by_base.get_mut(&base).expect("segment just found").refs += 1;
+                }
+                cur = piece_end;
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Ok((pieces, ids)),
+            Err(e) => {
+                self.release(sink, &ids);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drop one reference on each segment; release those that reach zero.
+    pub fn release(&mut self, sink: &dyn SegmentSink, ids: &[u64]) {
+        for id in ids {
+            let Some((&base, s)) = self.by_base.iter_mut().find(|(_, s)| s.id == *id) else { continue };
+            s.refs = s.refs.saturating_sub(1);
+            if s.refs == 0 {
+                self.by_base.remove(&base);
+                // Best effort: the service also drops segments when the client goes away.
+                let _ = sink.release_segment(*id);
+            }
+        }
+    }
+
+    /// Live segments as (id, base, len, refs), for tests and debugging.
+    pub fn snapshot(&self) -> Vec<(u64, u64, u64, u32)> {
+        self.by_base.iter().map(|(b, s)| (s.id, *b, s.len, s.refs)).collect()
+    }
+}
+
+fn memfd(len: u64, huge: bool) -> Res<OwnedFd> {
+    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+    // SAFETY: plain memfd_create with a static NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"pmrxe-mr".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain ftruncate on our fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(fd)
+}
+
+/// Make the application pages `base..base+len` (page aligned) memfd-backed, keeping their
+/// contents, and return the memfd.
+fn share_pages(base: u64, len: u64) -> Res<OwnedFd> {
+    // The range must be mapped (msync fails with ENOMEM on holes); PROT_NONE pages are the
+    // caller's bug (README: limits).
+    // SAFETY: msync with MS_ASYNC only inspects the mappings.
+    if unsafe { libc::msync(base as *mut c_void, len as usize, libc::MS_ASYNC) } != 0 {
+        return Err(Errno(libc::EFAULT));
+    }
+    let huge = base % HUGE == 0 && len % HUGE == 0;
+    let attempts: &[bool] = if huge { &[true, false] } else { &[false] };
+    let mut last = Errno::NOMEM;
+    for &h in attempts {
+        let fd = match memfd(len, h) {
+            Ok(fd) => fd,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
+        let tmp = unsafe {
+            libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, fd.as_raw_fd(), 0)
+        };
+        if tmp == libc::MAP_FAILED {
+            last = Errno::last();
+            continue;
+        }
+        // SAFETY: `base..base+len` is mapped (msync above) and readable (README contract);
+        // `tmp` is our fresh mapping of the same length; they cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(base as *const u8, tmp.cast::<u8>(), len as usize) };
+        // SAFETY: moves our mapping over the application's pages; MREMAP_FIXED unmaps what
+        // was there first. The contents are identical, so the application sees no change.
+        let r = unsafe { libc::mremap(tmp, len as usize, len as usize, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, base as *mut c_void) };
+        if r == libc::MAP_FAILED {
+            last = Errno::last();
+            // SAFETY: `tmp` is still our mapping.
+            unsafe { libc::munmap(tmp, len as usize) };
+            continue;
+        }
+        return Ok(fd);
+    }
+    Err(last)
+}
+
+/// An MR handle (also used by pmrxedv fast-registration MRs).
+#[repr(C)]
+pub struct ShimMr {
+    pub mr: ibv_mr,
+    magic: u64,
+    /// Segment references held by this MR.
+    pub segs: Vec<u64>,
+    /// Fast-registration MR (pmrxedv_alloc_mr).
+    pub fast: bool,
+    pub max_num_sg: u32,
+}
+handle!(ShimMr, ibv_mr, 0x504d_5845_4d52_3031);
+
+/// Access bits the service is told about (the optional range may be ignored by a provider).
+fn required_access(access: c_uint) -> u32 {
+    // IBV_ACCESS_OPTIONAL_RANGE (verbs_api.h): bits 20..29.
+    const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+    access & !OPTIONAL_RANGE
+}
+
+fn register(sink: &Client, pd: &ShimPd, addr: u64, len: u64, iova: u64, access: u32) -> Res<(u32, Vec<u64>)> {
+    if access & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
+    // Remote write/atomic require local write (IBTA o10-37).
+    if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0 && access & IBV_ACCESS_LOCAL_WRITE == 0 {
+        return Err(Errno::INVAL);
+    }
+    let mut segs = SEGMENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let (pieces, ids) = segs.cover(sink, addr, len)?;
+    let r = sink.call(&Request::RegMr { pd: pd.pd.handle, addr, len, iova, access, pieces }, &[]);
+    match r {
+        Ok((Response::Mr { key }, _)) => Ok((key, ids)),
+        Ok(_) => {
+            segs.release(sink, &ids);
+            Err(Errno(libc::EPROTO))
+        }
+        Err(e) => {
+            segs.release(sink, &ids);
+            Err(e)
+        }
+    }
+}
+
+fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> Res<*mut ibv_mr> {
+    // SAFETY: magic-checked.
+    let p = unsafe { ShimPd::from_c(pd) }?;
+    let c = client::existing()?;
+    let (key, segs) = register(c, p, addr as u64, length as u64, iova, required_access(access))?;
+    let mr = ibv_mr { context: p.pd.context, pd, addr, length, handle: key, lkey: key, rkey: key };
+    Ok(Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs, fast: false, max_num_sg: 0 }).into_c())
+}
+
+/// # Safety
+/// `pd` is ours; `addr..addr+length` is mapped, readable application memory.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, addr as u64, access as c_uint)))
+}
+
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, iova, access)))
+}
+
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, iova, access as c_uint)))
+}
+
+/// Release an MR's key and its segment references.
+pub fn dereg(m: &mut ShimMr) -> Res<()> {
+    let c = client::existing()?;
+    c.call_ok(&Request::DeregMr { key: m.mr.lkey })?;
+    let ids = std::mem::take(&mut m.segs);
+    SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &ids);
+    Ok(())
+}
+
+/// # Safety
+/// `mr` is ours; the application no longer uses it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let m = unsafe { ShimMr::from_c(mr) }?;
+            dereg(m)?;
+            // SAFETY: validated above.
+            drop(unsafe { ShimMr::take(mr) });
+            Ok(())
+        })())
+    })
+}
+
+/// `ibv_rereg_mr`: supported as "register the new description, then drop the old one", all
+/// three flags (translation, PD, access). The keys change (README). On failure the old MR is
+/// untouched and `IBV_REREG_MR_ERR_CMD` is returned with errno set.
+///
+/// # Safety
+/// `mr` is ours; `pd` is ours when `IBV_REREG_MR_CHANGE_PD`; the new range is mapped memory.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> c_int {
+    ffi_boundary(IBV_REREG_MR_ERR_INPUT, || {
+        // SAFETY: magic-checked.
+        let Ok(m) = (unsafe { ShimMr::from_c(mr) }) else {
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        };
+        if flags as u32 & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 || flags == 0 || m.fast {
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { m.mr.pd };
+        let (new_addr, new_len) =
+            if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (m.mr.addr, m.mr.length) };
+        // Access is not stored in ibv_mr; without CHANGE_ACCESS the caller must pass the
+        // current access (documented in README).
+        let r = (|| {
+            // SAFETY: magic-checked.
+            let p = unsafe { ShimPd::from_c(new_pd) }?;
+            let c = client::existing()?;
+            let (key, segs) = register(c, p, new_addr as u64, new_len as u64, new_addr as u64, required_access(access as c_uint))?;
+            let old = ShimMr { mr: m.mr, magic: 0, segs: std::mem::replace(&mut m.segs, segs), fast: false, max_num_sg: 0 };
+            let mut old = old;
+            let _ = dereg(&mut old);
+            m.mr = ibv_mr { context: p.pd.context, pd: new_pd, addr: new_addr, length: new_len, handle: key, lkey: key, rkey: key };
+            Ok(())
+        })();
+        match r {
+            Ok(()) => 0,
+            Err(Errno(e)) => {
+                set_errno(e);
+                IBV_REREG_MR_ERR_CMD
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::boundary::Mapping;
+    use std::cell::RefCell;
+
+    /// An in-process stand-in for the service side of AddSegment/ReleaseSegment: it maps every
+    /// received memfd, exactly as the service does, so the test exercises our remap for real.
+    #[derive(Default)]
+    pub struct FakeService {
+        pub maps: RefCell<BTreeMap<u64, (u64, Mapping)>>,
+        pub released: RefCell<Vec<u64>>,
+    }
+    impl SegmentSink for FakeService {
+        fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()> {
+            let m = Mapping::map_fd(fd, len as usize)?;
+            self.maps.borrow_mut().insert(seg, (base, m));
+            Ok(())
+        }
+        fn release_segment(&self, seg: u64) -> Res<()> {
+            self.maps.borrow_mut().remove(&seg);
+            self.released.borrow_mut().push(seg);
+            Ok(())
+        }
+    }
+
+    /// Service-side view of client address `a` through the segment mappings.
+    fn peer_ptr(f: &FakeService, a: u64) -> *mut u8 {
+        let maps = f.maps.borrow();
+        let (_, (base, m)) = maps.iter().find(|(_, (b, m))| a >= *b && a < *b + m.len as u64).expect("address not shared");
+        // SAFETY: in range of the mapping (checked by find).
+        unsafe { m.ptr.add((a - base) as usize) }
+    }
+
+    #[test]
+    fn unaligned_malloc_buffer_keeps_contents_and_is_shared_both_ways() {
+        let f = FakeService::default();
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+        let mut buf = vec![0u8; 10_000];
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        let addr = buf.as_ptr() as u64 + 3;
+        let (pieces, ids) = segs.cover(&f, addr, 9000).unwrap();
+        assert_eq!(ids.len(), 1);
+        let (start, end) = page_span(addr, 9000).unwrap();
+        assert_eq!(pieces, vec![Piece { seg: ids[0], seg_offset: 0, len: end - start }]);
+        // Contents preserved, including bytes outside the registration on the same pages.
+        for (i, b) in buf.iter().enumerate() {
+            assert_eq!(*b, (i * 7) as u8, "byte {i}");
+        }
+        // The peer writes through its own mapping; the application sees it, and vice versa.
+        // SAFETY: peer_ptr returns a pointer inside a live shared mapping.
+        unsafe { *peer_ptr(&f, addr + 100) = 0xAB };
+        assert_eq!(buf[103], 0xAB);
+        buf[500] = 0xCD;
+        // SAFETY: as above.
+        assert_eq!(unsafe { *peer_ptr(&f, buf.as_ptr() as u64 + 500) }, 0xCD);
+        segs.release(&f, &ids);
+        assert_eq!(*f.released.borrow(), ids);
+        // Pages stay usable after release.
+        buf[0] = 1;
+        assert_eq!(buf[103], 0xAB);
+    }
+
+    #[test]
+    fn overlapping_registrations_reuse_segments_and_refcount() {
+        let f = FakeService::default();
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+        let layout = std::alloc::Layout::from_size_align(16 * 4096, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as u64;
+        // A: pages 2..6; B: pages 4..10 (overlaps A, extends past it); C: page 3 only.
+        let (pa, ia) = segs.cover(&f, p + 2 * 4096, 4 * 4096).unwrap();
+        assert_eq!(pa.len(), 1);
+        let (pb, ib) = segs.cover(&f, p + 4 * 4096 + 10, 6 * 4096 - 10).unwrap();
+        assert_eq!(pb.len(), 2, "{pb:?}");
+        assert_eq!(pb[0], Piece { seg: ia[0], seg_offset: 2 * 4096, len: 2 * 4096 });
+        assert_eq!(pb[1].seg_offset, 0);
+        assert_eq!(pb[1].len, 4 * 4096);
+        assert_eq!(ib.len(), 2);
+        let (pc, ic) = segs.cover(&f, p + 3 * 4096, 1).unwrap();
+        assert_eq!(pc, vec![Piece { seg: ia[0], seg_offset: 4096, len: 4096 }]);
+        // A's segment: refs A, B, C.
+        assert_eq!(segs.snapshot().iter().find(|s| s.0 == ia[0]).unwrap().3, 3);
+        segs.release(&f, &ia);
+        segs.release(&f, &ic);
+        assert!(f.released.borrow().is_empty());
+        segs.release(&f, &ib);
+        assert_eq!(f.released.borrow().len(), 2);
+        assert!(segs.snapshot().is_empty());
+        // Re-registering the same pages makes a fresh segment from the current contents.
+        // SAFETY: inside our allocation.
+        unsafe { *((p + 2 * 4096) as *mut u8) = 42 };
+        let (_, id2) = segs.cover(&f, p + 2 * 4096, 100).unwrap();
+        // SAFETY: shared mapping pointer.
+        assert_eq!(unsafe { *peer_ptr(&f, p + 2 * 4096) }, 42);
+        segs.release(&f, &id2);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+    }
+
+    #[test]
+    fn bad_ranges_are_einval_or_efault() {
+        let f = FakeService::default();
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+        assert_eq!(segs.cover(&f, 0x1000, 0).unwrap_err(), Errno::INVAL);
+        assert_eq!(segs.cover(&f, 0, 10).unwrap_err(), Errno::INVAL);
+        assert_eq!(segs.cover(&f, u64::MAX - 10, 100).unwrap_err(), Errno::INVAL);
+        // An unmapped range (low addresses are never mapped).
+        assert_eq!(segs.cover(&f, 0x10000, 4096).unwrap_err(), Errno(libc::EFAULT));
+        assert!(segs.snapshot().is_empty());
+    }
+}

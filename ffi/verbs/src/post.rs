@@ -1,0 +1,315 @@
+//! Work-request conversion: `ibv_send_wr` / `ibv_recv_wr` → shared-memory WQEs.
+//!
+//! Pure functions over the application's structs (plus handle look-ups), so they are tested
+//! without a service. Opcodes and flags keep their libibverbs values (abi `wr_opcode`,
+//! `send_flags`); the service validates them again.
+use crate::boundary::{Errno, Handle, Res};
+use crate::mr::ShimMr;
+use crate::mw::ShimMw;
+use crate::pd::ShimAh;
+use crate::sys::*;
+use pmrxe_abi::{send_flags, wr_opcode, ShmRecvWqe, ShmSendWqe, ShmSge, MAX_INLINE_DATA, MAX_RECV_SGE, MAX_SEND_SGE};
+
+/// Per-QP limits checked at post time (from the QP's granted capabilities).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline: u32,
+    /// `IBV_QPT_*` of the QP.
+    pub qp_type: u32,
+}
+
+impl Limits {
+    fn send_sge(&self) -> usize {
+        (self.max_send_sge as usize).min(MAX_SEND_SGE)
+    }
+    fn inline(&self) -> usize {
+        (self.max_inline as usize).min(MAX_INLINE_DATA)
+    }
+}
+
+/// Copy `sges` into the WQE as inline bytes (`send_flags & INLINE`).
+///
+/// # Safety
+/// Every SGE's `addr..addr+length` must be readable.
+pub unsafe fn set_inline(w: &mut ShmSendWqe, lim: &Limits, bufs: &[(u64, usize)]) -> Res<()> {
+    let total: usize = bufs.iter().try_fold(0usize, |a, (_, l)| a.checked_add(*l)).ok_or(Errno::INVAL)?;
+    if total > lim.inline() {
+        return Err(Errno::INVAL);
+    }
+    let mut off = 0;
+    for &(addr, len) in bufs {
+        if len == 0 {
+            continue;
+        }
+        if addr == 0 {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: caller guarantees the source is readable; `off + len <= total <= data.len()`.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.data.as_mut_ptr().add(off), len) };
+        off += len;
+    }
+    w.inline_len = total as u32;
+    w.num_sge = 0;
+    w.send_flags |= send_flags::INLINE;
+    Ok(())
+}
+
+/// Store SGEs in the WQE.
+pub fn set_sges(w: &mut ShmSendWqe, lim: &Limits, sges: &[ibv_sge]) -> Res<()> {
+    if sges.len() > lim.send_sge() {
+        return Err(Errno::INVAL);
+    }
+    for (i, s) in sges.iter().enumerate() {
+        w.set_sge(i, ShmSge { addr: s.addr, length: s.length, lkey: s.lkey });
+    }
+    w.num_sge = sges.len() as u32;
+    w.inline_len = 0;
+    w.send_flags &= !send_flags::INLINE;
+    Ok(())
+}
+
+/// Opcodes whose payload may be inline.
+fn may_inline(op: u32) -> bool {
+    matches!(op, wr_opcode::SEND | wr_opcode::SEND_WITH_IMM | wr_opcode::SEND_WITH_INV | wr_opcode::RDMA_WRITE | wr_opcode::RDMA_WRITE_WITH_IMM)
+}
+
+/// Fill the bind fields of a BIND_MW WQE.
+///
+/// # Safety
+/// `mw` and `info.mr` are NULL or handles of this shim.
+pub unsafe fn set_bind(w: &mut ShmSendWqe, mw: *mut ibv_mw, new_rkey: u32, info: &ibv_mw_bind_info) -> Res<()> {
+    // SAFETY: caller contract (magic-checked).
+    let mw = unsafe { ShimMw::from_c(mw) }?;
+    w.mw_key = mw.mw.rkey;
+    w.new_key = new_rkey;
+    w.mr_key = if info.mr.is_null() {
+        0 // unbind (zero-length)
+    } else {
+        // SAFETY: caller contract (magic-checked).
+        unsafe { ShimMr::from_c(info.mr) }?.mr.lkey
+    };
+    w.remote_addr = info.addr;
+    w.length = info.length;
+    w.access = info.mw_access_flags;
+    Ok(())
+}
+
+/// Convert one send WR.
+///
+/// # Safety
+/// `wr.sg_list` holds `wr.num_sge` readable entries whose buffers are readable when INLINE;
+/// handles in the WR (AH, MW, MR) are NULL or ours.
+pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> {
+    let mut w = ShmSendWqe { wr_id: wr.wr_id, opcode: wr.opcode, send_flags: wr.send_flags, ..Default::default() };
+    if wr.num_sge < 0 || (wr.num_sge > 0 && wr.sg_list.is_null()) {
+        return Err(Errno::INVAL);
+    }
+    let sges: &[ibv_sge] = if wr.num_sge == 0 {
+        &[]
+    } else {
+        // SAFETY: caller contract.
+        unsafe { std::slice::from_raw_parts(wr.sg_list, wr.num_sge as usize) }
+    };
+    // SAFETY: the unions are read according to the opcode, as the C API defines.
+    unsafe {
+        match wr.opcode {
+            wr_opcode::SEND | wr_opcode::SEND_WITH_IMM | wr_opcode::SEND_WITH_INV => {
+                w.imm_or_inv = wr.__bindgen_anon_1.imm_data; // same bits as invalidate_rkey
+            }
+            wr_opcode::RDMA_WRITE | wr_opcode::RDMA_WRITE_WITH_IMM | wr_opcode::RDMA_READ => {
+                if wr.opcode == wr_opcode::RDMA_WRITE_WITH_IMM {
+                    w.imm_or_inv = wr.__bindgen_anon_1.imm_data;
+                }
+                w.remote_addr = wr.wr.rdma.remote_addr;
+                w.rkey = wr.wr.rdma.rkey;
+            }
+            wr_opcode::ATOMIC_CMP_AND_SWP | wr_opcode::ATOMIC_FETCH_AND_ADD => {
+                w.remote_addr = wr.wr.atomic.remote_addr;
+                w.rkey = wr.wr.atomic.rkey;
+                w.compare_add = wr.wr.atomic.compare_add;
+                w.swap = wr.wr.atomic.swap;
+            }
+            wr_opcode::LOCAL_INV => {
+                w.imm_or_inv = wr.__bindgen_anon_1.invalidate_rkey;
+            }
+            wr_opcode::BIND_MW => {
+                let b = &wr.__bindgen_anon_2.bind_mw;
+                set_bind(&mut w, b.mw, b.rkey, &b.bind_info)?;
+            }
+            _ => return Err(Errno::INVAL), // TSO, DRIVER1, unknown
+        }
+        if lim.qp_type == IBV_QPT_UD {
+            if !matches!(wr.opcode, wr_opcode::SEND | wr_opcode::SEND_WITH_IMM) {
+                return Err(Errno::INVAL);
+            }
+            w.ah = ShimAh::from_c(wr.wr.ud.ah)?.ah.handle;
+            w.remote_qpn = wr.wr.ud.remote_qpn;
+            w.remote_qkey = wr.wr.ud.remote_qkey;
+        }
+    }
+    match wr.opcode {
+        wr_opcode::LOCAL_INV | wr_opcode::BIND_MW => {
+            w.send_flags &= !send_flags::INLINE;
+            w.num_sge = 0;
+        }
+        op if wr.send_flags & send_flags::INLINE != 0 && may_inline(op) => {
+            let bufs: Vec<(u64, usize)> = sges.iter().map(|s| (s.addr, s.length as usize)).collect();
+            // SAFETY: caller contract: inline buffers are readable.
+            unsafe { set_inline(&mut w, lim, &bufs) }?;
+        }
+        _ => set_sges(&mut w, lim, sges)?,
+    }
+    Ok(w)
+}
+
+/// Convert one receive WR.
+///
+/// # Safety
+/// `wr.sg_list` holds `wr.num_sge` readable entries.
+pub unsafe fn recv_wr_to_wqe(wr: &ibv_recv_wr, max_sge: u32) -> Res<ShmRecvWqe> {
+    let max = (max_sge as usize).min(MAX_RECV_SGE);
+    if wr.num_sge < 0 || wr.num_sge as usize > max || (wr.num_sge > 0 && wr.sg_list.is_null()) {
+        return Err(Errno::INVAL);
+    }
+    let mut w = ShmRecvWqe { wr_id: wr.wr_id, num_sge: wr.num_sge as u32, ..Default::default() };
+    for i in 0..wr.num_sge as usize {
+        // SAFETY: caller contract, i < num_sge.
+        let s = unsafe { &*wr.sg_list.add(i) };
+        w.sge[i] = ShmSge { addr: s.addr, length: s.length, lkey: s.lkey };
+    }
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim() -> Limits {
+        Limits { max_send_sge: 4, max_recv_sge: 2, max_inline: 64, qp_type: IBV_QPT_RC }
+    }
+    fn wr(op: u32, sg: &mut [ibv_sge], flags: u32) -> ibv_send_wr {
+        // SAFETY: plain C data.
+        let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = 77;
+        w.opcode = op;
+        w.send_flags = flags;
+        w.sg_list = sg.as_mut_ptr();
+        w.num_sge = sg.len() as i32;
+        w
+    }
+    fn sge(addr: u64, length: u32, lkey: u32) -> ibv_sge {
+        ibv_sge { addr, length, lkey }
+    }
+
+    #[test]
+    fn every_opcode_carries_its_fields() {
+        let mut sg = [sge(0x1000, 8, 5)];
+        // SEND with imm
+        let mut w = wr(IBV_WR_SEND_WITH_IMM, &mut sg, IBV_SEND_SIGNALED);
+        w.__bindgen_anon_1.imm_data = 0x0102_0304;
+        // SAFETY: sg_list valid, no inline.
+        let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+        assert_eq!((q.wr_id, q.opcode, q.send_flags, q.imm_or_inv, q.num_sge), (77, 3, 2, 0x0102_0304, 1));
+        assert_eq!(q.sge(0), ShmSge { addr: 0x1000, length: 8, lkey: 5 });
+        // WRITE / WRITE_IMM / READ
+        for op in [IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ] {
+            let mut w = wr(op, &mut sg, 0);
+            w.wr.rdma.remote_addr = 0xdead_0000;
+            w.wr.rdma.rkey = 0x4242;
+            w.__bindgen_anon_1.imm_data = 9;
+            // SAFETY: as above.
+            let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+            assert_eq!((q.opcode, q.remote_addr, q.rkey), (op, 0xdead_0000, 0x4242));
+            assert_eq!(q.imm_or_inv, if op == IBV_WR_RDMA_WRITE_WITH_IMM { 9 } else { 0 });
+        }
+        // Atomics
+        for op in [IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD] {
+            let mut w = wr(op, &mut sg, 0);
+            w.wr.atomic.remote_addr = 0x8000;
+            w.wr.atomic.rkey = 3;
+            w.wr.atomic.compare_add = 11;
+            w.wr.atomic.swap = 22;
+            // SAFETY: as above.
+            let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+            assert_eq!((q.remote_addr, q.rkey, q.compare_add, q.swap), (0x8000, 3, 11, 22));
+        }
+        // SEND_WITH_INV and LOCAL_INV carry the key; LOCAL_INV has no SGEs.
+        let mut w = wr(IBV_WR_SEND_WITH_INV, &mut sg, 0);
+        w.__bindgen_anon_1.invalidate_rkey = 0xabc;
+        // SAFETY: as above.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap().imm_or_inv, 0xabc);
+        let mut w = wr(IBV_WR_LOCAL_INV, &mut sg, IBV_SEND_FENCE);
+        w.__bindgen_anon_1.invalidate_rkey = 0x1234_56ff;
+        // SAFETY: as above.
+        let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+        assert_eq!((q.imm_or_inv, q.num_sge, q.send_flags), (0x1234_56ff, 0, IBV_SEND_FENCE));
+        // TSO / driver / unknown opcodes are refused.
+        for op in [IBV_WR_TSO, IBV_WR_DRIVER1, 99] {
+            let w = wr(op, &mut sg, 0);
+            // SAFETY: as above.
+            assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
+        }
+    }
+
+    #[test]
+    fn inline_copies_bytes_and_respects_the_limit() {
+        let a = *b"hello ";
+        let b = *b"world";
+        let mut sg = [sge(a.as_ptr() as u64, 6, 0), sge(b.as_ptr() as u64, 5, 0)];
+        let w = wr(IBV_WR_SEND, &mut sg, IBV_SEND_INLINE);
+        // SAFETY: the SGEs point at live arrays.
+        let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+        assert_eq!(q.inline_len, 11);
+        assert_eq!(&q.data[..11], b"hello world");
+        assert_eq!(q.num_sge, 0);
+        assert_ne!(q.send_flags & IBV_SEND_INLINE, 0);
+        let big = [0u8; 65];
+        let mut sg = [sge(big.as_ptr() as u64, 65, 0)];
+        let w = wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_INLINE);
+        // SAFETY: as above.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
+        // INLINE on READ is ignored (SGEs kept), as providers do.
+        let mut sg = [sge(0x2000, 4, 1)];
+        let w = wr(IBV_WR_RDMA_READ, &mut sg, IBV_SEND_INLINE);
+        // SAFETY: not dereferenced (READ).
+        let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
+        assert_eq!((q.num_sge, q.send_flags & IBV_SEND_INLINE), (1, 0));
+    }
+
+    #[test]
+    fn sge_limits_are_enforced() {
+        let mut sg: Vec<ibv_sge> = (0..5).map(|i| sge(0x1000 * i, 1, 1)).collect();
+        let w = wr(IBV_WR_SEND, &mut sg, 0);
+        // SAFETY: valid list.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
+        let mut w = wr(IBV_WR_SEND, &mut sg[..4], 0);
+        // SAFETY: valid list.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap().num_sge, 4);
+        w.num_sge = -1;
+        // SAFETY: rejected before use.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
+        // Receive side.
+        // SAFETY: plain C data.
+        let mut r: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        r.wr_id = 5;
+        r.sg_list = sg.as_mut_ptr();
+        r.num_sge = 2;
+        // SAFETY: valid list.
+        let q = unsafe { recv_wr_to_wqe(&r, 2) }.unwrap();
+        assert_eq!((q.wr_id, q.num_sge, q.sge[1].addr), (5, 2, 0x1000));
+        r.num_sge = 3;
+        // SAFETY: rejected before use.
+        assert_eq!(unsafe { recv_wr_to_wqe(&r, 2) }.unwrap_err(), Errno::INVAL);
+    }
+
+    #[test]
+    fn ud_needs_an_ah_of_ours() {
+        let mut sg = [sge(0x1000, 8, 5)];
+        let w = wr(IBV_WR_SEND, &mut sg, 0);
+        let l = Limits { qp_type: IBV_QPT_UD, ..lim() };
+        // SAFETY: NULL AH is rejected, not dereferenced.
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &l) }.unwrap_err(), Errno::INVAL);
+    }
+}

@@ -1,0 +1,463 @@
+//! Queue pairs: create (plain and extended), modify, query, destroy, and the data path
+//! (`ops.post_send`, `ops.post_recv`).
+//!
+//! Posting converts each WR ([`crate::post`]), stages it in the QP segment's ring, publishes
+//! once per call (one release store) and rings the doorbell in the client page. Each ring has
+//! one producer: a per-QP spinlock makes concurrent posters from several application threads
+//! safe without system calls.
+use crate::boundary::{ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Mapping, Res, SpinLock};
+use crate::client;
+use crate::cq::ShimCq;
+use crate::device::ShimContext;
+use crate::pd::{ah_attr_from_c, ah_attr_to_c, ShimPd};
+use crate::post::{recv_wr_to_wqe, send_wr_to_wqe, Limits};
+use crate::srq::ShimSrq;
+use crate::sys::*;
+use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
+use pmrxe_abi::ring::{Producer, PushError};
+use pmrxe_abi::{Doorbell, ShmRecvWqe, ShmSendWqe};
+use std::os::fd::AsRawFd;
+use std::os::raw::c_int;
+
+/// Send-queue producer state (under the QP's spinlock).
+pub struct SqState {
+    pub prod: Producer<ShmSendWqe>,
+    /// WQEs built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
+    pub batch: Vec<ShmSendWqe>,
+    /// First error seen by a `wr_*` builder call in the current batch.
+    pub batch_err: Option<Errno>,
+}
+
+/// A QP handle. `ibv_qp` is the first member of `ibv_qp_ex`, which is our first field.
+#[repr(C)]
+pub struct ShimQp {
+    pub ex: ibv_qp_ex,
+    magic: u64,
+    pub qpn: u32,
+    pub sq: SpinLock<SqState>,
+    rq: Option<SpinLock<Producer<ShmRecvWqe>>>,
+    _map: Mapping,
+    pub doorbell: Doorbell,
+    pub lim: Limits,
+    cap: QpCap,
+}
+handle!(ShimQp, ibv_qp_ex, 0x504d_5845_5150_3031);
+
+impl ShimQp {
+    /// Recover from a plain `ibv_qp` pointer.
+    ///
+    /// # Safety
+    /// As [`Handle::from_c`].
+    pub unsafe fn from_qp<'a>(qp: *mut ibv_qp) -> Res<&'a mut ShimQp> {
+        // SAFETY: ibv_qp is the first member of ibv_qp_ex, our first field.
+        unsafe { ShimQp::from_c(qp.cast()) }
+    }
+
+    /// Stage `wqes` and publish them; all or nothing (ENOMEM when the ring lacks room).
+    pub fn post_batch(&self, sq: &mut SqState, wqes: &[ShmSendWqe]) -> Res<()> {
+        let free = sq.prod.free().map_err(|_| Errno::IO)?;
+        if (free as usize) < wqes.len() {
+            return Err(Errno::NOMEM);
+        }
+        for w in wqes {
+            if sq.prod.stage(*w).is_err() {
+                return Err(Errno::IO);
+            }
+        }
+        sq.prod.publish();
+        self.ring()
+    }
+
+    fn ring(&self) -> Res<()> {
+        let c = client::existing()?;
+        c.ring(self.doorbell);
+        Ok(())
+    }
+}
+
+fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
+    // SAFETY: magic-checked.
+    let q = unsafe { ShimQp::from_qp(qp) }?;
+    let mut sq = q.sq.lock();
+    let mut cur = wr;
+    let mut staged = 0usize;
+    let mut result = Ok(());
+    while !cur.is_null() {
+        // SAFETY: the application's WR list (ibv_post_send contract).
+        let w = unsafe { &*cur };
+        // SAFETY: the WR's SGE list and inline buffers are the application's (same contract).
+        let r = unsafe { send_wr_to_wqe(w, &q.lim) }.and_then(|wqe| match sq.prod.stage(wqe) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full(_)) => Err(Errno::NOMEM),
+            Err(PushError::Corrupt(_)) => Err(Errno::IO),
+        });
+        if let Err(e) = r {
+            result = Err(e);
+            break;
+        }
+        staged += 1;
+        cur = w.next;
+    }
+    if staged > 0 {
+        sq.prod.publish();
+        q.ring()?;
+    }
+    if result.is_err() && !bad_wr.is_null() {
+        // SAFETY: caller-provided out pointer.
+        unsafe { *bad_wr = cur };
+    }
+    result
+}
+
+/// `ops.post_send`.
+///
+/// # Safety
+/// libibverbs `ibv_post_send` contract.
+pub unsafe extern "C" fn op_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    ffi_boundary(libc::EIO, || ret_errno(post_send(qp, wr, bad_wr)))
+}
+
+/// Post receive WRs into a receive ring (QP RQ or SRQ).
+pub fn post_recv_ring(
+    ring: &SpinLock<Producer<ShmRecvWqe>>,
+    max_sge: u32,
+    db: Doorbell,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> Res<()> {
+    let mut p = ring.lock();
+    let mut cur = wr;
+    let mut staged = 0usize;
+    let mut result = Ok(());
+    while !cur.is_null() {
+        // SAFETY: the application's WR list (ibv_post_recv contract).
+        let w = unsafe { &*cur };
+        // SAFETY: the WR's SGE list (same contract).
+        let r = unsafe { recv_wr_to_wqe(w, max_sge) }.and_then(|wqe| match p.stage(wqe) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full(_)) => Err(Errno::NOMEM),
+            Err(PushError::Corrupt(_)) => Err(Errno::IO),
+        });
+        if let Err(e) = r {
+            result = Err(e);
+            break;
+        }
+        staged += 1;
+        cur = w.next;
+    }
+    if staged > 0 {
+        p.publish();
+        client::existing()?.ring(db);
+    }
+    if result.is_err() && !bad_wr.is_null() {
+        // SAFETY: caller-provided out pointer.
+        unsafe { *bad_wr = cur };
+    }
+    result
+}
+
+/// `ops.post_recv`.
+///
+/// # Safety
+/// libibverbs `ibv_post_recv` contract.
+pub unsafe extern "C" fn op_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let q = unsafe { ShimQp::from_qp(qp) }?;
+            let Some(rq) = q.rq.as_ref() else {
+                if !bad_wr.is_null() {
+                    // SAFETY: caller-provided out pointer.
+                    unsafe { *bad_wr = wr };
+                }
+                return Err(Errno::INVAL); // the QP uses an SRQ
+            };
+            post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, wr, bad_wr)
+        })())
+    })
+}
+
+fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut ibv_qp> {
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+        return Err(Errno::INVAL);
+    }
+    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if a.comp_mask & !supported != 0 || a.create_flags != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
+    // SAFETY: magic-checked handles.
+    let pd = unsafe { ShimPd::from_c(a.pd) }?;
+    let ctx = pd.ctx()?;
+    if !context.is_null() && context != ctx.as_ctx() {
+        return Err(Errno::INVAL);
+    }
+    if !matches!(a.qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
+        return Err(Errno::OPNOTSUPP);
+    }
+    // SAFETY: magic-checked handles.
+    let (send_cq, recv_cq) = unsafe { (ShimCq::handle_of(a.send_cq)?, ShimCq::handle_of(a.recv_cq)?) };
+    let srq = if a.srq.is_null() {
+        None
+    } else {
+        // SAFETY: magic-checked.
+        Some(unsafe { ShimSrq::from_c(a.srq) }?.handle)
+    };
+    let want = QpCap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: if srq.is_some() { 0 } else { a.cap.max_recv_wr },
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: if srq.is_some() { 0 } else { a.cap.max_recv_sge },
+        max_inline_data: a.cap.max_inline_data,
+    };
+    let req = Request::CreateQp {
+        device: ctx.dev,
+        pd: pd.pd.handle,
+        qp_type: a.qp_type,
+        send_cq,
+        recv_cq,
+        srq,
+        cap: want,
+        sq_sig_all: a.sq_sig_all != 0,
+    };
+    let c = client::existing()?;
+    let (r, fds) = c.call(&req, &[])?;
+    let Response::Qp { qpn, cap, layout, doorbell } = r else { return Err(Errno(libc::EPROTO)) };
+    let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
+    let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
+    let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
+    if sq_end > layout.total_len || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
+        return Err(Errno(libc::EPROTO));
+    }
+    // SAFETY: ranges checked to lie inside the mapping, which the ShimQp owns.
+    let prod = unsafe { Producer::<ShmSendWqe>::attach(map.ptr.add(layout.sq_offset as usize), (sq_end - layout.sq_offset) as usize, layout.sq_capacity) }
+        .map_err(|_| Errno(libc::EPROTO))?;
+    let rq = if layout.rq_capacity > 0 && srq.is_none() {
+        // SAFETY: as above.
+        let p = unsafe {
+            Producer::<ShmRecvWqe>::attach(map.ptr.add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, layout.rq_capacity)
+        }
+        .map_err(|_| Errno(libc::EPROTO))?;
+        Some(SpinLock::new(p))
+    } else {
+        None
+    };
+    // SAFETY: plain C data.
+    let mut ex: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut ex.qp_base;
+    b.context = ctx.as_ctx();
+    b.qp_context = a.qp_context;
+    b.pd = a.pd;
+    b.send_cq = a.send_cq;
+    b.recv_cq = a.recv_cq;
+    b.srq = a.srq;
+    b.handle = qpn;
+    b.qp_num = qpn;
+    b.state = IBV_QPS_RESET;
+    b.qp_type = a.qp_type;
+    crate::qpex::install(&mut ex);
+    let lim = Limits { max_send_sge: cap.max_send_sge, max_recv_sge: cap.max_recv_sge, max_inline: cap.max_inline_data, qp_type: a.qp_type };
+    let batch = Vec::with_capacity(layout.sq_capacity.min(4096) as usize);
+    let q = Box::new(ShimQp {
+        ex,
+        magic: ShimQp::MAGIC,
+        qpn,
+        sq: SpinLock::new(SqState { prod, batch, batch_err: None }),
+        rq,
+        _map: map,
+        doorbell,
+        lim,
+        cap,
+    });
+    // ibv_create_qp reports the granted capabilities back through the attributes.
+    a.cap = ibv_qp_cap {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    Ok(q.into_c().cast())
+}
+
+/// # Safety
+/// `pd` ours, `attr` readable/writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    ffi_boundary(std::ptr::null_mut(), || {
+        ret_ptr((|| {
+            // SAFETY: caller contract.
+            let a = unsafe { nonnull(attr) }?;
+            // SAFETY: plain C data.
+            let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+            ex.qp_context = a.qp_context;
+            ex.send_cq = a.send_cq;
+            ex.recv_cq = a.recv_cq;
+            ex.srq = a.srq;
+            ex.cap = a.cap;
+            ex.qp_type = a.qp_type;
+            ex.sq_sig_all = a.sq_sig_all;
+            ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+            ex.pd = pd;
+            let r = create_qp(std::ptr::null_mut(), &mut ex)?;
+            a.cap = ex.cap;
+            Ok(r)
+        })())
+    })
+}
+
+/// `verbs_context.create_qp_ex`.
+///
+/// # Safety
+/// `attr` readable/writable.
+pub unsafe extern "C" fn vctx_create_qp_ex(context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    ffi_boundary(std::ptr::null_mut(), || {
+        // SAFETY: caller contract; context magic-checked.
+        ret_ptr(unsafe { ShimContext::from_ctx(context) }.and_then(|_| unsafe { nonnull(attr) }).and_then(|a| create_qp(context, a)))
+    })
+}
+
+/// `ibv_qp_to_qp_ex@1.6`: our QPs are always extended.
+///
+/// # Safety
+/// `qp` is ours.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    ffi_boundary(std::ptr::null_mut(), || {
+        // SAFETY: magic-checked.
+        ret_ptr(unsafe { ShimQp::from_qp(qp) }.map(|q| &mut q.ex as *mut ibv_qp_ex))
+    })
+}
+
+/// Convert the application's attributes (only what `mask` names is meaningful).
+pub fn qp_attr_from_c(a: &ibv_qp_attr) -> QpAttr {
+    QpAttr {
+        qp_state: a.qp_state,
+        cur_qp_state: a.cur_qp_state,
+        path_mtu: a.path_mtu,
+        path_mig_state: a.path_mig_state,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags,
+        cap: QpCap {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+        },
+        ah_attr: ah_attr_from_c(&a.ah_attr),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+    }
+}
+
+fn qp_attr_to_c(a: &QpAttr, out: &mut ibv_qp_attr) {
+    // SAFETY: plain C data.
+    *out = unsafe { std::mem::zeroed() };
+    out.qp_state = a.qp_state;
+    out.cur_qp_state = a.cur_qp_state;
+    out.path_mtu = a.path_mtu;
+    out.path_mig_state = a.path_mig_state;
+    out.qkey = a.qkey;
+    out.rq_psn = a.rq_psn;
+    out.sq_psn = a.sq_psn;
+    out.dest_qp_num = a.dest_qp_num;
+    out.qp_access_flags = a.qp_access_flags;
+    out.cap = cap_to_c(&a.cap);
+    out.ah_attr = ah_attr_to_c(&a.ah_attr);
+    out.pkey_index = a.pkey_index;
+    out.en_sqd_async_notify = a.en_sqd_async_notify;
+    out.sq_draining = a.sq_draining;
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.port_num = a.port_num;
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+}
+
+fn cap_to_c(c: &QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// # Safety
+/// `qp` ours, `attr` readable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked; caller-provided attributes.
+            let (q, a) = unsafe { (ShimQp::from_qp(qp)?, nonnull(attr)?) };
+            let mask = attr_mask as u32;
+            let cur = q.ex.qp_base.state;
+            crate::qp_state::check(q.ex.qp_base.qp_type, cur, a, mask)?;
+            client::existing()?.call_ok(&Request::ModifyQp { qpn: q.qpn, attr: qp_attr_from_c(a), mask })?;
+            if mask & IBV_QP_STATE != 0 {
+                q.ex.qp_base.state = a.qp_state;
+            }
+            Ok(())
+        })())
+    })
+}
+
+/// # Safety
+/// `qp` ours; `attr`, `init_attr` writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _attr_mask: c_int, init_attr: *mut ibv_qp_init_attr) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked; caller-provided out pointers.
+            let (q, a, ia) = unsafe { (ShimQp::from_qp(qp)?, nonnull(attr)?, nonnull(init_attr)?) };
+            let (r, _) = client::existing()?.call(&Request::QueryQp { qpn: q.qpn }, &[])?;
+            let Response::QpAttr { attr: qa, init_cap } = r else { return Err(Errno(libc::EPROTO)) };
+            qp_attr_to_c(&qa, a);
+            // The inline limit we enforce is the granted one.
+            if a.cap.max_inline_data == 0 {
+                a.cap.max_inline_data = q.cap.max_inline_data;
+            }
+            let b = &q.ex.qp_base;
+            ia.qp_context = b.qp_context;
+            ia.send_cq = b.send_cq;
+            ia.recv_cq = b.recv_cq;
+            ia.srq = b.srq;
+            ia.cap = cap_to_c(&init_cap);
+            ia.qp_type = b.qp_type;
+            ia.sq_sig_all = 0;
+            q.ex.qp_base.state = qa.qp_state;
+            Ok(())
+        })())
+    })
+}
+
+/// # Safety
+/// `qp` ours; the application no longer uses it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            // SAFETY: magic-checked.
+            let q = unsafe { ShimQp::from_qp(qp) }?;
+            client::existing()?.call_ok(&Request::DestroyQp { qpn: q.qpn })?;
+            // SAFETY: validated above.
+            drop(unsafe { ShimQp::take(qp.cast()) });
+            Ok(())
+        })())
+    })
+}

@@ -1,0 +1,239 @@
+//! The `ibv_wr_*` API: callbacks in `struct ibv_qp_ex` (all inline in `verbs.h`).
+//!
+//! `wr_start` takes the QP's send spinlock and keeps it until `wr_complete`/`wr_abort`, as
+//! providers do. Each builder appends a WQE (wr_id/flags from `qp->wr_id`/`qp->wr_flags`) to the
+//! QP's batch; `wr_set_*` complete the last one. `wr_complete` publishes the whole batch or
+//! nothing: the first builder error, or a ring without room for the batch (ENOMEM), discards it.
+use crate::boundary::{ffi_boundary, Errno};
+use crate::post::{set_bind, set_inline, set_sges};
+use crate::qp::{ShimQp, SqState};
+use crate::sys::*;
+use pmrxe_abi::{send_flags, wr_opcode, ShmSendWqe};
+use std::os::raw::{c_int, c_void};
+
+/// Fill the callbacks of a new QP.
+pub fn install(ex: &mut ibv_qp_ex) {
+    ex.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    ex.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    ex.wr_bind_mw = Some(wr_bind_mw);
+    ex.wr_local_inv = Some(wr_local_inv);
+    ex.wr_rdma_read = Some(wr_rdma_read);
+    ex.wr_rdma_write = Some(wr_rdma_write);
+    ex.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    ex.wr_send = Some(wr_send);
+    ex.wr_send_imm = Some(wr_send_imm);
+    ex.wr_send_inv = Some(wr_send_inv);
+    ex.wr_send_tso = Some(wr_send_tso);
+    ex.wr_set_ud_addr = Some(wr_set_ud_addr);
+    ex.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    ex.wr_set_inline_data = Some(wr_set_inline_data);
+    ex.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    ex.wr_set_sge = Some(wr_set_sge);
+    ex.wr_set_sge_list = Some(wr_set_sge_list);
+    ex.wr_start = Some(wr_start);
+    ex.wr_complete = Some(wr_complete);
+    ex.wr_abort = Some(wr_abort);
+    ex.wr_atomic_write = Some(wr_atomic_write);
+}
+
+/// The QP and its locked send state from a callback argument.
+///
+/// # Safety
+/// `qp` is one of our QPs (only they carry these callbacks) and the calling thread holds the
+/// send lock through `wr_start`.
+unsafe fn st<'a>(qp: *mut ibv_qp_ex) -> (&'a mut ShimQp, &'a mut SqState) {
+    // SAFETY: see above.
+    let q = unsafe { &mut *qp.cast::<ShimQp>() };
+    // SAFETY: lock held since wr_start (contract).
+    let s = unsafe { &mut *(q.sq.raw_get() as *mut SqState) };
+    (q, s)
+}
+
+fn fail(s: &mut SqState, e: Errno) {
+    s.batch_err.get_or_insert(e);
+}
+
+/// Append a WQE for `opcode` and let `f` fill the opcode fields.
+unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)) {
+    ffi_boundary((), || {
+        // SAFETY: callback contract.
+        let (q, s) = unsafe { st(qp) };
+        let mut w = ShmSendWqe { wr_id: q.ex.wr_id, opcode, send_flags: q.ex.wr_flags & !send_flags::INLINE, ..Default::default() };
+        f(&mut w);
+        if s.batch.len() >= s.prod.capacity() as usize {
+            fail(s, Errno::NOMEM);
+            return;
+        }
+        s.batch.push(w);
+    })
+}
+
+/// Modify the last WQE of the batch (EINVAL if there is none).
+unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut ShmSendWqe) -> Result<(), Errno>) {
+    ffi_boundary((), || {
+        // SAFETY: callback contract.
+        let (q, s) = unsafe { st(qp) };
+        let r = match s.batch.last_mut() {
+            Some(w) => f(q, w),
+            None => Err(Errno::INVAL),
+        };
+        if let Err(e) = r {
+            fail(s, e);
+        }
+    })
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    ffi_boundary((), || {
+        // SAFETY: only our QPs carry this callback.
+        let q = unsafe { &mut *qp.cast::<ShimQp>() };
+        q.sq.raw_lock();
+        // SAFETY: just locked.
+        let s = unsafe { q.sq.raw_get() };
+        s.batch.clear();
+        s.batch_err = None;
+    })
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        // SAFETY: callback contract.
+        let (q, s) = unsafe { st(qp) };
+        let batch = std::mem::take(&mut s.batch);
+        let r = match s.batch_err.take() {
+            Some(e) => Err(e),
+            None if batch.is_empty() => Ok(()),
+            None => q.post_batch(s, &batch),
+        };
+        s.batch = batch;
+        s.batch.clear();
+        // SAFETY: locked in wr_start by this thread.
+        unsafe { q.sq.raw_unlock() };
+        match r {
+            Ok(()) => 0,
+            Err(Errno(e)) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    ffi_boundary((), || {
+        // SAFETY: callback contract.
+        let (q, s) = unsafe { st(qp) };
+        s.batch.clear();
+        s.batch_err = None;
+        // SAFETY: locked in wr_start by this thread.
+        unsafe { q.sq.raw_unlock() };
+    })
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+    // SAFETY: callback contract.
+    unsafe {
+        build(qp, wr_opcode::ATOMIC_CMP_AND_SWP, |w| {
+            (w.rkey, w.remote_addr, w.compare_add, w.swap) = (rkey, remote_addr, compare, swap);
+        })
+    }
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+    // SAFETY: callback contract.
+    unsafe {
+        build(qp, wr_opcode::ATOMIC_FETCH_AND_ADD, |w| {
+            (w.rkey, w.remote_addr, w.compare_add) = (rkey, remote_addr, add);
+        })
+    }
+}
+unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::BIND_MW, |_| {}) };
+    // SAFETY: callback contract; `info` readable, `mw`/`info.mr` ours or rejected.
+    unsafe { last(qp, |_, w| set_bind(w, mw, rkey, info.as_ref().ok_or(Errno::INVAL)?)) };
+}
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::LOCAL_INV, |w| w.imm_or_inv = invalidate_rkey) }
+}
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::RDMA_READ, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
+}
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::RDMA_WRITE, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
+}
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: __be32) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::RDMA_WRITE_WITH_IMM, |w| (w.rkey, w.remote_addr, w.imm_or_inv) = (rkey, remote_addr, imm)) }
+}
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::SEND, |_| {}) }
+}
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: __be32) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::SEND_WITH_IMM, |w| w.imm_or_inv = imm) }
+}
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::SEND_WITH_INV, |w| w.imm_or_inv = rkey) }
+}
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::TSO, |_| {}) };
+    // SAFETY: callback contract.
+    unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
+}
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _remote_addr: u64, _atomic_wr: *const c_void) {
+    // SAFETY: callback contract.
+    unsafe { build(qp, wr_opcode::DRIVER1, |_| {}) };
+    // SAFETY: callback contract.
+    unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
+}
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
+    // SAFETY: callback contract.
+    unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
+}
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
+    // SAFETY: callback contract.
+    unsafe {
+        last(qp, |_, w| {
+            use crate::boundary::Handle;
+            w.ah = crate::pd::ShimAh::from_c(ah)?.ah.handle;
+            (w.remote_qpn, w.remote_qkey) = (remote_qpn, remote_qkey);
+            Ok(())
+        })
+    }
+}
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: callback contract.
+    unsafe { last(qp, |q, w| set_sges(w, &q.lim, &[ibv_sge { addr, length, lkey }])) }
+}
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    // SAFETY: callback contract.
+    unsafe {
+        last(qp, |q, w| {
+            if n > 0 && list.is_null() {
+                return Err(Errno::INVAL);
+            }
+            let s = if n == 0 { &[][..] } else { std::slice::from_raw_parts(list, n) };
+            set_sges(w, &q.lim, s)
+        })
+    }
+}
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    // SAFETY: callback contract; the buffer is readable (ibv_wr_set_inline_data contract).
+    unsafe { last(qp, |q, w| set_inline(w, &q.lim, &[(addr as u64, length)])) }
+}
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
+    // SAFETY: callback contract.
+    unsafe {
+        last(qp, |q, w| {
+            if n > 0 && list.is_null() {
+                return Err(Errno::INVAL);
+            }
+            let l = if n == 0 { &[][..] } else { std::slice::from_raw_parts(list, n) };
+            let bufs: Vec<(u64, usize)> = l.iter().map(|b| (b.addr as u64, b.length)).collect();
+            set_inline(w, &q.lim, &bufs)
+        })
+    }
+}
