@@ -869,6 +869,8 @@ impl Qp {
                 return;
             }
         }
+        // A cumulative ACK may retire WQEs the (rewound) network cursor had not reached yet.
+        self.req.net_cursor = self.req.net_cursor.max(self.sq_head);
         self.check_sq_drained();
     }
 
