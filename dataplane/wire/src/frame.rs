@@ -340,6 +340,7 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
     } else {
         // IBA 9.7.7: payload + pad is a whole number of 4-byte words; FIRST/MIDDLE carry
         // full-MTU payloads and so never a pad.
+        #[allow(clippy::manual_is_multiple_of)] // MSRV 1.80
         if rest % 4 != 0 || pad > rest || (info.full_mtu_payload() && pad != 0) {
             return Err(Error::BadPad);
         }

@@ -24,33 +24,54 @@ const IPV4_MAX_HDR: usize = 60;
 /// trailing 4 ICRC bytes. Never panics: headers shorter than expected are hashed as given
 /// (a caller that validated lengths never passes those).
 pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xFF; 8]);
+    // One stack buffer holds the masked IP header, UDP header and BTH, so the CRC sees
+    // two updates (masked prefix, then the payload in place): small updates are the
+    // expensive part for short packets.
+    const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN;
+    let mut buf = [0u8; IPV4_MAX_HDR + HEAD];
+    let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_8_FF);
 
-    let mut ip = [0u8; IPV4_MAX_HDR];
     let n = ip_header.len().min(IPV4_MAX_HDR);
-    ip[..n].copy_from_slice(&ip_header[..n]);
-    if n > 0 && ip[0] >> 4 == 6 {
+    buf[..n].copy_from_slice(&ip_header[..n]);
+    if n > 0 && buf[0] >> 4 == 6 {
         if n >= 8 {
-            ip[0] |= 0x0F; // low nibble of byte 0 is the top of the traffic class
-            ip[1] = 0xFF;
-            ip[2] = 0xFF;
-            ip[3] = 0xFF;
-            ip[7] = 0xFF; // hop limit
+            buf[0] |= 0x0F; // low nibble of byte 0 is the top of the traffic class
+            buf[1] = 0xFF;
+            buf[2] = 0xFF;
+            buf[3] = 0xFF;
+            buf[7] = 0xFF; // hop limit
         }
     } else {
         for &o in &ipv4::ICRC_MASKED {
             if o < n {
-                ip[o] = 0xFF;
+                buf[o] = 0xFF;
             }
         }
     }
-    h.update(&ip[..n]);
     if n < ip_header.len() {
+        // Longer than any valid IPv4 header: hash as given (only reachable with garbage).
+        h.update(&buf[..n]);
         h.update(&ip_header[n..]);
+        return finish_udp(h, udp_datagram);
     }
 
-    // UDP header + BTH, masked.
+    let m = udp_datagram.len().min(HEAD);
+    buf[n..n + m].copy_from_slice(&udp_datagram[..m]);
+    for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
+        if o < m {
+            buf[n + o] = 0xFF;
+        }
+    }
+    h.update(&buf[..n + m]);
+    h.update(&udp_datagram[m..]);
+    h.finalize()
+}
+
+/// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
+const CRC_OF_8_FF: u32 = !0xDEBB_20E3;
+
+#[cold]
+fn finish_udp(mut h: crc32fast::Hasher, udp_datagram: &[u8]) -> u32 {
     const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN;
     let mut head = [0u8; HEAD];
     let m = udp_datagram.len().min(HEAD);
@@ -73,6 +94,7 @@ mod test {
     fn seed_matches_rxe_constant() {
         // rxe seeds its CRC with 0xDEBB20E3 = the raw state after 8 x 0xFF.
         assert_eq!(!crc32fast::hash(&[0xFF; 8]), 0xDEBB20E3);
+        assert_eq!(crc32fast::hash(&[0xFF; 8]), CRC_OF_8_FF);
     }
 
     #[test]

@@ -27,6 +27,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// DMA length (of the whole message).
     #[inline]
+    #[allow(clippy::len_without_is_empty)] // a header field, not a container length
     pub fn len(&self) -> u32 {
         rd32(self.buffer.as_ref(), field::LEN)
     }

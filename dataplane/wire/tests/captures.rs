@@ -16,7 +16,7 @@ fn f1_reference_capture_parses_and_icrc_agrees() {
     let mut roce = 0;
     for (i, r) in recs.iter().enumerate() {
         match parse_frame(&r.data) {
-            Ok(f) => {
+            Ok(_) => {
                 roce += 1;
                 let mut copy = r.data.clone();
                 finish_frame(&mut copy).unwrap();

@@ -225,6 +225,7 @@ fn f4_write_of_two_mtu_plus_one() {
     let data: Vec<u8> = (0..2 * MTU + 1).map(|i| (i * 7) as u8).collect();
     let mut psn = Psn::new(0xFF_FFFF);
     let mut frames = Vec::new();
+    #[allow(clippy::explicit_counter_loop)] // the PSN is the point of the test
     for (i, chunk) in data.chunks(MTU).enumerate() {
         let n = data.len().div_ceil(MTU);
         let pos = match (i, n) {
@@ -296,7 +297,7 @@ fn malformed_pad_and_length_are_reported() {
         f[hl + 12..hl + 12 + body.len()].copy_from_slice(body);
         emit_frame_headers(&mut f, &l3, 12 + body.len()).unwrap();
         finish_frame(&mut f).unwrap();
-        assert_eq!(hl + 0, b);
+        assert_eq!(hl, b);
         f
     };
     assert_eq!(parse_frame(&build(Opcode::RC_SEND_ONLY, 0, b"abc")).unwrap_err(), Error::BadPad);
