@@ -1,1 +1,132 @@
-fn main() {}
+//! `pmrxe` — the one binary: the service, the verbs launcher and the operator tools.
+//!
+//! Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration (one line on
+//! stderr naming the field).
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(
+    name = "pmrxe",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("PMRXE_GIT_REV"), ")"),
+    about = "Userspace poll-mode software RoCEv2 data plane with a libibverbs-compatible shim",
+    long_about = "pmrxe runs RoCEv2 on pinned, busy-polling cores over DPDK ports and gives unmodified \
+libibverbs programs a verbs device (pmrxe0, pmrxe1, ...).\n\nQuick start:\n  pmrxe serve &                 # embedded default: configs/loopback.toml\n  pmrxe run -- ibv_devinfo -v   # any verbs program, unmodified\n\nPMRXE_SOCKET overrides the control socket path for every subcommand and for the shim."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the data-plane service (EAL, ports, poll-mode lcores, control socket).
+    Serve {
+        /// Configuration file (TOML). Default: the embedded loopback configuration.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Run an unmodified verbs program against the service (LD_PRELOAD of the shim).
+    Run {
+        /// Control socket of the service (default: $PMRXE_SOCKET, else the config default).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Program and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        program: Vec<String>,
+    },
+    /// Show service counters: devices/ports, lcores, QPs.
+    Stats {
+        /// Machine-readable JSON.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every N seconds until interrupted.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<f64>,
+        /// Control socket (default: $PMRXE_SOCKET, else /run/pmrxe/pmrxe.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Capture what the lcores send and receive into a pcap file.
+    Capture {
+        /// Output file (classic pcap, Ethernet).
+        #[arg(long, short)]
+        out: PathBuf,
+        /// Stop after N frames (0 = until interrupted).
+        #[arg(long, short = 'c', default_value_t = 0)]
+        count: u64,
+        /// Only frames of this QP number (either direction).
+        #[arg(long)]
+        qp: Option<u32>,
+        /// Control socket (default: $PMRXE_SOCKET, else /run/pmrxe/pmrxe.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Wire-format tools.
+    Wire {
+        #[command(subcommand)]
+        cmd: WireCmd,
+    },
+    /// Smoke-test the DPDK path: send N frames across a pair of ports and verify them.
+    PortTest {
+        /// Configuration file with at least two ports (default: embedded loopback).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Frames to send.
+        #[arg(long, default_value_t = 100_000)]
+        frames: u64,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
+    /// Native benchmark harness (no shim): message rate, bandwidth and latency on loopback.
+    Bench(cmd::bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum WireCmd {
+    /// Write one RoCEv2 packet of every opcode (RC, UC, UD; IPv4 and IPv6) to a pcap file.
+    Sample {
+        /// Output pcap file.
+        #[arg(long, short)]
+        out: PathBuf,
+        /// Seed for the randomised field values.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Validate a configuration file and print a summary.
+    Check {
+        /// The file to check.
+        file: PathBuf,
+    },
+    /// Print the embedded default configuration.
+    Default,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Serve { config } => cmd::serve::run(config),
+        Cmd::Run { socket, program } => cmd::run::run(socket, program),
+        Cmd::Stats { json, watch, socket } => cmd::stats::run(json, watch, socket),
+        Cmd::Capture { out, count, qp, socket } => cmd::stats::capture(out, count, qp, socket),
+        Cmd::Wire { cmd: WireCmd::Sample { out, seed } } => cmd::wire::sample(out, seed),
+        Cmd::PortTest { config, frames } => cmd::port_test::run(config, frames),
+        Cmd::Config { cmd: ConfigCmd::Check { file } } => cmd::config::check(file),
+        Cmd::Config { cmd: ConfigCmd::Default } => {
+            print!("{}", pmrxe_config::DEFAULT_LOOPBACK);
+            ExitCode::SUCCESS
+        }
+        Cmd::Bench(args) => cmd::bench::run(args),
+    }
+}

@@ -1,1 +1,24 @@
-//! pmrxe-runtime (being written).
+//! The pmrxe poll-mode runtime: what turns the sans-IO transport engine into a data plane.
+//!
+//! * [`lcore`]: the per-core run-to-completion loop — rx burst → parse/validate → QP
+//!   responder/completer → doorbells of owned SQs/RQs → requester → timers → tx burst — with
+//!   batching everywhere, no syscalls, locks or allocations on the fast path, and an idle
+//!   back-off for shared machines.
+//! * [`link`]: the small frame-I/O trait the loop runs on (implemented over DPDK ethdev ports
+//!   by the service, and over in-memory pipes for tests).
+//! * [`shm`]: shared-memory segments (memfd) for client rings and client memory.
+//! * [`neigh`]: static + learned ARP/ND neighbours and the ARP responder.
+//! * [`convert`]: validation/conversion of client WQEs (untrusted shared memory) into engine
+//!   WQEs, and engine CQEs into client CQEs.
+//! * [`clock`]: explicit time for the engine from a monotonic clock.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod clock;
+pub mod convert;
+pub mod dpdk;
+pub mod idle;
+pub mod lcore;
+pub mod link;
+pub mod neigh;
+pub mod shm;
+pub mod stats;

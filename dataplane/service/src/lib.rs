@@ -1,1 +1,25 @@
-//! pmrxe-service (being written).
+//! The pmrxe service (`pmrxe serve`).
+//!
+//! Start-up, in order, each step failing fast with a one-line error: validate the config →
+//! EAL → ports (ring pair, memif, af_packet/af_xdp, PCI) → the memory table → one pinned
+//! thread per configured lcore running [`pmrxe_runtime::lcore::Lcore`] → the control socket
+//! (mode 0660, stale socket replaced only if nobody answers). The control thread never runs
+//! on an lcore's CPU and is never on the fast path.
+//!
+//! Clients (the verbs shim, `pmrxe stats`) connect to the socket; each gets a session thread
+//! ([`session`]) that owns its objects and turns requests into lcore commands. A client that
+//! dies is cleaned up completely: its QPs leave the lcore, its MRs are deregistered, its
+//! segments unmapped.
+//!
+//! Stop: SIGINT/SIGTERM → lcores flush their QPs (clients see WR_FLUSH_ERR) and stop → ports
+//! stop → EAL cleanup (runtime dir removed) → socket removed.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod client;
+pub mod device;
+
+pub mod serve;
+pub mod session;
+pub mod stats;
+
+pub use serve::{serve, ServeError};

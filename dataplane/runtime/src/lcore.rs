@@ -1,0 +1,833 @@
+//! The per-core run-to-completion loop.
+//!
+//! One [`Lcore`] owns a set of devices (ports), the QPs and CQs of the clients assigned to it,
+//! and their shared-memory rings. Each iteration:
+//!
+//! 1. control commands (create/modify/destroy objects) — a lock-free `try_recv`;
+//! 2. `rx_burst` on every port → parse and validate → ARP, or dispatch by destination QPN to
+//!    the owning QP's responder/completer;
+//! 3. doorbells: swap each non-zero doorbell word of each client to 0 and drain exactly those
+//!    SQ/RQ rings into the engine (no scan of idle QPs);
+//! 4. timers (retransmit, RNR) of QPs whose deadline passed;
+//! 5. requester: every QP with something to send builds packets straight into port buffers
+//!    (headers + payload gathered from the MR; then Eth/IP/UDP + ICRC);
+//! 6. completions into client CQ rings (and a completion event for armed CQs);
+//! 7. `tx_burst`.
+//!
+//! The loop makes no system call, takes no lock and allocates nothing on this path: all
+//! vectors are reserved up front and only used within capacity, rings are shared memory,
+//! the clock is the vDSO. The exceptions are explicit and counted: idle sleeps (back-off
+//! mode, only after an empty iteration), the eventfd write for a CQ the application armed,
+//! and replies to control commands. Each iteration is a quiescent point for MR reclamation:
+//! no `MrRef` outlives the call that took it.
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use pmrxe_abi::ring::{Consumer, Producer, PushError};
+use pmrxe_abi::{
+    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
+};
+use pmrxe_mem::MemTable;
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket};
+use pmrxe_wire::{self as wire, MacAddr};
+
+use crate::clock::Clock;
+use crate::convert;
+use crate::idle::Idle;
+use crate::link::{FrameBuf, Link};
+use crate::neigh::{gid_to_ip, Neighbors};
+use crate::shm::{EventFd, Segment};
+use crate::stats::{bump, DropStats, LcoreStats};
+
+/// Frames per burst.
+pub const BURST: usize = 32;
+
+/// One device (port) as this lcore serves it.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Device index (pmrxeN).
+    pub index: u32,
+    /// Our MAC.
+    pub mac: [u8; 6],
+    /// GID table: index → GID (IPv4-mapped or IPv6).
+    pub gids: Vec<[u8; 16]>,
+    /// Ethernet MTU.
+    pub mtu: u16,
+}
+
+impl DeviceConfig {
+    fn owns_ip(&self, ip: IpAddr) -> bool {
+        self.gids.iter().any(|g| gid_to_ip(g) == ip)
+    }
+}
+
+/// A QP handed to the lcore by the control thread.
+pub struct QpSetup {
+    /// The engine QP (state RESET).
+    pub qp: Qp,
+    /// Owning client.
+    pub client: u32,
+    /// Device index.
+    pub device: u32,
+    /// The QP's ring segment.
+    pub seg: Arc<Segment>,
+    /// Where its rings are.
+    pub layout: QpSegmentLayout,
+    /// Send CQ handle.
+    pub send_cq: u32,
+    /// Receive CQ handle.
+    pub recv_cq: u32,
+    /// Doorbell slot in the client's page.
+    pub db_slot: u16,
+}
+
+/// Control commands. Replies go back on the enclosed channel.
+pub enum Cmd {
+    /// A client connected (its doorbell page).
+    AddClient { client: u32, page: Arc<Segment>, events: Sender<pmrxe_abi::ctrl::AsyncEvent> },
+    /// A client is gone: drop all its QPs and CQs (after flushing nothing: its memory is
+    /// going away). Replies when done.
+    RemoveClient { client: u32, done: Sender<()> },
+    /// A CQ and its ring segment.
+    AddCq { cq: u32, client: u32, seg: Arc<Segment>, layout: CqSegmentLayout, channel: Option<Arc<EventFd>>, done: Sender<Result<(), String>> },
+    /// Destroy a CQ (refused while a QP uses it).
+    RemoveCq { cq: u32, done: Sender<Result<(), i32>> },
+    /// A new QP.
+    AddQp { setup: Box<QpSetup>, done: Sender<Result<(), String>> },
+    /// ibv_modify_qp.
+    ModifyQp { qpn: u32, attr: Box<QpAttr>, mask: AttrMask, done: Sender<Result<(), i32>> },
+    /// ibv_query_qp.
+    QueryQp { qpn: u32, done: Sender<Option<QpAttr>> },
+    /// ibv_destroy_qp.
+    DestroyQp { qpn: u32, done: Sender<Result<(), i32>> },
+    /// An address handle for UD WQEs.
+    AddAh { ah: u32, av: AddressVector },
+    /// Drop an address handle.
+    RemoveAh { ah: u32 },
+    /// Per-QP statistics.
+    QpStats { done: Sender<Vec<(u32, pmrxe_transport::QpStats)>> },
+}
+
+struct QpSlot {
+    qp: Qp,
+    client: u32,
+    dev: usize,
+    _seg: Arc<Segment>,
+    sq: Consumer<ShmSendWqe>,
+    rq: Option<Consumer<ShmRecvWqe>>,
+    send_cq: u32,
+    recv_cq: u32,
+    stash: Option<(CqSide, Cqe)>,
+    is_ud: bool,
+    /// WQEs are waiting in a ring because the engine queue was full.
+    backlog: bool,
+}
+
+struct CqSlot {
+    client: u32,
+    seg: Arc<Segment>,
+    ring: Producer<ShmCqe>,
+    notify: *const CqNotify,
+    channel: Option<Arc<EventFd>>,
+    fresh: bool,
+    refs: u32,
+}
+
+// SAFETY: `notify` points into `seg`, which the slot keeps alive; the slot moves between
+// threads only inside a `Cmd` before the lcore owns it.
+unsafe impl Send for CqSlot {}
+
+impl CqSlot {
+    fn notify(&self) -> &CqNotify {
+        // SAFETY: offset 0 of the CQ segment holds a CqNotify (initialised by the service);
+        // the segment outlives the slot; CqNotify is all atomics.
+        unsafe { &*self.notify }
+    }
+}
+
+struct ClientSlot {
+    id: u32,
+    page: Arc<Segment>,
+    events: Sender<pmrxe_abi::ctrl::AsyncEvent>,
+    /// doorbell slot → QPN (0 = none).
+    slots: Vec<u32>,
+}
+
+impl ClientSlot {
+    fn page(&self) -> &ClientPage {
+        // SAFETY: the client page segment starts with a ClientPage the service initialised;
+        // it is all atomics and plain integers, and the Arc keeps it mapped.
+        unsafe { &*(self.page.as_ptr() as *const ClientPage) }
+    }
+}
+
+struct Port<L: Link> {
+    link: L,
+    dev: DeviceConfig,
+    rx: Vec<L::Buf>,
+    tx: Vec<L::Buf>,
+}
+
+/// Handles the control thread keeps for an lcore.
+#[derive(Clone)]
+pub struct LcoreHandle {
+    /// Command queue.
+    pub cmds: Sender<Cmd>,
+    /// Counters.
+    pub stats: Arc<LcoreStats>,
+    /// Parser drops by reason.
+    pub drops: Arc<DropStats>,
+    /// Index of this lcore (doorbell bitmap row).
+    pub index: usize,
+}
+
+/// Capture tap: frames the lcore saw, copied out only while a capture is running.
+pub trait Tap: Send {
+    /// Is a capture running? (one relaxed load per burst when off)
+    fn active(&self) -> bool;
+    /// A frame sent (`tx = true`) or received.
+    fn frame(&self, tx: bool, data: &[u8]);
+}
+
+/// A poll-mode lcore.
+pub struct Lcore<L: Link> {
+    index: usize,
+    ports: Vec<Port<L>>,
+    mem: Arc<MemTable>,
+    cmds: Receiver<Cmd>,
+    qps: Vec<Option<QpSlot>>,
+    qpn_to_slot: HashMap<u32, usize>,
+    cqs: HashMap<u32, CqSlot>,
+    clients: Vec<ClientSlot>,
+    ahs: HashMap<u32, AddressVector>,
+    neigh: Neighbors,
+    stats: Arc<LcoreStats>,
+    drops: Arc<DropStats>,
+    clock: Clock,
+    idle: Idle,
+    stop: Arc<AtomicBool>,
+    tap: Option<Box<dyn Tap>>,
+    /// Reserved scratch: QP slots that need service this iteration.
+    work: Vec<usize>,
+}
+
+/// Capacity of the per-lcore QP table.
+pub const MAX_QPS_PER_LCORE: usize = 4096;
+
+impl<L: Link> Lcore<L> {
+    /// Build an lcore over `ports` (each with its device description).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: usize,
+        ports: Vec<(L, DeviceConfig)>,
+        mem: Arc<MemTable>,
+        neighbors: &[(IpAddr, [u8; 6])],
+        idle: pmrxe_config::IdleConfig,
+        stop: Arc<AtomicBool>,
+        tap: Option<Box<dyn Tap>>,
+    ) -> (Lcore<L>, LcoreHandle) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        let stats = Arc::new(LcoreStats::default());
+        let drops = Arc::new(DropStats::default());
+        let mut neigh = Neighbors::new();
+        for (ip, mac) in neighbors {
+            neigh.add_static(*ip, *mac);
+        }
+        let ports = ports
+            .into_iter()
+            .map(|(link, dev)| Port { link, dev, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4) })
+            .collect();
+        let lc = Lcore {
+            index,
+            ports,
+            mem,
+            cmds: rx,
+            qps: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            qpn_to_slot: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            cqs: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            clients: Vec::with_capacity(256),
+            ahs: HashMap::with_capacity(1024),
+            neigh,
+            stats: stats.clone(),
+            drops: drops.clone(),
+            clock: Clock::new(),
+            idle: Idle::new(idle),
+            stop,
+            tap,
+            work: Vec::with_capacity(MAX_QPS_PER_LCORE),
+        };
+        (lc, LcoreHandle { cmds: tx, stats, drops, index })
+    }
+
+    /// Run until the stop flag is set.
+    pub fn run(&mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.clock.now();
+            let work = self.poll_once(now);
+            if work {
+                bump(&self.stats.busy_iterations, 1);
+                self.idle.work();
+            } else {
+                bump(&self.stats.idle_iterations, 1);
+                let next = self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000);
+                if self.idle.idle(next) {
+                    bump(&self.stats.idle_sleeps, 1);
+                }
+            }
+        }
+        // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
+        let now = self.clock.now();
+        for slot in self.qps.iter_mut().flatten() {
+            let mut a = QpAttr::default();
+            a.qp_state = pmrxe_transport::QpState::Err;
+            let _ = slot.qp.modify(&a, AttrMask::STATE);
+        }
+        self.deliver_completions(now);
+        for c in &self.clients {
+            c.page().service_down.store(1, Ordering::Release);
+        }
+    }
+
+    /// One loop iteration; returns whether it did any work.
+    pub fn poll_once(&mut self, now: Instant) -> bool {
+        let mut work = self.commands();
+        work |= self.receive(now);
+        work |= self.doorbells(now);
+        work |= self.timers(now);
+        work |= self.transmit(now);
+        work |= self.deliver_completions(now);
+        work |= self.flush_tx();
+        work
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.qps.iter().flatten().filter_map(|s| s.qp.poll_timeout()).min()
+    }
+
+    // ---- control ------------------------------------------------------------------------
+
+    fn commands(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            match self.cmds.try_recv() {
+                Ok(c) => {
+                    any = true;
+                    bump(&self.stats.commands, 1);
+                    self.command(c);
+                }
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => return any,
+            }
+        }
+    }
+
+    fn command(&mut self, c: Cmd) {
+        match c {
+            Cmd::AddClient { client, page, events } => {
+                self.clients.push(ClientSlot { id: client, page, events, slots: vec![0; DOORBELL_SLOTS] });
+            }
+            Cmd::RemoveClient { client, done } => {
+                let qpns: Vec<u32> = self.qps.iter().flatten().filter(|s| s.client == client).map(|s| s.qp.qpn()).collect();
+                for q in qpns {
+                    self.remove_qp(q);
+                }
+                self.cqs.retain(|_, c| c.client != client);
+                self.clients.retain(|c| c.id != client);
+                let _ = done.send(());
+            }
+            Cmd::AddCq { cq, client, seg, layout, channel, done } => {
+                // SAFETY: the service created this segment with `layout` and initialised the
+                // ring; the Arc in the slot keeps it mapped as long as the producer lives.
+                let ring = unsafe {
+                    Producer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - layout.ring_offset as usize, layout.capacity)
+                };
+                let r = ring.map(|ring| {
+                    let notify = seg.as_ptr() as *const CqNotify;
+                    self.cqs.insert(cq, CqSlot { client, seg, ring, notify, channel, fresh: false, refs: 0 });
+                });
+                let _ = done.send(r.map_err(|e| e.to_string()));
+            }
+            Cmd::RemoveCq { cq, done } => {
+                let r = match self.cqs.get(&cq) {
+                    None => Err(libc::EINVAL),
+                    Some(c) if c.refs > 0 => Err(libc::EBUSY),
+                    Some(_) => {
+                        self.cqs.remove(&cq);
+                        Ok(())
+                    }
+                };
+                let _ = done.send(r);
+            }
+            Cmd::AddQp { setup, done } => {
+                let _ = done.send(self.add_qp(*setup));
+            }
+            Cmd::ModifyQp { qpn, attr, mask, done } => {
+                let r = match self.qpn_to_slot.get(&qpn).and_then(|&i| self.qps[i].as_mut()) {
+                    None => Err(libc::EINVAL),
+                    Some(s) => s.qp.modify(&attr, mask).map_err(|_| libc::EINVAL),
+                };
+                let _ = done.send(r);
+            }
+            Cmd::QueryQp { qpn, done } => {
+                let a = self.qpn_to_slot.get(&qpn).and_then(|&i| self.qps[i].as_ref()).map(|s| s.qp.query());
+                let _ = done.send(a);
+            }
+            Cmd::DestroyQp { qpn, done } => {
+                let r = if self.remove_qp(qpn) { Ok(()) } else { Err(libc::EINVAL) };
+                let _ = done.send(r);
+            }
+            Cmd::AddAh { ah, av } => {
+                self.ahs.insert(ah, av);
+            }
+            Cmd::RemoveAh { ah } => {
+                self.ahs.remove(&ah);
+            }
+            Cmd::QpStats { done } => {
+                let v = self.qps.iter().flatten().map(|s| (s.qp.qpn(), s.qp.stats().clone())).collect();
+                let _ = done.send(v);
+            }
+        }
+    }
+
+    fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
+        let dev = self.ports.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
+        if !self.cqs.contains_key(&s.send_cq) || !self.cqs.contains_key(&s.recv_cq) {
+            return Err("unknown CQ".into());
+        }
+        let ci = self.clients.iter().position(|c| c.id == s.client).ok_or("unknown client")?;
+        if s.db_slot as usize >= DOORBELL_SLOTS || self.clients[ci].slots[s.db_slot as usize] != 0 {
+            return Err("doorbell slot in use".into());
+        }
+        let base = s.seg.as_ptr();
+        let len = s.seg.len();
+        // SAFETY: the service laid the segment out with `layout` and initialised both rings;
+        // the slot keeps the segment alive as long as the consumers.
+        let sq = unsafe { Consumer::<ShmSendWqe>::attach(base.add(s.layout.sq_offset as usize), len - s.layout.sq_offset as usize, s.layout.sq_capacity) }
+            .map_err(|e| e.to_string())?;
+        let rq = if s.layout.rq_capacity > 0 {
+            // SAFETY: as above.
+            Some(unsafe { Consumer::<ShmRecvWqe>::attach(base.add(s.layout.rq_offset as usize), len - s.layout.rq_offset as usize, s.layout.rq_capacity) }.map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        let qpn = s.qp.qpn();
+        let is_ud = s.qp.qp_type() == QpType::Ud;
+        let slot = QpSlot { qp: s.qp, client: s.client, dev, _seg: s.seg, sq, rq, send_cq: s.send_cq, recv_cq: s.recv_cq, stash: None, is_ud, backlog: false };
+        let idx = match self.qps.iter().position(Option::is_none) {
+            Some(i) => {
+                self.qps[i] = Some(slot);
+                i
+            }
+            None => {
+                self.qps.push(Some(slot));
+                self.qps.len() - 1
+            }
+        };
+        self.qpn_to_slot.insert(qpn, idx);
+        self.clients[ci].slots[s.db_slot as usize] = qpn;
+        for cq in [s.send_cq, s.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.refs += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_qp(&mut self, qpn: u32) -> bool {
+        let Some(idx) = self.qpn_to_slot.remove(&qpn) else { return false };
+        let Some(slot) = self.qps[idx].take() else { return false };
+        for cq in [slot.send_cq, slot.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.refs = c.refs.saturating_sub(1);
+            }
+        }
+        if let Some(c) = self.clients.iter_mut().find(|c| c.id == slot.client) {
+            for s in c.slots.iter_mut().filter(|s| **s == qpn) {
+                *s = 0;
+            }
+        }
+        true
+    }
+
+    // ---- receive ------------------------------------------------------------------------
+
+    fn receive(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for pi in 0..self.ports.len() {
+            let mut rx = std::mem::take(&mut self.ports[pi].rx);
+            let n = self.ports[pi].link.rx_burst(&mut rx, BURST);
+            if n > 0 {
+                any = true;
+                bump(&self.stats.rx_packets, n as u64);
+                for buf in rx.drain(..) {
+                    let data = buf.data();
+                    bump(&self.stats.rx_bytes, data.len() as u64);
+                    if let Some(t) = &self.tap {
+                        if t.active() {
+                            t.frame(false, data);
+                        }
+                    }
+                    self.on_frame(pi, now, data);
+                }
+            }
+            self.ports[pi].rx = rx;
+        }
+        any
+    }
+
+    fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8]) {
+        match wire::parse_frame(data) {
+            Ok(f) => {
+                if !self.ports[pi].dev.owns_ip(f.dst_ip) {
+                    bump(&self.stats.rx_not_for_us, 1);
+                    return;
+                }
+                self.neigh.learn(f.src_ip, f.src_mac.0);
+                let qpn = f.headers.bth.dest_qp.into();
+                let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    return;
+                };
+                let Some(slot) = self.qps[idx].as_mut() else { return };
+                if slot.dev != pi {
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    return;
+                }
+                let mut pkt = RxPacket::new(f.headers, f.payload);
+                pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
+                pkt.dst_gid = crate::neigh::ip_to_gid(f.dst_ip);
+                pkt.src_udp_port = f.udp_sport;
+                pkt.traffic_class = f.tclass;
+                pkt.hop_limit = f.ttl;
+                pkt.flow_label = f.flow_label;
+                slot.qp.handle_packet(now, &pkt, &*self.mem, None);
+            }
+            Err(wire::Error::Arp) => self.on_arp(pi, data),
+            Err(e) => {
+                if e == wire::Error::BadIcrc {
+                    bump(&self.stats.rx_icrc_errors, 1);
+                } else if matches!(e, wire::Error::NotIp | wire::Error::NotUdp | wire::Error::NotRoce | wire::Error::Icmpv6) {
+                    bump(&self.stats.rx_not_for_us, 1);
+                } else {
+                    bump(&self.stats.rx_malformed, 1);
+                }
+                bump(&self.drops.by_reason[e.index()], 1);
+            }
+        }
+    }
+
+    fn on_arp(&mut self, pi: usize, data: &[u8]) {
+        let Ok((_, a)) = wire::arp::parse_arp_frame(data) else {
+            bump(&self.stats.rx_malformed, 1);
+            return;
+        };
+        self.neigh.learn(IpAddr::V4(a.source_ip), a.source_mac.0);
+        let dev = &self.ports[pi].dev;
+        if a.operation != wire::ArpOp::Request || !dev.owns_ip(IpAddr::V4(a.target_ip)) {
+            return;
+        }
+        let reply = wire::ArpRepr {
+            operation: wire::ArpOp::Reply,
+            source_mac: MacAddr(dev.mac),
+            source_ip: a.target_ip,
+            target_mac: a.source_mac,
+            target_ip: a.source_ip,
+        };
+        let mac = dev.mac;
+        let port = &mut self.ports[pi];
+        let Some(mut b) = port.link.alloc() else {
+            bump(&self.stats.tx_alloc_failures, 1);
+            return;
+        };
+        let Some(buf) = b.resize(60) else { return };
+        buf.fill(0);
+        if wire::arp::emit_arp_frame(buf, MacAddr(mac), &reply).is_ok() && port.tx.len() < port.tx.capacity() {
+            port.tx.push(b);
+            bump(&self.stats.arp_replies, 1);
+        }
+    }
+
+    // ---- doorbells ----------------------------------------------------------------------
+
+    fn doorbells(&mut self, now: Instant) -> bool {
+        self.work.clear();
+        for c in &self.clients {
+            let page = c.page();
+            for w in 0..DOORBELL_WORDS {
+                let word = &page.doorbell[self.index % pmrxe_abi::MAX_LCORES][w];
+                if word.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let mut bits = word.swap(0, Ordering::Acquire);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let qpn = c.slots[w * 64 + b];
+                    if let Some(&i) = self.qpn_to_slot.get(&qpn) {
+                        if self.work.len() < self.work.capacity() {
+                            self.work.push(i);
+                        }
+                    }
+                }
+            }
+        }
+        let mut any = false;
+        for k in 0..self.work.len() {
+            let i = self.work[k];
+            any |= self.drain_rings(i, now);
+        }
+        any
+    }
+
+    fn drain_rings(&mut self, i: usize, now: Instant) -> bool {
+        let ahs = &self.ahs;
+        let Some(s) = self.qps[i].as_mut() else { return false };
+        let mut any = false;
+        s.backlog = false;
+        // Receive WQEs first so a SEND arriving in the same burst finds them.
+        if let Some(rq) = s.rq.as_mut() {
+            loop {
+                match rq.peek() {
+                    Ok(Some(w)) => {
+                        any = true;
+                        match convert::recv_wqe(&w) {
+                            Ok(r) => {
+                                if s.qp.post_recv(r).is_err() {
+                                    s.backlog = true;
+                                    break; // full: leave it in the ring, retry next iteration
+                                }
+                            }
+                            Err(_) => {
+                                bump(&self.stats.bad_wqes, 1);
+                                fatal(&mut s.qp);
+                            }
+                        }
+                        rq.advance();
+                        bump(&self.stats.rq_wqes, 1);
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        bump(&self.stats.ring_corrupt, 1);
+                        fatal(&mut s.qp);
+                        break;
+                    }
+                }
+            }
+            rq.release();
+        }
+        loop {
+            match s.sq.peek() {
+                Ok(Some(w)) => {
+                    any = true;
+                    match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud) {
+                        Ok(wqe) => {
+                            if let Err(e) = s.qp.post_send(now, wqe) {
+                                if e == pmrxe_transport::PostError::QueueFull {
+                                    s.backlog = true;
+                                    break; // retry when completions free space
+                                }
+                                bump(&self.stats.bad_wqes, 1);
+                                fatal(&mut s.qp);
+                            }
+                        }
+                        Err(_) => {
+                            bump(&self.stats.bad_wqes, 1);
+                            fatal(&mut s.qp);
+                        }
+                    }
+                    s.sq.advance();
+                    bump(&self.stats.sq_wqes, 1);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    bump(&self.stats.ring_corrupt, 1);
+                    fatal(&mut s.qp);
+                    break;
+                }
+            }
+        }
+        s.sq.release();
+        any
+    }
+
+    // ---- timers, transmit, completions --------------------------------------------------
+
+    fn timers(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for s in self.qps.iter_mut().flatten() {
+            if let Some(t) = s.qp.poll_timeout() {
+                if t <= now {
+                    s.qp.handle_timeout(now, &*self.mem);
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    fn transmit(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for i in 0..self.qps.len() {
+            // Leftover SQ entries that did not fit earlier: pull them now that space may exist.
+            let backlog = matches!(&self.qps[i], Some(s) if s.sq_has_backlog());
+            if backlog {
+                any |= self.drain_rings(i, now);
+            }
+            let Some(s) = self.qps[i].as_mut() else { continue };
+            if !s.qp.wants_transmit() {
+                continue;
+            }
+            let port = &mut self.ports[s.dev];
+            let mut budget = BURST;
+            while budget > 0 && port.tx.len() < port.tx.capacity() {
+                budget -= 1;
+                let Some(mut b) = port.link.alloc() else {
+                    bump(&self.stats.tx_alloc_failures, 1);
+                    break;
+                };
+                let cap = b.capacity();
+                let Some(buf) = b.resize(cap) else { break };
+                // Build for the address family of the QP's path: reserve the larger header
+                // room and move the frame start later if it is IPv4.
+                let hl6 = wire::frame_header_len(true);
+                let room = cap.saturating_sub(hl6 + wire::ICRC_LEN);
+                let Some(t) = s.qp.poll_transmit(now, &*self.mem, &mut buf[hl6..hl6 + room]) else { break };
+                any = true;
+                let dst_ip = gid_to_ip(&t.av.dgid);
+                let dev = &port.dev;
+                let src_ip = dev.gids.get(t.av.sgid_index as usize).map(gid_to_ip).unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+                let v6 = dst_ip.is_ipv6();
+                let dmac = t.av.dmac.or_else(|| self.neigh.lookup(dst_ip));
+                let Some(dmac) = dmac else {
+                    bump(&self.stats.tx_no_neighbor, 1);
+                    continue; // the engine's retransmission recovers once ARP resolves
+                };
+                let l3 = wire::L3Info {
+                    src_mac: MacAddr(dev.mac),
+                    dst_mac: MacAddr(dmac),
+                    src_ip,
+                    dst_ip,
+                    tclass: t.av.traffic_class,
+                    ttl: if t.av.hop_limit == 0 { 64 } else { t.av.hop_limit },
+                    flow_label: t.av.flow_label,
+                    udp_sport: wire::udp_sport(t.av.flow_label, t.src_qpn, t.dest_qpn),
+                    ip_id: 0,
+                };
+                let hl = wire::frame_header_len(v6);
+                let start = hl6 - hl;
+                let total = hl + t.len + wire::ICRC_LEN;
+                let frame = &mut buf[start..start + total];
+                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame(frame).is_err() {
+                    bump(&self.stats.rx_malformed, 1);
+                    continue;
+                }
+                if start > 0 {
+                    buf.copy_within(start..start + total, 0);
+                }
+                let _ = b.resize(total);
+                if let Some(tap) = &self.tap {
+                    if tap.active() {
+                        tap.frame(true, b.data());
+                    }
+                }
+                port.tx.push(b);
+            }
+        }
+        any
+    }
+
+    fn deliver_completions(&mut self, _now: Instant) -> bool {
+        let mut any = false;
+        for s in self.qps.iter_mut().flatten() {
+            loop {
+                let next = s.stash.take().or_else(|| s.qp.poll_completion());
+                let Some((side, c)) = next else { break };
+                let cqn = if side == CqSide::Send { s.send_cq } else { s.recv_cq };
+                let Some(cq) = self.cqs.get_mut(&cqn) else { break };
+                match cq.ring.stage(convert::cqe(&c)) {
+                    Ok(()) => {
+                        any = true;
+                        cq.fresh = true;
+                        bump(&self.stats.cqes, 1);
+                    }
+                    Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
+                        s.stash = Some((side, c));
+                        bump(&self.stats.cq_full, 1);
+                        break;
+                    }
+                }
+            }
+            while let Some(ev) = s.qp.poll_event() {
+                if let Some(c) = self.clients.iter().find(|c| c.id == s.client) {
+                    let _ = c.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element: s.qp.qpn() });
+                }
+            }
+        }
+        for cq in self.cqs.values_mut() {
+            if !cq.fresh {
+                continue;
+            }
+            cq.fresh = false;
+            cq.ring.publish();
+            if cq.notify().armed.load(Ordering::Relaxed) != 0 && cq.notify().armed.swap(0, Ordering::AcqRel) != 0 {
+                cq.notify().events.fetch_add(1, Ordering::Release);
+                if let Some(ch) = &cq.channel {
+                    ch.signal();
+                    bump(&self.stats.cq_events, 1);
+                }
+            }
+            let _ = &cq.seg;
+        }
+        any
+    }
+
+    fn flush_tx(&mut self) -> bool {
+        let mut any = false;
+        for p in &mut self.ports {
+            if p.tx.is_empty() {
+                continue;
+            }
+            any = true;
+            let bytes: usize = p.tx.iter().map(|b| b.data().len()).sum();
+            let want = p.tx.len();
+            let sent = p.link.tx_burst(&mut p.tx);
+            bump(&self.stats.tx_packets, sent as u64);
+            if sent == want {
+                bump(&self.stats.tx_bytes, bytes as u64);
+            } else {
+                bump(&self.stats.tx_backpressure, 1);
+                let left: usize = p.tx.iter().map(|b| b.data().len()).sum();
+                bump(&self.stats.tx_bytes, (bytes - left) as u64);
+            }
+        }
+        any
+    }
+}
+
+impl QpSlot {
+    fn sq_has_backlog(&self) -> bool {
+        self.backlog
+    }
+}
+
+fn fatal(qp: &mut Qp) {
+    let mut a = QpAttr::default();
+    a.qp_state = pmrxe_transport::QpState::Err;
+    let _ = qp.modify(&a, AttrMask::STATE);
+}
+
+/// `enum ibv_event_type` code of an engine event.
+pub fn event_code(ev: pmrxe_transport::AsyncEvent) -> u32 {
+    use pmrxe_transport::AsyncEvent as E;
+    match ev {
+        E::QpFatal => 1,
+        E::QpRequestError => 2,
+        E::QpAccessError => 3,
+        E::CommEstablished => 4,
+        E::SqDrained => 5,
+        E::SrqLimitReached { .. } => 15,
+        E::LastWqeReached => 16,
+    }
+}

@@ -1,0 +1,111 @@
+//! Per-lcore counters: written by the lcore with relaxed stores, read by the control thread.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $f:ident,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Default)]
+        pub struct $name { $($(#[$fm])* pub $f: AtomicU64,)* }
+        paste_snapshot!($name { $($f,)* });
+    };
+}
+macro_rules! paste_snapshot {
+    ($name:ident { $($f:ident,)* }) => {
+        /// A plain copy of the counters.
+        #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+        pub struct Snapshot { $(pub $f: u64,)* }
+        impl $name {
+            /// Read every counter.
+            pub fn snapshot(&self) -> Snapshot {
+                Snapshot { $($f: self.$f.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Counters of one lcore (all its ports and QPs).
+    LcoreStats {
+        /// Loop iterations that found work.
+        busy_iterations,
+        /// Loop iterations that found none.
+        idle_iterations,
+        /// Idle sleeps taken (back-off mode).
+        idle_sleeps,
+        /// Frames received.
+        rx_packets,
+        /// Bytes received.
+        rx_bytes,
+        /// Frames transmitted.
+        tx_packets,
+        /// Bytes transmitted.
+        tx_bytes,
+        /// RoCE frames with a bad ICRC (dropped).
+        rx_icrc_errors,
+        /// Frames dropped by the parser for any other reason.
+        rx_malformed,
+        /// Frames that were not for us (other IP, not RoCE, not ARP/ND).
+        rx_not_for_us,
+        /// RoCE frames for an unknown QPN (dropped).
+        rx_unknown_qp,
+        /// ARP requests answered.
+        arp_replies,
+        /// Transmit buffer allocation failures.
+        tx_alloc_failures,
+        /// Frames that could not be sent because no neighbour MAC is known.
+        tx_no_neighbor,
+        /// Frames the port refused (retried next iteration).
+        tx_backpressure,
+        /// Send WQEs taken from client rings.
+        sq_wqes,
+        /// Receive WQEs taken from client rings.
+        rq_wqes,
+        /// Client WQEs rejected by validation (QP moved to error).
+        bad_wqes,
+        /// Completions written to client CQs.
+        cqes,
+        /// Times a CQ was full and a completion had to wait.
+        cq_full,
+        /// Completion events signalled (eventfd writes).
+        cq_events,
+        /// Corrupt ring indices seen (client misbehaviour).
+        ring_corrupt,
+        /// Control commands handled.
+        commands,
+    }
+}
+
+/// Parser drop counters by wire error kind.
+#[derive(Debug)]
+pub struct DropStats {
+    /// One counter per `pmrxe_wire::Error::index()`.
+    pub by_reason: Vec<AtomicU64>,
+}
+
+impl Default for DropStats {
+    fn default() -> Self {
+        DropStats { by_reason: (0..pmrxe_wire::Error::COUNT).map(|_| AtomicU64::new(0)).collect() }
+    }
+}
+
+impl DropStats {
+    /// (reason, count) for every non-zero counter.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        self.by_reason
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let v = c.load(Ordering::Relaxed);
+                (v > 0).then(|| (pmrxe_wire::Error::name_of(i).unwrap_or("unknown"), v))
+            })
+            .collect()
+    }
+}
+
+/// Increment a counter (relaxed; the lcore is the only writer).
+#[inline]
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}

@@ -1,0 +1,229 @@
+//! `pmrxe serve`: start-up, the accept loop and clean shutdown.
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pmrxe_config::Config;
+use pmrxe_mem::{MemLimits, MemTable};
+use pmrxe_port::{Eal, EalConfig};
+use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
+
+use crate::device;
+use pmrxe_runtime::dpdk::DpdkLink;
+use crate::session::{self, Shared};
+use crate::stats::{Capture, CaptureTap, ServiceStats};
+
+/// Why the service could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// DPDK EAL or a port.
+    #[error("{0}")]
+    Port(#[from] pmrxe_port::PortError),
+    /// The control socket.
+    #[error("control socket {path}: {source}")]
+    Socket {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Another service answers on the socket.
+    #[error("control socket {0}: another pmrxe service is running there")]
+    InUse(PathBuf),
+    /// Lcore threads.
+    #[error("lcore {0}: {1}")]
+    Lcore(u32, String),
+    /// Signals.
+    #[error("signal setup: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Run the service until SIGINT/SIGTERM. Returns after a clean stop.
+pub fn serve(cfg: Config) -> Result<(), ServeError> {
+    let sigs = block_signals().map_err(ServeError::Signal)?;
+    let sock_path = cfg.socket_path();
+    // Refuse early if a live service already owns the socket.
+    if UnixStream::connect(&sock_path).is_ok() {
+        return Err(ServeError::InUse(sock_path));
+    }
+    let eal = Eal::init(&EalConfig::from_config(&cfg))?;
+    let ports = pmrxe_port::open_ports(&cfg, &eal)?;
+    let mem = Arc::new(MemTable::new(MemLimits {
+        max_mr: cfg.limits.max_mr,
+        max_mw: cfg.limits.max_mw,
+        max_fast_reg_pages: cfg.limits.max_fast_reg_pages,
+        max_mr_size: cfg.limits.max_mr_size,
+        ..MemLimits::default()
+    }));
+    let devices: Vec<_> = ports.iter().enumerate().map(|(i, p)| {
+        let mac = cfg.ports[i].mac.map(|m| m.octets()).unwrap_or_else(|| pmrxe_port::Port::mac(p).octets());
+        device::device_info(&cfg, i, mac)
+    }).collect();
+    let nl = cfg.lcores.cores.len().max(1);
+    let device_lcore: Vec<usize> = (0..devices.len()).map(|i| i % nl).collect();
+    let neighbors: Vec<(IpAddr, [u8; 6])> = cfg.neighbors.iter().map(|n| (n.ip, n.mac.octets())).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let capture = Arc::new(Capture::default());
+
+    // Build each lcore with its ports, then pin and start it.
+    let mut per_lcore: Vec<Vec<(DpdkLink, DeviceConfig)>> = (0..nl).map(|_| Vec::new()).collect();
+    for (i, p) in ports.into_iter().enumerate() {
+        let d = &devices[i];
+        per_lcore[device_lcore[i]].push((
+            DpdkLink::new(p),
+            DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu },
+        ));
+    }
+    let mut handles = Vec::new();
+    let mut threads = Vec::new();
+    for (li, links) in per_lcore.into_iter().enumerate() {
+        let core = cfg.lcores.cores.get(li).copied().unwrap_or(0);
+        let (mut lc, h) = Lcore::new(li, links, mem.clone(), &neighbors, cfg.service.idle.clone(), stop.clone(), Some(Box::new(CaptureTap(capture.clone()))));
+        handles.push(h);
+        let eal_ref = eal.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("pmrxe-lcore{li}"))
+            .spawn(move || {
+                if !core_affinity::set_for_current(core_affinity::CoreId { id: core as usize }) {
+                    tracing::warn!(core, "could not pin lcore {li} to its CPU");
+                }
+                let _reg = eal_ref.register_thread();
+                lc.run();
+                drop(lc); // ports stop/close with their last handle
+            })
+            .map_err(|e| ServeError::Lcore(core, e.to_string()))?;
+        threads.push(t);
+    }
+    // The control thread stays off the lcore CPUs.
+    let _ = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.lcores.main_core as usize });
+
+    let listener = bind_socket(&sock_path)?;
+    let clients: Arc<Mutex<std::collections::HashMap<u32, (i32, String)>>> = Default::default();
+    let shared = Arc::new(Shared {
+        devices: devices.clone(),
+        device_lcore,
+        lcores: handles.clone(),
+        mem,
+        next_handle: AtomicU32::new(1),
+        next_qpn: AtomicU32::new(0x11),
+        clients: Mutex::new(Default::default()),
+        stats: Arc::new(ServiceStats {
+            lcores: handles,
+            devices: devices.iter().map(|d| d.name.clone()).collect(),
+            started: std::time::Instant::now(),
+            capture: capture.clone(),
+            clients: {
+                let c = clients.clone();
+                Arc::new(move || c.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect())
+            },
+        }),
+        capture,
+    });
+    tracing::info!(socket = %sock_path.display(), devices = devices.len(), lcores = nl, "pmrxe serving");
+
+    // Accept clients until a signal arrives (the listener is non-blocking; the control thread
+    // sleeps between polls — it is never on the fast path).
+    listener.set_nonblocking(true).map_err(|e| ServeError::Socket { path: sock_path.clone(), source: e })?;
+    let sig = loop {
+        if let Some(s) = pending_signal(&sigs) {
+            break s;
+        }
+        match listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let sh = shared.clone();
+                let _ = std::thread::Builder::new().name("pmrxe-client".into()).spawn(move || session::run(sh, s));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => tracing::warn!("accept: {e}"),
+        }
+        if threads.iter().any(|t| t.is_finished()) {
+            tracing::error!("an lcore thread exited unexpectedly; stopping");
+            break 0;
+        }
+    };
+    tracing::info!(signal = sig, "stopping");
+    stop.store(true, Ordering::Release);
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = std::fs::remove_file(&sock_path);
+    drop(shared);
+    drop(eal);
+    Ok(())
+}
+
+fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Socket { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+    }
+    // A stale socket (nobody answered above) is replaced.
+    let _ = std::fs::remove_file(path);
+    // SOCK_SEQPACKET: std has no constructor, so bind with libc and wrap.
+    let fd = seqpacket_listener(path).map_err(err)?;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
+    Ok(fd)
+}
+
+fn seqpacket_listener(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket syscall.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket we own; UnixListener only needs a listening AF_UNIX fd
+    // (accept works the same for SEQPACKET).
+    let l = unsafe { UnixListener::from_raw_fd(fd) };
+    let len = (core::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    if unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listening on our bound socket.
+    if unsafe { libc::listen(fd, 128) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(l)
+}
+
+/// Block SIGINT/SIGTERM in this thread (and every thread spawned after), so they are only
+/// ever received synchronously by the control loop.
+fn block_signals() -> std::io::Result<libc::sigset_t> {
+    // SAFETY: sigset manipulation on a local set, then pthread_sigmask for this thread.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(set)
+    }
+}
+
+fn pending_signal(set: &libc::sigset_t) -> Option<i32> {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: sigtimedwait with a zero timeout on our blocked set; no info requested.
+    let s = unsafe { libc::sigtimedwait(set, core::ptr::null_mut(), &ts) };
+    (s > 0).then_some(s)
+}

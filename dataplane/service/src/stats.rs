@@ -1,0 +1,198 @@
+//! `pmrxe stats` and `pmrxe capture`, service side.
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{bounded, Receiver, Sender};
+use pmrxe_runtime::lcore::{Cmd, LcoreHandle, Tap};
+use serde_json::json;
+
+/// Something that can render the service's counters.
+pub trait StatsSource: Send + Sync {
+    /// Text table or JSON.
+    fn render(&self, json: bool) -> String;
+}
+
+/// Counters from the lcores, their ports and QPs.
+pub struct ServiceStats {
+    /// Lcores.
+    pub lcores: Vec<LcoreHandle>,
+    /// Device names by index.
+    pub devices: Vec<String>,
+    /// Start time.
+    pub started: Instant,
+    /// Capture counters.
+    pub capture: Arc<Capture>,
+    /// Connected clients (id → pid, program).
+    pub clients: Arc<dyn Fn() -> Vec<(u32, i32, String)> + Send + Sync>,
+}
+
+fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
+    json!({
+        "qpn": qpn,
+        "tx_packets": s.tx_packets, "tx_bytes": s.tx_bytes, "rx_packets": s.rx_packets,
+        "retransmits": s.retransmits, "retries": s.retries, "timeouts": s.timeouts,
+        "seq_naks_sent": s.seq_naks_sent, "seq_naks_received": s.seq_naks_received,
+        "rnr_naks_sent": s.rnr_naks_sent, "rnr_naks_received": s.rnr_naks_received,
+        "err_naks_sent": s.err_naks_sent, "err_naks_received": s.err_naks_received,
+        "acks_sent": s.acks_sent, "acks_received": s.acks_received,
+        "duplicates": s.duplicates, "read_replays": s.read_replays, "atomic_replays": s.atomic_replays,
+        "rkey_violations": s.rkey_violations, "local_op_executions": s.local_op_executions,
+        "local_op_reexecutions": s.local_op_reexecutions, "dropped": s.dropped,
+        "completions_by_status": s.completions.iter().enumerate().filter(|(_, &v)| v > 0)
+            .map(|(i, v)| (i.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+impl StatsSource for ServiceStats {
+    fn render(&self, as_json: bool) -> String {
+        let mut lcores = Vec::new();
+        for lc in &self.lcores {
+            let (tx, rx) = bounded(1);
+            let qps = if lc.cmds.send(Cmd::QpStats { done: tx }).is_ok() {
+                rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let snap = lc.stats.snapshot();
+            let busy = snap.busy_iterations as f64;
+            let total = (snap.busy_iterations + snap.idle_iterations).max(1) as f64;
+            lcores.push(json!({
+                "index": lc.index,
+                "load": busy / total,
+                "counters": serde_json::to_value(&snap).unwrap_or_default(),
+                "drops_by_reason": lc.drops.snapshot().into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "qps": qps.iter().map(|(q, s)| qp_json(*q, s)).collect::<Vec<_>>(),
+            }));
+        }
+        let v = json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "devices": self.devices,
+            "clients": (self.clients)().into_iter().map(|(id, pid, p)| json!({"id": id, "pid": pid, "program": p})).collect::<Vec<_>>(),
+            "lcores": lcores,
+            "capture": { "active": self.capture.active(), "frames": self.capture.frames.load(Ordering::Relaxed), "dropped": self.capture.dropped.load(Ordering::Relaxed) },
+        });
+        if as_json {
+            return serde_json::to_string_pretty(&v).unwrap_or_default();
+        }
+        let mut out = String::new();
+        out.push_str(&format!("pmrxe: up {:.1} s, devices {}\n", v["uptime_s"].as_f64().unwrap_or(0.0), self.devices.join(", ")));
+        for l in v["lcores"].as_array().into_iter().flatten() {
+            out.push_str(&format!("lcore {} load {:.1}%\n", l["index"], l["load"].as_f64().unwrap_or(0.0) * 100.0));
+            if let Some(c) = l["counters"].as_object() {
+                for (k, val) in c {
+                    if val.as_u64().unwrap_or(0) > 0 {
+                        out.push_str(&format!("  {k:<20} {val}\n"));
+                    }
+                }
+            }
+            for (k, val) in l["drops_by_reason"].as_object().into_iter().flatten() {
+                out.push_str(&format!("  drop {k:<15} {val}\n"));
+            }
+            for q in l["qps"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "  qp {:#08x}: tx {} rx {} retransmits {} seq-naks {}/{} rnr-naks {}/{} dup {} rkey-viol {}\n",
+                    q["qpn"].as_u64().unwrap_or(0), q["tx_packets"], q["rx_packets"], q["retransmits"], q["seq_naks_sent"],
+                    q["seq_naks_received"], q["rnr_naks_sent"], q["rnr_naks_received"], q["duplicates"], q["rkey_violations"]
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Live capture: lcores copy frames into a bounded queue only while a capture runs; a writer
+/// thread turns them into pcap on the client's fd.
+#[derive(Default)]
+pub struct Capture {
+    on: AtomicBool,
+    qpn: AtomicU64, // u64::MAX = any
+    tx: Mutex<Option<Sender<(Duration, Vec<u8>)>>>,
+    /// Frames written.
+    pub frames: AtomicU64,
+    /// Frames dropped because the writer fell behind.
+    pub dropped: AtomicU64,
+    origin: std::sync::OnceLock<Instant>,
+}
+
+impl Capture {
+    /// Is a capture running?
+    pub fn active(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Start capturing `count` frames (0 = until the reader goes away) into `fd` as pcap.
+    pub fn start(self: &Arc<Self>, fd: OwnedFd, count: u64, qpn: Option<u32>) -> Result<(), String> {
+        let mut slot = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.active() {
+            return Err("a capture is already running".into());
+        }
+        let (tx, rx): (Sender<(Duration, Vec<u8>)>, Receiver<_>) = bounded(4096);
+        *slot = Some(tx);
+        self.qpn.store(qpn.map_or(u64::MAX, u64::from), Ordering::Relaxed);
+        let _ = self.origin.get_or_init(Instant::now);
+        self.on.store(true, Ordering::Release);
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("pmrxe-capture".into())
+            .spawn(move || {
+                let file = File::from(fd);
+                let mut n = 0u64;
+                if let Ok(mut w) = pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(file), false) {
+                    let _ = w.flush();
+                    while let Ok((ts, frame)) = rx.recv() {
+                        if w.write_frame(ts, &frame).is_err() {
+                            break;
+                        }
+                        n += 1;
+                        me.frames.fetch_add(1, Ordering::Relaxed);
+                        if rx.is_empty() && w.flush().is_err() {
+                            break;
+                        }
+                        if count > 0 && n >= count {
+                            break;
+                        }
+                    }
+                    let _ = w.flush();
+                    let _ = w.into_inner().flush();
+                }
+                me.on.store(false, Ordering::Release);
+                *me.tx.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// The lcore side of the capture.
+pub struct CaptureTap(pub Arc<Capture>);
+
+impl Tap for CaptureTap {
+    fn active(&self) -> bool {
+        self.0.active()
+    }
+    fn frame(&self, _tx: bool, data: &[u8]) {
+        let want = self.0.qpn.load(Ordering::Relaxed);
+        if want != u64::MAX {
+            match pmrxe_wire::parse_frame(data) {
+                Ok(f) if u64::from(u32::from(f.headers.bth.dest_qp)) == want => {}
+                _ => return,
+            }
+        }
+        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let guard = self.0.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = guard.as_ref() {
+            if tx.try_send((ts, data.to_vec())).is_err() {
+                self.0.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Write the pcap stream from `src` to `dst` (the `pmrxe capture` client helper).
+pub fn copy_stream(mut src: impl std::io::Read, mut dst: impl Write) -> std::io::Result<u64> {
+    std::io::copy(&mut src, &mut dst)
+}
