@@ -212,6 +212,13 @@ pub struct ShimMr {
 }
 handle!(ShimMr, ibv_mr, 0x504d_5845_4d52_3031);
 
+impl ShimMr {
+    /// A fast-registration MR (pmrxedv) with no segments yet.
+    pub fn new_fast(mr: ibv_mr, max_num_sg: u32) -> Box<ShimMr> {
+        Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs: Vec::new(), fast: true, max_num_sg })
+    }
+}
+
 /// Access bits the service is told about (the optional range may be ignored by a provider).
 fn required_access(access: c_uint) -> u32 {
     // IBV_ACCESS_OPTIONAL_RANGE (verbs_api.h): bits 20..29.
