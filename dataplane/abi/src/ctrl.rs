@@ -78,7 +78,8 @@ pub struct PortAttr {
 pub struct GidEntry {
     pub index: u32,
     pub gid: [u8; 16],
-    /// `enum ibv_gid_type` values of rdma-core: 0 = IB/RoCE v1, 1 = RoCE v2.
+    /// `enum ibv_gid_type` of `verbs.h`: 0 = IB, 1 = RoCE v1, 2 = RoCE v2 (the shim derives the
+    /// sysfs flavour for `ibv_query_gid_type` from it).
     pub gid_type: u32,
 }
 

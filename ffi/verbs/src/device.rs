@@ -386,7 +386,7 @@ pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, 
 }
 
 /// `ibv_query_gid_type@IBVERBS_PRIVATE_34` (ibv_devinfo): the sysfs flavour of the type
-/// (0 = IB/RoCE v1, 1 = RoCE v2).
+/// (`enum ibv_gid_type_sysfs`: 0 = IB/RoCE v1, 1 = RoCE v2).
 ///
 /// # Safety
 /// `type_` is writable.
@@ -396,7 +396,11 @@ pub unsafe extern "C" fn ibv_query_gid_type(context: *mut ibv_context, port_num:
         let r = (|| {
             // SAFETY: magic-checked context; caller-provided out pointer.
             let (c, out) = unsafe { (ShimContext::from_ctx(context)?, nonnull(type_)?) };
-            *out = gid_of(c, port_num, index as c_int)?.map(|g| g.gid_type).unwrap_or(0);
+            // enum ibv_gid_type → sysfs: RoCE v2 = 1, IB / RoCE v1 = 0.
+            *out = match gid_of(c, port_num, index as c_int)?.map(|g| g.gid_type) {
+                Some(IBV_GID_TYPE_ROCE_V2) => 1,
+                _ => 0,
+            };
             Ok(())
         })();
         crate::boundary::ret_minus1(r)
@@ -432,10 +436,11 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             e.gid_index = gid_index;
             e.port_num = port_num;
             // sysfs type → enum ibv_gid_type on an Ethernet port.
-            e.gid_type = if c.info()?.port.link_layer == IBV_LINK_LAYER_ETHERNET as u8 {
-                if g.gid_type == 1 { IBV_GID_TYPE_ROCE_V2 } else { IBV_GID_TYPE_ROCE_V1 }
-            } else {
-                IBV_GID_TYPE_IB
+            // The service reports enum ibv_gid_type; an "IB" GID on an Ethernet port is RoCE v1.
+            let eth = c.info()?.port.link_layer == IBV_LINK_LAYER_ETHERNET as u8;
+            e.gid_type = match g.gid_type {
+                IBV_GID_TYPE_IB if eth => IBV_GID_TYPE_ROCE_V1,
+                t => t,
             };
             // SAFETY: checked size above.
             unsafe { *entry = e };
