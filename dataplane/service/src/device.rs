@@ -77,9 +77,9 @@ pub fn device_info(cfg: &Config, index: usize, mac: [u8; 6]) -> DeviceInfo {
             hw_ver: 0,
             max_qp: l.max_qp,
             max_qp_wr: l.max_qp_wr.min(pmrxe_transport::qp::MAX_QP_WR),
-            // RC_RNR_NAK_GEN | SHUTDOWN_PORT | PORT_ACTIVE_EVENT | SYS_IMAGE_GUID |
-            // MEM_WINDOW | MEM_MGT_EXTENSIONS | MEM_WINDOW_TYPE_2B
-            device_cap_flags: (1 << 12) | (1 << 7) | (1 << 15) | (1 << 10) | (1 << 17) | (1 << 21) | (1 << 24),
+            // CURR_QP_STATE_MOD | PORT_ACTIVE_EVENT | SYS_IMAGE_GUID | RC_RNR_NAK_GEN |
+            // MEM_WINDOW | MEM_MGT_EXTENSIONS | MEM_WINDOW_TYPE_2B (IBV_DEVICE_* bits)
+            device_cap_flags: (1 << 7) | (1 << 10) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24),
             max_sge: l.max_sge.min(ENGINE_MAX_SGE),
             max_sge_rd: l.max_sge.min(ENGINE_MAX_SGE),
             max_cq: l.max_cq,
