@@ -77,7 +77,8 @@ static void setup(struct side *s, const char *dev)
 		DIE("%s: query_gid", dev);
 }
 
-static void to_rts(struct side *s, struct side *peer, uint32_t psn)
+/* rq_psn must equal the peer's sq_psn. */
+static void to_rts(struct side *s, struct side *peer, uint32_t rq_psn, uint32_t sq_psn)
 {
 	struct ibv_qp_attr a;
 
@@ -95,7 +96,7 @@ static void to_rts(struct side *s, struct side *peer, uint32_t psn)
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = peer->qp->qp_num;
-	a.rq_psn = psn;
+	a.rq_psn = rq_psn;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 1;
@@ -108,7 +109,7 @@ static void to_rts(struct side *s, struct side *peer, uint32_t psn)
 		DIE("RTR: %s", strerror(errno));
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = psn;
+	a.sq_psn = sq_psn;
 	a.timeout = 14;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
@@ -120,8 +121,8 @@ static void to_rts(struct side *s, struct side *peer, uint32_t psn)
 
 static void connect_pair(struct side *a, struct side *b, uint32_t psn)
 {
-	to_rts(a, b, psn);
-	to_rts(b, a, psn + 1000);
+	to_rts(a, b, psn + 1000, psn);
+	to_rts(b, a, psn, psn + 1000);
 }
 
 /* Wait for one completion on s->cq; return its status. */
@@ -186,6 +187,21 @@ int main(void)
 	fmr = pmrxedv_alloc_mr(A.pd, 4);
 	if (!bmr || !fmr)
 		DIE("reg/alloc_mr: %s", strerror(errno));
+
+	/* 0. sanity: the pair works with an ordinary MR (separates transport from fast-reg) */
+	{
+		struct ibv_mr *amr = ibv_reg_mr(A.pd, abuf + 3 * PAGE, PAGE, IBV_ACCESS_LOCAL_WRITE |
+						IBV_ACCESS_REMOTE_WRITE);
+		if (!amr)
+			DIE("reg_mr A: %s", strerror(errno));
+		memset(bbuf, 0x11, 64);
+		st = rdma(&B, IBV_WR_RDMA_WRITE, bmr, bbuf, 64, (uintptr_t)abuf + 3 * PAGE, amr->rkey, 5);
+		CHECK(st == IBV_WC_SUCCESS && abuf[3 * PAGE] == 0x11, "WRITE into an ordinary MR: %s",
+		      ibv_wc_status_str(st));
+		CHECK(ibv_dereg_mr(amr) == 0, "dereg ordinary MR");
+		if (failures)
+			DIE("the QP pair does not work; not testing fast registration");
+	}
 
 	/* 1. two pages, RW, key byte 1 */
 	sg.addr = (uintptr_t)abuf;

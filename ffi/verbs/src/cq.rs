@@ -179,6 +179,17 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
                 return Err(Errno(libc::EPROTO));
             }
             let efd = fds.swap_remove(0);
+            // `channel->fd` is blocking by default in libibverbs; applications that want
+            // non-blocking reads set O_NONBLOCK themselves (and then get EAGAIN). The service may
+            // have created its eventfd non-blocking, and the flag lives in the shared file
+            // description, so clear it here (an eventfd write of 1 never blocks in practice).
+            // SAFETY: fcntl on an fd we own.
+            unsafe {
+                let fl = libc::fcntl(efd.as_raw_fd(), libc::F_GETFL);
+                if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+                    libc::fcntl(efd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                }
+            }
             let ch = ibv_comp_channel { context, fd: efd.as_raw_fd(), refcnt: 0 };
             Ok(Box::new(ShimChannel { ch, magic: ShimChannel::MAGIC, handle: channel, efd, state: Mutex::new(ChanState::default()) }).into_c())
         })())

@@ -283,7 +283,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, len
 /// Release an MR's key and its segment references.
 pub fn dereg(m: &mut ShimMr) -> Res<()> {
     let c = client::existing()?;
-    c.call_ok(&Request::DeregMr { key: m.mr.lkey })?;
+    // The key the MR was created with (a fast-reg MR's lkey changes with its key byte).
+    c.call_ok(&Request::DeregMr { key: m.mr.handle })?;
     let ids = std::mem::take(&mut m.segs);
     SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &ids);
     Ok(())
