@@ -74,7 +74,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     for (i, p) in ports.into_iter().enumerate() {
         let d = &devices[i];
         per_lcore[device_lcore[i]].push((
-            DpdkLink::new(p),
+            // `[faults]`: a seeded injector on every port's receive side (seed + port index).
+            DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add(i as u64), ..f.into() })),
             DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu },
         ));
     }
