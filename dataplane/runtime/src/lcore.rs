@@ -689,11 +689,10 @@ impl<L: Link> Lcore<L> {
                 };
                 let cap = b.capacity();
                 let Some(buf) = b.resize(cap) else { break };
-                // Build for the address family of the QP's path: reserve the larger header
-                // room and move the frame start later if it is IPv4.
-                let hl6 = wire::frame_header_len(true);
-                let room = cap.saturating_sub(hl6 + wire::ICRC_LEN);
-                let Some(t) = s.qp.poll_transmit(now, &*self.mem, &mut buf[hl6..hl6 + room]) else { break };
+                // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
+                // prepended into the headroom afterwards, so the payload is written once.
+                let room = cap.saturating_sub(wire::ICRC_LEN);
+                let Some(t) = s.qp.poll_transmit(now, &*self.mem, &mut buf[..room]) else { break };
                 any = true;
                 let dst_ip = gid_to_ip(&t.av.dgid);
                 let dev = &port.dev;
@@ -716,17 +715,17 @@ impl<L: Link> Lcore<L> {
                     ip_id: 0,
                 };
                 let hl = wire::frame_header_len(v6);
-                let start = hl6 - hl;
-                let total = hl + t.len + wire::ICRC_LEN;
-                let frame = &mut buf[start..start + total];
-                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame(frame).is_err() {
-                    bump(&self.stats.rx_malformed, 1);
+                if b.resize(t.len + wire::ICRC_LEN).is_none() {
                     continue;
                 }
-                if start > 0 {
-                    buf.copy_within(start..start + total, 0);
+                let Some(frame) = b.prepend(hl) else {
+                    bump(&self.stats.tx_alloc_failures, 1);
+                    continue;
+                };
+                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame(frame).is_err() {
+                    bump(&self.stats.tx_build_errors, 1);
+                    continue;
                 }
-                let _ = b.resize(total);
                 if let Some(tap) = &self.tap {
                     if tap.active() {
                         tap.frame(true, b.data());

@@ -14,9 +14,16 @@ pub trait FrameBuf {
     /// Make the frame exactly `len` bytes long and return them for writing (`None` if the
     /// buffer cannot hold `len`).
     fn resize(&mut self, len: usize) -> Option<&mut [u8]>;
-    /// Largest frame the buffer can hold.
+    /// Largest frame the buffer can hold from its current start.
     fn capacity(&self) -> usize;
+    /// Grow the frame at the front by `len` bytes (into the headroom) and return the whole
+    /// frame; `None` if the headroom is too small. Lets the lcore write transport headers and
+    /// payload first and put Eth/IP/UDP in front without moving the payload.
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]>;
 }
+
+/// Headroom a [`VecBuf`] keeps in front of the frame (like DPDK's RTE_PKTMBUF_HEADROOM).
+pub const VEC_HEADROOM: usize = 128;
 
 /// A port as the lcore sees it.
 pub trait Link {
@@ -34,22 +41,31 @@ pub trait Link {
 #[derive(Debug, Clone)]
 pub struct VecBuf {
     data: Vec<u8>,
+    start: usize,
     len: usize,
 }
 
 impl FrameBuf for VecBuf {
     fn data(&self) -> &[u8] {
-        &self.data[..self.len]
+        &self.data[self.start..self.start + self.len]
     }
     fn resize(&mut self, len: usize) -> Option<&mut [u8]> {
-        if len > self.data.len() {
+        if self.start + len > self.data.len() {
             return None;
         }
         self.len = len;
-        Some(&mut self.data[..len])
+        Some(&mut self.data[self.start..self.start + len])
     }
     fn capacity(&self) -> usize {
-        self.data.len()
+        self.data.len() - self.start
+    }
+    fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
+        if len > self.start {
+            return None;
+        }
+        self.start -= len;
+        self.len += len;
+        Some(&mut self.data[self.start..self.start + self.len])
     }
 }
 
@@ -81,7 +97,7 @@ impl Link for PipeLink {
         n
     }
     fn alloc(&mut self) -> Option<VecBuf> {
-        Some(VecBuf { data: vec![0; self.frame_cap], len: 0 })
+        Some(VecBuf { data: vec![0; VEC_HEADROOM + self.frame_cap], start: VEC_HEADROOM, len: 0 })
     }
     fn tx_burst(&mut self, bufs: &mut Vec<VecBuf>) -> usize {
         let n = bufs.len();

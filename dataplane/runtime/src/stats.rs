@@ -54,6 +54,8 @@ counters! {
         arp_replies,
         /// Transmit buffer allocation failures.
         tx_alloc_failures,
+        /// Frames the engine produced that could not be framed (a bug if ever non-zero).
+        tx_build_errors,
         /// Frames that could not be sent because no neighbour MAC is known.
         tx_no_neighbor,
         /// Frames the port refused (retried next iteration).

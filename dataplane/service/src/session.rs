@@ -62,7 +62,6 @@ struct SegRec {
 }
 
 struct QpRec {
-    device: u32,
     lcore: usize,
     init_cap: QpCap,
     db_slot: u16,
@@ -465,7 +464,7 @@ impl Session {
         }
         self.objs.db_used[slot] = true;
         let out_cap = QpCap { max_inline_data: caps.max_inline_data, ..cap };
-        self.objs.qps.insert(qpn, QpRec { device, lcore: lc, init_cap: out_cap, db_slot: slot as u16 });
+        self.objs.qps.insert(qpn, QpRec { lcore: lc, init_cap: out_cap, db_slot: slot as u16 });
         let resp = (Response::Qp { qpn, cap: out_cap, layout, doorbell: Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 } }, vec![fd]);
         drop_after_send(seg);
         resp
