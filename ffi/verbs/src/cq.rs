@@ -291,6 +291,8 @@ pub unsafe extern "C" fn ibv_create_cq(
             let p = Box::into_raw(b);
             // SAFETY: fresh allocation.
             attach_to_channel(unsafe { &mut *p });
+            // SAFETY: fresh allocation.
+            crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
             p.cast::<ibv_cq>()
         }))
     })
@@ -339,6 +341,8 @@ pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut
             let p = Box::into_raw(b);
             // SAFETY: fresh allocation.
             attach_to_channel(unsafe { &mut *p });
+            // SAFETY: fresh allocation.
+            crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
             Ok(p.cast::<ibv_cq_ex>())
         })())
     })
@@ -449,6 +453,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: magic-checked.
             let c = unsafe { ShimCq::from_cq(cq) }?;
             client::existing()?.call_ok(&Request::DestroyCq { cq: c.handle })?;
+            crate::registry::remove(crate::registry::Kind::Cq, c.handle);
             if !c.channel.is_null() {
                 // SAFETY: channels outlive their CQs (destroy_comp_channel refuses with EBUSY).
                 let ch = unsafe { &*c.channel };

@@ -1,6 +1,7 @@
 //! Asynchronous events. The context's `async_fd` is an eventfd of our own; events come from
 //! the service through `GetAsyncEvent`, which `ibv_get_async_event` polls (every 10 ms while
-//! blocking; immediately EAGAIN when the application made `async_fd` non-blocking).
+//! blocking; immediately EAGAIN when the application made `async_fd` non-blocking). Object
+//! events carry the application's pointer for the QP/CQ/SRQ the service names ([`crate::registry`]).
 use crate::boundary::{ffi_boundary, nonnull, ret_minus1, Errno};
 use crate::client;
 use crate::device::ShimContext;
@@ -25,10 +26,18 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                     // SAFETY: plain C data.
                     *ev = unsafe { std::mem::zeroed() };
                     ev.event_type = e.event_type;
-                    // The element is reported by number; map QP/CQ/SRQ events to our handles
-                    // is not possible without a table, so report port numbers and leave the
-                    // pointers NULL for object events (README: limits).
-                    ev.element.port_num = e.element as i32;
+                    use crate::registry::{get, Kind};
+                    match e.event_type {
+                        IBV_EVENT_CQ_ERR => ev.element.cq = get(Kind::Cq, e.element).unwrap_or(std::ptr::null_mut()),
+                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
+                        | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                            ev.element.qp = get(Kind::Qp, e.element).unwrap_or(std::ptr::null_mut())
+                        }
+                        IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+                            ev.element.srq = get(Kind::Srq, e.element).unwrap_or(std::ptr::null_mut())
+                        }
+                        _ => ev.element.port_num = e.element as i32,
+                    }
                     return Ok(());
                 }
                 if nonblock {

@@ -35,6 +35,7 @@ pub mod post;
 pub mod qp;
 pub mod qp_state;
 pub mod qpex;
+pub mod registry;
 pub mod srq;
 pub mod strings;
 pub mod sys;

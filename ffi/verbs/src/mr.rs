@@ -163,7 +163,7 @@ fn share_pages(base: u64, len: u64) -> Res<OwnedFd> {
     if unsafe { libc::msync(base as *mut c_void, len as usize, libc::MS_ASYNC) } != 0 {
         return Err(Errno(libc::EFAULT));
     }
-    let huge = base % HUGE == 0 && len % HUGE == 0;
+    let huge = base & (HUGE - 1) == 0 && len & (HUGE - 1) == 0;
     let attempts: &[bool] = if huge { &[true, false] } else { &[false] };
     let mut last = Errno::NOMEM;
     for &h in attempts {

@@ -118,7 +118,11 @@ pub unsafe extern "C" fn op_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad
 }
 
 /// Post receive WRs into a receive ring (QP RQ or SRQ).
-pub fn post_recv_ring(
+///
+/// # Safety
+/// `wr` is the application's receive WR list (each `sg_list` holding `num_sge` entries);
+/// `bad_wr` is NULL or writable (the `ibv_post_recv` contract).
+pub unsafe fn post_recv_ring(
     ring: &SpinLock<Producer<ShmRecvWqe>>,
     max_sge: u32,
     db: Doorbell,
@@ -172,7 +176,8 @@ pub unsafe extern "C" fn op_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad
                 }
                 return Err(Errno::INVAL); // the QP uses an SRQ
             };
-            post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, wr, bad_wr)
+            // SAFETY: forwarded ibv_post_recv contract.
+            unsafe { post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, wr, bad_wr) }
         })())
     })
 }
@@ -276,7 +281,9 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
         max_recv_sge: cap.max_recv_sge,
         max_inline_data: cap.max_inline_data,
     };
-    Ok(q.into_c().cast())
+    let p: *mut ibv_qp = q.into_c().cast();
+    crate::registry::insert(crate::registry::Kind::Qp, qpn, p);
+    Ok(p)
 }
 
 /// # Safety
@@ -455,6 +462,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             // SAFETY: magic-checked.
             let q = unsafe { ShimQp::from_qp(qp) }?;
             client::existing()?.call_ok(&Request::DestroyQp { qpn: q.qpn })?;
+            crate::registry::remove(crate::registry::Kind::Qp, q.qpn);
             // SAFETY: validated above.
             drop(unsafe { ShimQp::take(qp.cast()) });
             Ok(())

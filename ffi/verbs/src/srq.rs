@@ -50,7 +50,9 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
             s.srq_context = a.srq_context;
             s.pd = pd;
             s.handle = srq;
-            Ok(Box::new(ShimSrq { srq: s, magic: ShimSrq::MAGIC, handle: srq, ring: SpinLock::new(prod), _map: map, doorbell, max_sge }).into_c())
+            let p = Box::new(ShimSrq { srq: s, magic: ShimSrq::MAGIC, handle: srq, ring: SpinLock::new(prod), _map: map, doorbell, max_sge }).into_c();
+            crate::registry::insert(crate::registry::Kind::Srq, srq, p);
+            Ok(p)
         })())
     })
 }
@@ -64,7 +66,8 @@ pub unsafe extern "C" fn op_post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_w
         ret_errno((|| {
             // SAFETY: magic-checked.
             let s = unsafe { ShimSrq::from_c(srq) }?;
-            post_recv_ring(&s.ring, s.max_sge, s.doorbell, wr, bad_wr)
+            // SAFETY: forwarded ibv_post_srq_recv contract.
+            unsafe { post_recv_ring(&s.ring, s.max_sge, s.doorbell, wr, bad_wr) }
         })())
     })
 }
@@ -107,6 +110,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             // SAFETY: magic-checked.
             let s = unsafe { ShimSrq::from_c(srq) }?;
             client::existing()?.call_ok(&Request::DestroySrq { srq: s.handle })?;
+            crate::registry::remove(crate::registry::Kind::Srq, s.handle);
             // SAFETY: validated above.
             drop(unsafe { ShimSrq::take(srq) });
             Ok(())
