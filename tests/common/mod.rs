@@ -1,0 +1,490 @@
+//! Helpers for the integration tests that start the REAL service (`pmrxe serve`) and drive
+//! unmodified Debian verbs binaries (rdma-core's ibv_* examples, perftest) through the shim
+//! with `pmrxe run --`.
+//!
+//! * [`Service`]: a private service (own `PMRXE_SOCKET` in a private temp dir, optionally
+//!   inside a network namespace), ready once `pmrxe stats` answers; SIGTERM on drop, and the
+//!   drop asserts a clean exit (status 0 within 5 s).
+//! * [`run_pair`]: a verbs server/client pair, server first (the client is started only once
+//!   the server listens on its TCP port, read from `/proc/<pid>/net/tcp*`), both bounded by a
+//!   timeout, outputs captured.
+//! * [`heavy_lock`]: an flock on `/tmp/pmrxe-itest.lock` that serialises the tests that start
+//!   a service (2-core machine, cargo runs tests in parallel, and each service pins CPU 1).
+//! * [`require_tool`]: a missing binary fails the test with a message naming
+//!   `scripts/setup.sh`.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The `pmrxe` binary under test.
+pub fn pmrxe_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pmrxe"))
+}
+
+/// The shim next to the binary (built by `cargo build --release --workspace`).
+pub fn shim_path() -> PathBuf {
+    let p = pmrxe_bin().parent().expect("binary dir").join("libpmrxe_verbs.so");
+    assert!(
+        p.exists(),
+        "the verbs shim {} is missing: build the whole workspace first \
+         (`cargo build --release --workspace`, as scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// The repository root (configs/, scripts/).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Absolute path of a program in PATH, or a test failure naming scripts/setup.sh.
+pub fn require_tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).chain(["/usr/sbin".into(), "/sbin".into()]) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("required program `{name}` is not installed (run scripts/setup.sh, which installs ibverbs-utils, perftest, tshark, strace and iproute2)");
+}
+
+/// Fail unless running as root (namespaces, strace of another process, /var/run/dpdk).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (CI runs as root)");
+}
+
+/// Exclusive lock serialising the heavy tests across test binaries and threads.
+pub struct HeavyLock(File);
+
+pub fn heavy_lock() -> HeavyLock {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/pmrxe-itest.lock")
+        .expect("open /tmp/pmrxe-itest.lock");
+    // SAFETY: flock on a valid fd owned by `f`.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock /tmp/pmrxe-itest.lock: {}", std::io::Error::last_os_error());
+    HeavyLock(f)
+}
+
+/// A private temporary directory, removed on drop (short path: it holds Unix sockets).
+pub struct TempDir(PathBuf);
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("pmrxe-it-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("PMRXE_KEEP_TMP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Wait for `child` at most `limit`; on timeout SIGKILL it and return `None`.
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            return Some(s);
+        }
+        if t0.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn sigterm(pid: u32) {
+    // SAFETY: kill(2) with a pid we spawned.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+}
+
+pub fn sigint(pid: u32) {
+    // SAFETY: kill(2) with a pid we spawned.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+}
+
+pub fn read_to_string_lossy(p: &Path) -> String {
+    let mut v = Vec::new();
+    if let Ok(mut f) = File::open(p) {
+        let _ = f.read_to_end(&mut v);
+    }
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+/// Last `n` lines of a text, indented, for failure messages.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    lines[from..].iter().map(|l| format!("    | {l}\n")).collect()
+}
+
+/// `HugePages_Free` from /proc/meminfo.
+pub fn hugepages_free() -> u64 {
+    let m = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    m.lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0)))
+        .unwrap_or(0)
+}
+
+/// A running private `pmrxe serve`.
+pub struct Service {
+    pub child: Option<Child>,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub dir: TempDir,
+    /// Network namespace the service runs in (verbs programs run in the root namespace and
+    /// reach it through the socket file, which is shared: only the mount of /sys differs).
+    pub netns: Option<String>,
+}
+
+/// How long a service may take to answer `pmrxe stats` (EAL init on a loaded 2-core box).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Service {
+    /// Start `pmrxe serve` with the embedded loopback configuration.
+    pub fn start_loopback() -> Service {
+        Service::start(None, None)
+    }
+
+    /// Start `pmrxe serve [--config CONFIG]`, optionally inside `ip netns exec NETNS`.
+    pub fn start(config: Option<&Path>, netns: Option<&str>) -> Service {
+        let _ = shim_path();
+        let dir = TempDir::new("svc");
+        let socket = dir.join("pmrxe.sock");
+        let log = dir.join("service.log");
+        let logf = File::create(&log).expect("service log");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new(require_tool("ip"));
+                c.args(["netns", "exec", ns]).arg(pmrxe_bin());
+                c
+            }
+            None => Command::new(pmrxe_bin()),
+        };
+        cmd.arg("serve");
+        if let Some(c) = config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.env("PMRXE_SOCKET", &socket)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf);
+        let child = cmd.spawn().expect("spawn pmrxe serve");
+        let pid = child.id(); // `ip netns exec` execs the program: same pid
+        let mut s = Service { child: Some(child), pid, socket, log, dir, netns: netns.map(str::to_string) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
+                s.child = None;
+                panic!(
+                    "pmrxe serve {:?} exited during start-up ({st}); log:\n{}",
+                    config,
+                    tail(&read_to_string_lossy(&s.log), 30)
+                );
+            }
+            if s.socket.exists() {
+                let out = s.pmrxe().arg("stats").output().expect("pmrxe stats");
+                if out.status.success() {
+                    break;
+                }
+            }
+            if t0.elapsed() > START_TIMEOUT {
+                let l = read_to_string_lossy(&s.log);
+                panic!("pmrxe serve {:?} not ready after {:?}; log:\n{}", config, START_TIMEOUT, tail(&l, 30));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("service pid {pid} ready after {:.1} s (socket {})", t0.elapsed().as_secs_f64(), s.socket.display());
+        s
+    }
+
+    /// A `pmrxe` command aimed at this service (PMRXE_SOCKET set).
+    pub fn pmrxe(&self) -> Command {
+        let mut c = Command::new(pmrxe_bin());
+        c.env("PMRXE_SOCKET", &self.socket).stdin(Stdio::null());
+        c
+    }
+
+    /// `pmrxe stats` (text).
+    pub fn stats_text(&self) -> String {
+        let o = self.pmrxe().arg("stats").output().expect("pmrxe stats");
+        assert!(o.status.success(), "pmrxe stats failed: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// `pmrxe stats --json`, parsed (panics with the text if it is not JSON).
+    pub fn stats_json(&self) -> serde_json::Value {
+        let o = self.pmrxe().args(["stats", "--json"]).output().expect("pmrxe stats --json");
+        assert!(o.status.success(), "pmrxe stats --json failed: {}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("pmrxe stats --json is not JSON ({e}):\n{text}"))
+    }
+
+    pub fn log_text(&self) -> String {
+        read_to_string_lossy(&self.log)
+    }
+
+    /// SIGTERM and wait up to `limit`; returns the exit status and the time it took, or
+    /// panics (after SIGKILL) if the service outlived `limit`.
+    pub fn stop_within(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let mut child = self.child.take().expect("service already stopped");
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("the service had already exited ({st}) before SIGTERM; log:\n{}", tail(&self.log_text(), 30));
+        }
+        let t0 = Instant::now();
+        sigterm(self.pid);
+        match wait_timeout(&mut child, limit) {
+            Some(st) => (st, t0.elapsed()),
+            None => panic!(
+                "the service (pid {}) ignored SIGTERM for {limit:?} and was killed; log:\n{}",
+                self.pid,
+                tail(&self.log_text(), 30)
+            ),
+        }
+    }
+
+    /// SIGTERM, wait up to 5 s, assert exit status 0.
+    pub fn stop(&mut self) {
+        let (st, _) = self.stop_within(Duration::from_secs(5));
+        assert!(st.success(), "the service exited with {st} after SIGTERM; log:\n{}", tail(&self.log_text(), 30));
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
+        if std::thread::panicking() {
+            // Already failing: just make sure nothing is left running.
+            let mut c = self.child.take().unwrap();
+            sigterm(self.pid);
+            if wait_timeout(&mut c, Duration::from_secs(5)).is_none() {
+                eprintln!("service pid {} needed SIGKILL", self.pid);
+            }
+            eprintln!("service log:\n{}", tail(&self.log_text(), 40));
+            return;
+        }
+        self.stop();
+    }
+}
+
+/// Where a verbs program runs: which service (socket) it talks to.
+#[derive(Clone, Copy)]
+pub struct Side<'a> {
+    pub service: &'a Service,
+}
+
+/// Output of one finished verbs program.
+#[derive(Debug)]
+pub struct ProgOutput {
+    pub cmdline: String,
+    /// `None`: killed after the timeout.
+    pub status: Option<ExitStatus>,
+    pub output: String,
+}
+
+impl ProgOutput {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+    pub fn describe(&self) -> String {
+        let st = match self.status {
+            Some(s) => s.to_string(),
+            None => "TIMED OUT (killed)".into(),
+        };
+        format!("`{}` -> {st}; output:\n{}", self.cmdline, tail(&self.output, 25))
+    }
+}
+
+/// Output of a server/client pair.
+#[derive(Debug)]
+pub struct PairOutput {
+    pub server: ProgOutput,
+    pub client: ProgOutput,
+}
+
+impl PairOutput {
+    /// Assert both sides exited 0.
+    pub fn assert_ok(&self) -> &Self {
+        assert!(
+            self.server.ok() && self.client.ok(),
+            "verbs pair failed\nSERVER {}\nCLIENT {}",
+            self.server.describe(),
+            self.client.describe()
+        );
+        self
+    }
+}
+
+/// Start `pmrxe run -- ARGS` against `svc` with output to `out` (stdout+stderr).
+pub fn spawn_verbs(svc: &Service, args: &[&str], out: &Path) -> Child {
+    let f = File::create(out).expect("output file");
+    svc.pmrxe()
+        .arg("run")
+        .arg("--")
+        .args(args)
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn pmrxe run -- {args:?}: {e}"))
+}
+
+/// Run a single verbs program under `pmrxe run --` to completion (bounded by `limit`).
+pub fn run_verbs(svc: &Service, args: &[&str], limit: Duration) -> ProgOutput {
+    let out = svc.dir.join(&format!("prog{}.out", SEQ.fetch_add(1, Ordering::Relaxed)));
+    let mut c = spawn_verbs(svc, args, &out);
+    let status = wait_timeout(&mut c, limit);
+    ProgOutput { cmdline: args.join(" "), status, output: read_to_string_lossy(&out) }
+}
+
+/// Socket inodes of `pid` that listen on TCP `port` (any address), read from the process's
+/// own network namespace view (/proc/PID/net/tcp and tcp6).
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    for f in ["tcp", "tcp6"] {
+        let text = read_to_string_lossy(Path::new(&format!("/proc/{pid}/net/{f}")));
+        for l in text.lines().skip(1) {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            if cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A" {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Distinct TCP ports for the out-of-band exchange of each test (perftest and
+/// ibv_rc_pingpong both default to 18515).
+pub fn port_for(test_index: u16) -> u16 {
+    19000 + test_index
+}
+
+/// Run a verbs server/client pair: the server (under `pmrxe run --` against `server_svc`)
+/// first; the client is started once the server listens on TCP `port`; each bounded by
+/// `limit`. The caller's argument lists must already contain `-p PORT`.
+pub fn run_pair_on(
+    server_svc: &Service,
+    server: &[&str],
+    client_svc: &Service,
+    client: &[&str],
+    port: u16,
+    limit: Duration,
+) -> PairOutput {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let so = server_svc.dir.join(&format!("pair{n}.server.out"));
+    let co = client_svc.dir.join(&format!("pair{n}.client.out"));
+    let t0 = Instant::now();
+    let mut s = spawn_verbs(server_svc, server, &so);
+    // `pmrxe run` execs the program: the pid is the verbs server itself.
+    let mut early = None;
+    loop {
+        if let Some(st) = s.try_wait().unwrap() {
+            early = Some(st);
+            break;
+        }
+        if listens_on(s.id(), port) {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            break; // start the client anyway; it will fail to connect and say so
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(st) = early {
+        let server_out = ProgOutput { cmdline: server.join(" "), status: Some(st), output: read_to_string_lossy(&so) };
+        panic!("the verbs server exited before listening on port {port}: {}", server_out.describe());
+    }
+    let mut c = spawn_verbs(client_svc, client, &co);
+    let cs = wait_timeout(&mut c, limit);
+    let left = limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5));
+    let ss = wait_timeout(&mut s, left);
+    PairOutput {
+        server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) },
+        client: ProgOutput { cmdline: client.join(" "), status: cs, output: read_to_string_lossy(&co) },
+    }
+}
+
+/// [`run_pair_on`] with both sides on one (loopback) service.
+pub fn run_pair(svc: &Service, server: &[&str], client: &[&str], port: u16, limit: Duration) -> PairOutput {
+    run_pair_on(svc, server, svc, client, port, limit)
+}
+
+/// ibv_rc_pingpong figures: (Mbit/sec, usec/iter) from
+/// "N bytes in S seconds = X Mbit/sec" and "N iters in S seconds = Y usec/iter".
+pub fn parse_pingpong(out: &str) -> Option<(f64, f64)> {
+    let mut mbit = None;
+    let mut usec = None;
+    for l in out.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.len() >= 8 && w[1] == "bytes" && w[7] == "Mbit/sec" {
+            mbit = w[6].parse().ok();
+        }
+        if w.len() >= 8 && w[1] == "iters" && w[7] == "usec/iter" {
+            usec = w[6].parse().ok();
+        }
+    }
+    Some((mbit?, usec?))
+}
+
+/// perftest result rows: lines whose columns are all numbers, starting with #bytes.
+pub fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() < 4 {
+                return None;
+            }
+            let v: Option<Vec<f64>> = w.iter().map(|x| x.parse::<f64>().ok()).collect();
+            let v = v?;
+            (v[0] >= 1.0 && v[0].fract() == 0.0 && v[1] >= 1.0).then_some(v)
+        })
+        .collect()
+}
+
+/// Find `needle` in the host's process table: the tids of `pid` whose comm is `comm`.
+pub fn threads_named(pid: u32, comm: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in rd.flatten() {
+            let c = read_to_string_lossy(&e.path().join("comm"));
+            if c.trim_end() == comm {
+                if let Ok(t) = e.file_name().to_string_lossy().parse() {
+                    v.push(t);
+                }
+            }
+        }
+    }
+    v
+}

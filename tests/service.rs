@@ -1,0 +1,313 @@
+//! `pmrxe serve` itself: configuration errors, clean stop under traffic, `pmrxe stats --json`,
+//! `pmrxe capture`, and the syscall-free fast path. Each test starts its own private service.
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `pmrxe serve --config FILE` must fail fast: status (2 for a config error, non-zero for a
+/// runtime error), in under 1 s, exactly one line on stderr, no panic.
+fn assert_rejected(toml: &str, want_status: Option<i32>) -> String {
+    let dir = TempDir::new("badcfg");
+    let f = dir.join("bad.toml");
+    std::fs::write(&f, toml).unwrap();
+    let t0 = Instant::now();
+    let mut child = Command::new(pmrxe_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&f)
+        .env("PMRXE_SOCKET", dir.join("s.sock"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("out")).unwrap())
+        .stderr(std::fs::File::create(dir.join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let st = wait_timeout(&mut child, Duration::from_secs(10));
+    let took = t0.elapsed();
+    let err = read_to_string_lossy(&dir.join("err"));
+    let out = read_to_string_lossy(&dir.join("out"));
+    let st = st.unwrap_or_else(|| panic!("pmrxe serve with a bad config still running after 10 s; stderr:\n{err}"));
+    assert!(!st.success(), "pmrxe serve accepted a bad config ({toml:?})");
+    if let Some(code) = want_status {
+        assert_eq!(st.code(), Some(code), "exit status for {toml:?}; stderr:\n{err}");
+    }
+    assert!(st.code().is_some(), "killed by a signal ({st}); stderr:\n{err}");
+    assert!(!err.contains("panicked") && !out.contains("panicked"), "panic:\n{err}");
+    assert!(took < Duration::from_secs(1), "rejecting {toml:?} took {took:?}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want exactly one line on stderr for {toml:?}, got:\n{err}");
+    eprintln!("rejected in {took:?} with {st}: {}", lines[0]);
+    lines[0].to_string()
+}
+
+#[test]
+fn serve_rejects_unknown_config_key_with_status_2_and_one_line() {
+    let line = assert_rejected("no_such_key = 1\n", Some(2));
+    assert!(line.contains("no_such_key"), "the error does not name the key: {line}");
+}
+
+#[test]
+fn serve_rejects_unknown_pmd_devargs_fast_with_one_line() {
+    // The acceptance check's minimal file (no name, no address).
+    assert_rejected("[[ports]]\ndevargs = \"net_nosuchpmd0\"\n", None);
+}
+
+#[test]
+fn serve_rejects_unknown_pmd_in_an_otherwise_valid_config_fast_with_one_line() {
+    // A complete port, so that only the driver name is wrong: this reaches EAL (or a driver
+    // check before it); it must still be one line, fast, no panic.
+    let _l = heavy_lock(); // may start EAL
+    let toml = "[eal]\nhugepages = false\nmemory_mb = 256\n\n[lcores]\ncores = [1]\nmain_core = 0\n\n\
+                [[ports]]\nname = \"pmrxe0\"\nkind = \"vdev\"\ndevargs = \"net_nosuchpmd0\"\n\
+                mac = \"02:00:c6:12:00:01\"\nipv4 = \"198.18.0.1/24\"\n";
+    let line = assert_rejected(toml, None);
+    assert!(line.contains("net_nosuchpmd0") || line.contains("ports[0]"), "the error names neither the port nor the driver: {line}");
+}
+
+fn dpdk_runtime_dir(pid: u32) -> std::path::PathBuf {
+    Path::new("/var/run/dpdk").join(format!("pmrxe-{pid}"))
+}
+
+#[test]
+fn sigterm_during_ib_write_bw_exits_0_within_5s_and_leaves_nothing_behind() {
+    require_tool("ib_write_bw");
+    let _l = heavy_lock();
+    let hp_before = hugepages_free();
+    let mut svc = Service::start_loopback();
+    let pid = svc.pid;
+    assert!(dpdk_runtime_dir(pid).exists(), "expected the EAL runtime dir {} while running", dpdk_runtime_dir(pid).display());
+    let port = port_for(40);
+    let ps = port.to_string();
+    let so = svc.dir.join("srv.out");
+    let co = svc.dir.join("cli.out");
+    let mut server = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "5", "-p", &ps], &so);
+    let t0 = Instant::now();
+    while !listens_on(server.id(), port) {
+        assert!(server.try_wait().unwrap().is_none(), "ib_write_bw server exited: {}", read_to_string_lossy(&so));
+        assert!(t0.elapsed() < Duration::from_secs(20), "ib_write_bw server never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client =
+        spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "5", "-p", &ps, "127.0.0.1"], &co);
+    // Wait until traffic flows (tx counters move), at most 10 s, then 1 s more.
+    let t1 = Instant::now();
+    loop {
+        let j = svc.stats_json();
+        let tx: u64 = j["lcores"].as_array().unwrap().iter().map(|l| l["counters"]["tx_packets"].as_u64().unwrap_or(0)).sum();
+        if tx > 1000 {
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(10), "no traffic 10 s after the client started; client:\n{}", read_to_string_lossy(&co));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(client.try_wait().unwrap().is_none(), "client finished before SIGTERM; test timing is wrong");
+    let (st, took) = svc.stop_within(Duration::from_secs(5));
+    eprintln!("service stopped in {took:?} with {st}");
+    // The verbs programs lose their device; whatever they do, they must not be left behind.
+    for (c, n) in [(&mut client, "client"), (&mut server, "server")] {
+        if wait_timeout(c, Duration::from_secs(10)).is_none() {
+            eprintln!("ib_write_bw {n} hung after the service stopped (killed)");
+        }
+    }
+    assert!(
+        st.success(),
+        "service exited with {st} after SIGTERM during traffic; log:\n{}",
+        tail(&svc.log_text(), 30)
+    );
+    assert!(!dpdk_runtime_dir(pid).exists(), "EAL runtime dir {} left behind", dpdk_runtime_dir(pid).display());
+    assert!(!svc.socket.exists(), "control socket {} left behind", svc.socket.display());
+    assert_eq!(hugepages_free(), hp_before, "HugePages_Free changed");
+}
+
+fn sum_counter(j: &serde_json::Value, name: &str) -> u64 {
+    j["lcores"].as_array().expect("lcores array").iter().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
+}
+
+#[test]
+fn stats_json_parses_and_counts_rx_tx_after_traffic() {
+    require_tool("ibv_rc_pingpong");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let before = svc.stats_json();
+    assert_eq!(before["devices"], serde_json::json!(["pmrxe0", "pmrxe1"]), "devices: {before}");
+    assert!(!before["lcores"].as_array().unwrap().is_empty(), "no lcores in {before}");
+    let (rx0, tx0) = (sum_counter(&before, "rx_packets"), sum_counter(&before, "tx_packets"));
+    let port = port_for(41);
+    let ps = port.to_string();
+    run_pair(
+        &svc,
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "200", "-p", &ps],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "200", "-p", &ps, "127.0.0.1"],
+        port,
+        Duration::from_secs(60),
+    )
+    .assert_ok();
+    let after = svc.stats_json();
+    let (rx, tx) = (sum_counter(&after, "rx_packets") - rx0, sum_counter(&after, "tx_packets") - tx0);
+    eprintln!("ping-pong of 200 iterations: rx_packets +{rx}, tx_packets +{tx}");
+    // 200 round trips = 400 SENDs (+ ACKs), every frame both transmitted and received in one
+    // service (pmrxe0 -> pmrxe1 and back).
+    assert!(tx >= 400 && rx >= 400, "rx +{rx} tx +{tx} after 200 ping-pong iterations:\n{after:#}");
+    assert_eq!(tx, rx, "loopback: every transmitted frame must be received (no drops expected)\n{after:#}");
+    assert!(sum_counter(&after, "sq_wqes") >= 400, "sq_wqes: {after:#}");
+    // The text form answers too.
+    assert!(svc.stats_text().contains("pmrxe0"), "text stats");
+}
+
+#[test]
+fn capture_during_pingpong_writes_20_infiniband_frames_with_valid_icrc() {
+    require_tool("ibv_rc_pingpong");
+    let tshark = require_tool("tshark");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let pcap = svc.dir.join("cap.pcap");
+    let mut cap = svc
+        .pmrxe()
+        .args(["capture", "--out"])
+        .arg(&pcap)
+        .args(["--count", "20"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(svc.dir.join("cap.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while svc.stats_json()["capture"]["active"] != serde_json::json!(true) {
+        assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&svc.dir.join("cap.err")));
+        assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let port = port_for(42);
+    let ps = port.to_string();
+    run_pair(
+        &svc,
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "100", "-p", &ps],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "100", "-p", &ps, "127.0.0.1"],
+        port,
+        Duration::from_secs(60),
+    )
+    .assert_ok();
+    let st = wait_timeout(&mut cap, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("pmrxe capture --count 20 still running 20 s after 100 ping-pongs"));
+    let cap_err = read_to_string_lossy(&svc.dir.join("cap.err"));
+    assert!(st.success(), "pmrxe capture: {st}: {cap_err}");
+
+    // Our own parser: 20 Ethernet records, each a RoCEv2 frame whose ICRC verifies.
+    let recs = pmrxe_wire::read_pcap(&pcap).expect("read pcap");
+    assert_eq!(recs.len(), 20, "records in the capture");
+    for (i, r) in recs.iter().enumerate() {
+        assert_eq!(r.orig_len as usize, r.data.len(), "frame {i} truncated in the capture");
+        let f = pmrxe_wire::parse_frame(&r.data).unwrap_or_else(|e| panic!("frame {i}: {e:?} ({} bytes)", r.data.len()));
+        assert_eq!(pmrxe_wire::ROCE_PORT, 4791);
+        let _ = f.icrc;
+    }
+
+    // Wireshark: every frame dissected as InfiniBand (RRoCE), none malformed.
+    let o = Command::new(&tshark)
+        .arg("-r")
+        .arg(&pcap)
+        .args(["--disable-heuristic", "rpcrdma_infiniband", "-T", "fields", "-e", "frame.protocols", "-e", "_ws.malformed"])
+        .output()
+        .expect("tshark");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "tshark failed: {}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20, "tshark frames:\n{text}");
+    for (i, l) in lines.iter().enumerate() {
+        let mut cols = l.split('\t');
+        let protos = cols.next().unwrap_or("");
+        let malformed = cols.next().unwrap_or("");
+        assert!(protos.contains("udp:infiniband"), "frame {i} not dissected as InfiniBand over UDP: {l}");
+        assert!(malformed.is_empty() && !protos.contains("malformed"), "frame {i} malformed: {l}");
+    }
+}
+
+/// The lcore fast path (post -> wire -> completion) makes no syscalls (DESIGN.md rule 9).
+///
+/// The service runs with `idle = { mode = "busy" }` (the default back-off mode sleeps with
+/// nanosleep when idle, which is allowed there and would be counted). strace attaches to the
+/// lcore thread only (`-p TID` without `-f`: the control thread, client sessions and the
+/// capture writer are other threads and may do syscalls) for the whole of an `ib_write_bw
+/// -D 3` run between pmrxe0 and pmrxe1. Allowed: nothing. (The one syscall the lcore may make
+/// by design is the eventfd write of a completion event, which only happens for CQs armed
+/// with ibv_req_notify_cq — ib_write_bw without `-e` never arms one.)
+#[test]
+fn lcore_fast_path_makes_no_syscalls_during_ib_write_bw() {
+    require_tool("ib_write_bw");
+    let strace = require_tool("strace");
+    require_root();
+    let _l = heavy_lock();
+    let dir = TempDir::new("busy");
+    let cfg = dir.join("busy.toml");
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).unwrap();
+    let mut replaced = 0;
+    let busy: String = base
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("idle") {
+                replaced += 1;
+                "idle = { mode = \"busy\", spin_iterations = 1000, max_sleep_us = 200 }".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(replaced, 1, "configs/loopback.toml has no idle line to replace");
+    std::fs::write(&cfg, busy + "\n").unwrap();
+    let svc = Service::start(Some(&cfg), None);
+    let tids = threads_named(svc.pid, "pmrxe-lcore0");
+    assert_eq!(tids.len(), 1, "threads named pmrxe-lcore0 in pid {}: {tids:?}", svc.pid);
+    let tid = tids[0];
+
+    let trace = dir.join("lcore.strace");
+    let serr = dir.join("strace.err");
+    let mut st = Command::new(&strace)
+        .args(["-e", "trace=all", "-o"])
+        .arg(&trace)
+        .args(["-p", &tid.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&serr).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !read_to_string_lossy(&serr).contains("attached") {
+        assert!(st.try_wait().unwrap().is_none(), "strace exited: {}", read_to_string_lossy(&serr));
+        assert!(t0.elapsed() < Duration::from_secs(10), "strace did not attach: {}", read_to_string_lossy(&serr));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = svc.stats_json();
+    let port = port_for(43);
+    let ps = port.to_string();
+    let r = run_pair(
+        &svc,
+        &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "3", "-p", &ps],
+        &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "3", "-p", &ps, "127.0.0.1"],
+        port,
+        Duration::from_secs(60),
+    );
+    let after = svc.stats_json();
+    sigint(st.id());
+    let sst = wait_timeout(&mut st, Duration::from_secs(10));
+    r.assert_ok();
+    assert!(sst.is_some(), "strace did not detach");
+    let tx = sum_counter(&after, "tx_packets") - sum_counter(&before, "tx_packets");
+    let wqes = sum_counter(&after, "sq_wqes") - sum_counter(&before, "sq_wqes");
+    assert!(tx > 1000 && wqes > 100, "the lcore moved too little traffic to prove anything: tx +{tx}, sq_wqes +{wqes}");
+    let text = read_to_string_lossy(&trace);
+    let syscalls: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("---") && !l.starts_with("+++"))
+        .collect();
+    eprintln!("lcore tid {tid}: {} syscalls while moving {tx} frames / {wqes} send WQEs", syscalls.len());
+    assert!(
+        syscalls.is_empty(),
+        "the lcore thread made {} syscalls during ib_write_bw (allowed: none); first ones:\n{}",
+        syscalls.len(),
+        syscalls.iter().take(20).map(|l| format!("    {l}\n")).collect::<String>()
+    );
+}
