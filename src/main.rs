@@ -29,6 +29,10 @@ enum Cmd {
         /// Configuration file (TOML). Default: the embedded loopback configuration.
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://ADDR/metrics (overrides service.metrics).
+        /// ADDR is host:port, or just a port for 127.0.0.1:PORT.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Run an unmodified verbs program against the service (LD_PRELOAD of the shim).
     Run {
@@ -116,7 +120,7 @@ enum ConfigCmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve { config } => cmd::serve::run(config),
+        Cmd::Serve { config, metrics } => cmd::serve::run(config, metrics),
         Cmd::Run { socket, program } => cmd::run::run(socket, program),
         Cmd::Stats { json, watch, socket } => cmd::stats::run(json, watch, socket),
         Cmd::Capture { out, count, qp, socket } => cmd::stats::capture(out, count, qp, socket),

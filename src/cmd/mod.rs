@@ -31,9 +31,13 @@ pub fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// Set up tracing from `RUST_LOG`, else the given default filter.
+/// Set up tracing from `RUST_LOG`, else the given default filter (`service.log`). Logs go to
+/// stderr; ANSI colours only when stderr is a terminal and `NO_COLOR` is unset (journald and
+/// redirected logs stay plain text).
 pub fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }

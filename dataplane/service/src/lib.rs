@@ -17,8 +17,10 @@
 
 pub mod client;
 pub mod device;
+pub mod metrics;
 
 pub mod serve;
+pub mod native;
 pub mod session;
 pub mod stats;
 

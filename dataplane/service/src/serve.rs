@@ -40,6 +40,9 @@ pub enum ServeError {
     /// Signals.
     #[error("signal setup: {0}")]
     Signal(std::io::Error),
+    /// The metrics endpoint (`service.metrics`).
+    #[error("metrics endpoint {0}: {1}")]
+    Metrics(std::net::SocketAddr, std::io::Error),
 }
 
 /// Run the service until SIGINT/SIGTERM. Returns after a clean stop.
@@ -124,6 +127,17 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }),
         capture,
     });
+    // Prometheus endpoint (crate::metrics): its own thread, renders the same snapshot as `pmrxe stats`.
+    if let Some(addr) = cfg.service.metrics {
+        if let Err(e) = crate::metrics::spawn(addr, shared.stats.clone()) {
+            stop.store(true, Ordering::Release);
+            for t in threads {
+                let _ = t.join();
+            }
+            let _ = std::fs::remove_file(&sock_path);
+            return Err(ServeError::Metrics(addr, e));
+        }
+    }
     tracing::info!(socket = %sock_path.display(), devices = devices.len(), lcores = nl, "pmrxe serving");
 
     // Accept clients until a signal arrives (the listener is non-blocking; the control thread

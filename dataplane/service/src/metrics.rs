@@ -1,0 +1,374 @@
+//! Prometheus endpoint: `GET /metrics` on `service.metrics` (or `pmrxe serve --metrics`).
+//!
+//! A deliberately tiny HTTP/1.1 server on its own thread (`pmrxe-metrics`): one connection at
+//! a time, `Connection: close`, a 2 s read/write timeout per client. It is never on the fast
+//! path: a scrape renders the same snapshot as `pmrxe stats --json` ([`StatsSource::render`])
+//! — relaxed loads of the lcore counters plus one `QpStats` command per lcore — and turns it
+//! into the Prometheus text exposition format (version 0.0.4). Every numeric counter that
+//! `pmrxe stats` shows is exported, so the two can never disagree:
+//!
+//! | family | labels | source |
+//! |---|---|---|
+//! | `pmrxe_up`, `pmrxe_uptime_seconds`, `pmrxe_clients`, `pmrxe_devices` | | service |
+//! | `pmrxe_lcore_<counter>_total` | `lcore` | `LcoreStats` (busy/idle iterations, rx/tx packets/bytes, ICRC errors, cq events, ...) |
+//! | `pmrxe_lcore_load_ratio` | `lcore` | busy / (busy + idle) iterations |
+//! | `pmrxe_lcore_drops_total` | `lcore`, `reason` | parser drops by `pmrxe_wire::Error` kind |
+//! | `pmrxe_qp_<counter>_total` | `lcore`, `qpn` | `QpStats` (retransmits, NAKs, duplicates, rkey violations, ...) |
+//! | `pmrxe_qp_completions_total` | `lcore`, `qpn`, `status` | completions by `ibv_wc_status` |
+//! | `pmrxe_capture_*` | | live capture |
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::stats::StatsSource;
+
+/// The content type of the Prometheus text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Bind `addr` and serve `/metrics` from `stats` on a new thread. Binding happens before this
+/// returns, so a port in use is reported to the caller (and `pmrxe serve` fails fast).
+pub fn spawn(addr: SocketAddr, stats: Arc<dyn StatsSource>) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    let h = std::thread::Builder::new().name("pmrxe-metrics".into()).spawn(move || {
+        for conn in listener.incoming() {
+            match conn {
+                Ok(s) => {
+                    if let Err(e) = handle(s, &*stats) {
+                        tracing::debug!("metrics client: {e}");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("metrics accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    })?;
+    tracing::info!(addr = %local, "metrics endpoint: http://{local}/metrics");
+    Ok((local, h))
+}
+
+fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    // Read the request head (up to the blank line, at most 8 KiB); bodies are ignored.
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > 8192 {
+            return respond(&mut s, "431 Request Header Fields Too Large", "text/plain", b"request head too large\n", false);
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let head_only = method == "HEAD";
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            let body = render(stats);
+            respond(&mut s, "200 OK", CONTENT_TYPE, body.as_bytes(), head_only)
+        }
+        ("GET" | "HEAD", "/") => respond(
+            &mut s,
+            "200 OK",
+            "text/html; charset=utf-8",
+            b"<html><body><h1>pmrxe</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n",
+            head_only,
+        ),
+        ("GET" | "HEAD", _) => respond(&mut s, "404 Not Found", "text/plain", b"not found: try /metrics\n", head_only),
+        _ => respond(&mut s, "405 Method Not Allowed", "text/plain", b"only GET and HEAD\n", false),
+    }
+}
+
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8], head_only: bool) -> std::io::Result<()> {
+    let hdr = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
+        body.len(),
+        if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" }
+    );
+    s.write_all(hdr.as_bytes())?;
+    if !head_only {
+        s.write_all(body)?;
+    }
+    s.flush()
+}
+
+/// Render the service's counters in the Prometheus text format.
+pub fn render(stats: &dyn StatsSource) -> String {
+    let v: Value = serde_json::from_str(&stats.render(true)).unwrap_or(Value::Null);
+    from_stats_json(&v)
+}
+
+/// Families in first-seen order; all samples of a family are written together, as the text
+/// format requires.
+#[derive(Default)]
+struct Families {
+    order: Vec<String>,
+    fams: std::collections::HashMap<String, (&'static str, String, Vec<String>)>,
+}
+
+impl Families {
+    fn sample(&mut self, name: &str, kind: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
+        let e = self.fams.entry(name.to_string()).or_insert_with(|| {
+            self.order.push(name.to_string());
+            (kind, help.to_string(), Vec::new())
+        });
+        let mut line = String::from(name);
+        if !labels.is_empty() {
+            line.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    line.push(',');
+                }
+                let _ = write!(line, "{k}=\"{}\"", escape_label(v));
+            }
+            line.push('}');
+        }
+        let _ = write!(line, " {}", fmt_value(value));
+        e.2.push(line);
+    }
+
+    fn finish(self) -> String {
+        let mut out = String::new();
+        for n in &self.order {
+            let (kind, help, lines) = &self.fams[n];
+            let _ = writeln!(out, "# HELP {n} {}", help.replace('\\', "\\\\").replace('\n', "\\n"));
+            let _ = writeln!(out, "# TYPE {n} {kind}");
+            for l in lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Metric-name-safe version of a JSON key.
+fn sanitize(k: &str) -> String {
+    k.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c.to_ascii_lowercase() } else { '_' }).collect()
+}
+
+/// `ibv_wc_status` names (rdma-core `ibv_wc_status_str`, snake case).
+pub fn wc_status_name(code: u64) -> &'static str {
+    const NAMES: [&str; 24] = [
+        "success", "loc_len_err", "loc_qp_op_err", "loc_eec_op_err", "loc_prot_err", "wr_flush_err", "mw_bind_err",
+        "bad_resp_err", "loc_access_err", "rem_inv_req_err", "rem_access_err", "rem_op_err", "retry_exc_err",
+        "rnr_retry_exc_err", "loc_rdd_viol_err", "rem_inv_rd_req_err", "rem_abort_err", "inv_eecn_err",
+        "inv_eec_state_err", "fatal_err", "resp_timeout_err", "general_err", "tm_err", "tm_rndv_incomplete",
+    ];
+    NAMES.get(code as usize).copied().unwrap_or("unknown")
+}
+
+fn lcore_help(k: &str) -> &'static str {
+    match k {
+        "busy_iterations" => "Poll loop iterations that found work.",
+        "idle_iterations" => "Poll loop iterations that found no work.",
+        "idle_sleeps" => "Idle sleeps taken (backoff idle mode).",
+        "rx_packets" => "Frames received.",
+        "rx_bytes" => "Bytes received.",
+        "tx_packets" => "Frames transmitted.",
+        "tx_bytes" => "Bytes transmitted.",
+        "rx_icrc_errors" => "RoCE frames dropped for a bad ICRC.",
+        "rx_malformed" => "Frames dropped by the parser for any other reason.",
+        "rx_not_for_us" => "Frames not for this host (other IP, not RoCE, not ARP/ND).",
+        "rx_unknown_qp" => "RoCE frames for an unknown QPN (dropped).",
+        "arp_replies" => "ARP requests answered.",
+        "tx_alloc_failures" => "Transmit buffer allocation failures.",
+        "tx_no_neighbor" => "Frames not sent because no neighbour MAC is known.",
+        "tx_backpressure" => "Frames the port refused (retried next iteration).",
+        "sq_wqes" => "Send WQEs taken from client rings.",
+        "rq_wqes" => "Receive WQEs taken from client rings.",
+        "bad_wqes" => "Client WQEs rejected by validation.",
+        "cqes" => "Completions written to client CQs.",
+        "cq_full" => "Times a client CQ was full and a completion had to wait.",
+        "cq_events" => "Completion events signalled (eventfd writes).",
+        "ring_corrupt" => "Corrupt ring indices seen (client misbehaviour).",
+        "commands" => "Control commands handled by the lcore.",
+        _ => "pmrxe lcore counter (see pmrxe stats).",
+    }
+}
+
+fn qp_help(k: &str) -> &'static str {
+    match k {
+        "tx_packets" => "Request packets sent by the QP (first transmissions and retransmissions).",
+        "tx_bytes" => "Payload bytes sent by the QP.",
+        "rx_packets" => "Packets handled by the QP.",
+        "retransmits" => "Packets retransmitted by go-back-N.",
+        "retries" => "Go-back-N retries started (timeout, sequence NAK, implicit NAK, RNR).",
+        "timeouts" => "Local ACK timer expirations that caused a retry.",
+        "seq_naks_sent" => "PSN sequence NAKs sent by the responder.",
+        "seq_naks_received" => "PSN sequence NAKs received by the requester.",
+        "rnr_naks_sent" => "RNR NAKs sent.",
+        "rnr_naks_received" => "RNR NAKs received.",
+        "err_naks_sent" => "Error NAKs sent (invalid request, remote access, remote operation).",
+        "err_naks_received" => "Error NAKs received.",
+        "acks_sent" => "ACK packets sent.",
+        "acks_received" => "ACK packets received.",
+        "duplicates" => "Duplicate requests seen by the responder.",
+        "read_replays" => "Duplicate READ requests replayed.",
+        "atomic_replays" => "Duplicate atomics answered from the saved result.",
+        "rkey_violations" => "rkey/range/access violations at the responder.",
+        "local_op_executions" => "Local operations executed (REG_MR, LOCAL_INV, BIND_MW).",
+        "local_op_reexecutions" => "Local operations executed a second time (invariant: always 0).",
+        "dropped" => "Packets dropped by the QP (bad state, bad header, unexpected response).",
+        _ => "pmrxe QP counter (see pmrxe stats).",
+    }
+}
+
+/// Convert the JSON of `pmrxe stats --json` into the Prometheus text format.
+pub fn from_stats_json(v: &Value) -> String {
+    let mut f = Families::default();
+    f.sample("pmrxe_up", "gauge", "1 while the pmrxe service answers.", &[], 1.0);
+    f.sample(
+        "pmrxe_build_info",
+        "gauge",
+        "pmrxe version (value is always 1).",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    f.sample("pmrxe_uptime_seconds", "gauge", "Seconds since the service started.", &[], v["uptime_s"].as_f64().unwrap_or(0.0));
+    let ndev = v["devices"].as_array().map_or(0, Vec::len);
+    f.sample("pmrxe_devices", "gauge", "Verbs devices served.", &[], ndev as f64);
+    for d in v["devices"].as_array().into_iter().flatten() {
+        if let Some(name) = d.as_str() {
+            f.sample("pmrxe_device_info", "gauge", "A verbs device served (value is always 1).", &[("device", name)], 1.0);
+        }
+    }
+    f.sample("pmrxe_clients", "gauge", "Connected clients (verbs processes, pmrxe tools).", &[], v["clients"].as_array().map_or(0, Vec::len) as f64);
+    for l in v["lcores"].as_array().into_iter().flatten() {
+        let lc = l["index"].as_u64().unwrap_or(0).to_string();
+        f.sample("pmrxe_lcore_load_ratio", "gauge", "Busy iterations / all iterations since start.", &[("lcore", &lc)], l["load"].as_f64().unwrap_or(0.0));
+        for (k, val) in l["counters"].as_object().into_iter().flatten() {
+            if let Some(n) = val.as_u64() {
+                f.sample(&format!("pmrxe_lcore_{}_total", sanitize(k)), "counter", lcore_help(k), &[("lcore", &lc)], n as f64);
+            }
+        }
+        for (reason, val) in l["drops_by_reason"].as_object().into_iter().flatten() {
+            f.sample(
+                "pmrxe_lcore_drops_total",
+                "counter",
+                "Received frames dropped by the parser, by reason.",
+                &[("lcore", &lc), ("reason", reason)],
+                val.as_u64().unwrap_or(0) as f64,
+            );
+        }
+        f.sample("pmrxe_lcore_qps", "gauge", "QPs owned by the lcore.", &[("lcore", &lc)], l["qps"].as_array().map_or(0, Vec::len) as f64);
+        for q in l["qps"].as_array().into_iter().flatten() {
+            let qpn = format!("{:#08x}", q["qpn"].as_u64().unwrap_or(0));
+            for (k, val) in q.as_object().into_iter().flatten() {
+                if k == "qpn" {
+                    continue;
+                }
+                if k == "completions_by_status" {
+                    for (code, n) in val.as_object().into_iter().flatten() {
+                        let c: u64 = code.parse().unwrap_or(u64::MAX);
+                        f.sample(
+                            "pmrxe_qp_completions_total",
+                            "counter",
+                            "Work completions by ibv_wc_status.",
+                            &[("lcore", &lc), ("qpn", &qpn), ("status", wc_status_name(c))],
+                            n.as_u64().unwrap_or(0) as f64,
+                        );
+                    }
+                } else if let Some(n) = val.as_u64() {
+                    f.sample(&format!("pmrxe_qp_{}_total", sanitize(k)), "counter", qp_help(k), &[("lcore", &lc), ("qpn", &qpn)], n as f64);
+                }
+            }
+        }
+    }
+    let cap = &v["capture"];
+    f.sample("pmrxe_capture_active", "gauge", "1 while a live capture runs.", &[], if cap["active"].as_bool().unwrap_or(false) { 1.0 } else { 0.0 });
+    f.sample("pmrxe_capture_frames_total", "counter", "Frames written by live captures.", &[], cap["frames"].as_u64().unwrap_or(0) as f64);
+    f.sample("pmrxe_capture_dropped_total", "counter", "Frames a live capture dropped because its writer fell behind.", &[], cap["dropped"].as_u64().unwrap_or(0) as f64);
+    f.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    struct Fake;
+    impl StatsSource for Fake {
+        fn render(&self, _json: bool) -> String {
+            json!({
+                "uptime_s": 1.5, "devices": ["pmrxe0", "pmrxe1"], "clients": [{"id": 1, "pid": 2, "program": "x"}],
+                "lcores": [{"index": 0, "load": 0.25,
+                    "counters": {"busy_iterations": 10, "idle_iterations": 30, "rx_icrc_errors": 0},
+                    "drops_by_reason": {"BadIcrc": 3},
+                    "qps": [{"qpn": 17, "retransmits": 2, "completions_by_status": {"0": 5, "5": 1}},
+                            {"qpn": 18, "retransmits": 0, "completions_by_status": {}}]}],
+                "capture": {"active": false, "frames": 0, "dropped": 0},
+            })
+            .to_string()
+        }
+    }
+
+    #[test]
+    fn text_format() {
+        let t = render(&Fake);
+        assert!(t.contains("# TYPE pmrxe_lcore_busy_iterations_total counter\npmrxe_lcore_busy_iterations_total{lcore=\"0\"} 10\n"), "{t}");
+        assert!(t.contains("pmrxe_lcore_rx_icrc_errors_total{lcore=\"0\"} 0\n"));
+        assert!(t.contains("pmrxe_lcore_drops_total{lcore=\"0\",reason=\"BadIcrc\"} 3\n"));
+        assert!(t.contains("pmrxe_qp_retransmits_total{lcore=\"0\",qpn=\"0x000011\"} 2\npmrxe_qp_retransmits_total{lcore=\"0\",qpn=\"0x000012\"} 0\n"), "{t}");
+        assert!(t.contains("pmrxe_qp_completions_total{lcore=\"0\",qpn=\"0x000011\",status=\"wr_flush_err\"} 1\n"));
+        assert!(t.contains("pmrxe_lcore_load_ratio{lcore=\"0\"} 0.25\n"));
+        assert!(t.contains("pmrxe_clients 1\n"));
+        // Every family has exactly one HELP and one TYPE line, and its samples follow them.
+        let mut seen = std::collections::HashSet::new();
+        let mut cur = String::new();
+        for line in t.lines() {
+            if let Some(r) = line.strip_prefix("# TYPE ") {
+                cur = r.split(' ').next().unwrap().to_string();
+                assert!(seen.insert(cur.clone()), "family {cur} split");
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert_eq!(name, cur, "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn http() {
+        let (addr, _h) = spawn("127.0.0.1:0".parse().unwrap(), Arc::new(Fake)).unwrap();
+        let get = |req: &str| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.contains(CONTENT_TYPE));
+        assert!(r.contains("pmrxe_up 1\n"));
+        assert!(get("GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let h = get("HEAD /metrics HTTP/1.1\r\n\r\n");
+        assert!(h.starts_with("HTTP/1.1 200") && h.ends_with("\r\n\r\n"), "{h}");
+    }
+}
