@@ -40,6 +40,7 @@ pub struct ShimQp {
     pub doorbell: Doorbell,
     pub lim: Limits,
     cap: QpCap,
+    sq_sig_all: bool,
 }
 handle!(ShimQp, ibv_qp_ex, 0x504d_5845_5150_3031);
 
@@ -272,6 +273,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
         doorbell,
         lim,
         cap,
+        sq_sig_all: a.sq_sig_all != 0,
     });
     // ibv_create_qp reports the granted capabilities back through the attributes.
     a.cap = ibv_qp_cap {
@@ -446,7 +448,7 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _
             ia.srq = b.srq;
             ia.cap = cap_to_c(&init_cap);
             ia.qp_type = b.qp_type;
-            ia.sq_sig_all = 0;
+            ia.sq_sig_all = c_int::from(q.sq_sig_all);
             q.ex.qp_base.state = qa.qp_state;
             Ok(())
         })())
