@@ -31,7 +31,8 @@ use pmrxe_abi::{
     ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
 };
 use pmrxe_mem::MemTable;
-use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket};
+use pmrxe_abi::SrqSegmentLayout;
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::clock::Clock;
@@ -109,6 +110,26 @@ pub enum Cmd {
     RemoveAh { ah: u32 },
     /// Per-QP statistics.
     QpStats { done: Sender<Vec<(u32, pmrxe_transport::QpStats)>> },
+    /// A shared receive queue and its ring.
+    AddSrq { srq: Box<Srq>, client: u32, seg: Arc<Segment>, layout: SrqSegmentLayout, db_slot: u16, done: Sender<Result<(), String>> },
+    /// ibv_modify_srq (limit only; resizing is not supported).
+    ModifySrq { srqn: u32, attr: SrqAttr, arm: bool, done: Sender<Result<(), i32>> },
+    /// ibv_query_srq.
+    QuerySrq { srqn: u32, done: Sender<Option<SrqAttr>> },
+    /// ibv_destroy_srq (refused while a QP uses it).
+    RemoveSrq { srqn: u32, done: Sender<Result<(), i32>> },
+}
+
+/// Doorbell slot values with this bit name an SRQ, not a QP.
+const SRQ_SLOT: u32 = 0x8000_0000;
+
+struct SrqSlot {
+    srq: Srq,
+    client: u32,
+    _seg: Arc<Segment>,
+    ring: Consumer<ShmRecvWqe>,
+    refs: u32,
+    backlog: bool,
 }
 
 struct QpSlot {
@@ -201,6 +222,7 @@ pub struct Lcore<L: Link> {
     qps: Vec<Option<QpSlot>>,
     qpn_to_slot: HashMap<u32, usize>,
     cqs: HashMap<u32, CqSlot>,
+    srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
     ahs: HashMap<u32, AddressVector>,
     neigh: Neighbors,
@@ -248,6 +270,7 @@ impl<L: Link> Lcore<L> {
             qps: Vec::with_capacity(MAX_QPS_PER_LCORE),
             qpn_to_slot: HashMap::with_capacity(MAX_QPS_PER_LCORE),
             cqs: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
             neigh,
@@ -334,6 +357,7 @@ impl<L: Link> Lcore<L> {
                     self.remove_qp(q);
                 }
                 self.cqs.retain(|_, c| c.client != client);
+                self.srqs.retain(|_, c| c.client != client);
                 self.clients.retain(|c| c.id != client);
                 let _ = done.send(());
             }
@@ -384,6 +408,54 @@ impl<L: Link> Lcore<L> {
             Cmd::RemoveAh { ah } => {
                 self.ahs.remove(&ah);
             }
+            Cmd::AddSrq { srq, client, seg, layout, db_slot, done } => {
+                let r = (|| {
+                    let ci = self.clients.iter().position(|c| c.id == client).ok_or("unknown client")?;
+                    if db_slot as usize >= DOORBELL_SLOTS || self.clients[ci].slots[db_slot as usize] != 0 {
+                        return Err("doorbell slot in use".to_string());
+                    }
+                    // SAFETY: the service laid the segment out with `layout` and initialised the
+                    // ring; the slot keeps the segment alive as long as the consumer.
+                    let ring = unsafe { Consumer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), layout.capacity) }.map_err(|e| e.to_string())?;
+                    let srqn = srq.srqn();
+                    self.clients[ci].slots[db_slot as usize] = SRQ_SLOT | srqn;
+                    self.srqs.insert(srqn, SrqSlot { srq: *srq, client, _seg: seg, ring, refs: 0, backlog: false });
+                    Ok(())
+                })();
+                let _ = done.send(r);
+            }
+            Cmd::ModifySrq { srqn, attr, arm, done } => {
+                let r = match self.srqs.get_mut(&srqn) {
+                    None => Err(libc::EINVAL),
+                    Some(s) => {
+                        if arm {
+                            s.srq.arm_limit(attr.srq_limit);
+                        }
+                        Ok(())
+                    }
+                };
+                let _ = done.send(r);
+            }
+            Cmd::QuerySrq { srqn, done } => {
+                let _ = done.send(self.srqs.get(&srqn).map(|s| s.srq.query()));
+            }
+            Cmd::RemoveSrq { srqn, done } => {
+                let r = match self.srqs.get(&srqn) {
+                    None => Err(libc::EINVAL),
+                    Some(s) if s.refs > 0 => Err(libc::EBUSY),
+                    Some(s) => {
+                        let client = s.client;
+                        self.srqs.remove(&srqn);
+                        if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+                            for v in c.slots.iter_mut().filter(|v| **v == SRQ_SLOT | srqn) {
+                                *v = 0;
+                            }
+                        }
+                        Ok(())
+                    }
+                };
+                let _ = done.send(r);
+            }
             Cmd::QpStats { done } => {
                 let v = self.qps.iter().flatten().map(|s| (s.qp.qpn(), s.qp.stats().clone())).collect();
                 let _ = done.send(v);
@@ -412,6 +484,12 @@ impl<L: Link> Lcore<L> {
         } else {
             None
         };
+        if let Some(srqn) = s.qp.srq() {
+            match self.srqs.get_mut(&srqn) {
+                Some(x) => x.refs += 1,
+                None => return Err("unknown SRQ".into()),
+            }
+        }
         let qpn = s.qp.qpn();
         let is_ud = s.qp.qp_type() == QpType::Ud;
         let slot = QpSlot { qp: s.qp, client: s.client, dev, _seg: s.seg, sq, rq, send_cq: s.send_cq, recv_cq: s.recv_cq, stash: None, is_ud, backlog: false };
@@ -442,6 +520,9 @@ impl<L: Link> Lcore<L> {
             if let Some(c) = self.cqs.get_mut(&cq) {
                 c.refs = c.refs.saturating_sub(1);
             }
+        }
+        if let Some(x) = slot.qp.srq().and_then(|n| self.srqs.get_mut(&n)) {
+            x.refs = x.refs.saturating_sub(1);
         }
         if let Some(c) = self.clients.iter_mut().find(|c| c.id == slot.client) {
             for s in c.slots.iter_mut().filter(|s| **s == qpn) {
@@ -502,7 +583,8 @@ impl<L: Link> Lcore<L> {
                 pkt.traffic_class = f.tclass;
                 pkt.hop_limit = f.ttl;
                 pkt.flow_label = f.flow_label;
-                slot.qp.handle_packet(now, &pkt, &*self.mem, None);
+                let srq = slot.qp.srq().and_then(|n| self.srqs.get_mut(&n)).map(|x| &mut x.srq);
+                slot.qp.handle_packet(now, &pkt, &*self.mem, srq);
             }
             Err(wire::Error::Arp) => self.on_arp(pi, data),
             Err(e) => {
@@ -565,6 +647,12 @@ impl<L: Link> Lcore<L> {
                     let b = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     let qpn = c.slots[w * 64 + b];
+                    if qpn & SRQ_SLOT != 0 {
+                        if let Some(x) = self.srqs.get_mut(&(qpn & !SRQ_SLOT)) {
+                            x.backlog = true;
+                        }
+                        continue;
+                    }
                     if let Some(&i) = self.qpn_to_slot.get(&qpn) {
                         if self.work.len() < self.work.capacity() {
                             self.work.push(i);
@@ -577,6 +665,11 @@ impl<L: Link> Lcore<L> {
         for k in 0..self.work.len() {
             let i = self.work[k];
             any |= self.drain_rings(i, now);
+        }
+        for x in self.srqs.values_mut() {
+            if x.backlog {
+                any |= drain_srq(x, &self.stats);
+            }
         }
         any
     }
@@ -669,6 +762,11 @@ impl<L: Link> Lcore<L> {
 
     fn transmit(&mut self, now: Instant) -> bool {
         let mut any = false;
+        for x in self.srqs.values_mut() {
+            if x.backlog {
+                any |= drain_srq(x, &self.stats);
+            }
+        }
         for i in 0..self.qps.len() {
             // Leftover SQ entries that did not fit earlier: pull them now that space may exist.
             let backlog = matches!(&self.qps[i], Some(s) if s.sq_has_backlog());
@@ -760,7 +858,11 @@ impl<L: Link> Lcore<L> {
             }
             while let Some(ev) = s.qp.poll_event() {
                 if let Some(c) = self.clients.iter().find(|c| c.id == s.client) {
-                    let _ = c.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element: s.qp.qpn() });
+                    let element = match ev {
+                        pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
+                        _ => s.qp.qpn(),
+                    };
+                    let _ = c.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
                 }
             }
         }
@@ -809,6 +911,36 @@ impl QpSlot {
     fn sq_has_backlog(&self) -> bool {
         self.backlog
     }
+}
+
+fn drain_srq(x: &mut SrqSlot, stats: &LcoreStats) -> bool {
+    x.backlog = false;
+    let mut any = false;
+    loop {
+        match x.ring.peek() {
+            Ok(Some(w)) => {
+                any = true;
+                match convert::recv_wqe(&w) {
+                    Ok(r) => {
+                        if x.srq.post_recv(r).is_err() {
+                            x.backlog = true;
+                            break;
+                        }
+                    }
+                    Err(_) => bump(&stats.bad_wqes, 1),
+                }
+                x.ring.advance();
+                bump(&stats.rq_wqes, 1);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                bump(&stats.ring_corrupt, 1);
+                break;
+            }
+        }
+    }
+    x.ring.release();
+    any
 }
 
 fn fatal(qp: &mut Qp) {

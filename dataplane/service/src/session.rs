@@ -16,13 +16,13 @@ use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::{self, AhAttr, AsyncEvent, QpAttr as AbiQpAttr, QpCap, Request, Response};
 use pmrxe_abi::ring::init_ring;
 use pmrxe_abi::{
-    ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ABI_VERSION, CLIENT_PAGE_LEN,
+    ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, SrqSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ABI_VERSION, CLIENT_PAGE_LEN,
     CLIENT_PAGE_MAGIC, DOORBELL_SLOTS,
 };
 use pmrxe_mem::{Access, Key, MemTable, MwType, Region, SgEntry};
 use pmrxe_runtime::lcore::{Cmd, LcoreHandle, QpSetup};
 use pmrxe_runtime::shm::{EventFd, MrMapping, Segment};
-use pmrxe_transport::{AddressVector, AttrMask, PathMtu, Qp, QpAttr, QpCaps, QpState, QpType};
+use pmrxe_transport::{AddressVector, AttrMask, PathMtu, Qp, QpAttr, QpCaps, QpState, QpType, Srq, SrqAttr};
 
 use crate::stats::StatsSource;
 
@@ -61,6 +61,11 @@ struct SegRec {
     region: Option<Region>,
 }
 
+struct SrqRec {
+    lcore: usize,
+    db_slot: u16,
+}
+
 struct QpRec {
     lcore: usize,
     init_cap: QpCap,
@@ -76,6 +81,7 @@ struct Objects {
     mrs: HashMap<u32, u32>,        // key → pd
     mws: HashMap<u32, u32>,        // key → pd
     ahs: HashMap<u32, usize>,      // ah → lcore
+    srqs: HashMap<u32, SrqRec>,
     segs: HashMap<u64, SegRec>,
     db_used: Vec<bool>,
 }
@@ -340,8 +346,40 @@ impl Session {
                     Err(e) => (err(e, "destroy_qp"), vec![]),
                 }
             }
-            Request::CreateSrq { .. } | Request::ModifySrq { .. } | Request::QuerySrq { .. } | Request::DestroySrq { .. } => {
-                (err(libc::EOPNOTSUPP, "SRQ is not wired into the service yet"), vec![])
+            Request::CreateSrq { device, pd, max_wr, max_sge, srq_limit } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
+            Request::ModifySrq { srq, max_wr: _, srq_limit, mask } => {
+                let Some(r) = self.objs.srqs.get(&srq) else { return (err(libc::EINVAL, "no such SRQ"), vec![]) };
+                // IBV_SRQ_MAX_WR = 1 (resize: not supported), IBV_SRQ_LIMIT = 2.
+                if mask & 1 != 0 {
+                    return (err(libc::EOPNOTSUPP, "SRQ resize is not supported"), vec![]);
+                }
+                let attr = SrqAttr { max_wr: 0, max_sge: 0, srq_limit };
+                let res: Result<(), i32> = lcore_call!(sh.lcores[r.lcore], ModifySrq { srqn: srq, attr: attr, arm: mask & 2 != 0 });
+                match res {
+                    Ok(()) => (Response::Ok, vec![]),
+                    Err(e) => (err(e, "modify_srq"), vec![]),
+                }
+            }
+            Request::QuerySrq { srq } => {
+                let Some(r) = self.objs.srqs.get(&srq) else { return (err(libc::EINVAL, "no such SRQ"), vec![]) };
+                let a: Option<SrqAttr> = lcore_call!(sh.lcores[r.lcore], QuerySrq { srqn: srq });
+                match a {
+                    Some(a) => (Response::SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit }, vec![]),
+                    None => (err(libc::EINVAL, "no such SRQ"), vec![]),
+                }
+            }
+            Request::DestroySrq { srq } => {
+                let Some(r) = self.objs.srqs.get(&srq) else { return (err(libc::EINVAL, "no such SRQ"), vec![]) };
+                let (lc, slot) = (r.lcore, r.db_slot);
+                let res: Result<(), i32> = lcore_call!(sh.lcores[lc], RemoveSrq { srqn: srq });
+                match res {
+                    Ok(()) => {
+                        self.objs.srqs.remove(&srq);
+                        self.objs.db_used[slot as usize] = false;
+                        (Response::Ok, vec![])
+                    }
+                    Err(e) => (err(e, "SRQ busy or unknown"), vec![]),
+                }
             }
             Request::CreateAh { pd, attr } => {
                 let Some(&dev) = self.objs.pds.get(&pd) else { return (err(libc::EINVAL, "no such PD"), vec![]) };
@@ -410,10 +448,12 @@ impl Session {
         if pd_dev != device {
             return (err(libc::EINVAL, "PD belongs to another device"), vec![]);
         }
-        if srq.is_some() {
-            return (err(libc::EOPNOTSUPP, "SRQ is not wired into the service yet"), vec![]);
-        }
         let lc = sh.device_lcore[device as usize];
+        if let Some(n) = srq {
+            if self.objs.srqs.get(&n).map(|r| r.lcore) != Some(lc) {
+                return (err(libc::EINVAL, "SRQ unknown or on another device"), vec![]);
+            }
+        }
         for cq in [send_cq, recv_cq] {
             if self.objs.cqs.get(&cq) != Some(&lc) {
                 return (err(libc::EINVAL, "CQ unknown or on another device"), vec![]);
@@ -437,13 +477,14 @@ impl Session {
             max_inline_data: cap.max_inline_data,
         };
         let qpn = sh.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-        let mut qp = match Qp::new(qpn, ty, pd, caps, None) {
+        let mut qp = match Qp::new(qpn, ty, pd, caps, srq) {
             Ok(q) => q,
             Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
         };
         qp.set_sq_sig_all(sig_all);
         let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many QPs for this client"), vec![]) };
-        let layout = QpSegmentLayout::new(caps.max_send_wr.next_power_of_two(), caps.max_recv_wr.next_power_of_two());
+        let rq_cap = if srq.is_some() { 0 } else { caps.max_recv_wr.next_power_of_two() };
+        let layout = QpSegmentLayout::new(caps.max_send_wr.next_power_of_two(), rq_cap);
         let seg = match Segment::create("pmrxe-qp", layout.total_len as usize) {
             Ok(s) => Arc::new(s),
             Err(e) => return (err(libc::ENOMEM, &e.to_string()), vec![]),
@@ -451,7 +492,7 @@ impl Session {
         // SAFETY: fresh zeroed segment laid out by `layout`.
         let ok = unsafe {
             init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), layout.sq_capacity).is_ok()
-                && init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), layout.rq_capacity).is_ok()
+                && (layout.rq_capacity == 0 || init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), layout.rq_capacity).is_ok())
         };
         if !ok {
             return (err(libc::EINVAL, "ring layout"), vec![]);
@@ -468,6 +509,44 @@ impl Session {
         let resp = (Response::Qp { qpn, cap: out_cap, layout, doorbell: Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 } }, vec![fd]);
         drop_after_send(seg);
         resp
+    }
+
+    fn create_srq(&mut self, device: u32, pd: u32, max_wr: u32, max_sge: u32, srq_limit: u32) -> Reply {
+        let sh = self.shared.clone();
+        let Some(&pd_dev) = self.objs.pds.get(&pd) else { return (err(libc::EINVAL, "no such PD"), vec![]) };
+        if pd_dev != device {
+            return (err(libc::EINVAL, "PD belongs to another device"), vec![]);
+        }
+        let d = &sh.devices[device as usize].attr;
+        if max_wr == 0 || max_wr > d.max_srq_wr || max_sge > d.max_srq_sge {
+            return (err(libc::EINVAL, "SRQ attributes exceed the device limits"), vec![]);
+        }
+        let srqn = sh.handle();
+        let srq = match Srq::new(srqn, SrqAttr { max_wr, max_sge: max_sge.max(1), srq_limit }) {
+            Ok(s) => s,
+            Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
+        };
+        let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many queues for this client"), vec![]) };
+        let layout = SrqSegmentLayout::new(max_wr.next_power_of_two());
+        let seg = match Segment::create("pmrxe-srq", layout.total_len as usize) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return (err(libc::ENOMEM, &e.to_string()), vec![]),
+        };
+        // SAFETY: fresh zeroed segment laid out by `layout` (one ring at offset 0).
+        if unsafe { init_ring::<ShmRecvWqe>(seg.as_ptr(), layout.capacity) }.is_err() {
+            return (err(libc::EINVAL, "ring layout"), vec![]);
+        }
+        let lc = sh.device_lcore[device as usize];
+        let fd = seg.fd().as_raw_fd();
+        let r: Result<(), String> =
+            lcore_call!(sh.lcores[lc], AddSrq { srq: Box::new(srq), client: self.id, seg: seg.clone(), layout: layout, db_slot: slot as u16 });
+        if let Err(e) = r {
+            return (err(libc::EINVAL, &e), vec![]);
+        }
+        self.objs.db_used[slot] = true;
+        self.objs.srqs.insert(srqn, SrqRec { lcore: lc, db_slot: slot as u16 });
+        let db = Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 };
+        (Response::Srq { srq: srqn, max_wr: layout.capacity, max_sge: max_sge.max(1), layout, doorbell: db }, vec![fd])
     }
 
     fn reg_mr(&mut self, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: &[ctrl::Piece]) -> Reply {
