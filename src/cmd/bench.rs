@@ -1,15 +1,650 @@
 //! `pmrxe bench`: the native harness (no shim).
-use std::process::ExitCode;
+//!
+//! Spawns `pmrxe serve` (this executable) on the loopback configuration with the idle back-off
+//! switched off (`idle = { mode = "busy" }`) and a private control socket, pins itself (the
+//! driver) to CPU 0 — the service's poll-mode lcore is on CPU 1 — and measures between
+//! `pmrxe0` and `pmrxe1` with [`pmrxe_service::native`]:
+//!
+//! * message rate: 8 B and 64 B SEND and WRITE (inline), batches of posts, a window of
+//!   outstanding WQEs, every Nth signaled;
+//! * bandwidth: WRITE, READ and SEND from 4 KiB to 4 MiB;
+//! * latency: 8 B WRITE ping-pong (polling the last byte, like `ib_write_lat`) and 8 B SEND
+//!   ping-pong; one-way = round trip / 2, as perftest reports it.
+//!
+//! One driver thread plays both sides (the passive side of WRITE/READ does nothing; for SEND
+//! it re-posts receives; for ping-pong it answers), so the driver needs one core and the
+//! service the other. `--memcpy` measures the single-core memcpy limit at the same sizes.
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use pmrxe_service::native::{self, wqe, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions, ShmCqe};
+use serde_json::{json, Value};
 
 /// Arguments of `pmrxe bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    pub json: Option<PathBuf>,
+    /// `quick` (a few seconds, 3 bandwidth sizes, used by tests) or `full` (4 KiB..4 MiB).
+    #[arg(long, value_enum, default_value_t = Suite::Full)]
+    pub suite: Suite,
+    /// Seconds per measured point (default: quick 0.15, full 1.5).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Bandwidth message sizes, comma separated, with K/M suffixes (e.g. 4K,64K,1M).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<String>>,
+    /// Latency iterations per test (default: quick 2000, full 100000).
+    #[arg(long)]
+    pub iters: Option<u64>,
+    /// Which parts: rate, bw, lat (comma separated; default all).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Option<Vec<String>>,
+    /// Only measure the single-core memcpy limit at the bandwidth sizes (no service).
+    #[arg(long)]
+    pub memcpy: bool,
+    /// Use a running service at this socket instead of spawning one.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Configuration for the spawned service (default: the embedded loopback, idle = busy).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// CPU the driver pins itself to.
+    #[arg(long, default_value_t = 0)]
+    pub cpu: usize,
+    /// Outstanding WQEs in message-rate and bandwidth tests (bandwidth: at most 16 MiB in flight).
+    #[arg(long, default_value_t = 128)]
+    pub window: u32,
+    /// Signal every Nth WQE in message-rate tests.
+    #[arg(long, default_value_t = 16)]
+    pub signal_every: u32,
+    /// WQEs per post (one publish + one doorbell per batch) in message-rate tests.
+    #[arg(long, default_value_t = 16)]
+    pub batch: u32,
 }
 
-pub fn run(_args: BenchArgs) -> ExitCode {
-    eprintln!("pmrxe: bench: the native harness is not built yet; use scripts/bench.sh (perftest through the shim)");
-    ExitCode::from(1)
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    Quick,
+    Full,
+}
+
+const QUICK_SIZES: &[usize] = &[4096, 65536, 1 << 20];
+const FULL_SIZES: &[usize] = &[4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20, 2 << 20, 4 << 20];
+
+pub fn run(args: BenchArgs) -> ExitCode {
+    match bench(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => super::fail("bench", e),
+    }
+}
+
+struct Plan {
+    dur: Duration,
+    sizes: Vec<usize>,
+    iters: u64,
+    rate: bool,
+    bw: bool,
+    lat: bool,
+}
+
+fn plan(args: &BenchArgs) -> io::Result<Plan> {
+    let quick = args.suite == Suite::Quick;
+    let dur = Duration::from_secs_f64(args.duration.unwrap_or(if quick { 0.15 } else { 1.5 }).clamp(0.01, 600.0));
+    let sizes = match &args.sizes {
+        Some(v) => v.iter().map(|s| parse_size(s)).collect::<io::Result<Vec<_>>>()?,
+        None => if quick { QUICK_SIZES } else { FULL_SIZES }.to_vec(),
+    };
+    let only = |k: &str| args.only.as_ref().map_or(true, |v| v.iter().any(|x| x == k));
+    Ok(Plan { dur, sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat") })
+}
+
+fn parse_size(s: &str) -> io::Result<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1024),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad size {s:?}")))?;
+    if n == 0 || n * mul > 64 << 20 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("size {s:?} must be 1..=64M")));
+    }
+    Ok(n * mul)
+}
+
+fn bench(args: &BenchArgs) -> io::Result<()> {
+    let plan = plan(args)?;
+    let mut out = json!({
+        "schema": 1,
+        "suite": if args.suite == Suite::Quick { "quick" } else { "full" },
+        "duration_s": plan.dur.as_secs_f64(),
+        "machine": machine(),
+        "units": { "mops": "million operations per second", "gb_per_s": "1e9 bytes per second", "latency": "microseconds, one-way = round trip / 2" },
+    });
+    if core_affinity::set_for_current(core_affinity::CoreId { id: args.cpu }) {
+        out["driver_cpu"] = json!(args.cpu);
+    } else {
+        eprintln!("pmrxe: bench: could not pin the driver to CPU {}", args.cpu);
+        out["driver_cpu"] = Value::Null;
+    }
+    if args.memcpy {
+        let m = memcpy_limits(&plan.sizes, plan.dur);
+        print_memcpy(&m);
+        out["memcpy"] = Value::Array(m);
+        return write_json(args, &out);
+    }
+    let (service, socket) = match &args.socket {
+        Some(s) => (None, s.clone()),
+        None => {
+            let s = Service::spawn(args.config.as_deref())?;
+            let p = s.socket.clone();
+            (Some(s), p)
+        }
+    };
+    out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
+    let ctx = connect_retry(&socket, service.as_ref().map(|s| s as &Service), Duration::from_secs(30))?;
+    let h = Harness::new(&ctx, &plan)?;
+    out["service"]["path_mtu"] = json!(256u32 << h.path_mtu.saturating_sub(1));
+    out["service"]["devices"] = json!([ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name]);
+    println!("pmrxe bench ({}): {} <-> {}, path MTU {}, driver on CPU {}, {:.2} s per point",
+        out["suite"].as_str().unwrap_or(""), ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name,
+        out["service"]["path_mtu"], args.cpu, plan.dur.as_secs_f64());
+    let mut rate = Vec::new();
+    if plan.rate {
+        println!("\nmessage rate (window {}, batch {}, signal every {})", args.window, args.batch, args.signal_every);
+        println!("  {:<6} {:>8} {:>12} {:>10}", "op", "size", "Mops/s", "GB/s");
+        for op in [Op::Send, Op::Write] {
+            for size in [8usize, 64] {
+                let r = h.stream(op, size, args.window, args.signal_every, args.batch, true, plan.dur)?;
+                println!("  {:<6} {:>8} {:>12.3} {:>10.4}", op.name(), size, r.mops(), r.gbps());
+                rate.push(json!({"op": op.name(), "size": size, "inline": true, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
+                    "window": args.window, "batch": args.batch, "signal_every": args.signal_every}));
+            }
+        }
+    }
+    out["msg_rate"] = Value::Array(rate);
+    let mut bw = Vec::new();
+    if plan.bw {
+        println!("\nbandwidth");
+        println!("  {:<6} {:>8} {:>10} {:>12} {:>7}", "op", "size", "GB/s", "Mops/s", "window");
+        for op in [Op::Write, Op::Read, Op::Send] {
+            for &size in &plan.sizes {
+                let window = bw_window(args.window, size);
+                let sig = (window / 4).max(1);
+                let r = h.stream(op, size, window, sig, sig.min(args.batch), false, plan.dur)?;
+                println!("  {:<6} {:>8} {:>10.3} {:>12.4} {:>7}", op.name(), size, r.gbps(), r.mops(), window);
+                bw.push(json!({"op": op.name(), "size": size, "gb_per_s": r.gbps(), "mops": r.mops(), "ops": r.ops, "seconds": r.secs, "window": window, "signal_every": sig}));
+            }
+        }
+    }
+    out["bandwidth"] = Value::Array(bw);
+    let mut lat = Vec::new();
+    if plan.lat {
+        println!("\nlatency (8 B, one-way = RTT/2, {} iterations)", plan.iters);
+        println!("  {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}", "op", "size", "min us", "p50 us", "p99 us", "p99.9 us", "mean us");
+        for op in [Op::Write, Op::Send] {
+            let s = h.ping_pong(op, 8, plan.iters)?;
+            println!("  {:<6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", op.name(), 8, s.min, s.p50, s.p99, s.p999, s.mean);
+            lat.push(json!({"op": op.name(), "size": 8, "iters": plan.iters, "min_us": s.min, "p50_us": s.p50, "p99_us": s.p99, "p999_us": s.p999, "mean_us": s.mean, "max_us": s.max}));
+        }
+    }
+    out["latency"] = Value::Array(lat);
+    if let Ok(s) = ctx.stats(true) {
+        out["service_stats"] = serde_json::from_str(&s).unwrap_or(Value::String(s));
+    }
+    drop(h);
+    drop(ctx);
+    drop(service);
+    write_json(args, &out)
+}
+
+fn bw_window(max: u32, size: usize) -> u32 {
+    ((16usize << 20) / size).clamp(2, max.max(2) as usize) as u32
+}
+
+fn write_json(args: &BenchArgs, out: &Value) -> io::Result<()> {
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(out).map_err(io::Error::other)? + "\n")?;
+        println!("\nJSON: {}", p.display());
+    }
+    Ok(())
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).ok();
+    let load = std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).ok();
+    json!({ "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "cpu_model": model, "kernel": kernel, "loadavg_at_start": load })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service child.
+
+struct Service {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Service {
+    fn spawn(config: Option<&Path>) -> io::Result<Service> {
+        let dir = std::env::temp_dir().join(format!("pmrxe-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("pmrxe.sock");
+        let cfg = match config {
+            Some(p) => p.to_path_buf(),
+            None => {
+                let text: String = pmrxe_config::DEFAULT_LOOPBACK
+                    .lines()
+                    .map(|l| if l.trim_start().starts_with("idle") { "idle = { mode = \"busy\" }" } else { l })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let p = dir.join("loopback-busy.toml");
+                std::fs::write(&p, text + "\n")?;
+                p
+            }
+        };
+        let exe = std::env::current_exe()?;
+        let log = std::fs::File::create(dir.join("serve.log"))?;
+        let child = Command::new(exe)
+            .arg("serve")
+            .arg("--config")
+            .arg(&cfg)
+            .env("PMRXE_SOCKET", &socket)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        Ok(Service { child, dir, socket })
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if self.exited().is_some() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn connect_retry(socket: &Path, service: Option<&Service>, limit: Duration) -> io::Result<Context> {
+    let t0 = Instant::now();
+    let svc = service.map(|s| s as *const Service as *mut Service);
+    loop {
+        match Context::connect(socket) {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                if let Some(p) = svc {
+                    // SAFETY: the Service outlives this call and nobody else touches it meanwhile.
+                    let s = unsafe { &mut *p };
+                    if let Some(st) = s.exited() {
+                        let log = std::fs::read_to_string(s.dir.join("serve.log")).unwrap_or_default();
+                        return Err(io::Error::other(format!("pmrxe serve exited ({st}) before answering: {}", log.trim())));
+                    }
+                }
+                if t0.elapsed() > limit {
+                    return Err(io::Error::new(e.kind(), format!("no service at {}: {e}", socket.display())));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness.
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Send,
+    Write,
+    Read,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Send => "SEND",
+            Op::Write => "WRITE",
+            Op::Read => "READ",
+        }
+    }
+}
+
+struct StreamResult {
+    ops: u64,
+    bytes: u64,
+    secs: f64,
+}
+
+impl StreamResult {
+    fn mops(&self) -> f64 {
+        self.ops as f64 / self.secs / 1e6
+    }
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.secs / 1e9
+    }
+}
+
+struct LatStats {
+    min: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    mean: f64,
+    max: f64,
+}
+
+/// Per-device objects kept across tests.
+struct Side {
+    mr: Mr,
+    buf: Buffer,
+    pd: Pd,
+}
+
+/// One connected QP pair with its CQs (fresh per test). Field order = drop order: QPs first.
+struct Conn {
+    qp: [Qp; 2],
+    scq: [Cq; 2],
+    rcq: [Cq; 2],
+    /// Receives posted and not yet consumed, per side.
+    recv_posted: [u32; 2],
+}
+
+const RQ_DEPTH: u32 = 1024;
+const CQ_DEPTH: u32 = 4096;
+
+struct Harness {
+    ctx: Context,
+    sides: [Side; 2],
+    dev: [u32; 2],
+    path_mtu: u32,
+    rd_atomic: u8,
+    opts: QpOptions,
+    buf_len: usize,
+}
+
+impl Harness {
+    fn new(ctx: &Context, plan: &Plan) -> io::Result<Harness> {
+        let find = |name: &str, fallback: u32| ctx.device_index(name).unwrap_or(fallback);
+        let dev = [find("pmrxe0", 0), find("pmrxe1", 1)];
+        if ctx.devices().len() < 2 {
+            return Err(io::Error::other("the service has fewer than two devices"));
+        }
+        let d0 = &ctx.devices()[dev[0] as usize];
+        let path_mtu = d0.port.active_mtu.clamp(1, 5);
+        let rd_atomic = d0.attr.max_qp_rd_atom.clamp(1, 16) as u8;
+        let mut opts = QpOptions::default();
+        opts.cap.max_send_wr = d0.attr.max_qp_wr.min(1024);
+        opts.cap.max_recv_wr = d0.attr.max_qp_wr.min(RQ_DEPTH);
+        opts.cap.max_inline_data = d0.attr.max_inline_data.min(64);
+        let buf_len = plan.sizes.iter().copied().max().unwrap_or(4096).max(1 << 16);
+        let mk = |d: u32| -> io::Result<Side> {
+            let pd = Pd::alloc(ctx, d)?;
+            let buf = Buffer::new(ctx, buf_len)?;
+            let mr = Mr::register(&pd, &buf, native::access::ALL)?;
+            Ok(Side { mr, buf, pd })
+        };
+        let sides = [mk(dev[0])?, mk(dev[1])?];
+        Ok(Harness { ctx: ctx.clone(), sides, dev, path_mtu, rd_atomic, opts, buf_len })
+    }
+
+    fn connect(&self) -> io::Result<Conn> {
+        let cq = |i: usize| Cq::create(&self.ctx, self.dev[i], CQ_DEPTH.min(self.ctx.devices()[self.dev[i] as usize].attr.max_cqe));
+        let scq = [cq(0)?, cq(1)?];
+        let rcq = [cq(0)?, cq(1)?];
+        let qa = Qp::create(&self.sides[0].pd, &scq[0], &rcq[0], self.opts)?;
+        let qb = Qp::create(&self.sides[1].pd, &scq[1], &rcq[1], self.opts)?;
+        qa.connect(qb.qpn, qa.av_to(self.dev[1])?, self.path_mtu, self.rd_atomic)?;
+        qb.connect(qa.qpn, qb.av_to(self.dev[0])?, self.path_mtu, self.rd_atomic)?;
+        Ok(Conn { qp: [qa, qb], scq, rcq, recv_posted: [0, 0] })
+    }
+
+    /// Top up side `i`'s receive queue to RQ_DEPTH receives of `len` bytes each.
+    fn fill_rq(&self, c: &mut Conn, i: usize, len: u32) -> io::Result<()> {
+        let want = self.opts.cap.max_recv_wr.min(RQ_DEPTH) - c.recv_posted[i];
+        if want == 0 {
+            return Ok(());
+        }
+        let sge = self.sides[i].mr.sge(0, len);
+        let wqes: Vec<_> = (0..want).map(|_| wqe::recv(0, sge)).collect();
+        c.qp[i].post_recv(&wqes)?;
+        c.recv_posted[i] += want;
+        Ok(())
+    }
+
+    /// Reap receive completions on side `i` (checking status) and re-post that many.
+    fn reap_recv(&self, c: &mut Conn, i: usize, len: u32, cqes: &mut [ShmCqe]) -> io::Result<usize> {
+        let n = c.rcq[i].poll(cqes)?;
+        for e in &cqes[..n] {
+            check(e, "receive")?;
+        }
+        if n > 0 {
+            c.recv_posted[i] -= n as u32;
+            self.fill_rq(c, i, len)?;
+        }
+        Ok(n)
+    }
+
+    /// Stream `op` of `size` bytes from side 0 to side 1 for `dur`: at most `window`
+    /// outstanding, every `sig`th signaled, `batch` WQEs per publish.
+    #[allow(clippy::too_many_arguments)]
+    fn stream(&self, op: Op, size: usize, window: u32, sig: u32, batch: u32, inline: bool, dur: Duration) -> io::Result<StreamResult> {
+        let mut c = self.connect()?;
+        let window = window.min(self.opts.cap.max_send_wr).max(1);
+        let sig = sig.clamp(1, window);
+        // Keep the window a multiple of the signal interval so posting can stop on a boundary.
+        let window = (window / sig).max(1) * sig;
+        let batch = batch.clamp(1, window);
+        let inline = inline && size <= self.opts.cap.max_inline_data as usize;
+        if op == Op::Send {
+            self.fill_rq(&mut c, 1, size.max(1) as u32)?;
+        }
+        let (a, b) = (&self.sides[0], &self.sides[1]);
+        let payload = vec![0x5au8; size.min(256)];
+        let make = |n: u64| -> native::ShmSendWqe {
+            let signaled = (n + 1) % sig as u64 == 0;
+            let wr_id = sig as u64;
+            let local = a.mr.sge(0, size as u32);
+            match op {
+                Op::Send if inline => wqe::send_inline(wr_id, &payload, signaled),
+                Op::Send => wqe::send(wr_id, local, signaled),
+                Op::Write if inline => wqe::write_inline(wr_id, &payload, b.mr.addr, b.mr.key, signaled),
+                Op::Write => wqe::write(wr_id, local, b.mr.addr, b.mr.key, signaled),
+                Op::Read => wqe::read(wr_id, local, b.mr.addr, b.mr.key, signaled),
+            }
+        };
+        let mut cqes = vec![ShmCqe::default(); 64];
+        let mut posted = 0u64;
+        let mut done = 0u64;
+        // Warm-up: one window's worth, drained.
+        let warm = window as u64;
+        let t0 = Instant::now();
+        let mut deadline = None::<Instant>;
+        let mut start = (t0, 0u64);
+        let mut last_done_at = t0;
+        loop {
+            let now_posting = deadline.map_or(true, |d| Instant::now() < d);
+            if now_posting || posted % sig as u64 != 0 {
+                let mut k = 0;
+                while k < batch && posted - done < window as u64 {
+                    if !c.qp[0].stage_send(make(posted)) {
+                        break;
+                    }
+                    posted += 1;
+                    k += 1;
+                    if !now_posting && posted % sig as u64 == 0 {
+                        break;
+                    }
+                }
+                if k > 0 {
+                    c.qp[0].flush_send();
+                }
+            } else if done == posted {
+                break;
+            }
+            let n = c.scq[0].poll(&mut cqes)?;
+            if n > 0 {
+                for e in &cqes[..n] {
+                    check(e, op.name())?;
+                    done += e.wr_id;
+                }
+                last_done_at = Instant::now();
+                if deadline.is_none() && done >= warm {
+                    start = (last_done_at, done);
+                    deadline = Some(last_done_at + dur);
+                }
+            }
+            if op == Op::Send {
+                self.reap_recv(&mut c, 1, size.max(1) as u32, &mut cqes)?;
+            }
+            if t0.elapsed() > dur * 4 + Duration::from_secs(20) {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} {size} B: stuck ({posted} posted, {done} completed)", op.name())));
+            }
+        }
+        let ops = done - start.1;
+        let secs = last_done_at.duration_since(start.0).as_secs_f64().max(1e-9);
+        Ok(StreamResult { ops, bytes: ops * size as u64, secs })
+    }
+
+    /// `iters` round trips of `size` bytes; returns one-way latency statistics (RTT/2).
+    fn ping_pong(&self, op: Op, size: usize, iters: u64) -> io::Result<LatStats> {
+        let mut c = self.connect()?;
+        let size = size.clamp(1, self.opts.cap.max_inline_data.max(1) as usize);
+        if op == Op::Send {
+            self.fill_rq(&mut c, 0, size as u32)?;
+            self.fill_rq(&mut c, 1, size as u32)?;
+        }
+        const SIG: u64 = 16;
+        let warm = (iters / 10).clamp(10, 10_000);
+        let mut samples = Vec::with_capacity(iters as usize);
+        let mut cqes = vec![ShmCqe::default(); 64];
+        let mut outstanding = [0u64; 2];
+        let mut posted = [0u64; 2];
+        // The latency slot is the buffer's last 64 bytes, away from the bandwidth area's head.
+        let off = (self.buf_len - 64) as u64;
+        let last = off as usize + size - 1;
+        for s in &self.sides {
+            s.buf.write_volatile(last, 0);
+        }
+        let t_limit = Instant::now() + Duration::from_secs(60 + iters / 10_000);
+        for i in 0..warm + iters {
+            let val = (i % 255 + 1) as u8;
+            let mut msg = [0u8; 64];
+            msg[..size].fill(val);
+            let t0 = Instant::now();
+            for from in 0..2usize {
+                let to = 1 - from;
+                // Send from `from` to `to`.
+                while outstanding[from] + SIG >= self.opts.cap.max_send_wr as u64 {
+                    self.reap_send(&mut c, from, &mut outstanding, &mut cqes)?;
+                }
+                let signaled = (posted[from] + 1) % SIG == 0;
+                let w = match op {
+                    Op::Write => wqe::write_inline(SIG, &msg[..size], self.sides[to].mr.addr + off, self.sides[to].mr.key, signaled),
+                    _ => wqe::send_inline(SIG, &msg[..size], signaled),
+                };
+                c.qp[from].post_send(&[w])?;
+                posted[from] += 1;
+                outstanding[from] += 1;
+                // Wait at `to`.
+                match op {
+                    Op::Write => {
+                        while self.sides[to].buf.read_volatile(last) != val {
+                            if Instant::now() > t_limit {
+                                return Err(io::Error::new(io::ErrorKind::TimedOut, "WRITE ping-pong: the last byte never arrived"));
+                            }
+                            std::hint::spin_loop();
+                        }
+                    }
+                    _ => loop {
+                        if self.reap_recv(&mut c, to, size as u32, &mut cqes[..1])? == 1 {
+                            break;
+                        }
+                        if Instant::now() > t_limit {
+                            return Err(io::Error::new(io::ErrorKind::TimedOut, "SEND ping-pong: no receive completion"));
+                        }
+                    },
+                }
+                self.reap_send(&mut c, from, &mut outstanding, &mut cqes)?;
+            }
+            let rtt = t0.elapsed();
+            if i >= warm {
+                samples.push(rtt.as_secs_f64() * 1e6 / 2.0);
+            }
+        }
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let q = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        Ok(LatStats { min: samples[0], p50: q(0.5), p99: q(0.99), p999: q(0.999), mean, max: *samples.last().unwrap() })
+    }
+
+    fn reap_send(&self, c: &mut Conn, i: usize, outstanding: &mut [u64; 2], cqes: &mut [ShmCqe]) -> io::Result<()> {
+        let n = c.scq[i].poll(cqes)?;
+        for e in &cqes[..n] {
+            check(e, "send")?;
+            outstanding[i] = outstanding[i].saturating_sub(e.wr_id);
+        }
+        Ok(())
+    }
+}
+
+fn check(e: &ShmCqe, what: &str) -> io::Result<()> {
+    if e.status != 0 {
+        return Err(io::Error::other(format!("{what}: completion status {} (vendor_err {}, opcode {})", e.status, e.vendor_err, e.opcode)));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcpy limit.
+
+fn memcpy_limits(sizes: &[usize], dur: Duration) -> Vec<Value> {
+    let mut v = Vec::new();
+    for &size in sizes {
+        let src = vec![0xa5u8; size];
+        let mut dst = vec![0u8; size];
+        // Warm up (fault the pages in).
+        dst.copy_from_slice(&src);
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        while t0.elapsed() < dur {
+            for _ in 0..(((1 << 22) / size).max(1)) {
+                // SAFETY: distinct allocations of `size` bytes each.
+                unsafe { std::ptr::copy_nonoverlapping(std::hint::black_box(src.as_ptr()), dst.as_mut_ptr(), size) };
+                std::hint::black_box(&mut dst);
+                n += 1;
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        v.push(json!({"size": size, "gb_per_s": (n * size as u64) as f64 / secs / 1e9, "copies": n, "seconds": secs}));
+    }
+    v
+}
+
+fn print_memcpy(v: &[Value]) {
+    println!("memcpy, one core");
+    println!("  {:>8} {:>10}", "size", "GB/s");
+    for m in v {
+        println!("  {:>8} {:>10.3}", m["size"], m["gb_per_s"].as_f64().unwrap_or(0.0));
+    }
 }

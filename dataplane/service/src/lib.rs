@@ -21,6 +21,7 @@ pub mod metrics;
 
 pub mod serve;
 pub mod native;
+pub mod native;
 pub mod session;
 pub mod stats;
 

@@ -1,0 +1,141 @@
+//! Memory the library allocates itself (a memfd segment) and its registration.
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use pmrxe_abi::ctrl::{Piece, Request, Response};
+
+use super::context::{Context, Mapping, Pd};
+use super::{proto, Result, ShmSge};
+
+const PAGE: usize = 4096;
+
+/// A page-aligned buffer backed by a memfd that the service maps too (`AddSegment`).
+pub struct Buffer {
+    ctx: Context,
+    seg: u64,
+    map: Mapping,
+    _fd: OwnedFd,
+}
+
+impl Buffer {
+    /// Allocate `len` bytes (rounded up to pages), zeroed and populated, and announce them.
+    pub fn new(ctx: &Context, len: usize) -> Result<Buffer> {
+        let len = len.max(1).div_ceil(PAGE) * PAGE;
+        // SAFETY: memfd_create with a static NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"pmrxe-native".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our fd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Mapping::map_fd(fd.as_raw_fd(), len, true)?;
+        let seg = ctx.next_seg();
+        match ctx.call(&Request::AddSegment { seg, base: map.ptr as u64, len: len as u64 }, &[fd.as_raw_fd()])?.0 {
+            Response::Ok => {}
+            _ => return Err(proto("AddSegment")),
+        }
+        Ok(Buffer { ctx: ctx.clone(), seg, map, _fd: fd })
+    }
+
+    /// Start address (client address space).
+    pub fn addr(&self) -> u64 {
+        self.map.ptr as u64
+    }
+
+    /// Raw pointer to the start.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.ptr
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.map.len
+    }
+
+    /// Never empty (at least one page); for clippy.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The bytes (the service may write them concurrently: read with care, e.g. volatile).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: our mapping of `len` bytes, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr, self.map.len) }
+    }
+
+    /// Volatile read of the byte at `off` (polling for data the service places).
+    #[inline]
+    pub fn read_volatile(&self, off: usize) -> u8 {
+        assert!(off < self.map.len);
+        // SAFETY: in bounds of our mapping.
+        unsafe { self.map.ptr.add(off).read_volatile() }
+    }
+
+    /// Volatile write of the byte at `off`.
+    #[inline]
+    pub fn write_volatile(&self, off: usize, v: u8) {
+        assert!(off < self.map.len);
+        // SAFETY: in bounds of our mapping.
+        unsafe { self.map.ptr.add(off).write_volatile(v) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // The service keeps the pages mapped as long as an MR uses them.
+        let _ = self.ctx.call_ok(&Request::ReleaseSegment { seg: self.seg });
+    }
+}
+
+/// A registered memory region (lkey = rkey = `key`).
+pub struct Mr {
+    ctx: Context,
+    pub key: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl Mr {
+    /// Register `len` bytes at `offset` of `buf` with `access` ([`super::access`]).
+    pub fn register_range(pd: &Pd, buf: &Buffer, offset: usize, len: usize, access: u32) -> Result<Mr> {
+        if len == 0 || offset.checked_add(len).map_or(true, |e| e > buf.len()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "MR outside its buffer"));
+        }
+        let addr = buf.addr() + offset as u64;
+        let a0 = offset / PAGE * PAGE;
+        let a1 = (offset + len).div_ceil(PAGE) * PAGE;
+        let pieces = vec![Piece { seg: buf.seg, seg_offset: a0 as u64, len: (a1 - a0) as u64 }];
+        let req = Request::RegMr { pd: pd.handle, addr, len: len as u64, iova: addr, access, pieces };
+        match pd.ctx.call(&req, &[])?.0 {
+            Response::Mr { key } => Ok(Mr { ctx: pd.ctx.clone(), key, addr, len: len as u64 }),
+            _ => Err(proto("RegMr")),
+        }
+    }
+
+    /// Register the whole buffer.
+    pub fn register(pd: &Pd, buf: &Buffer, access: u32) -> Result<Mr> {
+        Mr::register_range(pd, buf, 0, buf.len(), access)
+    }
+
+    /// An SGE of `len` bytes at `offset` into the MR.
+    #[inline]
+    pub fn sge(&self, offset: u64, len: u32) -> ShmSge {
+        ShmSge { addr: self.addr + offset, length: len, lkey: self.key }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let _ = self.ctx.call_ok(&Request::DeregMr { key: self.key });
+    }
+}
