@@ -1,41 +1,52 @@
-//! Idle back-off: spin, then sleep with exponential back-off, snap back on work.
+//! Idle back-off: keep polling for a while after the last work, then sleep with exponential
+//! back-off; snap back to full polling on the first work found.
+//!
+//! The spin window is measured in time, not iterations: a ping-pong (latency test) has gaps of
+//! a few microseconds between messages, so the lcore must never sleep inside one — a sleep
+//! costs at least the kernel's timer slack (50 µs by default; the lcore sets its own slack to
+//! 1 µs). Idle lcores still give the CPU back within `spin window` so tests on a 2-core machine
+//! do not starve each other.
+use std::time::{Duration, Instant};
+
 use pmrxe_config::{IdleConfig, IdleMode};
 
 /// Per-lcore idle state.
 #[derive(Debug)]
 pub struct Idle {
     cfg: IdleConfig,
-    empty: u32,
+    last_work: Instant,
+    spin: Duration,
     sleep_us: u32,
 }
 
 impl Idle {
-    /// From the `service.idle` config.
+    /// From the `service.idle` config. `spin_iterations` sets the spin window in
+    /// microseconds-equivalents: the window is `spin_iterations / 5` µs, at least 100 µs.
     pub fn new(cfg: IdleConfig) -> Idle {
-        Idle { cfg, empty: 0, sleep_us: 1 }
+        let spin = Duration::from_micros(u64::from(cfg.spin_iterations / 5).max(100));
+        // Ask the kernel for precise short sleeps on this thread (default slack is 50 µs).
+        // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
+        Idle { cfg, last_work: Instant::now(), spin, sleep_us: 1 }
     }
     /// An iteration did work: reset.
     pub fn work(&mut self) {
-        self.empty = 0;
+        self.last_work = Instant::now();
         self.sleep_us = 1;
     }
-    /// An iteration found nothing: pause, and in back-off mode eventually sleep. Returns
-    /// whether it slept (a syscall, counted by the caller as an idle sleep — never on a loop
-    /// iteration that had work). `max_sleep_us` bounds the added latency.
+    /// An iteration found nothing: pause, and in back-off mode, once nothing happened for the
+    /// spin window, sleep (bounded by `max_sleep_us` and by the next timer deadline). Returns
+    /// whether it slept — never on an iteration that had work.
     pub fn idle(&mut self, deadline_in_us: Option<u64>) -> bool {
         std::hint::spin_loop();
-        if self.cfg.mode == IdleMode::Busy {
-            return false;
-        }
-        self.empty = self.empty.saturating_add(1);
-        if self.empty < self.cfg.spin_iterations {
+        if self.cfg.mode == IdleMode::Busy || self.last_work.elapsed() < self.spin {
             return false;
         }
         let mut us = self.sleep_us.min(self.cfg.max_sleep_us.max(1));
         if let Some(d) = deadline_in_us {
             us = us.min(d.max(1) as u32);
         }
-        std::thread::sleep(std::time::Duration::from_micros(u64::from(us)));
+        std::thread::sleep(Duration::from_micros(u64::from(us)));
         self.sleep_us = (self.sleep_us * 2).min(self.cfg.max_sleep_us.max(1));
         true
     }
