@@ -45,6 +45,13 @@ pub struct VecBuf {
     len: usize,
 }
 
+impl VecBuf {
+    /// An empty buffer for frames up to `cap` bytes, with [`VEC_HEADROOM`] in front.
+    pub fn with_capacity(cap: usize) -> VecBuf {
+        VecBuf { data: vec![0; VEC_HEADROOM + cap], start: VEC_HEADROOM, len: 0 }
+    }
+}
+
 impl FrameBuf for VecBuf {
     fn data(&self) -> &[u8] {
         &self.data[self.start..self.start + self.len]
