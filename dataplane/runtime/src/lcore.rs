@@ -63,6 +63,32 @@ impl DeviceConfig {
     fn owns_ip(&self, ip: IpAddr) -> bool {
         self.gids.iter().any(|g| gid_to_ip(g) == ip)
     }
+    /// MAC and GIDs, copied (up to 4 GIDs: no allocation).
+    fn clone_addrs(&self) -> ([u8; 6], ArrayGids) {
+        let mut g = ArrayGids::default();
+        for x in self.gids.iter().take(4) {
+            g.push(*x);
+        }
+        (self.mac, g)
+    }
+}
+
+/// Up to four GIDs by value.
+#[derive(Default, Clone, Copy)]
+pub struct ArrayGids {
+    g: [[u8; 16]; 4],
+    n: usize,
+}
+impl ArrayGids {
+    fn push(&mut self, x: [u8; 16]) {
+        if self.n < 4 {
+            self.g[self.n] = x;
+            self.n += 1;
+        }
+    }
+    fn iter(&self) -> impl Iterator<Item = &[u8; 16]> {
+        self.g[..self.n].iter()
+    }
 }
 
 /// A QP handed to the lcore by the control thread.
@@ -232,6 +258,7 @@ pub struct Lcore<L: Link> {
     idle: Idle,
     stop: Arc<AtomicBool>,
     tap: Option<Box<dyn Tap>>,
+    last_solicit: Instant,
     /// Reserved scratch: QP slots that need service this iteration.
     work: Vec<usize>,
 }
@@ -280,6 +307,7 @@ impl<L: Link> Lcore<L> {
             idle: Idle::new(idle),
             stop,
             tap,
+            last_solicit: Instant(0),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
         };
         (lc, LcoreHandle { cmds: tx, stats, drops, index })
@@ -565,6 +593,12 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_not_for_us, 1);
                     return;
                 }
+                // BTH TVer must be 0 and the P_Key must match the port's only partition, the
+                // default one (0xFFFF, or its limited-member form 0x7FFF): SEMANTICS §5.7.
+                if f.headers.bth.tver != 0 || f.headers.bth.pkey & 0x7fff != 0x7fff {
+                    bump(&self.stats.rx_malformed, 1);
+                    return;
+                }
                 self.neigh.learn(f.src_ip, f.src_mac.0);
                 let qpn = f.headers.bth.dest_qp.into();
                 let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
@@ -587,6 +621,7 @@ impl<L: Link> Lcore<L> {
                 slot.qp.handle_packet(now, &pkt, &*self.mem, srq);
             }
             Err(wire::Error::Arp) => self.on_arp(pi, data),
+            Err(wire::Error::Icmpv6) => self.on_nd(pi, data),
             Err(e) => {
                 if e == wire::Error::BadIcrc {
                     bump(&self.stats.rx_icrc_errors, 1);
@@ -628,6 +663,74 @@ impl<L: Link> Lcore<L> {
         if wire::arp::emit_arp_frame(buf, MacAddr(mac), &reply).is_ok() && port.tx.len() < port.tx.capacity() {
             port.tx.push(b);
             bump(&self.stats.arp_replies, 1);
+        }
+    }
+
+    fn on_nd(&mut self, pi: usize, data: &[u8]) {
+        let Ok(f) = wire::parse_nd_frame(data) else {
+            bump(&self.stats.rx_not_for_us, 1);
+            return;
+        };
+        match f.nd {
+            wire::NdRepr::Solicit { target, src_lladdr } => {
+                if let Some(mac) = src_lladdr {
+                    self.neigh.learn(IpAddr::V6(f.src_ip), mac.0);
+                }
+                let dev = &self.ports[pi].dev;
+                if !dev.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
+                    return;
+                }
+                let adv = wire::NdRepr::Advert { router: false, solicited: true, override_: true, target, target_lladdr: Some(MacAddr(dev.mac)) };
+                let (mac, dst_mac) = (dev.mac, src_lladdr.unwrap_or(f.src_mac));
+                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, MacAddr(mac), dst_mac, target, f.src_ip, &adv).ok());
+                bump(&self.stats.arp_replies, 1);
+            }
+            wire::NdRepr::Advert { target, target_lladdr, .. } => {
+                if let Some(mac) = target_lladdr {
+                    self.neigh.learn(IpAddr::V6(target), mac.0);
+                }
+            }
+        }
+    }
+
+    /// Queue a small control frame (ARP/ND) built by `build` into a fresh buffer.
+    fn emit_control(&mut self, pi: usize, build: impl FnOnce(&mut [u8]) -> Option<usize>) {
+        let port = &mut self.ports[pi];
+        if port.tx.len() >= port.tx.capacity() {
+            return;
+        }
+        let Some(mut b) = port.link.alloc() else {
+            bump(&self.stats.tx_alloc_failures, 1);
+            return;
+        };
+        let Some(buf) = b.resize(128) else { return };
+        buf.fill(0);
+        if let Some(n) = build(buf) {
+            let _ = b.resize(n.max(60));
+            port.tx.push(b);
+        }
+    }
+
+    /// No MAC for `ip`: ask for it (ARP request or neighbour solicitation), at most once per
+    /// 100 µs per lcore so a stream of packets to an unknown peer does not flood the link.
+    fn solicit(&mut self, pi: usize, ip: IpAddr, now: Instant) {
+        if now.0 < self.last_solicit.0 + 100_000 && self.last_solicit.0 != 0 {
+            return;
+        }
+        self.last_solicit = now;
+        let dev = self.ports[pi].dev.clone_addrs();
+        match ip {
+            IpAddr::V4(t) => {
+                let Some(src) = dev.1.iter().find_map(|g| match gid_to_ip(g) { IpAddr::V4(v) => Some(v), _ => None }) else { return };
+                let req = wire::ArpRepr { operation: wire::ArpOp::Request, source_mac: MacAddr(dev.0), source_ip: src, target_mac: MacAddr([0; 6]), target_ip: t };
+                self.emit_control(pi, |buf| wire::arp::emit_arp_frame(buf, MacAddr(dev.0), &req).ok());
+            }
+            IpAddr::V6(t) => {
+                let Some(src) = dev.1.iter().find_map(|g| match gid_to_ip(g) { IpAddr::V6(v) => Some(v), _ => None }) else { return };
+                let sn = wire::icmpv6::solicited_node(&t);
+                let ns = wire::NdRepr::Solicit { target: t, src_lladdr: Some(MacAddr(dev.0)) };
+                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, MacAddr(dev.0), wire::icmpv6::multicast_mac(&sn), src, sn, &ns).ok());
+            }
         }
     }
 
@@ -762,6 +865,7 @@ impl<L: Link> Lcore<L> {
 
     fn transmit(&mut self, now: Instant) -> bool {
         let mut any = false;
+        let mut unresolved: Option<(usize, IpAddr)> = None;
         for x in self.srqs.values_mut() {
             if x.backlog {
                 any |= drain_srq(x, &self.stats);
@@ -799,7 +903,8 @@ impl<L: Link> Lcore<L> {
                 let dmac = t.av.dmac.or_else(|| self.neigh.lookup(dst_ip));
                 let Some(dmac) = dmac else {
                     bump(&self.stats.tx_no_neighbor, 1);
-                    continue; // the engine's retransmission recovers once ARP resolves
+                    unresolved = Some((s.dev, dst_ip));
+                    continue; // the engine's retransmission recovers once ARP/ND resolves
                 };
                 let l3 = wire::L3Info {
                     src_mac: MacAddr(dev.mac),
@@ -831,6 +936,9 @@ impl<L: Link> Lcore<L> {
                 }
                 port.tx.push(b);
             }
+        }
+        if let Some((pi, ip)) = unresolved {
+            self.solicit(pi, ip, now);
         }
         any
     }
