@@ -593,9 +593,9 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_not_for_us, 1);
                     return;
                 }
-                // BTH TVer must be 0 and the P_Key must match the port's only partition, the
-                // default one (0xFFFF, or its limited-member form 0x7FFF): SEMANTICS §5.7.
-                if f.headers.bth.tver != 0 || f.headers.bth.pkey & 0x7fff != 0x7fff {
+                // The P_Key must match the port's only partition, the default one (0xFFFF, or
+                // its limited-member form 0x7FFF): SEMANTICS §5.7. (TVer is checked by parse.)
+                if f.headers.bth.pkey & 0x7fff != 0x7fff {
                     bump(&self.stats.rx_malformed, 1);
                     return;
                 }
