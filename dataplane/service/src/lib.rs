@@ -21,7 +21,6 @@ pub mod metrics;
 
 pub mod serve;
 pub mod native;
-pub mod native;
 pub mod session;
 pub mod stats;
 
