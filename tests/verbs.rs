@@ -10,13 +10,17 @@ use common::*;
 const T: Duration = Duration::from_secs(90);
 
 fn pingpong(port_idx: u16, extra: &[&str]) -> PairOutput {
-    require_tool("ibv_rc_pingpong");
+    pingpong_prog("ibv_rc_pingpong", port_idx, extra)
+}
+
+fn pingpong_prog(prog: &str, port_idx: u16, extra: &[&str]) -> PairOutput {
+    require_tool(prog);
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let port = port_for(port_idx).to_string();
-    let mut s = vec!["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-p", &port];
+    let mut s = vec![prog, "-d", "pmrxe0", "-g", "1", "-p", &port];
     s.extend_from_slice(extra);
-    let mut c = vec!["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-p", &port];
+    let mut c = vec![prog, "-d", "pmrxe1", "-g", "1", "-p", &port];
     c.extend_from_slice(extra);
     c.push("127.0.0.1");
     let r = run_pair(&svc, &s, &c, port_for(port_idx), T);
@@ -25,7 +29,7 @@ fn pingpong(port_idx: u16, extra: &[&str]) -> PairOutput {
         let (mbit, usec) = parse_pingpong(&o.output)
             .unwrap_or_else(|| panic!("{side}: no Mbit/sec and usec/iter figures: {}", o.describe()));
         assert!(mbit > 0.0 && usec > 0.0, "{side}: figures {mbit} Mbit/s {usec} us/iter");
-        eprintln!("ibv_rc_pingpong {extra:?} {side}: {mbit} Mbit/sec, {usec} usec/iter");
+        eprintln!("{prog} {extra:?} {side}: {mbit} Mbit/sec, {usec} usec/iter");
     }
     r
 }
@@ -102,6 +106,22 @@ fn rc_pingpong_64k_messages_checked() {
 #[test]
 fn rc_pingpong_1m_messages_checked() {
     pingpong(6, &["-s", "1048576", "-n", "50", "-c"]);
+}
+
+#[test]
+fn uc_pingpong() {
+    pingpong_prog("ibv_uc_pingpong", 7, &[]);
+}
+
+#[test]
+fn ud_pingpong() {
+    pingpong_prog("ibv_ud_pingpong", 8, &[]);
+}
+
+#[test]
+fn srq_pingpong_16_qps() {
+    // ibv_srq_pingpong: 16 QPs sharing one SRQ per side (its default -q 16).
+    pingpong_prog("ibv_srq_pingpong", 9, &[]);
 }
 
 /// Run a perftest pair; `lat` selects the latency table. Returns the client output.
