@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Benchmarks toward line rate, in one go on this machine: limits, pmrxe, peers, profile.
+#
+#   ./scripts/bench.sh [--quick]     # --quick: short runs (a smoke test of the script)
+#
+# 1. limits: single-core memcpy at the bandwidth sizes (`pmrxe bench --memcpy`); the raw frame
+#    capacity of the same DPDK link (`pmrxe port-test` on the loopback config; dpdk-testpmd io
+#    forwarding on a net_ring pair);
+# 2. pmrxe: the native harness (`pmrxe bench --suite full`, no shim) and perftest through the
+#    shim (ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat, ib_send_lat), service with
+#    `idle = { mode = "busy" }`, its lcore on CPU 1, drivers pinned to CPU 0;
+# 3. peers doing the same job on loopback: kernel TCP (qperf tcp_bw/tcp_lat, iperf3), UCX over
+#    TCP (ucx_perftest tag_bw/tag_lat), libfabric tcp provider (fi_pingpong);
+# 4. a profile of the service's lcore under ib_write_bw 64 KiB (perf record -e cpu-clock -g).
+#
+# Output: docs/benchmarks.md and docs/bench-bw.png, docs/bench-lat.png (regenerated), raw
+# outputs in $BENCH_OUT (default target/bench-results). Python 3 + matplotlib for the plots.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+./scripts/setup.sh >/dev/null || { echo "bench: setup failed" >&2; exit 1; }
+cargo build --release --workspace -q || { echo "bench: build failed" >&2; exit 1; }
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${PMRXE_BIN:-$TARGET/release/pmrxe}
+OUT=${BENCH_OUT:-$TARGET/bench-results}
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+rm -rf "$OUT"; mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/pmrxe-bench.XXXXXX)
+export PMRXE_SOCKET=$WORK/pmrxe.sock
+SVC=
+cleanup() {
+  [ -n "$SVC" ] && kill -TERM "$SVC" 2>/dev/null && wait "$SVC" 2>/dev/null
+  pkill_ours
+  rm -rf "$WORK"
+}
+BG=()
+pkill_ours() { for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done; BG=(); }
+trap cleanup EXIT
+
+if [ $QUICK = 1 ]; then
+  D=1; SIZES="4096 65536 1048576"; LAT_N=2000; SUITE=(--suite quick --duration 0.2 --iters 5000)
+else
+  D=3; SIZES="4096 16384 65536 262144 1048576 4194304"; LAT_N=20000; SUITE=(--suite full)
+fi
+ALL_SIZES="4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M"
+log() { echo "== $*" >&2; }
+
+# ---- machine facts ---------------------------------------------------------------------------
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+dirty')"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') x $(nproc)"
+  echo "kernel: $(uname -r)"
+  echo "memory: $(awk '/MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+  echo "dpdk: $(pkg-config --modversion libdpdk 2>/dev/null)"
+  echo "perftest: $(dpkg-query -W -f='${Version}' perftest 2>/dev/null)"
+  echo "load_before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
+
+# ---- limits ---------------------------------------------------------------------------------
+log "limit: memcpy, one core"
+"$BIN" bench --memcpy --sizes "$ALL_SIZES" --duration 0.5 --json "$OUT/memcpy.json" >"$OUT/memcpy.txt" 2>&1 || log "memcpy failed"
+log "limit: pmrxe port-test (raw frames over the loopback net_ring pair, built + verified)"
+taskset -c 0 "$BIN" port-test --frames $((QUICK ? 200000 : 2000000)) >"$OUT/port_test.txt" 2>&1 || log "port-test failed"
+log "limit: dpdk-testpmd io forwarding on a net_ring pair"
+timeout -s INT $((D * 2 + 4)) dpdk-testpmd -l 0,1 --no-huge --no-pci -m 512 --vdev=net_ring0 --vdev=net_ring1 \
+  --file-prefix "pmrxe-bench-tp-$$" -- --forward-mode=io --tx-first --stats-period 2 --total-num-mbufs=16384 \
+  --mbuf-size=9216 --max-pkt-len=9000 --txpkts=4096 --burst=32 >"$OUT/testpmd.txt" 2>&1
+rm -rf "/var/run/dpdk/pmrxe-bench-tp-$$"
+
+# ---- pmrxe: native harness ---------------------------------------------------------------------
+log "pmrxe: native harness (pmrxe bench ${SUITE[*]})"
+"$BIN" bench "${SUITE[@]}" --json "$OUT/native.json" >"$OUT/native.txt" 2>&1 || { log "pmrxe bench failed"; cat "$OUT/native.txt" >&2; }
+
+# ---- pmrxe: perftest through the shim ------------------------------------------------------------
+"$BIN" config default | sed 's/^idle *=.*/idle = { mode = "busy" }/' >"$WORK/busy.toml"
+"$BIN" serve --config "$WORK/busy.toml" >"$OUT/service.log" 2>&1 &
+SVC=$!
+for _ in $(seq 100); do "$BIN" stats >/dev/null 2>&1 && break; sleep 0.1; done
+"$BIN" stats >/dev/null 2>&1 || { log "service did not start"; cat "$OUT/service.log" >&2; exit 1; }
+pair() { # NAME TIMEOUT server-args... -- client-args...  (both pinned to CPU 0, the lcore has CPU 1)
+  local name=$1 t=$2; shift 2
+  local srv=() cli=()
+  while [ "$1" != "--" ]; do srv+=("$1"); shift; done; shift; cli=("$@")
+  timeout "$t" taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
+  local s=$!
+  sleep 1
+  timeout "$t" taskset -c 0 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
+  wait $s 2>/dev/null || true
+}
+for t in write read send; do
+  for s in $SIZES; do
+    log "perftest: ib_${t}_bw -s $s"
+    pair "ib_${t}_bw-$s" 60 "ib_${t}_bw" -d pmrxe0 -F -s "$s" -D "$D" -- "ib_${t}_bw" -d pmrxe1 -F -s "$s" -D "$D" 127.0.0.1
+  done
+done
+# perftest latency needs two spinning processes beside the spinning lcore: 3 busy threads on 2
+# cores. ib_write_lat (polls memory, no event mode) is run anyway, with few iterations: both sides
+# share CPU 0, so it measures time slices. ib_send_lat -e sleeps on completion events (the shim's
+# completion channel), so only the lcore spins: that one is meaningful here.
+log "perftest: ib_write_lat -s 8 (both sides share CPU 0: scheduler-bound)"
+pair "ib_write_lat-8" 120 ib_write_lat -d pmrxe0 -F -s 8 -n 1000 -- ib_write_lat -d pmrxe1 -F -s 8 -n 1000 127.0.0.1
+log "perftest: ib_send_lat -s 8 -e (completion events)"
+pair "ib_send_lat-8" 120 ib_send_lat -d pmrxe0 -F -s 8 -e -n "$LAT_N" -- ib_send_lat -d pmrxe1 -F -s 8 -e -n "$LAT_N" 127.0.0.1
+
+# ---- profile of the lcore under ib_write_bw 64 KiB ------------------------------------------------
+if perf record -e cpu-clock -o "$WORK/probe.data" -- true >/dev/null 2>&1; then
+  log "profile: perf record -e cpu-clock -g -p <service> during ib_write_bw 64 KiB"
+  PD=$((QUICK ? 2 : 6))
+  timeout 60 taskset -c 0 "$BIN" run -- ib_write_bw -d pmrxe0 -F -s 65536 -D $((PD + 4)) >"$OUT/profile-bw.server.txt" 2>&1 &
+  s=$!; sleep 1
+  timeout 60 taskset -c 0 "$BIN" run -- ib_write_bw -d pmrxe1 -F -s 65536 -D $((PD + 4)) 127.0.0.1 >"$OUT/profile-bw.txt" 2>&1 &
+  c=$!; sleep 2
+  perf record -e cpu-clock -F 2000 -g -p "$SVC" -o "$OUT/perf.data" -- sleep "$PD" >"$OUT/perf-record.txt" 2>&1
+  wait $c $s 2>/dev/null || true
+  perf report -i "$OUT/perf.data" --stdio --no-children --sort symbol -g none --percent-limit 0.3 2>/dev/null \
+    | grep -E '^ +[0-9.]+%' >"$OUT/profile.txt" || true
+  perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9.]+%' >"$OUT/profile-dso.txt" || true
+else
+  log "perf does not work here; profile skipped (see docs/benchmarks.md for the callgrind alternative)"
+fi
+"$BIN" stats --json >"$OUT/service-stats.json" 2>/dev/null || true
+kill -TERM "$SVC" 2>/dev/null; wait "$SVC" 2>/dev/null; SVC=
+
+# ---- peers ----------------------------------------------------------------------------------------
+log "peer: kernel TCP (qperf)"
+qperf >/dev/null 2>&1 & BG+=($!); sleep 0.5
+for s in $SIZES; do
+  qperf -t "$D" -m "$s" 127.0.0.1 tcp_bw >"$OUT/qperf-tcp_bw-$s.txt" 2>&1
+done
+qperf -t "$D" -m 8 127.0.0.1 tcp_lat >"$OUT/qperf-tcp_lat-8.txt" 2>&1
+pkill_ours
+if command -v iperf3 >/dev/null; then
+  log "peer: kernel TCP (iperf3, 64 KiB writes)"
+  iperf3 -s -1 -p 15201 >/dev/null 2>&1 & BG+=($!); sleep 0.5
+  iperf3 -c 127.0.0.1 -p 15201 -l 64K -t "$D" -J >"$OUT/iperf3-65536.json" 2>&1
+  pkill_ours
+fi
+if command -v ucx_perftest >/dev/null; then
+  log "peer: UCX over TCP (ucx_perftest tag_bw / tag_lat)"
+  export UCX_TLS=tcp,self UCX_NET_DEVICES=lo
+  for s in $SIZES; do
+    ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+    timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s "$s" -w 200 -n $((QUICK ? 500 : 5000)) >"$OUT/ucx-tag_bw-$s.txt" 2>&1
+    pkill_ours
+  done
+  ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+  timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_lat -s 8 -n "$LAT_N" >"$OUT/ucx-tag_lat-8.txt" 2>&1
+  pkill_ours
+  unset UCX_TLS UCX_NET_DEVICES
+fi
+if command -v fi_pingpong >/dev/null; then
+  log "peer: libfabric tcp provider (fi_pingpong)"
+  for s in 8 $SIZES; do
+    n=$((s > 65536 ? 200 : (QUICK ? 1000 : 10000)))
+    fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -B 47592 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+    timeout 60 fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -P 47592 127.0.0.1 >"$OUT/fi_pingpong-$s.txt" 2>&1
+    pkill_ours
+  done
+fi
+echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
+
+# ---- report ---------------------------------------------------------------------------------------
+log "report: docs/benchmarks.md, docs/bench-bw.png, docs/bench-lat.png"
+"$PY" "$ROOT/scripts/bench_report.py" "$OUT" "$ROOT/docs" "$QUICK" || { echo "bench: report failed" >&2; exit 1; }
+echo "bench: wrote docs/benchmarks.md (raw results in $OUT)"
