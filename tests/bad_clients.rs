@@ -342,3 +342,85 @@ fn bad_clients() {
     eprintln!("bad clients: ib_write_bw SIGKILLed mid-transfer: clients and QPs released in {:.2} s", t0.elapsed().as_secs_f64());
     pingpong_ok(&svc, 19462, "SIGKILL mid-transfer");
 }
+
+/// A client shrinks (ftruncate) a memfd segment after registering it, then makes the service
+/// write into it with an RDMA WRITE from another QP. Touching a shared mapping beyond the end
+/// of its file raises SIGBUS in whoever touches it: here the service's lcore. Segments are
+/// therefore sealed against shrinking (F_SEAL_SHRINK) when they enter the service.
+#[test]
+fn shrunk_segment() {
+    use pmrxe_service::native::{self, access, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
+    require_root();
+    let _lock = heavy_lock();
+    let svc = Service::start_loopback();
+    let ctx = Context::connect(&svc.socket).unwrap();
+    let pd0 = Pd::alloc(&ctx, 0).unwrap();
+    let pd1 = Pd::alloc(&ctx, 1).unwrap();
+    let cq0 = Cq::create(&ctx, 0, 64).unwrap();
+    let mut cq1 = Cq::create(&ctx, 1, 64).unwrap();
+    let src = Buffer::new(&ctx, 4096).unwrap();
+    let dst = Buffer::new(&ctx, 5 * 4096).unwrap();
+    let src_mr = Mr::register(&pd1, &src, access::ALL).unwrap();
+    let dst_mr = Mr::register(&pd0, &dst, access::ALL).unwrap();
+    let qa = Qp::create(&pd0, &cq0, &cq0, QpOptions::default()).unwrap();
+    let mut qb = Qp::create(&pd1, &cq1, &cq1, QpOptions::default()).unwrap();
+    qa.connect(qb.qpn, qa.av_to(1).unwrap(), 3, 1).unwrap();
+    qb.connect(qa.qpn, qb.av_to(0).unwrap(), 3, 1).unwrap();
+    // Try to shrink every memfd this client holds: its own segments (dst, src) and the ones
+    // the service handed it (client page, CQ and QP rings). All must be sealed.
+    let (mut tried, mut shrunk) = (Vec::new(), Vec::new());
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(l) = std::fs::read_link(e.path()) else { continue };
+        let name = l.to_string_lossy().into_owned();
+        if !name.starts_with("/memfd:pmrxe") {
+            continue;
+        }
+        // SAFETY: ftruncate on an fd of this process.
+        if unsafe { libc::ftruncate(fd, 0) } == 0 {
+            shrunk.push(name.clone());
+        }
+        tried.push(name);
+    }
+    assert!(tried.len() >= 2, "expected the client's memfds, found {tried:?}");
+    // The service's own segments, as a raw client receives them (the native library closes
+    // them after mapping): client page, CQ ring, QP rings.
+    {
+        let c = Client::connect(&svc.socket).unwrap();
+        let (_, mut fds) = hello(&c);
+        let pd = match c.call(&Request::AllocPd { device: 0 }, &[]).unwrap().0 {
+            Response::Pd { pd } => pd,
+            r => panic!("{r:?}"),
+        };
+        let (r, f) = c.call(&Request::CreateCq { device: 0, cqe: 16, channel: None }, &[]).unwrap();
+        let Response::Cq { cq, .. } = r else { panic!("{r:?}") };
+        fds.extend(f);
+        let (r, f) = c
+            .call(&Request::CreateQp { device: 0, pd, qp_type: 2, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 }, sq_sig_all: false }, &[])
+            .unwrap();
+        assert!(matches!(r, Response::Qp { .. }), "{r:?}");
+        fds.extend(f);
+        for (i, fd) in fds.iter().enumerate() {
+            // SAFETY: ftruncate on an fd we own.
+            if unsafe { libc::ftruncate(fd.as_raw_fd(), 0) } == 0 {
+                shrunk.push(format!("service segment #{i}"));
+            }
+            tried.push(format!("service segment #{i}"));
+        }
+    }
+    qb.post_send(&[native::wqe::write(1, src_mr.sge(0, 4096), dst_mr.addr + 4096, dst_mr.key, true)]).unwrap();
+    let t0 = Instant::now();
+    let mut done = None;
+    while t0.elapsed() < Duration::from_secs(3) && done.is_none() {
+        done = cq1.poll_one().ok().flatten();
+    }
+    let o = svc.pmrxe().arg("stats").output().unwrap();
+    assert!(
+        o.status.success(),
+        "the service died after a client shrank a registered segment (completion: {done:?}); log:\n{}",
+        tail(&svc.log_text(), 15)
+    );
+    assert!(shrunk.is_empty(), "memfds a client could shrink (SIGBUS in the service): {shrunk:?}");
+    assert!(done.is_some_and(|c| c.status == 0), "WRITE into the sealed segment did not complete: {done:?}");
+    eprintln!("shrunk segment: {} memfds ({tried:?}) all refuse ftruncate; service alive; WRITE ok", tried.len());
+}

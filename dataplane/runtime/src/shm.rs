@@ -27,11 +27,11 @@ impl Segment {
         let mut fd = -1;
         if try_huge {
             // SAFETY: valid NUL-terminated name; flags are constants.
-            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_HUGETLB) };
+            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB) };
         }
         if fd < 0 {
             // SAFETY: as above.
-            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         }
         if fd < 0 {
             return Err(io::Error::last_os_error());
@@ -40,6 +40,12 @@ impl Segment {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain syscall on our fd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Clients get this fd: a client that shrinks it would make the lcore's next access to
+        // the mapping raise SIGBUS and kill the service. Seal the size for good.
+        // SAFETY: fcntl on our fd.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Segment::map(fd, len)

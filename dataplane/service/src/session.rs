@@ -254,6 +254,15 @@ impl Session {
                 if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len {
                     return (err(libc::EINVAL, "segment fd shorter than declared"), vec![]);
                 }
+                // A client that shrinks a segment the service maps would make the lcore fault
+                // (SIGBUS) and kill the service: the segment must be sealed against shrinking.
+                // SAFETY: fcntl on a valid fd.
+                let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0
+                    // SAFETY: as above.
+                    || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) } & libc::F_SEAL_SHRINK != 0;
+                if !sealed {
+                    return (err(libc::EPERM, "segment must be a memfd sealable against shrinking (MFD_ALLOW_SEALING)"), vec![]);
+                }
                 self.objs.segs.insert(seg, SegRec { fd, base, len, region: None });
                 (Response::Ok, vec![])
             }

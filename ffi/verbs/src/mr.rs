@@ -139,7 +139,8 @@ impl Segments {
 }
 
 fn memfd(len: u64, huge: bool) -> Res<OwnedFd> {
-    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+    // MFD_ALLOW_SEALING: the service seals segments against shrinking (SIGBUS) on AddSegment.
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
     // SAFETY: plain memfd_create with a static NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"pmrxe-mr".as_ptr(), flags) };
     if fd < 0 {

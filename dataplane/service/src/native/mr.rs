@@ -22,7 +22,7 @@ impl Buffer {
     pub fn new(ctx: &Context, len: usize) -> Result<Buffer> {
         let len = len.max(1).div_ceil(PAGE) * PAGE;
         // SAFETY: memfd_create with a static NUL-terminated name.
-        let fd = unsafe { libc::memfd_create(c"pmrxe-native".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(c"pmrxe-native".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
