@@ -17,7 +17,7 @@ use pmrxe_abi::ring::{init_ring, Consumer, Producer};
 use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, MemLimits, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, QpSetup};
-use pmrxe_runtime::link::{FrameBuf, Link, VecBuf};
+use pmrxe_runtime::link::{Link, VecBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::{bring_up, PairParams};
