@@ -121,6 +121,13 @@ if perf record -e cpu-clock -o "$WORK/probe.data" -- true >/dev/null 2>&1; then
   perf report -i "$OUT/perf.data" --stdio --no-children --sort symbol -g none --percent-limit 0.3 2>/dev/null \
     | grep -E '^ +[0-9.]+%' >"$OUT/profile.txt" || true
   perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9.]+%' >"$OUT/profile-dso.txt" || true
+  # Hot source lines of the top two pmrxe functions (not libc/crc32fast): where inside them.
+  i=0
+  grep -E '\[\.\] pmrxe_' "$OUT/profile.txt" | head -2 | sed -E 's/^ *[0-9.]+% +\[\.\] //; s/( +-)+ *$//' | while IFS= read -r sym; do
+    i=$((i + 1))
+    { echo "$sym"; timeout 120 perf annotate -i "$OUT/perf.data" --stdio -l "$sym" 2>/dev/null \
+        | grep -E '^ +[0-9]+\.[0-9]+ +[A-Za-z0-9_]+\.rs:[0-9]+ *$' | sort -rn | head -6; } >"$OUT/annotate-$i.txt"
+  done
 else
   log "perf does not work here; profile skipped (see docs/benchmarks.md for the callgrind alternative)"
 fi
@@ -146,7 +153,7 @@ if command -v ucx_perftest >/dev/null; then
   export UCX_TLS=tcp,self UCX_NET_DEVICES=lo
   for s in $SIZES; do
     ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
-    timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s "$s" -w 200 -n $((QUICK ? 500 : 5000)) >"$OUT/ucx-tag_bw-$s.txt" 2>&1
+    timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s "$s" -w 50 -n $(( (QUICK ? 32 : 256) * 1048576 / s < 5000 ? (QUICK ? 32 : 256) * 1048576 / s : 5000 )) >"$OUT/ucx-tag_bw-$s.txt" 2>&1
     pkill_ours
   done
   ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
@@ -157,7 +164,7 @@ fi
 if command -v fi_pingpong >/dev/null; then
   log "peer: libfabric tcp provider (fi_pingpong)"
   for s in 8 $SIZES; do
-    n=$((s > 65536 ? 200 : (QUICK ? 1000 : 10000)))
+    n=$(( (QUICK ? 8 : 32) * 1048576 / s )); n=$(( n < 20 ? 20 : (n > 10000 ? 10000 : n) ))
     fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -B 47592 >/dev/null 2>&1 & BG+=($!); sleep 0.7
     timeout 60 fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -P 47592 127.0.0.1 >"$OUT/fi_pingpong-$s.txt" 2>&1
     pkill_ours

@@ -381,6 +381,40 @@ if prof:
     byte = top.get("copy (memcpy/memmove)", 0) + top.get("ICRC / CRC-32", 0)
     book = sum(p for p, sym in prof if re.search(r"deliver_completions|poll_once|Idle::idle", sym))
     clk = top.get("clock reads (clock_gettime, Instant)", 0)
+    ann = []
+    for a in sorted(glob.glob(os.path.join(OUT, "annotate-*.txt"))):
+        lines = read(os.path.basename(a)).splitlines()
+        if len(lines) > 1:
+            ann.append((lines[0], [l.split() for l in lines[1:] if len(l.split()) == 2]))
+    if ann:
+        w("Hot source lines inside the top pmrxe functions (`perf annotate -l`, % of that function's samples):")
+        w("")
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        index = {}
+        for path in glob.glob(os.path.join(repo, "dataplane", "**", "*.rs"), recursive=True):
+            index.setdefault(os.path.basename(path), []).append(path)
+
+        def src(loc):
+            name, _, no = loc.partition(":")
+            paths = index.get(name, [])
+            if len(paths) != 1:
+                return None
+            try:
+                with open(paths[0]) as fh:
+                    return fh.read().splitlines()[int(no) - 1].strip()
+            except (OSError, IndexError, ValueError):
+                return None
+
+        for sym, rows in ann:
+            w(f"* `{sym}`:")
+            for pct, loc in rows[:4]:
+                code = src(loc)
+                w(f"  * {pct} % at `{loc}`" + (f": `{code[:100]}`" if code else ""))
+            if any(r[1].startswith("bitmask.rs") for r in rows):
+                w("  * `bitmask.rs`/`*_ptr.rs` are hashbrown's control-byte group scan: iterating a `HashMap` walks")
+                w("    every bucket of its *capacity*, so a map created `with_capacity(4096)` and iterated once per")
+                w("    loop iteration costs hundreds of SIMD group loads even with two entries in it.")
+        w("")
     w("Interpretation (figures from this run):")
     w("")
     w(f"* **Byte work — copies + ICRC — is {byte:.0f} %** of the lcore. This is the floor of a software RoCE")
