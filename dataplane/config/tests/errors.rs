@@ -71,7 +71,7 @@ fn unknown_key_top_level() {
 fn unknown_key_nested() {
     let s = err(&loopback_with("log = \"info\"", "log = \"info\"\nlogg = 1"));
     assert!(s.starts_with("config error: unknown key 'logg' in service"), "{s}");
-    let s = err(&loopback_with("mtu = 1500\n\n[[ports]]", "mtu = 1500\nmtuu = 9\n\n[[ports]]"));
+    let s = err(&loopback_with("mtu = 9000\n\n[[ports]]", "mtu = 1500\nmtuu = 9\n\n[[ports]]"));
     assert!(s.starts_with("config error: unknown key 'mtuu' in ports[0]"), "{s}");
     let s = err("[service]\nidle = { mode = \"busy\", sleep = 1 }\n");
     assert!(s.starts_with("config error: unknown key 'sleep' in service.idle"), "{s}");
@@ -117,9 +117,9 @@ fn duplicate_ip() {
 
 #[test]
 fn bad_mtu() {
-    let s = err(&loopback_with("mtu = 1500\n\n[[ports]]", "mtu = 20\n\n[[ports]]"));
+    let s = err(&loopback_with("mtu = 9000\n\n[[ports]]", "mtu = 20\n\n[[ports]]"));
     assert_eq!(s, "config error: ports[0].mtu: 20 is outside 68..=9216");
-    let s = err(&loopback_with("mtu = 1500\n\n[[ports]]", "mtu = 70000\n\n[[ports]]"));
+    let s = err(&loopback_with("mtu = 9000\n\n[[ports]]", "mtu = 70000\n\n[[ports]]"));
     assert!(s.starts_with("config error: ports[0].mtu: "), "{s}");
 }
 
