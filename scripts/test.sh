@@ -11,4 +11,6 @@ export CARGO_TERM_COLOR=never
 # the integration tests start; tests run optimised too (the soak and stress tests are CPU-bound).
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"
+# Short bounded fuzzing (15 s per target, libFuzzer + ASan; skipped without a nightly toolchain).
+./scripts/fuzz.sh --ci
 echo "test.sh: all tests passed"
