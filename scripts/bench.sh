@@ -29,6 +29,9 @@ OUT=${BENCH_OUT:-$TARGET/bench-results}
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 rm -rf "$OUT"; mkdir -p "$OUT"
+# Serialise with the integration tests that start services (they pin CPU 1 too).
+exec 9>/tmp/pmrxe-itest.lock
+flock -n 9 || { echo "bench: waiting for /tmp/pmrxe-itest.lock (integration tests running)" >&2; flock 9; }
 WORK=$(mktemp -d /tmp/pmrxe-bench.XXXXXX)
 export PMRXE_SOCKET=$WORK/pmrxe.sock
 SVC=
