@@ -187,4 +187,8 @@ fn two_hosts_in_netns_rc_pingpong_checked_and_ib_write_bw() {
     eprintln!("ib_write_bw across the veth: {} B BW average {} MB/sec", rows[0][0], rows[0][3]);
     drop(b);
     drop(a);
+    for which in ['a', 'b'] {
+        let d = std::path::Path::new("/var/run/dpdk").join(format!("pmrxe-netns-{which}-it{}", std::process::id()));
+        assert!(!d.exists(), "EAL runtime dir {} left behind", d.display());
+    }
 }

@@ -109,9 +109,11 @@ fn sigterm_during_ib_write_bw_exits_0_within_5s_and_leaves_nothing_behind() {
     let (st, took) = svc.stop_within(Duration::from_secs(5));
     eprintln!("service stopped in {took:?} with {st}");
     // The verbs programs lose their device; whatever they do, they must not be left behind.
-    for (c, n) in [(&mut client, "client"), (&mut server, "server")] {
-        if wait_timeout(c, Duration::from_secs(10)).is_none() {
-            eprintln!("ib_write_bw {n} hung after the service stopped (killed)");
+    let mut hung = Vec::new();
+    for (c, n, o) in [(&mut client, "client", &co), (&mut server, "server", &so)] {
+        match wait_timeout(c, Duration::from_secs(10)) {
+            Some(st) => eprintln!("ib_write_bw {n} after the service stopped: {st}; output:\n{}", tail(&read_to_string_lossy(o), 4)),
+            None => hung.push(n),
         }
     }
     assert!(
@@ -122,6 +124,8 @@ fn sigterm_during_ib_write_bw_exits_0_within_5s_and_leaves_nothing_behind() {
     assert!(!dpdk_runtime_dir(pid).exists(), "EAL runtime dir {} left behind", dpdk_runtime_dir(pid).display());
     assert!(!svc.socket.exists(), "control socket {} left behind", svc.socket.display());
     assert_eq!(hugepages_free(), hp_before, "HugePages_Free changed");
+    // A verbs program whose service went away must fail, not hang (killed after 10 s).
+    assert!(hung.is_empty(), "ib_write_bw {hung:?} still running 10 s after the service stopped");
 }
 
 fn sum_counter(j: &serde_json::Value, name: &str) -> u64 {
