@@ -218,3 +218,44 @@ fn perftest_ib_send_lat() {
 fn perftest_ib_atomic_bw() {
     perftest(19, "ib_atomic_bw", &["-F"], false);
 }
+
+/// Four programs, two QP pairs, one service: ib_write_bw and ib_read_bw run at the same time
+/// (two clients per device) and both complete with figures.
+#[test]
+fn two_perftest_pairs_at_once_on_one_service() {
+    require_tool("ib_write_bw");
+    require_tool("ib_read_bw");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let (pw, pr) = (port_for(20), port_for(21));
+    let (sw, sr) = (pw.to_string(), pr.to_string());
+    let (w, r) = std::thread::scope(|s| {
+        let svc = &svc;
+        let (sw, sr) = (&sw, &sr);
+        let w = s.spawn(move || {
+            run_pair(
+                svc,
+                &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "2000", "-p", sw],
+                &["ib_write_bw", "-d", "pmrxe1", "-F", "-n", "2000", "-p", sw, "127.0.0.1"],
+                pw,
+                T,
+            )
+        });
+        let r = s.spawn(move || {
+            run_pair(
+                svc,
+                &["ib_read_bw", "-d", "pmrxe1", "-F", "-n", "2000", "-p", sr],
+                &["ib_read_bw", "-d", "pmrxe0", "-F", "-n", "2000", "-p", sr, "127.0.0.1"],
+                pr,
+                T,
+            )
+        });
+        (w.join().unwrap(), r.join().unwrap())
+    });
+    for (name, p) in [("ib_write_bw", &w), ("ib_read_bw", &r)] {
+        p.assert_ok();
+        let rows = perftest_rows(&p.client.output);
+        assert!(!rows.is_empty() && rows.iter().all(|x| x.len() >= 5 && x[3] > 0.0), "{name}: {}", p.client.describe());
+        eprintln!("{name} concurrently: BW average {} MB/sec", rows[0][3]);
+    }
+}
