@@ -438,8 +438,9 @@ impl Harness {
         for e in &cqes[..n] {
             check(e, "receive")?;
         }
-        if n > 0 {
-            c.recv_posted[i] -= n as u32;
+        c.recv_posted[i] -= n as u32;
+        // Re-post in batches (one publish + doorbell per refill), keeping at least 3/4 posted.
+        if c.recv_posted[i] < self.opts.cap.max_recv_wr.min(RQ_DEPTH) * 3 / 4 || c.recv_posted[i] < 4 {
             self.fill_rq(c, i, len)?;
         }
         Ok(n)
