@@ -102,6 +102,12 @@ for t in write read send; do
     pair "ib_${t}_bw-$s" 60 "ib_${t}_bw" -d pmrxe0 -F -s "$s" -D "$D" -- "ib_${t}_bw" -d pmrxe1 -F -s "$s" -D "$D" 127.0.0.1
   done
 done
+for t in write send; do
+  for s in 8 64; do
+    log "perftest: ib_${t}_bw -s $s (message rate)"
+    pair "ib_${t}_bw-$s" 60 "ib_${t}_bw" -d pmrxe0 -F -s "$s" -D "$D" -- "ib_${t}_bw" -d pmrxe1 -F -s "$s" -D "$D" 127.0.0.1
+  done
+done
 # perftest latency needs two spinning processes beside the spinning lcore: 3 busy threads on 2
 # cores. ib_write_lat (polls memory, no event mode) is run anyway, with few iterations: both sides
 # share CPU 0, so it measures time slices. ib_send_lat -e sleeps on completion events (the shim's
