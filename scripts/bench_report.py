@@ -208,9 +208,9 @@ try:
     for op in ("write", "send"):
         l = perftest_lat(op)
         if l:
-            rows.append((f"ib_{op}_lat", l["p50"], l["p99"], l["p999"]))
+            rows.append((f"ib_{op}_lat" + (" (3 spinners/2 cores)" if op == "write" else " -e"), l["p50"], l["p99"], l["p999"]))
     if qperf_lat():
-        rows.append(("TCP qperf", qperf_lat(), None, None))
+        rows.append(("TCP qperf (mean)", qperf_lat(), None, None))
     if ucx("ucx-tag_lat-8.txt", 2):
         rows.append(("UCX/tcp tag_lat", ucx("ucx-tag_lat-8.txt", 2), None, None))
     fp = fi_pp(8)
