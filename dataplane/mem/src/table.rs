@@ -480,8 +480,8 @@ impl MemTable {
         ctl.owners[0].clear();
         ctl.owners[0].push(region.owner().clone());
         ctl.owners[1].clear();
-        slot.word
-            .store(pack(MrState::Valid, key), Ordering::Release);
+        // Preserve the reference count: a failed lookup may hold a transient reference.
+        set_word(&slot.word, MrState::Valid, key);
         Ok(key)
     }
 
@@ -808,8 +808,8 @@ impl MemTable {
         slot.iova.store(meta.iova, Ordering::Relaxed);
         slot.length.store(meta.length, Ordering::Relaxed);
         slot.base.store(base, Ordering::Relaxed);
-        slot.word
-            .store(pack(MrState::Valid, wr_key), Ordering::Release);
+        // Preserve the reference count: a failed lookup may hold a transient reference.
+        set_word(&slot.word, MrState::Valid, wr_key);
         Ok(())
     }
 
@@ -945,8 +945,8 @@ impl MemTable {
                     self.unbind_locked(&mut ctl);
                     ctl.key = new_key;
                     slot.length.store(0, Ordering::Relaxed);
-                    slot.word
-                        .store(pack(MrState::Valid, new_key), Ordering::Release);
+                    // Preserve the reference count: a failed lookup may hold a transient reference.
+        set_word(&slot.word, MrState::Valid, new_key);
                     return Ok(());
                 }
             }
@@ -1005,8 +1005,8 @@ impl MemTable {
         slot.length.store(len, Ordering::Relaxed);
         slot.mr_index.store(mr.index(), Ordering::Relaxed);
         slot.qpn.store(qpn, Ordering::Relaxed);
-        slot.word
-            .store(pack(MrState::Valid, new_key), Ordering::Release);
+        // Preserve the reference count: a failed lookup may hold a transient reference.
+        set_word(&slot.word, MrState::Valid, new_key);
         Ok(())
     }
 
