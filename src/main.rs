@@ -118,6 +118,10 @@ enum ConfigCmd {
 }
 
 fn main() -> ExitCode {
+    // A CLI writing into a closed pipe (`pmrxe stats --watch 1 | head -1`) should end quietly
+    // like any Unix tool, not panic: restore the default SIGPIPE action Rust overrides.
+    // SAFETY: setting a signal disposition to SIG_DFL at start-up, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, metrics } => cmd::serve::run(config, metrics),

@@ -206,6 +206,9 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                             format!("bad devargs {d:?}: a vdev must start with a net_ driver name (net_memif0, net_af_packet0, ...)"),
                         ));
                     }
+                    if let Some(missing) = missing_pmd(head) {
+                        return Err(inv(f("devargs"), format!("bad devargs {d:?}: no DPDK driver {missing:?} is installed ({})", PMD_DIR)));
+                    }
                 } else if !is_pci_addr(head) {
                     return Err(inv(
                         f("devargs"),
@@ -331,4 +334,24 @@ mod tests {
         assert!(!is_pci_addr("0000:3b:00"));
         assert!(!is_pci_addr("000:3b:00.0"));
     }
+}
+
+
+/// Where Debian's shared DPDK keeps its autoloaded PMDs (EAL's compiled-in plugin dir).
+const PMD_DIR: &str = "/usr/lib/x86_64-linux-gnu/dpdk/pmds-23.0";
+
+/// For a vdev name like `net_af_packet0`, the driver (`net_af_packet`) if its PMD library is
+/// not installed. `None` when it is, or when the PMD directory does not exist (static builds,
+/// other distributions: EAL then reports the error itself).
+fn missing_pmd(vdev: &str) -> Option<String> {
+    let drv = vdev.trim_end_matches(|c: char| c.is_ascii_digit());
+    let dir = std::path::Path::new(PMD_DIR);
+    if !dir.is_dir() {
+        return None;
+    }
+    // net_ring is linked in (rte_eth_from_rings); everything else is a plugin librte_<drv>.so.
+    if drv == "net_ring" || dir.join(format!("librte_{drv}.so")).exists() {
+        return None;
+    }
+    Some(drv.to_string())
 }

@@ -231,6 +231,11 @@ impl Eal {
             // EAL cannot be retried after a failed init either.
             *st = EalState::Finished;
             let errno = rte_errno();
+            // A failed init may already have created /var/run/dpdk/<prefix>; leave nothing behind.
+            if let (false, Some(prefix)) = (cfg.in_memory, cfg.file_prefix.as_deref()) {
+                let dir = std::path::Path::new("/var/run/dpdk").join(prefix);
+                let _ = std::fs::remove_dir_all(dir);
+            }
             return Err(PortError::EalInit { reason: strerror(errno), errno, args: args.join(" ") });
         }
         *st = EalState::Running;

@@ -119,7 +119,7 @@ fn child_ring(cfg: &Config) {
     assert_eq!(a.name(), "pmrxe0");
     assert_eq!(Port::mac(&a), cfg.ports[0].mac.unwrap());
     assert_eq!(Port::mac(&b), cfg.ports[1].mac.unwrap());
-    assert_eq!(Port::mtu(&a), 1500);
+    assert_eq!(Port::mtu(&a), cfg.ports[0].mtu);
     assert!(a.link().up && b.link().up);
     assert!(a.for_queues(0, 0).is_none(), "queue 0 is owned by `a`");
 

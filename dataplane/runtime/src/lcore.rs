@@ -599,12 +599,17 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_malformed, 1);
                     return;
                 }
-                self.neigh.learn(f.src_ip, f.src_mac.0);
                 let qpn = f.headers.bth.dest_qp.into();
                 let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return;
                 };
+                // Learn the sender's MAC only from a valid frame for one of our QPs, and only
+                // for an IP we know nothing about: a spoofed RoCE frame cannot redirect an
+                // established neighbour (ARP/ND and static entries are authoritative).
+                if self.neigh.lookup(f.src_ip).is_none() {
+                    self.neigh.learn(f.src_ip, f.src_mac.0);
+                }
                 let Some(slot) = self.qps[idx].as_mut() else { return };
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);

@@ -127,7 +127,8 @@ mod tests {
         assert_eq!(d.name, "pmrxe0");
         assert_eq!(d.gids[1].gid[10..], [0xff, 0xff, 198, 18, 0, 1]);
         assert_eq!(d.port.link_layer, 2);
-        assert_eq!(d.port.active_mtu, 3, "1500-byte Ethernet → 1024-byte RoCE MTU");
+        assert_eq!(d.port.active_mtu, 5, "9000-byte Ethernet → 4096-byte RoCE MTU");
+        assert_eq!(ibv_mtu(1500), 3, "1500-byte Ethernet → 1024-byte RoCE MTU");
         assert!(d.attr.max_sge <= ENGINE_MAX_SGE);
     }
 }

@@ -36,10 +36,16 @@ struct Service {
     sock: PathBuf,
     dir: PathBuf,
     bin: PathBuf,
+    // Tests in this file use the same perftest/pingpong TCP ports and both want CPU 1 for the
+    // service lcore: run them one at a time even under cargo's parallel test threads.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Service {
     fn start(tag: &str) -> Option<Service> {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let bin = service_bin().or_else(|| {
             eprintln!("SKIP: no pmrxe service binary (cargo build --release, or set PMRXE_BIN)");
             None
@@ -62,7 +68,7 @@ impl Service {
             assert!(t0.elapsed() < Duration::from_secs(20), "service did not create {}", sock.display());
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(Service { child, sock, dir, bin })
+        Some(Service { child, sock, dir, bin, _serial: serial })
     }
 
     fn run(&self, args: &[&str], timeout_s: u32) -> Command {
