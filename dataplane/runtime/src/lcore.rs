@@ -229,6 +229,40 @@ pub struct LcoreHandle {
     pub drops: Arc<DropStats>,
     /// Index of this lcore (doorbell bitmap row).
     pub index: usize,
+    /// Objects the lcore removed, to be dropped here (unmapping their rings and freeing their
+    /// queues are system calls the lcore must not make).
+    pub graveyard: Receiver<Box<dyn Send>>,
+}
+
+impl LcoreHandle {
+    /// Drop whatever the lcore handed back (call from a control thread after a command).
+    pub fn bury(&self) {
+        while let Ok(x) = self.graveyard.try_recv() {
+            drop(x);
+        }
+    }
+
+    /// Send a command and wait for its reply without ever blocking in a way the lcore would
+    /// have to wake with a system call: poll the reply channel with short sleeps.
+    pub fn call<R>(&self, make: impl FnOnce(Sender<R>) -> Cmd) -> Option<R> {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        self.cmds.send(make(tx)).ok()?;
+        let t0 = std::time::Instant::now();
+        let r = loop {
+            match rx.try_recv() {
+                Ok(r) => break Some(r),
+                Err(TryRecvError::Disconnected) => break None,
+                Err(TryRecvError::Empty) => {
+                    if t0.elapsed() > std::time::Duration::from_secs(10) {
+                        break None;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            }
+        };
+        self.bury();
+        r
+    }
 }
 
 /// Capture tap: frames the lcore saw, copied out only while a capture is running.
@@ -258,6 +292,7 @@ pub struct Lcore<L: Link> {
     idle: Idle,
     stop: Arc<AtomicBool>,
     tap: Option<Box<dyn Tap>>,
+    grave: Sender<Box<dyn Send>>,
     last_solicit: Instant,
     /// Reserved scratch: QP slots that need service this iteration.
     work: Vec<usize>,
@@ -279,6 +314,7 @@ impl<L: Link> Lcore<L> {
         tap: Option<Box<dyn Tap>>,
     ) -> (Lcore<L>, LcoreHandle) {
         let (tx, rx) = crossbeam::channel::unbounded();
+        let (grave, grave_rx) = crossbeam::channel::unbounded();
         let stats = Arc::new(LcoreStats::default());
         let drops = Arc::new(DropStats::default());
         let mut neigh = Neighbors::new();
@@ -307,10 +343,11 @@ impl<L: Link> Lcore<L> {
             idle: Idle::new(idle),
             stop,
             tap,
+            grave,
             last_solicit: Instant(0),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
         };
-        (lc, LcoreHandle { cmds: tx, stats, drops, index })
+        (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx })
     }
 
     /// Run until the stop flag is set.
@@ -384,9 +421,22 @@ impl<L: Link> Lcore<L> {
                 for q in qpns {
                     self.remove_qp(q);
                 }
-                self.cqs.retain(|_, c| c.client != client);
-                self.srqs.retain(|_, c| c.client != client);
-                self.clients.retain(|c| c.id != client);
+                let cqs: Vec<u32> = self.cqs.iter().filter(|(_, c)| c.client == client).map(|(k, _)| *k).collect();
+                for k in cqs {
+                    if let Some(c) = self.cqs.remove(&k) {
+                        let _ = self.grave.send(Box::new(c));
+                    }
+                }
+                let srqs: Vec<u32> = self.srqs.iter().filter(|(_, x)| x.client == client).map(|(k, _)| *k).collect();
+                for k in srqs {
+                    if let Some(x) = self.srqs.remove(&k) {
+                        let _ = self.grave.send(Box::new(x));
+                    }
+                }
+                if let Some(i) = self.clients.iter().position(|c| c.id == client) {
+                    let c = self.clients.swap_remove(i);
+                    let _ = self.grave.send(Box::new(c));
+                }
                 let _ = done.send(());
             }
             Cmd::AddCq { cq, client, seg, layout, channel, done } => {
@@ -406,7 +456,9 @@ impl<L: Link> Lcore<L> {
                     None => Err(libc::EINVAL),
                     Some(c) if c.refs > 0 => Err(libc::EBUSY),
                     Some(_) => {
-                        self.cqs.remove(&cq);
+                        if let Some(c) = self.cqs.remove(&cq) {
+                            let _ = self.grave.send(Box::new(c));
+                        }
                         Ok(())
                     }
                 };
@@ -473,7 +525,9 @@ impl<L: Link> Lcore<L> {
                     Some(s) if s.refs > 0 => Err(libc::EBUSY),
                     Some(s) => {
                         let client = s.client;
-                        self.srqs.remove(&srqn);
+                        if let Some(x) = self.srqs.remove(&srqn) {
+                            let _ = self.grave.send(Box::new(x));
+                        }
                         if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
                             for v in c.slots.iter_mut().filter(|v| **v == SRQ_SLOT | srqn) {
                                 *v = 0;
@@ -544,6 +598,7 @@ impl<L: Link> Lcore<L> {
     fn remove_qp(&mut self, qpn: u32) -> bool {
         let Some(idx) = self.qpn_to_slot.remove(&qpn) else { return false };
         let Some(slot) = self.qps[idx].take() else { return false };
+        let slot = Box::new(slot);
         for cq in [slot.send_cq, slot.recv_cq] {
             if let Some(c) = self.cqs.get_mut(&cq) {
                 c.refs = c.refs.saturating_sub(1);
@@ -557,6 +612,7 @@ impl<L: Link> Lcore<L> {
                 *s = 0;
             }
         }
+        let _ = self.grave.send(slot);
         true
     }
 

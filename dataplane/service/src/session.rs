@@ -148,13 +148,9 @@ type Reply = (Response, Vec<RawFd>);
 
 macro_rules! lcore_call {
     ($lc:expr, $variant:ident { $($f:ident : $v:expr),* }) => {{
-        let (tx, rx) = bounded(1);
-        if $lc.cmds.send(Cmd::$variant { $($f: $v,)* done: tx }).is_err() {
-            return (err(libc::ESHUTDOWN, "service is stopping"), vec![]);
-        }
-        match rx.recv() {
-            Ok(r) => r,
-            Err(_) => return (err(libc::ESHUTDOWN, "service is stopping"), vec![]),
+        match $lc.call(|tx| Cmd::$variant { $($f: $v,)* done: tx }) {
+            Some(r) => r,
+            None => return (err(libc::ESHUTDOWN, "service is stopping"), vec![]),
         }
     }};
 }
@@ -648,10 +644,7 @@ impl Session {
             return;
         }
         for lc in &sh.lcores {
-            let (tx, rx) = bounded(1);
-            if lc.cmds.send(Cmd::RemoveClient { client: self.id, done: tx }).is_ok() {
-                let _ = rx.recv_timeout(std::time::Duration::from_secs(5));
-            }
+            let _ = lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx });
         }
         for (&k, _) in self.objs.mws.iter() {
             let _ = sh.mem.dealloc_mw(Key(k));

@@ -51,12 +51,7 @@ impl StatsSource for ServiceStats {
     fn render(&self, as_json: bool) -> String {
         let mut lcores = Vec::new();
         for lc in &self.lcores {
-            let (tx, rx) = bounded(1);
-            let qps = if lc.cmds.send(Cmd::QpStats { done: tx }).is_ok() {
-                rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default()
-            } else {
-                Vec::new()
-            };
+            let qps = lc.call(|tx| Cmd::QpStats { done: tx }).unwrap_or_default();
             let snap = lc.stats.snapshot();
             let busy = snap.busy_iterations as f64;
             let total = (snap.busy_iterations + snap.idle_iterations).max(1) as f64;
