@@ -24,6 +24,11 @@
 //! [`RingError::Corrupt`] and the caller tears the object down. Entries are `Pod` (every bit
 //! pattern valid) and are copied out before use, so a client scribbling over a slot while the
 //! service reads it can only produce garbage *values*, which the service validates.
+//!
+//! Under `cfg(loom)` (model checking only, see `tests/loom.rs`) each slot is a
+//! `loom::cell::UnsafeCell<T>` instead of a plain `T`, so loom sees every slot write and read
+//! and reports a payload hand-off that the index protocol does not order. The slot stride then
+//! differs from the ABI; the normal build is unaffected (`Slot<T>` is `T`).
 use crate::sync::{AtomicU32, Ordering};
 use core::marker::PhantomData;
 use core::ptr::NonNull;
@@ -44,6 +49,13 @@ pub unsafe trait Pod: Copy + 'static {}
 
 #[repr(C, align(64))]
 struct CacheLine(AtomicU32);
+
+/// What one slot of the array holds: the entry itself (the ABI).
+#[cfg(not(loom))]
+type Slot<T> = T;
+/// Under loom: the entry in a tracked cell, so loom checks the slot hand-off.
+#[cfg(loom)]
+type Slot<T> = loom::cell::UnsafeCell<T>;
 
 /// The ring header as it lies in shared memory.
 #[repr(C)]
@@ -86,7 +98,7 @@ impl std::error::Error for RingError {}
 
 /// Bytes a ring of `capacity` entries of `T` occupies (header + slots), rounded to 64.
 pub const fn ring_bytes<T>(capacity: u32) -> usize {
-    let n = RING_HEADER_LEN + capacity as usize * core::mem::size_of::<T>();
+    let n = RING_HEADER_LEN + capacity as usize * core::mem::size_of::<Slot<T>>();
     (n + 63) & !63
 }
 
@@ -116,12 +128,23 @@ pub unsafe fn init_ring<T: Pod>(base: *mut u8, capacity: u32) -> Result<(), Ring
             consumer: CacheLine(AtomicU32::new(0)),
         })
     };
+    #[cfg(loom)]
+    for i in 0..capacity as usize {
+        // SAFETY: the slot array lies inside the `ring_bytes` the caller guarantees; a zeroed
+        // `T` is valid because `T: Pod`.
+        unsafe {
+            base.add(RING_HEADER_LEN)
+                .cast::<Slot<T>>()
+                .add(i)
+                .write(loom::cell::UnsafeCell::new(core::mem::zeroed::<T>()))
+        };
+    }
     Ok(())
 }
 
 struct Raw<T> {
     hdr: NonNull<RingHeader>,
-    slots: NonNull<T>,
+    slots: NonNull<Slot<T>>,
     mask: u32,
 }
 
@@ -153,7 +176,7 @@ impl<T: Pod> Raw<T> {
             return Err(RingError::TooSmall);
         }
         // SAFETY: checked above that the slot array fits inside the segment.
-        let slots = unsafe { base.add(RING_HEADER_LEN) }.cast::<T>();
+        let slots = unsafe { base.add(RING_HEADER_LEN) }.cast::<Slot<T>>();
         Ok(Raw {
             // SAFETY: non-null checked above.
             hdr: unsafe { NonNull::new_unchecked(hdr) },
@@ -166,9 +189,43 @@ impl<T: Pod> Raw<T> {
         // SAFETY: attach() validated the header; the mapping outlives the handle (attach contract).
         unsafe { self.hdr.as_ref() }
     }
-    fn slot(&self, idx: u32) -> *mut T {
+    fn slot(&self, idx: u32) -> *mut Slot<T> {
         // SAFETY: `idx & mask < capacity`, inside the slot array validated by attach().
         unsafe { self.slots.as_ptr().add((idx & self.mask) as usize) }
+    }
+    /// Write `item` into slot `idx`.
+    ///
+    /// # Safety
+    /// The caller is the producer and the slot is outside `[tail, head)` (no consumer reads it).
+    #[inline]
+    unsafe fn write_slot(&self, idx: u32, item: T) {
+        // SAFETY: forwarded contract; volatile because another process maps the page.
+        #[cfg(not(loom))]
+        unsafe {
+            self.slot(idx).write_volatile(item)
+        };
+        // SAFETY: as above; the cell was created by init_ring() and lives in the segment.
+        #[cfg(loom)]
+        unsafe {
+            (*self.slot(idx)).with_mut(|p| p.write_volatile(item))
+        };
+    }
+    /// Copy slot `idx` out.
+    ///
+    /// # Safety
+    /// The caller is the consumer and the slot is inside `[tail, head)` (published).
+    #[inline]
+    unsafe fn read_slot(&self, idx: u32) -> T {
+        // SAFETY: forwarded contract; Pod makes any bytes a valid T.
+        #[cfg(not(loom))]
+        unsafe {
+            self.slot(idx).read_volatile()
+        }
+        // SAFETY: as above; the cell was created by init_ring() and lives in the segment.
+        #[cfg(loom)]
+        unsafe {
+            (*self.slot(idx)).with(|p| p.read_volatile())
+        }
     }
 }
 
@@ -231,7 +288,7 @@ impl<T: Pod> Producer<T> {
         }
         // SAFETY: the slot is outside [tail, head) so the consumer does not read it until the
         // release store in publish(); volatile because another process maps the page.
-        unsafe { self.raw.slot(self.head).write_volatile(item) };
+        unsafe { self.raw.write_slot(self.head, item) };
         self.head = self.head.wrapping_add(1);
         Ok(())
     }
@@ -306,7 +363,7 @@ impl<T: Pod> Consumer<T> {
         }
         // SAFETY: the slot is inside [tail, head): published by the producer (acquire above);
         // Pod makes any bytes a valid T; volatile because another process maps the page.
-        Ok(Some(unsafe { self.raw.slot(self.tail).read_volatile() }))
+        Ok(Some(unsafe { self.raw.read_slot(self.tail) }))
     }
 
     /// Advance past the entry returned by the last `peek`, without publishing.

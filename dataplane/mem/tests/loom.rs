@@ -112,3 +112,64 @@ fn loom_dereg_waits_for_copy() {
         reader.join().unwrap();
     });
 }
+
+/// Regression model for the VALID-transition bug (fixed by `set_word` in `exec_reg_mr`,
+/// `reg_mr` and `bind`): a lookup that *fails* still takes a transient reference (fetch_add,
+/// check, fetch_sub). If the re-register stored `pack(Valid, key)` with a plain store while
+/// that reference was held, the count went to 0 under it and the failing lookup's release
+/// left it at -1; the next successful lookup brought it back to 0 while a copy was live, so
+/// the following invalidate drained early (or, with no such lookup, never drained at all).
+///
+/// Thread A (the model's main thread) looks the MR up with the stale key (always fails: FREE,
+/// or the key moved on), then with the new key (succeeds only while the new registration is
+/// VALID; before it, it fails the same transient way). Thread B re-registers under the new
+/// key, invalidates it, and raises `inv_done`. Checked: whenever A holds an `MrRef`, B's
+/// invalidate has not returned; whenever A holds no reference the count reads 0 (only A takes
+/// references); B's invalidate returns (its drain ends); the count is 0 at the end.
+///
+/// Verified to fail with the old code: reverting `set_word(&slot.word, MrState::Valid,
+/// wr_key)` in `exec_reg_mr` to `slot.word.store(pack(MrState::Valid, wr_key),
+/// Ordering::Release)` fails this model within a fraction of a second (the other three
+/// models still pass). Loom reports it as "Model exceeded maximum number of branches": in the
+/// execution it finds, A has finished (both lookups failed, no reference held), yet B's
+/// `set_word(Free)` carries a non-zero count (the drain read the word as `0x5_0000_0138`,
+/// i.e. one reference, FREE) because the plain store did not compose with A's transient
+/// increment/decrement, and B's drain spins on it forever (a `LOOM_LOG=trace` run shows ~300
+/// re-reads of the word by B after A is done). With the fix the model passes.
+#[test]
+fn loom_failed_lookup_racing_reregister_keeps_the_count() {
+    loom::model(|| {
+        let (t, k, iova, _r) = small_table();
+        // Start from FREE under the old key: the state a re-register leaves from.
+        t.exec_local_inv(PD, k).unwrap();
+        let k2 = k.inc();
+        let inv_done = Arc::new(AtomicBool::new(false));
+        // Thread B: re-register under the new key, then invalidate it.
+        let registrar = {
+            let (t, inv_done) = (t.clone(), inv_done.clone());
+            thread::spawn(move || {
+                t.exec_reg_mr(PD, k2, Access::REMOTE_READ, None, None)
+                    .unwrap();
+                t.exec_local_inv(PD, k2).unwrap();
+                inv_done.store(true, Ordering::SeqCst);
+            })
+        };
+        // Thread A. Stale key: never valid in this model, but takes a transient reference.
+        assert!(t.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ).is_err());
+        assert_eq!(t.inflight(k), 0, "a VALID transition wiped a transient reference");
+        if let Ok(m) = t.lookup(k2, PD, 0, iova, 8, Access::REMOTE_READ) {
+            assert!(
+                !inv_done.load(Ordering::SeqCst),
+                "MrRef alive after exec_local_inv returned"
+            );
+            m.copy_out(iova, &mut [0; 8]).unwrap();
+            assert!(
+                !inv_done.load(Ordering::SeqCst),
+                "copy ran after exec_local_inv returned"
+            );
+        }
+        assert_eq!(t.inflight(k), 0, "a VALID transition wiped a transient reference");
+        registrar.join().unwrap();
+        assert_eq!(t.inflight(k2), 0, "reference count not back to 0");
+    });
+}

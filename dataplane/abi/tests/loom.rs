@@ -1,0 +1,162 @@
+//! Loom models of the shared-memory SPSC ring (`src/ring.rs`).
+//!
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p pmrxe-abi --release --test loom`
+//! (optionally `LOOM_MAX_PREEMPTIONS=3`). Without `--cfg loom` this file is empty.
+//!
+//! Under `cfg(loom)` the ring's slots are `loom::cell::UnsafeCell`s (see `ring.rs`), so besides
+//! the assertions below loom itself checks every payload hand-off: a slot read not ordered
+//! after its write, or a slot write not ordered after the previous read of that slot (an
+//! overwrite of an unconsumed entry), aborts the model.
+//!
+//! Verified to fail when an ordering is weakened, and to pass again once restored:
+//! * the producer's index store in `Producer::publish` `Release` → `Relaxed`: both models fail
+//!   (loom reports the consumer's slot read racing the producer's slot write);
+//! * the consumer's index store in `Consumer::release` `Release` → `Relaxed`: both models fail
+//!   (loom reports the producer's slot write racing the consumer's read of the old entry);
+//! * the full check in `Producer::stage` `used >= cap` → `used > cap` (overwrite an unconsumed
+//!   slot): (b) fails on `push` returning `Ok` instead of `Full(item)`, (a) with loom's
+//!   "Concurrent read and write accesses".
+#![cfg(loom)]
+
+use loom::thread;
+use pmrxe_abi::ring::{init_ring, ring_bytes, Consumer, Pod, Producer, PushError};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct E {
+    seq: u64,
+    /// Derived from `seq`, so a torn or stale slot shows up as a mismatch.
+    payload: u64,
+}
+// SAFETY: repr(C) of integers, every bit pattern valid.
+unsafe impl Pod for E {}
+
+fn item(seq: u64) -> E {
+    E { seq, payload: !seq ^ 0x5a5a_0000 }
+}
+
+const CAP: u32 = 2;
+
+/// A 64-byte-aligned segment big enough for a `CAP`-entry ring (loom slots included).
+#[repr(C, align(64))]
+struct Seg([u8; 1024]);
+
+fn ring(seg: &mut Seg) -> (Producer<E>, Consumer<E>) {
+    let len = ring_bytes::<E>(CAP);
+    assert!(len <= seg.0.len());
+    let base = seg.0.as_mut_ptr();
+    // SAFETY: `seg` is aligned, large enough, and outlives both handles (every model joins
+    // its threads before the segment is dropped); one producer and one consumer.
+    unsafe {
+        init_ring::<E>(base, CAP).unwrap();
+        (
+            Producer::attach(base, len, CAP).unwrap(),
+            Consumer::attach(base, len, CAP).unwrap(),
+        )
+    }
+}
+
+/// Push `e`, yielding while the ring is full; a full push hands back exactly `e`.
+fn push_blocking(p: &mut Producer<E>, e: E) {
+    loop {
+        match p.push(e) {
+            Ok(()) => return,
+            Err(PushError::Full(back)) => {
+                assert_eq!(back, e, "Full must hand the item back unchanged");
+                thread::yield_now();
+            }
+            Err(PushError::Corrupt(_)) => panic!("ring reported corrupt indices"),
+        }
+    }
+}
+
+/// (a) Three items through a two-slot ring while the consumer pops concurrently: each arrives
+/// exactly once, in order, with its payload intact, and the ring ends empty.
+#[test]
+fn loom_three_items_through_two_slots_in_order() {
+    loom::model(|| {
+        let mut seg = Box::new(Seg([0; 1024]));
+        let (mut p, mut c) = ring(&mut seg);
+        let producer = thread::spawn(move || {
+            for seq in 0..3 {
+                push_blocking(&mut p, item(seq));
+            }
+            p
+        });
+        let mut want = 0;
+        while want < 3 {
+            match c.pop().unwrap() {
+                Some(e) => {
+                    assert_eq!(e, item(want), "lost, duplicated, reordered or torn entry");
+                    want += 1;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        let mut p = producer.join().unwrap();
+        assert_eq!(c.pop().unwrap(), None, "an item arrived twice");
+        assert_eq!(p.free().unwrap(), CAP);
+        drop((p, c));
+        drop(seg);
+    });
+}
+
+/// (b) The boundaries. Empty: a pop before anything is published returns `None` and does not
+/// advance. Full: with two unconsumed entries the third push returns `Full` with the item, and
+/// never overwrites slot 0 while the consumer has not released it; once the consumer frees a
+/// slot (concurrently) the push goes through and everything arrives in order.
+#[test]
+fn loom_full_and_empty_boundaries() {
+    loom::model(|| {
+        let mut seg = Box::new(Seg([0; 1024]));
+        let (mut p, mut c) = ring(&mut seg);
+
+        // Empty boundary, single-threaded: nothing published, nothing popped.
+        assert_eq!(c.pop().unwrap(), None);
+        assert_eq!(c.available().unwrap(), 0);
+        // Staged but not published is invisible.
+        p.stage(item(0)).unwrap();
+        assert_eq!(c.pop().unwrap(), None);
+        p.publish();
+        p.push(item(1)).unwrap();
+        // Full boundary, single-threaded: the item comes back, nothing is overwritten.
+        assert_eq!(p.push(item(2)), Err(PushError::Full(item(2))));
+        assert_eq!(p.free().unwrap(), 0);
+
+        // Concurrent: the producer retries item 2 while the consumer drains.
+        let producer = thread::spawn(move || {
+            let mut fulls = 0u32;
+            loop {
+                match p.push(item(2)) {
+                    Ok(()) => break,
+                    Err(PushError::Full(back)) => {
+                        assert_eq!(back, item(2));
+                        fulls += 1;
+                        thread::yield_now();
+                    }
+                    Err(PushError::Corrupt(_)) => panic!("ring reported corrupt indices"),
+                }
+            }
+            // One more push may only succeed once the consumer freed a second slot.
+            let fourth = p.push(item(3));
+            (p, fulls, fourth)
+        });
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            match c.pop().unwrap() {
+                Some(e) => got.push(e),
+                None => thread::yield_now(),
+            }
+        }
+        let (mut p, _fulls, fourth) = producer.join().unwrap();
+        assert_eq!(&got[..], &[item(0), item(1), item(2)]);
+        match fourth {
+            Ok(()) => assert_eq!(c.pop().unwrap(), Some(item(3))),
+            Err(e) => assert_eq!(e, PushError::Full(item(3))),
+        }
+        assert_eq!(c.pop().unwrap(), None);
+        assert_eq!(p.free().unwrap(), CAP);
+        drop((p, c));
+        drop(seg);
+    });
+}
