@@ -7,7 +7,7 @@ use crate::ring::{ring_bytes, Pod};
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// Protocol/ABI version; the control handshake refuses a mismatch.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Maximum scatter/gather entries in a send WQE.
 pub const MAX_SEND_SGE: usize = 16;
@@ -246,6 +246,9 @@ pub struct ClientPage {
     pub service_down: AtomicU32,
     pub _pad: [u32; 13],
     pub doorbell: [[AtomicU64; DOORBELL_WORDS]; MAX_LCORES],
+    /// Per lcore, bit `w` set = doorbell word `w` may be non-zero: one load tells an lcore
+    /// whether this client rang anything at all.
+    pub summary: [AtomicU64; MAX_LCORES],
 }
 
 /// Magic of a [`ClientPage`] ("PMRC").
@@ -267,6 +270,9 @@ impl ClientPage {
         let lc = db.lcore as usize % MAX_LCORES;
         let slot = db.slot as usize % DOORBELL_SLOTS;
         self.doorbell[lc][slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
+        // After the doorbell bit: an lcore that clears the summary and then reads the word
+        // sees the bit, or sees the summary bit again on its next pass.
+        self.summary[lc].fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
     }
 }
 

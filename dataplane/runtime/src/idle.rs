@@ -14,7 +14,8 @@ use pmrxe_config::{IdleConfig, IdleMode};
 #[derive(Debug)]
 pub struct Idle {
     cfg: IdleConfig,
-    last_work: Instant,
+    /// When the current run of empty iterations started (`None`: the last one had work).
+    idle_since: Option<Instant>,
     spin: Duration,
     sleep_us: u32,
 }
@@ -27,11 +28,17 @@ impl Idle {
         // Ask the kernel for precise short sleeps on this thread (default slack is 50 µs).
         // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
-        Idle { cfg, last_work: Instant::now(), spin, sleep_us: 1 }
+        Idle { cfg, idle_since: None, spin, sleep_us: 1 }
     }
+    /// Can the next empty iteration sleep at all (back-off mode)?
+    pub fn may_sleep(&self) -> bool {
+        self.cfg.mode != IdleMode::Busy
+    }
+
     /// An iteration did work: reset.
     pub fn work(&mut self) {
-        self.last_work = Instant::now();
+        // No clock read here: busy iterations must stay cheap.
+        self.idle_since = None;
         self.sleep_us = 1;
     }
     /// An iteration found nothing: pause, and in back-off mode, once nothing happened for the
@@ -39,7 +46,11 @@ impl Idle {
     /// whether it slept — never on an iteration that had work.
     pub fn idle(&mut self, deadline_in_us: Option<u64>) -> bool {
         std::hint::spin_loop();
-        if self.cfg.mode == IdleMode::Busy || self.last_work.elapsed() < self.spin {
+        if self.cfg.mode == IdleMode::Busy {
+            return false;
+        }
+        let since = *self.idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < self.spin {
             return false;
         }
         let mut us = self.sleep_us.min(self.cfg.max_sleep_us.max(1));

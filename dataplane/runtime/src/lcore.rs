@@ -282,6 +282,8 @@ pub struct Lcore<L: Link> {
     qps: Vec<Option<QpSlot>>,
     qpn_to_slot: HashMap<u32, usize>,
     cqs: HashMap<u32, CqSlot>,
+    /// CQs with staged, unpublished completions (each listed once: `CqSlot::fresh`).
+    dirty_cqs: Vec<u32>,
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
     ahs: HashMap<u32, AddressVector>,
@@ -333,6 +335,7 @@ impl<L: Link> Lcore<L> {
             qps: Vec::with_capacity(MAX_QPS_PER_LCORE),
             qpn_to_slot: HashMap::with_capacity(MAX_QPS_PER_LCORE),
             cqs: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            dirty_cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
@@ -360,7 +363,12 @@ impl<L: Link> Lcore<L> {
                 self.idle.work();
             } else {
                 bump(&self.stats.idle_iterations, 1);
-                let next = self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000);
+                // The next timer bounds a sleep; only worth computing when we may sleep.
+                let next = if self.idle.may_sleep() {
+                    self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000)
+                } else {
+                    None
+                };
                 if self.idle.idle(next) {
                     bump(&self.stats.idle_sleeps, 1);
                 }
@@ -801,11 +809,16 @@ impl<L: Link> Lcore<L> {
         self.work.clear();
         for c in &self.clients {
             let page = c.page();
-            for w in 0..DOORBELL_WORDS {
-                let word = &page.doorbell[self.index % pmrxe_abi::MAX_LCORES][w];
-                if word.load(Ordering::Relaxed) == 0 {
-                    continue;
-                }
+            let row = self.index % pmrxe_abi::MAX_LCORES;
+            let summary = &page.summary[row];
+            if summary.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut words = summary.swap(0, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
+            while words != 0 {
+                let w = words.trailing_zeros() as usize;
+                words &= words - 1;
+                let word = &page.doorbell[row][w];
                 let mut bits = word.swap(0, Ordering::Acquire);
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
@@ -830,7 +843,8 @@ impl<L: Link> Lcore<L> {
             let i = self.work[k];
             any |= self.drain_rings(i, now);
         }
-        for x in self.srqs.values_mut() {
+        let srqs = if self.srqs.is_empty() { None } else { Some(&mut self.srqs) };
+        for x in srqs.into_iter().flat_map(|m| m.values_mut()) {
             if x.backlog {
                 any |= drain_srq(x, &self.stats);
             }
@@ -927,7 +941,8 @@ impl<L: Link> Lcore<L> {
     fn transmit(&mut self, now: Instant) -> bool {
         let mut any = false;
         let mut unresolved: Option<(usize, IpAddr)> = None;
-        for x in self.srqs.values_mut() {
+        let srqs = if self.srqs.is_empty() { None } else { Some(&mut self.srqs) };
+        for x in srqs.into_iter().flat_map(|m| m.values_mut()) {
             if x.backlog {
                 any |= drain_srq(x, &self.stats);
             }
@@ -1015,7 +1030,12 @@ impl<L: Link> Lcore<L> {
                 match cq.ring.stage(convert::cqe(&c)) {
                     Ok(()) => {
                         any = true;
-                        cq.fresh = true;
+                        if !cq.fresh {
+                            cq.fresh = true;
+                            if self.dirty_cqs.len() < self.dirty_cqs.capacity() {
+                                self.dirty_cqs.push(cqn);
+                            }
+                        }
                         bump(&self.stats.cqes, 1);
                     }
                     Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
@@ -1035,7 +1055,8 @@ impl<L: Link> Lcore<L> {
                 }
             }
         }
-        for cq in self.cqs.values_mut() {
+        for k in 0..self.dirty_cqs.len() {
+            let Some(cq) = self.cqs.get_mut(&self.dirty_cqs[k]) else { continue };
             if !cq.fresh {
                 continue;
             }
@@ -1050,6 +1071,7 @@ impl<L: Link> Lcore<L> {
             }
             let _ = &cq.seg;
         }
+        self.dirty_cqs.clear();
         any
     }
 
