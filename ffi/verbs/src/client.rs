@@ -17,6 +17,12 @@ pub struct Client {
     page: Mapping,
     pub client_id: u32,
     pub devices: Vec<DeviceInfo>,
+    /// Set once the service is known to be gone (orderly stop or crash).
+    dead: std::sync::atomic::AtomicBool,
+    /// Empty CQ polls since the last liveness check.
+    idle_polls: std::sync::atomic::AtomicU32,
+    /// IBV_EVENT_DEVICE_FATAL has been reported to the application.
+    pub fatal_reported: std::sync::atomic::AtomicBool,
 }
 
 static CLIENT: Mutex<Option<&'static Client>> = Mutex::new(None);
@@ -27,7 +33,20 @@ pub fn client() -> Res<&'static Client> {
     if let Some(c) = *g {
         return Ok(c);
     }
-    let c: &'static Client = Box::leak(Box::new(Client::connect()?));
+    let c: &'static Client = match Client::connect() {
+        Ok(c) => Box::leak(Box::new(c)),
+        Err(e) => {
+            // Say why there are no devices, once per process: a verbs program only prints
+            // "No IB devices found".
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                let path = ctrl::socket_path(ctrl::DEFAULT_SOCKET);
+                let why = std::io::Error::from_raw_os_error(e.0);
+                eprintln!("pmrxe: no pmrxe devices: cannot reach the service at {} ({why}); start `pmrxe serve` or set PMRXE_SOCKET", path.display());
+            });
+            return Err(e);
+        }
+    };
     *g = Some(c);
     Ok(c)
 }
@@ -81,7 +100,16 @@ impl Client {
         };
         let page_fd = fds.first().ok_or(Errno(libc::EPROTO))?;
         let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
-        let c = Client { sock, io: Mutex::new(buf), page, client_id, devices };
+        let c = Client {
+            sock,
+            io: Mutex::new(buf),
+            page,
+            client_id,
+            devices,
+            dead: Default::default(),
+            idle_polls: Default::default(),
+            fatal_reported: Default::default(),
+        };
         if c.page().magic != CLIENT_PAGE_MAGIC {
             return Err(Errno(libc::EPROTO));
         }
@@ -103,6 +131,38 @@ impl Client {
     /// True once the service announced it is going away.
     pub fn service_down(&self) -> bool {
         self.page().service_down.load(std::sync::atomic::Ordering::Relaxed) != 0
+    }
+
+    /// Is the service gone? Cheap on the data path: an atomic load, plus — only after many
+    /// empty CQ polls (the application is waiting anyway) — one non-blocking peek at the
+    /// control socket, which reads end-of-file once the service process has died (SIGKILL
+    /// included).
+    pub fn dead_after_empty_poll(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.dead.load(Relaxed) {
+            return true;
+        }
+        if self.service_down() {
+            self.dead.store(true, Relaxed);
+            return true;
+        }
+        if self.idle_polls.fetch_add(1, Relaxed) & 0xffff != 0xffff {
+            return false;
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: non-blocking peek into a local one-byte buffer on our socket.
+        let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        let gone = n == 0 || (n < 0 && !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)));
+        if gone {
+            self.dead.store(true, Relaxed);
+            eprintln!("pmrxe: the pmrxe service went away; completions fail from now on (IBV_EVENT_DEVICE_FATAL)");
+        }
+        gone
+    }
+
+    /// Known dead (no probing).
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// One request, one response. `Response::Err` becomes `Err(errno)`.

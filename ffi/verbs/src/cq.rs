@@ -119,6 +119,9 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mu
             }
             if n > 0 {
                 r.cons.release();
+            } else if crate::client::existing().is_ok_and(|cl| cl.dead_after_empty_poll()) {
+                // The service is gone: nothing will ever complete. Fail instead of hanging.
+                return Err(Errno::IO);
             }
             Ok(n as c_int)
         })())

@@ -114,6 +114,17 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             // SAFETY: caller contract.
             unsafe { *num_devices = 0 };
         }
+        // No service: an empty list (the reason was logged once by `client()`), as libibverbs
+        // does on a host without RDMA devices — not an error the program has to special-case.
+        let r = r.or_else(|e| {
+            // SAFETY: a one-slot NULL-terminated array, freed by ibv_free_device_list.
+            let arr = unsafe { libc::calloc(1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+            if arr.is_null() {
+                Err(e)
+            } else {
+                Ok(arr)
+            }
+        });
         ret_ptr(r)
     })
 }

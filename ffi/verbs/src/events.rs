@@ -20,7 +20,30 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
             // SAFETY: fcntl on our own fd.
             let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
             loop {
-                let (r, _) = client::existing()?.call(&Request::GetAsyncEvent, &[])?;
+                let cl = client::existing()?;
+                if cl.is_dead() || cl.service_down() {
+                    if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        // SAFETY: plain C data.
+                        *ev = unsafe { std::mem::zeroed() };
+                        ev.event_type = IBV_EVENT_DEVICE_FATAL;
+                        return Ok(());
+                    }
+                    return Err(Errno::IO);
+                }
+                let r = match cl.call(&Request::GetAsyncEvent, &[]) {
+                    Ok((r, _)) => r,
+                    Err(_) if { let _ = cl.dead_after_empty_poll(); true } => {
+                        // The control socket failed: the service is gone.
+                        if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            // SAFETY: plain C data.
+                            *ev = unsafe { std::mem::zeroed() };
+                            ev.event_type = IBV_EVENT_DEVICE_FATAL;
+                            return Ok(());
+                        }
+                        return Err(Errno::IO);
+                    }
+                    Err(e) => return Err(e),
+                };
                 let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
                 if let Some(e) = e {
                     // SAFETY: plain C data.
