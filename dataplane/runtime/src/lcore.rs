@@ -1039,8 +1039,19 @@ impl<L: Link> Lcore<L> {
                         bump(&self.stats.cqes, 1);
                     }
                     Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
+                        // CQ overflow (IBTA: the CQ is in error and its QPs go to ERROR). The
+                        // completion is kept and delivered once the consumer makes room, so
+                        // nothing is lost; the application hears IBV_EVENT_CQ_ERR once.
                         s.stash = Some((side, c));
                         bump(&self.stats.cq_full, 1);
+                        if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
+                            if let Some(cl) = self.clients.iter().find(|cl| cl.id == s.client) {
+                                let _ = cl.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cqn });
+                            }
+                        }
+                        if s.qp.state() != pmrxe_transport::QpState::Err {
+                            fatal(&mut s.qp);
+                        }
                         break;
                     }
                 }
