@@ -73,6 +73,30 @@ impl DeviceConfig {
     }
 }
 
+/// Cross-lcore hand-off of received frames. With several lcores every lcore polls its own RX
+/// queue of every port, so a frame can arrive on an lcore that does not own its destination
+/// QP; it is passed, as the owned buffer (no copy), to the owner's inbox: a bounded lock-free
+/// MPMC queue (crossbeam `ArrayQueue`), drained by the owner every iteration. A QP's owner is
+/// encoded in its QPN (`qpn % lcores`), so routing needs no shared table.
+pub struct Handoff<B> {
+    inbox: Vec<crossbeam::queue::ArrayQueue<(usize, B)>>,
+}
+
+impl<B> Handoff<B> {
+    /// Inboxes for `lcores` lcores, `depth` frames each (allocated here, never on the fast path).
+    pub fn new(lcores: usize, depth: usize) -> Arc<Handoff<B>> {
+        Arc::new(Handoff { inbox: (0..lcores).map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1))).collect() })
+    }
+    /// Number of lcores.
+    pub fn lcores(&self) -> usize {
+        self.inbox.len()
+    }
+    /// The lcore owning `qpn`.
+    pub fn owner(&self, qpn: u32) -> usize {
+        qpn as usize % self.inbox.len()
+    }
+}
+
 /// Up to four GIDs by value.
 #[derive(Default, Clone, Copy)]
 pub struct ArrayGids {
@@ -295,6 +319,7 @@ pub struct Lcore<L: Link> {
     stop: Arc<AtomicBool>,
     tap: Option<Box<dyn Tap>>,
     grave: Sender<Box<dyn Send>>,
+    handoff: Option<Arc<Handoff<L::Buf>>>,
     last_solicit: Instant,
     /// Reserved scratch: QP slots that need service this iteration.
     work: Vec<usize>,
@@ -347,10 +372,17 @@ impl<L: Link> Lcore<L> {
             stop,
             tap,
             grave,
+            handoff: None,
             last_solicit: Instant(0),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
         };
         (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx })
+    }
+
+    /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over
+    /// through `h`. Must be called before `run`.
+    pub fn set_handoff(&mut self, h: Arc<Handoff<L::Buf>>) {
+        self.handoff = Some(h);
     }
 
     /// Run until the stop flag is set.
@@ -642,31 +674,61 @@ impl<L: Link> Lcore<L> {
                             t.frame(false, data);
                         }
                     }
-                    self.on_frame(pi, now, data);
+                    if let Some(owner) = self.on_frame(pi, now, data, true) {
+                        self.hand_over(owner, pi, buf);
+                    }
                 }
             }
             self.ports[pi].rx = rx;
         }
+        if let Some(h) = self.handoff.clone() {
+            let me = self.index % h.lcores();
+            let mut budget = BURST * 4;
+            while budget > 0 {
+                budget -= 1;
+                let Some((pi, buf)) = h.inbox[me].pop() else { break };
+                any = true;
+                bump(&self.stats.handoff_in, 1);
+                let _ = self.on_frame(pi, now, buf.data(), false);
+            }
+        }
         any
     }
 
-    fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8]) {
+    fn hand_over(&mut self, owner: usize, pi: usize, buf: L::Buf) {
+        let Some(h) = &self.handoff else { return };
+        match h.inbox[owner].push((pi, buf)) {
+            Ok(()) => bump(&self.stats.handoff_out, 1),
+            // The owner is behind: drop (counted); the transport's retransmission recovers.
+            Err(_) => bump(&self.stats.handoff_drops, 1),
+        }
+    }
+
+    /// Handle one received frame. Returns the lcore to hand it to when its QP lives on another
+    /// lcore (only when `may_hand_off`: a frame that was already handed over is not bounced).
+    fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
         match wire::parse_frame(data) {
             Ok(f) => {
                 if !self.ports[pi].dev.owns_ip(f.dst_ip) {
                     bump(&self.stats.rx_not_for_us, 1);
-                    return;
+                    return None;
                 }
                 // The P_Key must match the port's only partition, the default one (0xFFFF, or
                 // its limited-member form 0x7FFF): SEMANTICS §5.7. (TVer is checked by parse.)
                 if f.headers.bth.pkey & 0x7fff != 0x7fff {
                     bump(&self.stats.rx_malformed, 1);
-                    return;
+                    return None;
                 }
-                let qpn = f.headers.bth.dest_qp.into();
+                let qpn: u32 = f.headers.bth.dest_qp.into();
                 let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
+                    if let (true, Some(h)) = (may_hand_off, &self.handoff) {
+                        let owner = h.owner(qpn);
+                        if owner != self.index % h.lcores() {
+                            return Some(owner);
+                        }
+                    }
                     bump(&self.stats.rx_unknown_qp, 1);
-                    return;
+                    return None;
                 };
                 // Learn the sender's MAC only from a valid frame for one of our QPs, and only
                 // for an IP we know nothing about: a spoofed RoCE frame cannot redirect an
@@ -674,10 +736,10 @@ impl<L: Link> Lcore<L> {
                 if self.neigh.lookup(f.src_ip).is_none() {
                     self.neigh.learn(f.src_ip, f.src_mac.0);
                 }
-                let Some(slot) = self.qps[idx].as_mut() else { return };
+                let Some(slot) = self.qps[idx].as_mut() else { return None };
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);
-                    return;
+                    return None;
                 }
                 let mut pkt = RxPacket::new(f.headers, f.payload);
                 pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
@@ -688,9 +750,16 @@ impl<L: Link> Lcore<L> {
                 pkt.flow_label = f.flow_label;
                 let srq = slot.qp.srq().and_then(|n| self.srqs.get_mut(&n)).map(|x| &mut x.srq);
                 slot.qp.handle_packet(now, &pkt, &*self.mem, srq);
+                None
             }
-            Err(wire::Error::Arp) => self.on_arp(pi, data),
-            Err(wire::Error::Icmpv6) => self.on_nd(pi, data),
+            Err(wire::Error::Arp) => {
+                self.on_arp(pi, data);
+                None
+            }
+            Err(wire::Error::Icmpv6) => {
+                self.on_nd(pi, data);
+                None
+            }
             Err(e) => {
                 if e == wire::Error::BadIcrc {
                     bump(&self.stats.rx_icrc_errors, 1);
@@ -700,6 +769,7 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_malformed, 1);
                 }
                 bump(&self.drops.by_reason[e.index()], 1);
+                None
             }
         }
     }

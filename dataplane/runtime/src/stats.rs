@@ -74,6 +74,12 @@ counters! {
         cq_events,
         /// Corrupt ring indices seen (client misbehaviour).
         ring_corrupt,
+        /// Frames handed to the lcore that owns their QP.
+        handoff_out,
+        /// Frames received from other lcores.
+        handoff_in,
+        /// Frames dropped because the owner's inbox was full.
+        handoff_drops,
         /// Control commands handled.
         commands,
     }
