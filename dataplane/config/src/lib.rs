@@ -157,13 +157,17 @@ impl EalSection {
 pub struct LcoreConfig {
     /// CPU ids for the poll-mode lcores, one lcore each. The control thread never runs on them.
     pub cores: Vec<u32>,
-    /// CPU of the EAL main lcore (and the control thread). Must not be in `cores`.
+    /// CPU of the EAL main lcore (and the control thread). Must not be in `cores`, unless
+    /// `allow_main_core` is set.
     pub main_core: u32,
+    /// Permit a poll-mode lcore on the main core (small machines: then use idle back-off, or the
+    /// control thread starves). Default false.
+    pub allow_main_core: bool,
 }
 
 impl Default for LcoreConfig {
     fn default() -> Self {
-        LcoreConfig { cores: vec![1], main_core: 0 }
+        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false }
     }
 }
 

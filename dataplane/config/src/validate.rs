@@ -134,7 +134,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         if !seen.insert(c) {
             return Err(inv(format!("lcores.cores[{i}]"), format!("CPU {c} listed twice")));
         }
-        if c == lc.main_core {
+        if c == lc.main_core && !lc.allow_main_core {
             return Err(inv(
                 format!("lcores.cores[{i}]"),
                 format!("CPU {c} is the main_core; poll-mode lcores must not share it with the control thread"),

@@ -54,7 +54,17 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         return Err(ServeError::InUse(sock_path));
     }
     let eal = Eal::init(&EalConfig::from_config(&cfg))?;
-    let ports = pmrxe_port::open_ports(&cfg, &eal)?;
+    let nl = cfg.lcores.cores.len().max(1);
+    // Several lcores: each gets its own RX/TX queue pair on every port (QPs are spread per
+    // client; frames reaching the wrong lcore are handed over, see `Handoff`).
+    let mut port_cfg = cfg.clone();
+    if nl > 1 {
+        for p in &mut port_cfg.ports {
+            p.rx_queues = p.rx_queues.max(nl as u16);
+            p.tx_queues = p.tx_queues.max(nl as u16);
+        }
+    }
+    let ports = pmrxe_port::open_ports(&port_cfg, &eal)?;
     let mem = Arc::new(MemTable::new(MemLimits {
         max_mr: cfg.limits.max_mr,
         max_mw: cfg.limits.max_mw,
@@ -66,27 +76,45 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         let mac = cfg.ports[i].mac.map(|m| m.octets()).unwrap_or_else(|| pmrxe_port::Port::mac(p).octets());
         device::device_info(&cfg, i, mac)
     }).collect();
-    let nl = cfg.lcores.cores.len().max(1);
     let device_lcore: Vec<usize> = (0..devices.len()).map(|i| i % nl).collect();
     let neighbors: Vec<(IpAddr, [u8; 6])> = cfg.neighbors.iter().map(|n| (n.ip, n.mac.octets())).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let capture = Arc::new(Capture::default());
 
     // Build each lcore with its ports, then pin and start it.
-    let mut per_lcore: Vec<Vec<(DpdkLink, DeviceConfig)>> = (0..nl).map(|_| Vec::new()).collect();
-    for (i, p) in ports.into_iter().enumerate() {
+    let dev_cfg = |i: usize| {
         let d = &devices[i];
-        per_lcore[device_lcore[i]].push((
-            // `[faults]`: a seeded injector on every port's receive side (seed + port index).
-            DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add(i as u64), ..f.into() })),
-            DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu },
-        ));
+        DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu }
+    };
+    // `[faults]`: a seeded injector on every port's receive side (seed + port index + lcore).
+    let link = |p: pmrxe_port::EthPort, i: usize, li: usize| {
+        DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add((i + 64 * li) as u64), ..f.into() }))
+    };
+    let mut per_lcore: Vec<Vec<(DpdkLink, DeviceConfig)>> = (0..nl).map(|_| Vec::new()).collect();
+    if nl > 1 {
+        for (li, lane) in per_lcore.iter_mut().enumerate().skip(1) {
+            for (i, p) in ports.iter().enumerate() {
+                let q = p.for_queues(li as u16, li as u16).ok_or_else(|| ServeError::Lcore(li as u32, format!("port {} has no queue pair {li}", cfg.ports[i].name)))?;
+                lane.push((link(q, i, li), dev_cfg(i)));
+            }
+        }
+        for (i, p) in ports.into_iter().enumerate() {
+            per_lcore[0].push((link(p, i, 0), dev_cfg(i)));
+        }
+    } else {
+        for (i, p) in ports.into_iter().enumerate() {
+            per_lcore[device_lcore[i]].push((link(p, i, 0), dev_cfg(i)));
+        }
     }
+    let handoff = (nl > 1).then(|| pmrxe_runtime::lcore::Handoff::new(nl, 4096));
     let mut handles = Vec::new();
     let mut threads = Vec::new();
     for (li, links) in per_lcore.into_iter().enumerate() {
         let core = cfg.lcores.cores.get(li).copied().unwrap_or(0);
         let (mut lc, h) = Lcore::new(li, links, mem.clone(), &neighbors, cfg.service.idle.clone(), stop.clone(), Some(Box::new(CaptureTap(capture.clone()))));
+        if let Some(hd) = &handoff {
+            lc.set_handoff(hd.clone());
+        }
         handles.push(h);
         let eal_ref = eal.clone();
         let t = std::thread::Builder::new()
@@ -114,6 +142,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         mem,
         next_handle: AtomicU32::new(1),
         next_qpn: AtomicU32::new(0x11),
+        next_home: AtomicU32::new(0),
         clients: Mutex::new(Default::default()),
         stats: Arc::new(ServiceStats {
             lcores: handles,

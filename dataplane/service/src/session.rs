@@ -40,6 +40,8 @@ pub struct Shared {
     pub next_handle: AtomicU32,
     /// QPN allocator.
     pub next_qpn: AtomicU32,
+    /// Round-robin counter placing clients on lcores.
+    pub next_home: AtomicU32,
     /// Connected clients: id → (pid, program).
     pub clients: Mutex<HashMap<u32, (i32, String)>>,
     /// Statistics provider.
@@ -51,6 +53,29 @@ pub struct Shared {
 impl Shared {
     fn handle(&self) -> u32 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The lcore that owns a client's objects on `device`: with one lcore per device set the
+    /// device's lcore; with several lcores sharing every port, the client's lcore (clients are
+    /// spread round-robin, and all of a client's QPs/CQs/SRQs stay together so a CQ has one
+    /// producer).
+    fn lcore_for(&self, home: usize, device: u32) -> usize {
+        if self.lcores.len() > 1 {
+            home % self.lcores.len()
+        } else {
+            self.device_lcore[device as usize]
+        }
+    }
+
+    /// A fresh QPN owned by lcore `lc` (`qpn % lcores == lc`, what the hand-off routes by).
+    fn qpn_for(&self, lc: usize) -> u32 {
+        let n = self.lcores.len().max(1) as u32;
+        let seq = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+        if n == 1 {
+            seq & 0xff_ffff
+        } else {
+            (seq.wrapping_mul(n) + lc as u32) & 0xff_ffff
+        }
     }
 }
 
@@ -95,7 +120,7 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;
     }
-    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, events: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
+    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
     let mut buf = Vec::new();
     loop {
         let fds = match ctrl::recv_msg(s.fd, &mut buf) {
@@ -139,6 +164,8 @@ struct Session {
     shared: Arc<Shared>,
     fd: RawFd,
     id: u32,
+    /// The lcore this client's objects live on when lcores share the ports.
+    home: usize,
     events: Option<Receiver<AsyncEvent>>,
     objs: Objects,
     // segments / objects above; keep the client page alive for the lcores via Arc
@@ -177,6 +204,7 @@ impl Session {
                     core::ptr::addr_of_mut!((*p).version).write(ABI_VERSION);
                 }
                 self.id = sh.handle();
+                self.home = sh.next_home.fetch_add(1, Ordering::Relaxed) as usize;
                 let (etx, erx) = bounded(256);
                 self.events = Some(erx);
                 for lc in &sh.lcores {
@@ -389,7 +417,7 @@ impl Session {
             Request::CreateAh { pd, attr } => {
                 let Some(&dev) = self.objs.pds.get(&pd) else { return (err(libc::EINVAL, "no such PD"), vec![]) };
                 let ah = sh.handle();
-                let lc = sh.device_lcore[dev as usize];
+                let lc = sh.lcore_for(self.home, dev);
                 let _ = sh.lcores[lc].cmds.send(Cmd::AddAh { ah, av: to_av(&attr) });
                 self.objs.ahs.insert(ah, lc);
                 (Response::Ah { ah }, vec![])
@@ -432,7 +460,7 @@ impl Session {
             return (err(libc::EINVAL, &e.to_string()), vec![]);
         }
         let cq = sh.handle();
-        let lc = sh.device_lcore[device as usize];
+        let lc = sh.lcore_for(self.home, device);
         let fd = seg.fd().as_raw_fd();
         let r: Result<(), String> =
             lcore_call!(sh.lcores[lc], AddCq { cq: cq, client: self.id, seg: seg.clone(), layout: layout, channel: ch });
@@ -453,7 +481,7 @@ impl Session {
         if pd_dev != device {
             return (err(libc::EINVAL, "PD belongs to another device"), vec![]);
         }
-        let lc = sh.device_lcore[device as usize];
+        let lc = sh.lcore_for(self.home, device);
         if let Some(n) = srq {
             if self.objs.srqs.get(&n).map(|r| r.lcore) != Some(lc) {
                 return (err(libc::EINVAL, "SRQ unknown or on another device"), vec![]);
@@ -481,7 +509,7 @@ impl Session {
             max_recv_sge: cap.max_recv_sge.max(1),
             max_inline_data: cap.max_inline_data,
         };
-        let qpn = sh.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+        let qpn = sh.qpn_for(lc);
         let mut qp = match Qp::new(qpn, ty, pd, caps, srq) {
             Ok(q) => q,
             Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
@@ -541,7 +569,7 @@ impl Session {
         if unsafe { init_ring::<ShmRecvWqe>(seg.as_ptr(), layout.capacity) }.is_err() {
             return (err(libc::EINVAL, "ring layout"), vec![]);
         }
-        let lc = sh.device_lcore[device as usize];
+        let lc = sh.lcore_for(self.home, device);
         let fd = seg.fd().as_raw_fd();
         let r: Result<(), String> =
             lcore_call!(sh.lcores[lc], AddSrq { srq: Box::new(srq), client: self.id, seg: seg.clone(), layout: layout, db_slot: slot as u16 });
