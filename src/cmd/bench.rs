@@ -98,7 +98,7 @@ fn plan(args: &BenchArgs) -> io::Result<Plan> {
         Some(v) => v.iter().map(|s| parse_size(s)).collect::<io::Result<Vec<_>>>()?,
         None => if quick { QUICK_SIZES } else { FULL_SIZES }.to_vec(),
     };
-    let only = |k: &str| args.only.as_ref().map_or(true, |v| v.iter().any(|x| x == k));
+    let only = |k: &str| args.only.as_ref().is_none_or(|v| v.iter().any(|x| x == k));
     Ok(Plan { dur, sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat") })
 }
 
@@ -463,7 +463,7 @@ impl Harness {
         let (a, b) = (&self.sides[0], &self.sides[1]);
         let payload = vec![0x5au8; size.min(256)];
         let make = |n: u64| -> native::ShmSendWqe {
-            let signaled = (n + 1) % sig as u64 == 0;
+            let signaled = (n + 1).is_multiple_of(sig as u64);
             let wr_id = sig as u64;
             let local = a.mr.sge(0, size as u32);
             match op {
@@ -484,8 +484,8 @@ impl Harness {
         let mut start = (t0, 0u64);
         let mut last_done_at = t0;
         loop {
-            let now_posting = deadline.map_or(true, |d| Instant::now() < d);
-            if now_posting || posted % sig as u64 != 0 {
+            let now_posting = deadline.is_none_or(|d| Instant::now() < d);
+            if now_posting || !posted.is_multiple_of(sig as u64) {
                 let mut k = 0;
                 while k < batch && posted - done < window as u64 {
                     if !c.qp[0].stage_send(make(posted)) {
@@ -493,7 +493,7 @@ impl Harness {
                     }
                     posted += 1;
                     k += 1;
-                    if !now_posting && posted % sig as u64 == 0 {
+                    if !now_posting && posted.is_multiple_of(sig as u64) {
                         break;
                     }
                 }

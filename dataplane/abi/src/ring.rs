@@ -111,7 +111,7 @@ pub unsafe fn init_ring<T: Pod>(base: *mut u8, capacity: u32) -> Result<(), Ring
     if !capacity.is_power_of_two() {
         return Err(RingError::BadHeader);
     }
-    if base as usize % 64 != 0 {
+    if !(base as usize).is_multiple_of(64) {
         return Err(RingError::Misaligned);
     }
     let hdr = base.cast::<RingHeader>();
@@ -153,7 +153,7 @@ impl<T: Pod> Raw<T> {
     /// `base..base+len` must stay mapped and readable/writable for the lifetime of the ring
     /// handle, and hold a ring initialised by [`init_ring`] (possibly by another process).
     unsafe fn attach(base: *mut u8, len: usize, capacity: u32) -> Result<Self, RingError> {
-        if base.is_null() || base as usize % 64 != 0 {
+        if base.is_null() || !(base as usize).is_multiple_of(64) {
             return Err(RingError::Misaligned);
         }
         if len < RING_HEADER_LEN {

@@ -23,7 +23,7 @@ impl Segment {
     pub fn create(name: &str, len: usize) -> io::Result<Segment> {
         let len = (len.max(1) + 4095) & !4095;
         let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let try_huge = len % (2 << 20) == 0;
+        let try_huge = len.is_multiple_of(2 << 20);
         let mut fd = -1;
         if try_huge {
             // SAFETY: valid NUL-terminated name; flags are constants.
@@ -130,7 +130,7 @@ impl MrMapping {
             if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if off.checked_add(len).map_or(true, |end| end > st.st_size as u64) {
+            if off.checked_add(len).is_none_or(|end| end > st.st_size as u64) {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "piece beyond segment end"));
             }
         }

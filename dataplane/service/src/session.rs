@@ -600,7 +600,7 @@ impl Session {
         let mut total = 0u64;
         for p in pieces {
             let Some(s) = self.objs.segs.get(&p.seg) else { return (err(libc::EINVAL, "unknown segment"), vec![]) };
-            if p.seg_offset.checked_add(p.len).map_or(true, |e| e > s.len) {
+            if p.seg_offset.checked_add(p.len).is_none_or(|e| e > s.len) {
                 return (err(libc::EINVAL, "piece outside its segment"), vec![]);
             }
             total = total.saturating_add(p.len);
@@ -634,7 +634,7 @@ impl Session {
         // Resolve each element to the segment containing it.
         let mut located = Vec::with_capacity(sg.len());
         for &(a, l) in sg {
-            let hit = self.objs.segs.iter().find(|(_, s)| a >= s.base && a.checked_add(l).map_or(false, |e| e <= s.base + s.len));
+            let hit = self.objs.segs.iter().find(|(_, s)| a >= s.base && a.checked_add(l).is_some_and(|e| e <= s.base + s.len));
             let Some((&id, _)) = hit else { return (err(libc::EINVAL, "scatter entry outside registered memory"), vec![]) };
             located.push((id, a, l));
         }

@@ -395,13 +395,12 @@ impl Qp {
             self.stats.dropped += 1;
             return;
         }
-        if !payload.is_empty() {
-            if mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).is_err() {
+        if !payload.is_empty()
+            && mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).is_err() {
                 self.finish_wqe(idx, WcStatus::LocProtErr);
                 self.retire();
                 return;
             }
-        }
         let en = self.entry_mut(idx);
         en.rcvd += 1;
         self.comp.psn = p.wrapping_add(1);

@@ -725,11 +725,10 @@ impl Qp {
             return Err(PostError::TooManySge);
         }
         let inline = wqe.flags.contains(SendFlags::INLINE);
-        if inline {
-            if op.is_local() || op.is_rd_atomic() || wqe.inline_len > self.caps.max_inline_data as usize || wqe.inline_len > MAX_INLINE {
+        if inline
+            && (op.is_local() || op.is_rd_atomic() || wqe.inline_len > self.caps.max_inline_data as usize || wqe.inline_len > MAX_INLINE) {
                 return Err(PostError::BadInline);
             }
-        }
         let len = wqe.payload_len();
         if len > 1 << 31 {
             return Err(PostError::TooLong);

@@ -108,7 +108,7 @@ pub struct Mr {
 impl Mr {
     /// Register `len` bytes at `offset` of `buf` with `access` ([`super::access`]).
     pub fn register_range(pd: &Pd, buf: &Buffer, offset: usize, len: usize, access: u32) -> Result<Mr> {
-        if len == 0 || offset.checked_add(len).map_or(true, |e| e > buf.len()) {
+        if len == 0 || offset.checked_add(len).is_none_or(|e| e > buf.len()) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "MR outside its buffer"));
         }
         let addr = buf.addr() + offset as u64;
