@@ -1143,6 +1143,11 @@ impl<L: Link> Lcore<L> {
             }
             cq.fresh = false;
             cq.ring.publish();
+            // Publish, full fence, then read `armed`: pairs with the shim's SeqCst store of
+            // `armed` before its next poll (Dekker): either we see the arm and signal, or the
+            // application's poll sees these completions. Without the fence x86 may let the
+            // load pass the store and both sides miss each other (a hang with -e).
+            std::sync::atomic::fence(Ordering::SeqCst);
             if cq.notify().armed.load(Ordering::Relaxed) != 0 && cq.notify().armed.swap(0, Ordering::AcqRel) != 0 {
                 cq.notify().events.fetch_add(1, Ordering::Release);
                 if let Some(ch) = &cq.channel {

@@ -142,8 +142,13 @@ pub unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int
                 // "Next completion" already covers solicited ones; do not narrow it.
                 let _ = armed.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
             } else {
-                armed.store(1, Ordering::Release);
+                // SeqCst (xchg on x86) + fence: this store must be globally visible before the
+                // application's next poll reads the producer index, or the lcore (which
+                // publishes, fences, then reads `armed`) and we could both miss each other and
+                // the program would wait forever (store→load reordering, a Dekker race).
+                armed.store(1, Ordering::SeqCst);
             }
+            std::sync::atomic::fence(Ordering::SeqCst);
             Ok(())
         })())
     })
