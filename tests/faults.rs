@@ -125,8 +125,23 @@ fn run_level(l: &Level) {
         l.port,
         limit,
     );
-    pp.assert_ok();
-    assert!(parse_pingpong(&pp.client.output).is_some(), "no pingpong summary: {}", pp.client.describe());
+    // ibv_rc_pingpong's end-of-run race: the server finishes once it has *received* the last
+    // message and destroys its QP at once; if the ACK for that message is lost (likely at 5 %),
+    // the client retransmits into a QP that no longer exists and ends with RETRY_EXC_ERR.
+    // Real RC hardware behaves the same way. Accept exactly that case — server completed with
+    // all buffers checked, client failed only with the retry error, and the service counted
+    // the retransmissions that arrived for the destroyed QP — and fail on anything else.
+    let end_race = !pp.client.ok()
+        && pp.server.ok()
+        && parse_pingpong(&pp.server.output).is_some()
+        && pp.client.output.contains("transport retry counter exceeded")
+        && svc.stats_json()["lcores"].as_array().is_some_and(|ls| ls.iter().any(|l| l["counters"]["rx_unknown_qp"].as_u64().unwrap_or(0) > 0));
+    if end_race {
+        eprintln!("faults {}: rc_pingpong hit the end-of-run lost-last-ACK race (server done, client RETRY_EXC_ERR into the destroyed QP); counted as delivered", l.name);
+    } else {
+        pp.assert_ok();
+        assert!(parse_pingpong(&pp.client.output).is_some(), "no pingpong summary: {}", pp.client.describe());
+    }
     assert!(!pp.client.output.contains("mismatch") && !pp.server.output.contains("mismatch"), "{}", pp.client.describe());
 
     let wp = (l.port + 1).to_string();
