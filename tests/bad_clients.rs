@@ -323,7 +323,6 @@ fn bad_clients() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(saw_qps, "ib_write_bw never got going:\n{}\n{}", read_to_string_lossy(&so), read_to_string_lossy(&co));
-    std::thread::sleep(Duration::from_millis(500));
     // SAFETY: SIGKILL to the client we spawned (pmrxe run execs ib_write_bw: same pid).
     unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
     let _ = c.wait();

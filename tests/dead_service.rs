@@ -38,7 +38,17 @@ fn service_killed_under_a_running_program_makes_it_fail_not_hang() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut cli = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "30", "-p", "19091", "127.0.0.1"], &cli_out);
-    std::thread::sleep(Duration::from_secs(3));
+    // Kill the service only once WRITEs are flowing (mid-transfer).
+    let t1 = Instant::now();
+    loop {
+        let j = svc.stats_json();
+        let tx: u64 = j["lcores"].as_array().map_or(0, |ls| ls.iter().map(|l| l["counters"]["tx_packets"].as_u64().unwrap_or(0)).sum());
+        if tx > 1000 {
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(15), "no traffic: {}", read_to_string_lossy(&cli_out));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // SIGKILL: no orderly flush, the shim has to notice by itself.
     let mut child = svc.child.take().expect("service child");
     // SAFETY: kill(2) on our own child's pid.

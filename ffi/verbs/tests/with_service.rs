@@ -43,6 +43,17 @@ struct Service {
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Is some socket listening on TCP `port` (IPv4 or IPv6)? Reads /proc/net/tcp{,6}.
+fn listening(port: u16) -> bool {
+    let hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() > 3 && w[1].ends_with(&hex) && w[3] == "0A"
+        })
+    })
+}
+
 impl Service {
     fn start(tag: &str) -> Option<Service> {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -85,8 +96,13 @@ impl Service {
     /// Server and client of a TCP-rendezvous tool (ibv_rc_pingpong, perftest).
     fn pair(&self, server: &[&str], client: &[&str]) -> (Output, Output) {
         let srv = self.run(server, 90).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        // The tools do not retry the TCP connect: give the server time to listen.
-        std::thread::sleep(Duration::from_millis(1500));
+        // The tools do not retry the TCP connect: wait until the server listens on the
+        // default rendezvous port (18515 for both ibv_rc_pingpong and perftest).
+        let t0 = Instant::now();
+        while !listening(18515) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{server:?} never listened on 18515");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let cli = self.run(client, 90).output().unwrap();
         let srv = srv.wait_with_output().unwrap();
         (srv, cli)
