@@ -4,7 +4,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -32,23 +32,10 @@ fn service_killed_under_a_running_program_makes_it_fail_not_hang() {
     let srv_out = svc.dir.join("srv.out");
     let cli_out = svc.dir.join("cli.out");
     let mut srv = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "30", "-p", "19091"], &srv_out);
-    let t0 = Instant::now();
-    while !listens_on(srv.id(), 19091) {
-        assert!(t0.elapsed() < Duration::from_secs(15), "server never listened: {}", read_to_string_lossy(&srv_out));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_listening(&mut srv, 19091, &srv_out, Duration::from_secs(15));
     let mut cli = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "30", "-p", "19091", "127.0.0.1"], &cli_out);
     // Kill the service only once WRITEs are flowing (mid-transfer).
-    let t1 = Instant::now();
-    loop {
-        let j = svc.stats_json();
-        let tx: u64 = j["lcores"].as_array().map_or(0, |ls| ls.iter().map(|l| l["counters"]["tx_packets"].as_u64().unwrap_or(0)).sum());
-        if tx > 1000 {
-            break;
-        }
-        assert!(t1.elapsed() < Duration::from_secs(15), "no traffic: {}", read_to_string_lossy(&cli_out));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_traffic(&svc, 1000, Duration::from_secs(15), &cli_out);
     // SIGKILL: no orderly flush, the shim has to notice by itself.
     let mut child = svc.child.take().expect("service child");
     // SAFETY: kill(2) on our own child's pid.

@@ -92,25 +92,11 @@ fn sigterm_during_ib_write_bw_exits_0_within_5s_and_leaves_nothing_behind() {
     let so = svc.dir.join("srv.out");
     let co = svc.dir.join("cli.out");
     let mut server = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "5", "-p", &ps], &so);
-    let t0 = Instant::now();
-    while !listens_on(server.id(), port) {
-        assert!(server.try_wait().unwrap().is_none(), "ib_write_bw server exited: {}", read_to_string_lossy(&so));
-        assert!(t0.elapsed() < Duration::from_secs(20), "ib_write_bw server never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_listening(&mut server, port, &so, Duration::from_secs(20));
     let mut client =
         spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "5", "-p", &ps, "127.0.0.1"], &co);
-    // Wait until traffic flows (tx counters move), at most 10 s, then 1 s more.
-    let t1 = Instant::now();
-    loop {
-        let j = svc.stats_json();
-        let tx: u64 = j["lcores"].as_array().unwrap().iter().map(|l| l["counters"]["tx_packets"].as_u64().unwrap_or(0)).sum();
-        if tx > 1000 {
-            break;
-        }
-        assert!(t1.elapsed() < Duration::from_secs(10), "no traffic 10 s after the client started; client:\n{}", read_to_string_lossy(&co));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // Wait until traffic flows (tx counters move), at most 10 s.
+    wait_for_traffic(&svc, 1000, Duration::from_secs(10), &co);
     assert!(client.try_wait().unwrap().is_none(), "client finished before SIGTERM; test timing is wrong");
     let (st, took) = svc.stop_within(Duration::from_secs(5));
     eprintln!("service stopped in {took:?} with {st}");
@@ -134,9 +120,6 @@ fn sigterm_during_ib_write_bw_exits_0_within_5s_and_leaves_nothing_behind() {
     assert!(hung.is_empty(), "ib_write_bw {hung:?} still running 10 s after the service stopped");
 }
 
-fn sum_counter(j: &serde_json::Value, name: &str) -> u64 {
-    j["lcores"].as_array().expect("lcores array").iter().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
-}
 
 #[test]
 fn stats_json_parses_and_counts_rx_tx_after_traffic() {
@@ -286,12 +269,7 @@ fn lcore_fast_path_makes_no_syscalls_during_ib_write_bw() {
     let ps = port.to_string();
     let (so, co) = (dir.join("srv.out"), dir.join("cli.out"));
     let mut server = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "4", "-p", &ps], &so);
-    let t0 = Instant::now();
-    while !listens_on(server.id(), port) {
-        assert!(server.try_wait().unwrap().is_none(), "ib_write_bw server exited: {}", read_to_string_lossy(&so));
-        assert!(t0.elapsed() < Duration::from_secs(20), "ib_write_bw server never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_listening(&mut server, port, &so, Duration::from_secs(20));
     let mut client =
         spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "4", "-p", &ps, "127.0.0.1"], &co);
     let t1 = Instant::now();

@@ -494,3 +494,32 @@ pub fn threads_named(pid: u32, comm: &str) -> Vec<u32> {
     }
     v
 }
+
+/// Sum of an lcore counter over all lcores in a `pmrxe stats --json` value.
+pub fn sum_counter(j: &serde_json::Value, name: &str) -> u64 {
+    j["lcores"].as_array().expect("lcores array").iter().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
+}
+
+/// Wait (polling, at most `limit`) until `server` listens on TCP `port`; fail if it exits.
+pub fn wait_listening(server: &mut Child, port: u16, out: &Path, limit: Duration) {
+    let t0 = Instant::now();
+    while !listens_on(server.id(), port) {
+        assert!(server.try_wait().unwrap().is_none(), "server exited before listening: {}", read_to_string_lossy(out));
+        assert!(t0.elapsed() < limit, "server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait (polling, at most `limit`) until the service transmitted more than `min_tx` frames;
+/// returns the stats snapshot that showed it. `ctx` is printed on timeout.
+pub fn wait_for_traffic(svc: &Service, min_tx: u64, limit: Duration, ctx: &Path) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let j = svc.stats_json();
+        if sum_counter(&j, "tx_packets") > min_tx {
+            return j;
+        }
+        assert!(t0.elapsed() < limit, "no traffic within {limit:?}:\n{}", read_to_string_lossy(ctx));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
