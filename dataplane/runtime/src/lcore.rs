@@ -59,19 +59,6 @@ pub struct DeviceConfig {
     pub mtu: u16,
 }
 
-impl DeviceConfig {
-    fn owns_ip(&self, ip: IpAddr) -> bool {
-        self.gids.iter().any(|g| gid_to_ip(g) == ip)
-    }
-    /// MAC and GIDs, copied (up to 4 GIDs: no allocation).
-    fn clone_addrs(&self) -> ([u8; 6], ArrayGids) {
-        let mut g = ArrayGids::default();
-        for x in self.gids.iter().take(4) {
-            g.push(*x);
-        }
-        (self.mac, g)
-    }
-}
 
 /// Cross-lcore hand-off of received frames. With several lcores every lcore polls its own RX
 /// queue of every port, so a frame can arrive on an lcore that does not own its destination
@@ -94,24 +81,6 @@ impl<B> Handoff<B> {
     /// The lcore owning `qpn`.
     pub fn owner(&self, qpn: u32) -> usize {
         qpn as usize % self.inbox.len()
-    }
-}
-
-/// Up to four GIDs by value.
-#[derive(Default, Clone, Copy)]
-pub struct ArrayGids {
-    g: [[u8; 16]; 4],
-    n: usize,
-}
-impl ArrayGids {
-    fn push(&mut self, x: [u8; 16]) {
-        if self.n < 4 {
-            self.g[self.n] = x;
-            self.n += 1;
-        }
-    }
-    fn iter(&self) -> impl Iterator<Item = &[u8; 16]> {
-        self.g[..self.n].iter()
     }
 }
 
@@ -238,8 +207,20 @@ impl ClientSlot {
 struct Port<L: Link> {
     link: L,
     dev: DeviceConfig,
+    /// The GIDs as IP addresses (same order as `dev.gids`), converted once.
+    ips: Vec<IpAddr>,
     rx: Vec<L::Buf>,
     tx: Vec<L::Buf>,
+}
+
+impl<L: Link> Port<L> {
+    fn owns_ip(&self, ip: IpAddr) -> bool {
+        self.ips.contains(&ip)
+    }
+    /// Our first address of the family of `like`.
+    fn ip_like(&self, like: IpAddr) -> Option<IpAddr> {
+        self.ips.iter().copied().find(|i| i.is_ipv4() == like.is_ipv4())
+    }
 }
 
 /// Handles the control thread keeps for an lcore.
@@ -350,7 +331,10 @@ impl<L: Link> Lcore<L> {
         }
         let ports = ports
             .into_iter()
-            .map(|(link, dev)| Port { link, dev, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4) })
+            .map(|(link, dev)| {
+                let ips = dev.gids.iter().map(gid_to_ip).collect();
+                Port { link, dev, ips, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4) }
+            })
             .collect();
         let lc = Lcore {
             index,
@@ -681,12 +665,12 @@ impl<L: Link> Lcore<L> {
             }
             self.ports[pi].rx = rx;
         }
-        if let Some(h) = self.handoff.clone() {
-            let me = self.index % h.lcores();
+        if self.handoff.is_some() {
             let mut budget = BURST * 4;
             while budget > 0 {
                 budget -= 1;
-                let Some((pi, buf)) = h.inbox[me].pop() else { break };
+                let item = self.handoff.as_ref().and_then(|h| h.inbox[self.index % h.lcores()].pop());
+                let Some((pi, buf)) = item else { break };
                 any = true;
                 bump(&self.stats.handoff_in, 1);
                 let _ = self.on_frame(pi, now, buf.data(), false);
@@ -709,7 +693,7 @@ impl<L: Link> Lcore<L> {
     fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
         match wire::parse_frame(data) {
             Ok(f) => {
-                if !self.ports[pi].dev.owns_ip(f.dst_ip) {
+                if !self.ports[pi].owns_ip(f.dst_ip) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
                 }
@@ -780,29 +764,20 @@ impl<L: Link> Lcore<L> {
             return;
         };
         self.neigh.learn(IpAddr::V4(a.source_ip), a.source_mac.0);
-        let dev = &self.ports[pi].dev;
-        if a.operation != wire::ArpOp::Request || !dev.owns_ip(IpAddr::V4(a.target_ip)) {
+        let port = &self.ports[pi];
+        if a.operation != wire::ArpOp::Request || !port.owns_ip(IpAddr::V4(a.target_ip)) {
             return;
         }
+        let mac = MacAddr(port.dev.mac);
         let reply = wire::ArpRepr {
             operation: wire::ArpOp::Reply,
-            source_mac: MacAddr(dev.mac),
+            source_mac: mac,
             source_ip: a.target_ip,
             target_mac: a.source_mac,
             target_ip: a.source_ip,
         };
-        let mac = dev.mac;
-        let port = &mut self.ports[pi];
-        let Some(mut b) = port.link.alloc() else {
-            bump(&self.stats.tx_alloc_failures, 1);
-            return;
-        };
-        let Some(buf) = b.resize(60) else { return };
-        buf.fill(0);
-        if wire::arp::emit_arp_frame(buf, MacAddr(mac), &reply).is_ok() && port.tx.len() < port.tx.capacity() {
-            port.tx.push(b);
-            bump(&self.stats.arp_replies, 1);
-        }
+        self.emit_control(pi, |buf| wire::arp::emit_arp_frame(buf, mac, &reply).ok());
+        bump(&self.stats.arp_replies, 1);
     }
 
     fn on_nd(&mut self, pi: usize, data: &[u8]) {
@@ -815,12 +790,12 @@ impl<L: Link> Lcore<L> {
                 if let Some(mac) = src_lladdr {
                     self.neigh.learn(IpAddr::V6(f.src_ip), mac.0);
                 }
-                let dev = &self.ports[pi].dev;
-                if !dev.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
+                let port = &self.ports[pi];
+                if !port.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
                     return;
                 }
-                let adv = wire::NdRepr::Advert { router: false, solicited: true, override_: true, target, target_lladdr: Some(MacAddr(dev.mac)) };
-                let (mac, dst_mac) = (dev.mac, src_lladdr.unwrap_or(f.src_mac));
+                let adv = wire::NdRepr::Advert { router: false, solicited: true, override_: true, target, target_lladdr: Some(MacAddr(port.dev.mac)) };
+                let (mac, dst_mac) = (port.dev.mac, src_lladdr.unwrap_or(f.src_mac));
                 self.emit_control(pi, |buf| wire::emit_nd_frame(buf, MacAddr(mac), dst_mac, target, f.src_ip, &adv).ok());
                 bump(&self.stats.arp_replies, 1);
             }
@@ -857,19 +832,19 @@ impl<L: Link> Lcore<L> {
             return;
         }
         self.last_solicit = now;
-        let dev = self.ports[pi].dev.clone_addrs();
-        match ip {
-            IpAddr::V4(t) => {
-                let Some(src) = dev.1.iter().find_map(|g| match gid_to_ip(g) { IpAddr::V4(v) => Some(v), _ => None }) else { return };
-                let req = wire::ArpRepr { operation: wire::ArpOp::Request, source_mac: MacAddr(dev.0), source_ip: src, target_mac: MacAddr([0; 6]), target_ip: t };
-                self.emit_control(pi, |buf| wire::arp::emit_arp_frame(buf, MacAddr(dev.0), &req).ok());
+        let mac = MacAddr(self.ports[pi].dev.mac);
+        let Some(src) = self.ports[pi].ip_like(ip) else { return };
+        match (ip, src) {
+            (IpAddr::V4(t), IpAddr::V4(src)) => {
+                let req = wire::ArpRepr { operation: wire::ArpOp::Request, source_mac: mac, source_ip: src, target_mac: MacAddr([0; 6]), target_ip: t };
+                self.emit_control(pi, |buf| wire::arp::emit_arp_frame(buf, mac, &req).ok());
             }
-            IpAddr::V6(t) => {
-                let Some(src) = dev.1.iter().find_map(|g| match gid_to_ip(g) { IpAddr::V6(v) => Some(v), _ => None }) else { return };
+            (IpAddr::V6(t), IpAddr::V6(src)) => {
                 let sn = wire::icmpv6::solicited_node(&t);
-                let ns = wire::NdRepr::Solicit { target: t, src_lladdr: Some(MacAddr(dev.0)) };
-                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, MacAddr(dev.0), wire::icmpv6::multicast_mac(&sn), src, sn, &ns).ok());
+                let ns = wire::NdRepr::Solicit { target: t, src_lladdr: Some(mac) };
+                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, mac, wire::icmpv6::multicast_mac(&sn), src, sn, &ns).ok());
             }
+            _ => {}
         }
     }
 
@@ -1044,7 +1019,7 @@ impl<L: Link> Lcore<L> {
                 any = true;
                 let dst_ip = gid_to_ip(&t.av.dgid);
                 let dev = &port.dev;
-                let src_ip = dev.gids.get(t.av.sgid_index as usize).map(gid_to_ip).unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+                let src_ip = port.ips.get(t.av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
                 let v6 = dst_ip.is_ipv6();
                 let dmac = t.av.dmac.or_else(|| self.neigh.lookup(dst_ip));
                 let Some(dmac) = dmac else {
