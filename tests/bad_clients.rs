@@ -4,7 +4,7 @@
 //! must still answer, release what the client owned, and serve a fresh ibv_rc_pingpong pair.
 mod common;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
@@ -27,22 +27,7 @@ fn errno(r: &Response) -> Option<i32> {
 }
 
 fn raw_seqpacket(path: &std::path::Path) -> OwnedFd {
-    use std::os::unix::ffi::OsStrExt;
-    let b = path.as_os_str().as_bytes();
-    // SAFETY: plain data / syscalls on fds we own.
-    unsafe {
-        let mut a: libc::sockaddr_un = std::mem::zeroed();
-        a.sun_family = libc::AF_UNIX as u16;
-        for (d, s) in a.sun_path.iter_mut().zip(b) {
-            *d = *s as libc::c_char;
-        }
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0);
-        let fd = OwnedFd::from_raw_fd(fd);
-        let r = libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), std::mem::size_of_val(&a) as u32);
-        assert_eq!(r, 0, "connect");
-        fd
-    }
+    ctrl::seqpacket_connect(path).expect("connect")
 }
 
 fn send_raw(fd: RawFd, bytes: &[u8]) -> Option<Response> {

@@ -341,6 +341,61 @@ pub fn recv_msg(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd
     Ok(Some(fds))
 }
 
+/// A `sockaddr_un` for `path` and its length; `InvalidInput` if the path does not fit.
+fn sockaddr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (core::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    Ok((addr, len))
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Connect a `SOCK_SEQPACKET` socket to the service at `path` (std has no constructor for
+/// SEQPACKET Unix sockets).
+pub fn seqpacket_connect(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let (addr, len) = sockaddr(path)?;
+    let fd = seqpacket_socket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// A listening `SOCK_SEQPACKET` socket bound at `path` (which must not exist).
+pub fn seqpacket_listen(path: &std::path::Path, backlog: i32) -> io::Result<OwnedFd> {
+    let (addr, len) = sockaddr(path)?;
+    let fd = seqpacket_socket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes; listen on our bound socket.
+    unsafe {
+        if libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::listen(fd.as_raw_fd(), backlog) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
 /// The peer's credentials (`SO_PEERCRED`): (pid, uid, gid).
 pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
     // SAFETY: ucred is plain data.

@@ -217,36 +217,8 @@ fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
 }
 
 fn seqpacket_listener(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain data.
-    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long"));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain socket syscall.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket we own; UnixListener only needs a listening AF_UNIX fd
-    // (accept works the same for SEQPACKET).
-    let l = unsafe { UnixListener::from_raw_fd(fd) };
-    let len = (core::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    if unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: listening on our bound socket.
-    if unsafe { libc::listen(fd, 128) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(l)
+    // UnixListener only needs a listening AF_UNIX fd (accept works the same for SEQPACKET).
+    Ok(UnixListener::from(pmrxe_abi::ctrl::seqpacket_listen(path, 128)?))
 }
 
 /// Block SIGINT/SIGTERM in this thread (and every thread spawned after), so they are only

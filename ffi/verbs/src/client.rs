@@ -6,7 +6,7 @@
 use crate::boundary::{Errno, Mapping, Res};
 use pmrxe_abi::ctrl::{self, DeviceInfo, Request, Response};
 use pmrxe_abi::{ClientPage, Doorbell, ABI_VERSION, CLIENT_PAGE_LEN, CLIENT_PAGE_MAGIC};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
 /// A live connection.
@@ -60,34 +60,13 @@ pub fn existing() -> Res<&'static Client> {
 impl Client {
     fn connect() -> Res<Client> {
         let path = ctrl::socket_path(ctrl::DEFAULT_SOCKET);
-        // SAFETY: plain socket(2) call.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(Errno::last());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_un is plain data.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        let p = path.as_os_str().as_encoded_bytes();
-        if p.len() >= addr.sun_path.len() {
-            return Err(Errno(libc::ENAMETOOLONG));
-        }
-        for (d, s) in addr.sun_path.iter_mut().zip(p) {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: `addr` is a valid sockaddr_un of the given size.
-        let r = unsafe {
-            libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32)
-        };
-        if r != 0 {
-            let e = Errno::last();
+        let sock = ctrl::seqpacket_connect(&path).map_err(|e| {
+            let e = Errno(e.raw_os_error().unwrap_or(libc::ENAMETOOLONG));
             if std::env::var_os("PMRXE_DEBUG").is_some() {
                 eprintln!("pmrxe-verbs: cannot connect to the service at {}: errno {}", path.display(), e.0);
             }
-            return Err(e);
-        }
+            e
+        })?;
         let program = std::env::args().next().unwrap_or_default();
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
