@@ -120,6 +120,8 @@ enum ConfigCmd {
 fn main() -> ExitCode {
     // A CLI writing into a closed pipe (`pmrxe stats --watch 1 | head -1`) should end quietly
     // like any Unix tool, not panic: restore the default SIGPIPE action Rust overrides.
+    // `pmrxe serve` sets it back to SIG_IGN first thing (pmrxe_service::serve): a client going
+    // away must never kill the service.
     // SAFETY: setting a signal disposition to SIG_DFL at start-up, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();

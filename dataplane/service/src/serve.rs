@@ -47,6 +47,7 @@ pub enum ServeError {
 
 /// Run the service until SIGINT/SIGTERM. Returns after a clean stop.
 pub fn serve(cfg: Config) -> Result<(), ServeError> {
+    ignore_sigpipe();
     let sigs = block_signals().map_err(ServeError::Signal)?;
     let sock_path = cfg.socket_path();
     // Refuse early if a live service already owns the socket.
@@ -219,6 +220,17 @@ fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
 fn seqpacket_listener(path: &Path) -> std::io::Result<UnixListener> {
     // UnixListener only needs a listening AF_UNIX fd (accept works the same for SEQPACKET).
     Ok(UnixListener::from(pmrxe_abi::ctrl::seqpacket_listen(path, 128)?))
+}
+
+/// No client disconnect may take the service down: a write into a pipe or socket whose reader
+/// is gone (a killed `pmrxe capture`, a metrics scraper that hung up, a closed log pipe) must
+/// fail with EPIPE, which the writer handles, instead of killing the process with SIGPIPE.
+/// Set for the whole process (dispositions are per process) before the service starts any
+/// thread, whatever the caller left (the `pmrxe` CLI restores SIG_DFL for its filters). The
+/// control socket also sends with MSG_NOSIGNAL (`ctrl::send_msg`).
+fn ignore_sigpipe() {
+    // SAFETY: setting a signal disposition to SIG_IGN; no handler runs, so nothing can race it.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
 /// Block SIGINT/SIGTERM in this thread (and every thread spawned after), so they are only

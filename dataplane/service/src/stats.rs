@@ -120,45 +120,107 @@ impl Capture {
     }
 
     /// Start capturing `count` frames (0 = until the reader goes away) into `fd` as pcap.
+    ///
+    /// The capture ends when `count` frames are written, or when the reader goes away (the
+    /// `pmrxe capture` client killed or closing its end): a write fails with EPIPE/ECONNRESET
+    /// (SIGPIPE is ignored by the service, see `serve`), or, with no frames to write, the fd
+    /// polls as hung up. Either way the capture is marked inactive and one line is logged;
+    /// the service itself never notices beyond that.
     pub fn start(self: &Arc<Self>, fd: OwnedFd, count: u64, qpn: Option<u32>) -> Result<(), String> {
         let mut slot = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         if self.active() {
             return Err("a capture is already running".into());
         }
         let (tx, rx): (Sender<(Duration, Vec<u8>)>, Receiver<_>) = bounded(4096);
-        *slot = Some(tx);
         self.qpn.store(qpn.map_or(u64::MAX, u64::from), Ordering::Relaxed);
         let _ = self.origin.get_or_init(Instant::now);
-        self.on.store(true, Ordering::Release);
         let me = self.clone();
         std::thread::Builder::new()
             .name("pmrxe-capture".into())
             .spawn(move || {
-                let file = File::from(fd);
-                let mut n = 0u64;
-                if let Ok(mut w) = pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(file), false) {
-                    let _ = w.flush();
-                    while let Ok((ts, frame)) = rx.recv() {
-                        if w.write_frame(ts, &frame).is_err() {
-                            break;
-                        }
-                        n += 1;
-                        me.frames.fetch_add(1, Ordering::Relaxed);
-                        if rx.is_empty() && w.flush().is_err() {
-                            break;
-                        }
-                        if count > 0 && n >= count {
-                            break;
-                        }
-                    }
-                    let _ = w.flush();
-                    let _ = w.into_inner().flush();
+                let (n, why) = write_capture(fd, &rx, count, &me.frames);
+                // Deactivate under the lock `start` holds, so a new capture cannot begin
+                // between the flag and the sender being cleared.
+                {
+                    let mut slot = me.tx.lock().unwrap_or_else(|e| e.into_inner());
+                    me.on.store(false, Ordering::Release);
+                    *slot = None;
                 }
-                me.on.store(false, Ordering::Release);
-                *me.tx.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                drop(rx);
+                tracing::info!(frames = n, dropped_total = me.dropped.load(Ordering::Relaxed), "capture ended: {why}");
             })
             .map_err(|e| e.to_string())?;
+        *slot = Some(tx);
+        self.on.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+/// How often an idle capture writer checks whether its reader is still there.
+const READER_CHECK: Duration = Duration::from_millis(100);
+
+/// Why a capture write failed, in words.
+fn write_failure(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPIPE) | Some(libc::ECONNRESET) => "the reader went away".into(),
+        _ => format!("write error: {e}"),
+    }
+}
+
+/// Has the other end of `fd` gone away? (a pipe whose read end is closed polls POLLERR, a
+/// socket whose peer closed polls POLLHUP; a regular file never does)
+fn reader_gone(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: 0, revents: 0 };
+    // SAFETY: poll on one valid pollfd we own, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+}
+
+/// The capture writer: pcap header, then frames from `rx` until `count` (0 = no limit) or the
+/// reader goes away. Returns the frames written and why it stopped.
+fn write_capture(fd: OwnedFd, rx: &Receiver<(Duration, Vec<u8>)>, count: u64, frames: &AtomicU64) -> (u64, String) {
+    use std::os::fd::AsRawFd;
+    let raw = fd.as_raw_fd();
+    let mut w = match pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(File::from(fd)), false) {
+        Ok(w) => w,
+        Err(e) => return (0, write_failure(&e)),
+    };
+    if let Err(e) = w.flush() {
+        return (0, write_failure(&e));
+    }
+    let mut n = 0u64;
+    let why = loop {
+        match rx.recv_timeout(READER_CHECK) {
+            Ok((ts, frame)) => {
+                if let Err(e) = w.write_frame(ts, &frame) {
+                    break write_failure(&e);
+                }
+                n += 1;
+                frames.fetch_add(1, Ordering::Relaxed);
+                if count > 0 && n >= count {
+                    break format!("{n} frames written");
+                }
+                if rx.is_empty() {
+                    if let Err(e) = w.flush() {
+                        break write_failure(&e);
+                    }
+                }
+            }
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) => {
+                if let Err(e) = w.flush() {
+                    break write_failure(&e);
+                }
+                if reader_gone(raw) {
+                    break "the reader went away".into();
+                }
+            }
+            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => break "stopped".into(),
+        }
+    };
+    let complete = count > 0 && n >= count;
+    match w.flush().and_then(|()| w.into_inner().flush()) {
+        Err(e) if complete => (n, format!("{why}, then {}", write_failure(&e))),
+        _ => (n, why),
     }
 }
 
