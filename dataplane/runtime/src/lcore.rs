@@ -35,6 +35,7 @@ use pmrxe_abi::SrqSegmentLayout;
 use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
+use crate::call::CallError;
 use crate::clock::Clock;
 use crate::convert;
 use crate::idle::Idle;
@@ -237,6 +238,8 @@ pub struct LcoreHandle {
     /// Objects the lcore removed, to be dropped here (unmapping their rings and freeing their
     /// queues are system calls the lcore must not make).
     pub graveyard: Receiver<Box<dyn Send>>,
+    /// The service's stop flag (the lcore's own): tells `call` "stopping" from "stuck".
+    pub stop: Arc<AtomicBool>,
 }
 
 impl LcoreHandle {
@@ -248,23 +251,15 @@ impl LcoreHandle {
     }
 
     /// Send a command and wait for its reply without ever blocking in a way the lcore would
-    /// have to wake with a system call: poll the reply channel with short sleeps.
-    pub fn call<R>(&self, make: impl FnOnce(Sender<R>) -> Cmd) -> Option<R> {
+    /// have to wake with a system call: poll the reply channel with short sleeps, for as long
+    /// as the lcore is alive and making progress (see [`crate::call`] for the rules and errors).
+    pub fn call<R>(&self, make: impl FnOnce(Sender<R>) -> Cmd) -> Result<R, CallError> {
         let (tx, rx) = crossbeam::channel::bounded(1);
-        self.cmds.send(make(tx)).ok()?;
-        let t0 = std::time::Instant::now();
-        let r = loop {
-            match rx.try_recv() {
-                Ok(r) => break Some(r),
-                Err(TryRecvError::Disconnected) => break None,
-                Err(TryRecvError::Empty) => {
-                    if t0.elapsed() > std::time::Duration::from_secs(10) {
-                        break None;
-                    }
-                    std::thread::sleep(std::time::Duration::from_micros(20));
-                }
-            }
-        };
+        let w = crate::call::LiveWatch { stop: &self.stop, stats: &self.stats, t0: std::time::Instant::now() };
+        if self.cmds.send(make(tx)).is_err() {
+            return Err(if crate::call::Watch::stopping(&w) { CallError::Stopping } else { CallError::Gone { index: self.index } });
+        }
+        let r = crate::call::wait_reply(&rx, self.index, &w, crate::call::STALL_LIMIT);
         self.bury();
         r
     }
@@ -360,7 +355,8 @@ impl<L: Link> Lcore<L> {
             last_solicit: Instant(0),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
         };
-        (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx })
+        let stop = lc.stop.clone();
+        (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx, stop })
     }
 
     /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over

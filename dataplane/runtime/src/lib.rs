@@ -11,8 +11,11 @@
 //! * [`convert`]: validation/conversion of client WQEs (untrusted shared memory) into engine
 //!   WQEs, and engine CQEs into client CQEs.
 //! * [`clock`]: explicit time for the engine from a monotonic clock.
+//! * [`call`]: how a control thread waits for an lcore's reply (as long as the lcore lives
+//!   and makes progress; honest errors otherwise).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod call;
 pub mod clock;
 pub mod convert;
 pub mod dpdk;

@@ -175,9 +175,11 @@ type Reply = (Response, Vec<RawFd>);
 
 macro_rules! lcore_call {
     ($lc:expr, $variant:ident { $($f:ident : $v:expr),* }) => {{
+        // Waits as long as the lcore is alive and making progress; ESHUTDOWN only when the
+        // service is really stopping (pmrxe_runtime::call).
         match $lc.call(|tx| Cmd::$variant { $($f: $v,)* done: tx }) {
-            Some(r) => r,
-            None => return (err(libc::ESHUTDOWN, "service is stopping"), vec![]),
+            Ok(r) => r,
+            Err(e) => return (err(e.errno(), &e.to_string()), vec![]),
         }
     }};
 }
@@ -672,7 +674,10 @@ impl Session {
             return;
         }
         for lc in &sh.lcores {
-            let _ = lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx });
+            match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {
+                Ok(()) | Err(pmrxe_runtime::call::CallError::Stopping) => {}
+                Err(e) => tracing::warn!(client = self.id, "removing the client's objects from lcore {}: {e}", lc.index),
+            }
         }
         for (&k, _) in self.objs.mws.iter() {
             let _ = sh.mem.dealloc_mw(Key(k));
