@@ -517,6 +517,8 @@ impl Session {
             Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
         };
         qp.set_sq_sig_all(sig_all);
+        // UD messages may be as large as the port's active MTU (RC/UC get theirs at RTR).
+        qp.set_port_mtu(mtu(sh.devices[device as usize].port.active_mtu));
         let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many QPs for this client"), vec![]) };
         let rq_cap = if srq.is_some() { 0 } else { caps.max_recv_wr.next_power_of_two() };
         let layout = QpSegmentLayout::new(caps.max_send_wr.next_power_of_two(), rq_cap);

@@ -473,6 +473,8 @@ pub struct Qp {
     pub(crate) events: VecDeque<AsyncEvent>,
     pub(crate) stats: QpStats,
     pub(crate) sqd_notified: bool,
+    /// Active MTU of the port the QP lives on ([`Qp::set_port_mtu`]); a UD QP's path MTU.
+    pub(crate) port_mtu: PathMtu,
 }
 
 impl Qp {
@@ -510,7 +512,19 @@ impl Qp {
             events: VecDeque::with_capacity(8),
             stats: QpStats::default(),
             sqd_notified: false,
+            port_mtu: PathMtu::Mtu1024,
         })
+    }
+
+    /// The active MTU of the QP's port (`ibv_port_attr.active_mtu`), given by whoever creates
+    /// the QP. A UD QP has no path MTU attribute (`IBV_QP_PATH_MTU` is not a UD modify
+    /// attribute): its messages may be as large as the port MTU (C10-93.1.1), so its path MTU
+    /// is this value, from now on and after every RESET. RC/UC take the path MTU from RTR.
+    pub fn set_port_mtu(&mut self, mtu: PathMtu) {
+        self.port_mtu = mtu;
+        if self.qp_type == QpType::Ud {
+            self.attr.path_mtu = mtu;
+        }
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
@@ -643,7 +657,7 @@ impl Qp {
     }
 
     fn reset(&mut self) {
-        let (qpn, ty, pd, caps, srq, sig) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all);
+        let (qpn, ty, pd, caps, srq, sig, port_mtu) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all, self.port_mtu);
         // Reuse the allocations.
         let mut sq = core::mem::take(&mut self.sq);
         let mut rq = core::mem::take(&mut self.rq);
@@ -659,6 +673,7 @@ impl Qp {
         self.cqes = cqes;
         self.events = events;
         self.sq_sig_all = sig;
+        self.set_port_mtu(port_mtu);
     }
 
     /// Move to ERR and flush: every WQE still on the SQ or RQ completes with WR_FLUSH_ERR

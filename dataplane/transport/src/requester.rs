@@ -189,12 +189,15 @@ impl Qp {
                     return None;
                 }
                 if self.qp_type == QpType::Ud && e.len > u64::from(self.mtu()) {
-                    // C10-93.1.1 (as rxe): a UD message over the MTU completes without sending.
+                    // C10-93.1.1: a UD message over the (port) MTU emits no packet. rxe then
+                    // fakes SUCCESS (C10-93.1.1 asks for no error), which hides the loss from
+                    // the consumer; we complete it with LOC_LEN_ERR instead (issue 13), and as
+                    // after every send error the QP goes to ERR.
                     self.req.exec_cursor = idx + 1;
                     self.req.net_cursor = idx + 1;
                     let e = self.entry_mut(idx);
                     e.started = true;
-                    self.finish_wqe(idx, WcStatus::Success);
+                    self.finish_wqe(idx, WcStatus::LocLenErr);
                     self.retire();
                     continue;
                 }

@@ -531,7 +531,7 @@ pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
     };
     qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, rts).expect("RTS");
     if ty == crate::QpType::Ud {
-        // UD path MTU comes from the port; the engine uses the attribute.
-        qp.attr.path_mtu = p.mtu;
+        // A UD QP's path MTU is the port's active MTU.
+        qp.set_port_mtu(p.mtu);
     }
 }

@@ -2,7 +2,7 @@
 mod common;
 use common::*;
 use pmrxe_transport::sim::{gid_of, Fault, PairParams, Sim};
-use pmrxe_transport::{AddressVector, QpType, SendOp, SendWqe, UdDest, WcFlags, WcStatus};
+use pmrxe_transport::{AddressVector, AttrMask, PathMtu, Qp, QpAttr, QpState, QpType, SendOp, SendWqe, UdDest, WcFlags, WcStatus};
 
 #[test]
 fn uc_write_and_send_complete_without_acks_and_drop_on_gap() {
@@ -42,11 +42,8 @@ fn ud_send_writes_grh_and_source_qp() {
     post(&mut sim, A, QA, SendWqe::new(1, SendOp::SendImm(77)).sge(a.sge(0, 500)).ud(d).flags(sig()));
     // Wrong Q_Key: silently dropped.
     post(&mut sim, A, QA, SendWqe::new(2, SendOp::Send).sge(a.sge(0, 10)).ud(UdDest { remote_qkey: 5, ..d }).flags(sig()));
-    // Larger than the MTU: completes without sending (C10-93.1.1).
-    let big = reg(&sim, A, 4096, ALL);
-    post(&mut sim, A, QA, SendWqe::new(3, SendOp::Send).sge(big.sge(0, 2000)).ud(d).flags(sig()));
     drive(&mut sim);
-    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 3]);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 2]);
     let r = recv_cqes(&mut sim, B, QB);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].src_qp, QA);
@@ -82,4 +79,75 @@ fn srq_shared_by_two_qps_with_limit_event() {
     let got = recv_cqes(&mut sim, B, QB).len() + recv_cqes(&mut sim, B, QB + 1).len();
     assert_eq!(got, 3);
     assert!(sim.nodes[B].events.iter().any(|(_, e)| matches!(e, AsyncEvent::SrqLimitReached { srqn: 7 })));
+}
+
+/// A UD QP as the service creates it: `Qp::new`, the port's active MTU, then INIT/RTR/RTS
+/// with exactly the UD masks (no `PATH_MTU`: UD has no such modify attribute).
+fn ud_qp_on_port(qpn: u32, port_mtu: PathMtu) -> Qp {
+    let p = PairParams::default();
+    let mut qp = Qp::new(qpn, QpType::Ud, PD, p.caps, None).expect("create QP");
+    qp.set_port_mtu(port_mtu);
+    let a = QpAttr { qp_state: QpState::Init, qkey: 0x1111_1111, port_num: 1, ..QpAttr::default() };
+    qp.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY).expect("INIT");
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE).expect("RTR");
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN).expect("RTS");
+    qp
+}
+
+fn ud_pair_on_port(port_mtu: PathMtu) -> (Sim, UdDest) {
+    let mut sim = Sim::new(2, 3);
+    sim.nodes[A].engine.add_qp(ud_qp_on_port(QA, port_mtu));
+    sim.nodes[B].engine.add_qp(ud_qp_on_port(QB, port_mtu));
+    let av = AddressVector { dgid: gid_of(sim.nodes[B].ip), hop_limit: 64, port: 1, ..Default::default() };
+    (sim, UdDest { av, remote_qpn: QB, remote_qkey: 0x1111_1111 })
+}
+
+/// Issue 13 item 5: UD QPs kept a 1024-byte path MTU whatever the port's, so a 4096-byte
+/// UD send on a 4096-MTU port never reached the wire.
+#[test]
+fn ud_send_uses_port_mtu() {
+    let (mut sim, d) = ud_pair_on_port(PathMtu::Mtu4096);
+    assert_eq!(sim.nodes[A].qp(QA).query().path_mtu, PathMtu::Mtu4096, "UD path MTU = port active MTU");
+    let a = reg(&sim, A, 8192, ALL);
+    let b = reg(&sim, B, 8192, ALL);
+    a.write(0, &pattern(4096, 5));
+    // The receive buffer holds the 40-byte GRH followed by a full-MTU payload.
+    post_recv(&mut sim, B, QB, recv(7, &b, 0, 40 + 4096));
+    post(&mut sim, A, QA, SendWqe::new(1, SendOp::Send).sge(a.sge(0, 4096)).ud(d).flags(sig()));
+    drive(&mut sim);
+    let s = send_cqes(&mut sim, A, QA);
+    assert_eq!(statuses(&s), vec![WcStatus::Success]);
+    assert_eq!(s[0].byte_len, 4096);
+    let r = recv_cqes(&mut sim, B, QB);
+    assert_eq!(statuses(&r), vec![WcStatus::Success]);
+    assert_eq!(r[0].byte_len, 40 + 4096);
+    assert_eq!(b.read(40, 4096), pattern(4096, 5));
+    let sent: Vec<_> = sim.trace.iter().filter(|p| p.from == A).collect();
+    assert_eq!(sent.len(), 1, "one UD_SEND_ONLY packet");
+    // The port MTU survives RESET (the QP is re-created inside the engine).
+    let qp = sim.nodes[A].engine.qp_mut(QA).expect("QP");
+    qp.modify(&QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE).expect("RESET");
+    assert_eq!(qp.query().path_mtu, PathMtu::Mtu4096);
+}
+
+/// Issue 13 item 5: a UD send above the path MTU completed SUCCESS with nothing sent.
+#[test]
+fn ud_send_above_path_mtu_completes_with_error() {
+    let (mut sim, d) = ud_pair_on_port(PathMtu::Mtu4096);
+    let a = reg(&sim, A, 8192, ALL);
+    let b = reg(&sim, B, 16384, ALL);
+    post_recv(&mut sim, B, QB, recv(7, &b, 0, 8192));
+    post(&mut sim, A, QA, SendWqe::new(1, SendOp::Send).sge(a.sge(0, 4097)).ud(d).flags(sig()));
+    drive(&mut sim);
+    let s = send_cqes(&mut sim, A, QA);
+    assert_eq!(statuses(&s), vec![WcStatus::LocLenErr]);
+    assert!(sim.trace.iter().all(|p| p.from != A), "nothing transmitted");
+    assert!(recv_cqes(&mut sim, B, QB).is_empty());
+    // An unsignaled oversize send reports its error too.
+    let (mut sim, d) = ud_pair_on_port(PathMtu::Mtu1024);
+    let a = reg(&sim, A, 8192, ALL);
+    post(&mut sim, A, QA, SendWqe::new(2, SendOp::Send).sge(a.sge(0, 1025)).ud(d));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::LocLenErr]);
+    assert!(sim.trace.iter().all(|p| p.from != A));
 }
