@@ -58,3 +58,19 @@ fn ib_send_bw_ud_default_size() {
     }
 }
 
+/// Issue 13 item 6 through the shim: `tests/mw2_rebind.c` binds a type-2 MW on QP1,
+/// invalidates it, binds it again with a new key from QP2 of the same PD (naming it by its
+/// `ibv_mw`, as verbs does) and writes through it. The second bind used to fail with
+/// MW_BIND_ERR ("memory management operation error").
+#[test]
+fn mw2_invalidated_can_be_rebound_from_another_qp() {
+    let cc = require_tool("cc");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let prog = svc.dir.join("mw2_rebind");
+    let src = repo_root().join("tests/mw2_rebind.c");
+    let o = std::process::Command::new(cc).arg("-O1").arg("-Wall").arg("-o").arg(&prog).arg(&src).arg("-libverbs").output().unwrap();
+    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60));
+    assert!(out.ok() && out.output.contains("bind again on QP2: success"), "{}", out.describe());
+}

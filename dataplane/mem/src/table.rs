@@ -684,6 +684,8 @@ impl MemTable {
             }
         }
         ctl.length = 0;
+        // An unbound window belongs to no QP (the next bind, from any QP of the PD, sets it).
+        ctl.qpn = 0;
     }
 
     /// Snapshot of the MR or MW named by `key`'s index (`None` if not allocated).
@@ -907,6 +909,12 @@ impl MemTable {
 
     /// IB_WR_BIND_MW / `ibv_bind_mw` (§2.8, C10-72..75). `new_key` must carry the MW's index;
     /// its byte is the consumer's choice. Type 1 with `len == 0` unbinds.
+    ///
+    /// `mw` names the window by its index only: verbs names it by the `ibv_mw` object, whose
+    /// `rkey` is the allocation key for a type-2 window (nothing updates it when a posted
+    /// BIND_MW or an invalidation changes the key), so its key byte is not compared. Binding
+    /// still needs the MW's PD, and a type-2 window must be FREE, so a stale name can neither
+    /// reach another PD's window nor take over a live binding.
     #[allow(clippy::too_many_arguments)]
     pub fn exec_bind_mw(
         &self,
@@ -925,9 +933,6 @@ impl MemTable {
         let slot = self.mw_slot(mw.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
         let t = ctl.mw_type.ok_or(MemError::NoSuchKey)?;
-        if ctl.key != mw {
-            return Err(MemError::KeyMismatch);
-        }
         if ctl.pd != qp_pd {
             return Err(MemError::PdMismatch); // C10-72
         }

@@ -1067,3 +1067,47 @@ fn invalidate_waits_for_inflight_ref() {
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(t.inflight(k), 0);
 }
+
+/// Issue 13 item 6: after LOCAL_INV of a bound type-2 MW the window is FREE and belongs to no
+/// QP any more: any QP of its PD may bind it again (rxe_do_invalidate_mw), and from then on it
+/// is usable only from that new QP. The bind names the window as verbs does, through the
+/// `ibv_mw`, whose `rkey` is still the allocation key: that name used to be compared with the
+/// window's current key and the bind failed (MW_BIND_ERR).
+#[test]
+fn mw2_invalidated_can_be_rebound_from_another_qp() {
+    let t = table();
+    let r = aligned(4 * PG, PG);
+    let (mr, io) = mw_setup(&t, &r);
+    let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
+    let k1 = mw.inc();
+    t.exec_bind_mw(PD, QPN, mw, k1, mr, io, 256, Access::REMOTE_WRITE).unwrap();
+    t.exec_local_inv(PD, k1).unwrap();
+    assert_eq!(t.query(mw).unwrap().state, MrState::Free);
+    assert_eq!(t.query(mw).unwrap().qpn, 0, "an invalidated window belongs to no QP");
+    assert_eq!(t.query(mr).unwrap().mw_bound, 0);
+    // Rebind from another QP of the same PD, with a new key, naming the MW by `ibv_mw.rkey`
+    // (the allocation key `mw`).
+    let other_qp = QPN + 1;
+    let k2 = k1.inc();
+    t.exec_bind_mw(PD, other_qp, mw, k2, mr, io + 64, 128, Access::REMOTE_WRITE).unwrap();
+    assert_eq!(t.query(mw).unwrap().state, MrState::Valid);
+    assert_eq!(t.query(mr).unwrap().mw_bound, 1);
+    let m = t.lookup(k2, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE).unwrap();
+    m.copy_in(io + 64, b"qp2!").unwrap();
+    drop(m);
+    assert_eq!(read(&r, 64, 4), b"qp2!");
+    // The new binding belongs to the new QP only; the old key is dead.
+    assert_eq!(t.lookup(k2, PD, QPN, io + 64, 4, Access::REMOTE_WRITE).unwrap_err(), MemError::QpMismatch);
+    assert_eq!(t.lookup(k1, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE).unwrap_err(), MemError::KeyMismatch);
+    // Remote invalidation follows the binding QP, and the window can go back to the first QP.
+    assert_eq!(t.remote_invalidate(PD, QPN, k2).unwrap_err(), MemError::QpMismatch);
+    t.remote_invalidate(PD, other_qp, k2).unwrap();
+    let k3 = k2.inc();
+    // Naming it by its last key works as well.
+    t.exec_bind_mw(PD, QPN, k2, k3, mr, io, 8, Access::REMOTE_READ).unwrap();
+    t.lookup(k3, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
+    // Still refused: a bound type-2 window (whatever name), another PD.
+    assert_eq!(t.exec_bind_mw(PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotFree);
+    t.exec_local_inv(PD, k3).unwrap();
+    assert_eq!(t.exec_bind_mw(OTHER_PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::PdMismatch);
+}

@@ -1016,3 +1016,38 @@ fn f8_udp_source_port_constant_per_qp() {
     assert!(*ports.iter().next().unwrap() >= 0xC000);
     let _ = CqSide::Send;
 }
+
+/// Issue 13 item 6: a type-2 MW bound on QP A1 and invalidated with LOCAL_INV is FREE and may
+/// be bound again, with a new key, from another QP A2 of the same PD; B reaches it through the
+/// QP connected to A2 only. Both binds name the MW as verbs does (`ibv_mw.rkey`, which stays
+/// the allocation key).
+#[test]
+fn mw2_invalidated_can_be_rebound_from_another_qp() {
+    let mut sim = pair();
+    let (qa2, qb2) = (QA + 1, QB + 1);
+    sim.connect(A, qa2, B, qb2, &PairParams::default());
+    let (x, k) = fmr_valid(&mut sim, 1, 0, LW | RW | RR | Access::MW_BIND);
+    let iova = x.iova(&sim, A);
+    let mw = sim.nodes[A].mem.alloc_mw(PD, MwType::Type2).unwrap();
+    let (k1, k2) = (mw.inc(), mw.inc().inc());
+    let bind = |id, mw, new_key| SendWqe::new(id, SendOp::BindMw { mw, new_key, mr: k, addr: iova, len: 4096, access: RW | RR }).flags(sig());
+    post(&mut sim, A, QA, bind(1, mw, k1));
+    post(&mut sim, A, QA, local_inv(2, k1));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 2]);
+    assert_eq!(mr_state(&sim, A, k1), MrState::Free);
+    post(&mut sim, A, qa2, bind(3, mw, k2));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, qa2)), vec![WcStatus::Success]);
+    assert_eq!(st(&sim, A, qa2), QpState::Rts);
+    let b = reg(&sim, B, 4096, ALL);
+    b.write(0, &pattern(64, 3));
+    post(&mut sim, B, qb2, write(4, &b, 0, 64, iova + 8, k2.0));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, B, qb2)), vec![WcStatus::Success]);
+    assert_eq!(x.read(8, 64), pattern(64, 3));
+    // The first QP no longer owns the window.
+    post(&mut sim, B, QB, write(5, &b, 0, 8, iova, k2.0));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, B, QB)), vec![WcStatus::RemAccessErr]);
+}
