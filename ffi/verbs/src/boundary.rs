@@ -135,9 +135,12 @@ pub trait Handle: Sized {
         Ok(h)
     }
 
-    /// Box the handle and return the C pointer.
+    /// Box the handle and return the C pointer (the handle is live from now on: see
+    /// [`Handle::find_live`]).
     fn into_c(self: Box<Self>) -> *mut Self::C {
-        Box::into_raw(self).cast()
+        let p = Box::into_raw(self);
+        live(|m| m.entry(Self::MAGIC).or_default().insert(p as usize));
+        p.cast()
     }
 
     /// Take ownership back (for destroy verbs).
@@ -146,14 +149,42 @@ pub trait Handle: Sized {
     /// `p` must be a live handle of this type (checked with [`Handle::from_c`] just before);
     /// the application must not use it afterwards.
     unsafe fn take(p: *mut Self::C) -> Box<Self> {
+        // No longer findable before it can be freed (find_live reads under the same lock).
+        live(|m| m.get_mut(&Self::MAGIC).map(|s| s.remove(&(p as usize))));
         // SAFETY: produced by `into_c` (caller contract).
         let mut b = unsafe { Box::from_raw(p.cast::<Self>()) };
         b.clear_magic();
         b
     }
 
+    /// A live handle of this type (made by [`Handle::into_c`], not yet [`Handle::take`]n) for
+    /// which `pred` holds: how an object is found by its service handle (`ibv_import_pd`,
+    /// `ibv_import_mr`). Control path only (a process-wide mutex, a scan).
+    fn find_live(mut pred: impl FnMut(&Self) -> bool) -> Option<*mut Self::C> {
+        live(|m| {
+            m.get(&Self::MAGIC)?.iter().copied().find(|&p| {
+                // SAFETY: the set holds exactly the pointers `into_c` returned and `take` has
+                // not yet removed; `take` removes under this lock before the box can be
+                // dropped, so `p` is a live `Self` for as long as we hold the lock.
+                let h = unsafe { &*(p as *const Self) };
+                h.magic() == Self::MAGIC && pred(h)
+            })
+        })
+        .map(|p| p as *mut Self::C)
+    }
+
     /// Overwrite the magic so a stale pointer is rejected.
     fn clear_magic(&mut self);
+}
+
+/// Live handles (as addresses) by handle type (its `MAGIC`).
+type LiveSet = std::collections::HashMap<u64, std::collections::HashSet<usize>>;
+static LIVE: std::sync::Mutex<Option<LiveSet>> = std::sync::Mutex::new(None);
+
+/// Run `f` on the live-handle table, under its lock.
+fn live<R>(f: impl FnOnce(&mut LiveSet) -> R) -> R {
+    let mut g = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Default::default))
 }
 
 /// Implement [`Handle`] for a struct with a `magic: u64` field.

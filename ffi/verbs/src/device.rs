@@ -27,6 +27,10 @@ pub struct ShimContext {
     pub dev: u32,
     /// `context.async_fd`: an eventfd nobody writes; `ibv_get_async_event` polls the service.
     _async_fd: OwnedFd,
+    /// `context.cmd_fd`: a sealed memfd naming this process, client session and device
+    /// ([`crate::import`]); `ibv_import_device` on a dup of it opens another context on the
+    /// same device and session. Closed by `ibv_close_device`.
+    _cmd_fd: OwnedFd,
 }
 const CTX_MAGIC: u64 = 0x504d_5845_4354_5831;
 
@@ -178,8 +182,20 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     ffi_boundary(std::ptr::null_mut(), || ret_ptr(open(device)))
 }
 
+/// The device handed out for client device `index`.
+pub fn device_ptr(index: u32) -> Res<*mut ibv_device> {
+    devices()?.get(index as usize).map(|p| *p as *mut ibv_device).ok_or(Errno::NODEV)
+}
+
 fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
     let (d, _) = dev_info(device)?;
+    open_with(device, d.index, || crate::import::context_fd(d.index))
+}
+
+/// A new context on `device` (client device `index`) whose `cmd_fd` comes from `cmd_fd` (the
+/// last fallible step: nothing fails after it, so a caller's fd is owned by the context only
+/// on success). The context closes it in `ibv_close_device`.
+pub fn open_with(device: *mut ibv_device, index: u32, cmd_fd: impl FnOnce() -> Res<OwnedFd>) -> Res<*mut ibv_context> {
     // SAFETY: plain eventfd(2).
     let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if efd < 0 {
@@ -195,9 +211,10 @@ fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
     vctx.query_device_ex = Some(crate::device::vctx_query_device_ex);
     vctx.create_qp_ex = Some(crate::qp::vctx_create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq::vctx_create_cq_ex);
+    let cmd_fd = cmd_fd()?;
     let c = &mut vctx.context;
     c.device = device;
-    c.cmd_fd = -1;
+    c.cmd_fd = cmd_fd.as_raw_fd();
     c.async_fd = async_fd.as_raw_fd();
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void;
@@ -209,7 +226,7 @@ fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
     c.ops.alloc_mw = Some(crate::mw::op_alloc_mw);
     c.ops.bind_mw = Some(crate::mw::op_bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::op_dealloc_mw);
-    let b = Box::new(ShimContext { vctx, magic: CTX_MAGIC, dev: d.index, _async_fd: async_fd });
+    let b = Box::new(ShimContext { vctx, magic: CTX_MAGIC, dev: index, _async_fd: async_fd, _cmd_fd: cmd_fd });
     let p = Box::into_raw(b);
     // SAFETY: `p` is a fresh, live allocation.
     Ok(unsafe { (*p).as_ctx() })
@@ -493,19 +510,6 @@ pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num:
             }
         }
     })
-}
-
-/// `ibv_fork_init`: nothing to do up front; see README (fork).
-#[no_mangle]
-pub extern "C" fn ibv_fork_init() -> c_int {
-    0
-}
-
-/// `ibv_is_fork_initialized`: IBV_FORK_UNNEEDED (2) would be a lie about registered memory;
-/// report IBV_FORK_DISABLED (0).
-#[no_mangle]
-pub extern "C" fn ibv_is_fork_initialized() -> c_int {
-    0
 }
 
 /// # Safety

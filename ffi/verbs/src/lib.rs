@@ -27,6 +27,8 @@ pub mod client;
 pub mod cq;
 pub mod device;
 pub mod events;
+pub mod fork;
+pub mod import;
 pub mod mr;
 pub mod mw;
 pub mod pd;

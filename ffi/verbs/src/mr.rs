@@ -104,7 +104,12 @@ impl Segments {
                 pieces.push(Piece { seg: id, seg_offset: cur - base, len: piece_end - cur });
                 if !ids.contains(&id) {
                     ids.push(id);
-                    self.by_base.get_mut(&base).expect("segment just found").refs += 1;
+                    let s = self.by_base.get_mut(&base).expect("segment just found");
+                    s.refs += 1;
+                    if s.refs == 1 {
+                        // A new segment: fork protection (crate::fork) before it is used.
+                        crate::fork::segment_added(base, s.len)?;
+                    }
                 }
                 cur = piece_end;
             }
@@ -125,6 +130,7 @@ impl Segments {
             let Some((&base, s)) = self.by_base.iter_mut().find(|(_, s)| s.id == *id) else { continue };
             s.refs = s.refs.saturating_sub(1);
             if s.refs == 0 {
+                crate::fork::segment_released(base, s.len);
                 self.by_base.remove(&base);
                 // Best effort: the service also drops segments when the client goes away.
                 let _ = sink.release_segment(*id);

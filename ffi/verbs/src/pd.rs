@@ -11,10 +11,17 @@ use std::os::raw::c_int;
 pub struct ShimPd {
     pub pd: ibv_pd,
     magic: u64,
+    /// Client device index of the PD's context (an imported PD must stay on its device).
+    pub dev: u32,
 }
 handle!(ShimPd, ibv_pd, 0x504d_5845_5044_3031);
 
 impl ShimPd {
+    /// A handle for service PD `pd.handle` (a new one, or an imported one: `ibv_import_pd`).
+    pub fn wrap(pd: ibv_pd, dev: u32) -> Box<ShimPd> {
+        Box::new(ShimPd { pd, magic: ShimPd::MAGIC, dev })
+    }
+
     /// The context of this PD.
     pub fn ctx(&self) -> Res<&'static mut ShimContext> {
         // SAFETY: set by ibv_alloc_pd from a validated context.
@@ -32,7 +39,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             let c = unsafe { ShimContext::from_ctx(context) }?;
             let (r, _) = client::existing()?.call(&Request::AllocPd { device: c.dev }, &[])?;
             let Response::Pd { pd } = r else { return Err(Errno(libc::EPROTO)) };
-            Ok(Box::new(ShimPd { pd: ibv_pd { context, handle: pd }, magic: ShimPd::MAGIC }).into_c())
+            Ok(ShimPd::wrap(ibv_pd { context, handle: pd }, c.dev).into_c())
         })())
     })
 }
