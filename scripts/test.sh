@@ -11,6 +11,9 @@ export CARGO_TERM_COLOR=never
 # the integration tests start; tests run optimised too (the soak and stress tests are CPU-bound).
 cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"
+# rdma-core's own verbs test suite (pyverbs, unmodified), one process per test and then whole,
+# against a private service; skipped with a message when the suite is not next to the project.
+./scripts/rdma-core-tests.sh "${RDMA_CORE_TESTS:-../shared/conformance/rdma-core-v44}"
 # Short bounded fuzzing (15 s per target, libFuzzer + ASan; skipped without a nightly toolchain).
 ./scripts/fuzz.sh --ci
 echo "test.sh: all tests passed"

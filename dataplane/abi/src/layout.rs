@@ -181,13 +181,30 @@ pub struct QpSegmentLayout {
 }
 
 impl QpSegmentLayout {
+    /// Bytes of the [`QpShared`] header at the start of a QP segment (the rings follow).
+    pub const HEADER: u64 = 64;
+
     /// Layout for the given ring capacities (powers of two; `rq_capacity` may be 0).
     pub fn new(sq_capacity: u32, rq_capacity: u32) -> Self {
         let sq_len = ring_bytes::<ShmSendWqe>(sq_capacity) as u64;
         let rq_len = if rq_capacity == 0 { 0 } else { ring_bytes::<ShmRecvWqe>(rq_capacity) as u64 };
-        let total = page_round(sq_len + rq_len);
-        QpSegmentLayout { sq_offset: 0, sq_capacity, rq_offset: sq_len, rq_capacity, total_len: total }
+        let total = page_round(Self::HEADER + sq_len + rq_len);
+        QpSegmentLayout { sq_offset: Self::HEADER, sq_capacity, rq_offset: Self::HEADER + sq_len, rq_capacity, total_len: total }
     }
+}
+
+/// State shared by the client and the service at the start of a QP segment.
+///
+/// A receive WQE occupies the receive queue from `ibv_post_recv` until its completion (success
+/// or flush), not just while it sits in the ring: the service moves WQEs from the ring into the
+/// engine's queue as it drains it. So the client counts what it posted and the service counts
+/// what it completed; the difference is the queue's occupancy, which `ibv_post_recv` keeps at or
+/// below the `max_recv_wr` the QP reported (ENOMEM beyond, as hardware does).
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct QpShared {
+    /// Receive WQEs completed into the CQ (service increments, wrapping).
+    pub rq_retired: AtomicU32,
 }
 
 /// Notification state at the start of a CQ segment (the ring follows at
@@ -298,7 +315,10 @@ mod tests {
     #[test]
     fn layouts_are_page_rounded_and_disjoint() {
         let l = QpSegmentLayout::new(128, 512);
-        assert_eq!(l.rq_offset, ring_bytes::<ShmSendWqe>(128) as u64);
+        // The QpShared header comes first, the rings after it.
+        assert!(core::mem::size_of::<QpShared>() as u64 <= QpSegmentLayout::HEADER);
+        assert_eq!(l.sq_offset, QpSegmentLayout::HEADER);
+        assert_eq!(l.rq_offset, QpSegmentLayout::HEADER + ring_bytes::<ShmSendWqe>(128) as u64);
         assert!(l.rq_offset + ring_bytes::<ShmRecvWqe>(512) as u64 <= l.total_len);
         assert_eq!(l.total_len % 4096, 0);
         let c = CqSegmentLayout::new(256);

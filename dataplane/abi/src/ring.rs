@@ -293,6 +293,11 @@ impl<T: Pod> Producer<T> {
         Ok(())
     }
 
+    /// Items ever staged (wrapping): the client's count of posted WQEs.
+    pub fn head(&self) -> u32 {
+        self.head
+    }
+
     /// Publish every staged item.
     pub fn publish(&mut self) {
         self.raw.hdr().producer.0.store(self.head, Ordering::Release);
@@ -374,6 +379,52 @@ impl<T: Pod> Consumer<T> {
 
     /// Publish the consumer index (frees the slots consumed so far).
     pub fn release(&mut self) {
+        self.release_inner();
+    }
+
+    /// Items ever consumed (wrapping).
+    pub fn tail(&self) -> u32 {
+        self.tail
+    }
+
+    /// Remove the published, unconsumed entries for which `keep` is false, keeping the order
+    /// of the others (a CQ purge when a QP is reset, as mlx5 cleans its CQs). The kept entries
+    /// are compacted toward the producer's end and the consumer index moves past the removed
+    /// ones: the producer never writes inside `[tail, head)`, so only this side touches them.
+    /// Returns how many were removed; `Err(Corrupt)` if the producer index is impossible.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) -> Result<u32, RingError> {
+        let n = self.available()?;
+        let head = self.tail.wrapping_add(n);
+        let mut w = head;
+        let mut r = head;
+        while r != self.tail {
+            r = r.wrapping_sub(1);
+            // SAFETY: r is inside [tail, head): published by the producer and not released.
+            let item = unsafe { self.raw.read_slot(r) };
+            if keep(&item) {
+                w = w.wrapping_sub(1);
+                if w != r {
+                    // SAFETY: w is inside [r, head), also ours until the release below.
+                    unsafe { self.raw.write_slot(w, item) };
+                }
+            }
+        }
+        let removed = w.wrapping_sub(self.tail);
+        self.tail = w;
+        self.release_inner();
+        Ok(removed)
+    }
+
+    /// Consume everything published so far without reading it (a queue reset); returns the
+    /// new tail. `Err(Corrupt)` if the producer index is impossible.
+    pub fn discard_all(&mut self) -> Result<u32, RingError> {
+        self.available()?;
+        self.tail = self.cached_head;
+        self.release_inner();
+        Ok(self.tail)
+    }
+
+    fn release_inner(&mut self) {
         self.raw.hdr().consumer.0.store(self.tail, Ordering::Release);
     }
 
@@ -427,6 +478,41 @@ mod tests {
             }
             assert_eq!(c.pop().unwrap(), None);
         }
+    }
+
+    /// Issue 13 item 8: resetting a QP removes its completions from a CQ (shared with other
+    /// QPs) without losing or reordering the others, across the ring's wrap, and the producer
+    /// sees the freed slots.
+    #[test]
+    fn retain_removes_entries_keeps_order_and_frees_slots() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: `s` outlives the handles, is aligned and large enough.
+        let (mut p, mut c) = unsafe {
+            init_ring::<E>(base, 8).unwrap();
+            (Producer::<E>::attach(base, 4096, 8).unwrap(), Consumer::<E>::attach(base, 4096, 8).unwrap())
+        };
+        // Move the indices so the live window wraps the end of the slot array.
+        for i in 0..5 {
+            p.push(E { a: 0, b: i }).unwrap();
+        }
+        for _ in 0..5 {
+            c.pop().unwrap().unwrap();
+        }
+        // qp a=1 and a=2 interleaved; purge a=1.
+        let items: Vec<E> = (0..7).map(|i| E { a: 1 + (i % 2), b: i }).collect();
+        for e in &items {
+            p.push(*e).unwrap();
+        }
+        assert_eq!(c.retain(|e| e.a != 1).unwrap(), 4);
+        assert_eq!(p.free().unwrap(), 8 - 3);
+        let left: Vec<E> = std::iter::from_fn(|| c.pop().unwrap()).collect();
+        assert_eq!(left, items.iter().copied().filter(|e| e.a == 2).collect::<Vec<_>>());
+        // Nothing to keep, nothing kept: empty afterwards; retain on empty is a no-op.
+        p.push(E { a: 1, b: 9 }).unwrap();
+        assert_eq!(c.retain(|e| e.a != 1).unwrap(), 1);
+        assert_eq!(c.retain(|_| true).unwrap(), 0);
+        assert_eq!(c.pop().unwrap(), None);
     }
 
     #[test]

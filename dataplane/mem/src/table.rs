@@ -485,6 +485,48 @@ impl MemTable {
         Ok(key)
     }
 
+    /// `ibv_rereg_mr`: give the user MR `key` a new PD, access and/or translation in place,
+    /// keeping its keys (as mlx5 does; rxe keeps them for PD/access changes). The MR is
+    /// blocked and drained of in-flight copies first, so no reader sees a mix of old and new
+    /// attributes; refused while memory windows are bound to it (IBA 10.6.7.2.6). On an error
+    /// the MR is left unchanged and valid.
+    pub fn rereg_mr(&self, key: Key, pd: PdHandle, region: Region, iova: u64, access: Access) -> Result<(), MemError> {
+        if region.is_empty() {
+            return Err(MemError::ZeroLength);
+        }
+        if !access.combo_ok() {
+            return Err(MemError::BadAccessCombo);
+        }
+        let len = region.len() as u64;
+        if len > self.limits.max_mr_size {
+            return Err(MemError::OutOfRange);
+        }
+        iova.checked_add(len).ok_or(MemError::Overflow)?;
+        let slot = self.mr_slot(key.index()).ok_or(MemError::NoSuchKey)?;
+        let mut ctl = lock(&slot.ctl);
+        if ctl.kind != Some(MrKind::User) || ctl.key != key {
+            return Err(MemError::NoSuchKey);
+        }
+        if slot.mw_bound.load(Ordering::SeqCst) != 0 {
+            return Err(MemError::MwBound);
+        }
+        block_and_drain(&slot.word, MrState::Invalid, key);
+        slot.pd.store(pd, Ordering::Relaxed);
+        slot.access.store(access.bits(), Ordering::Relaxed);
+        slot.iova.store(iova, Ordering::Relaxed);
+        slot.length.store(len, Ordering::Relaxed);
+        slot.base.store(region.addr(), Ordering::Relaxed);
+        ctl.pd = pd;
+        ctl.access = access;
+        ctl.active = Some(Meta { iova, length: len, mapped: len, shift: 0 });
+        let old = std::mem::replace(&mut ctl.owners[0], vec![region.owner().clone()]);
+        // Preserve the reference count: a failed lookup may hold a transient reference.
+        set_word(&slot.word, MrState::Valid, key);
+        drop(ctl);
+        drop(old); // may unmap: outside the slot lock
+        Ok(())
+    }
+
     /// `ib_alloc_mr(pd, MEM_REG, max_num_sg)`: a FREE fast-reg MR with `2 × max_num_sg` page
     /// slots reserved (active + staging), so `map_mr_sg` never allocates.
     pub fn alloc_mr(&self, pd: PdHandle, max_num_sg: u32) -> Result<Key, MemError> {

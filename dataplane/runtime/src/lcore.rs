@@ -28,7 +28,7 @@ use std::sync::Arc;
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use pmrxe_abi::ring::{Consumer, Producer, PushError};
 use pmrxe_abi::{
-    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
+    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
 };
 use pmrxe_mem::MemTable;
 use pmrxe_abi::SrqSegmentLayout;
@@ -116,6 +116,9 @@ pub enum Cmd {
     AddCq { cq: u32, client: u32, seg: Arc<Segment>, layout: CqSegmentLayout, channel: Option<Arc<EventFd>>, done: Sender<Result<(), String>> },
     /// Destroy a CQ (refused while a QP uses it).
     RemoveCq { cq: u32, done: Sender<Result<(), i32>> },
+    /// ibv_resize_cq within the CQ's ring: EOPNOTSUPP if `cqe` does not fit the ring, EINVAL if
+    /// fewer than the completions already produced and not yet polled.
+    ResizeCq { cq: u32, cqe: u32, done: Sender<Result<(), i32>> },
     /// A new QP.
     AddQp { setup: Box<QpSetup>, done: Sender<Result<(), String>> },
     /// ibv_modify_qp.
@@ -212,6 +215,9 @@ struct Port<L: Link> {
     ips: Vec<IpAddr>,
     rx: Vec<L::Buf>,
     tx: Vec<L::Buf>,
+    /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
+    /// back inside the device, as rxe and every NIC do, and received on the next iteration.
+    lo: Vec<L::Buf>,
 }
 
 impl<L: Link> Port<L> {
@@ -328,7 +334,7 @@ impl<L: Link> Lcore<L> {
             .into_iter()
             .map(|(link, dev)| {
                 let ips = dev.gids.iter().map(gid_to_ip).collect();
-                Port { link, dev, ips, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4) }
+                Port { link, dev, ips, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4), lo: Vec::with_capacity(BURST * 4) }
             })
             .collect();
         let lc = Lcore {
@@ -484,13 +490,42 @@ impl<L: Link> Lcore<L> {
                 };
                 let _ = done.send(r);
             }
+            Cmd::ResizeCq { cq, cqe, done } => {
+                // Work posted before this call completes first (as on hardware, where the
+                // resize is queued behind it), so the count below includes it.
+                let now = self.clock.now();
+                self.doorbells(now);
+                self.transmit(now);
+                self.flush_tx();
+                self.receive(now);
+                self.deliver_completions(now);
+                let r = match self.cqs.get_mut(&cq) {
+                    None => Err(libc::EINVAL),
+                    Some(c) => {
+                        let cap = c.ring.capacity();
+                        match c.ring.free() {
+                            Err(_) => Err(libc::EIO),
+                            Ok(_) if cqe >= cap => Err(libc::EOPNOTSUPP),
+                            Ok(free) if cap - free > cqe => Err(libc::EINVAL),
+                            Ok(_) => Ok(()),
+                        }
+                    }
+                };
+                let _ = done.send(r);
+            }
             Cmd::AddQp { setup, done } => {
                 let _ = done.send(self.add_qp(*setup));
             }
             Cmd::ModifyQp { qpn, attr, mask, done } => {
                 let r = match self.qpn_to_slot.get(&qpn).and_then(|&i| self.qps[i].as_mut()) {
                     None => Err(libc::EINVAL),
-                    Some(s) => s.qp.modify(&attr, mask).map_err(|_| libc::EINVAL),
+                    Some(s) => {
+                        let r = s.qp.modify(&attr, mask).map_err(|_| libc::EINVAL);
+                        if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
+                            s.reset_rings();
+                        }
+                        r
+                    }
                 };
                 let _ = done.send(r);
             }
@@ -641,6 +676,17 @@ impl<L: Link> Lcore<L> {
     fn receive(&mut self, now: Instant) -> bool {
         let mut any = false;
         for pi in 0..self.ports.len() {
+            if !self.ports[pi].lo.is_empty() {
+                any = true;
+                let mut lo = std::mem::take(&mut self.ports[pi].lo);
+                bump(&self.stats.rx_loopback, lo.len() as u64);
+                for buf in lo.drain(..) {
+                    if let Some(owner) = self.on_frame(pi, now, buf.data(), true) {
+                        self.hand_over(owner, pi, buf);
+                    }
+                }
+                self.ports[pi].lo = lo;
+            }
             let mut rx = std::mem::take(&mut self.ports[pi].rx);
             let n = self.ports[pi].link.rx_burst(&mut rx, BURST);
             if n > 0 {
@@ -1000,7 +1046,7 @@ impl<L: Link> Lcore<L> {
             }
             let port = &mut self.ports[s.dev];
             let mut budget = BURST;
-            while budget > 0 && port.tx.len() < port.tx.capacity() {
+            while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
                 budget -= 1;
                 let Some(mut b) = port.link.alloc() else {
                     bump(&self.stats.tx_alloc_failures, 1);
@@ -1017,7 +1063,8 @@ impl<L: Link> Lcore<L> {
                 let dev = &port.dev;
                 let src_ip = port.ips.get(t.av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
                 let v6 = dst_ip.is_ipv6();
-                let dmac = t.av.dmac.or_else(|| self.neigh.lookup(dst_ip));
+                let local = port.owns_ip(dst_ip);
+                let dmac = if local { Some(dev.mac) } else { t.av.dmac.or_else(|| self.neigh.lookup(dst_ip)) };
                 let Some(dmac) = dmac else {
                     bump(&self.stats.tx_no_neighbor, 1);
                     unresolved = Some((s.dev, dst_ip));
@@ -1051,7 +1098,11 @@ impl<L: Link> Lcore<L> {
                         tap.frame(true, b.data());
                     }
                 }
-                port.tx.push(b);
+                if local {
+                    port.lo.push(b);
+                } else {
+                    port.tx.push(b);
+                }
             }
         }
         if let Some((pi, ip)) = unresolved {
@@ -1071,6 +1122,9 @@ impl<L: Link> Lcore<L> {
                 match cq.ring.stage(convert::cqe(&c)) {
                     Ok(()) => {
                         any = true;
+                        if side == CqSide::Recv {
+                            s.retire_recv();
+                        }
                         if !cq.fresh {
                             cq.fresh = true;
                             if self.dirty_cqs.len() < self.dirty_cqs.capacity() {
@@ -1158,6 +1212,35 @@ impl<L: Link> Lcore<L> {
 impl QpSlot {
     fn sq_has_backlog(&self) -> bool {
         self.backlog
+    }
+
+    fn shared(&self) -> &QpShared {
+        // SAFETY: a QP segment starts with a QpShared header (QpSegmentLayout::HEADER bytes,
+        // 64-aligned at the segment start), all atomics; the Arc keeps it mapped.
+        unsafe { &*(self._seg.as_ptr() as *const QpShared) }
+    }
+
+    /// A receive WQE of the QP's own RQ completed: count it retired (the client frees its slot).
+    fn retire_recv(&self) {
+        if self.rq.is_some() {
+            let r = &self.shared().rq_retired;
+            r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        }
+    }
+
+    /// The QP went to RESET: the engine emptied its queues; WQEs still in the rings are
+    /// discarded too (IBTA: a reset QP's queues are empty), a completion waiting for CQ room
+    /// is dropped, and every receive WQE ever posted counts as retired.
+    fn reset_rings(&mut self) {
+        self.stash = None;
+        self.backlog = false;
+        let _ = self.sq.discard_all();
+        if let Some(rq) = self.rq.as_mut() {
+            if let Ok(tail) = rq.discard_all() {
+                let shared = self.shared();
+                shared.rq_retired.store(tail, Ordering::Release);
+            }
+        }
     }
 }
 

@@ -38,6 +38,9 @@ counters! {
         rx_packets,
         /// Bytes received.
         rx_bytes,
+        /// Frames a port sent to its own address (same-device traffic), looped back inside the
+        /// device instead of leaving on the wire.
+        rx_loopback,
         /// Frames transmitted.
         tx_packets,
         /// Bytes transmitted.

@@ -7,8 +7,10 @@ use pmrxe_runtime::neigh::ip_to_gid;
 
 /// `enum ibv_gid_type` value for RoCE v2.
 pub const GID_TYPE_ROCE_V2: u32 = 2;
-/// Vendor id (none registered: 0) and a part id no perftest special-cases.
-pub const VENDOR_ID: u32 = 0;
+/// Vendor id: no IEEE OUI is registered for pmrxe, so report 0xFFFFFF as the software
+/// providers do (rxe); 0 reads as "no device" to some tools (the rdma-core suite asserts a
+/// non-zero vendor, perftest treats 0 as an unknown device). Part id: one no tool special-cases.
+pub const VENDOR_ID: u32 = 0x00ff_ffff;
 /// See [`VENDOR_ID`].
 pub const VENDOR_PART_ID: u32 = 0x5058;
 

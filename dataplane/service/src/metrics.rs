@@ -190,6 +190,7 @@ fn lcore_help(k: &str) -> &'static str {
         "idle_sleeps" => "Idle sleeps taken (backoff idle mode).",
         "rx_packets" => "Frames received.",
         "rx_bytes" => "Bytes received.",
+        "rx_loopback" => "Frames a device sent to its own address, looped back inside the device.",
         "tx_packets" => "Frames transmitted.",
         "tx_bytes" => "Bytes transmitted.",
         "rx_icrc_errors" => "RoCE frames dropped for a bad ICRC.",

@@ -223,10 +223,11 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     })
 }
 
-fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel) -> Res<Box<ShimCq>> {
+fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> Res<Box<ShimCq>> {
     // SAFETY: magic-checked.
     let c = unsafe { ShimContext::from_ctx(context) }?;
-    if cqe <= 0 {
+    // As the kernel: the vector must be one the context reported (num_comp_vectors).
+    if cqe <= 0 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
         return Err(Errno::INVAL);
     }
     let ch = if channel.is_null() {
@@ -271,6 +272,20 @@ fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
     Ok(b)
 }
 
+impl ShimCq {
+    /// Drop the completions of QP `qpn` still waiting in this CQ (the QP was reset: IBTA
+    /// leaves them undefined, mlx5 removes them, and so do we so that a reused QP's first poll
+    /// does not see the previous incarnation's flushes).
+    pub fn purge_qp(&self, qpn: u32) -> Res<u32> {
+        let mut r = self.ring.lock();
+        if r.cur.is_some_and(|e| e.qp_num == qpn) {
+            // Only between start_poll and end_poll of this very thread; leave it to end_poll.
+            return Ok(0);
+        }
+        r.cons.retain(|e| e.qp_num != qpn).map_err(|_| Errno::IO)
+    }
+}
+
 fn notify_events(n: *const CqNotify) -> u32 {
     // SAFETY: `n` points into a live CQ mapping.
     unsafe { &*n }.events.load(Ordering::Acquire)
@@ -292,10 +307,10 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(create_cq(context, cqe, cq_context, channel).map(|b| {
+        ret_ptr(create_cq(context, cqe, cq_context, channel, comp_vector).map(|b| {
             let p = Box::into_raw(b);
             // SAFETY: fresh allocation.
             attach_to_channel(unsafe { &mut *p });
@@ -331,7 +346,8 @@ pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut
             if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 || a.cqe == 0 || a.cqe > i32::MAX as u32 {
                 return Err(Errno::INVAL);
             }
-            let mut b = create_cq(context, a.cqe as c_int, a.cq_context, a.channel)?;
+            let vector = i32::try_from(a.comp_vector).map_err(|_| Errno::INVAL)?;
+            let mut b = create_cq(context, a.cqe as c_int, a.cq_context, a.channel, vector)?;
             let e = &mut b.ex;
             e.start_poll = Some(ex_start_poll);
             e.next_poll = Some(ex_next_poll);
@@ -477,8 +493,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// `ibv_resize_cq`: the ring is sized at creation; a request that fits the existing ring
-/// succeeds (and updates `cqe`), a larger one is EOPNOTSUPP (README).
+/// `ibv_resize_cq`: the ring is sized at creation (at least 63 usable entries); a request
+/// that fits the existing ring succeeds (and updates `cqe`), a larger one is EOPNOTSUPP
+/// (docs/limits.md), one below the completions waiting to be polled is EINVAL.
 ///
 /// # Safety
 /// `cq` is ours.
@@ -491,10 +508,11 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
             if cqe <= 0 {
                 return Err(Errno::INVAL);
             }
-            let cap = c.ring.lock().cons.capacity();
-            if cqe as u32 > cap {
-                return Err(Errno::OPNOTSUPP);
-            }
+            // Hold the ring so nothing is polled while the service counts what is waiting.
+            let ring = c.ring.lock();
+            let r = client::existing()?.call_ok(&Request::ResizeCq { cq: c.handle, cqe: cqe as u32 });
+            drop(ring);
+            r?;
             c.ex.cqe = cqe;
             Ok(())
         })())

@@ -436,6 +436,63 @@ pub unsafe extern "C" fn ibv_query_gid_type(context: *mut ibv_context, port_num:
 }
 use std::os::raw::c_uint;
 
+/// The `ibv_gid_entry` of a GID of port 1.
+fn gid_entry(c: &ShimContext, g: &pmrxe_abi::ctrl::GidEntry) -> Res<ibv_gid_entry> {
+    // SAFETY: plain C data.
+    let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
+    e.gid.raw = g.gid;
+    e.gid_index = g.index;
+    e.port_num = 1;
+    // The service reports enum ibv_gid_type; an "IB" GID on an Ethernet port is RoCE v1.
+    let eth = c.info()?.port.link_layer == IBV_LINK_LAYER_ETHERNET as u8;
+    e.gid_type = match g.gid_type {
+        IBV_GID_TYPE_IB if eth => IBV_GID_TYPE_ROCE_V1,
+        t => t,
+    };
+    Ok(e)
+}
+
+/// `_ibv_query_gid_table@IBVERBS_1.11` (behind the inline `ibv_query_gid_table`): every valid
+/// GID of every port, `entry_size` bytes apart. Returns the count, or -EINVAL when `flags` is
+/// set, `entry_size` is too small or `max_entries` cannot hold the table (as rdma-core).
+///
+/// # Safety
+/// `entries` has room for `max_entries * entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    ffi_boundary(-(libc::EIO as isize), || {
+        let r = (|| {
+            // SAFETY: magic-checked context.
+            let c = unsafe { ShimContext::from_ctx(context) }?;
+            if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+                return Err(Errno::INVAL);
+            }
+            let gids = c.info()?.gids.clone();
+            if max_entries < gids.len() || (!gids.is_empty() && entries.is_null()) {
+                return Err(Errno::INVAL);
+            }
+            for (i, g) in gids.iter().enumerate() {
+                let e = gid_entry(c, g)?;
+                // SAFETY: i < max_entries and the caller provides max_entries * entry_size
+                // bytes; entry_size >= size_of::<ibv_gid_entry>(), and the C structure is read
+                // unaligned-safe by writing it with write_unaligned.
+                unsafe { entries.cast::<u8>().add(i * entry_size).cast::<ibv_gid_entry>().write_unaligned(e) };
+            }
+            Ok(gids.len() as isize)
+        })();
+        match r {
+            Ok(n) => n,
+            Err(Errno(e)) => -(e as isize),
+        }
+    })
+}
+
 /// `_ibv_query_gid_ex@IBVERBS_1.11` (behind the inline `ibv_query_gid_ex`). Empty slots give
 /// ENODATA, as rdma-core does, so perftest's GID auto-selection skips them.
 ///
@@ -458,18 +515,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 return Err(Errno::INVAL);
             }
             let g = gid_of(c, port_num as u8, gid_index as c_int)?.ok_or(Errno(libc::ENODATA))?;
-            // SAFETY: plain C data.
-            let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
-            e.gid.raw = g.gid;
-            e.gid_index = gid_index;
-            e.port_num = port_num;
-            // sysfs type → enum ibv_gid_type on an Ethernet port.
-            // The service reports enum ibv_gid_type; an "IB" GID on an Ethernet port is RoCE v1.
-            let eth = c.info()?.port.link_layer == IBV_LINK_LAYER_ETHERNET as u8;
-            e.gid_type = match g.gid_type {
-                IBV_GID_TYPE_IB if eth => IBV_GID_TYPE_ROCE_V1,
-                t => t,
-            };
+            let e = gid_entry(c, &g)?;
             // SAFETY: checked size above.
             unsafe { *entry = e };
             Ok(())

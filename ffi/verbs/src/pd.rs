@@ -86,6 +86,16 @@ pub fn ah_attr_from_c(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
+/// A RoCE port addresses by GID: an address vector without a GRH cannot be routed, and the
+/// kernel refuses it (`rdma_check_ah_attr`: EINVAL) instead of creating an AH or a connection
+/// that silently never delivers.
+pub fn check_roce_ah(a: &AhAttr) -> Res<()> {
+    if !a.is_global {
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
 /// Convert back (query QP).
 pub fn ah_attr_to_c(a: &AhAttr) -> ibv_ah_attr {
     // SAFETY: plain C data.
@@ -107,6 +117,7 @@ pub fn ah_attr_to_c(a: &AhAttr) -> ibv_ah_attr {
 fn create_ah(pd: *mut ibv_pd, attr: AhAttr) -> Res<*mut ibv_ah> {
     // SAFETY: magic-checked.
     let p = unsafe { ShimPd::from_c(pd) }?;
+    check_roce_ah(&attr)?;
     let (r, _) = client::existing()?.call(&Request::CreateAh { pd: p.pd.handle, attr }, &[])?;
     let Response::Ah { ah } = r else { return Err(Errno(libc::EPROTO)) };
     Ok(Box::new(ShimAh { ah: ibv_ah { context: p.pd.context, pd, handle: ah }, magic: ShimAh::MAGIC }).into_c())

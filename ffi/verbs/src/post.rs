@@ -96,6 +96,23 @@ pub unsafe fn set_bind(w: &mut ShmSendWqe, mw: *mut ibv_mw, new_rkey: u32, info:
     Ok(())
 }
 
+/// Checks a WQE must pass before the shim accepts it (rxe's `validate_send_wr`): an error
+/// here is an immediate errno from `ibv_post_send`/`wr_complete`, never a WR that the service
+/// rejects later without a completion (SEMANTICS E11).
+pub fn check_wqe(w: &ShmSendWqe, lim: &Limits) -> Res<()> {
+    if matches!(w.opcode, wr_opcode::ATOMIC_CMP_AND_SWP | wr_opcode::ATOMIC_FETCH_AND_ADD) {
+        if lim.qp_type != IBV_QPT_RC {
+            return Err(Errno::INVAL);
+        }
+        // The remote word is 8-byte aligned and the local buffer holds the 8-byte result.
+        let local: u64 = (0..w.num_sge as usize).map(|i| u64::from(w.sge(i).length)).sum();
+        if w.remote_addr & 7 != 0 || local < 8 || w.send_flags & send_flags::INLINE != 0 {
+            return Err(Errno::INVAL);
+        }
+    }
+    Ok(())
+}
+
 /// Convert one send WR.
 ///
 /// # Safety
@@ -161,6 +178,7 @@ pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> 
         }
         _ => set_sges(&mut w, lim, sges)?,
     }
+    check_wqe(&w, lim)?;
     Ok(w)
 }
 

@@ -15,7 +15,8 @@ use crate::srq::ShimSrq;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
 use pmrxe_abi::ring::{Producer, PushError};
-use pmrxe_abi::{Doorbell, ShmRecvWqe, ShmSendWqe};
+use pmrxe_abi::{Doorbell, QpShared, QpSegmentLayout, ShmRecvWqe, ShmSendWqe};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 
@@ -56,6 +57,10 @@ impl ShimQp {
 
     /// Stage `wqes` and publish them; all or nothing (ENOMEM when the ring lacks room).
     pub fn post_batch(&self, sq: &mut SqState, wqes: &[ShmSendWqe]) -> Res<()> {
+        self.may_post_send()?;
+        for w in wqes {
+            crate::post::check_wqe(w, &self.lim)?;
+        }
         let free = sq.prod.free().map_err(|_| Errno::IO)?;
         if (free as usize) < wqes.len() {
             return Err(Errno::NOMEM);
@@ -69,6 +74,37 @@ impl ShimQp {
         self.ring()
     }
 
+    fn shared(&self) -> &QpShared {
+        // SAFETY: the QP segment (mapped for the QP's lifetime, page aligned) starts with the
+        // QpShared header; it is all atomics.
+        unsafe { &*(self._map.ptr as *const QpShared) }
+    }
+
+    /// The QP state as this process last set or queried it. Only the application moves a QP
+    /// to RESET/INIT/RTR (the service can only move it to SQE/ERR), so those are exact.
+    pub fn state(&self) -> u32 {
+        // SAFETY: a plain integer field of our own allocation; another thread may be in
+        // ibv_modify_qp on the same QP (the application's race), so read it as volatile.
+        unsafe { std::ptr::read_volatile(&self.ex.qp_base.state) }
+    }
+
+    /// IBTA C10-..: posting to a send queue in RESET, INIT or RTR is an immediate error
+    /// (rxe: EINVAL); in RTS, SQD, SQE and ERR it is accepted (ERR flushes).
+    pub fn may_post_send(&self) -> Res<()> {
+        match self.state() {
+            IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR => Err(Errno::INVAL),
+            _ => Ok(()),
+        }
+    }
+
+    /// C10-97.2.1: posting a receive to a QP in RESET is an immediate error.
+    pub fn may_post_recv(&self) -> Res<()> {
+        match self.state() {
+            IBV_QPS_RESET => Err(Errno::INVAL),
+            _ => Ok(()),
+        }
+    }
+
     fn ring(&self) -> Res<()> {
         let c = client::existing()?;
         c.ring(self.doorbell);
@@ -79,6 +115,13 @@ impl ShimQp {
 fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
     // SAFETY: magic-checked.
     let q = unsafe { ShimQp::from_qp(qp) }?;
+    if let Err(e) = q.may_post_send() {
+        if !bad_wr.is_null() {
+            // SAFETY: caller-provided out pointer.
+            unsafe { *bad_wr = wr };
+        }
+        return Err(e);
+    }
     let mut sq = q.sq.lock();
     let mut cur = wr;
     let mut staged = 0usize;
@@ -127,16 +170,26 @@ pub unsafe fn post_recv_ring(
     ring: &SpinLock<Producer<ShmRecvWqe>>,
     max_sge: u32,
     db: Doorbell,
+    occupancy: Option<(&AtomicU32, u32)>,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> Res<()> {
     let mut p = ring.lock();
+    // The queue holds `max_wr` WQEs from post to completion (QpShared): refuse beyond it.
+    let room = |p: &Producer<ShmRecvWqe>| match occupancy {
+        Some((retired, max_wr)) => p.head().wrapping_sub(retired.load(Ordering::Acquire)) < max_wr,
+        None => true,
+    };
     let mut cur = wr;
     let mut staged = 0usize;
     let mut result = Ok(());
     while !cur.is_null() {
         // SAFETY: the application's WR list (ibv_post_recv contract).
         let w = unsafe { &*cur };
+        if !room(&p) {
+            result = Err(Errno::NOMEM);
+            break;
+        }
         // SAFETY: the WR's SGE list (same contract).
         let r = unsafe { recv_wr_to_wqe(w, max_sge) }.and_then(|wqe| match p.stage(wqe) {
             Ok(()) => Ok(()),
@@ -170,25 +223,47 @@ pub unsafe extern "C" fn op_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad
         ret_errno((|| {
             // SAFETY: magic-checked.
             let q = unsafe { ShimQp::from_qp(qp) }?;
-            let Some(rq) = q.rq.as_ref() else {
+            let rq = q.rq.as_ref().filter(|_| q.may_post_recv().is_ok());
+            let Some(rq) = rq else {
                 if !bad_wr.is_null() {
                     // SAFETY: caller-provided out pointer.
                     unsafe { *bad_wr = wr };
                 }
-                return Err(Errno::INVAL); // the QP uses an SRQ
+                return Err(Errno::INVAL); // RESET, or the QP uses an SRQ
             };
             // SAFETY: forwarded ibv_post_recv contract.
-            unsafe { post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, wr, bad_wr) }
+            unsafe { post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, Some((&q.shared().rq_retired, q.cap.max_recv_wr)), wr, bad_wr) }
         })())
     })
 }
+
+/// `ibv_wr_*` operations our QPs execute (`send_ops_flags` of `ibv_create_qp_ex`): everything
+/// but TSO and ATOMIC_WRITE.
+const SUPPORTED_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
 
 fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut ibv_qp> {
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
         return Err(Errno::INVAL);
     }
-    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    if a.comp_mask & !supported != 0 || a.create_flags != 0 {
+    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    if a.comp_mask & !supported != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
+    // No creation flag (scatter-FCS, CVLAN stripping, ...) is implemented; 0 is just "none".
+    if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
+    // Refuse at creation what the QP could not execute (rather than failing at wr_complete).
+    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
         return Err(Errno::OPNOTSUPP);
     }
     // SAFETY: magic-checked handles.
@@ -231,7 +306,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
     let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
     let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
-    if sq_end > layout.total_len || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
+    if sq_end > layout.total_len || layout.sq_offset < QpSegmentLayout::HEADER || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
         return Err(Errno(libc::EPROTO));
     }
     // SAFETY: ranges checked to lie inside the mapping, which the ShimQp owns.
@@ -417,9 +492,24 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             let mask = attr_mask as u32;
             let cur = q.ex.qp_base.state;
             crate::qp_state::check(q.ex.qp_base.qp_type, cur, a, mask)?;
+            if mask & IBV_QP_AV != 0 {
+                crate::pd::check_roce_ah(&ah_attr_from_c(&a.ah_attr))?;
+            }
             client::existing()?.call_ok(&Request::ModifyQp { qpn: q.qpn, attr: qp_attr_from_c(a), mask })?;
             if mask & IBV_QP_STATE != 0 {
                 q.ex.qp_base.state = a.qp_state;
+                if a.qp_state == IBV_QPS_RESET {
+                    let (scq, rcq) = (q.ex.qp_base.send_cq, q.ex.qp_base.recv_cq);
+                    for cq in [scq, rcq] {
+                        // SAFETY: the QP's CQs are ours (checked at create) and outlive it.
+                        if let Ok(c) = unsafe { ShimCq::from_cq(cq) } {
+                            c.purge_qp(q.qpn)?;
+                        }
+                        if scq == rcq {
+                            break;
+                        }
+                    }
+                }
             }
             Ok(())
         })())

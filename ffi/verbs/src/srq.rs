@@ -67,7 +67,7 @@ pub unsafe extern "C" fn op_post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_w
             // SAFETY: magic-checked.
             let s = unsafe { ShimSrq::from_c(srq) }?;
             // SAFETY: forwarded ibv_post_srq_recv contract.
-            unsafe { post_recv_ring(&s.ring, s.max_sge, s.doorbell, wr, bad_wr) }
+            unsafe { post_recv_ring(&s.ring, s.max_sge, s.doorbell, None, wr, bad_wr) }
         })())
     })
 }
