@@ -98,3 +98,32 @@ fn run_perftest_loopback_on_one_device() {
     assert!(r.ok(), "{}", r.describe());
     assert!(!perftest_rows(&r.output).is_empty(), "no bandwidth row: {}", r.describe());
 }
+
+/// Acceptance: `ib_write_bw -I 64` uses inline. perftest enables inline only for vendor ids it
+/// knows, so the device reports one chosen by the operator (`vendor_id`/`vendor_part_id` in the
+/// port config); with the default software id perftest says so and runs without inline.
+#[test]
+fn perftest_inline_with_a_vendor_identity_perftest_knows() {
+    let _l = heavy_lock();
+    let dir = TempDir::new("inline");
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).unwrap();
+    let cfg = dir.join("inline.toml");
+    let with_id = base.replace("name = \"pmrxe0\"\n", "name = \"pmrxe0\"\nvendor_id = 0x1425\nvendor_part_id = 0x6401\n");
+    assert_ne!(with_id, base, "loopback.toml no longer has a pmrxe0 port");
+    std::fs::write(&cfg, with_id).unwrap();
+    let svc = Service::start(Some(&cfg), None);
+    let p = port_for(203).to_string();
+    let r = run_pair(
+        &svc,
+        &["ib_write_bw", "-d", "pmrxe0", "-F", "-s", "64", "-I", "64", "-n", "2000", "-p", &p],
+        &["ib_write_bw", "-d", "pmrxe0", "-F", "-s", "64", "-I", "64", "-n", "2000", "-p", &p, "127.0.0.1"],
+        203,
+        LIMIT,
+    );
+    r.assert_ok();
+    let inline_line = r.client.output.lines().find(|l| l.contains("Max inline data")).unwrap_or("").to_string();
+    assert!(inline_line.contains("64[B]"), "perftest did not keep -I 64: {inline_line:?}\n{}", r.client.describe());
+    // The WQEs really carried inline data: the service counts them.
+    let j = svc.stats_json();
+    assert!(sum_counter(&j, "sq_inline_wqes") >= 2000, "{j}");
+}

@@ -11,7 +11,8 @@
 //! [service]    socket, log, idle = { mode, spin_iterations, max_sleep_us }, metrics
 //! [eal]        hugepages, memory_mb, file_prefix, in_memory, extra_args, log_level
 //! [lcores]     cores = [1], main_core = 0
-//! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc
+//! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc,
+//!               vendor_id, vendor_part_id
 //! [[neighbors]] ip, mac
 //! [limits]     max_qp, max_cq, ... (defaults in Limits::default)
 //! [faults]     loss, duplicate, reorder, corrupt, seed (optional)
@@ -213,6 +214,12 @@ pub struct PortConfig {
     pub rx_desc: u16,
     /// TX descriptors per queue (power of two, 32..=16384).
     pub tx_desc: u16,
+    /// `vendor_id` the device reports in `ibv_query_device` (24-bit IEEE OUI); default
+    /// 0xFFFFFF, the software-provider id rxe uses. Only for tools that enable features by
+    /// vendor (perftest turns inline on only for ids it knows): an operator's explicit choice.
+    pub vendor_id: Option<u32>,
+    /// `vendor_part_id` reported with it; default 0x5058.
+    pub vendor_part_id: Option<u32>,
 }
 
 impl Default for PortConfig {
@@ -230,6 +237,8 @@ impl Default for PortConfig {
             tx_queues: 1,
             rx_desc: 1024,
             tx_desc: 1024,
+            vendor_id: None,
+            vendor_part_id: None,
         }
     }
 }

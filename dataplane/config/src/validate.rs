@@ -259,6 +259,9 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                 return Err(inv(f(k), format!("{v} is not a power of two in 32..=16384")));
             }
         }
+        if let Some(v) = p.vendor_id.filter(|v| *v == 0 || *v > 0xff_ffff) {
+            return Err(inv(f("vendor_id"), format!("{v:#x} is not a 24-bit vendor id (1..=0xffffff)")));
+        }
     }
 
     // [[neighbors]]

@@ -997,6 +997,9 @@ impl<L: Link> Lcore<L> {
                     }
                     s.sq.advance();
                     bump(&self.stats.sq_wqes, 1);
+                    if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
+                        bump(&self.stats.sq_inline_wqes, 1);
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {

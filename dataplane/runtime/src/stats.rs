@@ -65,6 +65,8 @@ counters! {
         tx_backpressure,
         /// Send WQEs taken from client rings.
         sq_wqes,
+        /// Of those, WQEs carrying their payload inline (IBV_SEND_INLINE).
+        sq_inline_wqes,
         /// Receive WQEs taken from client rings.
         rq_wqes,
         /// Client WQEs rejected by validation (QP moved to error).

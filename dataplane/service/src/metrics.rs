@@ -202,6 +202,7 @@ fn lcore_help(k: &str) -> &'static str {
         "tx_no_neighbor" => "Frames not sent because no neighbour MAC is known.",
         "tx_backpressure" => "Frames the port refused (retried next iteration).",
         "sq_wqes" => "Send WQEs taken from client rings.",
+        "sq_inline_wqes" => "Send WQEs that carried their payload inline.",
         "rq_wqes" => "Receive WQEs taken from client rings.",
         "bad_wqes" => "Client WQEs rejected by validation.",
         "cqes" => "Completions written to client CQs.",
