@@ -159,6 +159,7 @@ fn bad_clients() {
         ("RegMr unknown segment", Request::RegMr { pd, addr: 0x10000, len: 4096, iova: 0x10000, access: 7, pieces: vec![ctrl::Piece { seg: 42, seg_offset: 0, len: 4096 }] }),
         ("MapMrSg unknown key", Request::MapMrSg { key: 0xdead, sg: vec![(0, u64::MAX); 1000], sg_offset: u64::MAX, page_size: 0 }),
         ("AddSegment without fd", Request::AddSegment { seg: 1, base: 0, len: 1 << 40 }),
+        ("AddSharedSegment without fd", Request::AddSharedSegment { seg: 2, base: 0, len: 1 << 40, offset: u64::MAX }),
         ("CreateSrq max_wr=u32::MAX", Request::CreateSrq { device: 0, pd, max_wr: u32::MAX, max_sge: u32::MAX, srq_limit: 0 }),
         ("DeallocPd unknown", Request::DeallocPd { pd: 0xffff_fff0 }),
         ("DestroyCq unknown", Request::DestroyCq { cq: 123_456 }),

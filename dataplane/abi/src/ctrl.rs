@@ -200,6 +200,14 @@ pub enum Request {
     Stats { json: bool },
     /// Start a live capture into a pcap stream written to the passed fd.
     Capture { count: u64, qpn: Option<u32> },
+    /// Hand the service memory that is already shareable, as it is (no copy): fd 0 is the file
+    /// that backs the client's shared mapping `base..base+len` (a hugetlbfs file, a memfd, a
+    /// SysV SHM segment, a `MAP_SHARED` regular file or shared anonymous memory) and `offset`
+    /// the file offset mapped at `base`. `base`, `len` and `offset` are aligned to the file's
+    /// page size (2 MiB on a 2 MiB hugetlbfs). The service maps the same pages `MAP_SHARED`;
+    /// the file is not sealed (the client may use it as before). `seg` shares the `AddSegment`
+    /// id space. (Appended last so the encoding of every older request is unchanged.)
+    AddSharedSegment { seg: u64, base: u64, len: u64, offset: u64 },
 }
 
 /// An asynchronous event (`enum ibv_event_type` values).

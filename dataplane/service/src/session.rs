@@ -7,7 +7,7 @@
 //! Segments are per client (separate memfds). On disconnect — orderly or SIGKILL — every
 //! object is destroyed: QPs leave their lcore, MRs/MWs are deregistered, segments unmapped.
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{Access, Key, MemTable, MwType, Region, SgEntry};
 use pmrxe_runtime::lcore::{Cmd, LcoreHandle, QpSetup};
-use pmrxe_runtime::shm::{EventFd, MrMapping, Segment};
+use pmrxe_runtime::shm::{self, EventFd, MapPiece, MrMapping, Segment};
 use pmrxe_transport::{AddressVector, AttrMask, PathMtu, Qp, QpAttr, QpCaps, QpState, QpType, Srq, SrqAttr};
 
 use crate::stats::StatsSource;
@@ -83,8 +83,21 @@ struct SegRec {
     fd: OwnedFd,
     base: u64,
     len: u64,
+    /// File offset mapped at `base` (0 for the shim's memfds).
+    offset: u64,
+    /// The file's page size (4096, or the huge page size of a hugetlbfs file).
+    page: u64,
+    /// Not sealed against shrinking: mapped under a SIGBUS guard.
+    guard: bool,
     region: Option<Region>,
 }
+
+impl SegRec {
+    fn piece(&self, seg_offset: u64, len: u64) -> MapPiece<'_> {
+        MapPiece { fd: &self.fd, offset: self.offset + seg_offset, len, page: self.page, guard: self.guard }
+    }
+}
+
 
 struct SrqRec {
     lcore: usize,
@@ -289,9 +302,17 @@ impl Session {
                 if !sealed {
                     return (err(libc::EPERM, "segment must be a memfd sealable against shrinking (MFD_ALLOW_SEALING)"), vec![]);
                 }
-                self.objs.segs.insert(seg, SegRec { fd, base, len, region: None });
+                let page = match shm::file_page_size(fd.as_fd()) {
+                    Ok(p) => p,
+                    Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
+                };
+                if !base.is_multiple_of(page) || !len.is_multiple_of(page) {
+                    return (err(libc::EINVAL, "huge-page segment not aligned to its page size"), vec![]);
+                }
+                self.objs.segs.insert(seg, SegRec { fd, base, len, offset: 0, page, guard: false, region: None });
                 (Response::Ok, vec![])
             }
+            Request::AddSharedSegment { seg, base, len, offset } => self.add_shared_segment(seg, base, len, offset, fds),
             Request::ReleaseSegment { seg } => match self.objs.segs.remove(&seg) {
                 Some(_) => (Response::Ok, vec![]),
                 None => (err(libc::EINVAL, "no such segment"), vec![]),
@@ -608,12 +629,12 @@ impl Session {
                 return (err(libc::EINVAL, "piece outside its segment"), vec![]);
             }
             total = total.saturating_add(p.len);
-            parts.push((&s.fd, p.seg_offset, p.len));
+            parts.push(s.piece(p.seg_offset, p.len));
         }
         if total != a1 - a0 {
             return (err(libc::EINVAL, "pieces do not cover the registration"), vec![]);
         }
-        let map = match MrMapping::assemble(&parts) {
+        let map = match MrMapping::assemble_at(a0, &parts) {
             Ok(m) => Arc::new(m),
             Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
         };
@@ -628,6 +649,45 @@ impl Session {
             }
             Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),
         }
+    }
+
+    /// `AddSharedSegment`: a file that already backs a shared mapping of the client, mapped as
+    /// it is (no seal: the client keeps using it; a shrink is survived by the SIGBUS guard).
+    fn add_shared_segment(&mut self, seg: u64, base: u64, len: u64, offset: u64, fds: Vec<OwnedFd>) -> Reply {
+        let Some(fd) = fds.into_iter().next() else { return (err(libc::EINVAL, "AddSharedSegment needs an fd"), vec![]) };
+        if len == 0 || !base.is_multiple_of(4096) || !len.is_multiple_of(4096) || !offset.is_multiple_of(4096) || self.objs.segs.contains_key(&seg) {
+            return (err(libc::EINVAL, "bad segment"), vec![]);
+        }
+        if base.checked_add(len).is_none() || offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
+            return (err(libc::EINVAL, "segment wraps"), vec![]);
+        }
+        // SAFETY: fstat into a zeroed buffer on a valid fd.
+        let mut st: libc::stat = unsafe { core::mem::zeroed() };
+        // SAFETY: valid fd and out pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return (err(libc::EINVAL, "fstat on the segment fd failed"), vec![]);
+        }
+        // Memory files only: never a device (its mmap could reach hardware).
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return (err(libc::EINVAL, "shared segment must be a regular, memfd, hugetlbfs or SysV SHM file"), vec![]);
+        }
+        // SAFETY: fcntl F_GETFL on a valid fd.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE != libc::O_RDWR {
+            return (err(libc::EACCES, "shared segment fd must be open read-write"), vec![]);
+        }
+        let page = match shm::file_page_size(fd.as_fd()) {
+            Ok(p) => p,
+            Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
+        };
+        if !base.is_multiple_of(page) || !len.is_multiple_of(page) || !offset.is_multiple_of(page) {
+            return (err(libc::EINVAL, "shared segment not aligned to its file's page size"), vec![]);
+        }
+        if (offset + len).div_ceil(page) > (st.st_size as u64).div_ceil(page) {
+            return (err(libc::EINVAL, "shared segment beyond the end of its file"), vec![]);
+        }
+        let guard = !shm::sealed_against_shrink(fd.as_fd());
+        self.objs.segs.insert(seg, SegRec { fd, base, len, offset, page, guard, region: None });
+        (Response::Ok, vec![])
     }
 
     fn map_mr_sg(&mut self, key: u32, sg: &[(u64, u64)], sg_offset: u64, page_size: u64) -> Reply {
@@ -645,8 +705,13 @@ impl Session {
         for (id, _, _) in &located {
             let s = self.objs.segs.get_mut(id).expect("located above");
             if s.region.is_none() {
-                match Region::map_fd(&s.fd, 0, s.len as usize) {
-                    Ok(r) => s.region = Some(r),
+                match MrMapping::assemble_at(s.base, &[s.piece(0, s.len)]) {
+                    Ok(m) => {
+                        let (ptr, len) = (m.as_ptr(), m.len());
+                        // SAFETY: `m` maps the whole segment [ptr, ptr+len); the Arc keeps it
+                        // mapped as long as the region; only raw copies touch it.
+                        s.region = Some(unsafe { Region::new(Arc::new(m), ptr, len) });
+                    }
                     Err(e) => return (err(libc::ENOMEM, &e.to_string()), vec![]),
                 }
             }

@@ -41,3 +41,4 @@ pub mod registry;
 pub mod srq;
 pub mod strings;
 pub mod sys;
+pub mod vma;

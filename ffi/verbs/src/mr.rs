@@ -1,14 +1,23 @@
 //! Memory registration, FreeFlow style.
 //!
-//! The service can only read and write application memory that it maps too, so registering
-//! `addr..addr+len` makes that memory *shared*: for every page span of the registration not
-//! already covered by a live segment of this process we create a memfd, copy the current bytes
-//! into it, and `mremap` its mapping over the application's pages (`MREMAP_FIXED` replaces the
-//! old private pages atomically). The application's pointer keeps working and keeps its
-//! contents; the memfd goes to the service (`AddSegment`), and `RegMr` names the pieces.
+//! The service can only read and write application memory that it maps too. For every span of
+//! the registration not already covered by a live segment of this process, what backs it
+//! decides (`/proc/self/maps`, [`crate::vma`]):
+//!
+//! * **Already shareable** — a `MAP_SHARED` mapping of a file: hugetlbfs, memfd, SysV SHM
+//!   (`/SYSV…`), a regular file, shared anonymous memory. The file itself goes to the service
+//!   (`AddSharedSegment`, with the file offset): no copy, the same pages, huge pages stay huge
+//!   in the service's mapping. The segment is the whole mapping (clipped to its neighbours).
+//! * **Private** (anonymous, heap, stack, private file mappings): we create a memfd, copy the
+//!   current bytes into it, and `mremap` its mapping over the application's pages
+//!   (`MREMAP_FIXED` replaces the old private pages atomically). The application's pointer
+//!   keeps working and keeps its contents; the memfd goes to the service (`AddSegment`). Private
+//!   hugetlb memory (`MAP_HUGETLB`) is handled in whole huge pages, with a hugetlb memfd.
+//!
+//! `RegMr` then names the pieces.
 //!
 //! Invariants of [`Segments`]:
-//! * segments never overlap and are page aligned;
+//! * segments never overlap and are page aligned (to the huge page size for hugetlb memory);
 //! * `refs` counts the MRs (and fast-reg mappings) whose pieces use the segment; at 0 the
 //!   segment is released to the service and forgotten (its pages stay memfd-backed, which is
 //!   harmless; a later registration of those pages makes a fresh segment from the current
@@ -31,6 +40,8 @@ const HUGE: u64 = 2 << 20;
 pub trait SegmentSink {
     /// `AddSegment` with the memfd as fd 0.
     fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()>;
+    /// `AddSharedSegment`: fd 0 backs `base..base+len` from file offset `offset`.
+    fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()>;
     /// `ReleaseSegment`.
     fn release_segment(&self, seg: u64) -> Res<()>;
 }
@@ -38,6 +49,12 @@ pub trait SegmentSink {
 impl SegmentSink for Client {
     fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()> {
         match self.call(&Request::AddSegment { seg, base, len }, &[fd])?.0 {
+            Response::Ok => Ok(()),
+            _ => Err(Errno(libc::EPROTO)),
+        }
+    }
+    fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()> {
+        match self.call(&Request::AddSharedSegment { seg, base, len, offset }, &[fd])?.0 {
             Response::Ok => Ok(()),
             _ => Err(Errno(libc::EPROTO)),
         }
@@ -92,12 +109,7 @@ impl Segments {
                     None => {
                         // A gap: up to the next segment or the end.
                         let gap_end = self.by_base.range(cur..).next().map(|(b, _)| (*b).min(end)).unwrap_or(end);
-                        let id = self.next_id;
-                        let fd = share_pages(cur, gap_end - cur)?;
-                        sink.add_segment(id, cur, gap_end - cur, fd.as_raw_fd())?;
-                        self.next_id += 1;
-                        self.by_base.insert(cur, Seg { id, len: gap_end - cur, refs: 0 });
-                        (cur, id, gap_end - cur)
+                        self.new_segment(sink, cur, gap_end)?
                     }
                 };
                 let piece_end = (base + seg_len).min(end);
@@ -124,6 +136,67 @@ impl Segments {
         }
     }
 
+    /// Create and announce the segment for the gap `[cur, gap_end)` (no live segment there)
+    /// that contains `cur`; it may end before `gap_end` (where the kind of memory changes) or
+    /// extend around the gap (a whole shared mapping, whole huge pages), never over another
+    /// segment. Returns (base, id, len).
+    fn new_segment(&mut self, sink: &dyn SegmentSink, cur: u64, gap_end: u64) -> Res<(u64, u64, u64)> {
+        // Room the segment may take: between the neighbouring segments.
+        let prev_end = self.by_base.range(..cur).next_back().map(|(b, s)| b + s.len).unwrap_or(0);
+        let next_base = self.by_base.range(cur..).next().map(|(b, _)| *b).unwrap_or(u64::MAX);
+        let vmas = crate::vma::read(cur, gap_end)?;
+        let Some(first) = vmas.first().filter(|v| v.start <= cur) else { return Err(Errno(libc::EFAULT)) };
+        let id = self.next_id;
+        let backing = if first.shared && first.has_file() {
+            match crate::vma::open_backing(first) {
+                Ok(fd) => Some(fd),
+                // Pages of one of our own released segments, whose memfd we no longer hold
+                // (not root): nobody else shares them, so a fresh copy is as good.
+                Err(_) if first.path.starts_with(OWN_MEMFD_PATH) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let (base, len) = if let Some(fd) = backing {
+            // Already shareable: hand over the file, no copy.
+            let page = crate::vma::fd_page_size(&fd)?;
+            let (lo, hi) = (first.start.max(prev_end), first.end.min(next_base));
+            if lo % page != 0 || hi % page != 0 {
+                return Err(Errno::INVAL);
+            }
+            let offset = first.offset + (lo - first.start);
+            sink.add_shared_segment(id, lo, hi - lo, offset, fd.as_raw_fd())?;
+            (lo, hi - lo)
+        } else {
+            // Private memory: a run of adjacent private mappings with the same page size.
+            let page = crate::vma::page_size(first);
+            let mut run_end = first.end;
+            for v in &vmas[1..] {
+                if v.start != run_end || v.shared || first.shared || crate::vma::page_size(v) != page {
+                    break;
+                }
+                run_end = v.end;
+            }
+            let (mut lo, mut hi) = (cur, gap_end.min(run_end));
+            if page > PAGE {
+                // Whole huge pages (hugetlb mappings split only there); they cannot collide
+                // with a neighbour, whose bounds in hugetlb memory are huge aligned too.
+                lo &= !(page - 1);
+                hi = hi.checked_next_multiple_of(page).ok_or(Errno::INVAL)?;
+                if lo < prev_end || hi > next_base || lo < first.start || hi > run_end {
+                    return Err(Errno::INVAL);
+                }
+            }
+            let fd = share_pages(lo, hi - lo, page)?;
+            sink.add_segment(id, lo, hi - lo, fd.as_raw_fd())?;
+            (lo, hi - lo)
+        };
+        self.next_id += 1;
+        self.by_base.insert(base, Seg { id, len, refs: 0 });
+        Ok((base, id, len))
+    }
+
     /// Drop one reference on each segment; release those that reach zero.
     pub fn release(&mut self, sink: &dyn SegmentSink, ids: &[u64]) {
         for id in ids {
@@ -144,9 +217,15 @@ impl Segments {
     }
 }
 
-fn memfd(len: u64, huge: bool) -> Res<OwnedFd> {
+/// How our own memfds appear in /proc/self/maps.
+const OWN_MEMFD_PATH: &str = "/memfd:pmrxe-mr";
+
+/// A memfd of `len` bytes; `huge`: a hugetlb memfd with pages of `huge` bytes (0: 4 KiB pages).
+fn memfd(len: u64, huge: u64) -> Res<OwnedFd> {
     // MFD_ALLOW_SEALING: the service seals segments against shrinking (SIGBUS) on AddSegment.
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
+    // MFD_HUGE_SHIFT (26): log2 of the huge page size.
+    let huge_flags = if huge > PAGE { libc::MFD_HUGETLB | (huge.trailing_zeros() << 26) } else { 0 };
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | huge_flags;
     // SAFETY: plain memfd_create with a static NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"pmrxe-mr".as_ptr(), flags) };
     if fd < 0 {
@@ -161,17 +240,22 @@ fn memfd(len: u64, huge: bool) -> Res<OwnedFd> {
     Ok(fd)
 }
 
-/// Make the application pages `base..base+len` (page aligned) memfd-backed, keeping their
-/// contents, and return the memfd.
-fn share_pages(base: u64, len: u64) -> Res<OwnedFd> {
+/// Make the application pages `base..base+len` (aligned to `page`, the mapping's page size)
+/// memfd-backed, keeping their contents, and return the memfd.
+///
+/// Huge pages first: a hugetlb memfd of the mapping's page size for hugetlb memory (the old
+/// huge pages are freed by the remap, so the copy needs that many free ones for a moment),
+/// 2 MiB ones for any 2 MiB aligned span; ordinary pages otherwise or when none are free
+/// (a hugetlb range is replaced whole, so ordinary pages fit too).
+fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
     // The range must be mapped (msync fails with ENOMEM on holes); PROT_NONE pages are the
     // caller's bug (README: limits).
     // SAFETY: msync with MS_ASYNC only inspects the mappings.
     if unsafe { libc::msync(base as *mut c_void, len as usize, libc::MS_ASYNC) } != 0 {
         return Err(Errno(libc::EFAULT));
     }
-    let huge = base & (HUGE - 1) == 0 && len & (HUGE - 1) == 0;
-    let attempts: &[bool] = if huge { &[true, false] } else { &[false] };
+    let huge = if page > PAGE { page } else if base & (HUGE - 1) == 0 && len & (HUGE - 1) == 0 { HUGE } else { 0 };
+    let attempts: &[u64] = if huge != 0 { &[huge, 0] } else { &[0] };
     let mut last = Errno::NOMEM;
     for &h in attempts {
         let fd = match memfd(len, h) {
@@ -369,11 +453,25 @@ pub(crate) mod tests {
     pub struct FakeService {
         pub maps: RefCell<BTreeMap<u64, (u64, Mapping)>>,
         pub released: RefCell<Vec<u64>>,
+        /// Segments announced with AddSharedSegment (no copy).
+        pub shared: RefCell<Vec<u64>>,
     }
     impl SegmentSink for FakeService {
         fn add_segment(&self, seg: u64, base: u64, len: u64, fd: RawFd) -> Res<()> {
             let m = Mapping::map_fd(fd, len as usize)?;
             self.maps.borrow_mut().insert(seg, (base, m));
+            Ok(())
+        }
+        fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()> {
+            // SAFETY: a fresh shared mapping of the client's file at a kernel-chosen address.
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, offset as libc::off_t)
+            };
+            if p == libc::MAP_FAILED {
+                return Err(Errno::last());
+            }
+            self.maps.borrow_mut().insert(seg, (base, Mapping { ptr: p.cast(), len: len as usize }));
+            self.shared.borrow_mut().push(seg);
             Ok(())
         }
         fn release_segment(&self, seg: u64) -> Res<()> {
@@ -401,9 +499,11 @@ pub(crate) mod tests {
         }
         let addr = buf.as_ptr() as u64 + 3;
         let (pieces, ids) = segs.cover(&f, addr, 9000).unwrap();
-        assert_eq!(ids.len(), 1);
         let (start, end) = page_span(addr, 9000).unwrap();
-        assert_eq!(pieces, vec![Piece { seg: ids[0], seg_offset: 0, len: end - start }]);
+        // One segment, or more when a test running beside this one registered heap pages next
+        // to `buf` (then already shared, which the span reuses as is).
+        assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), end - start, "{pieces:?}");
+        assert!(ids.len() == 1 || !f.shared.borrow().is_empty(), "{pieces:?}");
         // Contents preserved, including bytes outside the registration on the same pages.
         for (i, b) in buf.iter().enumerate() {
             assert_eq!(*b, (i * 7) as u8, "byte {i}");
@@ -469,5 +569,160 @@ pub(crate) mod tests {
         // An unmapped range (low addresses are never mapped).
         assert_eq!(segs.cover(&f, 0x10000, 4096).unwrap_err(), Errno(libc::EFAULT));
         assert!(segs.snapshot().is_empty());
+    }
+
+    /// The mapping (from /proc/self/maps) that contains `a`.
+    fn vma_at(a: u64) -> crate::vma::Vma {
+        crate::vma::read(a, a + 1).unwrap().into_iter().next().expect("mapped")
+    }
+
+    /// Register `len` bytes at `addr` of an already-shared mapping and check that it was handed
+    /// over as it is: an AddSharedSegment for the whole mapping, the application's mapping
+    /// untouched (same file, same offset), and the same pages on both sides.
+    fn check_shared_as_is(map: u64, map_len: u64, addr: u64, len: u64) {
+        let f = FakeService::default();
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+        let before = vma_at(addr);
+        let (pieces, ids) = segs.cover(&f, addr, len).unwrap();
+        assert_eq!(*f.shared.borrow(), ids, "not announced as a shared segment: {before:?} {:?}", crate::vma::open_backing(&before).map(|_| ()));
+        assert_eq!(segs.snapshot(), vec![(ids[0], map, map_len, 1)], "the segment is the whole mapping");
+        let (start, end) = page_span(addr, len).unwrap();
+        assert_eq!(pieces, vec![Piece { seg: ids[0], seg_offset: start - map, len: end - start }]);
+        assert_eq!(vma_at(addr), before, "the application's mapping was replaced");
+        // SAFETY: `addr` is inside the live registered mapping; peer_ptr points into the fake
+        // service's own mapping of the same file.
+        unsafe {
+            *(addr as *mut u8) = 0x5A;
+            assert_eq!(*peer_ptr(&f, addr), 0x5A, "app write not seen by the service");
+            *peer_ptr(&f, addr + len - 1) = 0xA5;
+            assert_eq!(*((addr + len - 1) as *const u8), 0xA5, "service write not seen by the app");
+        }
+        segs.release(&f, &ids);
+        assert_eq!(*f.released.borrow(), ids);
+    }
+
+    #[test]
+    fn shared_memfd_mapping_is_shared_as_is_at_its_file_offset() {
+        // SAFETY: memfd_create with a static name (no sealing allowed: like an app's memfd).
+        let raw = unsafe { libc::memfd_create(c"app-memfd".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscalls on our fd; the mapping starts at file offset 2 pages.
+        let p = unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), 8 * PAGE as i64), 0);
+            libc::mmap(std::ptr::null_mut(), 4 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 2 * PAGE as i64)
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let a = p as u64;
+        // Bytes written through a second view of the file at offset 2 pages + 100 show the
+        // file offset was honoured.
+        // SAFETY: inside our 4-page mapping.
+        unsafe { *((a + 100) as *mut u8) = 7 };
+        check_shared_as_is(a, 4 * PAGE, a + PAGE + 10, 2 * PAGE);
+        let mut b = 0u8;
+        // SAFETY: pread into a local byte from our fd.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1, 2 * PAGE as i64 + 100) };
+        assert_eq!(n, 1);
+        assert_eq!(b, 7);
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(p, 4 * PAGE as usize) };
+    }
+
+    #[test]
+    fn shared_anonymous_and_shared_file_mappings_are_shared_as_is() {
+        let len = 3 * PAGE as usize;
+        // SAFETY: fresh shared anonymous mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        // Shared anonymous memory is an unlinked shmem file: only /proc/self/map_files reaches
+        // it, which needs CAP_SYS_ADMIN.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            check_shared_as_is(p as u64, len as u64, p as u64 + 5, 100);
+        } else {
+            let f = FakeService::default();
+            let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+            assert_eq!(segs.cover(&f, p as u64 + 5, 100).unwrap_err(), Errno(libc::EPERM), "never copied away from its sharers");
+        }
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(p, len) };
+
+        // A regular file mapped MAP_SHARED (found by path, or through map_files as root).
+        let path = std::env::temp_dir().join(format!("pmrxe-mr-test-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        file.set_len(len as u64 + 123).unwrap(); // the last page is partial
+        // SAFETY: fresh shared mapping of our file.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len + PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        check_shared_as_is(p as u64, len as u64 + PAGE, p as u64 + PAGE, 2 * PAGE);
+        let _ = std::fs::remove_file(&path);
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(p, len + PAGE as usize) };
+    }
+
+    #[test]
+    fn sysv_shm_is_shared_as_is() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("sysv_shm_is_shared_as_is: needs root (/proc/self/map_files); not run");
+            return;
+        }
+        let len = 4 * PAGE as usize;
+        // SAFETY: plain SysV calls; the segment is removed at once (freed on the last detach).
+        let p = unsafe {
+            let id = libc::shmget(libc::IPC_PRIVATE, len, libc::IPC_CREAT | 0o600);
+            assert!(id >= 0);
+            let p = libc::shmat(id, std::ptr::null(), 0);
+            assert_eq!(libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()), 0);
+            p
+        };
+        assert_ne!(p as isize, -1);
+        assert!(vma_at(p as u64).path.starts_with("/SYSV"), "{:?}", vma_at(p as u64));
+        check_shared_as_is(p as u64, len as u64, p as u64 + 2 * PAGE + 1, PAGE);
+        // SAFETY: detaching our attachment.
+        unsafe { libc::shmdt(p) };
+    }
+
+    #[test]
+    fn registration_across_private_and_shared_mappings_splits_by_kind() {
+        // One reservation: page 0..2 private anonymous, 2..4 a shared memfd, 4..6 private again.
+        let total = 6 * PAGE as usize;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as u64;
+        assert_ne!(p as *mut c_void, libc::MAP_FAILED);
+        // SAFETY: memfd_create with a static name.
+        let raw = unsafe { libc::memfd_create(c"app-mid".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: MAP_FIXED over pages 2..4 of our own reservation.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), 2 * PAGE as i64), 0);
+            let q = libc::mmap((p + 2 * PAGE) as *mut c_void, 2 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), 0);
+            assert_eq!(q as u64, p + 2 * PAGE);
+            *((p + 3) as *mut u8) = 3;
+            *((p + 5 * PAGE) as *mut u8) = 5;
+        }
+        let f = FakeService::default();
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+        let (pieces, ids) = segs.cover(&f, p + 1, total as u64 - 2).unwrap();
+        assert_eq!(ids.len(), 3, "{pieces:?}");
+        assert_eq!(*f.shared.borrow(), vec![ids[1]], "only the memfd part is shared as is");
+        assert_eq!(pieces.iter().map(|x| x.len).collect::<Vec<_>>(), vec![2 * PAGE; 3]);
+        // Private pages were copied and keep their contents; all three are shared both ways.
+        // SAFETY: inside our live reservation and the fake service's mappings.
+        unsafe {
+            assert_eq!(*((p + 3) as *const u8), 3);
+            assert_eq!(*((p + 5 * PAGE) as *const u8), 5);
+            for a in [p + 10, p + 2 * PAGE + 10, p + 5 * PAGE + 10] {
+                *peer_ptr(&f, a) = 0xEE;
+                assert_eq!(*(a as *const u8), 0xEE);
+            }
+        }
+        assert!(vma_at(p + 2 * PAGE).path.starts_with("/memfd:app-mid"));
+        assert!(vma_at(p).path.starts_with("/memfd:pmrxe-mr"));
+        segs.release(&f, &ids);
+        // SAFETY: unmapping our own reservation.
+        unsafe { libc::munmap(p as *mut c_void, total) };
     }
 }

@@ -161,6 +161,7 @@ fn req_name(r: &Request) -> &'static str {
         Request::CreateQp { .. } => "CreateQp",
         Request::ModifyQp { .. } => "ModifyQp",
         Request::AddSegment { .. } => "AddSegment",
+        Request::AddSharedSegment { .. } => "AddSharedSegment",
         Request::RegMr { .. } => "RegMr",
         Request::DeregMr { .. } => "DeregMr",
         _ => "request",
