@@ -208,6 +208,12 @@ pub enum Request {
     /// the file is not sealed (the client may use it as before). `seg` shares the `AddSegment`
     /// id space. (Appended last so the encoding of every older request is unchanged.)
     AddSharedSegment { seg: u64, base: u64, len: u64, offset: u64 },
+    /// `ibv_rereg_mr`: MR `key` gets the PD, access and translation described as in `RegMr`
+    /// (the client sends the whole new description, changed or not); its keys stay the same.
+    ReregMr { key: u32, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: Vec<Piece> },
+    /// `ibv_resize_cq` to `cqe` entries within the CQ's ring (EOPNOTSUPP beyond it, EINVAL below
+    /// the completions waiting to be polled).
+    ResizeCq { cq: u32, cqe: u32 },
 }
 
 /// An asynchronous event (`enum ibv_event_type` values).

@@ -98,7 +98,6 @@ impl SegRec {
     }
 }
 
-
 struct SrqRec {
     lcore: usize,
     db_slot: u16,
@@ -271,6 +270,15 @@ impl Session {
                 None => (err(libc::EINVAL, "no such channel"), vec![]),
             },
             Request::CreateCq { device, cqe, channel } => self.create_cq(device, cqe, channel),
+            Request::ResizeCq { cq, cqe } => {
+                let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
+                let r: Result<(), i32> = lcore_call!(sh.lcores[lc], ResizeCq { cq: cq, cqe: cqe });
+                match r {
+                    Ok(()) => (Response::Ok, vec![]),
+                    Err(libc::EOPNOTSUPP) => (err(libc::EOPNOTSUPP, "the CQ's ring is smaller than the new size"), vec![]),
+                    Err(e) => (err(e, "more completions waiting than the new size"), vec![]),
+                }
+            }
             Request::DestroyCq { cq } => {
                 let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
                 let r: Result<(), i32> = lcore_call!(sh.lcores[lc], RemoveCq { cq: cq });
@@ -318,6 +326,7 @@ impl Session {
                 None => (err(libc::EINVAL, "no such segment"), vec![]),
             },
             Request::RegMr { pd, addr, len, iova, access, pieces } => self.reg_mr(pd, addr, len, iova, access, &pieces),
+            Request::ReregMr { key, pd, addr, len, iova, access, pieces } => self.rereg_mr(key, pd, addr, len, iova, access, &pieces),
             Request::DeregMr { key } => {
                 if self.objs.mrs.remove(&key).is_none() {
                     return (err(libc::EINVAL, "no such MR"), vec![]);
@@ -457,6 +466,8 @@ impl Session {
     }
 
     fn create_cq(&mut self, device: u32, cqe: u32, channel: Option<u32>) -> Reply {
+        /// Smallest CQ ring (64-byte CQEs: one 4 KiB page).
+        const MIN_CQ_RING: u32 = 64;
         let sh = self.shared.clone();
         if device as usize >= sh.devices.len() {
             return (err(libc::ENODEV, "no such device"), vec![]);
@@ -472,7 +483,8 @@ impl Session {
                 None => return (err(libc::EINVAL, "no such completion channel"), vec![]),
             },
         };
-        let cap = (cqe + 1).next_power_of_two();
+        // At least MIN_CQ_RING entries, so ibv_resize_cq can grow a small CQ in place.
+        let cap = (cqe + 1).max(MIN_CQ_RING).next_power_of_two();
         let layout = CqSegmentLayout::new(cap);
         let seg = match Segment::create("pmrxe-cq", layout.total_len as usize) {
             Ok(s) => Arc::new(s),
@@ -608,47 +620,76 @@ impl Session {
     }
 
     fn reg_mr(&mut self, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: &[ctrl::Piece]) -> Reply {
-        let sh = self.shared.clone();
-        if !self.objs.pds.contains_key(&pd) {
-            return (err(libc::EINVAL, "no such PD"), vec![]);
-        }
-        if len == 0 {
-            return (err(libc::EINVAL, "zero-length MR"), vec![]);
-        }
-        let Some(end) = addr.checked_add(len) else { return (err(libc::EINVAL, "range wraps"), vec![]) };
-        let a0 = addr & !4095;
-        let a1 = match end.checked_add(4095) {
-            Some(e) => e & !4095,
-            None => return (err(libc::EINVAL, "range wraps"), vec![]),
+        let region = match self.mr_region(pd, addr, len, pieces) {
+            Ok(r) => r,
+            Err(reply) => return reply,
         };
-        let mut parts = Vec::with_capacity(pieces.len());
-        let mut total = 0u64;
-        for p in pieces {
-            let Some(s) = self.objs.segs.get(&p.seg) else { return (err(libc::EINVAL, "unknown segment"), vec![]) };
-            if p.seg_offset.checked_add(p.len).is_none_or(|e| e > s.len) {
-                return (err(libc::EINVAL, "piece outside its segment"), vec![]);
-            }
-            total = total.saturating_add(p.len);
-            parts.push(s.piece(p.seg_offset, p.len));
-        }
-        if total != a1 - a0 {
-            return (err(libc::EINVAL, "pieces do not cover the registration"), vec![]);
-        }
-        let map = match MrMapping::assemble_at(a0, &parts) {
-            Ok(m) => Arc::new(m),
-            Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
-        };
-        let ptr = map.as_ptr();
-        // SAFETY: `map` covers [a0, a1) of the client's pages; the MR is [addr, addr+len) inside
-        // it; the Arc keeps the mapping alive as long as the region; only raw copies touch it.
-        let region = unsafe { Region::new(map, ptr.add((addr - a0) as usize), len as usize) };
-        match sh.mem.reg_mr(pd, region, iova, Access(access)) {
+        match self.shared.mem.reg_mr(pd, region, iova, Access(access)) {
             Ok(k) => {
                 self.objs.mrs.insert(k.0, pd);
                 (Response::Mr { key: k.0 }, vec![])
             }
             Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),
         }
+    }
+
+    /// `ibv_rereg_mr`: the same key over a new PD/access/translation (one of this client's MRs).
+    #[allow(clippy::too_many_arguments)]
+    fn rereg_mr(&mut self, key: u32, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: &[ctrl::Piece]) -> Reply {
+        if !self.objs.mrs.contains_key(&key) {
+            return (err(libc::EINVAL, "no such MR"), vec![]);
+        }
+        let region = match self.mr_region(pd, addr, len, pieces) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
+        match self.shared.mem.rereg_mr(pmrxe_mem::Key(key), pd, region, iova, Access(access)) {
+            Ok(()) => {
+                self.objs.mrs.insert(key, pd);
+                (Response::Mr { key }, vec![])
+            }
+            Err(pmrxe_mem::MemError::MwBound) => (err(libc::EBUSY, "memory windows are bound to the MR"), vec![]),
+            Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),
+        }
+    }
+
+    /// The service's single map of a client registration `addr..addr+len` of PD `pd` from the
+    /// segment pieces covering its pages.
+    fn mr_region(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<Region, Reply> {
+        if !self.objs.pds.contains_key(&pd) {
+            return Err((err(libc::EINVAL, "no such PD"), vec![]));
+        }
+        if len == 0 {
+            return Err((err(libc::EINVAL, "zero-length MR"), vec![]));
+        }
+        let Some(end) = addr.checked_add(len) else { return Err((err(libc::EINVAL, "range wraps"), vec![])) };
+        let a0 = addr & !4095;
+        let a1 = match end.checked_add(4095) {
+            Some(e) => e & !4095,
+            None => return Err((err(libc::EINVAL, "range wraps"), vec![])),
+        };
+        let mut parts = Vec::with_capacity(pieces.len());
+        let mut total = 0u64;
+        for p in pieces {
+            let Some(s) = self.objs.segs.get(&p.seg) else { return Err((err(libc::EINVAL, "unknown segment"), vec![])) };
+            if p.seg_offset.checked_add(p.len).is_none_or(|e| e > s.len) {
+                return Err((err(libc::EINVAL, "piece outside its segment"), vec![]));
+            }
+            total = total.saturating_add(p.len);
+            parts.push(s.piece(p.seg_offset, p.len));
+        }
+        if total != a1 - a0 {
+            return Err((err(libc::EINVAL, "pieces do not cover the registration"), vec![]));
+        }
+        let map = match MrMapping::assemble_at(a0, &parts) {
+            Ok(m) => Arc::new(m),
+            Err(e) => return Err((err(libc::EINVAL, &e.to_string()), vec![])),
+        };
+        let ptr = map.as_ptr();
+        // SAFETY: `map` covers [a0, a1) of the client's pages; the MR is [addr, addr+len) inside
+        // it; the Arc keeps the mapping alive as long as the region; only raw copies touch it.
+        let region = unsafe { Region::new(map, ptr.add((addr - a0) as usize), len as usize) };
+        Ok(region)
     }
 
     /// `AddSharedSegment`: a file that already backs a shared mapping of the client, mapped as

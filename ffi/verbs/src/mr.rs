@@ -300,13 +300,15 @@ pub struct ShimMr {
     /// Fast-registration MR (pmrxedv_alloc_mr).
     pub fast: bool,
     pub max_num_sg: u32,
+    /// The access flags registered (ibv_mr does not carry them; ibv_rereg_mr needs them).
+    pub access: u32,
 }
 handle!(ShimMr, ibv_mr, 0x504d_5845_4d52_3031);
 
 impl ShimMr {
     /// A fast-registration MR (pmrxedv) with no segments yet.
     pub fn new_fast(mr: ibv_mr, max_num_sg: u32) -> Box<ShimMr> {
-        Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs: Vec::new(), fast: true, max_num_sg })
+        Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs: Vec::new(), fast: true, max_num_sg, access: 0 })
     }
 }
 
@@ -317,7 +319,8 @@ fn required_access(access: c_uint) -> u32 {
     access & !OPTIONAL_RANGE
 }
 
-fn register(sink: &Client, pd: &ShimPd, addr: u64, len: u64, iova: u64, access: u32) -> Res<(u32, Vec<u64>)> {
+/// Register `addr..addr+len` (a new MR, or `rereg`: the same key with a new description).
+fn register(sink: &Client, pd: &ShimPd, addr: u64, len: u64, iova: u64, access: u32, rereg: Option<u32>) -> Res<(u32, Vec<u64>)> {
     if access & IBV_ACCESS_ON_DEMAND != 0 {
         return Err(Errno::OPNOTSUPP);
     }
@@ -327,7 +330,11 @@ fn register(sink: &Client, pd: &ShimPd, addr: u64, len: u64, iova: u64, access: 
     }
     let mut segs = SEGMENTS.lock().unwrap_or_else(|e| e.into_inner());
     let (pieces, ids) = segs.cover(sink, addr, len)?;
-    let r = sink.call(&Request::RegMr { pd: pd.pd.handle, addr, len, iova, access, pieces }, &[]);
+    let req = match rereg {
+        None => Request::RegMr { pd: pd.pd.handle, addr, len, iova, access, pieces },
+        Some(key) => Request::ReregMr { key, pd: pd.pd.handle, addr, len, iova, access, pieces },
+    };
+    let r = sink.call(&req, &[]);
     match r {
         Ok((Response::Mr { key }, _)) => Ok((key, ids)),
         Ok(_) => {
@@ -345,9 +352,10 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_u
     // SAFETY: magic-checked.
     let p = unsafe { ShimPd::from_c(pd) }?;
     let c = client::existing()?;
-    let (key, segs) = register(c, p, addr as u64, length as u64, iova, required_access(access))?;
+    let access = required_access(access);
+    let (key, segs) = register(c, p, addr as u64, length as u64, iova, access, None)?;
     let mr = ibv_mr { context: p.pd.context, pd, addr, length, handle: key, lkey: key, rkey: key };
-    Ok(Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs, fast: false, max_num_sg: 0 }).into_c())
+    Ok(Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs, fast: false, max_num_sg: 0, access }).into_c())
 }
 
 /// # Safety
@@ -418,17 +426,20 @@ pub unsafe extern "C" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ib
         let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { m.mr.pd };
         let (new_addr, new_len) =
             if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (m.mr.addr, m.mr.length) };
-        // Access is not stored in ibv_mr; without CHANGE_ACCESS the caller must pass the
-        // current access (documented in README).
+        let new_access = if flags as u32 & IBV_REREG_MR_CHANGE_ACCESS != 0 { required_access(access as c_uint) } else { m.access };
+        // The keys stay (as mlx5; rxe for PD/access): the service changes the MR in place.
+        // Segments of the new translation are referenced before the old ones are released.
         let r = (|| {
             // SAFETY: magic-checked.
             let p = unsafe { ShimPd::from_c(new_pd) }?;
             let c = client::existing()?;
-            let (key, segs) = register(c, p, new_addr as u64, new_len as u64, new_addr as u64, required_access(access as c_uint))?;
-            let old = ShimMr { mr: m.mr, magic: 0, segs: std::mem::replace(&mut m.segs, segs), fast: false, max_num_sg: 0 };
-            let mut old = old;
-            let _ = dereg(&mut old);
+            let key = m.mr.lkey;
+            let iova = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { new_addr as u64 } else { m.mr.addr as u64 };
+            let (_, segs) = register(c, p, new_addr as u64, new_len as u64, iova, new_access, Some(key))?;
+            let old = std::mem::replace(&mut m.segs, segs);
+            SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &old);
             m.mr = ibv_mr { context: p.pd.context, pd: new_pd, addr: new_addr, length: new_len, handle: key, lkey: key, rkey: key };
+            m.access = new_access;
             Ok(())
         })();
         match r {
