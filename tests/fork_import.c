@@ -4,7 +4,8 @@
  *   fork_import MODE    MODE: early (ibv_fork_init, then register)
  *                             late  (register, then ibv_fork_init: EINVAL as rdma-core 44)
  *                             env   (RDMAV_FORK_SAFE set by the caller, no ibv_fork_init)
- *                             import (ibv_import_device/pd/mr and their errors)
+ *                             import (ibv_import_device/pd/mr and their errors; the provider
+ *                                     interface on pmrxe objects: EOPNOTSUPP, no fault)
  *
  * Any failure: message, exit 1; success: "OK MODE", exit 0. */
 #define _GNU_SOURCE
@@ -23,6 +24,12 @@
 #define CHECK(c) do { if (!(c)) DIE("%s:%d: %s", __FILE__, __LINE__, #c); } while (0)
 
 static long page;
+
+/* Provider interface (IBVERBS_PRIVATE_34, no public header): on a pmrxe object the real
+ * functions would follow the context's private part; the shim answers EOPNOTSUPP. */
+int ibv_cmd_dealloc_pd(struct ibv_pd *pd);
+int ibv_cmd_poll_cq(struct ibv_cq *cq, int ne, struct ibv_wc *wc);
+int ibv_cmd_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 
 /* Is `a` mapped in a child forked now? */
 static int child_has_page(void *a) {
@@ -157,6 +164,12 @@ static void import_mode(void) {
 				       .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 } };
 	struct ibv_qp *qp = ibv_create_qp(pd2, &qa);
 	CHECK(qp);
+	CHECK(ibv_cmd_dealloc_pd(pd2) == EOPNOTSUPP);
+	struct ibv_wc wc;
+	errno = 0;
+	CHECK(ibv_cmd_poll_cq(cq, 1, &wc) == -1 && errno == EOPNOTSUPP);
+	struct ibv_send_wr swr = { .opcode = IBV_WR_SEND }, *bad = NULL;
+	CHECK(ibv_cmd_post_send(qp, &swr, &bad) == EOPNOTSUPP && bad == &swr);
 	CHECK(ibv_destroy_qp(qp) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	/* Unimport frees only the wrappers: the originals still work and are destroyed once. */
