@@ -7,16 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo build --release --workspace
-bin=$PWD/target/release/pmrxe
-work=$(mktemp -d /tmp/pmrxe-demo.XXXXXX)
-export PMRXE_SOCKET=$work/pmrxe.sock
-svc=
-cleanup() { [ -n "$svc" ] && kill -TERM "$svc" 2>/dev/null && wait "$svc" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-"$bin" serve >"$work/service.log" 2>&1 &
-svc=$!
-for _ in $(seq 100); do "$bin" stats >/dev/null 2>&1 && break; sleep 0.1; done
-"$bin" stats >/dev/null || { cat "$work/service.log"; exit 1; }
+. scripts/lib/service.sh
+start_private_service demo
 echo "== pmrxe serve is up (embedded loopback config); devices:"
 "$bin" run -- ibv_devices
 pair() { # server args -- client args

@@ -22,16 +22,8 @@ args=()
 for a in "$@"; do
   if [ "$a" = --no-single ]; then single=; else args+=("$a"); fi
 done
-bin=$PWD/target/release/pmrxe
-work=$(mktemp -d /tmp/pmrxe-rdmacore.XXXXXX)
-export PMRXE_SOCKET=$work/pmrxe.sock
-svc=
-cleanup() { [ -n "$svc" ] && kill -TERM "$svc" 2>/dev/null && wait "$svc" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-"$bin" serve >"$work/service.log" 2>&1 &
-svc=$!
-for _ in $(seq 300); do "$bin" stats >/dev/null 2>&1 && break; sleep 0.1; done
-"$bin" stats >/dev/null || { cat "$work/service.log"; exit 1; }
+. scripts/lib/service.sh
+start_private_service rdmacore
 set +e
 /usr/bin/python3 scripts/rdma-core-tests.py "$dir" --pmrxe "$bin" $single "${args[@]}"
 rc=$?

@@ -434,14 +434,8 @@ impl MemTable {
 
     // ---- control path: MRs ---------------------------------------------------------------
 
-    /// `ibv_reg_mr`: an MR over `region`, VALID at once, lkey == rkey.
-    pub fn reg_mr(
-        &self,
-        pd: PdHandle,
-        region: Region,
-        iova: u64,
-        access: Access,
-    ) -> Result<Key, MemError> {
+    /// What `ibv_reg_mr`/`ibv_rereg_mr` check of a user registration; returns its length.
+    fn check_user_region(&self, region: &Region, iova: u64, access: Access) -> Result<u64, MemError> {
         if region.is_empty() {
             return Err(MemError::ZeroLength);
         }
@@ -453,6 +447,18 @@ impl MemTable {
             return Err(MemError::OutOfRange);
         }
         iova.checked_add(len).ok_or(MemError::Overflow)?;
+        Ok(len)
+    }
+
+    /// `ibv_reg_mr`: an MR over `region`, VALID at once, lkey == rkey.
+    pub fn reg_mr(
+        &self,
+        pd: PdHandle,
+        region: Region,
+        iova: u64,
+        access: Access,
+    ) -> Result<Key, MemError> {
+        let len = self.check_user_region(&region, iova, access)?;
         let index = lock(&self.free_mr).pop().ok_or(MemError::TableFull)?;
         let slot = self.mr_slot(index).ok_or(MemError::TableFull)?;
         let mut ctl = lock(&slot.ctl);
@@ -491,17 +497,7 @@ impl MemTable {
     /// attributes; refused while memory windows are bound to it (IBA 10.6.7.2.6). On an error
     /// the MR is left unchanged and valid.
     pub fn rereg_mr(&self, key: Key, pd: PdHandle, region: Region, iova: u64, access: Access) -> Result<(), MemError> {
-        if region.is_empty() {
-            return Err(MemError::ZeroLength);
-        }
-        if !access.combo_ok() {
-            return Err(MemError::BadAccessCombo);
-        }
-        let len = region.len() as u64;
-        if len > self.limits.max_mr_size {
-            return Err(MemError::OutOfRange);
-        }
-        iova.checked_add(len).ok_or(MemError::Overflow)?;
+        let len = self.check_user_region(&region, iova, access)?;
         let slot = self.mr_slot(key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
         if ctl.kind != Some(MrKind::User) || ctl.key != key {

@@ -1111,3 +1111,27 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
     t.exec_local_inv(PD, k3).unwrap();
     assert_eq!(t.exec_bind_mw(OTHER_PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::PdMismatch);
 }
+
+/// Issue 13 item 8: `ibv_rereg_mr` that changes access, PD or translation keeps the MR's keys
+/// (the rdma-core suite's peers cached the rkey before the rereg) and takes effect at once.
+#[test]
+fn rereg_keeps_keys_and_applies_access_pd_and_translation() {
+    let t = table();
+    let k = t.reg_mr(PD, Region::zeroed(4096), 0x1000, ALL_RW).unwrap();
+    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap();
+    // Access only: same key, remote write now refused.
+    t.rereg_mr(k, PD, Region::zeroed(4096), 0x1000, Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0)).unwrap();
+    assert_eq!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(), MemError::AccessDenied);
+    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_READ).unwrap();
+    // PD: same key, the old PD no longer reaches it.
+    t.rereg_mr(k, OTHER_PD, Region::zeroed(4096), 0x1000, ALL_RW).unwrap();
+    assert!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_err());
+    t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap();
+    // Translation: same key over a new region and iova.
+    t.rereg_mr(k, OTHER_PD, Region::zeroed(100), 0x9000, ALL_RW).unwrap();
+    let info = t.query(k).unwrap();
+    assert_eq!((info.state, info.iova, info.length), (MrState::Valid, 0x9000, 100));
+    assert_eq!(t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_READ).unwrap_err(), MemError::OutOfRange);
+    // Not a user MR (or a stale key): refused, nothing changed.
+    assert_eq!(t.rereg_mr(k.inc(), PD, Region::zeroed(10), 0, ALL_RW).unwrap_err(), MemError::NoSuchKey);
+}
