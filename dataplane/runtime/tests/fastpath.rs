@@ -130,11 +130,13 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
         let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
         // SAFETY: fresh segment laid out by `layout`.
         unsafe {
-            init_ring::<ShmSendWqe>(seg.as_ptr(), 256).unwrap();
+            init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
             init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
         }
         // SAFETY: as above; `seg` is kept alive in `sqs`.
-        let prod = unsafe { Producer::<ShmSendWqe>::attach(seg.as_ptr(), layout.rq_offset as usize, 256).unwrap() };
+        let prod = unsafe {
+            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
+        };
         let (tx, rx) = bounded(1);
         let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
         h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();

@@ -39,9 +39,9 @@ fn add_qp(h: &LcoreHandle, client: u32, dev: u32, qpn: u32, peer: u32, peer_ip: 
     let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
     // SAFETY: fresh segment laid out by `layout`; `seg` is returned with the producer.
     let prod = unsafe {
-        init_ring::<ShmSendWqe>(seg.as_ptr(), 256).unwrap();
+        init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
         init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
-        Producer::<ShmSendWqe>::attach(seg.as_ptr(), layout.rq_offset as usize, 256).unwrap()
+        Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
     };
     let setup = QpSetup { qp, client, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: 0 };
     h.call(|tx| Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap().unwrap();
