@@ -33,6 +33,10 @@ pub struct CmConfig {
     /// Packet lifetime (IBA exponent) for passive connections: TIMEWAIT is 2^(this+1) units,
     /// MRA waits add it.
     pub packet_life_time: u8,
+    /// How long (IBA exponent) a SIDR server keeps its SIDR_REP to answer retransmitted
+    /// SIDR_REQs; it should cover the requesters' retry window (the CMA retries every
+    /// 2^20 units, 15 times).
+    pub sidr_linger: u8,
 }
 
 impl Default for CmConfig {
@@ -46,6 +50,7 @@ impl Default for CmConfig {
             mra_service_timeout: crate::types::CMA_MRA_SERVICE_TIMEOUT,
             target_ack_delay: 15,
             packet_life_time: crate::types::IBOE_PACKET_LIFETIME,
+            sidr_linger: 24,
         }
     }
 }

@@ -57,10 +57,10 @@ impl Cm {
         let (path, tid) = (c.path, c.tid);
         let mad = self.send(path, tid, 0, &CmMsg::SidrRep(r));
         self.release_backlog(id.0);
+        let linger = iba_ns(self.cfg.sidr_linger);
         let c = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         c.state = ConnState::SidrRepSent;
         c.cached = mad;
-        let linger = c.timewait_ns();
         self.arm(id.0, Some(now.add_ns(linger)));
         Ok(())
     }

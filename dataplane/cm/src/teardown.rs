@@ -139,6 +139,13 @@ impl Cm {
         }
         match c.state {
             ConnState::Established | ConnState::RepSent | ConnState::MraRepRcvd | ConnState::DreqSent => {
+                if matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd) {
+                    // The RTU was lost but the peer, established, already disconnects: report
+                    // the establishment first so the consumer always sees Established before
+                    // Disconnected (the kernel reports only DISCONNECTED here).
+                    self.event(id, Event::Established { id: ConnId(id), private_data: Vec::new() });
+                }
+                let c = &self.conns[&id];
                 let path = c.path;
                 let mad = self.send(path, tid, 0, &drep(id, d.local_comm_id));
                 self.enter_timewait(now, id);

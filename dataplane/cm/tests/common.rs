@@ -8,7 +8,7 @@ use pmrxe_wire::{Psn, Qpn};
 /// Short timers so virtual time stays small: packet lifetime 2^8 units (≈1 ms), CM response
 /// timeout 2^12 (≈17 ms), MRA service timeout 2^14 (≈67 ms).
 pub fn cfg() -> CmConfig {
-    CmConfig { packet_life_time: 8, mra_service_timeout: 14, ..CmConfig::default() }
+    CmConfig { packet_life_time: 8, mra_service_timeout: 14, sidr_linger: 16, ..CmConfig::default() }
 }
 
 pub const SID: u64 = 0x0000_0000_0106_1C06; // RDMA_PS_TCP port 7174
