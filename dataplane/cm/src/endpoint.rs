@@ -410,6 +410,7 @@ impl Cm {
         Some(mad)
     }
     /// A REJ not tied to a connection of ours (no listener, stale, no resources).
+    #[allow(clippy::too_many_arguments)] // one per REJ field; a struct would just rename them
     pub(crate) fn send_rej(&mut self, path: GsiPath, tid: u64, local: u32, remote: u32, message: MsgCode, reason: RejReason, ari: Vec<u8>) {
         let r = rej::Repr { local_comm_id: local, remote_comm_id: remote, message_rejected: message, reason, ari, private_data: Vec::new() };
         let _ = self.send(path, tid, 0, &CmMsg::Rej(r));

@@ -61,6 +61,8 @@ pub struct Impairments {
 }
 
 type Filter = Box<dyn FnMut(&MadInfo) -> Option<Fault>>;
+/// (delivery time, sequence number, destination node, frame), earliest first.
+type InFlight = BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>;
 
 /// One host.
 #[derive(Debug)]
@@ -104,7 +106,7 @@ pub struct Sim {
     pub capture: Option<Vec<(Instant, Vec<u8>)>>,
     rng: SmallRng,
     filters: Vec<Filter>,
-    in_flight: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
+    in_flight: InFlight,
     seq: u64,
     psn: u32,
 }
@@ -125,7 +127,7 @@ impl Sim {
     pub fn new(n: usize, seed: u64, cfg: CmConfig) -> Sim {
         let nodes = (0..n)
             .map(|i| Node {
-                cm: Cm::new(CmConfig { ca_guid: 0x0200_00ff_fe00_0000 | (i as u64 + 1), seed: seed ^ (i as u64 + 1) * 0x9E37_79B9, ..cfg }),
+                cm: Cm::new(CmConfig { ca_guid: 0x0200_00ff_fe00_0000 | (i as u64 + 1), seed: seed ^ ((i as u64 + 1) * 0x9E37_79B9), ..cfg }),
                 ip: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
                 events: VecDeque::new(),
                 rx_errors: 0,

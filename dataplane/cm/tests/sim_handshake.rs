@@ -53,7 +53,7 @@ fn connect_accept_rtu_established_then_disconnect_and_timewait() {
     assert_eq!(pa.path.dgid, sim.nodes[0].gid());
     let now = sim.now;
     sim.nodes[0].cm.rtu(now, a, b"go").unwrap();
-    assert!(matches!(sim.nodes[0].events.pop_front(), None));
+    assert!(sim.nodes[0].events.pop_front().is_none(), "Established is queued only when polled");
     sim.flush();
     assert_eq!(sim.nodes[0].events.pop_front(), Some(Event::Established { id: a, private_data: vec![] }));
     assert!(sim.drive_until(50, |s| !s.nodes[1].events.is_empty()));

@@ -139,7 +139,7 @@ fn soak_connect_disconnect_cycles_at_5_percent_loss() {
                     sim.nodes[0].cm.disconnect(now, id, &[]).unwrap();
                 } else {
                     let q = sim.nodes[0].cm.qp_attrs(id).unwrap().remote_qpn;
-                    let b = (0..).map(|_| ()).zip(c.log.iter()).find_map(|(_, (n, e))| match e {
+                    let b = c.log.iter().find_map(|(n, e)| match e {
                         Event::ConnectRequest { id: b, .. } if *n == 1 && sim.nodes[1].cm.qp_attrs(*b).is_some_and(|a| a.local_qpn == q) => Some(*b),
                         _ => None,
                     });
