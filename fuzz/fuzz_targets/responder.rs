@@ -8,9 +8,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pmrxe_mem::{MemLimits, MemTable, Region};
+use pmrxe_mem::{Access, MemLimits, MemTable, Region, Sge};
 use pmrxe_transport::sim::{bring_up, gid_of, PairParams};
-use pmrxe_transport::{Access, Engine, Instant, Qp, QpType, RecvWqe, RxPacket, Sge};
+use pmrxe_transport::{Engine, Instant, Qp, QpType, RecvWqe, RxPacket};
 use pmrxe_wire::{Psn, Qpn, TransportHeaders};
 
 const QPN: u32 = 0x11;

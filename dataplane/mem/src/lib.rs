@@ -1,4 +1,4 @@
-//! pmrxe-mem: memory regions, memory windows, the key table and the hugepage pool.
+//! pmrxe-mem: memory regions, memory windows and the key table.
 //!
 //! # Contract
 //! * [`MemTable`] is `Send + Sync`, shared by `Arc` between the control thread (registers,
@@ -26,7 +26,6 @@
 mod access;
 mod error;
 pub mod map;
-pub mod pool;
 mod region;
 mod sge;
 mod sync;
@@ -34,7 +33,6 @@ mod table;
 
 pub use access::{Access, Key, PdHandle};
 pub use error::MemError;
-pub use pool::{HugePool, PagePref};
 pub use region::{Backing, Region};
 pub use sge::{gather, scatter, sge_total_len, Sge};
 pub use table::{
@@ -51,6 +49,5 @@ mod tests {
     fn table_is_send_sync() {
         assert_send_sync::<MemTable>();
         assert_send_sync::<Region>();
-        assert_send_sync::<HugePool>();
     }
 }

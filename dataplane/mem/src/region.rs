@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::MemError;
 
 /// Something that keeps a memory range mapped for as long as it lives (an mmap of a client's
-/// memfd, a hugepage pool chunk, a heap buffer).
+/// memfd or a file mapped by the service, a heap buffer).
 pub trait Backing: Send + Sync {}
 
 /// A range of this process's memory plus the owner that keeps it alive.

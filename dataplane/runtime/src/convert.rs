@@ -2,9 +2,8 @@
 //! → client CQEs. Every field is range-checked here, once; the engine never sees a value a
 //! client could not legitimately have posted.
 use pmrxe_abi::{send_flags, wr_opcode, ShmCqe, ShmRecvWqe, ShmSendWqe, MAX_RECV_SGE};
-use pmrxe_transport::{
-    Access, AddressVector, Cqe, Key, RecvWqe, SendFlags, SendOp, SendWqe, Sge, UdDest, MAX_INLINE, MAX_SGE,
-};
+use pmrxe_mem::{Access, Key, Sge};
+use pmrxe_transport::{AddressVector, Cqe, RecvWqe, SendFlags, SendOp, SendWqe, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Why a client WQE was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

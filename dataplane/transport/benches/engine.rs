@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pmrxe_mem::{Access, Region};
+use pmrxe_mem::{Access, Region, Sge};
 use pmrxe_transport::sim::{PairParams, Sim};
-use pmrxe_transport::{RecvWqe, SendOp, SendWqe, Sge};
+use pmrxe_transport::{RecvWqe, SendOp, SendWqe};
 
 const A: usize = 0;
 const B: usize = 1;

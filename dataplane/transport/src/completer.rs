@@ -14,14 +14,13 @@
 //! * READ responses are placed in PSN order straight into the local SGEs; an out-of-order
 //!   response starts a retry from the first missing PSN with a smaller request (D5).
 
-use pmrxe_wire::{MsgPos, NakCode, OpKind, Syndrome, TransportHeaders};
+use pmrxe_wire::{MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHeaders};
 
 use crate::cq::WcStatus;
 use crate::memops::MemOps;
 use crate::qp::{Qp, QpAttr, QpState};
 use crate::timers::{local_ack_timeout_ns, rnr_delay_ns, Instant, RetryLimit, Timer};
 use crate::wqe::SendOp;
-use crate::Psn;
 
 /// Completer state.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,8 @@
 //! Like quinn-proto, this crate is fully deterministic: it contains no networking code, reads no
 //! clock, spawns no thread and never logs. Every QP ([`Qp`]) is a state machine that consumes
 //! events and produces outputs; the caller (the lcore loop in `pmrxe-runtime`, or the simulated
-//! wire in [`sim`]) owns time and I/O.
+//! wire in `sim`, compiled only with the `sim` feature that tests, benches and fuzz targets
+//! enable) owns time and I/O.
 //!
 //! The methods of [`Qp`] fall into four groups:
 //!
@@ -20,7 +21,8 @@
 //! `poll_completion`, then `poll_event`. Time ([`Instant`], nanoseconds) must be monotonic across
 //! calls.
 //!
-//! Memory is reached only through [`MemOps`] (implemented for `pmrxe_mem::MemTable`): payload
+//! Memory is reached only through [`MemOps`] (implemented for `pmrxe_mem::MemTable`; keys,
+//! SGEs, access flags and PD handles are `pmrxe_mem`'s types, PSNs are `pmrxe_wire::Psn`): payload
 //! is gathered straight from memory regions into the caller's transmit buffer and scattered
 //! straight from the received packet into memory regions.
 //!
@@ -38,22 +40,20 @@ pub mod cq;
 pub mod engine;
 pub mod memops;
 pub mod packet;
-pub mod psn;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod srq;
 pub mod stats;
 pub mod timers;
-pub mod wire_adapter;
 pub mod wqe;
 
 pub use engine::Engine;
 pub use cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
-pub use memops::{Access, AtomicOp, Key, MemFault, MemOps, MemTable, PdHandle, Sge};
+pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
-pub use psn::Psn;
 pub use qp::{
     AddressVector, AsyncEvent, AttrMask, CreateError, ModifyError, PathMtu, PostError, Qp, QpAttr,
     QpCaps, QpState, QpType, Transmit,

@@ -6,13 +6,7 @@
 //! `MemOps` is implemented for `pmrxe_mem::MemTable` in this file; tests may implement it for
 //! a model.
 
-pub use pmrxe_mem::{Access, Key, MemError, MemTable, Sge};
-
-/// Protection domain handle (same representation as `pmrxe_mem`).
-pub type PdHandle = u32;
-
-/// A failed memory operation (the memory crate's error).
-pub type MemFault = MemError;
+use pmrxe_mem::{Access, Key, MemError, MemTable, PdHandle, Sge};
 
 /// An atomic operation at the responder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,63 +30,63 @@ pub enum AtomicOp {
 pub trait MemOps {
     /// Copy bytes `[offset, offset + out.len())` of the message described by `sges` (local
     /// keys, no special access) into `out`.
-    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemFault>;
+    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Copy `data` to bytes `[offset, ..)` of the message described by `sges` (needs
     /// LOCAL_WRITE on every MR touched).
-    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemFault>;
+    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
     /// Check that `rkey` grants `need` on `[va, va + len)` for QP `qpn` in `pd`.
-    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemFault>;
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemError>;
     /// Remote write of `data` at `va` through `rkey`.
-    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemFault>;
+    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError>;
     /// Remote read into `out` from `va` through `rkey`.
-    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemFault>;
+    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Remote atomic on the 8 bytes at `va` through `rkey`; returns the original value.
-    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemFault>;
+    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
     /// Invalidation requested by a SEND with invalidate (IETH).
-    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemFault>;
+    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemError>;
     /// Execute a fast-register (REG_MR) work request.
     #[allow(clippy::too_many_arguments)]
-    fn reg_mr(&self, pd: PdHandle, qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemFault>;
+    fn reg_mr(&self, pd: PdHandle, qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemError>;
     /// Execute a LOCAL_INV work request.
-    fn local_inv(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemFault>;
+    fn local_inv(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemError>;
     /// Execute a BIND_MW work request.
     #[allow(clippy::too_many_arguments)]
-    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemFault>;
+    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
 }
 
 impl MemOps for MemTable {
-    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemFault> {
+    fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         pmrxe_mem::gather(self, pd, qpn, sges, offset, out)
     }
-    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemFault> {
+    fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
         pmrxe_mem::scatter(self, pd, qpn, sges, offset, data)
     }
-    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemFault> {
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemError> {
         self.lookup(Key(rkey), pd, qpn, va, len, need).map(|_| ())
     }
-    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemFault> {
+    fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
         self.lookup(Key(rkey), pd, qpn, va, data.len() as u64, Access::REMOTE_WRITE)?.copy_in(va, data)
     }
-    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemFault> {
+    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.lookup(Key(rkey), pd, qpn, va, out.len() as u64, Access::REMOTE_READ)?.copy_out(va, out)
     }
-    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemFault> {
+    fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         let r = self.lookup(Key(rkey), pd, qpn, va, 8, Access::REMOTE_ATOMIC)?;
         match op {
             AtomicOp::CmpSwap { compare, swap } => r.atomic_cmp_swap(va, compare, swap),
             AtomicOp::FetchAdd { add } => r.atomic_fetch_add(va, add),
         }
     }
-    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemFault> {
+    fn invalidate_remote(&self, pd: PdHandle, qpn: u32, key: u32) -> Result<(), MemError> {
         self.remote_invalidate(pd, qpn, Key(key))
     }
-    fn reg_mr(&self, pd: PdHandle, _qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemFault> {
+    fn reg_mr(&self, pd: PdHandle, _qpn: u32, mr: Key, key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemError> {
         self.exec_reg_mr_for(pd, mr, key, access, iova, length)
     }
-    fn local_inv(&self, pd: PdHandle, _qpn: u32, key: Key) -> Result<(), MemFault> {
+    fn local_inv(&self, pd: PdHandle, _qpn: u32, key: Key) -> Result<(), MemError> {
         self.exec_local_inv(pd, key)
     }
-    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemFault> {
+    fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.exec_bind_mw(pd, qpn, mw, new_key, mr, addr, len, access)
     }
 }

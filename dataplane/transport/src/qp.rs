@@ -5,15 +5,16 @@
 
 use std::collections::VecDeque;
 
+use pmrxe_mem::PdHandle;
+use pmrxe_wire::Psn;
+
 use crate::completer::CompState;
 use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
-use crate::memops::PdHandle;
 use crate::requester::ReqState;
 use crate::responder::RespState;
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
 use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, MAX_INLINE, MAX_SGE};
-use crate::Psn;
 
 /// Transport service type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -17,14 +17,14 @@
 //! Packets are a pure function of (WQE, packet index): the gather offset is
 //! `index × PMTU`, so a retransmission rebuilds exactly the packet (rxe problem 8).
 
-use pmrxe_wire::{next_opcode, AtomicEthRepr, BthRepr, DethRepr, MsgPos, OpKind, Qpn, RethRepr, TransportHeaders};
+use pmrxe_wire::{next_opcode, AtomicEthRepr, BthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
+use pmrxe_mem::MemError;
 
 use crate::cq::WcStatus;
-use crate::memops::{MemError, MemOps};
+use crate::memops::MemOps;
 use crate::qp::{Qp, QpState, QpType, Transmit};
 use crate::timers::{local_ack_timeout_ns, Instant, Timer};
 use crate::wqe::{SendFlags, SendOp};
-use crate::Psn;
 
 /// Outstanding PSN window (rxe `RXE_MAX_UNACKED_PSNS`).
 pub const MAX_UNACKED_PSNS: i32 = 128;
@@ -64,7 +64,7 @@ impl ReqState {
 pub(crate) enum Payload<'a> {
     None,
     /// Gather from SGEs at a message offset.
-    Gather { sges: &'a [crate::Sge], offset: u64, len: usize },
+    Gather { sges: &'a [pmrxe_mem::Sge], offset: u64, len: usize },
     /// Inline bytes.
     Bytes(&'a [u8]),
     /// Read through an rkey (READ responses): QPN, rkey, va, len.

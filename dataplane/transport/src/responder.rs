@@ -12,17 +12,17 @@
 
 use std::collections::VecDeque;
 
-use pmrxe_wire::{next_opcode, AethRepr, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Syndrome, TransportHeaders};
+use pmrxe_wire::{next_opcode, AethRepr, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
+use pmrxe_mem::{Access, MemError};
 
 use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
-use crate::memops::{Access, AtomicOp, MemError, MemOps};
+use crate::memops::{AtomicOp, MemOps};
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, Qp, QpState, QpType, Transmit};
 use crate::requester::{bth, build, Payload};
 use crate::srq::Srq;
 use crate::timers::Instant;
 use crate::wqe::RecvWqe;
-use crate::Psn;
 
 /// `IBV_ACCESS_REMOTE_WRITE` etc. in `qp_access_flags`.
 const QP_REMOTE_WRITE: u32 = 2;

@@ -13,12 +13,12 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
 use pmrxe_wire::{emit_frame_headers, finish_frame, frame_header_len, parse_frame, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
+use pmrxe_mem::MemTable;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cq::{CqSide, Cqe};
 use crate::engine::Engine;
-use crate::memops::MemTable;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, Qp};
 use crate::timers::Instant;

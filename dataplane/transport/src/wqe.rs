@@ -1,6 +1,7 @@
 //! Work queue entries as posted by the consumer (fixed size, no allocation).
 
-use crate::memops::{Access, Key, Sge};
+use pmrxe_mem::{Access, Key, Sge};
+
 use crate::qp::AddressVector;
 
 /// Maximum scatter/gather entries per WQE.

@@ -45,7 +45,7 @@ fn a1_write_with_free_fmr_lkey_is_loc_prot_err_then_flush() {
     let mut sim = pair();
     let x = fmr(&sim, A, 4, 0);
     let b = reg(&sim, B, 8192, ALL);
-    let src = pmrxe_transport::Sge { addr: x.iova(&sim, A), len: 100, lkey: x.key };
+    let src = pmrxe_mem::Sge { addr: x.iova(&sim, A), len: 100, lkey: x.key };
     post(&mut sim, A, QA, SendWqe::new(1, SendOp::Write).sge(src).remote(b.addr, b.rkey()).flags(sig()));
     let small = reg(&sim, A, 64, ALL);
     post(&mut sim, A, QA, write(2, &small, 0, 8, b.addr, b.rkey()));
@@ -447,7 +447,7 @@ fn c3_local_inv_waits_for_earlier_write_ack() {
     let iova = x.iova(&sim, A);
     let b = reg(&sim, B, 1 << 16, ALL);
     sim.add_filter(|p| (p.from == B && p.opcode == Opcode::RC_ACKNOWLEDGE).then_some(Fault::Delay(MS)));
-    let src = pmrxe_transport::Sge { addr: iova, len: 65536, lkey: k };
+    let src = pmrxe_mem::Sge { addr: iova, len: 65536, lkey: k };
     post(&mut sim, A, QA, SendWqe::new(1, SendOp::Write).sge(src).remote(b.addr, b.rkey()).flags(sig()));
     post(&mut sim, A, QA, local_inv(2, k));
     // After the WRITE is fully sent but before its ACK, X must still be VALID.
@@ -485,7 +485,7 @@ fn c5_reg_mr_visible_to_next_wqe() {
     let iova = x.iova(&sim, A);
     let b = reg(&sim, B, 4096, ALL);
     post(&mut sim, A, QA, reg_mr(1, x.key, k2, LW | RW));
-    post(&mut sim, A, QA, SendWqe::new(2, SendOp::Write).sge(pmrxe_transport::Sge { addr: iova, len: 100, lkey: k2 }).remote(b.addr, b.rkey()).flags(sig()));
+    post(&mut sim, A, QA, SendWqe::new(2, SendOp::Write).sge(pmrxe_mem::Sge { addr: iova, len: 100, lkey: k2 }).remote(b.addr, b.rkey()).flags(sig()));
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 2]);
     assert_eq!(b.read(0, 100), pattern(100, 3));
@@ -498,7 +498,7 @@ fn c6_write_with_invalidated_lkey_is_loc_prot_err() {
     let iova = x.iova(&sim, A);
     let b = reg(&sim, B, 4096, ALL);
     post(&mut sim, A, QA, local_inv(1, k));
-    post(&mut sim, A, QA, SendWqe::new(2, SendOp::Write).sge(pmrxe_transport::Sge { addr: iova, len: 10, lkey: k }).remote(b.addr, b.rkey()).flags(sig()));
+    post(&mut sim, A, QA, SendWqe::new(2, SendOp::Write).sge(pmrxe_mem::Sge { addr: iova, len: 10, lkey: k }).remote(b.addr, b.rkey()).flags(sig()));
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success, WcStatus::LocProtErr]);
 }
@@ -602,7 +602,7 @@ fn d2b_local_inv_then_reg_mr_with_retry() {
     post(&mut sim, A, QA, write(1, &a, 0, 4096, b.addr, b.rkey()));
     post(&mut sim, A, QA, local_inv(2, k1));
     post(&mut sim, A, QA, reg_mr(3, k1, k2, LW | RW));
-    post(&mut sim, A, QA, SendWqe::new(4, SendOp::Write).sge(pmrxe_transport::Sge { addr: iova, len: 500, lkey: k2 }).remote(b.addr + 8192, b.rkey()).flags(sig()));
+    post(&mut sim, A, QA, SendWqe::new(4, SendOp::Write).sge(pmrxe_mem::Sge { addr: iova, len: 500, lkey: k2 }).remote(b.addr + 8192, b.rkey()).flags(sig()));
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 4]);
     assert_eq!(stats(&sim, A, QA).local_op_executions, 3);
@@ -625,7 +625,7 @@ fn d3_spurious_timer_never_reexecutes_local_ops() {
         post_recv(&mut sim, B, QB, recv(i, &b, 0, 64));
         let nk = key.inc();
         post(&mut sim, A, QA, reg_mr(i * 4, key, nk, LW | RW));
-        post(&mut sim, A, QA, SendWqe::new(i * 4 + 1, SendOp::Send).sge(pmrxe_transport::Sge { addr: xiova, len: 64, lkey: nk }).flags(sig()));
+        post(&mut sim, A, QA, SendWqe::new(i * 4 + 1, SendOp::Send).sge(pmrxe_mem::Sge { addr: xiova, len: 64, lkey: nk }).flags(sig()));
         post(&mut sim, A, QA, write(i * 4 + 2, &a, 0, 2048, b.addr + 1024, b.rkey()));
         post(&mut sim, A, QA, local_inv(i * 4 + 3, nk));
         key = nk;

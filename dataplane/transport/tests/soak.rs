@@ -7,9 +7,9 @@
 //! make long runs.
 mod common;
 use common::*;
-use pmrxe_mem::{Access, MwType};
+use pmrxe_mem::{Access, MwType, Sge};
 use pmrxe_transport::sim::{Impairments, PairParams, Sim};
-use pmrxe_transport::{CqSide, SendOp, SendWqe, Sge, WcOpcode, WcStatus};
+use pmrxe_transport::{CqSide, SendOp, SendWqe, WcOpcode, WcStatus};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

@@ -1,9 +1,9 @@
 //! Shared fixtures for the transport tests: the SEMANTICS.md §7 setup on the sim wire.
 #![allow(dead_code)]
 
-use pmrxe_mem::{Access, Key, Region, SgEntry};
+use pmrxe_mem::{Access, Key, Region, SgEntry, Sge};
 use pmrxe_transport::sim::{PairParams, Sim};
-use pmrxe_transport::{CqSide, Cqe, Instant, RecvWqe, SendFlags, SendOp, SendWqe, Sge, WcStatus};
+use pmrxe_transport::{CqSide, Cqe, Instant, RecvWqe, SendFlags, SendOp, SendWqe, WcStatus};
 
 pub const A: usize = 0;
 pub const B: usize = 1;
