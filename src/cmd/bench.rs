@@ -137,7 +137,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         out["memcpy"] = Value::Array(m);
         return write_json(args, &out);
     }
-    let (service, socket) = match &args.socket {
+    let (mut service, socket) = match &args.socket {
         Some(s) => (None, s.clone()),
         None => {
             let s = Service::spawn(args.config.as_deref())?;
@@ -146,7 +146,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         }
     };
     out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
-    let ctx = connect_retry(&socket, service.as_ref().map(|s| s as &Service), Duration::from_secs(30))?;
+    let ctx = connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?;
     let h = Harness::new(&ctx, &plan)?;
     out["service"]["path_mtu"] = json!(256u32 << h.path_mtu.saturating_sub(1));
     out["service"]["devices"] = json!([ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name]);
@@ -286,16 +286,15 @@ impl Drop for Service {
     }
 }
 
-fn connect_retry(socket: &Path, service: Option<&Service>, limit: Duration) -> io::Result<Context> {
+/// Connects to the service at `socket`, retrying until `limit`; with the spawned `service`,
+/// fails at once (with its log) when it has exited.
+fn connect_retry(socket: &Path, mut service: Option<&mut Service>, limit: Duration) -> io::Result<Context> {
     let t0 = Instant::now();
-    let svc = service.map(|s| s as *const Service as *mut Service);
     loop {
         match Context::connect(socket) {
             Ok(c) => return Ok(c),
             Err(e) => {
-                if let Some(p) = svc {
-                    // SAFETY: the Service outlives this call and nobody else touches it meanwhile.
-                    let s = unsafe { &mut *p };
+                if let Some(s) = service.as_deref_mut() {
                     if let Some(st) = s.exited() {
                         let log = std::fs::read_to_string(s.dir.join("serve.log")).unwrap_or_default();
                         return Err(io::Error::other(format!("pmrxe serve exited ({st}) before answering: {}", log.trim())));
