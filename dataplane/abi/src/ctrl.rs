@@ -214,7 +214,102 @@ pub enum Request {
     /// `ibv_resize_cq` to `cqe` entries within the CQ's ring (EOPNOTSUPP beyond it, EINVAL below
     /// the completions waiting to be polled).
     ResizeCq { cq: u32, cqe: u32 },
+    // ---- rdma_cm (issue 14; docs/cm.md "Integration"). Ids are the service's handles. ----
+    /// `rdma_create_event_channel`: answered with `Response::CmChannel` and fd 0, the client's
+    /// end of a `SOCK_SEQPACKET` pair on which the service writes one encoded [`CmEventMsg`]
+    /// per datagram (the fd `rdma_event_channel.fd` is; pollable). Closing it destroys the
+    /// channel; events of its ids are then dropped.
+    CmOpenChannel,
+    /// `rdma_create_id`: `ps` is the RDMA_PS_* port space, `qp_type` the IBV_QPT_* the id will
+    /// use, `context` is echoed in every event of the id. → `Response::CmId`.
+    CmCreateId { channel: u32, ps: u16, qp_type: u32, context: u64 },
+    /// `rdma_migrate_id`.
+    CmMigrateId { id: u32, channel: u32 },
+    /// `rdma_bind_addr`: wildcard address = every device; port 0 = pick one. → `Response::CmAddr`.
+    CmBindAddr { id: u32, addr: CmSockAddr },
+    /// `rdma_resolve_addr`: picks the device that owns or routes to `dst` (and binds `src` if
+    /// given); event ADDR_RESOLVED (or ADDR_ERROR) follows. → `Response::CmAddr` (source).
+    CmResolveAddr { id: u32, src: Option<CmSockAddr>, dst: CmSockAddr, timeout_ms: u32 },
+    /// `rdma_resolve_route`: event ROUTE_RESOLVED (or ROUTE_ERROR) follows.
+    CmResolveRoute { id: u32, timeout_ms: u32 },
+    /// `rdma_listen`.
+    CmListen { id: u32, backlog: u32 },
+    /// `rdma_connect` (RC/UC: REQ; UD: SIDR_REQ). The active side's QP is in INIT; on the REP
+    /// the client gets the internal event CONNECT_RESPONSE, moves its QP to RTR/RTS with
+    /// `CmInitQpAttr` and sends `CmEstablish` (RTU), then reports ESTABLISHED, as librdmacm.
+    CmConnect { id: u32, qpn: u32, conn: CmConnParam },
+    /// `rdma_accept`: the client moved its QP to RTR and RTS first (`CmInitQpAttr`).
+    CmAccept { id: u32, qpn: u32, conn: CmConnParam },
+    /// `rdma_reject` with private data.
+    CmReject { id: u32, private_data: Vec<u8> },
+    /// `rdma_establish` / the RTU after CONNECT_RESPONSE.
+    CmEstablish { id: u32 },
+    /// `rdma_disconnect` (DREQ, or DREP to a received DREQ).
+    CmDisconnect { id: u32 },
+    /// `rdma_init_qp_attr`: the attributes and mask for moving the id's QP to `qp_state`
+    /// (IBV_QPS_*). → `Response::CmQpAttr`.
+    CmInitQpAttr { id: u32, qp_state: u32 },
+    /// `rdma_set_option` (level/optname as librdmacm; value bytes as given).
+    CmSetOption { id: u32, level: i32, name: i32, value: Vec<u8> },
+    /// `rdma_destroy_id`: sends what the kernel's destroy would (REJ/DREQ), drops the id.
+    CmDestroyId { id: u32 },
 }
+
+/// A socket address as rdma_cm carries it: IPv4 as an IPv4-mapped IPv6 address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmSockAddr {
+    pub ip: [u8; 16],
+    pub v6: bool,
+    /// Host order.
+    pub port: u16,
+}
+
+/// `struct rdma_conn_param` (plus the peer's QPN on events).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmConnParam {
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param` of a UD event (SIDR reply / request).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmUdParam {
+    pub private_data: Vec<u8>,
+    pub ah_attr: AhAttr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// One rdma_cm event, as written on a channel's socket (encoded like the control messages).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEventMsg {
+    /// The id the event is for; for CONNECT_REQUEST the new id of the connection.
+    pub id: u32,
+    /// The `context` given at CmCreateId (the listener's for CONNECT_REQUEST).
+    pub context: u64,
+    /// For CONNECT_REQUEST: the listening id.
+    pub listen_id: Option<u32>,
+    /// RDMA_CM_EVENT_* (librdmacm values), or [`CM_EVENT_CONNECT_RESPONSE`] (internal).
+    pub event: u32,
+    /// 0, or a negative errno / the REJ reason for REJECTED (as librdmacm reports it).
+    pub status: i32,
+    /// Device index (pmrxeN) the id is bound to, once known.
+    pub device: Option<u32>,
+    pub src: CmSockAddr,
+    pub dst: CmSockAddr,
+    pub conn: CmConnParam,
+    pub ud: Option<CmUdParam>,
+}
+
+/// Internal event: a REP arrived for the client's `rdma_connect`; the client moves the QP to
+/// RTR/RTS and answers `CmEstablish` before it reports ESTABLISHED (never shown to the user).
+pub const CM_EVENT_CONNECT_RESPONSE: u32 = 0x1000;
 
 /// An asynchronous event (`enum ibv_event_type` values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,6 +344,14 @@ pub enum Response {
     Stats(String),
     Ok,
     Err { errno: i32, msg: String },
+    /// `CmOpenChannel` (fd 0: the event socket).
+    CmChannel { channel: u32 },
+    /// `CmCreateId`.
+    CmId { id: u32 },
+    /// `CmBindAddr` / `CmResolveAddr`: the bound source address and device (None: wildcard).
+    CmAddr { addr: CmSockAddr, device: Option<u32> },
+    /// `CmInitQpAttr`: attributes and IBV_QP_* mask for `ibv_modify_qp`.
+    CmQpAttr { attr: QpAttr, mask: u32 },
 }
 
 /// Encode a message.

@@ -270,6 +270,23 @@ impl Session {
                 None => (err(libc::EINVAL, "no such channel"), vec![]),
             },
             Request::CreateCq { device, cqe, channel } => self.create_cq(device, cqe, channel),
+            // rdma_cm requests (issue 14): the connection manager is not wired into the service
+            // yet; refuse them with a clear errno (the shim does not send them yet either).
+            Request::CmOpenChannel
+            | Request::CmCreateId { .. }
+            | Request::CmMigrateId { .. }
+            | Request::CmBindAddr { .. }
+            | Request::CmResolveAddr { .. }
+            | Request::CmResolveRoute { .. }
+            | Request::CmListen { .. }
+            | Request::CmConnect { .. }
+            | Request::CmAccept { .. }
+            | Request::CmReject { .. }
+            | Request::CmEstablish { .. }
+            | Request::CmDisconnect { .. }
+            | Request::CmInitQpAttr { .. }
+            | Request::CmSetOption { .. }
+            | Request::CmDestroyId { .. } => (err(libc::EOPNOTSUPP, "rdma_cm is not wired into this service yet"), vec![]),
             Request::ResizeCq { cq, cqe } => {
                 let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
                 let r: Result<(), i32> = lcore_call!(sh.lcores[lc], ResizeCq { cq: cq, cqe: cqe });
