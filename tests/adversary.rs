@@ -468,7 +468,9 @@ fn adversarial_peer() {
     // 6. rkey attacks, range attacks, READ larger than the MR, atomics: each must get
     //    NAK Remote Access (0x62) or Invalid Request (0x61) and touch nothing.
     let other = t.other_mr.key;
-    let cases: Vec<(&str, Box<dyn Fn(u32) -> Vec<u8>>, NakCode)> = vec![
+    // (what, the packet for a PSN, the NAK it must get)
+    type Case = (&'static str, Box<dyn Fn(u32) -> Vec<u8>>, NakCode);
+    let cases: Vec<Case> = vec![
         ("WRITE rkey guessed (index+1)", Box::new(move |q| write_only(q, 0, mva, rkey.wrapping_add(0x100), 64, &[1; 64])), NakCode::RemoteAccess),
         ("WRITE rkey guessed (key byte+1)", Box::new(move |q| write_only(q, 0, mva, (rkey & !0xff) | ((rkey + 1) & 0xff), 64, &[1; 64])), NakCode::RemoteAccess),
         ("WRITE rkey 0", Box::new(move |q| write_only(q, 0, mva, 0, 64, &[1; 64])), NakCode::RemoteAccess),

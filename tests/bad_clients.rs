@@ -232,6 +232,7 @@ fn bad_clients() {
         a = ctrl::QpAttr { qp_state: 3, timeout: 10, retry_cnt: 1, rnr_retry: 1, max_rd_atomic: 1, ..Default::default() };
         let _ = c3.call(&Request::ModifyQp { qpn, attr: a, mask: 1 | 512 | 1024 | 2048 | 65536 | 8192 }, &[]);
         let seg = map(qfds[0].as_raw_fd(), layout.total_len as usize);
+        // SAFETY: the service's layout puts the SQ ring inside the `total_len` bytes mapped.
         let sq = unsafe { seg.add(layout.sq_offset as usize) };
         let sq_len = if layout.rq_capacity > 0 { layout.rq_offset - layout.sq_offset } else { layout.total_len - layout.sq_offset } as usize;
         let mut rng = Rng(0x1234_5678 + pass);

@@ -324,22 +324,6 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::is_pci_addr;
-
-    #[test]
-    fn pci_addresses() {
-        assert!(is_pci_addr("0000:3b:00.0"));
-        assert!(is_pci_addr("3b:00.1"));
-        assert!(!is_pci_addr("3b:00.8"));
-        assert!(!is_pci_addr("net_ring0"));
-        assert!(!is_pci_addr("0000:3b:00"));
-        assert!(!is_pci_addr("000:3b:00.0"));
-    }
-}
-
-
 /// Where Debian's shared DPDK keeps its autoloaded PMDs (EAL's compiled-in plugin dir).
 const PMD_DIR: &str = "/usr/lib/x86_64-linux-gnu/dpdk/pmds-23.0";
 
@@ -357,4 +341,19 @@ fn missing_pmd(vdev: &str) -> Option<String> {
         return None;
     }
     Some(drv.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_pci_addr;
+
+    #[test]
+    fn pci_addresses() {
+        assert!(is_pci_addr("0000:3b:00.0"));
+        assert!(is_pci_addr("3b:00.1"));
+        assert!(!is_pci_addr("3b:00.8"));
+        assert!(!is_pci_addr("net_ring0"));
+        assert!(!is_pci_addr("0000:3b:00"));
+        assert!(!is_pci_addr("000:3b:00.0"));
+    }
 }

@@ -395,9 +395,7 @@ impl<L: Link> Lcore<L> {
         // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
         let now = self.clock.now();
         for slot in self.qps.iter_mut().flatten() {
-            let mut a = QpAttr::default();
-            a.qp_state = pmrxe_transport::QpState::Err;
-            let _ = slot.qp.modify(&a, AttrMask::STATE);
+            fatal(&mut slot.qp);
         }
         self.deliver_completions(now);
         for c in &self.clients {
@@ -762,7 +760,7 @@ impl<L: Link> Lcore<L> {
                 if self.neigh.lookup(f.src_ip).is_none() {
                     self.neigh.learn(f.src_ip, f.src_mac.0);
                 }
-                let Some(slot) = self.qps[idx].as_mut() else { return None };
+                let slot = self.qps[idx].as_mut()?;
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return None;
@@ -1278,8 +1276,7 @@ fn drain_srq(x: &mut SrqSlot, stats: &LcoreStats) -> bool {
 }
 
 fn fatal(qp: &mut Qp) {
-    let mut a = QpAttr::default();
-    a.qp_state = pmrxe_transport::QpState::Err;
+    let a = QpAttr { qp_state: pmrxe_transport::QpState::Err, ..QpAttr::default() };
     let _ = qp.modify(&a, AttrMask::STATE);
 }
 

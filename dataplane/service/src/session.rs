@@ -639,7 +639,7 @@ impl Session {
     fn reg_mr(&mut self, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: &[ctrl::Piece]) -> Reply {
         let region = match self.mr_region(pd, addr, len, pieces) {
             Ok(r) => r,
-            Err(reply) => return reply,
+            Err(msg) => return (err(libc::EINVAL, &msg), vec![]),
         };
         match self.shared.mem.reg_mr(pd, region, iova, Access(access)) {
             Ok(k) => {
@@ -658,7 +658,7 @@ impl Session {
         }
         let region = match self.mr_region(pd, addr, len, pieces) {
             Ok(r) => r,
-            Err(reply) => return reply,
+            Err(msg) => return (err(libc::EINVAL, &msg), vec![]),
         };
         match self.shared.mem.rereg_mr(pmrxe_mem::Key(key), pd, region, iova, Access(access)) {
             Ok(()) => {
@@ -671,36 +671,36 @@ impl Session {
     }
 
     /// The service's single map of a client registration `addr..addr+len` of PD `pd` from the
-    /// segment pieces covering its pages.
-    fn mr_region(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<Region, Reply> {
+    /// segment pieces covering its pages. `Err`: why the request is invalid (answered EINVAL).
+    fn mr_region(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<Region, String> {
         if !self.objs.pds.contains_key(&pd) {
-            return Err((err(libc::EINVAL, "no such PD"), vec![]));
+            return Err("no such PD".to_string());
         }
         if len == 0 {
-            return Err((err(libc::EINVAL, "zero-length MR"), vec![]));
+            return Err("zero-length MR".to_string());
         }
-        let Some(end) = addr.checked_add(len) else { return Err((err(libc::EINVAL, "range wraps"), vec![])) };
+        let Some(end) = addr.checked_add(len) else { return Err("range wraps".to_string()) };
         let a0 = addr & !4095;
         let a1 = match end.checked_add(4095) {
             Some(e) => e & !4095,
-            None => return Err((err(libc::EINVAL, "range wraps"), vec![])),
+            None => return Err("range wraps".to_string()),
         };
         let mut parts = Vec::with_capacity(pieces.len());
         let mut total = 0u64;
         for p in pieces {
-            let Some(s) = self.objs.segs.get(&p.seg) else { return Err((err(libc::EINVAL, "unknown segment"), vec![])) };
+            let Some(s) = self.objs.segs.get(&p.seg) else { return Err("unknown segment".to_string()) };
             if p.seg_offset.checked_add(p.len).is_none_or(|e| e > s.len) {
-                return Err((err(libc::EINVAL, "piece outside its segment"), vec![]));
+                return Err("piece outside its segment".to_string());
             }
             total = total.saturating_add(p.len);
             parts.push(s.piece(p.seg_offset, p.len));
         }
         if total != a1 - a0 {
-            return Err((err(libc::EINVAL, "pieces do not cover the registration"), vec![]));
+            return Err("pieces do not cover the registration".to_string());
         }
         let map = match MrMapping::assemble_at(a0, &parts) {
             Ok(m) => Arc::new(m),
-            Err(e) => return Err((err(libc::EINVAL, &e.to_string()), vec![])),
+            Err(e) => return Err(e.to_string()),
         };
         let ptr = map.as_ptr();
         // SAFETY: `map` covers [a0, a1) of the client's pages; the MR is [addr, addr+len) inside

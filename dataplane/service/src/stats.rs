@@ -99,13 +99,16 @@ impl StatsSource for ServiceStats {
     }
 }
 
+/// A captured frame: time since the capture origin, bytes.
+type Frame = (Duration, Vec<u8>);
+
 /// Live capture: lcores copy frames into a bounded queue only while a capture runs; a writer
 /// thread turns them into pcap on the client's fd.
 #[derive(Default)]
 pub struct Capture {
     on: AtomicBool,
     qpn: AtomicU64, // u64::MAX = any
-    tx: Mutex<Option<Sender<(Duration, Vec<u8>)>>>,
+    tx: Mutex<Option<Sender<Frame>>>,
     /// Frames written.
     pub frames: AtomicU64,
     /// Frames dropped because the writer fell behind.
@@ -131,7 +134,7 @@ impl Capture {
         if self.active() {
             return Err("a capture is already running".into());
         }
-        let (tx, rx): (Sender<(Duration, Vec<u8>)>, Receiver<_>) = bounded(4096);
+        let (tx, rx): (Sender<Frame>, Receiver<_>) = bounded(4096);
         self.qpn.store(qpn.map_or(u64::MAX, u64::from), Ordering::Relaxed);
         let _ = self.origin.get_or_init(Instant::now);
         let me = self.clone();

@@ -141,6 +141,10 @@ pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
 }
 
+/// A frame on the wire: (delivery time, send sequence number (ties keep send order),
+/// destination node, frame bytes). Ordered by time, then sequence.
+type InFlight = (Instant, u64, usize, Vec<u8>);
+
 /// The simulated network.
 pub struct Sim {
     /// Virtual time.
@@ -159,7 +163,7 @@ pub struct Sim {
     pub max_burst: usize,
     rng: SmallRng,
     filters: Vec<Filter>,
-    in_flight: BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>,
+    in_flight: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     buf: Vec<u8>,
 }

@@ -14,7 +14,6 @@
 //! Objects hold a clone of the [`Context`] (an `Arc`), so they may outlive the variable that
 //! created them; destroy requests are best effort on drop (the service also cleans up a
 //! client that disconnects). One thread per object: the rings are single-producer/consumer.
-#![allow(clippy::undocumented_unsafe_blocks)]
 
 mod context;
 mod mr;

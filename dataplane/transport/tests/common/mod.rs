@@ -67,7 +67,7 @@ pub struct Fmr {
 
 pub fn fmr(sim: &Sim, node: usize, pages: usize, first_off: usize) -> Fmr {
     let region = Region::zeroed((pages + 2) * 4096);
-    let base_off = ((4096 - (region.addr() % 4096) as usize) % 4096) as usize;
+    let base_off = (4096 - (region.addr() % 4096) as usize) % 4096;
     let mem = &sim.nodes[node].mem;
     let key = mem.alloc_mr(PD, 16).expect("alloc_mr");
     let sg = [SgEntry { region: &region, offset: base_off + first_off, len: pages * 4096 - first_off }];
