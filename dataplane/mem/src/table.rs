@@ -1163,6 +1163,19 @@ impl MemTable {
         };
         (w >> REF_SHIFT) as u32
     }
+
+    /// The state and in-flight copy count published in the slot of `key`'s index, read from
+    /// the slot's word alone (no control lock: an invalidation holds that lock while it
+    /// drains). An invalidation waiting for copies shows `(Free, n)` with `n > 0` (diagnostics,
+    /// tests). `None` when the index names no slot.
+    pub fn slot_state(&self, key: Key) -> Option<(MrState, u32)> {
+        let w = if let Some(s) = self.mr_slot(key.index()) {
+            s.word.load(Ordering::Acquire)
+        } else {
+            self.mw_slot(key.index())?.word.load(Ordering::Acquire)
+        };
+        Some((unpack(w).0, (w >> REF_SHIFT) as u32))
+    }
 }
 
 #[inline]

@@ -1040,32 +1040,48 @@ fn atomics_fetch_add_cmp_swap_alignment() {
     );
 }
 
+/// DESIGN invariant 3 on real threads: LOCAL_INV must not return while a copy holds the MR.
+/// Deterministic: the test waits until the invalidator is observably draining (the slot is FREE
+/// and still counts our reference), so the scenario is always the one under test; loom
+/// (`tests/loom.rs`) covers every interleaving.
 #[test]
 fn invalidate_waits_for_inflight_ref() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
     let t = Arc::new(table());
     let r = aligned(4 * PG, PG);
     let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
     let io = iova(&t, k);
     let m = t.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
-    assert_eq!(t.inflight(k), 1);
+    assert_eq!(t.slot_state(k), Some((MrState::Valid, 1)));
     let done = Arc::new(AtomicBool::new(false));
-    let (t2, d2) = (t.clone(), done.clone());
+    let released = Arc::new(AtomicBool::new(false));
+    let (t2, d2, r2) = (t.clone(), done.clone(), released.clone());
     let h = std::thread::spawn(move || {
         t2.exec_local_inv(PD, k).unwrap();
+        let copy_released = r2.load(Ordering::SeqCst);
         d2.store(true, Ordering::SeqCst);
+        copy_released
     });
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    let t0 = Instant::now();
+    while t.slot_state(k) != Some((MrState::Free, 1)) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "LOCAL_INV never started draining: {:?}", t.slot_state(k));
+        std::thread::yield_now();
+    }
+    // The invalidator has blocked the key and is waiting for our reference.
     assert!(
         !done.load(Ordering::SeqCst),
         "LOCAL_INV returned while a copy was in flight"
     );
+    assert!(t.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).is_err(), "new lookups fail");
+    // The copy in flight still completes through its reference.
     m.copy_out(io, &mut [0; 8]).unwrap();
+    released.store(true, Ordering::SeqCst);
     drop(m);
-    h.join().unwrap();
+    assert!(h.join().unwrap(), "LOCAL_INV returned before the copy released the MR");
     assert!(done.load(Ordering::SeqCst));
-    assert_eq!(t.inflight(k), 0);
+    assert_eq!(t.slot_state(k), Some((MrState::Free, 0)));
 }
 
 /// Issue 13 item 6: after LOCAL_INV of a bound type-2 MW the window is FREE and belongs to no
