@@ -305,6 +305,8 @@ pub struct Lcore<L: Link> {
     last_solicit: Instant,
     /// Reserved scratch: QP slots that need service this iteration.
     work: Vec<usize>,
+    /// QP slot the next transmit pass starts at (round robin over a congested port).
+    tx_next: usize,
 }
 
 /// Capacity of the per-lcore QP table.
@@ -359,6 +361,7 @@ impl<L: Link> Lcore<L> {
             grave,
             handoff: None,
             last_solicit: Instant(0),
+            tx_next: 0,
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
         };
         let stop = lc.stop.clone();
@@ -1035,7 +1038,14 @@ impl<L: Link> Lcore<L> {
                 any |= drain_srq(x, &self.stats);
             }
         }
-        for i in 0..self.qps.len() {
+        // Fair share of a congested port: start where the last pass was cut off, so a QP
+        // behind busy ones is not starved past its retransmission timeout (16 QPs x 128 deep
+        // 64 KiB WRITEs on one port ended in RETRY_EXC_ERR when QP 0 always went first).
+        let n = self.qps.len();
+        let start = if n == 0 { 0 } else { self.tx_next % n };
+        let mut cut_off: Option<usize> = None;
+        for k in 0..n {
+            let i = (start + k) % n;
             // Leftover SQ entries that did not fit earlier: pull them now that space may exist.
             let backlog = matches!(&self.qps[i], Some(s) if s.sq_has_backlog());
             if backlog {
@@ -1046,6 +1056,10 @@ impl<L: Link> Lcore<L> {
                 continue;
             }
             let port = &mut self.ports[s.dev];
+            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
+                cut_off.get_or_insert(i);
+                continue;
+            }
             let mut budget = BURST;
             while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
                 budget -= 1;
@@ -1106,6 +1120,7 @@ impl<L: Link> Lcore<L> {
                 }
             }
         }
+        self.tx_next = cut_off.unwrap_or(start + 1);
         if let Some((pi, ip)) = unresolved {
             self.solicit(pi, ip, now);
         }
