@@ -5,6 +5,8 @@
 //! faults.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 use pmrxe_config::{FaultConfig, MacAddr};
@@ -34,7 +36,7 @@ impl From<&FaultConfig> for Faults {
     }
 }
 
-/// Counts of injected faults.
+/// Counts of injected faults (a snapshot of [`FaultCounters`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultStats {
     /// Frames received from the inner port.
@@ -49,6 +51,36 @@ pub struct FaultStats {
     pub corrupted: u64,
 }
 
+/// The live injected-fault counters of one [`FaultyPort`]: written only by the thread that
+/// owns the port (relaxed load + store, no read-modify-write), read by any thread (the
+/// service's `pmrxe stats --json`).
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    seen: AtomicU64,
+    dropped: AtomicU64,
+    duplicated: AtomicU64,
+    reordered: AtomicU64,
+    corrupted: AtomicU64,
+}
+
+impl FaultCounters {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> FaultStats {
+        FaultStats {
+            seen: self.seen.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            duplicated: self.duplicated.load(Ordering::Relaxed),
+            reordered: self.reordered.load(Ordering::Relaxed),
+            corrupted: self.corrupted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Adds one to a counter that only the calling thread writes.
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
 /// A [`Port`] wrapper that injects [`Faults`] on receive.
 pub struct FaultyPort<P: Port> {
     inner: P,
@@ -56,7 +88,7 @@ pub struct FaultyPort<P: Port> {
     rng: SmallRng,
     held: Option<P::Buf>,
     overflow: VecDeque<P::Buf>,
-    stats: FaultStats,
+    stats: Arc<FaultCounters>,
 }
 
 impl<P: Port> FaultyPort<P> {
@@ -68,12 +100,16 @@ impl<P: Port> FaultyPort<P> {
             faults,
             held: None,
             overflow: VecDeque::with_capacity(64),
-            stats: FaultStats::default(),
+            stats: Arc::default(),
         }
     }
     /// Injected-fault counters.
     pub fn stats(&self) -> FaultStats {
-        self.stats
+        self.stats.snapshot()
+    }
+    /// The live counters, for readers on other threads.
+    pub fn counters(&self) -> Arc<FaultCounters> {
+        self.stats.clone()
     }
     /// The wrapped port.
     pub fn inner(&self) -> &P {
@@ -140,20 +176,20 @@ impl<P: Port> Port for FaultyPort<P> {
             return n;
         }
         for mut b in got.drain(..) {
-            self.stats.seen += 1;
+            bump(&self.stats.seen);
             if self.hit(self.faults.loss) {
-                self.stats.dropped += 1;
+                bump(&self.stats.dropped);
                 continue;
             }
             if self.hit(self.faults.corrupt) && !b.is_empty() {
                 let i = self.rng.gen_range(0..b.len());
                 let bit = self.rng.gen_range(0..8);
                 b.data_mut()[i] ^= 1 << bit;
-                self.stats.corrupted += 1;
+                bump(&self.stats.corrupted);
             }
             if self.held.is_none() && self.hit(self.faults.reorder) {
                 self.held = Some(b);
-                self.stats.reordered += 1;
+                bump(&self.stats.reordered);
                 continue;
             }
             let dup = if self.hit(self.faults.duplicate) {
@@ -163,7 +199,7 @@ impl<P: Port> Port for FaultyPort<P> {
             };
             self.emit(out, b, &mut n);
             if let Some(c) = dup {
-                self.stats.duplicated += 1;
+                bump(&self.stats.duplicated);
                 self.emit(out, c, &mut n);
             }
             if let Some(h) = self.held.take() {
@@ -182,6 +218,7 @@ mod tests {
     fn pump(faults: Faults, frames: u32) -> (Vec<u32>, FaultStats) {
         let (mut a, b) = SimPort::pair(1500, 4096);
         let mut b = FaultyPort::new(b, faults);
+        let live = b.counters();
         let mut seen = Vec::new();
         let mut rx: Burst<SimBuf> = Burst::new();
         for chunk in (0..frames).collect::<Vec<_>>().chunks(16) {
@@ -194,6 +231,7 @@ mod tests {
         while b.rx_burst(&mut rx) > 0 {
             seen.extend(rx.drain(..).map(|b| u32::from_be_bytes(b.data()[..4].try_into().unwrap())));
         }
+        assert_eq!(live.snapshot(), b.stats(), "the shared counters are the port's");
         (seen, b.stats())
     }
 

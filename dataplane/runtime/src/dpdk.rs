@@ -1,6 +1,8 @@
 //! The DPDK port as an lcore [`Link`], optionally behind a seeded fault injector
 //! ([`FaultyPort`], enabled by the config's `[faults]` table).
-use pmrxe_port::{ArrayVec, EthPort, FaultStats, FaultyPort, Faults, Mbuf, PacketBuf, Port, BURST};
+use std::sync::Arc;
+
+use pmrxe_port::{ArrayVec, EthPort, FaultCounters, FaultStats, FaultyPort, Faults, Mbuf, PacketBuf, Port, BURST};
 use crate::link::{FrameBuf, Link};
 
 enum Inner {
@@ -44,6 +46,14 @@ impl DpdkLink {
         match &self.port {
             Inner::Plain(_) => None,
             Inner::Faulty(f) => Some(f.stats()),
+        }
+    }
+    /// The live injected-fault counters, readable from other threads (`None` without fault
+    /// injection).
+    pub fn fault_counters(&self) -> Option<Arc<FaultCounters>> {
+        match &self.port {
+            Inner::Plain(_) => None,
+            Inner::Faulty(f) => Some(f.counters()),
         }
     }
 }

@@ -15,7 +15,7 @@ use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
 use crate::device;
 use pmrxe_runtime::dpdk::DpdkLink;
 use crate::session::{self, Shared};
-use crate::stats::{Capture, CaptureTap, ServiceStats};
+use crate::stats::{Capture, CaptureTap, FaultSource, ServiceStats};
 
 /// Why the service could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -88,8 +88,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu }
     };
     // `[faults]`: a seeded injector on every port's receive side (seed + port index + lcore).
-    let link = |p: pmrxe_port::EthPort, i: usize, li: usize| {
-        DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add((i + 64 * li) as u64), ..f.into() }))
+    // Their counters are exported by `pmrxe stats --json` ("faults").
+    let mut fault_counters = Vec::new();
+    let mut link = |p: pmrxe_port::EthPort, i: usize, li: usize| {
+        let l = DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add((i + 64 * li) as u64), ..f.into() }));
+        if let Some(c) = l.fault_counters() {
+            fault_counters.push(FaultSource { device: devices[i].name.clone(), lcore: li, counters: c });
+        }
+        l
     };
     let mut per_lcore: Vec<Vec<(DpdkLink, DeviceConfig)>> = (0..nl).map(|_| Vec::new()).collect();
     if nl > 1 {
@@ -150,6 +156,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             devices: devices.iter().map(|d| d.name.clone()).collect(),
             started: std::time::Instant::now(),
             capture: capture.clone(),
+            faults: fault_counters,
             clients: {
                 let c = clients.clone();
                 Arc::new(move || c.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect())

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{bounded, Receiver, Sender};
+use pmrxe_port::FaultCounters;
 use pmrxe_runtime::lcore::{Cmd, LcoreHandle, Tap};
 use serde_json::json;
 
@@ -26,8 +27,20 @@ pub struct ServiceStats {
     pub started: Instant,
     /// Capture counters.
     pub capture: Arc<Capture>,
+    /// Fault injectors (config `[faults]`; empty without): one per port and lcore.
+    pub faults: Vec<FaultSource>,
     /// Connected clients (id → pid, program).
     pub clients: Arc<dyn Fn() -> Vec<(u32, i32, String)> + Send + Sync>,
+}
+
+/// The injected-fault counters of one port's receive queue on one lcore.
+pub struct FaultSource {
+    /// Device name of the port.
+    pub device: String,
+    /// Lcore index.
+    pub lcore: usize,
+    /// Live counters.
+    pub counters: Arc<FaultCounters>,
 }
 
 fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
@@ -69,6 +82,11 @@ impl StatsSource for ServiceStats {
             "clients": (self.clients)().into_iter().map(|(id, pid, p)| json!({"id": id, "pid": pid, "program": p})).collect::<Vec<_>>(),
             "lcores": lcores,
             "capture": { "active": self.capture.active(), "frames": self.capture.frames.load(Ordering::Relaxed), "dropped": self.capture.dropped.load(Ordering::Relaxed) },
+            "faults": self.faults.iter().map(|f| {
+                let s = f.counters.snapshot();
+                json!({"device": f.device, "lcore": f.lcore, "seen": s.seen, "dropped": s.dropped,
+                    "duplicated": s.duplicated, "reordered": s.reordered, "corrupted": s.corrupted})
+            }).collect::<Vec<_>>(),
         });
         if as_json {
             return serde_json::to_string_pretty(&v).unwrap_or_default();
