@@ -38,6 +38,7 @@ use pmrxe_wire::{self as wire, MacAddr};
 use crate::call::CallError;
 use crate::clock::Clock;
 use crate::convert;
+use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
 use crate::idle::Idle;
 use crate::link::{FrameBuf, Link};
 use crate::neigh::{gid_to_ip, Neighbors};
@@ -307,6 +308,10 @@ pub struct Lcore<L: Link> {
     work: Vec<usize>,
     /// QP slot the next transmit pass starts at (round robin over a congested port).
     tx_next: usize,
+    /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
+    gsi: Option<Arc<GsiPipe>>,
+    /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
+    gsi_psn: u32,
 }
 
 /// Capacity of the per-lcore QP table.
@@ -363,6 +368,8 @@ impl<L: Link> Lcore<L> {
             last_solicit: Instant(0),
             tx_next: 0,
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            gsi: None,
+            gsi_psn: 0,
         };
         let stop = lc.stop.clone();
         (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx, stop })
@@ -372,6 +379,12 @@ impl<L: Link> Lcore<L> {
     /// through `h`. Must be called before `run`.
     pub fn set_handoff(&mut self, h: Arc<Handoff<L::Buf>>) {
         self.handoff = Some(h);
+    }
+
+    /// Carry QP1 (CM MADs) to and from the connection manager through `pipe`. Must be called
+    /// before `run`.
+    pub fn set_gsi(&mut self, pipe: Arc<GsiPipe>) {
+        self.gsi = Some(pipe);
     }
 
     /// Run until the stop flag is set.
@@ -412,6 +425,7 @@ impl<L: Link> Lcore<L> {
         work |= self.receive(now);
         work |= self.doorbells(now);
         work |= self.timers(now);
+        work |= self.gsi_transmit(now);
         work |= self.transmit(now);
         work |= self.deliver_completions(now);
         work |= self.flush_tx();
@@ -747,6 +761,10 @@ impl<L: Link> Lcore<L> {
                     return None;
                 }
                 let qpn: u32 = f.headers.bth.dest_qp.into();
+                if qpn == 1 {
+                    self.gsi_receive(pi, data);
+                    return None;
+                }
                 let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
                     if let (true, Some(h)) = (may_hand_off, &self.handoff) {
                         let owner = h.owner(qpn);
@@ -799,6 +817,91 @@ impl<L: Link> Lcore<L> {
                 None
             }
         }
+    }
+
+    /// A valid RoCE frame for QP1: a copy goes to the connection manager's queue (fixed-size
+    /// slots allocated up front; full or oversize → dropped and counted, the CM retransmits).
+    fn gsi_receive(&mut self, pi: usize, data: &[u8]) {
+        let Some(pipe) = &self.gsi else {
+            bump(&self.stats.rx_unknown_qp, 1);
+            return;
+        };
+        if data.len() > MAX_GSI_FRAME {
+            bump(&self.stats.cm_drops, 1);
+            return;
+        }
+        let mut f = GsiFrame { device: self.ports[pi].dev.index, len: data.len() as u16, data: [0; MAX_GSI_FRAME] };
+        f.data[..data.len()].copy_from_slice(data);
+        match pipe.rx.push(f) {
+            Ok(()) => bump(&self.stats.cm_rx, 1),
+            Err(_) => bump(&self.stats.cm_drops, 1),
+        }
+    }
+
+    /// MADs the connection manager wants sent from QP1 of one of our ports.
+    fn gsi_transmit(&mut self, now: Instant) -> bool {
+        let Some(pipe) = self.gsi.clone() else { return false };
+        let Some(q) = pipe.tx.get(self.index) else { return false };
+        let mut any = false;
+        let mut unresolved: Option<(usize, IpAddr)> = None;
+        for _ in 0..BURST {
+            let Some(out) = q.pop() else { break };
+            any = true;
+            let Some(pi) = self.ports.iter().position(|p| p.dev.index == out.device) else {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            let port = &mut self.ports[pi];
+            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            }
+            let dst_ip = out.path.dgid.to_ip();
+            let local = port.owns_ip(dst_ip);
+            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip) };
+            let Some(dmac) = dmac else {
+                bump(&self.stats.tx_no_neighbor, 1);
+                bump(&self.stats.cm_drops, 1);
+                unresolved = Some((pi, dst_ip));
+                continue;
+            };
+            let Some(mut b) = port.link.alloc() else {
+                bump(&self.stats.tx_alloc_failures, 1);
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            let need = pmrxe_cm::gsi::mad_frame_len(dst_ip.is_ipv6());
+            let Some(buf) = b.resize(need) else {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
+            let psn = wire::Psn::new(self.gsi_psn);
+            match pmrxe_cm::gsi::build_mad_frame_into(buf, &out.path, MacAddr(port.dev.mac), MacAddr(dmac), psn, &out.mad) {
+                Ok(n) => {
+                    let _ = b.resize(n);
+                }
+                Err(_) => {
+                    bump(&self.stats.tx_build_errors, 1);
+                    continue;
+                }
+            }
+            if let Some(tap) = &self.tap {
+                if tap.active() {
+                    tap.frame(true, b.data());
+                }
+            }
+            bump(&self.stats.cm_tx, 1);
+            if local {
+                port.lo.push(b);
+            } else {
+                port.tx.push(b);
+            }
+        }
+        if let Some((pi, ip)) = unresolved {
+            self.solicit(pi, ip, now);
+        }
+        any
     }
 
     fn on_arp(&mut self, pi: usize, data: &[u8]) {

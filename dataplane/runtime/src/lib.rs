@@ -10,6 +10,7 @@
 //! * [`neigh`]: static + learned ARP/ND neighbours and the ARP responder.
 //! * [`convert`]: validation/conversion of client WQEs (untrusted shared memory) into engine
 //!   WQEs, and engine CQEs into client CQEs.
+//! * [`gsi`]: QP1 queues between the lcores and the service's connection manager.
 //! * [`clock`]: explicit time for the engine from a monotonic clock.
 //! * [`call`]: how a control thread waits for an lcore's reply (as long as the lcore lives
 //!   and makes progress; honest errors otherwise).
@@ -19,6 +20,7 @@ pub mod call;
 pub mod clock;
 pub mod convert;
 pub mod dpdk;
+pub mod gsi;
 pub mod idle;
 pub mod lcore;
 pub mod link;

@@ -87,6 +87,12 @@ counters! {
         handoff_drops,
         /// Control commands handled.
         commands,
+        /// Frames for QP1 (CM MADs) passed to the connection manager.
+        cm_rx,
+        /// CM MADs sent from QP1.
+        cm_tx,
+        /// QP1 frames dropped: CM queue full, oversize, no neighbour MAC yet, no buffer.
+        cm_drops,
     }
 }
 

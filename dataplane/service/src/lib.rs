@@ -16,6 +16,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod client;
+pub mod cm;
 pub mod device;
 pub mod metrics;
 

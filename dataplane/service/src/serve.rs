@@ -114,6 +114,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     let handoff = (nl > 1).then(|| pmrxe_runtime::lcore::Handoff::new(nl, 4096));
+    // QP1 of every port goes to the connection manager (crate::cm) through these queues.
+    let gsi = pmrxe_runtime::gsi::GsiPipe::new(nl);
     let mut handles = Vec::new();
     let mut threads = Vec::new();
     for (li, links) in per_lcore.into_iter().enumerate() {
@@ -122,6 +124,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         if let Some(hd) = &handoff {
             lc.set_handoff(hd.clone());
         }
+        lc.set_gsi(gsi.clone());
         handles.push(h);
         let eal_ref = eal.clone();
         let t = std::thread::Builder::new()
@@ -139,6 +142,39 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     // The control thread stays off the lcore CPUs.
     let _ = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.lcores.main_core as usize });
+
+    let cm_ports: Vec<crate::cm::CmPort> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let p = &cfg.ports[i];
+            let mut nets: Vec<(IpAddr, u8)> = Vec::new();
+            if let Some(v4) = &p.ipv4 {
+                nets.push((IpAddr::V4(v4.addr), v4.prefix));
+            }
+            if let Some(v6) = &p.ipv6 {
+                nets.push((IpAddr::V6(v6.addr), v6.prefix));
+            }
+            crate::cm::CmPort {
+                device: i as u32,
+                guid: d.guid,
+                gids: d.gids.iter().map(|g| g.gid).collect(),
+                nets,
+                active_mtu: d.port.active_mtu,
+                lcore: device_lcore[i],
+            }
+        })
+        .collect();
+    let (cm, cm_thread) = match crate::cm::spawn(cm_ports, gsi, stop.clone()) {
+        Ok(x) => x,
+        Err(e) => {
+            stop.store(true, Ordering::Release);
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(ServeError::Lcore(0, format!("connection manager thread: {e}")));
+        }
+    };
 
     let listener = bind_socket(&sock_path)?;
     let clients: Arc<Mutex<std::collections::HashMap<u32, (i32, String)>>> = Default::default();
@@ -163,6 +199,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             },
         }),
         capture,
+        cm: Some(cm),
     });
     // Prometheus endpoint (crate::metrics): its own thread, renders the same snapshot as `pmrxe stats`.
     if let Some(addr) = cfg.service.metrics {
@@ -200,6 +237,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     };
     tracing::info!(signal = sig, "stopping");
     stop.store(true, Ordering::Release);
+    let _ = cm_thread.join();
     for t in threads {
         let _ = t.join();
     }

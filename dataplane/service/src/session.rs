@@ -48,6 +48,8 @@ pub struct Shared {
     pub stats: Arc<dyn StatsSource>,
     /// Capture control.
     pub capture: Arc<crate::stats::Capture>,
+    /// The connection manager (rdma_cm), if the service runs one.
+    pub cm: Option<crate::cm::CmHandle>,
 }
 
 impl Shared {
@@ -132,7 +134,7 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;
     }
-    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
+    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, hold: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
     let mut buf = Vec::new();
     loop {
         let fds = match ctrl::recv_msg(s.fd, &mut buf) {
@@ -157,7 +159,9 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
             Ok(b) => b,
             Err(_) => break,
         };
-        if ctrl::send_msg(s.fd, &bytes, &out_fds).is_err() {
+        let sent = ctrl::send_msg(s.fd, &bytes, &out_fds);
+        s.hold = None; // an fd created for this reply (the rdma_cm event socket) is the client's now
+        if sent.is_err() {
             break;
         }
         if matches!(resp, Response::Stats(_)) && s.id == 0 {
@@ -179,6 +183,8 @@ struct Session {
     /// The lcore this client's objects live on when lcores share the ports.
     home: usize,
     events: Option<Receiver<AsyncEvent>>,
+    /// An fd passed with the reply being sent, closed once it is sent.
+    hold: Option<OwnedFd>,
     objs: Objects,
     // segments / objects above; keep the client page alive for the lcores via Arc
 }
@@ -270,9 +276,9 @@ impl Session {
                 None => (err(libc::EINVAL, "no such channel"), vec![]),
             },
             Request::CreateCq { device, cqe, channel } => self.create_cq(device, cqe, channel),
-            // rdma_cm requests (issue 14): the connection manager is not wired into the service
-            // yet; refuse them with a clear errno (the shim does not send them yet either).
-            Request::CmOpenChannel
+            // rdma_cm (issue 14): the connection-manager thread (crate::cm) owns ids, channels
+            // and QP1; the reply of CmOpenChannel carries the client's end of the event socket.
+            req @ (Request::CmOpenChannel
             | Request::CmCreateId { .. }
             | Request::CmMigrateId { .. }
             | Request::CmBindAddr { .. }
@@ -286,7 +292,13 @@ impl Session {
             | Request::CmDisconnect { .. }
             | Request::CmInitQpAttr { .. }
             | Request::CmSetOption { .. }
-            | Request::CmDestroyId { .. } => (err(libc::EOPNOTSUPP, "rdma_cm is not wired into this service yet"), vec![]),
+            | Request::CmDestroyId { .. }) => {
+                let Some(cm) = &sh.cm else { return (err(libc::EOPNOTSUPP, "rdma_cm is not available in this service"), vec![]) };
+                let (resp, fd) = cm.request(self.id, req);
+                let fds = fd.as_ref().map(|f| vec![f.as_raw_fd()]).unwrap_or_default();
+                self.hold = fd;
+                (resp, fds)
+            }
             Request::ResizeCq { cq, cqe } => {
                 let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
                 let r: Result<(), i32> = lcore_call!(sh.lcores[lc], ResizeCq { cq: cq, cqe: cqe });
@@ -797,6 +809,10 @@ impl Session {
         let sh = self.shared.clone();
         if self.id == 0 {
             return;
+        }
+        // rdma_cm ids first: their connections end with DREQ/REJ while the QPs still exist.
+        if let Some(cm) = &sh.cm {
+            cm.client_gone(self.id);
         }
         for lc in &sh.lcores {
             match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {

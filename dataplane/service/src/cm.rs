@@ -1,0 +1,1575 @@
+//! rdma_cm in the service: one thread that owns a [`pmrxe_cm::Cm`] per port (QP1 of every
+//! device), the rdma_cm ids, listeners and event channels of every client, and turns the
+//! control requests `Request::Cm*` into CM commands and CM events into librdmacm events
+//! (`CmEventMsg`, one SOCK_SEQPACKET datagram per event on the channel's socket).
+//!
+//! It is neither an lcore nor a session thread: sessions forward their `Cm*` requests through
+//! [`CmHandle`] (a channel with a reply); the lcores copy QP1 frames into
+//! [`GsiPipe::rx`](pmrxe_runtime::gsi::GsiPipe) and send the MADs this thread pushes into the
+//! owning lcore's `tx` queue. Time is explicit (ns since the thread started); the thread
+//! sleeps at most [`TICK`] between looks at the QP1 queue and never longer than the next CM
+//! deadline. Every table is bounded. Design and protocol: `docs/cm.md`.
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam::channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use pmrxe_abi::ctrl::{self, AhAttr, CmConnParam, CmEventMsg, CmSockAddr, CmUdParam, QpAttr, Request, Response};
+use pmrxe_cm::cma::{self, PortSpace};
+use pmrxe_cm::msg::{req, sidr_req};
+use pmrxe_cm::{
+    AcceptParams, Cm, CmConfig, ConnId, ConnState, ConnectParams, Event, Gid, Instant, RejReason, RoutePath, SidrParams, SidrReplyParams,
+    SidrStatus, Transmit, Transport, Waiting,
+};
+use pmrxe_runtime::gsi::{GsiOut, GsiPipe};
+use pmrxe_wire::{Psn, Qpn};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// librdmacm `enum rdma_cm_event_type` (rdma/rdma_cma.h).
+pub mod event {
+    pub const ADDR_RESOLVED: u32 = 0;
+    pub const ADDR_ERROR: u32 = 1;
+    pub const ROUTE_RESOLVED: u32 = 2;
+    pub const ROUTE_ERROR: u32 = 3;
+    pub const CONNECT_REQUEST: u32 = 4;
+    pub const CONNECT_RESPONSE: u32 = 5;
+    pub const CONNECT_ERROR: u32 = 6;
+    pub const UNREACHABLE: u32 = 7;
+    pub const REJECTED: u32 = 8;
+    pub const ESTABLISHED: u32 = 9;
+    pub const DISCONNECTED: u32 = 10;
+    pub const DEVICE_REMOVAL: u32 = 11;
+    pub const MULTICAST_JOIN: u32 = 12;
+    pub const MULTICAST_ERROR: u32 = 13;
+    pub const ADDR_CHANGE: u32 = 14;
+    pub const TIMEWAIT_EXIT: u32 = 15;
+}
+
+/// `enum ibv_qp_attr_mask` bits used by `CmInitQpAttr`.
+pub mod mask {
+    pub const STATE: u32 = 1;
+    pub const ACCESS_FLAGS: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const PORT: u32 = 1 << 5;
+    pub const QKEY: u32 = 1 << 6;
+    pub const AV: u32 = 1 << 7;
+    pub const PATH_MTU: u32 = 1 << 8;
+    pub const TIMEOUT: u32 = 1 << 9;
+    pub const RETRY_CNT: u32 = 1 << 10;
+    pub const RNR_RETRY: u32 = 1 << 11;
+    pub const RQ_PSN: u32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+    pub const MIN_RNR_TIMER: u32 = 1 << 15;
+    pub const SQ_PSN: u32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+    pub const DEST_QPN: u32 = 1 << 20;
+}
+
+const IBV_QPT_RC: u32 = 2;
+const IBV_QPT_UC: u32 = 3;
+const IBV_QPT_UD: u32 = 4;
+const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
+const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+const IBV_ACCESS_REMOTE_READ: u32 = 4;
+const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// Longest sleep of the CM thread between looks at the QP1 queue.
+pub const TICK: Duration = Duration::from_micros(500);
+/// rdma_cm ids in the whole service.
+pub const MAX_IDS: usize = 16384;
+/// rdma_cm ids per client.
+pub const MAX_IDS_PER_CLIENT: usize = 4096;
+/// Event channels in the whole service.
+pub const MAX_CHANNELS: usize = 4096;
+/// Event channels per client.
+pub const MAX_CHANNELS_PER_CLIENT: usize = 512;
+/// Events kept for a channel whose client does not read (more are dropped and counted).
+pub const CHANNEL_BACKLOG: usize = 1024;
+/// Largest listen backlog (the kernel's ucma `max_backlog` default).
+pub const MAX_BACKLOG: u32 = 1024;
+/// RTR `min_rnr_timer` (IBA code 12: 0.64 ms).
+pub const MIN_RNR_TIMER: u8 = 12;
+/// Ephemeral ports for ids bound with port 0.
+const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+/// One device as the CM sees it.
+#[derive(Clone, Debug)]
+pub struct CmPort {
+    /// Device index (pmrxeN).
+    pub device: u32,
+    /// Node GUID (the CM's CA GUID).
+    pub guid: u64,
+    /// GID table (index → GID).
+    pub gids: Vec<[u8; 16]>,
+    /// Interface addresses with their prefix length (for `rdma_resolve_addr`).
+    pub nets: Vec<(IpAddr, u8)>,
+    /// `enum ibv_mtu` of the port (path MTU of every route).
+    pub active_mtu: u32,
+    /// The lcore that sends this device's QP1 frames.
+    pub lcore: usize,
+}
+
+impl CmPort {
+    fn owns(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|(a, _)| *a == ip)
+    }
+    fn routes(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|&(a, p)| same_subnet(a, ip, p))
+    }
+    fn addr_like(&self, like: IpAddr) -> Option<IpAddr> {
+        self.nets.iter().map(|(a, _)| *a).find(|a| a.is_ipv4() == like.is_ipv4())
+    }
+    fn sgid_index(&self, ip: IpAddr) -> u8 {
+        let g = Gid::from_ip(ip).0;
+        self.gids.iter().position(|x| *x == g).unwrap_or(0) as u8
+    }
+}
+
+fn same_subnet(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let p = u32::from(prefix.min(32));
+            let m = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            u32::from(a) & m == u32::from(b) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let p = u32::from(prefix.min(128));
+            let m = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            u128::from(a) & m == u128::from(b) & m
+        }
+        _ => false,
+    }
+}
+
+fn sock_ip(a: &CmSockAddr) -> IpAddr {
+    let v6 = Ipv6Addr::from(a.ip);
+    if a.v6 {
+        IpAddr::V6(v6)
+    } else {
+        IpAddr::V4(v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::new(a.ip[12], a.ip[13], a.ip[14], a.ip[15])))
+    }
+}
+
+fn sock_addr(ip: IpAddr, port: u16) -> CmSockAddr {
+    match ip {
+        IpAddr::V4(v) => CmSockAddr { ip: v.to_ipv6_mapped().octets(), v6: false, port },
+        IpAddr::V6(v) => CmSockAddr { ip: v.octets(), v6: true, port },
+    }
+}
+
+fn is_wildcard(a: &CmSockAddr) -> bool {
+    sock_ip(a).is_unspecified()
+}
+
+/// A call from a session.
+pub enum CmCall {
+    /// One `Request::Cm*`; the reply carries an fd for `CmOpenChannel`.
+    Request { client: u32, req: Request, reply: Sender<(Response, Option<OwnedFd>)> },
+    /// The client is gone: destroy its ids (DREQ/REJ go out) and channels.
+    ClientGone { client: u32, done: Sender<()> },
+}
+
+/// What sessions hold to reach the CM thread.
+#[derive(Clone)]
+pub struct CmHandle {
+    tx: Sender<CmCall>,
+}
+
+impl CmHandle {
+    /// Forward a request and wait for its reply.
+    pub fn request(&self, client: u32, req: Request) -> (Response, Option<OwnedFd>) {
+        let (tx, rx) = bounded(1);
+        if self.tx.send(CmCall::Request { client, req, reply: tx }).is_err() {
+            return (err(libc::ESHUTDOWN, "the connection manager is stopping"), None);
+        }
+        rx.recv().unwrap_or_else(|_| (err(libc::ESHUTDOWN, "the connection manager is stopping"), None))
+    }
+    /// Tell the CM a client is gone (waits until its ids are destroyed).
+    pub fn client_gone(&self, client: u32) {
+        let (tx, rx) = bounded(1);
+        if self.tx.send(CmCall::ClientGone { client, done: tx }).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+}
+
+fn err(errno: i32, msg: &str) -> Response {
+    Response::Err { errno, msg: msg.to_string() }
+}
+
+/// Start the CM thread.
+pub fn spawn(ports: Vec<CmPort>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) -> std::io::Result<(CmHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = crossbeam::channel::unbounded();
+    let t = std::thread::Builder::new().name("pmrxe-cm".into()).spawn(move || run(CmCore::new(ports), rx, pipe, stop))?;
+    Ok((CmHandle { tx }, t))
+}
+
+fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) {
+    let mut last_house = std::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let now = core.now();
+        let wait = match core.next_deadline() {
+            Some(d) => Duration::from_nanos(d.0.saturating_sub(now.0)).min(TICK),
+            None => TICK,
+        };
+        let mut call = match rx.recv_timeout(wait) {
+            Ok(c) => Some(c),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        while let Some(c) = call.take() {
+            match c {
+                CmCall::Request { client, req, reply } => {
+                    let now = core.now();
+                    let r = core.request(now, client, req);
+                    let _ = reply.send(r);
+                }
+                CmCall::ClientGone { client, done } => {
+                    let now = core.now();
+                    core.client_gone(now, client);
+                    let _ = done.send(());
+                }
+            }
+            core.pump(&pipe);
+            call = rx.try_recv().ok();
+        }
+        let now = core.now();
+        while let Some(f) = pipe.rx.pop() {
+            core.on_frame(now, f.device, f.bytes());
+        }
+        core.handle_timeouts(now);
+        core.pump(&pipe);
+        if last_house.elapsed() >= Duration::from_millis(50) {
+            last_house = std::time::Instant::now();
+            core.housekeeping();
+        }
+    }
+    // Stopping: say goodbye to every peer (DREQ/REJ) as a dying client would.
+    let now = core.now();
+    let clients: Vec<u32> = core.ids.values().map(|r| r.client).collect();
+    for c in clients {
+        core.client_gone(now, c);
+    }
+    core.pump(&pipe);
+}
+
+/// The passive side's view of a REQ, kept until `accept` so the client can move its QP to
+/// RTR/RTS before the REP exists (as librdmacm does).
+#[derive(Clone, Copy, Debug)]
+struct PeerReq {
+    transport: Transport,
+    remote_qpn: u32,
+    rq_psn: u32,
+    path_mtu: u8,
+    /// The peer's initiator depth: our max_dest_rd_atomic.
+    resp_res: u8,
+    /// The peer's responder resources: our max_rd_atomic.
+    init_depth: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+}
+
+#[derive(Debug)]
+struct IdRec {
+    client: u32,
+    channel: u32,
+    context: u64,
+    ps: u16,
+    qp_type: u32,
+    /// Port index (= device index) once bound to a device.
+    device: Option<usize>,
+    bound: bool,
+    /// A passive child of a listener (shares the listener's port).
+    child: bool,
+    src: CmSockAddr,
+    dst: CmSockAddr,
+    addr_resolved: bool,
+    route_resolved: bool,
+    listen_sid: Option<u64>,
+    conn: Option<ConnId>,
+    /// Our starting PSN (REQ or REP).
+    psn: u32,
+    tos: u8,
+    ack_timeout: Option<u8>,
+    reuseaddr: bool,
+    peer_req: Option<PeerReq>,
+    /// Active RC id: the client reports ESTABLISHED itself after CONNECT_RESPONSE.
+    active: bool,
+    /// The listener a passive child came from (named in its CONNECT_REQUEST).
+    parent: Option<u32>,
+}
+
+impl IdRec {
+    fn is_ud(&self) -> bool {
+        self.ps == PortSpace::UDP.0 || self.ps == PortSpace::IPOIB.0 || self.qp_type == IBV_QPT_UD
+    }
+}
+
+struct Channel {
+    client: u32,
+    sock: OwnedFd,
+    backlog: VecDeque<Vec<u8>>,
+}
+
+struct PortState {
+    cfg: CmPort,
+    cm: Cm,
+}
+
+/// Counters of the CM thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmServiceStats {
+    /// Events written to channels.
+    pub events: u64,
+    /// Events dropped (channel gone or its backlog full).
+    pub events_dropped: u64,
+    /// QP1 frames that were not CM MADs for us.
+    pub rx_bad: u64,
+    /// MADs dropped because an lcore's queue was full.
+    pub tx_dropped: u64,
+}
+
+/// The CM state without the thread (unit-testable).
+pub struct CmCore {
+    ports: Vec<PortState>,
+    ids: HashMap<u32, IdRec>,
+    by_conn: HashMap<(usize, ConnId), u32>,
+    listeners: HashMap<(usize, u64), u32>,
+    channels: HashMap<u32, Channel>,
+    next_handle: u32,
+    next_port: u16,
+    rng: SmallRng,
+    t0: std::time::Instant,
+    /// Counters.
+    pub stats: CmServiceStats,
+}
+
+impl CmCore {
+    /// A CM per port, no id.
+    pub fn new(ports: Vec<CmPort>) -> CmCore {
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+        let ports = ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, cfg)| PortState { cm: Cm::new(CmConfig { ca_guid: cfg.guid, seed: seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15), ..CmConfig::default() }), cfg })
+            .collect();
+        CmCore {
+            ports,
+            ids: HashMap::new(),
+            by_conn: HashMap::new(),
+            listeners: HashMap::new(),
+            channels: HashMap::new(),
+            next_handle: 1,
+            next_port: *EPHEMERAL.start(),
+            rng: SmallRng::seed_from_u64(seed),
+            t0: std::time::Instant::now(),
+            stats: CmServiceStats::default(),
+        }
+    }
+
+    /// Explicit time: ns since this CM started.
+    pub fn now(&self) -> Instant {
+        Instant(self.t0.elapsed().as_nanos() as u64)
+    }
+
+    fn handle(&mut self) -> u32 {
+        loop {
+            let h = self.next_handle;
+            self.next_handle = self.next_handle.wrapping_add(1).max(1);
+            if !self.ids.contains_key(&h) && !self.channels.contains_key(&h) {
+                return h;
+            }
+        }
+    }
+
+    /// The earliest CM deadline of any port.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.ports.iter().filter_map(|p| p.cm.poll_timeout()).min()
+    }
+
+    /// Number of rdma_cm ids (all clients).
+    pub fn id_count(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Number of event channels (all clients).
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// Connections + SIDR entries of every port's CM (TIMEWAIT included).
+    pub fn conn_count(&self) -> usize {
+        self.ports.iter().map(|p| p.cm.len()).sum()
+    }
+
+    /// A QP1 frame received on `device`.
+    pub fn on_frame(&mut self, now: Instant, device: u32, frame: &[u8]) {
+        let Some(pi) = self.ports.iter().position(|p| p.cfg.device == device) else { return };
+        match pmrxe_cm::gsi::parse_mad_frame(frame) {
+            Ok((src, mad)) => {
+                if !self.ports[pi].cfg.gids.contains(&src.dgid.0) {
+                    self.stats.rx_bad += 1;
+                    return;
+                }
+                if self.ports[pi].cm.handle_mad(now, &src, mad).is_err() {
+                    self.stats.rx_bad += 1;
+                }
+            }
+            Err(_) => self.stats.rx_bad += 1,
+        }
+        self.drain_events(now);
+    }
+
+    /// Fire due CM timers.
+    pub fn handle_timeouts(&mut self, now: Instant) {
+        for p in &mut self.ports {
+            if p.cm.poll_timeout().is_some_and(|t| t <= now) {
+                p.cm.handle_timeout(now);
+            }
+        }
+        self.drain_events(now);
+    }
+
+    /// MADs to send: (port index, transmit).
+    pub fn take_transmits(&mut self) -> Vec<(usize, Transmit)> {
+        let mut v = Vec::new();
+        for (i, p) in self.ports.iter_mut().enumerate() {
+            while let Some(t) = p.cm.poll_transmit() {
+                v.push((i, t));
+            }
+        }
+        v
+    }
+
+    /// Move the MADs to send into the owning lcores' queues.
+    fn pump(&mut self, pipe: &GsiPipe) {
+        for (pi, t) in self.take_transmits() {
+            let cfg = &self.ports[pi].cfg;
+            let out = GsiOut { device: cfg.device, path: t.path, mad: *t.mad };
+            let q = pipe.tx.get(cfg.lcore).or_else(|| pipe.tx.first());
+            if q.is_none_or(|q| q.push(out).is_err()) {
+                self.stats.tx_dropped += 1;
+            }
+        }
+    }
+
+    /// Retry channel backlogs; drop channels whose client closed its end.
+    pub fn housekeeping(&mut self) {
+        let mut dead = Vec::new();
+        for (&h, ch) in self.channels.iter_mut() {
+            let mut b = [0u8; 1];
+            // SAFETY: recv into a 1-byte local buffer on a socket we own.
+            let n = unsafe { libc::recv(ch.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            // EOF, or ECONNRESET when the client closed with events unread: gone.
+            let gone = n == 0
+                || (n < 0 && !matches!(std::io::Error::last_os_error().kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted));
+            if gone {
+                dead.push(h);
+                continue;
+            }
+            if flush_backlog(ch).is_err() {
+                dead.push(h);
+            }
+        }
+        for h in dead {
+            if let Some(ch) = self.channels.remove(&h) {
+                self.stats.events_dropped += ch.backlog.len() as u64;
+            }
+        }
+    }
+
+    // ---- events -------------------------------------------------------------------------
+
+    fn deliver(&mut self, channel: u32, msg: &CmEventMsg) {
+        let Some(ch) = self.channels.get_mut(&channel) else {
+            self.stats.events_dropped += 1;
+            return;
+        };
+        let Ok(bytes) = ctrl::encode(msg) else {
+            self.stats.events_dropped += 1;
+            return;
+        };
+        if flush_backlog(ch).is_err() {
+            self.channels.remove(&channel);
+            self.stats.events_dropped += 1;
+            return;
+        }
+        if !ch.backlog.is_empty() {
+            if ch.backlog.len() >= CHANNEL_BACKLOG {
+                self.stats.events_dropped += 1;
+            } else {
+                ch.backlog.push_back(bytes);
+            }
+            self.stats.events += 1;
+            return;
+        }
+        match send_dgram(&ch.sock, &bytes) {
+            Ok(true) => self.stats.events += 1,
+            Ok(false) => {
+                ch.backlog.push_back(bytes);
+                self.stats.events += 1;
+            }
+            Err(_) => {
+                self.channels.remove(&channel);
+                self.stats.events_dropped += 1;
+            }
+        }
+    }
+
+    fn event_msg(&self, id: u32, event: u32, status: i32) -> Option<(u32, CmEventMsg)> {
+        let r = self.ids.get(&id)?;
+        let device = r.device.map(|p| self.ports[p].cfg.device);
+        Some((r.channel, CmEventMsg { id, context: r.context, listen_id: None, event, status, device, src: r.src, dst: r.dst, ..Default::default() }))
+    }
+
+    fn emit(&mut self, id: u32, event: u32, status: i32, conn: Option<CmConnParam>, ud: Option<CmUdParam>) {
+        let Some((ch, mut m)) = self.event_msg(id, event, status) else { return };
+        if let Some(c) = conn {
+            m.conn = c;
+        }
+        m.ud = ud;
+        self.deliver(ch, &m);
+    }
+
+    fn ah_to(&self, pi: usize, src: IpAddr, peer: Gid, tos: u8) -> AhAttr {
+        AhAttr {
+            dgid: peer.0,
+            sgid_index: self.ports[pi].cfg.sgid_index(src),
+            hop_limit: 64,
+            traffic_class: tos,
+            is_global: true,
+            port_num: 1,
+            ..Default::default()
+        }
+    }
+
+    fn drain_events(&mut self, now: Instant) {
+        for pi in 0..self.ports.len() {
+            while let Some(ev) = self.ports[pi].cm.poll_event() {
+                self.on_event(now, pi, ev);
+            }
+        }
+    }
+
+    fn conn_gone(&mut self, pi: usize, cid: ConnId) -> Option<u32> {
+        let id = self.by_conn.remove(&(pi, cid))?;
+        if let Some(r) = self.ids.get_mut(&id) {
+            r.conn = None;
+        }
+        Some(id)
+    }
+
+    fn on_event(&mut self, now: Instant, pi: usize, ev: Event) {
+        match ev {
+            Event::ConnectRequest { id: cid, req } => {
+                let sid = req.req.service_id;
+                let split = req.cma().map(|(h, u)| (h, u.to_vec()));
+                let source = req.source;
+                let r = &req.req;
+                let peer = PeerReq {
+                    transport: if r.transport == 1 { Transport::Uc } else { Transport::Rc },
+                    remote_qpn: r.local_qpn.value(),
+                    rq_psn: r.starting_psn.value(),
+                    path_mtu: r.path_mtu.min(self.ports[pi].cfg.active_mtu as u8).max(1),
+                    resp_res: r.initiator_depth,
+                    init_depth: r.responder_resources,
+                    timeout: r.primary.local_ack_timeout,
+                    retry_cnt: r.retry_count,
+                    rnr_retry: r.rnr_retry_count,
+                };
+                let conn = CmConnParam {
+                    private_data: split.as_ref().map(|(_, u)| u.clone()).unwrap_or_else(|| r.private_data.clone()),
+                    responder_resources: r.initiator_depth,
+                    initiator_depth: r.responder_resources,
+                    flow_control: r.flow_control as u8,
+                    retry_count: r.retry_count,
+                    rnr_retry_count: r.rnr_retry_count,
+                    srq: r.srq as u8,
+                    qp_num: r.local_qpn.value(),
+                };
+                let Some(new) = self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) else {
+                    let _ = self.ports[pi].cm.reject(now, cid, RejReason::NO_RESOURCES, &[], &[]);
+                    return;
+                };
+                if let Some(rec) = self.ids.get_mut(&new) {
+                    rec.peer_req = Some(peer);
+                }
+                self.emit_request(new, Some(conn), None);
+            }
+            Event::SidrRequest { id: cid, req } => {
+                let sid = req.req.service_id;
+                let split = cma::split_private_data(sid, &req.req.private_data).map(|(h, u)| (h, u.to_vec()));
+                let source = req.source;
+                let user = split.as_ref().map(|(_, u)| u.clone()).unwrap_or_else(|| req.req.private_data.clone());
+                let Some(new) = self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) else {
+                    let p = SidrReplyParams { status: SidrStatus::REJECT, qpn: Qpn::new(0), qkey: 0, vendor_id: 0, info: vec![], private_data: vec![] };
+                    let _ = self.ports[pi].cm.sidr_reply(now, cid, &p);
+                    return;
+                };
+                let (src, tos) = self.ids.get(&new).map(|r| (sock_ip(&r.src), r.tos)).unwrap_or((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+                let ud = CmUdParam { private_data: user, ah_attr: self.ah_to(pi, src, source.sgid, tos), qp_num: 0, qkey: cma::UDP_QKEY };
+                self.emit_request(new, None, Some(ud));
+            }
+            Event::ConnectResponse { id: cid, rep } => {
+                let Some(&id) = self.by_conn.get(&(pi, cid)) else { return };
+                let conn = CmConnParam {
+                    private_data: rep.private_data.clone(),
+                    responder_resources: rep.initiator_depth,
+                    initiator_depth: rep.responder_resources,
+                    flow_control: rep.flow_control as u8,
+                    retry_count: 0,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: rep.srq as u8,
+                    qp_num: rep.local_qpn.value(),
+                };
+                self.emit(id, ctrl::CM_EVENT_CONNECT_RESPONSE, 0, Some(conn), None);
+            }
+            Event::Established { id: cid, private_data } => {
+                let Some(&id) = self.by_conn.get(&(pi, cid)) else { return };
+                if self.ids.get(&id).is_some_and(|r| r.active) {
+                    return; // the client turned CONNECT_RESPONSE into ESTABLISHED (librdmacm)
+                }
+                self.emit(id, event::ESTABLISHED, 0, Some(CmConnParam { private_data, ..Default::default() }), None);
+            }
+            Event::Rejected { id: cid, reason, private_data, .. } => {
+                let Some(id) = self.conn_gone(pi, cid) else { return };
+                self.emit(id, event::REJECTED, i32::from(reason.0), Some(CmConnParam { private_data, ..Default::default() }), None);
+            }
+            Event::TimedOut { id: cid, waiting_for } => {
+                let Some(id) = self.conn_gone(pi, cid) else { return };
+                let _ = waiting_for == Waiting::Rep;
+                self.emit(id, event::UNREACHABLE, -libc::ETIMEDOUT, None, None);
+            }
+            Event::Disconnected { id: cid, private_data, .. } => {
+                let Some(&id) = self.by_conn.get(&(pi, cid)) else { return };
+                self.emit(id, event::DISCONNECTED, 0, Some(CmConnParam { private_data, ..Default::default() }), None);
+            }
+            Event::TimewaitExit { id: cid } => {
+                let Some(id) = self.conn_gone(pi, cid) else { return };
+                self.emit(id, event::TIMEWAIT_EXIT, 0, None, None);
+            }
+            Event::SidrReply { id: cid, rep } => {
+                let Some(id) = self.conn_gone(pi, cid) else { return };
+                if rep.status == SidrStatus::SUCCESS {
+                    let Some(r) = self.ids.get(&id) else { return };
+                    let ah = self.ah_to(pi, sock_ip(&r.src), Gid::from_ip(sock_ip(&r.dst)), r.tos);
+                    let ud = CmUdParam { private_data: rep.private_data.clone(), ah_attr: ah, qp_num: rep.qpn.value(), qkey: rep.qkey };
+                    self.emit(id, event::ESTABLISHED, 0, None, Some(ud));
+                } else {
+                    let ud = CmUdParam { private_data: rep.private_data.clone(), ..Default::default() };
+                    self.emit(id, event::UNREACHABLE, i32::from(rep.status.0), None, Some(ud));
+                }
+            }
+        }
+    }
+
+    /// A new passive id for a REQ/SIDR_REQ of connection `cid` on port `pi` to listener `sid`.
+    fn child_of(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Option<u32> {
+        let &lid = self.listeners.get(&(pi, sid))?;
+        let l = self.ids.get(&lid)?;
+        let client = l.client;
+        if self.ids.len() >= MAX_IDS || self.ids.values().filter(|r| r.client == client).count() >= MAX_IDS_PER_CLIENT {
+            return None;
+        }
+        let port = l.src.port;
+        let (src, dst) = match hdr {
+            Some(h) => (sock_addr(h.dst_ip, port), sock_addr(h.src_ip, h.src_port)),
+            None => {
+                let ours = self.ports[pi].cfg.addr_like(peer.to_ip()).unwrap_or(peer.to_ip());
+                (sock_addr(ours, port), sock_addr(peer.to_ip(), 0))
+            }
+        };
+        let rec = IdRec {
+            client,
+            channel: l.channel,
+            context: l.context,
+            ps: l.ps,
+            qp_type: l.qp_type,
+            device: Some(pi),
+            bound: true,
+            child: true,
+            src,
+            dst,
+            addr_resolved: true,
+            route_resolved: true,
+            listen_sid: None,
+            conn: Some(cid),
+            psn: self.rng.gen::<u32>() & 0xff_ffff,
+            tos: l.tos,
+            ack_timeout: l.ack_timeout,
+            reuseaddr: false,
+            peer_req: None,
+            active: false,
+            parent: Some(lid),
+        };
+        let h = self.handle();
+        self.ids.insert(h, rec);
+        self.by_conn.insert((pi, cid), h);
+        Some(h)
+    }
+}
+
+type Reply = (Response, Option<OwnedFd>);
+
+fn fail(errno: i32, msg: &str) -> Reply {
+    (err(errno, msg), None)
+}
+
+fn ok() -> Reply {
+    (Response::Ok, None)
+}
+
+impl CmCore {
+    fn emit_request(&mut self, id: u32, conn: Option<CmConnParam>, ud: Option<CmUdParam>) {
+        let parent = self.ids.get(&id).and_then(|r| r.parent);
+        let Some((ch, mut m)) = self.event_msg(id, event::CONNECT_REQUEST, 0) else { return };
+        m.listen_id = parent;
+        if let Some(c) = conn {
+            m.conn = c;
+        }
+        m.ud = ud;
+        self.deliver(ch, &m);
+    }
+
+    /// The client's id `id` (other clients' ids do not exist for it).
+    fn own(&self, client: u32, id: u32) -> Result<&IdRec, Reply> {
+        match self.ids.get(&id) {
+            Some(r) if r.client == client => Ok(r),
+            _ => Err(fail(libc::EINVAL, "no such rdma_cm id")),
+        }
+    }
+
+    fn own_channel(&self, client: u32, ch: u32) -> bool {
+        self.channels.get(&ch).is_some_and(|c| c.client == client)
+    }
+
+    /// Is (`ps`, `port`) on `device` (None = every device) taken by another id?
+    fn port_taken(&self, me: u32, ps: u16, device: Option<usize>, port: u16) -> bool {
+        self.ids.iter().any(|(&h, r)| {
+            h != me && r.bound && !r.child && r.ps == ps && r.src.port == port && (r.device.is_none() || device.is_none() || r.device == device)
+                && !(r.reuseaddr && r.listen_sid.is_none())
+        })
+    }
+
+    fn ephemeral(&mut self, me: u32, ps: u16, device: Option<usize>) -> Option<u16> {
+        let n = EPHEMERAL.end() - EPHEMERAL.start() + 1;
+        for _ in 0..n {
+            let p = self.next_port;
+            self.next_port = if p >= *EPHEMERAL.end() { *EPHEMERAL.start() } else { p + 1 };
+            if !self.port_taken(me, ps, device, p) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Bind `id` to `addr` (wildcard = every device; port 0 = ephemeral).
+    fn bind(&mut self, id: u32, addr: CmSockAddr) -> Result<(), Reply> {
+        let Some(r) = self.ids.get(&id) else { return Err(fail(libc::EINVAL, "no such rdma_cm id")) };
+        if r.bound {
+            return Err(fail(libc::EINVAL, "rdma_cm id already bound"));
+        }
+        let ps = r.ps;
+        let device = if is_wildcard(&addr) {
+            None
+        } else {
+            let ip = sock_ip(&addr);
+            match self.ports.iter().position(|p| p.cfg.owns(ip)) {
+                Some(p) => Some(p),
+                None => return Err(fail(libc::EADDRNOTAVAIL, "no pmrxe device has this address")),
+            }
+        };
+        let port = if addr.port == 0 {
+            match self.ephemeral(id, ps, device) {
+                Some(p) => p,
+                None => return Err(fail(libc::EADDRINUSE, "no free port")),
+            }
+        } else {
+            if self.port_taken(id, ps, device, addr.port) {
+                return Err(fail(libc::EADDRINUSE, "address already in use"));
+            }
+            addr.port
+        };
+        let r = self.ids.get_mut(&id).expect("checked above");
+        r.device = device;
+        r.bound = true;
+        r.src = CmSockAddr { port, ..addr };
+        Ok(())
+    }
+
+    fn addr_reply(&self, id: u32) -> Reply {
+        let r = &self.ids[&id];
+        (Response::CmAddr { addr: r.src, device: r.device.map(|p| self.ports[p].cfg.device) }, None)
+    }
+
+    /// One `Request::Cm*` of `client`.
+    pub fn request(&mut self, now: Instant, client: u32, req: Request) -> Reply {
+        let r = self.request_inner(now, client, req);
+        self.drain_events(now);
+        r
+    }
+
+    fn request_inner(&mut self, now: Instant, client: u32, req: Request) -> Reply {
+        match req {
+            Request::CmOpenChannel => {
+                if self.channels.len() >= MAX_CHANNELS || self.channels.values().filter(|c| c.client == client).count() >= MAX_CHANNELS_PER_CLIENT {
+                    return fail(libc::EMFILE, "too many rdma_cm event channels");
+                }
+                let (ours, theirs) = match seqpacket_pair() {
+                    Ok(p) => p,
+                    Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), &e.to_string()),
+                };
+                let h = self.handle();
+                self.channels.insert(h, Channel { client, sock: ours, backlog: VecDeque::new() });
+                (Response::CmChannel { channel: h }, Some(theirs))
+            }
+            Request::CmCreateId { channel, ps, qp_type, context } => {
+                if !self.own_channel(client, channel) {
+                    return fail(libc::EINVAL, "no such rdma_cm event channel");
+                }
+                if ![PortSpace::TCP.0, PortSpace::UDP.0, PortSpace::IB.0, PortSpace::IPOIB.0].contains(&ps) {
+                    return fail(libc::EPROTONOSUPPORT, "unknown rdma_cm port space");
+                }
+                if ![IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD].contains(&qp_type) {
+                    return fail(libc::EINVAL, "rdma_cm ids are for RC, UC or UD QPs");
+                }
+                if self.ids.len() >= MAX_IDS || self.ids.values().filter(|r| r.client == client).count() >= MAX_IDS_PER_CLIENT {
+                    return fail(libc::ENOMEM, "too many rdma_cm ids");
+                }
+                let h = self.handle();
+                self.ids.insert(
+                    h,
+                    IdRec {
+                        client,
+                        channel,
+                        context,
+                        ps,
+                        qp_type,
+                        device: None,
+                        bound: false,
+                        child: false,
+                        src: CmSockAddr::default(),
+                        dst: CmSockAddr::default(),
+                        addr_resolved: false,
+                        route_resolved: false,
+                        listen_sid: None,
+                        conn: None,
+                        psn: self.rng.gen::<u32>() & 0xff_ffff,
+                        tos: 0,
+                        ack_timeout: None,
+                        reuseaddr: false,
+                        peer_req: None,
+                        active: false,
+                        parent: None,
+                    },
+                );
+                (Response::CmId { id: h }, None)
+            }
+            Request::CmMigrateId { id, channel } => {
+                if let Err(e) = self.own(client, id) {
+                    return e;
+                }
+                if !self.own_channel(client, channel) {
+                    return fail(libc::EINVAL, "no such rdma_cm event channel");
+                }
+                self.ids.get_mut(&id).expect("owned").channel = channel;
+                ok()
+            }
+            Request::CmBindAddr { id, addr } => {
+                if let Err(e) = self.own(client, id) {
+                    return e;
+                }
+                match self.bind(id, addr) {
+                    Ok(()) => self.addr_reply(id),
+                    Err(e) => e,
+                }
+            }
+            Request::CmResolveAddr { id, src, dst, .. } => self.resolve_addr(client, id, src, dst),
+            Request::CmResolveRoute { id, .. } => {
+                let r = match self.own(client, id) {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+                if !r.addr_resolved {
+                    return fail(libc::EINVAL, "resolve the address first");
+                }
+                self.ids.get_mut(&id).expect("owned").route_resolved = true;
+                self.emit(id, event::ROUTE_RESOLVED, 0, None, None);
+                ok()
+            }
+            Request::CmListen { id, backlog } => self.listen(client, id, backlog),
+            Request::CmConnect { id, qpn, conn } => self.connect(now, client, id, qpn, conn),
+            Request::CmAccept { id, qpn, conn } => self.accept(now, client, id, qpn, conn),
+            Request::CmReject { id, private_data } => {
+                let r = match self.own(client, id) {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+                let (Some(pi), Some(cid), ud) = (r.device, r.conn, r.is_ud()) else { return fail(libc::EINVAL, "no connection request to reject") };
+                let res = if ud {
+                    let p = SidrReplyParams { status: SidrStatus::REJECT, qpn: Qpn::new(0), qkey: 0, vendor_id: 0, info: vec![], private_data };
+                    self.ports[pi].cm.sidr_reply(now, cid, &p)
+                } else {
+                    self.ports[pi].cm.reject(now, cid, RejReason::CONSUMER_DEFINED, &[], &private_data)
+                };
+                match res {
+                    Ok(()) => {
+                        self.conn_gone(pi, cid);
+                        ok()
+                    }
+                    Err(e) => fail(libc::EINVAL, &format!("reject: {e:?}")),
+                }
+            }
+            Request::CmEstablish { id } => {
+                let r = match self.own(client, id) {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+                let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "not connecting") };
+                let cm = &mut self.ports[pi].cm;
+                let res = match cm.state(cid) {
+                    Some(ConnState::RepRcvd | ConnState::MraRepSent) => cm.rtu(now, cid, &[]),
+                    Some(ConnState::RepSent | ConnState::MraRepRcvd) => cm.establish(now, cid),
+                    Some(ConnState::Established) => Ok(()),
+                    _ => return fail(libc::EINVAL, "the connection is not being established"),
+                };
+                match res {
+                    Ok(()) => ok(),
+                    Err(e) => fail(libc::EINVAL, &format!("establish: {e:?}")),
+                }
+            }
+            Request::CmDisconnect { id } => {
+                let r = match self.own(client, id) {
+                    Ok(r) => r,
+                    Err(e) => return e,
+                };
+                let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "not connected") };
+                let cm = &mut self.ports[pi].cm;
+                match cm.state(cid) {
+                    Some(ConnState::Established) => match cm.disconnect(now, cid, &[]) {
+                        Ok(()) => ok(),
+                        Err(e) => fail(libc::EINVAL, &format!("disconnect: {e:?}")),
+                    },
+                    Some(ConnState::DreqSent | ConnState::TimeWait) => ok(),
+                    _ => fail(libc::EINVAL, "not connected"),
+                }
+            }
+            Request::CmInitQpAttr { id, qp_state } => match self.own(client, id) {
+                Ok(_) => self.init_qp_attr(id, qp_state),
+                Err(e) => e,
+            },
+            Request::CmSetOption { id, level, name, value } => {
+                if let Err(e) = self.own(client, id) {
+                    return e;
+                }
+                let r = self.ids.get_mut(&id).expect("owned");
+                let int = || value.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                match (level, name) {
+                    (0, 0) => match value.first() {
+                        Some(&t) => r.tos = t,
+                        None => return fail(libc::EINVAL, "TOS needs one byte"),
+                    },
+                    (0, 1) => match int() {
+                        Some(v) => r.reuseaddr = v != 0,
+                        None => return fail(libc::EINVAL, "REUSEADDR needs an int"),
+                    },
+                    (0, 2) => {
+                        if int().is_none() {
+                            return fail(libc::EINVAL, "AFONLY needs an int");
+                        }
+                    }
+                    (0, 3) => match value.first() {
+                        Some(&t) => r.ack_timeout = Some(t.min(31)),
+                        None => return fail(libc::EINVAL, "ACK_TIMEOUT needs one byte"),
+                    },
+                    _ => return fail(libc::ENOSYS, "unsupported rdma_cm option"),
+                }
+                ok()
+            }
+            Request::CmDestroyId { id } => {
+                if let Err(e) = self.own(client, id) {
+                    return e;
+                }
+                self.destroy(now, id);
+                ok()
+            }
+            _ => fail(libc::EINVAL, "not an rdma_cm request"),
+        }
+    }
+
+    fn resolve_addr(&mut self, client: u32, id: u32, src: Option<CmSockAddr>, dst: CmSockAddr) -> Reply {
+        let r = match self.own(client, id) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if r.listen_sid.is_some() || r.conn.is_some() {
+            return fail(libc::EINVAL, "rdma_cm id is listening or connected");
+        }
+        if let Some(s) = src {
+            if !r.bound {
+                if let Err(e) = self.bind(id, s) {
+                    return e;
+                }
+            }
+        }
+        let r = &self.ids[&id];
+        let dip = sock_ip(&dst);
+        if dip.is_unspecified() {
+            return fail(libc::EADDRNOTAVAIL, "no destination address");
+        }
+        let chosen = r
+            .device
+            .or_else(|| self.ports.iter().position(|p| p.cfg.owns(dip)))
+            .or_else(|| self.ports.iter().position(|p| p.cfg.routes(dip)));
+        let Some(pi) = chosen else { return fail(libc::EADDRNOTAVAIL, "no pmrxe device owns or routes to the destination") };
+        let sip = if r.bound && !is_wildcard(&r.src) { Some(sock_ip(&r.src)) } else { self.ports[pi].cfg.addr_like(dip) };
+        let Some(sip) = sip.filter(|s| s.is_ipv4() == dip.is_ipv4()) else {
+            return fail(libc::EADDRNOTAVAIL, "the device has no address of the destination's family");
+        };
+        let port = if r.bound && r.src.port != 0 {
+            r.src.port
+        } else {
+            match self.ephemeral(id, r.ps, Some(pi)) {
+                Some(p) => p,
+                None => return fail(libc::EADDRINUSE, "no free port"),
+            }
+        };
+        let r = self.ids.get_mut(&id).expect("owned");
+        r.device = Some(pi);
+        r.bound = true;
+        r.src = sock_addr(sip, port);
+        r.dst = dst;
+        r.addr_resolved = true;
+        self.emit(id, event::ADDR_RESOLVED, 0, None, None);
+        self.addr_reply(id)
+    }
+
+    fn listen(&mut self, client: u32, id: u32, backlog: u32) -> Reply {
+        let r = match self.own(client, id) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if r.listen_sid.is_some() {
+            return ok();
+        }
+        if r.conn.is_some() || r.child {
+            return fail(libc::EINVAL, "rdma_cm id is connected");
+        }
+        if !r.bound {
+            if let Err(e) = self.bind(id, CmSockAddr::default()) {
+                return e;
+            }
+        }
+        let r = &self.ids[&id];
+        let ps = if r.is_ud() && r.ps != PortSpace::IPOIB.0 { PortSpace::UDP } else { PortSpace(r.ps) };
+        let sid = cma::service_id(ps, r.src.port);
+        let ports: Vec<usize> = match r.device {
+            Some(p) => vec![p],
+            None => (0..self.ports.len()).collect(),
+        };
+        let backlog = if backlog == 0 || backlog > MAX_BACKLOG { MAX_BACKLOG } else { backlog };
+        for (k, &pi) in ports.iter().enumerate() {
+            if self.listeners.contains_key(&(pi, sid)) || self.ports[pi].cm.listen(sid, backlog as usize).is_err() {
+                for &undo in &ports[..k] {
+                    let _ = self.ports[undo].cm.unlisten(sid);
+                    self.listeners.remove(&(undo, sid));
+                }
+                return fail(libc::EADDRINUSE, "already listening on this port");
+            }
+            self.listeners.insert((pi, sid), id);
+        }
+        self.ids.get_mut(&id).expect("owned").listen_sid = Some(sid);
+        ok()
+    }
+
+    fn route(&self, r: &IdRec, pi: usize) -> RoutePath {
+        let mut path = RoutePath::between(sock_ip(&r.src), sock_ip(&r.dst));
+        path.mtu = self.ports[pi].cfg.active_mtu.clamp(1, 5) as u8;
+        path.traffic_class = r.tos;
+        if let Some(t) = r.ack_timeout {
+            path.local_ack_timeout = t;
+        }
+        path
+    }
+
+    fn connect(&mut self, now: Instant, client: u32, id: u32, qpn: u32, conn: CmConnParam) -> Reply {
+        let r = match self.own(client, id) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let Some(pi) = r.device.filter(|_| r.route_resolved) else { return fail(libc::EINVAL, "resolve the route first") };
+        if r.conn.is_some() || r.listen_sid.is_some() {
+            return fail(libc::EISCONN, "rdma_cm id is already connecting or listening");
+        }
+        let path = self.route(r, pi);
+        let hdr = cma::Repr { src_ip: sock_ip(&r.src), src_port: r.src.port, dst_ip: sock_ip(&r.dst) };
+        let (ud, ps, dport, psn, qp_type) = (r.is_ud(), r.ps, r.dst.port, r.psn, r.qp_type);
+        let res = if ud {
+            let Ok(pd) = hdr.with_user_data(&conn.private_data, sidr_req::PRIVATE_DATA_LEN) else {
+                return fail(libc::EINVAL, "private data too long");
+            };
+            let sid = cma::service_id(if ps == PortSpace::IPOIB.0 { PortSpace::IPOIB } else { PortSpace::UDP }, dport);
+            let p = SidrParams { path, service_id: sid, timeout: pmrxe_cm::types::CMA_CM_RESPONSE_TIMEOUT, max_cm_retries: pmrxe_cm::types::CMA_MAX_CM_RETRIES, private_data: pd };
+            self.ports[pi].cm.sidr_resolve(now, &p)
+        } else {
+            let Ok(pd) = hdr.with_user_data(&conn.private_data, req::PRIVATE_DATA_LEN) else {
+                return fail(libc::EINVAL, "private data too long");
+            };
+            let sid = cma::service_id(PortSpace(ps), dport);
+            let mut p = ConnectParams::new(path, sid, Qpn::new(qpn), Psn::new(psn));
+            p.transport = if qp_type == IBV_QPT_UC { Transport::Uc } else { Transport::Rc };
+            p.responder_resources = conn.responder_resources;
+            p.initiator_depth = conn.initiator_depth;
+            p.retry_count = conn.retry_count.min(7);
+            p.rnr_retry_count = conn.rnr_retry_count.min(7);
+            p.flow_control = conn.flow_control != 0;
+            p.srq = conn.srq != 0;
+            p.private_data = pd;
+            self.ports[pi].cm.connect(now, &p)
+        };
+        match res {
+            Ok(cid) => {
+                let rec = self.ids.get_mut(&id).expect("owned");
+                rec.conn = Some(cid);
+                rec.active = !ud;
+                self.by_conn.insert((pi, cid), id);
+                ok()
+            }
+            Err(pmrxe_cm::CmError::TableFull) => fail(libc::ENOMEM, "connection table full"),
+            Err(e) => fail(libc::EINVAL, &format!("connect: {e:?}")),
+        }
+    }
+
+    fn accept(&mut self, now: Instant, client: u32, id: u32, qpn: u32, conn: CmConnParam) -> Reply {
+        let r = match self.own(client, id) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "no connection request to accept") };
+        let res = if r.is_ud() {
+            let p = SidrReplyParams { status: SidrStatus::SUCCESS, qpn: Qpn::new(qpn), qkey: cma::UDP_QKEY, vendor_id: 0, info: vec![], private_data: conn.private_data };
+            let res = self.ports[pi].cm.sidr_reply(now, cid, &p);
+            if res.is_ok() {
+                self.conn_gone(pi, cid);
+            }
+            res
+        } else {
+            let p = AcceptParams {
+                local_qpn: Qpn::new(qpn),
+                starting_psn: Psn::new(r.psn),
+                responder_resources: conn.responder_resources,
+                initiator_depth: conn.initiator_depth,
+                rnr_retry_count: conn.rnr_retry_count.min(7),
+                flow_control: conn.flow_control != 0,
+                srq: conn.srq != 0,
+                ece: Default::default(),
+                private_data: conn.private_data,
+            };
+            self.ports[pi].cm.accept(now, cid, &p)
+        };
+        match res {
+            Ok(()) => ok(),
+            Err(e) => fail(libc::EINVAL, &format!("accept: {e:?}")),
+        }
+    }
+
+    /// `rdma_init_qp_attr` (kernel `rdma_init_qp_attr` + `ib_cm_init_qp_attr` for RoCE).
+    fn init_qp_attr(&self, id: u32, qp_state: u32) -> Reply {
+        let r = &self.ids[&id];
+        let Some(pi) = r.device else { return fail(libc::EINVAL, "rdma_cm id has no device yet") };
+        let port = &self.ports[pi];
+        let mut a = QpAttr { qp_state, cur_qp_state: qp_state, ..Default::default() };
+        let ud = r.is_ud();
+        let attrs = r.conn.and_then(|c| port.cm.qp_attrs(c));
+        let mask = match qp_state {
+            1 => {
+                a.pkey_index = 0;
+                a.port_num = 1;
+                if ud {
+                    a.qkey = cma::UDP_QKEY;
+                    mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::QKEY
+                } else {
+                    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+                    let resp = attrs.map(|x| x.max_dest_rd_atomic).or(r.peer_req.map(|p| p.resp_res)).unwrap_or(0);
+                    if resp > 0 {
+                        a.qp_access_flags |= IBV_ACCESS_REMOTE_ATOMIC;
+                    }
+                    mask::STATE | mask::ACCESS_FLAGS | mask::PKEY_INDEX | mask::PORT
+                }
+            }
+            2 if ud => mask::STATE,
+            2 => {
+                let (transport, dqpn, rq_psn, mtu, resp) = match (attrs, r.peer_req) {
+                    (Some(x), _) => (x.transport, x.remote_qpn.value(), x.rq_psn.value(), x.path_mtu, x.max_dest_rd_atomic),
+                    (None, Some(p)) => (p.transport, p.remote_qpn, p.rq_psn, p.path_mtu, p.resp_res),
+                    (None, None) => return fail(libc::EINVAL, "no connection parameters yet (RTR needs the REQ or REP)"),
+                };
+                a.dest_qp_num = dqpn;
+                a.rq_psn = rq_psn;
+                a.path_mtu = u32::from(mtu);
+                a.ah_attr = self.ah_to(pi, sock_ip(&r.src), Gid::from_ip(sock_ip(&r.dst)), r.tos);
+                let mut m = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN;
+                if transport == Transport::Rc {
+                    a.max_dest_rd_atomic = resp;
+                    a.min_rnr_timer = MIN_RNR_TIMER;
+                    m |= mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER;
+                }
+                m
+            }
+            3 if ud => {
+                a.sq_psn = 0;
+                mask::STATE | mask::SQ_PSN
+            }
+            3 => {
+                let (transport, timeout, retry, rnr, init) = match (attrs, r.peer_req) {
+                    (Some(x), _) => (x.transport, x.timeout, x.retry_cnt, x.rnr_retry, x.max_rd_atomic),
+                    (None, Some(p)) => (p.transport, p.timeout, p.retry_cnt, p.rnr_retry, p.init_depth),
+                    (None, None) => return fail(libc::EINVAL, "no connection parameters yet (RTS needs the REQ or REP)"),
+                };
+                a.sq_psn = r.psn;
+                let mut m = mask::STATE | mask::SQ_PSN;
+                if transport == Transport::Rc {
+                    a.timeout = r.ack_timeout.unwrap_or(timeout);
+                    a.retry_cnt = retry;
+                    a.rnr_retry = rnr;
+                    a.max_rd_atomic = init;
+                    m |= mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::MAX_QP_RD_ATOMIC;
+                }
+                m
+            }
+            _ => return fail(libc::EINVAL, "rdma_init_qp_attr: only INIT, RTR and RTS"),
+        };
+        (Response::CmQpAttr { attr: a, mask }, None)
+    }
+
+    fn destroy(&mut self, now: Instant, id: u32) {
+        let Some(r) = self.ids.remove(&id) else { return };
+        if let (Some(pi), Some(cid)) = (r.device, r.conn) {
+            let _ = self.ports[pi].cm.destroy(now, cid);
+            self.by_conn.remove(&(pi, cid));
+        }
+        if let Some(sid) = r.listen_sid {
+            let keys: Vec<(usize, u64)> = self.listeners.iter().filter(|(k, &v)| k.1 == sid && v == id).map(|(k, _)| *k).collect();
+            for k in keys {
+                let _ = self.ports[k.0].cm.unlisten(sid);
+                self.listeners.remove(&k);
+            }
+        }
+        for c in self.ids.values_mut() {
+            if c.parent == Some(id) {
+                c.parent = None;
+            }
+        }
+    }
+
+    /// A client is gone: its ids are destroyed (the CM sends DREQ/REJ) and its channels closed.
+    pub fn client_gone(&mut self, now: Instant, client: u32) {
+        let ids: Vec<u32> = self.ids.iter().filter(|(_, r)| r.client == client).map(|(&h, _)| h).collect();
+        for h in ids {
+            self.destroy(now, h);
+        }
+        self.channels.retain(|_, c| c.client != client);
+        self.drain_events(now);
+    }
+}
+
+/// Send one datagram without blocking: Ok(true) sent, Ok(false) the socket is full.
+fn send_dgram(sock: &OwnedFd, bytes: &[u8]) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: `bytes` is a live buffer of the given length; the socket is ours.
+        let n = unsafe { libc::send(sock.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn flush_backlog(ch: &mut Channel) -> std::io::Result<()> {
+    while let Some(b) = ch.backlog.front() {
+        if !send_dgram(&ch.sock, b)? {
+            return Ok(());
+        }
+        ch.backlog.pop_front();
+    }
+    Ok(())
+}
+
+/// A `SOCK_SEQPACKET` pair: (service end, client end).
+fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut sv = [0; 2];
+    // SAFETY: `sv` is a valid out array of two fds.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: socketpair returned two fresh fds we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pmrxe_wire::MacAddr;
+
+    const A: [u8; 4] = [198, 18, 0, 1];
+    const B: [u8; 4] = [198, 18, 0, 2];
+
+    fn port(i: u32, ip: [u8; 4]) -> CmPort {
+        let ip = IpAddr::V4(Ipv4Addr::from(ip));
+        CmPort { device: i, guid: 0x0200_00ff_fe00_0001 + u64::from(i), gids: vec![[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, i as u8], Gid::from_ip(ip).0], nets: vec![(ip, 24)], active_mtu: 5, lcore: 0 }
+    }
+
+    fn v4(ip: [u8; 4], port: u16) -> CmSockAddr {
+        sock_addr(IpAddr::V4(Ipv4Addr::from(ip)), port)
+    }
+
+    /// Carry every MAD as a real RoCEv2 frame to the port that owns its destination.
+    fn wire(c: &mut CmCore) -> usize {
+        let mut n = 0;
+        loop {
+            let t = c.take_transmits();
+            if t.is_empty() {
+                return n;
+            }
+            for (_, t) in t {
+                let f = pmrxe_cm::gsi::build_mad_frame(&t.path, MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]), Psn::new(1), &t.mad).unwrap();
+                let dst = t.path.dgid.to_ip();
+                let dev = c.ports.iter().find(|p| p.cfg.owns(dst)).map(|p| p.cfg.device).expect("destination port");
+                let now = c.now();
+                c.on_frame(now, dev, &f);
+                n += 1;
+            }
+        }
+    }
+
+    fn req(c: &mut CmCore, client: u32, r: Request) -> Response {
+        let now = c.now();
+        c.request(now, client, r).0
+    }
+
+    fn channel(c: &mut CmCore, client: u32) -> (u32, OwnedFd) {
+        let now = c.now();
+        match c.request(now, client, Request::CmOpenChannel) {
+            (Response::CmChannel { channel }, Some(fd)) => (channel, fd),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn id(c: &mut CmCore, client: u32, ch: u32, ps: u16, qpt: u32, ctx: u64) -> u32 {
+        match req(c, client, Request::CmCreateId { channel: ch, ps, qp_type: qpt, context: ctx }) {
+            Response::CmId { id } => id,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn events(fd: &OwnedFd) -> Vec<CmEventMsg> {
+        let mut v = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        loop {
+            // SAFETY: recv into a live buffer of its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n <= 0 {
+                return v;
+            }
+            v.push(ctrl::decode::<CmEventMsg>(&buf[..n as usize]).unwrap());
+        }
+    }
+
+    fn kinds(v: &[CmEventMsg]) -> Vec<u32> {
+        v.iter().map(|e| e.event).collect()
+    }
+
+    #[test]
+    fn rc_connect_accept_establish_disconnect() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (sch, sfd) = channel(&mut c, 1);
+        let (cch, cfd) = channel(&mut c, 2);
+        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7471) }), Response::CmAddr { device: Some(0), .. }));
+        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 8 }), Response::Ok);
+        // Another client cannot name the listener, nor take its port.
+        assert!(matches!(req(&mut c, 2, Request::CmListen { id: l, backlog: 8 }), Response::Err { errno: libc::EINVAL, .. }));
+        let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+        match req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7471), timeout_ms: 2000 }) {
+            Response::CmAddr { addr, device: Some(0) } => assert_eq!(sock_ip(&addr), IpAddr::V4(Ipv4Addr::from(A))),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+        assert_eq!(kinds(&events(&cfd)), [event::ADDR_RESOLVED, event::ROUTE_RESOLVED]);
+        // RTR before the REP: no parameters yet.
+        assert!(matches!(req(&mut c, 2, Request::CmInitQpAttr { id: a, qp_state: 2 }), Response::Err { .. }));
+        let conn = CmConnParam { private_data: b"hello".to_vec(), responder_resources: 4, initiator_depth: 2, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
+        assert_eq!(req(&mut c, 2, Request::CmConnect { id: a, qpn: 0x123, conn }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&sfd);
+        assert_eq!(kinds(&ev), [event::CONNECT_REQUEST]);
+        let cr = &ev[0];
+        assert_eq!((cr.listen_id, cr.context), (Some(l), 0x11));
+        assert_eq!(&cr.conn.private_data[..5], b"hello");
+        assert_eq!(cr.conn.private_data.len(), cma::REQ_USER_DATA_LEN);
+        assert_eq!((cr.conn.responder_resources, cr.conn.initiator_depth, cr.conn.qp_num), (2, 4, 0x123));
+        assert_eq!(cr.dst.port, c.ids[&a].src.port);
+        assert_eq!(sock_ip(&cr.dst), IpAddr::V4(Ipv4Addr::from(A)));
+        let p = cr.id;
+        // Passive QP attributes before the accept (librdmacm moves the QP first).
+        match req(&mut c, 1, Request::CmInitQpAttr { id: p, qp_state: 2 }) {
+            Response::CmQpAttr { attr, mask } => {
+                assert_eq!(attr.dest_qp_num, 0x123);
+                assert_eq!(attr.max_dest_rd_atomic, 2);
+                assert_eq!(attr.path_mtu, 5);
+                assert!(attr.ah_attr.is_global);
+                assert_eq!(attr.ah_attr.dgid, Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A))).0);
+                assert_eq!(attr.ah_attr.sgid_index, 1);
+                assert_eq!(mask, mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN | mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER);
+            }
+            r => panic!("{r:?}"),
+        }
+        let rts_psn = match req(&mut c, 1, Request::CmInitQpAttr { id: p, qp_state: 3 }) {
+            Response::CmQpAttr { attr, mask } => {
+                assert_eq!(mask, mask::STATE | mask::SQ_PSN | mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::MAX_QP_RD_ATOMIC);
+                assert_eq!(attr.max_rd_atomic, 4);
+                attr.sq_psn
+            }
+            r => panic!("{r:?}"),
+        };
+        let acc = CmConnParam { private_data: b"welcome".to_vec(), responder_resources: 2, initiator_depth: 4, rnr_retry_count: 6, ..Default::default() };
+        assert_eq!(req(&mut c, 1, Request::CmAccept { id: p, qpn: 0x456, conn: acc }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&cfd);
+        assert_eq!(kinds(&ev), [ctrl::CM_EVENT_CONNECT_RESPONSE]);
+        assert_eq!(ev[0].conn.qp_num, 0x456);
+        assert_eq!(&ev[0].conn.private_data[..7], b"welcome");
+        match req(&mut c, 2, Request::CmInitQpAttr { id: a, qp_state: 2 }) {
+            Response::CmQpAttr { attr, .. } => {
+                assert_eq!((attr.dest_qp_num, attr.rq_psn), (0x456, rts_psn));
+                assert_eq!(attr.ah_attr.dgid, Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A))).0);
+            }
+            r => panic!("{r:?}"),
+        }
+        match req(&mut c, 2, Request::CmInitQpAttr { id: a, qp_state: 3 }) {
+            Response::CmQpAttr { attr, .. } => assert_eq!(attr.rnr_retry, 6),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(req(&mut c, 2, Request::CmEstablish { id: a }), Response::Ok);
+        wire(&mut c);
+        assert_eq!(kinds(&events(&sfd)), [event::ESTABLISHED]);
+        assert!(events(&cfd).is_empty(), "the active client reports ESTABLISHED itself");
+        assert_eq!(req(&mut c, 2, Request::CmDisconnect { id: a }), Response::Ok);
+        wire(&mut c);
+        assert_eq!(kinds(&events(&sfd)), [event::DISCONNECTED]);
+        assert_eq!(kinds(&events(&cfd)), [event::DISCONNECTED]);
+        assert_eq!(req(&mut c, 1, Request::CmDisconnect { id: p }), Response::Ok, "already disconnected: fine");
+        for h in [a] {
+            assert_eq!(req(&mut c, 2, Request::CmDestroyId { id: h }), Response::Ok);
+        }
+        c.client_gone(c.now(), 1);
+        c.client_gone(c.now(), 2);
+        assert_eq!((c.id_count(), c.channel_count()), (0, 0));
+    }
+
+    #[test]
+    fn no_listener_is_rejected_and_reject_carries_private_data() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (ch, fd) = channel(&mut c, 1);
+        let a = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 1);
+        req(&mut c, 1, Request::CmResolveAddr { id: a, src: Some(v4(B, 0)), dst: v4(A, 9999), timeout_ms: 100 });
+        req(&mut c, 1, Request::CmResolveRoute { id: a, timeout_ms: 100 });
+        assert_eq!(req(&mut c, 1, Request::CmConnect { id: a, qpn: 5, conn: CmConnParam::default() }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&fd);
+        assert_eq!(kinds(&ev), [event::ADDR_RESOLVED, event::ROUTE_RESOLVED, event::REJECTED]);
+        assert_eq!(ev[2].status, 8);
+        assert_eq!(ev[0].device, Some(1), "source 198.18.0.2 is pmrxe1");
+
+        // A listener that rejects with private data.
+        let l = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 2);
+        req(&mut c, 1, Request::CmBindAddr { id: l, addr: CmSockAddr::default() });
+        let lport = c.ids[&l].src.port;
+        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 0 }), Response::Ok);
+        let b = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 3);
+        req(&mut c, 1, Request::CmResolveAddr { id: b, src: None, dst: v4(B, lport), timeout_ms: 100 });
+        req(&mut c, 1, Request::CmResolveRoute { id: b, timeout_ms: 100 });
+        req(&mut c, 1, Request::CmConnect { id: b, qpn: 6, conn: CmConnParam::default() });
+        wire(&mut c);
+        let ev = events(&fd);
+        let cr = ev.iter().find(|e| e.event == event::CONNECT_REQUEST).expect("request on the wildcard listener");
+        assert_eq!(cr.device, Some(1));
+        assert_eq!(req(&mut c, 1, Request::CmReject { id: cr.id, private_data: b"go away".to_vec() }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&fd);
+        assert_eq!(kinds(&ev), [event::REJECTED]);
+        assert_eq!(ev[0].status, 28);
+        assert_eq!(&ev[0].conn.private_data[..7], b"go away");
+    }
+
+    #[test]
+    fn ud_sidr_resolves_to_established_with_qpn_and_qkey() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (ch, fd) = channel(&mut c, 1);
+        let l = id(&mut c, 1, ch, PortSpace::UDP.0, IBV_QPT_UD, 7);
+        req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7174) });
+        req(&mut c, 1, Request::CmListen { id: l, backlog: 4 });
+        let a = id(&mut c, 1, ch, PortSpace::UDP.0, IBV_QPT_UD, 8);
+        req(&mut c, 1, Request::CmResolveAddr { id: a, src: Some(v4(B, 0)), dst: v4(A, 7174), timeout_ms: 100 });
+        match req(&mut c, 1, Request::CmInitQpAttr { id: a, qp_state: 1 }) {
+            Response::CmQpAttr { attr, mask } => {
+                assert_eq!(attr.qkey, cma::UDP_QKEY);
+                assert_eq!(mask, mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::QKEY);
+            }
+            r => panic!("{r:?}"),
+        }
+        req(&mut c, 1, Request::CmResolveRoute { id: a, timeout_ms: 100 });
+        req(&mut c, 1, Request::CmConnect { id: a, qpn: 0x77, conn: CmConnParam { private_data: b"ud?".to_vec(), ..Default::default() } });
+        wire(&mut c);
+        let ev = events(&fd);
+        let cr = ev.iter().find(|e| e.event == event::CONNECT_REQUEST).expect("SIDR_REQ → CONNECT_REQUEST");
+        assert_eq!(&cr.ud.as_ref().unwrap().private_data[..3], b"ud?");
+        assert_eq!(req(&mut c, 1, Request::CmAccept { id: cr.id, qpn: 0x99, conn: CmConnParam::default() }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&fd);
+        assert_eq!(kinds(&ev), [event::ESTABLISHED]);
+        let ud = ev[0].ud.as_ref().unwrap();
+        assert_eq!((ud.qp_num, ud.qkey), (0x99, cma::UDP_QKEY));
+        assert_eq!(ud.ah_attr.dgid, Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A))).0);
+        assert!(ud.ah_attr.is_global);
+    }
+
+    #[test]
+    fn closed_channel_is_dropped_and_client_death_sends_dreq() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (sch, sfd) = channel(&mut c, 1);
+        let (cch, cfd) = channel(&mut c, 2);
+        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 1);
+        req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 5000) });
+        req(&mut c, 1, Request::CmListen { id: l, backlog: 4 });
+        let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 2);
+        req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 5000), timeout_ms: 100 });
+        req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 100 });
+        req(&mut c, 2, Request::CmConnect { id: a, qpn: 1, conn: CmConnParam::default() });
+        wire(&mut c);
+        let p = events(&sfd).iter().find(|e| e.event == event::CONNECT_REQUEST).unwrap().id;
+        req(&mut c, 1, Request::CmAccept { id: p, qpn: 2, conn: CmConnParam::default() });
+        wire(&mut c);
+        req(&mut c, 2, Request::CmEstablish { id: a });
+        wire(&mut c);
+        assert_eq!(kinds(&events(&sfd)), [event::ESTABLISHED]);
+        // The active client dies: its id is destroyed (DREQ), the passive side hears it.
+        drop(cfd);
+        c.housekeeping();
+        assert_eq!(c.channel_count(), 1);
+        c.client_gone(c.now(), 2);
+        wire(&mut c);
+        assert_eq!(kinds(&events(&sfd)), [event::DISCONNECTED]);
+        assert_eq!(c.id_count(), 2);
+    }
+}
