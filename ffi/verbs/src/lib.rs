@@ -17,6 +17,8 @@
 //!   errors, never unwind into C); handles are `#[repr(C)]` structs with the C struct first
 //!   and a magic word.
 //!
+//! librdmacm ([`cm`]): the `rdma_*` API over the service's connection manager.
+//!
 //! The pmrxedv extension ([`pmrxedv`], `include/pmrxedv.h`) adds fast registration.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -24,6 +26,7 @@
 
 pub mod boundary;
 pub mod client;
+pub mod cm;
 pub mod cq;
 pub mod device;
 pub mod events;

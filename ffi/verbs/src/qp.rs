@@ -445,7 +445,7 @@ pub fn qp_attr_from_c(a: &ibv_qp_attr) -> QpAttr {
     }
 }
 
-fn qp_attr_to_c(a: &QpAttr, out: &mut ibv_qp_attr) {
+pub fn qp_attr_to_c(a: &QpAttr, out: &mut ibv_qp_attr) {
     // SAFETY: plain C data.
     *out = unsafe { std::mem::zeroed() };
     out.qp_state = a.qp_state;
