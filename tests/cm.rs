@@ -226,3 +226,102 @@ fn check_capture(pcap: &Path, port: u16) {
     let o = Command::new("python3").arg(&checker).arg("--strict-pad").arg("--check-ip-csum").arg(pcap).output().expect("python3");
     assert!(o.status.success(), "icrc_check: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }
+
+/// Two namespaces joined by a veth (scripts/netns.sh), unique names per run; down on drop.
+struct Netns {
+    a: String,
+    b: String,
+    if_a: String,
+    if_b: String,
+}
+
+impl Netns {
+    fn up() -> Netns {
+        require_root();
+        require_tool("ip");
+        let id = std::process::id() % 100_000;
+        let n = Netns { a: format!("pmrxe-cm-a{id}"), b: format!("pmrxe-cm-b{id}"), if_a: format!("pxcm{id}a"), if_b: format!("pxcm{id}b") };
+        let o = n.script("up");
+        assert!(o.status.success(), "netns.sh up: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        n
+    }
+    fn script(&self, cmd: &str) -> std::process::Output {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/netns.sh"))
+            .args([cmd, &self.a, &self.b])
+            .env("IF_A", &self.if_a)
+            .env("IF_B", &self.if_b)
+            .output()
+            .expect("run scripts/netns.sh")
+    }
+    /// configs/netns-{a,b}.toml with this run's interface and EAL file prefix.
+    fn config(&self, dir: &TempDir, which: char) -> std::path::PathBuf {
+        let text = std::fs::read_to_string(repo_root().join(format!("configs/netns-{which}.toml"))).unwrap();
+        let (iface, orig) = if which == 'a' { (&self.if_a, "pmrxe-va") } else { (&self.if_b, "pmrxe-vb") };
+        let prefix = format!("pmrxe-netns-{which}");
+        let text = text.replace(&format!("iface={orig}"), &format!("iface={iface}")).replace(&format!("\"{prefix}\""), &format!("\"{prefix}-cm{}\"", std::process::id()));
+        let p = dir.join(&format!("netns-{which}.toml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = self.script("down");
+    }
+}
+
+#[test]
+fn rdma_cm_between_two_services_in_two_namespaces() {
+    let _l = heavy_lock();
+    let ns = Netns::up();
+    let dir = TempDir::new("cm-netns");
+    let (cfg_a, cfg_b) = (ns.config(&dir, 'a'), ns.config(&dir, 'b'));
+    let a = Service::start(Some(&cfg_a), Some(&ns.a));
+    let b = Service::start(Some(&cfg_b), Some(&ns.b));
+    let port = port_for(62);
+    let server = Client::connect(&a);
+    let client = Client::connect(&b);
+    let (sch, sfd) = server.channel();
+    let (cch, cfd) = client.channel();
+    // A wildcard listener on a service-chosen port, and one on 10.77.0.1:port.
+    let wild = server.id(sch, 1);
+    match server.call(Request::CmBindAddr { id: wild, addr: CmSockAddr::default() }).0 {
+        Response::CmAddr { addr, device: None } => assert!(addr.port >= 32768, "ephemeral port: {addr:?}"),
+        r => panic!("wildcard bind: {r:?}"),
+    }
+    assert!(matches!(server.call(Request::CmBindAddr { id: wild, addr: CmSockAddr::default() }).0, Response::Err { .. }), "bound twice");
+    server.ok(Request::CmListen { id: wild, backlog: 8 });
+    let listen2 = server.id(sch, 2);
+    let lport = match server.call(Request::CmBindAddr { id: listen2, addr: v4([10, 77, 0, 1], port) }).0 {
+        Response::CmAddr { addr, device: Some(0) } => addr.port,
+        r => panic!("bind: {r:?}"),
+    };
+    server.ok(Request::CmListen { id: listen2, backlog: 8 });
+
+    let active = client.id(cch, 3);
+    match client.call(Request::CmResolveAddr { id: active, src: None, dst: v4([10, 77, 0, 1], lport), timeout_ms: 2000 }).0 {
+        Response::CmAddr { addr, device: Some(0) } => assert_eq!(addr.ip, v4([10, 77, 0, 2], 0).ip, "source chosen by the subnet"),
+        r => panic!("resolve_addr: {r:?}"),
+    }
+    expect_event(&cfd, ADDR_RESOLVED);
+    client.ok(Request::CmResolveRoute { id: active, timeout_ms: 2000 });
+    expect_event(&cfd, ROUTE_RESOLVED);
+    client.ok(Request::CmConnect { id: active, qpn: 0x51, conn: CmConnParam { private_data: b"across".to_vec(), ..Default::default() } });
+    let req = expect_event(&sfd, CONNECT_REQUEST);
+    assert_eq!(req.listen_id, Some(listen2));
+    assert_eq!(&req.conn.private_data[..6], b"across");
+    server.ok(Request::CmAccept { id: req.id, qpn: 0x52, conn: CmConnParam::default() });
+    assert_eq!(expect_event(&cfd, ctrl::CM_EVENT_CONNECT_RESPONSE).conn.qp_num, 0x52);
+    client.ok(Request::CmEstablish { id: active });
+    expect_event(&sfd, ESTABLISHED);
+    // The passive side disconnects this time.
+    server.ok(Request::CmDisconnect { id: req.id });
+    expect_event(&cfd, DISCONNECTED);
+    expect_event(&sfd, DISCONNECTED);
+    drop(client);
+    drop(server);
+    drop(b);
+    drop(a);
+}
