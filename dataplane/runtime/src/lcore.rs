@@ -762,7 +762,15 @@ impl<L: Link> Lcore<L> {
                 }
                 let qpn: u32 = f.headers.bth.dest_qp.into();
                 if qpn == 1 {
-                    self.gsi_receive(pi, data);
+                    // QP1 takes only GSI datagrams (UD SEND_ONLY, Q_Key 0x80010000); anything
+                    // else for it is a frame for a QP that does not exist.
+                    let gsi = f.headers.bth.opcode == wire::Opcode::UD_SEND_ONLY
+                        && f.headers.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
+                    if gsi {
+                        self.gsi_receive(pi, data);
+                    } else {
+                        bump(&self.stats.rx_unknown_qp, 1);
+                    }
                     return None;
                 }
                 let Some(&idx) = self.qpn_to_slot.get(&qpn) else {

@@ -210,6 +210,9 @@ fn lcore_help(k: &str) -> &'static str {
         "cq_events" => "Completion events signalled (eventfd writes).",
         "ring_corrupt" => "Corrupt ring indices seen (client misbehaviour).",
         "commands" => "Control commands handled by the lcore.",
+        "cm_rx" => "CM MADs received on QP1 and passed to the connection manager.",
+        "cm_tx" => "CM MADs sent from QP1.",
+        "cm_drops" => "QP1 frames dropped (CM queue full, oversize, no neighbour MAC, no buffer).",
         _ => "pmrxe lcore counter (see pmrxe stats).",
     }
 }
