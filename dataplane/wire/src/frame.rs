@@ -277,8 +277,44 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>> {
     parse_frame_with(frame, &ParseOptions::default())
 }
 
-/// [`parse_frame`] with options.
-pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<RoceFrame<'a>> {
+/// Ethernet/IP/UDP of a RoCEv2 frame, validated: addresses, where the RoCE part is, and what
+/// the ICRC needs. Shared by [`parse_frame_with`] and [`crate::cnp::parse_cnp_frame`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outer {
+    pub src_mac: MacAddr,
+    pub dst_mac: MacAddr,
+    pub src_ip: IpAddr,
+    pub dst_ip: IpAddr,
+    pub tclass: u8,
+    pub ttl: u8,
+    pub flow_label: u32,
+    pub ip_id: u16,
+    pub udp_sport: u16,
+    /// Offset of the IP header.
+    pub ip: usize,
+    /// Offset of the UDP header.
+    pub udp_off: usize,
+    /// End of the UDP datagram (the ICRC is its last 4 bytes).
+    pub ip_end: usize,
+    /// Offset of the BTH.
+    pub bth_offset: usize,
+}
+
+impl Outer {
+    /// The stored ICRC (little-endian in the last 4 bytes of the datagram).
+    pub(crate) fn stored_icrc(&self, frame: &[u8]) -> u32 {
+        let c = &frame[self.ip_end - ICRC_LEN..self.ip_end];
+        u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+    }
+    /// Does the stored ICRC match?
+    pub(crate) fn icrc_ok(&self, frame: &[u8]) -> bool {
+        crate::icrc(&frame[self.ip..self.udp_off], &frame[self.udp_off..self.ip_end - ICRC_LEN]) == self.stored_icrc(frame)
+    }
+}
+
+/// Validate Ethernet (VLANs skipped), IP and UDP (port 4791, lengths) and that the datagram
+/// holds at least a BTH and an ICRC.
+pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
     let (et, ip) = l2(frame)?;
     let e = eth::Packet::new_unchecked(frame);
     let (src_mac, dst_mac) = (e.src(), e.dst());
@@ -321,10 +357,16 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
         return Err(Error::BadLength);
     }
     let bth_offset = udp_off + udp::HEADER_LEN;
-    let roce = &frame[bth_offset..ip_end];
-    if roce.len() < crate::bth::HEADER_LEN + ICRC_LEN {
+    if ip_end - bth_offset < crate::bth::HEADER_LEN + ICRC_LEN {
         return Err(Error::Truncated);
     }
+    Ok(Outer { src_mac, dst_mac, src_ip, dst_ip, tclass, ttl, flow_label, ip_id, udp_sport: ur.src_port, ip, udp_off, ip_end, bth_offset })
+}
+
+/// [`parse_frame`] with options.
+pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<RoceFrame<'a>> {
+    let o = outer(frame)?;
+    let roce = &frame[o.bth_offset..o.ip_end];
     let body = &roce[..roce.len() - ICRC_LEN];
     let (headers, hlen) = TransportHeaders::parse(body)?;
     let info = headers.bth.opcode.info().ok_or(Error::UnknownOpcode(headers.bth.opcode.0))?;
@@ -345,27 +387,23 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
             return Err(Error::BadPad);
         }
     }
-    let stored = {
-        let c = &roce[roce.len() - ICRC_LEN..];
-        u32::from_le_bytes([c[0], c[1], c[2], c[3]])
-    };
-    if opts.verify_icrc && crate::icrc(&frame[ip..udp_off], &frame[udp_off..ip_end - ICRC_LEN]) != stored {
+    if opts.verify_icrc && !o.icrc_ok(frame) {
         return Err(Error::BadIcrc);
     }
     Ok(RoceFrame {
-        src_mac,
-        dst_mac,
-        src_ip,
-        dst_ip,
-        tclass,
-        ttl,
-        flow_label,
-        ip_id,
-        udp_sport: ur.src_port,
+        src_mac: o.src_mac,
+        dst_mac: o.dst_mac,
+        src_ip: o.src_ip,
+        dst_ip: o.dst_ip,
+        tclass: o.tclass,
+        ttl: o.ttl,
+        flow_label: o.flow_label,
+        ip_id: o.ip_id,
+        udp_sport: o.udp_sport,
         headers,
         payload: &body[hlen..hlen + rest - pad],
-        icrc: stored,
-        bth_offset,
+        icrc: o.stored_icrc(frame),
+        bth_offset: o.bth_offset,
     })
 }
 

@@ -46,6 +46,8 @@ pub mod immdt;
 pub mod ieth;
 pub mod deth;
 pub mod icrc;
+pub mod cnp;
+pub mod ecn;
 
 pub mod headers;
 pub mod frame;
@@ -75,6 +77,7 @@ pub use immdt::Packet as ImmDtPacket;
 pub use ieth::Packet as IethPacket;
 pub use deth::{Packet as DethPacket, Repr as DethRepr};
 pub use icrc::{icrc, ICRC_LEN};
+pub use cnp::{build_cnp_frame, parse_cnp_frame, CnpFrame, Repr as CnpRepr};
 
 pub use headers::TransportHeaders;
 pub use frame::{

@@ -1,0 +1,47 @@
+//! A CNP built by pmrxe (IPv4 and IPv6) verifies with the independent checker
+//! `shared/acceptance/lib/icrc_check.py`, next to the ConnectX-4 Lx hardware vector it must match.
+
+mod common;
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use pmrxe_wire::{build_cnp_frame, parse_cnp_frame, CnpRepr, L3Info, MacAddr, PcapWriter, Qpn};
+
+#[test]
+fn pmrxe_cnp_passes_icrc_check_py() {
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/acceptance/lib/icrc_check.py");
+    let have_python = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !have_python || !checker.exists() {
+        eprintln!("SKIP: python3 or {} missing", checker.display());
+        return;
+    }
+    let v4 = L3Info {
+        src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+        dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+        src_ip: IpAddr::V4("198.18.0.2".parse().unwrap()),
+        dst_ip: IpAddr::V4("198.18.0.1".parse().unwrap()),
+        tclass: 0xc2,
+        ..L3Info::default()
+    };
+    let v6 = L3Info { src_ip: "fd00::2".parse().unwrap(), dst_ip: "fd00::1".parse().unwrap(), flow_label: 0x12345, ..v4 };
+    let path = common::scratch("cnp.pcap");
+    let mut w = PcapWriter::new(std::fs::File::create(&path).unwrap(), false).unwrap();
+    for (i, l3) in [v4, v6].iter().enumerate() {
+        let mut buf = [0u8; 128];
+        let n = build_cnp_frame(&mut buf, l3, &CnpRepr::new(Qpn::new(0x11 + i as u32))).unwrap();
+        assert_eq!(parse_cnp_frame(&buf[..n]).unwrap().cnp.dest_qp, Qpn::new(0x11 + i as u32));
+        w.write_frame(Duration::from_secs(1_700_000_000 + i as u64), &buf[..n]).unwrap();
+    }
+    w.flush().unwrap();
+    drop(w);
+    let out = Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("checked 2 packets, 0 bad ICRC, 0 malformed"), "{text}");
+    assert!(text.contains("opcode 0x81 CNP"), "{text}");
+    let _ = std::fs::remove_file(&path);
+}
