@@ -276,15 +276,22 @@ fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
         // SAFETY: `base..base+len` is mapped (msync above) and readable (README contract);
         // `tmp` is our fresh mapping of the same length; they cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(base as *const u8, tmp.cast::<u8>(), len as usize) };
+        // The raw system call, not libc's mremap: a preloaded hook may intercept the libc symbol
+        // (UCX 1.13's memory hooks do, and drop the 5th argument, so MREMAP_FIXED would move
+        // our pages to a wrong address: PLATFORM.md §8).
         // SAFETY: moves our mapping over the application's pages; MREMAP_FIXED unmaps what
         // was there first. The contents are identical, so the application sees no change.
-        let r = unsafe { libc::mremap(tmp, len as usize, len as usize, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, base as *mut c_void) };
-        if r == libc::MAP_FAILED {
+        let r = unsafe {
+            libc::syscall(libc::SYS_mremap, tmp, len as usize, len as usize, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, base as *mut c_void)
+        };
+        if r == -1 {
             last = Errno::last();
             // SAFETY: `tmp` is still our mapping.
             unsafe { libc::munmap(tmp, len as usize) };
             continue;
         }
+        // MREMAP_FIXED either moves to `base` or fails; anything else would be a kernel bug.
+        debug_assert_eq!(r as u64, base, "mremap(MREMAP_FIXED) moved elsewhere");
         return Ok(fd);
     }
     Err(last)
