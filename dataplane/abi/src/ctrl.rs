@@ -83,6 +83,13 @@ pub struct GidEntry {
     pub gid_type: u32,
 }
 
+/// `ibv_device.dev_name` of device `index` (`pmrxe_uverbs<index>`): the shim reports it and the
+/// service keeps `/dev/infiniband/<it>` while it runs (UCX probes that path; the service's
+/// `devnodes` module). Never a kernel `uverbsN` name, so no real device node is shadowed.
+pub fn dev_node_name(index: u32) -> String {
+    format!("pmrxe_uverbs{index}")
+}
+
 /// A device as the shim presents it (`pmrxe0`, ...).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceInfo {

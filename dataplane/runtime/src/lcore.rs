@@ -109,7 +109,9 @@ pub struct QpSetup {
 /// Control commands. Replies go back on the enclosed channel.
 pub enum Cmd {
     /// A client connected (its doorbell page).
-    AddClient { client: u32, page: Arc<Segment>, events: Sender<pmrxe_abi::ctrl::AsyncEvent> },
+    /// `events_fd`, when given, is signalled after every event queued on `events` (the client's
+    /// `async_fd`, so epoll loops see pending asynchronous events).
+    AddClient { client: u32, page: Arc<Segment>, events: Sender<pmrxe_abi::ctrl::AsyncEvent>, events_fd: Option<Arc<crate::shm::EventFd>> },
     /// A client is gone: drop all its QPs and CQs (after flushing nothing: its memory is
     /// going away). Replies when done.
     RemoveClient { client: u32, done: Sender<()> },
@@ -197,11 +199,22 @@ struct ClientSlot {
     id: u32,
     page: Arc<Segment>,
     events: Sender<pmrxe_abi::ctrl::AsyncEvent>,
+    events_fd: Option<Arc<crate::shm::EventFd>>,
     /// doorbell slot → QPN (0 = none).
     slots: Vec<u32>,
 }
 
 impl ClientSlot {
+    /// Queue an asynchronous event for the client and make its `async_fd` readable (a full
+    /// queue drops the event, as before: the client is not reading them).
+    fn post_event(&self, ev: pmrxe_abi::ctrl::AsyncEvent) {
+        if self.events.try_send(ev).is_ok() {
+            if let Some(fd) = &self.events_fd {
+                fd.signal();
+            }
+        }
+    }
+
     fn page(&self) -> &ClientPage {
         // SAFETY: the client page segment starts with a ClientPage the service initialised;
         // it is all atomics and plain integers, and the Arc keeps it mapped.
@@ -454,8 +467,8 @@ impl<L: Link> Lcore<L> {
 
     fn command(&mut self, c: Cmd) {
         match c {
-            Cmd::AddClient { client, page, events } => {
-                self.clients.push(ClientSlot { id: client, page, events, slots: vec![0; DOORBELL_SLOTS] });
+            Cmd::AddClient { client, page, events, events_fd } => {
+                self.clients.push(ClientSlot { id: client, page, events, events_fd, slots: vec![0; DOORBELL_SLOTS] });
             }
             Cmd::RemoveClient { client, done } => {
                 let qpns: Vec<u32> = self.qps.iter().flatten().filter(|s| s.client == client).map(|s| s.qp.qpn()).collect();
@@ -1268,7 +1281,7 @@ impl<L: Link> Lcore<L> {
                         bump(&self.stats.cq_full, 1);
                         if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
                             if let Some(cl) = self.clients.iter().find(|cl| cl.id == s.client) {
-                                let _ = cl.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cqn });
+                                cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cqn });
                             }
                         }
                         if s.qp.state() != pmrxe_transport::QpState::Err {
@@ -1284,7 +1297,7 @@ impl<L: Link> Lcore<L> {
                         pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
                         _ => s.qp.qpn(),
                     };
-                    let _ = c.events.try_send(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
+                    c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
                 }
             }
         }

@@ -105,7 +105,7 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
     // Client page, CQs and QPs exactly as the service sets them up.
     let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
     let (etx, _erx) = bounded(16);
-    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx }).unwrap();
+    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
     let mut cq_rings = Vec::new();
     for cq in [10u32, 11] {
         let layout = CqSegmentLayout::new(1024);

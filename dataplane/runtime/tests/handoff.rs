@@ -73,8 +73,8 @@ fn frames_for_another_lcores_qp_are_handed_over_and_writes_complete() {
     let pages: Vec<Arc<Segment>> = (0..2).map(|_| Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap())).collect();
     let (e1, _r1) = bounded(16);
     let (e2, _r2) = bounded(16);
-    h0.cmds.send(Cmd::AddClient { client: 1, page: pages[0].clone(), events: e1 }).unwrap();
-    h1.cmds.send(Cmd::AddClient { client: 2, page: pages[1].clone(), events: e2 }).unwrap();
+    h0.cmds.send(Cmd::AddClient { client: 1, page: pages[0].clone(), events: e1, events_fd: None }).unwrap();
+    h1.cmds.send(Cmd::AddClient { client: 2, page: pages[1].clone(), events: e2, events_fd: None }).unwrap();
     let (_cs0, mut cq_x) = add_cq(&h0, 1, 10);
     let (_cs1, _cq_y) = add_cq(&h1, 2, 11);
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };

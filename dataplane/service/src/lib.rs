@@ -18,6 +18,7 @@
 pub mod client;
 pub mod cm;
 pub mod device;
+pub mod devnodes;
 pub mod metrics;
 
 pub mod serve;

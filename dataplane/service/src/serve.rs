@@ -78,6 +78,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         device::device_info(&cfg, i, mac)
     }).collect();
     let device_lcore: Vec<usize> = (0..devices.len()).map(|i| i % nl).collect();
+    // /dev/infiniband/pmrxe_uverbs<i> while we run (UCX's device probe); removed when dropped.
+    let dev_nodes = crate::devnodes::DevNodes::create(devices.len());
     let neighbors: Vec<(IpAddr, [u8; 6])> = cfg.neighbors.iter().map(|n| (n.ip, n.mac.octets())).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let capture = Arc::new(Capture::default());
@@ -242,6 +244,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         let _ = t.join();
     }
     let _ = std::fs::remove_file(&sock_path);
+    drop(dev_nodes);
     drop(shared);
     drop(eal);
     Ok(())

@@ -134,7 +134,7 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;
     }
-    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, hold: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
+    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, events_fd: None, hold: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
     let mut buf = Vec::new();
     loop {
         let fds = match ctrl::recv_msg(s.fd, &mut buf) {
@@ -183,6 +183,8 @@ struct Session {
     /// The lcore this client's objects live on when lcores share the ports.
     home: usize,
     events: Option<Receiver<AsyncEvent>>,
+    /// Signalled by the lcores for every queued async event; the client's `async_fd`.
+    events_fd: Option<Arc<EventFd>>,
     /// An fd passed with the reply being sent, closed once it is sent.
     hold: Option<OwnedFd>,
     objs: Objects,
@@ -225,16 +227,23 @@ impl Session {
                 }
                 self.id = sh.handle();
                 self.home = sh.next_home.fetch_add(1, Ordering::Relaxed) as usize;
+                let events_fd = match EventFd::new() {
+                    Ok(e) => Arc::new(e),
+                    Err(e) => return (err(libc::EMFILE, &e.to_string()), vec![]),
+                };
                 let (etx, erx) = bounded(256);
                 self.events = Some(erx);
                 for lc in &sh.lcores {
-                    let _ = lc.cmds.send(Cmd::AddClient { client: self.id, page: page.clone(), events: etx.clone() });
+                    let _ = lc.cmds.send(Cmd::AddClient { client: self.id, page: page.clone(), events: etx.clone(), events_fd: Some(events_fd.clone()) });
                 }
                 sh.clients.lock().unwrap_or_else(|e| e.into_inner()).insert(self.id, (pid, program));
                 let fd = page.fd().as_raw_fd();
+                let efd = events_fd.fd().as_raw_fd();
+                self.events_fd = Some(events_fd);
                 // The lcores hold the page from now on; `page` keeps the fd valid until the reply is sent.
+                // Second fd: the async-event eventfd (the shim's `async_fd`).
                 let resp = Response::Hello { abi_version: ABI_VERSION, client_id: self.id, devices: sh.devices.clone() };
-                (resp, vec![fd])
+                (resp, vec![fd, efd])
             }
             Request::Stats { json } => (Response::Stats(sh.stats.render(json)), vec![]),
             Request::Capture { count, qpn } => {

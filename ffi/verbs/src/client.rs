@@ -15,6 +15,9 @@ pub struct Client {
     /// Serialises request/response pairs and holds the receive buffer.
     io: Mutex<Vec<u8>>,
     page: Mapping,
+    /// The service's async-event eventfd (signalled for every queued event); each context's
+    /// `async_fd` is a duplicate of it.
+    pub events_fd: OwnedFd,
     pub client_id: u32,
     pub devices: Vec<DeviceInfo>,
     /// Set once the service is known to be gone (orderly stop or crash).
@@ -79,10 +82,20 @@ impl Client {
         };
         let page_fd = fds.first().ok_or(Errno(libc::EPROTO))?;
         let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
+        let mut fds = fds.into_iter();
+        let events_fd = fds.nth(1).ok_or(Errno(libc::EPROTO))?;
+        // The service creates it non-blocking; libibverbs' async_fd starts blocking (the
+        // application may set O_NONBLOCK itself, which ibv_get_async_event honours).
+        // SAFETY: fcntl on an fd we own.
+        unsafe {
+            let fl = libc::fcntl(events_fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(events_fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
         let c = Client {
             sock,
             io: Mutex::new(buf),
             page,
+            events_fd,
             client_id,
             devices,
             dead: Default::default(),

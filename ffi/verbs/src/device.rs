@@ -25,7 +25,7 @@ pub struct ShimContext {
     magic: u64,
     /// Index into the client's device list.
     pub dev: u32,
-    /// `context.async_fd`: an eventfd nobody writes; `ibv_get_async_event` polls the service.
+    /// `context.async_fd`: a duplicate of the service's async-event eventfd (crate::events).
     _async_fd: OwnedFd,
     /// `context.cmd_fd`: a sealed memfd naming this process, client session and device
     /// ([`crate::import`]); `ibv_import_device` on a dup of it opens another context on the
@@ -83,8 +83,11 @@ fn devices() -> Res<&'static [usize]> {
             dev.node_type = IBV_NODE_CA;
             dev.transport_type = IBV_TRANSPORT_IB;
             copy_cstr(&mut dev.name, &d.name);
-            copy_cstr(&mut dev.dev_name, &format!("uverbs{}", d.index));
-            copy_cstr(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{}", d.index));
+            // UCX lists the device only if /dev/infiniband/<dev_name> is a read/write character
+            // device: the service provides that node under this name (service devnodes.rs).
+            let node = pmrxe_abi::ctrl::dev_node_name(d.index);
+            copy_cstr(&mut dev.dev_name, &node);
+            copy_cstr(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/{node}"));
             copy_cstr(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", d.name));
             Box::into_raw(Box::new(ShimDevice { dev, magic: <ShimDevice as Handle>::MAGIC, index: i as u32 })) as usize
         })
@@ -196,8 +199,11 @@ fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
 /// last fallible step: nothing fails after it, so a caller's fd is owned by the context only
 /// on success). The context closes it in `ibv_close_device`.
 pub fn open_with(device: *mut ibv_device, index: u32, cmd_fd: impl FnOnce() -> Res<OwnedFd>) -> Res<*mut ibv_context> {
-    // SAFETY: plain eventfd(2).
-    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    // async_fd: a duplicate of the service's async-event eventfd for this client, so it is
+    // readable while an event is pending (crate::events).
+    let events_fd = client::existing()?.events_fd.as_raw_fd();
+    // SAFETY: F_DUPFD_CLOEXEC of a descriptor the client owns for the process's lifetime.
+    let efd = unsafe { libc::fcntl(events_fd, libc::F_DUPFD_CLOEXEC, 0) };
     if efd < 0 {
         return Err(Errno::last());
     }

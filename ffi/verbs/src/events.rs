@@ -1,6 +1,11 @@
-//! Asynchronous events. The context's `async_fd` is an eventfd of our own; events come from
-//! the service through `GetAsyncEvent`, which `ibv_get_async_event` polls (every 10 ms while
-//! blocking; immediately EAGAIN when the application made `async_fd` non-blocking). Object
+//! Asynchronous events. The lcores queue a client's events in the service and signal the
+//! client's async-event eventfd (handed over in `Hello`); every context's `async_fd` is a
+//! duplicate of it, so it is readable while an event may be pending and epoll/poll/select
+//! event loops work (UCX's async thread, libfabric's). `ibv_get_async_event` consumes the
+//! eventfd's count, fetches one event with `GetAsyncEvent`, and after handing one out signals
+//! the eventfd again (more may be queued): readiness never gets lost, at the price of at most
+//! one wake-up that finds nothing (EAGAIN on a non-blocking `async_fd`, as the kernel's).
+//! Blocking calls wait in poll(2) on the fd (100 ms slices, to notice a dead service). Object
 //! events carry the application's pointer for the QP/CQ/SRQ the service names ([`crate::registry`]).
 use crate::boundary::{ffi_boundary, nonnull, ret_minus1, Errno};
 use crate::client;
@@ -30,6 +35,8 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                     }
                     return Err(Errno::IO);
                 }
+                // Consume the readiness first: an event queued after this point signals again.
+                drain(fd);
                 let r = match cl.call(&Request::GetAsyncEvent, &[]) {
                     Ok((r, _)) => r,
                     Err(_) if { let _ = cl.dead_after_empty_poll(); true } => {
@@ -46,6 +53,8 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                 };
                 let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
                 if let Some(e) = e {
+                    // Others may be queued behind it: stay readable until a call finds none.
+                    signal(fd);
                     // SAFETY: plain C data.
                     *ev = unsafe { std::mem::zeroed() };
                     ev.event_type = e.event_type;
@@ -66,10 +75,35 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                 if nonblock {
                     return Err(Errno::AGAIN);
                 }
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                wait_readable(fd, 100);
             }
         })())
     })
+}
+
+/// Wait until `fd` is readable or `ms` milliseconds passed.
+fn wait_readable(fd: std::os::raw::c_int, ms: std::os::raw::c_int) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+/// Reset the eventfd's count if it is readable. Only a second thread draining the same
+/// context between the poll and the read could make this read wait (for the next event);
+/// applications read async events from one thread.
+fn drain(fd: std::os::raw::c_int) {
+    if wait_readable(fd, 0) {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a local u64 from the context's eventfd; it was readable.
+        unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+/// Make `fd` readable (add 1 to the eventfd's count).
+fn signal(fd: std::os::raw::c_int) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a local to the context's eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
 /// # Safety
