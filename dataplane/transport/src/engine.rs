@@ -84,6 +84,15 @@ impl Engine {
         qp.handle_packet(now, pkt, mem, srq);
         self.kick(qpn);
     }
+    /// A CNP for `qpn` arrived (reaction point; see [`Qp::handle_cnp`]).
+    pub fn handle_cnp(&mut self, now: Instant, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            self.unknown_qpn += 1;
+            return;
+        };
+        qp.handle_cnp(now);
+        self.kick(qpn);
+    }
     /// Service expired timers of every QP.
     pub fn handle_timeout<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M) {
         let due: Vec<u32> = self.qps.iter().filter(|(_, q)| q.poll_timeout().is_some_and(|t| t <= now)).map(|(&n, _)| n).collect();

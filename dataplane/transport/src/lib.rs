@@ -37,7 +37,10 @@
 
 pub mod completer;
 pub mod cq;
+pub mod dcqcn;
 pub mod engine;
+#[cfg(feature = "sim")]
+pub mod fabric;
 pub mod memops;
 pub mod packet;
 pub mod qp;
@@ -51,6 +54,7 @@ pub mod timers;
 pub mod wqe;
 
 pub use engine::Engine;
+pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;

@@ -10,6 +10,7 @@ use pmrxe_wire::Psn;
 
 use crate::completer::CompState;
 use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
+use crate::dcqcn::{CcConfig, Dcqcn};
 use crate::requester::ReqState;
 use crate::responder::RespState;
 use crate::stats::QpStats;
@@ -476,6 +477,13 @@ pub struct Qp {
     pub(crate) sqd_notified: bool,
     /// Active MTU of the port the QP lives on ([`Qp::set_port_mtu`]); a UD QP's path MTU.
     pub(crate) port_mtu: PathMtu,
+    /// Congestion control configuration ([`Qp::set_congestion`]).
+    pub(crate) cc: CcConfig,
+    /// DCQCN reaction point (when `cc.rp` is set).
+    pub(crate) dcqcn: Option<Dcqcn>,
+    /// Notification point: when the last CNP was queued, and whether one waits to be sent.
+    pub(crate) np_last_cnp: Option<Instant>,
+    pub(crate) cnp_pending: bool,
 }
 
 impl Qp {
@@ -514,6 +522,10 @@ impl Qp {
             stats: QpStats::default(),
             sqd_notified: false,
             port_mtu: PathMtu::Mtu1024,
+            cc: CcConfig::default(),
+            dcqcn: None,
+            np_last_cnp: None,
+            cnp_pending: false,
         })
     }
 
@@ -526,6 +538,81 @@ impl Qp {
         if self.qp_type == QpType::Ud {
             self.attr.path_mtu = mtu;
         }
+    }
+
+    /// Congestion control of this QP (from its port's configuration): CNPs for CE-marked
+    /// packets (notification point) and DCQCN rate control with pacing (reaction point). Kept
+    /// across RESET. Changing it restarts the reaction point at line rate.
+    pub fn set_congestion(&mut self, cc: CcConfig) {
+        self.cc = cc;
+        self.dcqcn = cc.rp.map(Dcqcn::new);
+        for t in [Timer::Pacing, Timer::DcqcnAlpha, Timer::DcqcnIncrease] {
+            self.timers.stop(t);
+        }
+        self.stats.cc_rate_mbps = self.dcqcn.map_or(0, |d| d.rate_bps() / 1_000_000);
+    }
+
+    /// The DCQCN state, if the reaction point is on.
+    pub fn dcqcn(&self) -> Option<&Dcqcn> {
+        self.dcqcn.as_ref()
+    }
+
+    /// A CNP addressed to this QP arrived (reaction point): cut the rate (DCQCN on) and count.
+    pub fn handle_cnp(&mut self, now: Instant) {
+        self.stats.cnp_received += 1;
+        if let Some(d) = &mut self.dcqcn {
+            d.on_cnp(now);
+            self.stats.cc_rate_decreases = d.decreases;
+        }
+        self.sync_cc_timers();
+    }
+
+    /// Mirror the DCQCN deadlines into the timer table and the rate into the stats.
+    pub(crate) fn sync_cc_timers(&mut self) {
+        let Some(d) = &self.dcqcn else { return };
+        let (a, i, r) = (d.alpha_deadline(), d.increase_deadline(), d.rate_bps());
+        for (t, at) in [(Timer::DcqcnAlpha, a), (Timer::DcqcnIncrease, i)] {
+            match at {
+                Some(at) => self.timers.set(t, at),
+                None => self.timers.stop(t),
+            }
+        }
+        if !d.is_limiting() {
+            self.timers.stop(Timer::Pacing);
+        }
+        self.stats.cc_rate_mbps = r / 1_000_000;
+    }
+
+    /// Notification point: a packet for this QP arrived with traffic class `tclass`; a CE mark
+    /// queues a CNP to the peer QP unless one was queued less than the CNP interval ago.
+    pub(crate) fn on_ecn(&mut self, now: Instant, tclass: u8) {
+        if !pmrxe_wire::ecn::is_ce(tclass) {
+            return;
+        }
+        self.stats.ecn_ce_received += 1;
+        let Some(np) = self.cc.np else { return };
+        if self.qp_type == QpType::Ud || !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            return;
+        }
+        if self.np_last_cnp.is_some_and(|t| now.since(t) < np.cnp_interval_ns) {
+            return;
+        }
+        self.np_last_cnp = Some(now);
+        self.cnp_pending = true;
+    }
+
+    /// Write the pending CNP (BTH 0x81 + 16 reserved bytes) for the peer QP.
+    fn poll_cnp(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        if !self.cnp_pending {
+            return None;
+        }
+        self.cnp_pending = false;
+        let dest = self.attr.dest_qp_num;
+        let len = pmrxe_wire::CnpRepr::new(pmrxe_wire::Qpn::new(dest)).emit(buf).ok()?;
+        let mut av = self.attr.ah_attr;
+        av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
+        self.stats.cnp_sent += 1;
+        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
@@ -658,7 +745,7 @@ impl Qp {
     }
 
     fn reset(&mut self) {
-        let (qpn, ty, pd, caps, srq, sig, port_mtu) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all, self.port_mtu);
+        let (qpn, ty, pd, caps, srq, sig, port_mtu, cc) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all, self.port_mtu, self.cc);
         // Reuse the allocations.
         let mut sq = core::mem::take(&mut self.sq);
         let mut rq = core::mem::take(&mut self.rq);
@@ -675,6 +762,7 @@ impl Qp {
         self.events = events;
         self.sq_sig_all = sig;
         self.set_port_mtu(port_mtu);
+        self.set_congestion(cc);
     }
 
     /// Move to ERR and flush: every WQE still on the SQ or RQ completes with WR_FLUSH_ERR
@@ -826,6 +914,20 @@ impl Qp {
                 match t {
                     Timer::Retransmit => self.on_retransmit_timeout(now),
                     Timer::RnrWait => self.on_rnr_timer(now),
+                    // The pacer's deadline passed: the requester may send again.
+                    Timer::Pacing => {}
+                    Timer::DcqcnAlpha => {
+                        if let Some(d) = &mut self.dcqcn {
+                            d.on_alpha_timer(now);
+                        }
+                        self.sync_cc_timers();
+                    }
+                    Timer::DcqcnIncrease => {
+                        if let Some(d) = &mut self.dcqcn {
+                            d.on_increase_timer(now);
+                        }
+                        self.sync_cc_timers();
+                    }
                 }
             }
         }
@@ -908,6 +1010,9 @@ impl Qp {
     /// requester packets. Local operations execute here when the SQ walk reaches them.
     #[must_use]
     pub fn poll_transmit<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.poll_cnp(buf) {
+            return Some(t);
+        }
         if let Some(t) = self.poll_response(mem, buf) {
             return Some(t);
         }
@@ -917,11 +1022,13 @@ impl Qp {
     /// Does this QP have something to send right now (responder output or requester work)?
     /// The runtime keeps QPs for which this is true on its ready list.
     pub fn wants_transmit(&self) -> bool {
-        if self.resp.has_output() {
+        if self.resp.has_output() || self.cnp_pending {
             return true;
         }
         match self.state {
-            QpState::Rts | QpState::Sqd => self.req.net_cursor < self.sq_end() && self.timers.get(Timer::RnrWait).is_none(),
+            QpState::Rts | QpState::Sqd => {
+                self.req.net_cursor < self.sq_end() && self.timers.get(Timer::RnrWait).is_none() && self.timers.get(Timer::Pacing).is_none()
+            }
             _ => false,
         }
     }

@@ -31,6 +31,9 @@ pub const MAX_UNACKED_PSNS: i32 = 128;
 /// Request an ACK at least every this many packets of a long message (rxe
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Bytes a packet adds on the wire beyond `Transmit::len` (Ethernet 14 + IPv4 20 + UDP 8 + ICRC
+/// 4 + FCS 4 + preamble/SFD 8 + inter-frame gap 12): what the DCQCN pacer charges per packet.
+pub const WIRE_OVERHEAD: usize = 70;
 /// Default P_Key.
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
 
@@ -133,6 +136,15 @@ impl Qp {
             if self.timers.get(Timer::RnrWait).is_some() {
                 return None;
             }
+            // DCQCN pacer: nothing leaves before the next departure time (the Pacing timer
+            // carries it to poll_timeout; wants_transmit is false meanwhile).
+            if let Some(at) = self.dcqcn.as_ref().and_then(|d| d.next_send()) {
+                if at > now {
+                    self.timers.set(Timer::Pacing, at);
+                    return None;
+                }
+            }
+            self.timers.stop(Timer::Pacing);
             let idx = self.req.net_cursor;
             if idx >= self.sq_end() {
                 return None;
@@ -373,6 +385,14 @@ impl Qp {
         };
         if psn.distance(self.req.max_sent) < 0 {
             self.stats.retransmits += 1;
+            self.stats.retransmit_bytes += plen as u64;
+        }
+        if let Some(d) = &mut self.dcqcn {
+            d.on_sent(now, (len + WIRE_OVERHEAD) as u64);
+            if let Some(at) = d.next_send().filter(|&at| at > now) {
+                self.timers.set(Timer::Pacing, at);
+            }
+            self.sync_cc_timers();
         }
         if end_psn.distance(self.req.max_sent) > 0 {
             self.req.max_sent = end_psn;

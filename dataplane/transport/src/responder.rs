@@ -195,6 +195,8 @@ impl Qp {
             self.stats.dropped += 1;
             return;
         }
+        // Notification point: ECN-CE from our peer (requests and responses alike) → CNP.
+        self.on_ecn(now, pkt.traffic_class);
         if info.is_response() {
             if self.qp_type == QpType::Rc {
                 self.on_response(now, &pkt.hdr, pkt.payload, mem);

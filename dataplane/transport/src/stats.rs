@@ -14,6 +14,19 @@ pub struct QpStats {
     pub rx_packets: u64,
     /// Packets retransmitted by go-back-N.
     pub retransmits: u64,
+    /// Payload bytes retransmitted by go-back-N.
+    pub retransmit_bytes: u64,
+    /// CE-marked packets received (ECN congestion experienced).
+    pub ecn_ce_received: u64,
+    /// CNPs sent by the notification point (at most one per QP per CNP interval).
+    pub cnp_sent: u64,
+    /// CNPs received for this QP (reaction point).
+    pub cnp_received: u64,
+    /// DCQCN rate decreases applied.
+    pub cc_rate_decreases: u64,
+    /// Current DCQCN rate Rc in Mb/s (a gauge: line rate when not limiting, 0 with DCQCN off;
+    /// summed by `add`).
+    pub cc_rate_mbps: u64,
     /// Go-back-N retries started (timeout, sequence NAK, implicit NAK, RNR).
     pub retries: u64,
     /// Local ACK timer expirations that caused a retry.
@@ -73,7 +86,8 @@ impl QpStats {
     pub fn add(&mut self, o: &QpStats) {
         macro_rules! sum { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
         sum!(
-            tx_packets, tx_bytes, rx_packets, retransmits, retries, timeouts, seq_naks_sent,
+            tx_packets, tx_bytes, rx_packets, retransmits, retransmit_bytes, ecn_ce_received,
+            cnp_sent, cnp_received, cc_rate_decreases, cc_rate_mbps, retries, timeouts, seq_naks_sent,
             seq_naks_received, rnr_naks_sent, rnr_naks_received, err_naks_sent,
             err_naks_received, acks_sent, acks_received, read_responses_sent, duplicates,
             read_replays, atomic_replays, out_of_sequence, rkey_violations, resp_bytes_written,

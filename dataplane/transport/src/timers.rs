@@ -24,16 +24,22 @@ pub enum Timer {
     Retransmit = 0,
     /// RNR NAK delay (requester): the peer said "receiver not ready"; resend after this.
     RnrWait = 1,
+    /// Pacer (DCQCN): the requester may send its next packet at this time.
+    Pacing = 2,
+    /// DCQCN α update.
+    DcqcnAlpha = 3,
+    /// DCQCN rate-increase timer.
+    DcqcnIncrease = 4,
 }
 
 impl Timer {
     /// Every timer, in the order `handle_timeout` services them.
-    pub const ALL: [Timer; 2] = [Timer::Retransmit, Timer::RnrWait];
+    pub const ALL: [Timer; 5] = [Timer::Retransmit, Timer::RnrWait, Timer::Pacing, Timer::DcqcnAlpha, Timer::DcqcnIncrease];
 }
 
 /// One optional deadline per [`Timer`].
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TimerTable([Option<Instant>; 2]);
+pub struct TimerTable([Option<Instant>; 5]);
 
 impl TimerTable {
     /// Arm (or re-arm) `t` for `at`.
@@ -58,7 +64,7 @@ impl TimerTable {
     }
     /// Disarm everything.
     pub fn clear(&mut self) {
-        self.0 = [None; 2];
+        self.0 = [None; 5];
     }
 }
 
