@@ -223,6 +223,12 @@ fn qp_help(k: &str) -> &'static str {
         "tx_bytes" => "Payload bytes sent by the QP.",
         "rx_packets" => "Packets handled by the QP.",
         "retransmits" => "Packets retransmitted by go-back-N.",
+        "retransmit_bytes" => "Payload bytes retransmitted by go-back-N.",
+        "ecn_ce_received" => "ECN congestion-experienced (CE) packets received.",
+        "cnp_sent" => "CNPs sent by the QP's notification point (at most one per CNP interval).",
+        "cnp_received" => "CNPs received for the QP (reaction point).",
+        "cc_rate_decreases" => "DCQCN rate decreases applied.",
+        "cc_rate_mbps" => "Current DCQCN rate of the QP in Mb/s (line rate when not limited; 0 with DCQCN off).",
         "retries" => "Go-back-N retries started (timeout, sequence NAK, implicit NAK, RNR).",
         "timeouts" => "Local ACK timer expirations that caused a retry.",
         "seq_naks_sent" => "PSN sequence NAKs sent by the responder.",
@@ -299,6 +305,10 @@ pub fn from_stats_json(v: &Value) -> String {
                             n.as_u64().unwrap_or(0) as f64,
                         );
                     }
+                } else if k == "cc_rate_mbps" {
+                    // A gauge, not a counter: the QP's current DCQCN rate.
+                    let n = val.as_u64().unwrap_or(0) as f64;
+                    f.sample("pmrxe_qp_cc_rate_mbps", "gauge", qp_help(k), &[("lcore", &lc), ("qpn", &qpn)], n);
                 } else if let Some(n) = val.as_u64() {
                     f.sample(&format!("pmrxe_qp_{}_total", sanitize(k)), "counter", qp_help(k), &[("lcore", &lc), ("qpn", &qpn)], n as f64);
                 }

@@ -55,6 +55,9 @@ fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
         "duplicates": s.duplicates, "read_replays": s.read_replays, "atomic_replays": s.atomic_replays,
         "rkey_violations": s.rkey_violations, "local_op_executions": s.local_op_executions,
         "local_op_reexecutions": s.local_op_reexecutions, "dropped": s.dropped,
+        "retransmit_bytes": s.retransmit_bytes, "ecn_ce_received": s.ecn_ce_received,
+        "cnp_sent": s.cnp_sent, "cnp_received": s.cnp_received, "cc_rate_decreases": s.cc_rate_decreases,
+        "cc_rate_mbps": s.cc_rate_mbps,
         "completions_by_status": s.completions.iter().enumerate().filter(|(_, &v)| v > 0)
             .map(|(i, v)| (i.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
     })
