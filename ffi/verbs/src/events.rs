@@ -55,21 +55,26 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
                 if let Some(e) = e {
                     // Others may be queued behind it: stay readable until a call finds none.
                     signal(fd);
+                    use crate::registry::{get, Kind};
+                    // An event of an object the application already destroyed is dropped, as
+                    // the kernel drops a destroyed uobject's pending events: handing out a NULL
+                    // element crashes consumers (UCX reads event.element.qp->qp_num).
+                    let element = match e.event_type {
+                        IBV_EVENT_CQ_ERR => get(Kind::Cq, e.element).map(|cq| ibv_async_event__bindgen_ty_1 { cq }),
+                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
+                        | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                            get(Kind::Qp, e.element).map(|qp| ibv_async_event__bindgen_ty_1 { qp })
+                        }
+                        IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+                            get(Kind::Srq, e.element).map(|srq| ibv_async_event__bindgen_ty_1 { srq })
+                        }
+                        _ => Some(ibv_async_event__bindgen_ty_1 { port_num: e.element as i32 }),
+                    };
+                    let Some(element) = element else { continue };
                     // SAFETY: plain C data.
                     *ev = unsafe { std::mem::zeroed() };
                     ev.event_type = e.event_type;
-                    use crate::registry::{get, Kind};
-                    match e.event_type {
-                        IBV_EVENT_CQ_ERR => ev.element.cq = get(Kind::Cq, e.element).unwrap_or(std::ptr::null_mut()),
-                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
-                        | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
-                            ev.element.qp = get(Kind::Qp, e.element).unwrap_or(std::ptr::null_mut())
-                        }
-                        IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
-                            ev.element.srq = get(Kind::Srq, e.element).unwrap_or(std::ptr::null_mut())
-                        }
-                        _ => ev.element.port_num = e.element as i32,
-                    }
+                    ev.element = element;
                     return Ok(());
                 }
                 if nonblock {
