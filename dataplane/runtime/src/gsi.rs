@@ -3,7 +3,9 @@
 //! Received: an lcore copies every valid RoCE frame for QP 1 (after the parser's length, ICRC,
 //! IP and P_Key checks) into [`GsiPipe::rx`], a bounded lock-free queue of fixed-size buffers
 //! allocated up front (no heap allocation per frame; full → dropped and counted in
-//! `cm_drops`). The CM thread pops them, parses the MAD and feeds its `Cm`.
+//! `cm_drops`). The CM thread pops them, parses the MAD and feeds its `Cm`. [`GsiPipe::push_rx`]
+//! also wakes the CM thread (it sleeps until woken, its next CM deadline or its housekeeping
+//! tick), so a MAD costs no polling delay.
 //!
 //! Sent: the CM thread pushes (device, [`GsiPath`], MAD) into the owning lcore's
 //! [`GsiPipe::tx`] queue; the lcore resolves the destination MAC (own address → own MAC and the
@@ -53,6 +55,8 @@ pub struct GsiPipe {
     pub rx: ArrayQueue<GsiFrame>,
     /// CM → lcore `i`.
     pub tx: Vec<ArrayQueue<GsiOut>>,
+    /// The CM thread, once it runs: unparked after every frame queued on `rx`.
+    waker: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl GsiPipe {
@@ -61,6 +65,25 @@ impl GsiPipe {
         std::sync::Arc::new(GsiPipe {
             rx: ArrayQueue::new(GSI_QUEUE_DEPTH),
             tx: (0..lcores.max(1)).map(|_| ArrayQueue::new(GSI_QUEUE_DEPTH)).collect(),
+            waker: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The thread that consumes `rx` (the CM thread registers itself once).
+    pub fn set_waker(&self, t: std::thread::Thread) {
+        let _ = self.waker.set(t);
+    }
+
+    /// Queue a received frame for the CM and wake its thread (`Thread::unpark`: an atomic
+    /// swap, plus a futex wake only when the thread sleeps). Full → `false` (the frame is
+    /// dropped; the CM retransmits).
+    pub fn push_rx(&self, f: GsiFrame) -> bool {
+        if self.rx.push(f).is_err() {
+            return false;
+        }
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+        true
     }
 }

@@ -853,9 +853,10 @@ impl<L: Link> Lcore<L> {
         }
         let mut f = GsiFrame { device: self.ports[pi].dev.index, len: data.len() as u16, data: [0; MAX_GSI_FRAME] };
         f.data[..data.len()].copy_from_slice(data);
-        match pipe.rx.push(f) {
-            Ok(()) => bump(&self.stats.cm_rx, 1),
-            Err(_) => bump(&self.stats.cm_drops, 1),
+        if pipe.push_rx(f) {
+            bump(&self.stats.cm_rx, 1);
+        } else {
+            bump(&self.stats.cm_drops, 1);
         }
     }
 

@@ -6,9 +6,10 @@
 //! It is neither an lcore nor a session thread: sessions forward their `Cm*` requests through
 //! [`CmHandle`] (a channel with a reply); the lcores copy QP1 frames into
 //! [`GsiPipe::rx`](pmrxe_runtime::gsi::GsiPipe) and send the MADs this thread pushes into the
-//! owning lcore's `tx` queue. Time is explicit (ns since the thread started); the thread
-//! sleeps at most [`TICK`] between looks at the QP1 queue and never longer than the next CM
-//! deadline. Every table is bounded. Design and protocol: `docs/cm.md`.
+//! owning lcore's `tx` queue. Time is explicit (ns since the thread started). The thread
+//! parks until there is work: a session's request and a frame queued by an lcore
+//! ([`GsiPipe::push_rx`]) both unpark it; the sleep is bounded by the next CM deadline and by
+//! [`TICK`] (channel housekeeping). Every table is bounded. Design and protocol: `docs/cm.md`.
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam::channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam::channel::{bounded, Receiver, Sender, TryRecvError};
 use pmrxe_abi::ctrl::{self, AhAttr, CmConnParam, CmEventMsg, CmSockAddr, CmUdParam, QpAttr, Request, Response};
 use pmrxe_cm::cma::{self, PortSpace};
 use pmrxe_cm::msg::{req, sidr_req};
@@ -77,8 +78,11 @@ const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
 const IBV_ACCESS_REMOTE_READ: u32 = 4;
 const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
 
-/// Longest sleep of the CM thread between looks at the QP1 queue.
-pub const TICK: Duration = Duration::from_micros(500);
+/// Longest sleep of the CM thread when nothing wakes it (requests and QP1 frames do; CM
+/// deadlines bound it too): the pace of channel housekeeping.
+pub const TICK: Duration = Duration::from_millis(10);
+/// Channel housekeeping period (backlogs retried, closed channels dropped).
+const HOUSEKEEPING: Duration = Duration::from_millis(50);
 /// rdma_cm ids in the whole service.
 pub const MAX_IDS: usize = 16384;
 /// rdma_cm ids per client.
@@ -171,19 +175,53 @@ pub enum CmCall {
     Request { client: u32, req: Request, reply: Sender<(Response, Option<OwnedFd>)> },
     /// The client is gone: destroy its ids (DREQ/REJ go out) and channels.
     ClientGone { client: u32, done: Sender<()> },
+    /// Table sizes and counters for `pmrxe stats`.
+    Snapshot { reply: Sender<CmSnapshot> },
+}
+
+/// The CM thread's tables and counters at one instant (`pmrxe stats --json`, key `cm`).
+#[derive(Clone, Debug, Default)]
+pub struct CmSnapshot {
+    /// rdma_cm ids of every client (listeners included).
+    pub ids: usize,
+    /// Event channels of every client.
+    pub channels: usize,
+    /// (port, service ID) listen entries (a wildcard listen counts once per port).
+    pub listeners: usize,
+    /// Connections + SIDR entries of every port's CM (TIMEWAIT included).
+    pub conns: usize,
+    /// Events not yet written to a channel whose client does not read.
+    pub backlog: usize,
+    /// The thread's counters.
+    pub service: CmServiceStats,
+    /// Per port: (device index, connections + SIDR entries, the CM's counters).
+    pub ports: Vec<(u32, usize, pmrxe_cm::CmStats)>,
 }
 
 /// What sessions hold to reach the CM thread.
 #[derive(Clone)]
 pub struct CmHandle {
     tx: Sender<CmCall>,
+    /// The CM thread (unparked after every call).
+    thread: std::thread::Thread,
+}
+
+impl CmHandle {
+    /// Queue a call and wake the thread; `false` once the thread is gone.
+    fn send(&self, c: CmCall) -> bool {
+        if self.tx.send(c).is_err() {
+            return false;
+        }
+        self.thread.unpark();
+        true
+    }
 }
 
 impl CmHandle {
     /// Forward a request and wait for its reply.
     pub fn request(&self, client: u32, req: Request) -> (Response, Option<OwnedFd>) {
         let (tx, rx) = bounded(1);
-        if self.tx.send(CmCall::Request { client, req, reply: tx }).is_err() {
+        if !self.send(CmCall::Request { client, req, reply: tx }) {
             return (err(libc::ESHUTDOWN, "the connection manager is stopping"), None);
         }
         rx.recv().unwrap_or_else(|_| (err(libc::ESHUTDOWN, "the connection manager is stopping"), None))
@@ -191,9 +229,17 @@ impl CmHandle {
     /// Tell the CM a client is gone (waits until its ids are destroyed).
     pub fn client_gone(&self, client: u32) {
         let (tx, rx) = bounded(1);
-        if self.tx.send(CmCall::ClientGone { client, done: tx }).is_ok() {
+        if self.send(CmCall::ClientGone { client, done: tx }) {
             let _ = rx.recv();
         }
+    }
+    /// The CM's tables and counters; `None` if the thread does not answer within `limit`.
+    pub fn snapshot(&self, limit: Duration) -> Option<CmSnapshot> {
+        let (tx, rx) = bounded(1);
+        if !self.send(CmCall::Snapshot { reply: tx }) {
+            return None;
+        }
+        rx.recv_timeout(limit).ok()
     }
 }
 
@@ -205,10 +251,11 @@ fn err(errno: i32, msg: &str) -> Response {
 pub fn spawn(ports: Vec<CmPort>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) -> std::io::Result<(CmHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = crossbeam::channel::unbounded();
     let t = std::thread::Builder::new().name("pmrxe-cm".into()).spawn(move || run(CmCore::new(ports), rx, pipe, stop))?;
-    Ok((CmHandle { tx }, t))
+    Ok((CmHandle { tx, thread: t.thread().clone() }, t))
 }
 
 fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) {
+    pipe.set_waker(std::thread::current());
     let mut last_house = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = core.now();
@@ -216,10 +263,16 @@ fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<Ato
             Some(d) => Duration::from_nanos(d.0.saturating_sub(now.0)).min(TICK),
             None => TICK,
         };
-        let mut call = match rx.recv_timeout(wait) {
+        let mut call = match rx.try_recv() {
             Ok(c) => Some(c),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // Unpark tokens are kept: a wake-up between the checks and the park is not lost.
+                if pipe.rx.is_empty() && !wait.is_zero() {
+                    std::thread::park_timeout(wait);
+                }
+                rx.try_recv().ok()
+            }
         };
         while let Some(c) = call.take() {
             match c {
@@ -233,6 +286,9 @@ fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<Ato
                     core.client_gone(now, client);
                     let _ = done.send(());
                 }
+                CmCall::Snapshot { reply } => {
+                    let _ = reply.send(core.snapshot());
+                }
             }
             core.pump(&pipe);
             call = rx.try_recv().ok();
@@ -243,7 +299,7 @@ fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<Ato
         }
         core.handle_timeouts(now);
         core.pump(&pipe);
-        if last_house.elapsed() >= Duration::from_millis(50) {
+        if last_house.elapsed() >= HOUSEKEEPING {
             last_house = std::time::Instant::now();
             core.housekeeping();
         }
@@ -405,6 +461,19 @@ impl CmCore {
     /// Connections + SIDR entries of every port's CM (TIMEWAIT included).
     pub fn conn_count(&self) -> usize {
         self.ports.iter().map(|p| p.cm.len()).sum()
+    }
+
+    /// Table sizes and counters (`pmrxe stats`).
+    pub fn snapshot(&self) -> CmSnapshot {
+        CmSnapshot {
+            ids: self.ids.len(),
+            channels: self.channels.len(),
+            listeners: self.listeners.len(),
+            conns: self.conn_count(),
+            backlog: self.channels.values().map(|c| c.backlog.len()).sum(),
+            service: self.stats,
+            ports: self.ports.iter().map(|p| (p.cfg.device, p.cm.len(), *p.cm.stats())).collect(),
+        }
     }
 
     /// A QP1 frame received on `device`.

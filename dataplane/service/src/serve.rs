@@ -199,6 +199,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                 let c = clients.clone();
                 Arc::new(move || c.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect())
             },
+            cm: Some(cm.clone()),
         }),
         capture,
         cm: Some(cm),

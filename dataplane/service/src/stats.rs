@@ -31,6 +31,23 @@ pub struct ServiceStats {
     pub faults: Vec<FaultSource>,
     /// Connected clients (id → pid, program).
     pub clients: Arc<dyn Fn() -> Vec<(u32, i32, String)> + Send + Sync>,
+    /// The connection manager thread (rdma_cm ids, channels, connections per port).
+    pub cm: Option<crate::cm::CmHandle>,
+}
+
+fn cm_json(s: &crate::cm::CmSnapshot) -> serde_json::Value {
+    json!({
+        "ids": s.ids, "channels": s.channels, "listeners": s.listeners, "conns": s.conns, "backlog": s.backlog,
+        "events": s.service.events, "events_dropped": s.service.events_dropped,
+        "rx_bad": s.service.rx_bad, "tx_dropped": s.service.tx_dropped,
+        "ports": s.ports.iter().map(|(dev, conns, c)| json!({
+            "device": dev, "conns": conns,
+            "rx_mads": c.rx_mads, "rx_malformed": c.rx_malformed, "rx_not_cm": c.rx_not_cm,
+            "rx_unsupported": c.rx_unsupported, "rx_duplicates": c.rx_duplicates, "rx_stray": c.rx_stray,
+            "rej_no_listener": c.rej_no_listener, "rej_no_resources": c.rej_no_resources, "rej_stale": c.rej_stale,
+            "tx_mads": c.tx_mads, "retransmits": c.retransmits, "timeouts": c.timeouts, "tx_dropped": c.tx_dropped,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The injected-fault counters of one port's receive queue on one lcore.
@@ -90,12 +107,26 @@ impl StatsSource for ServiceStats {
                 json!({"device": f.device, "lcore": f.lcore, "seen": s.seen, "dropped": s.dropped,
                     "duplicated": s.duplicated, "reordered": s.reordered, "corrupted": s.corrupted})
             }).collect::<Vec<_>>(),
+            "cm": self.cm.as_ref().and_then(|h| h.snapshot(Duration::from_secs(2))).map(|s| cm_json(&s)),
         });
         if as_json {
             return serde_json::to_string_pretty(&v).unwrap_or_default();
         }
         let mut out = String::new();
         out.push_str(&format!("pmrxe: up {:.1} s, devices {}\n", v["uptime_s"].as_f64().unwrap_or(0.0), self.devices.join(", ")));
+        let c = &v["cm"];
+        if c.is_object() {
+            out.push_str(&format!(
+                "cm: ids {} channels {} listeners {} conns {} events {} (dropped {})\n",
+                c["ids"], c["channels"], c["listeners"], c["conns"], c["events"], c["events_dropped"]
+            ));
+            for p in c["ports"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "  cm port {}: conns {} rx {} tx {} retransmits {} duplicates {} timeouts {} rej-no-listener {}\n",
+                    p["device"], p["conns"], p["rx_mads"], p["tx_mads"], p["retransmits"], p["rx_duplicates"], p["timeouts"], p["rej_no_listener"]
+                ));
+            }
+        }
         for l in v["lcores"].as_array().into_iter().flatten() {
             out.push_str(&format!("lcore {} load {:.1}%\n", l["index"], l["load"].as_f64().unwrap_or(0.0) * 100.0));
             if let Some(c) = l["counters"].as_object() {
