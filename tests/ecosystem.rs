@@ -148,28 +148,57 @@ fn fi_info_lists_the_verbs_devices() {
     }
 }
 
-/// fi_pingpong's MSG server binds "localhost" through rdma_cm (libfabric's verbs provider does
-/// when given no address). The kernel CMA binds loopback addresses to the first RDMA device
-/// (cma_bind_loopback); pmrxe's CM does not yet, so the server's fi_getinfo fails with
-/// -61 (ENODATA) after rdma_bind_addr(127.0.0.1) = EADDRNOTAVAIL. This test pins that clean
-/// failure (no hang, no crash) until loopback binding exists (docs/limits.md).
+/// `fi_pingpong -p verbs -e <ep> -c` (data check) server and client (127.0.0.1) on the loopback
+/// service, with `env` settings in front. With no address the verbs provider binds the server
+/// to `localhost` through rdma_cm and the client resolves 127.0.0.1: as with the kernel CMA
+/// (cma_bind_loopback / cma_resolve_loopback) both attach to the first device (pmrxe0), whose
+/// GID is used on the wire while the ids keep 127.0.0.1. The control connection is kernel TCP.
+fn fi_pingpong(svc: &Service, bin: &str, env: &[&str], ep: &str, port: u16) -> PairOutput {
+    let p = port.to_string();
+    let args = ["-p", "verbs", "-e", ep, "-c", "-I", "100", "-S", "65536"];
+    let mut server: Vec<&str> = [&["env"], env, &[bin]].concat();
+    server.extend(args);
+    server.extend(["-B", &p]);
+    let mut client: Vec<&str> = [&["env"], env, &[bin]].concat();
+    client.extend(args);
+    client.extend(["-P", &p, "127.0.0.1"]);
+    run_pair(svc, &server, &client, port, Duration::from_secs(60))
+}
+
 #[test]
-fn fi_pingpong_msg_server_fails_cleanly_on_loopback_bind() {
-    let Some(fi_pingpong) = tool("fi_pingpong", "libfabric-bin") else { return };
+fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
+    let Some(bin) = tool("fi_pingpong", "libfabric-bin") else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let port = port_for(142);
-    let p = port.to_string();
-    let bin = fi_pingpong.to_str().unwrap();
-    // The control connection is kernel TCP (127.0.0.1); the server calls fi_getinfo after it.
-    let out = run_pair(
-        &svc,
-        &[bin, "-p", "verbs", "-e", "msg", "-c", "-I", "100", "-B", &p],
-        &[bin, "-p", "verbs", "-e", "msg", "-c", "-I", "100", "-P", &p, "127.0.0.1"],
-        port,
-        Duration::from_secs(30),
-    );
+    let out = fi_pingpong(&svc, bin.to_str().unwrap(), &[], "msg", port_for(142));
+    out.assert_ok();
+    for o in [&out.server, &out.client] {
+        assert!(o.output.contains("64k") && o.output.contains("=100"), "no 64k x 100 row:\n{}", o.describe());
+    }
+    let j = svc.stats_json();
+    assert!(sum_counter(&j, "sq_wqes") >= 200, "fi_pingpong traffic did not go through pmrxe: sq_wqes {}", sum_counter(&j, "sq_wqes"));
+}
+
+/// `-e rdm` is libfabric's rxm over verbs MSG endpoints (rdma_cm, as `-e msg`). With libfabric's
+/// defaults it fails cleanly, for a reason that is not the CM: rxm opens its MSG CQ with
+/// (tx size + rx size) x FI_UNIVERSE_SIZE (default 256) entries, more than pmrxe's max_cqe
+/// (65536, `[limits] max_cqe`), so ibv_create_cq is EINVAL and the server's fi_enable -22
+/// (docs/limits.md). With FI_UNIVERSE_SIZE=16 the same pair passes its data check.
+#[test]
+fn fi_pingpong_rdm_fails_cleanly_on_cq_size_and_passes_with_a_smaller_universe() {
+    let Some(bin) = tool("fi_pingpong", "libfabric-bin") else { return };
+    let bin = bin.to_str().unwrap();
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let out = fi_pingpong(&svc, bin, &["FI_LOG_LEVEL=warn"], "rdm", port_for(143));
     assert!(out.server.status.is_some() && out.client.status.is_some(), "fi_pingpong hung:\n{}\n{}", out.server.describe(), out.client.describe());
-    assert!(!out.server.ok(), "fi_pingpong -e msg now passes: turn this into a real pair test\n{}", out.server.describe());
-    assert!(out.server.output.contains("fi_getinfo") && out.server.output.contains("-61"), "{}", out.server.describe());
+    assert!(!out.server.ok(), "fi_pingpong -e rdm now passes with the defaults: assert success\n{}", out.server.describe());
+    for want in ["Unable to create verbs CQ", "fi_enable", "-22"] {
+        assert!(out.server.output.contains(want), "server output lacks `{want}`: {}", out.server.describe());
+    }
+    let out = fi_pingpong(&svc, bin, &["FI_UNIVERSE_SIZE=16"], "rdm", port_for(144));
+    out.assert_ok();
+    for o in [&out.server, &out.client] {
+        assert!(o.output.contains("64k") && o.output.contains("=100"), "no 64k x 100 row:\n{}", o.describe());
+    }
 }

@@ -97,6 +97,8 @@ pub const CHANNEL_BACKLOG: usize = 1024;
 pub const MAX_BACKLOG: u32 = 1024;
 /// RTR `min_rnr_timer` (IBA code 12: 0.64 ms).
 pub const MIN_RNR_TIMER: u8 = 12;
+/// The device a loopback address binds/resolves to (the kernel CMA's first active device).
+const LOOPBACK_DEVICE: usize = 0;
 /// Ephemeral ports for ids bound with port 0.
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
@@ -127,9 +129,37 @@ impl CmPort {
     fn addr_like(&self, like: IpAddr) -> Option<IpAddr> {
         self.nets.iter().map(|(a, _)| *a).find(|a| a.is_ipv4() == like.is_ipv4())
     }
-    fn sgid_index(&self, ip: IpAddr) -> u8 {
-        let g = Gid::from_ip(ip).0;
-        self.gids.iter().position(|x| *x == g).unwrap_or(0) as u8
+    fn sgid_index(&self, gid: Gid) -> u8 {
+        self.gids.iter().position(|x| *x == gid.0).unwrap_or(0) as u8
+    }
+    /// The GID that stands for `ip` on the wire: `ip`'s own, except for a loopback address,
+    /// which (as with the kernel CMA's `cma_bind_loopback`/`cma_resolve_loopback`) is this
+    /// device's: the GID of its address of the same family, else GID index 0.
+    fn wire_gid(&self, ip: IpAddr) -> Gid {
+        if !is_loopback(ip) {
+            return Gid::from_ip(ip);
+        }
+        match self.addr_like(ip) {
+            Some(a) => Gid::from_ip(a),
+            None => Gid(self.gids.first().copied().unwrap_or_default()),
+        }
+    }
+}
+
+/// 127.0.0.0/8, ::1 (and ::ffff:127.0.0.0/104): the kernel CMA's `cma_loopback_addr`.
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v) => v.is_loopback(),
+        IpAddr::V6(v) => v.is_loopback() || v.to_ipv4_mapped().is_some_and(|m| m.is_loopback()),
+    }
+}
+
+/// The source address of an id that resolves loopback `dst` with no source: the loopback
+/// interface's address of that family (what a TCP socket to `dst` gets).
+fn loopback_src(dst: IpAddr) -> IpAddr {
+    match dst {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
     }
 }
 
@@ -358,6 +388,8 @@ struct IdRec {
     active: bool,
     /// The listener a passive child came from (named in its CONNECT_REQUEST).
     parent: Option<u32>,
+    /// A passive child: the GID its REQ/SIDR_REQ came from (the RTR address vector's).
+    peer_gid: Option<Gid>,
 }
 
 impl IdRec {
@@ -608,7 +640,7 @@ impl CmCore {
     fn ah_to(&self, pi: usize, src: IpAddr, peer: Gid, tos: u8) -> AhAttr {
         AhAttr {
             dgid: peer.0,
-            sgid_index: self.ports[pi].cfg.sgid_index(src),
+            sgid_index: self.ports[pi].cfg.sgid_index(self.ports[pi].cfg.wire_gid(src)),
             hop_limit: 64,
             traffic_class: tos,
             is_global: true,
@@ -726,7 +758,7 @@ impl CmCore {
                 let Some(id) = self.conn_gone(pi, cid) else { return };
                 if rep.status == SidrStatus::SUCCESS {
                     let Some(r) = self.ids.get(&id) else { return };
-                    let ah = self.ah_to(pi, sock_ip(&r.src), Gid::from_ip(sock_ip(&r.dst)), r.tos);
+                    let ah = self.ah_to(pi, sock_ip(&r.src), self.ports[pi].cfg.wire_gid(sock_ip(&r.dst)), r.tos);
                     let ud = CmUdParam { private_data: rep.private_data.clone(), ah_attr: ah, qp_num: rep.qpn.value(), qkey: rep.qkey };
                     self.emit(id, event::ESTABLISHED, 0, None, Some(ud));
                 } else {
@@ -775,6 +807,7 @@ impl CmCore {
             peer_req: None,
             active: false,
             parent: Some(lid),
+            peer_gid: Some(peer),
         };
         let h = self.handle();
         self.ids.insert(h, rec);
@@ -852,6 +885,8 @@ impl CmCore {
             let ip = sock_ip(&addr);
             match self.ports.iter().position(|p| p.cfg.owns(ip)) {
                 Some(p) => Some(p),
+                // cma_bind_loopback: the first device; the id keeps the loopback address.
+                None if is_loopback(ip) && !self.ports.is_empty() => Some(LOOPBACK_DEVICE),
                 None => return Err((libc::EADDRNOTAVAIL, "no pmrxe device has this address")),
             }
         };
@@ -937,6 +972,7 @@ impl CmCore {
                         peer_req: None,
                         active: false,
                         parent: None,
+                        peer_gid: None,
                     },
                 );
                 (Response::CmId { id: h }, None)
@@ -1096,9 +1132,16 @@ impl CmCore {
         let chosen = r
             .device
             .or_else(|| self.ports.iter().position(|p| p.cfg.owns(dip)))
-            .or_else(|| self.ports.iter().position(|p| p.cfg.routes(dip)));
+            .or_else(|| self.ports.iter().position(|p| p.cfg.routes(dip)))
+            .or_else(|| (is_loopback(dip) && !self.ports.is_empty()).then_some(LOOPBACK_DEVICE));
         let Some(pi) = chosen else { return fail(libc::EADDRNOTAVAIL, "no pmrxe device owns or routes to the destination") };
-        let sip = if r.bound && !is_wildcard(&r.src) { Some(sock_ip(&r.src)) } else { self.ports[pi].cfg.addr_like(dip) };
+        let sip = if r.bound && !is_wildcard(&r.src) {
+            Some(sock_ip(&r.src))
+        } else if is_loopback(dip) {
+            Some(loopback_src(dip))
+        } else {
+            self.ports[pi].cfg.addr_like(dip)
+        };
         let Some(sip) = sip.filter(|s| s.is_ipv4() == dip.is_ipv4()) else {
             return fail(libc::EADDRNOTAVAIL, "the device has no address of the destination's family");
         };
@@ -1160,6 +1203,9 @@ impl CmCore {
 
     fn route(&self, r: &IdRec, pi: usize) -> RoutePath {
         let mut path = RoutePath::between(sock_ip(&r.src), sock_ip(&r.dst));
+        let cfg = &self.ports[pi].cfg;
+        path.sgid = cfg.wire_gid(sock_ip(&r.src));
+        path.dgid = cfg.wire_gid(sock_ip(&r.dst));
         path.mtu = self.ports[pi].cfg.active_mtu.clamp(1, 5) as u8;
         path.traffic_class = r.tos;
         if let Some(t) = r.ack_timeout {
@@ -1283,7 +1329,8 @@ impl CmCore {
                 a.dest_qp_num = dqpn;
                 a.rq_psn = rq_psn;
                 a.path_mtu = u32::from(mtu);
-                a.ah_attr = self.ah_to(pi, sock_ip(&r.src), Gid::from_ip(sock_ip(&r.dst)), r.tos);
+                let peer = r.peer_gid.unwrap_or_else(|| port.cfg.wire_gid(sock_ip(&r.dst)));
+                a.ah_attr = self.ah_to(pi, sock_ip(&r.src), peer, r.tos);
                 let mut m = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN;
                 if transport == Transport::Rc {
                     a.max_dest_rd_atomic = resp;
@@ -1543,6 +1590,111 @@ mod tests {
         assert_eq!(req(&mut c, 2, Request::CmDestroyId { id: a }), Response::Ok);
         c.client_gone(c.now(), 1);
         c.client_gone(c.now(), 2);
+        assert_eq!((c.id_count(), c.channel_count()), (0, 0));
+    }
+
+    #[test]
+    fn loopback_addresses_select_the_first_device_and_its_gid() {
+        let lo4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let lo6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        let ga = Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A)));
+        for ip in [lo4, IpAddr::V4(Ipv4Addr::new(127, 1, 2, 3)), lo6, IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())] {
+            assert!(is_loopback(ip), "{ip}");
+        }
+        for ip in [IpAddr::V4(Ipv4Addr::from(A)), IpAddr::V4(Ipv4Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED), "fe80::1".parse().unwrap()] {
+            assert!(!is_loopback(ip), "{ip}");
+        }
+        let p0 = port(0, A);
+        // On the wire a loopback address is the device's address of the same family...
+        assert_eq!(p0.wire_gid(lo4), ga);
+        assert_eq!(p0.sgid_index(p0.wire_gid(lo4)), 1);
+        // ...or GID index 0 when the device has none of that family; other addresses are their own.
+        assert_eq!(p0.wire_gid(lo6).0, p0.gids[0]);
+        assert_eq!(p0.wire_gid(IpAddr::V4(Ipv4Addr::from(B))), Gid::from_ip(IpAddr::V4(Ipv4Addr::from(B))));
+        assert_eq!(loopback_src(IpAddr::V4(Ipv4Addr::new(127, 9, 9, 9))), lo4);
+        assert_eq!(loopback_src(lo6), lo6);
+
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (ch, _fd) = channel(&mut c, 1);
+        // Bind: 127.0.0.0/8 and ::1 attach to device 0 and keep their address; others still fail.
+        for (ip, p) in [(lo4, 7000), (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), 7001), (lo6, 7002)] {
+            let i = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0);
+            match req(&mut c, 1, Request::CmBindAddr { id: i, addr: sock_addr(ip, p) }) {
+                Response::CmAddr { addr, device: Some(0) } => assert_eq!((sock_ip(&addr), addr.port), (ip, p)),
+                r => panic!("{ip}: {r:?}"),
+            }
+        }
+        let i = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: i, addr: v4([10, 9, 9, 9], 7003) }), Response::Err { errno: libc::EADDRNOTAVAIL, .. }));
+        // The loopback bind takes the port on device 0 (as a bind to A would), not on device 1.
+        let i = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: i, addr: v4(A, 7000) }), Response::Err { errno: libc::EADDRINUSE, .. }));
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: i, addr: v4(B, 7000) }), Response::CmAddr { device: Some(1), .. }));
+        // Resolve with no source: device 0, source 127.0.0.1 (::1), destination kept.
+        for (dst, src) in [(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 5)), lo4), (lo6, lo6)] {
+            let i = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0);
+            match req(&mut c, 1, Request::CmResolveAddr { id: i, src: None, dst: sock_addr(dst, 7471), timeout_ms: 2000 }) {
+                Response::CmAddr { addr, device: Some(0) } => assert_eq!(sock_ip(&addr), src),
+                r => panic!("{dst}: {r:?}"),
+            }
+            assert_eq!(sock_ip(&c.ids[&i].dst), dst);
+        }
+        // A source bound to device 1's address keeps device 1: the loopback peer is that device.
+        let i = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0);
+        assert!(matches!(req(&mut c, 1, Request::CmResolveAddr { id: i, src: Some(v4(B, 0)), dst: sock_addr(lo4, 7471), timeout_ms: 2000 }), Response::CmAddr { device: Some(1), .. }));
+        assert_eq!(c.route(&c.ids[&i], 1).dgid, Gid::from_ip(IpAddr::V4(Ipv4Addr::from(B))));
+    }
+
+    #[test]
+    fn rc_connect_over_loopback_uses_the_device_gid_and_keeps_127_0_0_1() {
+        let lo = [127, 0, 0, 1];
+        let ga = Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A)));
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (sch, sfd) = channel(&mut c, 1);
+        let (cch, cfd) = channel(&mut c, 2);
+        // libfabric's verbs server: bind localhost, listen.
+        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(lo, 7471) }), Response::CmAddr { device: Some(0), .. }));
+        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 8 }), Response::Ok);
+        let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+        assert!(matches!(req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(lo, 7471), timeout_ms: 2000 }), Response::CmAddr { device: Some(0), .. }));
+        assert_eq!(req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+        assert_eq!(kinds(&events(&cfd)), [event::ADDR_RESOLVED, event::ROUTE_RESOLVED]);
+        let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
+        assert_eq!(req(&mut c, 2, Request::CmConnect { id: a, qpn: 0x123, conn }), Response::Ok);
+        // The REQ goes from device 0's GID to device 0's GID, never to ::ffff:127.0.0.1.
+        let t = c.take_transmits();
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].1.path.sgid, t[0].1.path.dgid), (ga, ga));
+        let f = pmrxe_cm::gsi::build_mad_frame(&t[0].1.path, MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]), Psn::new(1), &t[0].1.mad).unwrap();
+        let now = c.now();
+        c.on_frame(now, 0, &f);
+        // The CMA header carried 127.0.0.1 both ways: the child's addresses are loopback.
+        let ev = events(&sfd);
+        assert_eq!(kinds(&ev), [event::CONNECT_REQUEST]);
+        let cr = &ev[0];
+        assert_eq!(cr.listen_id, Some(l));
+        assert_eq!((sock_ip(&cr.src), sock_ip(&cr.dst)), (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert_eq!((cr.src.port, cr.dst.port), (7471, c.ids[&a].src.port));
+        // Both QPs' address vectors name device 0's GID (index 1 of its table).
+        match req(&mut c, 1, Request::CmInitQpAttr { id: cr.id, qp_state: 2 }) {
+            Response::CmQpAttr { attr, .. } => assert_eq!((attr.ah_attr.dgid, attr.ah_attr.sgid_index), (ga.0, 1)),
+            r => panic!("{r:?}"),
+        }
+        let acc = CmConnParam { responder_resources: 1, initiator_depth: 1, rnr_retry_count: 7, ..Default::default() };
+        assert_eq!(req(&mut c, 1, Request::CmAccept { id: cr.id, qpn: 0x456, conn: acc }), Response::Ok);
+        wire(&mut c);
+        assert_eq!(kinds(&events(&cfd)), [ctrl::CM_EVENT_CONNECT_RESPONSE]);
+        match req(&mut c, 2, Request::CmInitQpAttr { id: a, qp_state: 2 }) {
+            Response::CmQpAttr { attr, .. } => assert_eq!((attr.dest_qp_num, attr.ah_attr.dgid, attr.ah_attr.sgid_index), (0x456, ga.0, 1)),
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(req(&mut c, 2, Request::CmEstablish { id: a }), Response::Ok);
+        wire(&mut c);
+        assert_eq!(kinds(&events(&sfd)), [event::ESTABLISHED]);
+        c.client_gone(c.now(), 1);
+        c.client_gone(c.now(), 2);
+        wire(&mut c);
         assert_eq!((c.id_count(), c.channel_count()), (0, 0));
     }
 
