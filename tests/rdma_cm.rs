@@ -6,7 +6,6 @@
 //! rejected because the listener is not there yet.
 mod common;
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,41 +17,13 @@ fn port(i: u16) -> String {
     port_for(300 + i).to_string()
 }
 
-fn spawn(svc: &Service, args: &[&str], tag: &str) -> (Child, std::path::PathBuf) {
-    let out = svc.dir.join(&format!("{tag}.out"));
-    (spawn_verbs(svc, args, &out), out)
-}
-
-/// Server first, then the client (retried while no listener answers yet); both bounded.
-fn cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
-    let t0 = Instant::now();
-    let (mut s, so) = spawn(svc, server, "server");
-    std::thread::sleep(Duration::from_millis(800));
-    let mut attempt = 0;
-    let client_out = loop {
-        attempt += 1;
-        let c = run_verbs(svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
-        let not_listening = c.output.contains("REJECTED") || c.output.contains("Connection refused");
-        if c.ok() || !not_listening || attempt >= 5 || s.try_wait().unwrap().is_some() {
-            break c;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let left = limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5));
-    let ss = wait_timeout(&mut s, left);
-    PairOutput {
-        server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) },
-        client: client_out,
-    }
-}
-
 #[test]
 fn rping_verifies_data_both_ways() {
     require_tool("rping");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(0);
-    let r = cm_pair(&svc, &["rping", "-s", "-a", ADDR, "-p", &p, "-C", "10", "-v"], &["rping", "-c", "-a", ADDR, "-p", &p, "-C", "10", "-v"], T);
+    let r = run_cm_pair(&svc, &["rping", "-s", "-a", ADDR, "-p", &p, "-C", "10", "-v"], &["rping", "-c", "-a", ADDR, "-p", &p, "-C", "10", "-v"], T);
     r.assert_ok();
     assert!(r.client.output.contains("ping data: rdma-ping-9: "), "{}", r.client.describe());
     assert!(r.server.output.contains("server ping data: rdma-ping-9: "), "{}", r.server.describe());
@@ -76,11 +47,11 @@ fn ucmatose_one_and_several_connections() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(2);
-    let r = cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p], &["ucmatose", "-s", ADDR, "-p", &p], T);
+    let r = run_cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p], &["ucmatose", "-s", ADDR, "-p", &p], T);
     r.assert_ok();
     assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
     let p = port(3);
-    let r = cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p, "-c", "4", "-C", "20"], &["ucmatose", "-s", ADDR, "-p", &p, "-c", "4", "-C", "20"], T);
+    let r = run_cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p, "-c", "4", "-C", "20"], &["ucmatose", "-s", ADDR, "-p", &p, "-c", "4", "-C", "20"], T);
     r.assert_ok();
     assert!(r.server.output.contains("disconnected"), "{}", r.server.describe());
 }
@@ -91,7 +62,7 @@ fn udaddy_ud_through_sidr() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     // udaddy has no port option (7174); `-p` is its port space.
-    let r = cm_pair(&svc, &["udaddy", "-b", ADDR], &["udaddy", "-s", ADDR], T);
+    let r = run_cm_pair(&svc, &["udaddy", "-b", ADDR], &["udaddy", "-s", ADDR], T);
     r.assert_ok();
     assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
 }
@@ -102,7 +73,7 @@ fn rdma_server_and_client_with_create_ep_and_get_request() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(4);
-    let r = cm_pair(&svc, &["rdma_server", "-s", ADDR, "-p", &p], &["rdma_client", "-s", ADDR, "-p", &p], T);
+    let r = run_cm_pair(&svc, &["rdma_server", "-s", ADDR, "-p", &p], &["rdma_client", "-s", ADDR, "-p", &p], T);
     r.assert_ok();
     assert!(r.client.output.contains("rdma_client: end 0"), "{}", r.client.describe());
     assert!(r.server.output.contains("rdma_server: end 0"), "{}", r.server.describe());
@@ -114,11 +85,11 @@ fn perftest_write_bw_and_ud_send_bw_over_rdma_cm() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(5);
-    let r = cm_pair(&svc, &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"], &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000", ADDR], T);
+    let r = run_cm_pair(&svc, &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"], &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000", ADDR], T);
     r.assert_ok();
     assert!(!perftest_rows(&r.client.output).is_empty(), "{}", r.client.describe());
     let p = port(6);
-    let r = cm_pair(
+    let r = run_cm_pair(
         &svc,
         &["ib_send_bw", "-R", "-c", "UD", "-d", "pmrxe0", "-p", &p, "-n", "1000"],
         &["ib_send_bw", "-R", "-c", "UD", "-d", "pmrxe0", "-p", &p, "-n", "1000", ADDR],
@@ -135,7 +106,7 @@ fn rsockets_rstream_and_riostream_run_on_the_shim() {
     let svc = Service::start_loopback();
     for (i, prog) in [(7, "rstream"), (8, "riostream")] {
         let p = port(i);
-        let r = cm_pair(&svc, &[prog, "-b", ADDR, "-p", &p, "-S", "4096", "-C", "100"], &[prog, "-s", ADDR, "-p", &p, "-S", "4096", "-C", "100"], T);
+        let r = run_cm_pair(&svc, &[prog, "-b", ADDR, "-p", &p, "-S", "4096", "-C", "100"], &[prog, "-s", ADDR, "-p", &p, "-S", "4096", "-C", "100"], T);
         r.assert_ok();
         assert!(r.client.output.contains("custom    4k"), "{}", r.client.describe());
     }
@@ -148,8 +119,8 @@ fn cmtime_reports_connection_setup() {
     let svc = Service::start_loopback();
     let p = port(9);
     // The cmtime server serves until killed.
-    let (mut s, so) = spawn(&svc, &["cmtime", "-b", ADDR, "-p", &p, "-c", "20"], "cmtime-server");
-    std::thread::sleep(Duration::from_millis(800));
+    let so = svc.dir.join("cmtime-server.out");
+    let mut s = spawn_cm_server(&svc, &["cmtime", "-b", ADDR, "-p", &p, "-c", "20"], &so);
     let c = run_verbs(&svc, &["cmtime", "-s", ADDR, "-p", &p, "-c", "20"], T);
     sigterm(s.id());
     let _ = wait_timeout(&mut s, Duration::from_secs(10)).or_else(|| {

@@ -195,16 +195,6 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
 
 // ---- perftest -R --------------------------------------------------------------------------
 
-/// Server first (rdma_cm servers listen on no TCP port: give it time), then the client.
-fn cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
-    let so = svc.dir.join(&format!("{}-server.out", server[0]));
-    let mut s = spawn_verbs(svc, server, &so);
-    std::thread::sleep(Duration::from_millis(800));
-    let c = run_verbs(svc, client, limit);
-    let ss = wait_timeout(&mut s, Duration::from_secs(20));
-    PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c }
-}
-
 #[test]
 fn perftest_r_read_send_lat_and_write_path_mtu() {
     require_tool("ib_read_bw");
@@ -225,7 +215,7 @@ fn perftest_r_read_send_lat_and_write_path_mtu() {
         sa.extend_from_slice(extra);
         let mut ca = sa.clone();
         ca.push(ADDR);
-        let r = cm_pair(&svc, &sa, &ca, t);
+        let r = run_cm_pair(&svc, &sa, &ca, t);
         r.assert_ok();
         let rows = perftest_rows(&r.client.output);
         assert!(!rows.is_empty(), "{}", r.client.describe());
@@ -236,7 +226,7 @@ fn perftest_r_read_send_lat_and_write_path_mtu() {
     let frames = |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
     let before = frames(&svc.stats_json());
     let p = port(4);
-    let r = cm_pair(
+    let r = run_cm_pair(
         &svc,
         &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"],
         &["ib_write_bw", "-R", "-d", "pmrxe1", "-p", &p, "-n", "2000", "--source_ip", ADDR1, ADDR],
@@ -268,8 +258,7 @@ fn rping_100_cycles_under_5_percent_loss_leak_nothing() {
     let svc = Service::start(Some(&cfg), None);
     let p = port(5);
     let so = svc.dir.join("rping-server.out");
-    let mut server = spawn_verbs(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", &p, "-v"], &so);
-    std::thread::sleep(Duration::from_millis(800));
+    let mut server = spawn_cm_server(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", &p, "-v"], &so);
     let t0 = Instant::now();
     // 3 client loops (a lost REQ costs the CMA's 4.8 s retransmission interval; sequentially
     // 100 cycles would take minutes). Not more: rping listens with backlog 3, and pmrxe's CM
@@ -313,8 +302,7 @@ fn clients_killed_mid_handshake_leave_nothing_behind() {
     let svc = Service::start_loopback();
     let p = port(6);
     let so = svc.dir.join("rping-server.out");
-    let mut server = spawn_verbs(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", &p], &so);
-    std::thread::sleep(Duration::from_millis(800));
+    let mut server = spawn_cm_server(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", &p], &so);
     let before = svc.stats_json();
     // SIGKILL at 0..75 ms after the start: before, during and after the REQ/REP/RTU exchange.
     for i in 0..16u64 {
@@ -336,8 +324,7 @@ fn clients_killed_mid_handshake_leave_nothing_behind() {
     // client complete a full connection on the same service.
     kill(&mut server);
     let p2 = port(9);
-    let mut server = spawn_verbs(&svc, &["rping", "-s", "-a", ADDR, "-p", &p2, "-C", "3", "-v"], &so);
-    std::thread::sleep(Duration::from_millis(800));
+    let mut server = spawn_cm_server(&svc, &["rping", "-s", "-a", ADDR, "-p", &p2, "-C", "3", "-v"], &so);
     let c = run_verbs(&svc, &["rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &p2, "-C", "3", "-v"], Duration::from_secs(30));
     assert!(c.ok() && c.output.contains("ping data: rdma-ping-2"), "{}\nserver: {}", c.describe(), tail(&read_to_string_lossy(&so), 10));
     let _ = wait_timeout(&mut server, Duration::from_secs(10));
@@ -361,8 +348,7 @@ fn no_listener_is_rejected_fast_and_cmtime_100_connections() {
 
     let p = port(8);
     let so = svc.dir.join("cmtime-server.out");
-    let mut s = spawn_verbs(&svc, &["cmtime", "-b", ADDR, "-p", &p, "-c", "100"], &so);
-    std::thread::sleep(Duration::from_millis(800));
+    let mut s = spawn_cm_server(&svc, &["cmtime", "-b", ADDR, "-p", &p, "-c", "100"], &so);
     let c = run_verbs(&svc, &["cmtime", "-s", ADDR, "-p", &p, "-c", "100"], Duration::from_secs(60));
     kill(&mut s);
     assert!(c.ok(), "{}\nserver: {}", c.describe(), read_to_string_lossy(&so));

@@ -523,3 +523,36 @@ pub fn wait_for_traffic(svc: &Service, min_tx: u64, limit: Duration, ctx: &Path)
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// rdma_cm listeners the service holds (`pmrxe stats --json`: `cm.listeners`).
+pub fn cm_listeners(svc: &Service) -> u64 {
+    svc.stats_json()["cm"]["listeners"].as_u64().unwrap_or(0)
+}
+
+/// Start an rdma_cm server under `pmrxe run --` (output to `out`) and wait, bounded, until the
+/// service holds one more listener than before: rdma_cm servers listen on no TCP port, so this
+/// is the condition a client can connect on (instead of a fixed sleep).
+pub fn spawn_cm_server(svc: &Service, args: &[&str], out: &Path) -> Child {
+    let before = cm_listeners(svc);
+    let mut c = spawn_verbs(svc, args, out);
+    let t0 = Instant::now();
+    while cm_listeners(svc) <= before {
+        if let Some(st) = c.try_wait().unwrap() {
+            panic!("`{}` exited ({st}) before it listened:\n{}", args.join(" "), tail(&read_to_string_lossy(out), 25));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "`{}` not listening after 30 s", args.join(" "));
+        std::thread::sleep(Duration::from_millis(20)); // poll interval of a bounded condition wait
+    }
+    c
+}
+
+/// An rdma_cm server/client pair: the server first (until it listens), then the client; each
+/// bounded by `limit`.
+pub fn run_cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
+    let t0 = Instant::now();
+    let so = svc.dir.join(&format!("cm{}.server.out", SEQ.fetch_add(1, Ordering::Relaxed)));
+    let mut s = spawn_cm_server(svc, server, &so);
+    let c = run_verbs(svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
+    let ss = wait_timeout(&mut s, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
+    PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c }
+}
