@@ -1,0 +1,294 @@
+//! x86-64 kernels: PCLMULQDQ (four 128-bit accumulators) and AVX-512 + VPCLMULQDQ (four 512-bit
+//! accumulators, i.e. sixteen 128-bit lanes), after Gopal et al., "Fast CRC computation for
+//! generic polynomials using PCLMULQDQ instruction" (Intel, 2009): each accumulator holds 128
+//! bits of the message; folding it forward by D bits is two carry-less multiplies by
+//! x^(D±32) mod P, XORed into the block D bits later; at the end the accumulators are folded
+//! into one and reduced to 32 bits (Barrett).
+//!
+//! With `COPY` every block is stored to the destination from the register it was loaded into
+//! and folded from, so the CRC always describes exactly the bytes written, even if the source
+//! changes meanwhile (registered memory is written by clients at any time). No `memcpy` call:
+//! the copy is the kernel's own loads and stores (glibc's `rep movsb` path is slow on some
+//! sizes and CPUs).
+
+use core::arch::x86_64::*;
+
+use crate::gf::{fold_const, MU, P33};
+
+/// (low, high) folding constants for a fold by `bits`: x^(bits+32) and x^(bits−32) mod P.
+const fn keys(bits: u32) -> (i64, i64) {
+    (fold_const(bits + 32) as i64, fold_const(bits - 32) as i64)
+}
+const K128: (i64, i64) = keys(128);
+const K256: (i64, i64) = keys(256);
+const K384: (i64, i64) = keys(384);
+const K512: (i64, i64) = keys(512);
+const K2048: (i64, i64) = keys(2048);
+const K64: i64 = fold_const(64) as i64;
+
+#[inline]
+#[target_feature(enable = "sse2")]
+fn keys128(k: (i64, i64)) -> __m128i {
+    _mm_set_epi64x(k.1, k.0)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn keys512(k: (i64, i64)) -> __m512i {
+    _mm512_set_epi64(k.1, k.0, k.1, k.0, k.1, k.0, k.1, k.0)
+}
+
+/// `a` folded forward by the distance of `k`, XOR `b`.
+#[inline]
+#[target_feature(enable = "pclmulqdq")]
+fn fold128(a: __m128i, b: __m128i, k: __m128i) -> __m128i {
+    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,vpclmulqdq")]
+fn fold512(a: __m512i, b: __m512i, k: __m512i) -> __m512i {
+    _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00), _mm512_clmulepi64_epi128(a, k, 0x11), b, 0x96)
+}
+
+/// Load 16 bytes at `s`; with `COPY` store them at `d`.
+///
+/// # Safety
+/// `s` readable for 16 bytes; with `COPY`, `d` writable for 16 bytes.
+#[inline]
+#[target_feature(enable = "sse2")]
+unsafe fn mv128<const COPY: bool>(s: *const u8, d: *mut u8) -> __m128i {
+    // SAFETY: caller: 16 readable bytes at `s` (unaligned load).
+    let v = unsafe { _mm_loadu_si128(s.cast()) };
+    if COPY {
+        // SAFETY: caller: 16 writable bytes at `d`.
+        unsafe { _mm_storeu_si128(d.cast(), v) };
+    }
+    v
+}
+
+/// Load 64 bytes at `s`; with `COPY` store them at `d`.
+///
+/// # Safety
+/// `s` readable for 64 bytes; with `COPY`, `d` writable for 64 bytes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn mv512<const COPY: bool>(s: *const u8, d: *mut u8) -> __m512i {
+    // SAFETY: caller: 64 readable bytes at `s`.
+    let v = unsafe { _mm512_loadu_si512(s.cast()) };
+    if COPY {
+        // SAFETY: caller: 64 writable bytes at `d`.
+        unsafe { _mm512_storeu_si512(d.cast(), v) };
+    }
+    v
+}
+
+/// The last `n` (1..=15) bytes: each source byte is read once, the register holds exactly the
+/// bytes stored (zero-padded above `n`).
+///
+/// # Safety
+/// `s` readable for `n` bytes; with `COPY`, `d` writable for `n` bytes, disjoint from `s`.
+#[inline]
+#[target_feature(enable = "sse2")]
+unsafe fn mv_partial<const COPY: bool>(s: *const u8, d: *mut u8, n: usize) -> __m128i {
+    use core::ptr::{read_unaligned as rd, write_unaligned as wr};
+    debug_assert!(n > 0 && n < 16);
+    let (lo, hi): (u64, u64) = if n >= 8 {
+        // Two overlapping words; the register takes bytes 0..8 from `a` and 8..n from `b`, and
+        // `b` is stored before `a` so that the overlap in `d` holds `a`'s bytes too.
+        // SAFETY: `0..8` and `n-8..n` lie inside the `n` readable / writable bytes.
+        unsafe {
+            let a = rd(s.cast::<u64>());
+            let b = rd(s.add(n - 8).cast::<u64>());
+            if COPY {
+                wr(d.add(n - 8).cast::<u64>(), b);
+                wr(d.cast::<u64>(), a);
+            }
+            (a, if n == 8 { 0 } else { b >> (8 * (16 - n)) })
+        }
+    } else if n >= 4 {
+        // SAFETY: as above with 4-byte words.
+        unsafe {
+            let a = rd(s.cast::<u32>());
+            let b = rd(s.add(n - 4).cast::<u32>());
+            if COPY {
+                wr(d.add(n - 4).cast::<u32>(), b);
+                wr(d.cast::<u32>(), a);
+            }
+            let top = if n == 4 { 0 } else { u64::from(b >> (8 * (8 - n))) << 32 };
+            (u64::from(a) | top, 0)
+        }
+    } else {
+        // 1..=3 bytes, unrolled (a byte loop could be turned into a `memcpy` call).
+        let mut v = 0u64;
+        for j in [0, 1, 2] {
+            if j < n {
+                // SAFETY: `j < n`: inside both ranges.
+                unsafe {
+                    let b = *s.add(j);
+                    if COPY {
+                        *d.add(j) = b;
+                    }
+                    v |= u64::from(b) << (8 * j);
+                }
+            }
+        }
+        (v, 0)
+    };
+    _mm_set_epi64x(hi as i64, lo as i64)
+}
+
+/// Append the `n` (1..=15) bytes in the low bytes of `part` to the accumulator `x`.
+#[inline]
+#[target_feature(enable = "pclmulqdq,ssse3")]
+fn fold_partial(x: __m128i, part: __m128i, n: usize) -> __m128i {
+    // The stream `x ‖ part[..n]` is re-cut as `0^(16-n) ‖ x[..n]` (folded by 128 bits) and
+    // `x[n..] ‖ part[..n]`: two byte shuffles with indices built from n (negative → zero).
+    let seq = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let shl = _mm_add_epi8(seq, _mm_set1_epi8(n as i8 - 16));
+    let shr = _mm_xor_si128(shl, _mm_set1_epi8(-128));
+    let overflow = _mm_shuffle_epi8(x, shl);
+    let rest = _mm_xor_si128(_mm_shuffle_epi8(x, shr), _mm_shuffle_epi8(part, shl));
+    fold128(overflow, rest, keys128(K128))
+}
+
+/// 128-bit accumulator → CRC (zlib convention).
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse4.1")]
+fn reduce(x: __m128i) -> u32 {
+    let mask32 = _mm_set_epi32(0, 0, 0, -1);
+    // 128 → 96 → 64 bits, then Barrett: T1 = low32 · μ, T2 = low32(T1) · P, CRC = (x ^ T2)[32..64].
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(x, keys128(K128), 0x10), _mm_srli_si128(x, 8));
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x, mask32), _mm_set_epi64x(0, K64), 0x00), _mm_srli_si128(x, 4));
+    let pu = _mm_set_epi64x(MU as i64, P33 as i64);
+    let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, mask32), pu, 0x10);
+    let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, mask32), pu, 0x00);
+    !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
+}
+
+/// Carry-less 32×32 → 63-bit product.
+///
+/// # Safety
+/// The CPU must have PCLMULQDQ.
+#[target_feature(enable = "pclmulqdq")]
+pub(crate) unsafe fn clmul32(a: u32, b: u32) -> u64 {
+    _mm_cvtsi128_si64(_mm_clmulepi64_si128(_mm_cvtsi32_si128(a as i32), _mm_cvtsi32_si128(b as i32), 0x00)) as u64
+}
+
+/// PCLMULQDQ kernel: fold (and with `COPY` copy) `len` bytes.
+///
+/// # Safety
+/// The CPU must have PCLMULQDQ, SSE4.1 and SSSE3. `src` readable for `len` bytes; with `COPY`,
+/// `dst` writable for `len` bytes and disjoint from `src` (without, `dst` is never accessed).
+#[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
+pub(crate) unsafe fn pclmul<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    if len < 16 {
+        // SAFETY: the caller's contract is the portable kernel's.
+        return unsafe { crate::portable::run::<COPY>(crc, dst, src, len) };
+    }
+    macro_rules! ld {
+        ($o:expr) => {
+            // SAFETY: every use below has `$o + 16 <= len`: inside both ranges.
+            unsafe { mv128::<COPY>(src.add($o), dst.wrapping_add($o)) }
+        };
+    }
+    let init = _mm_cvtsi32_si128(!crc as i32);
+    let mut i;
+    let mut x;
+    if len >= 64 {
+        let (mut x0, mut x1, mut x2, mut x3) = (_mm_xor_si128(ld!(0), init), ld!(16), ld!(32), ld!(48));
+        i = 64;
+        let k = keys128(K512);
+        while len - i >= 64 {
+            x0 = fold128(x0, ld!(i), k);
+            x1 = fold128(x1, ld!(i + 16), k);
+            x2 = fold128(x2, ld!(i + 32), k);
+            x3 = fold128(x3, ld!(i + 48), k);
+            i += 64;
+        }
+        x = fold128(x0, fold128(x1, fold128(x2, x3, keys128(K128)), keys128(K256)), keys128(K384));
+    } else {
+        x = _mm_xor_si128(ld!(0), init);
+        i = 16;
+    }
+    let k = keys128(K128);
+    while len - i >= 16 {
+        x = fold128(x, ld!(i), k);
+        i += 16;
+    }
+    let r = len - i;
+    if r > 0 {
+        // SAFETY: the last `r` bytes of both ranges.
+        let part = unsafe { mv_partial::<COPY>(src.add(i), dst.wrapping_add(i), r) };
+        x = fold_partial(x, part, r);
+    }
+    reduce(x)
+}
+
+/// AVX-512 + VPCLMULQDQ kernel: fold (and with `COPY` copy) `len` bytes, 256 per iteration.
+///
+/// # Safety
+/// The CPU must have AVX512F, AVX512BW, AVX512VL, VPCLMULQDQ, PCLMULQDQ, SSE4.1 and SSSE3.
+/// Pointer contract as [`pclmul`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
+pub(crate) unsafe fn avx512<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    if len < 64 {
+        // SAFETY: same contract, subset of the features.
+        return unsafe { pclmul::<COPY>(crc, dst, src, len) };
+    }
+    macro_rules! ld {
+        ($o:expr) => {
+            // SAFETY: every use below has `$o + 64 <= len`: inside both ranges.
+            unsafe { mv512::<COPY>(src.add($o), dst.wrapping_add($o)) }
+        };
+    }
+    let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32));
+    let k512 = keys512(K512);
+    let mut i;
+    let mut v;
+    if len >= 256 {
+        let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(ld!(0), init), ld!(64), ld!(128), ld!(192));
+        i = 256;
+        let k = keys512(K2048);
+        while len - i >= 256 {
+            v0 = fold512(v0, ld!(i), k);
+            v1 = fold512(v1, ld!(i + 64), k);
+            v2 = fold512(v2, ld!(i + 128), k);
+            v3 = fold512(v3, ld!(i + 192), k);
+            i += 256;
+        }
+        v = fold512(fold512(fold512(v0, v1, k512), v2, k512), v3, k512);
+    } else {
+        v = _mm512_xor_si512(ld!(0), init);
+        i = 64;
+    }
+    while len - i >= 64 {
+        v = fold512(v, ld!(i), k512);
+        i += 64;
+    }
+    // Four lanes → one: lane j folded by (3 − j)·128 bits, lane 3 as is, all XORed.
+    let kl = _mm512_set_epi64(0, 0, K128.1, K128.0, K256.1, K256.0, K384.1, K384.0);
+    let t = _mm512_xor_si512(_mm512_clmulepi64_epi128(v, kl, 0x00), _mm512_clmulepi64_epi128(v, kl, 0x11));
+    let t = _mm512_mask_blend_epi64(0xC0, t, v);
+    let y = _mm256_xor_si256(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    let mut x = _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    let k = keys128(K128);
+    while len - i >= 16 {
+        // SAFETY: `i + 16 <= len`.
+        x = fold128(x, unsafe { mv128::<COPY>(src.add(i), dst.wrapping_add(i)) }, k);
+        i += 16;
+    }
+    let r = len - i;
+    if r > 0 {
+        let m: __mmask16 = (1u16 << r) - 1;
+        // SAFETY: the masked load reads only the last `r` bytes of `src` (masked-off bytes are
+        // not accessed and cannot fault); the masked store writes only the last `r` of `dst`.
+        let part = unsafe { _mm_maskz_loadu_epi8(m, src.add(i).cast()) };
+        if COPY {
+            // SAFETY: see above.
+            unsafe { _mm_mask_storeu_epi8(dst.wrapping_add(i).cast(), m, part) };
+        }
+        x = fold_partial(x, part, r);
+    }
+    reduce(x)
+}

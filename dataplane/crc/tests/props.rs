@@ -1,0 +1,174 @@
+//! Every kernel this CPU has, checked against crc32fast: CRC and copied bytes for every length
+//! 0..=8 KiB at shifting source/destination alignments, random contents, lengths, offsets and
+//! initial CRCs (proptest), the bytes around the destination untouched, and combination.
+
+use pmrxe_crc::{copy_and_crc, crc32, crc32_combine, crc_update, CrcShift, Kernel};
+use proptest::prelude::*;
+
+fn reference(crc: u32, data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(data);
+    h.finalize()
+}
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s as u8
+        })
+        .collect()
+}
+
+const MAX: usize = 8192;
+const GUARD: usize = 80;
+
+/// `copy_and_crc` of `src[so..so+len]` into `dst[GUARD+do..]` and `crc_update` of the same
+/// bytes, for kernel `k`; asserts CRCs, copied bytes and untouched guard bytes.
+fn check(k: Kernel, src: &[u8], so: usize, doff: usize, len: usize, init: u32) {
+    let data = &src[so..so + len];
+    let want = reference(init, data);
+    assert_eq!(k.crc_update(init, data), want, "{} update len {len} off {so}", k.name());
+    let mut dst = vec![0xA5u8; GUARD + doff + len + GUARD];
+    let got = k.copy_and_crc(init, &mut dst[GUARD + doff..GUARD + doff + len], data);
+    assert_eq!(got, want, "{} copy len {len} src off {so} dst off {doff}", k.name());
+    assert_eq!(&dst[GUARD + doff..GUARD + doff + len], data, "{} copied bytes len {len}", k.name());
+    assert!(dst[..GUARD + doff].iter().all(|&b| b == 0xA5), "{} wrote before dst (len {len})", k.name());
+    assert!(dst[GUARD + doff + len..].iter().all(|&b| b == 0xA5), "{} wrote past dst (len {len})", k.name());
+}
+
+#[test]
+fn every_length_to_8k_every_kernel() {
+    let src = pattern(MAX + 64, 7);
+    let kernels: Vec<Kernel> = Kernel::available().collect();
+    assert!(!kernels.is_empty());
+    for len in 0..=MAX {
+        // Source and destination offsets cycle through all 64 residues (cache-line positions).
+        let so = len % 64;
+        let doff = (len * 7 + 3) % 64;
+        let init = (len as u32).wrapping_mul(0x9E37_79B9);
+        for &k in &kernels {
+            check(k, &src, so, doff, len, init);
+        }
+    }
+}
+
+#[test]
+fn raw_pointer_entry_points_agree() {
+    let src = pattern(5000, 3);
+    for k in Kernel::available() {
+        for len in [0usize, 1, 15, 16, 63, 64, 255, 256, 4096, 4999] {
+            let mut dst = vec![0u8; len];
+            // SAFETY: `src` readable and `dst` writable for `len` bytes, distinct vectors.
+            let c = unsafe { k.copy_and_crc_raw(1, dst.as_mut_ptr(), src.as_ptr(), len) };
+            assert_eq!(c, reference(1, &src[..len]));
+            assert_eq!(dst, src[..len]);
+            // SAFETY: `src` readable for `len` bytes.
+            assert_eq!(unsafe { k.crc_update_raw(2, src.as_ptr(), len) }, reference(2, &src[..len]));
+        }
+    }
+}
+
+#[test]
+fn free_functions_use_a_correct_kernel() {
+    let src = pattern(4096, 11);
+    let mut dst = vec![0u8; 4096];
+    assert_eq!(copy_and_crc(5, &mut dst, &src), reference(5, &src));
+    assert_eq!(dst, src);
+    assert_eq!(crc_update(9, &src), reference(9, &src));
+    assert_eq!(crc32(&src), crc32fast::hash(&src));
+}
+
+#[test]
+#[should_panic(expected = "length mismatch")]
+fn copy_with_unequal_lengths_panics() {
+    let mut d = [0u8; 3];
+    copy_and_crc(0, &mut d, &[1, 2]);
+}
+
+#[test]
+fn combine_of_zero_runs_matches_hashing_the_zeros() {
+    let a = pattern(100, 5);
+    let zeros = vec![0u8; 1 << 20];
+    for n in [0usize, 1, 3, 4, 7, 64, 4096, 9000, 65536, (1 << 20) - 1, 1 << 20] {
+        let whole = {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&a);
+            h.update(&zeros[..n]);
+            h.finalize()
+        };
+        assert_eq!(crc32_combine(crc32fast::hash(&a), crc32fast::hash(&zeros[..n]), n as u64), whole, "n {n}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn kernels_match_crc32fast(len in 0usize..=MAX, so in 0usize..64, doff in 0usize..64, init: u32, seed: u32) {
+        let src = pattern(len + 64, seed);
+        for k in Kernel::available() {
+            check(k, &src, so, doff, len, init);
+        }
+    }
+
+    #[test]
+    fn chunked_updates_compose(data in proptest::collection::vec(any::<u8>(), 0..3000), cuts in proptest::collection::vec(0usize..3000, 0..6), init: u32) {
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+        cuts.sort_unstable();
+        for k in Kernel::available() {
+            let mut crc = init;
+            let mut at = 0;
+            let mut out = vec![0u8; data.len()];
+            for &c in cuts.iter().chain(std::iter::once(&data.len())) {
+                crc = k.copy_and_crc(crc, &mut out[at..c], &data[at..c]);
+                at = c;
+            }
+            prop_assert_eq!(crc, reference(init, &data));
+            prop_assert_eq!(&out, &data);
+        }
+    }
+
+    #[test]
+    fn combine_matches_crc32fast(a in proptest::collection::vec(any::<u8>(), 0..2000), b in proptest::collection::vec(any::<u8>(), 0..9000)) {
+        let (ca, cb) = (crc32fast::hash(&a), crc32fast::hash(&b));
+        let mut h = crc32fast::Hasher::new();
+        h.update(&a);
+        h.update(&b);
+        let whole = h.finalize();
+        prop_assert_eq!(crc32_combine(ca, cb, b.len() as u64), whole);
+        prop_assert_eq!(CrcShift::new(b.len() as u64).combine(ca, cb), whole);
+        let mut hc = crc32fast::Hasher::new();
+        hc.update(&a);
+        let mut hb = crc32fast::Hasher::new();
+        hb.update(&b);
+        hc.combine(&hb);
+        prop_assert_eq!(hc.finalize(), whole);
+    }
+
+    #[test]
+    fn combine_is_associative_for_huge_lengths(a: u32, b: u32, c: u32, nb in 0u64..(1 << 40), nc in 0u64..(1 << 40)) {
+        // Any u32 is the CRC of some message of any length ≥ 4, so these are real CRCs.
+        let left = crc32_combine(crc32_combine(a, b, nb), c, nc);
+        let right = crc32_combine(a, crc32_combine(b, c, nc), nb + nc);
+        prop_assert_eq!(left, right);
+    }
+}
+
+#[test]
+fn detection_finds_what_the_cpu_reports() {
+    // The kernels are only trusted if they are actually exercised: on a CPU whose flags list
+    // the features, the corresponding kernel must be available (and so tested above).
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+    let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else { return };
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    if has("pclmulqdq") && has("sse4_1") && has("ssse3") {
+        assert!(Kernel::pclmul().is_some());
+    }
+    if has("pclmulqdq") && has("avx512f") && has("avx512bw") && has("avx512vl") && has("vpclmulqdq") {
+        assert!(Kernel::avx512().is_some());
+    }
+}
