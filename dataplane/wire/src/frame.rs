@@ -25,6 +25,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::eth::{self, EtherType, MacAddr};
+use crate::icrc::IcrcCheck;
 use crate::{ipv4, ipv6, udp, Error, Result, TransportHeaders, ICRC_LEN, ROCE_PORT};
 
 /// Everything below the transport needed to build a frame: an address vector plus MACs.
@@ -189,6 +190,20 @@ fn l2(frame: &[u8]) -> Result<(EtherType, usize)> {
 pub fn finish_frame(frame: &mut [u8]) -> Result<()> {
     let l = layout(frame)?;
     let c = crate::icrc(&frame[l.ip..l.udp], &frame[l.udp..l.end - ICRC_LEN]);
+    frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
+    Ok(())
+}
+
+/// [`finish_frame`] for a frame whose RoCE part (BTH .. pad, everything between the UDP header
+/// and the ICRC) the sender already hashed while writing it: `tail_crc` is
+/// [`crate::icrc::transport_crc`] of the transport headers continued through the payload and the
+/// pad. Only the masked IP/UDP prefix is hashed here; the two CRCs are joined by combination.
+/// The result is exactly [`finish_frame`]'s.
+pub fn finish_frame_with_tail_crc(frame: &mut [u8], tail_crc: u32) -> Result<()> {
+    let l = layout(frame)?;
+    let tail = l.udp + udp::HEADER_LEN;
+    let tail_len = (l.end - ICRC_LEN - tail) as u64;
+    let c = crate::icrc::icrc_from_tail(&frame[l.ip..l.udp], &frame[l.udp..tail], tail_crc, tail_len);
     frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
     Ok(())
 }
@@ -365,6 +380,26 @@ pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
 
 /// [`parse_frame`] with options.
 pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<RoceFrame<'a>> {
+    let (f, o, _) = parse_unverified(frame)?;
+    if opts.verify_icrc && !o.icrc_ok(frame) {
+        return Err(Error::BadIcrc);
+    }
+    Ok(f)
+}
+
+/// [`parse_frame`] with the ICRC check deferred to the consumer of the payload: every other
+/// check is made (so garbage costs no CRC pass), and the returned [`IcrcCheck`] carries the CRC
+/// of everything before the payload, to be continued over the payload while it is copied (one
+/// pass per byte) or checked at once with [`IcrcCheck::verify`]. Nothing may act on the frame
+/// before its check passed (see docs/reliability.md, "ICRC and placement").
+pub fn parse_frame_deferred(frame: &[u8]) -> Result<(RoceFrame<'_>, IcrcCheck)> {
+    let (f, o, payload_off) = parse_unverified(frame)?;
+    let check = IcrcCheck::new(&frame[o.ip..o.udp_off], &frame[o.udp_off..o.ip_end - ICRC_LEN], payload_off - o.udp_off, f.payload.len(), f.icrc);
+    Ok((f, check))
+}
+
+/// Everything but the ICRC; also returns the outer layout and the payload's frame offset.
+fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
     let o = outer(frame)?;
     let roce = &frame[o.bth_offset..o.ip_end];
     let body = &roce[..roce.len() - ICRC_LEN];
@@ -387,10 +422,7 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
             return Err(Error::BadPad);
         }
     }
-    if opts.verify_icrc && !o.icrc_ok(frame) {
-        return Err(Error::BadIcrc);
-    }
-    Ok(RoceFrame {
+    let f = RoceFrame {
         src_mac: o.src_mac,
         dst_mac: o.dst_mac,
         src_ip: o.src_ip,
@@ -404,7 +436,8 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
         payload: &body[hlen..hlen + rest - pad],
         icrc: o.stored_icrc(frame),
         bth_offset: o.bth_offset,
-    })
+    };
+    Ok((f, o, o.bth_offset + hlen))
 }
 
 /// Build a complete frame into `buf`: headers, payload, zero pad, ICRC. The BTH pad count

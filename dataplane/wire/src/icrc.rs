@@ -8,6 +8,22 @@
 //!
 //! Only the masked copies of the first bytes are made (on the stack); the payload is hashed
 //! in place.
+//!
+//! # One pass per byte on the data path
+//! The CRC kernels are `pmrxe_crc`'s (AVX-512/VPCLMULQDQ, PCLMULQDQ or portable, chosen at
+//! run time). The data path does not hash the payload separately from copying it:
+//!
+//! * **send**: the transport starts the CRC of the RoCE part with [`transport_crc`] (BTH with
+//!   byte 4 masked, extension headers), folds the payload in while gathering it into the frame
+//!   (`pmrxe_crc::copy_and_crc`) and then the pad; [`crate::finish_frame_with_tail_crc`] hashes
+//!   only the masked IP/UDP prefix and joins the two by CRC combination ([`icrc_from_tail`]);
+//! * **receive**: [`crate::parse_frame_deferred`] validates everything but the ICRC and returns
+//!   an [`IcrcCheck`]: the CRC up to the payload ([`IcrcCheck::seed`]), which the transport
+//!   continues while scattering the payload into memory and then tests with
+//!   [`IcrcCheck::matches`] — or, where memory must not change before the check, tests up front
+//!   with [`IcrcCheck::verify`] (docs/reliability.md, "ICRC and placement").
+
+use pmrxe_crc::{crc_update, CrcShift};
 
 use crate::{bth, ipv4, udp};
 
@@ -29,7 +45,7 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
     // expensive part for short packets.
     const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN;
     let mut buf = [0u8; IPV4_MAX_HDR + HEAD];
-    let mut h = crc32fast::Hasher::new_with_initial(CRC_OF_8_FF);
+    let h = CRC_OF_8_FF;
 
     let n = ip_header.len().min(IPV4_MAX_HDR);
     buf[..n].copy_from_slice(&ip_header[..n]);
@@ -50,8 +66,7 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
     }
     if n < ip_header.len() {
         // Longer than any valid IPv4 header: hash as given (only reachable with garbage).
-        h.update(&buf[..n]);
-        h.update(&ip_header[n..]);
+        let h = crc_update(crc_update(h, &buf[..n]), &ip_header[n..]);
         return finish_udp(h, udp_datagram);
     }
 
@@ -62,16 +77,14 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
             buf[n + o] = 0xFF;
         }
     }
-    h.update(&buf[..n + m]);
-    h.update(&udp_datagram[m..]);
-    h.finalize()
+    crc_update(crc_update(h, &buf[..n + m]), &udp_datagram[m..])
 }
 
 /// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
 const CRC_OF_8_FF: u32 = !0xDEBB_20E3;
 
 #[cold]
-fn finish_udp(mut h: crc32fast::Hasher, udp_datagram: &[u8]) -> u32 {
+fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
     const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN;
     let mut head = [0u8; HEAD];
     let m = udp_datagram.len().min(HEAD);
@@ -81,9 +94,73 @@ fn finish_udp(mut h: crc32fast::Hasher, udp_datagram: &[u8]) -> u32 {
             head[o] = 0xFF;
         }
     }
-    h.update(&head[..m]);
-    h.update(&udp_datagram[m..]);
-    h.finalize()
+    crc_update(crc_update(h, &head[..m]), &udp_datagram[m..])
+}
+
+/// CRC (zlib convention, from 0) of RoCE transport-header bytes (BTH and extension headers) as
+/// the ICRC sees them: BTH byte 4 (FECN, BECN, resv6) as 0xFF. A sender continues it through
+/// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]).
+pub fn transport_crc(headers: &[u8]) -> u32 {
+    const MAX: usize = 64;
+    let mut buf = [0u8; MAX];
+    let n = headers.len().min(MAX);
+    buf[..n].copy_from_slice(&headers[..n]);
+    if n > bth::FECN_BECN_OFFSET {
+        buf[bth::FECN_BECN_OFFSET] = 0xFF;
+    }
+    crc_update(crc_update(0, &buf[..n]), &headers[n..])
+}
+
+/// The ICRC of a datagram from its IP header, its 8-byte UDP header and the CRC (zlib, from 0,
+/// BTH byte 4 masked) of the `tail_len` bytes after the UDP header up to the ICRC: the masked
+/// prefix is hashed and joined with `tail_crc` by CRC combination. Equal to
+/// [`icrc`]`(ip_header, udp_header ‖ tail)`.
+pub fn icrc_from_tail(ip_header: &[u8], udp_header: &[u8], tail_crc: u32, tail_len: u64) -> u32 {
+    CrcShift::new(tail_len).combine(icrc(ip_header, udp_header), tail_crc)
+}
+
+/// The ICRC check of a received frame, deferred to where its payload is consumed: the CRC of
+/// everything before the payload, the pad bytes and the ICRC as stored. Made by
+/// [`crate::parse_frame_deferred`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcrcCheck {
+    seed: u32,
+    pad: [u8; 3],
+    pad_len: u8,
+    stored: u32,
+}
+
+impl IcrcCheck {
+    /// `ip_header`, the UDP datagram without its ICRC, where the payload starts in it and how
+    /// long it is (the pad follows), and the stored ICRC.
+    pub(crate) fn new(ip_header: &[u8], udp_datagram: &[u8], payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
+        let pad_bytes = &udp_datagram[payload_off + payload_len..];
+        let mut pad = [0u8; 3];
+        let pad_len = pad_bytes.len().min(3);
+        pad[..pad_len].copy_from_slice(&pad_bytes[..pad_len]);
+        IcrcCheck { seed: icrc(ip_header, &udp_datagram[..payload_off]), pad, pad_len: pad_len as u8, stored }
+    }
+
+    /// The CRC up to the first payload byte: fold the payload into it (e.g. while copying it
+    /// with `pmrxe_crc::copy_and_crc`) and give the result to [`matches`](IcrcCheck::matches).
+    #[inline]
+    pub fn seed(&self) -> u32 {
+        self.seed
+    }
+
+    /// Does the stored ICRC match, given `after_payload` = the [`seed`](IcrcCheck::seed) with
+    /// the whole payload folded in?
+    #[inline]
+    pub fn matches(&self, after_payload: u32) -> bool {
+        crc_update(after_payload, &self.pad[..usize::from(self.pad_len)]) == self.stored
+    }
+
+    /// Check now, hashing `payload` (the frame's payload, without pad): for packets whose
+    /// effects must wait for the check.
+    #[inline]
+    pub fn verify(&self, payload: &[u8]) -> bool {
+        self.matches(crc_update(self.seed, payload))
+    }
 }
 
 #[cfg(test)]
@@ -95,6 +172,24 @@ mod test {
         // rxe seeds its CRC with 0xDEBB20E3 = the raw state after 8 x 0xFF.
         assert_eq!(!crc32fast::hash(&[0xFF; 8]), 0xDEBB20E3);
         assert_eq!(crc32fast::hash(&[0xFF; 8]), CRC_OF_8_FF);
+    }
+
+    #[test]
+    fn transport_crc_masks_byte_4_only() {
+        let mut h = [0x11u8; 28];
+        let base = transport_crc(&h);
+        h[bth::FECN_BECN_OFFSET] = 0x00;
+        assert_eq!(transport_crc(&h), base);
+        h[3] ^= 1;
+        assert_ne!(transport_crc(&h), base);
+        let mut masked = [0x11u8; 28];
+        masked[bth::FECN_BECN_OFFSET] = 0xFF;
+        assert_eq!(base, crc32fast::hash(&masked));
+        // Longer than the stack copy: the rest is hashed in place.
+        let long = [0x22u8; 100];
+        let mut m = long;
+        m[bth::FECN_BECN_OFFSET] = 0xFF;
+        assert_eq!(transport_crc(&long), crc32fast::hash(&m));
     }
 
     #[test]

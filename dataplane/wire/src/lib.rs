@@ -3,7 +3,7 @@
 //! # Contract (smoltcp style)
 //!
 //! This crate is pure packet representation: no state, no I/O, no allocation in any
-//! parse or emit path, and no `unsafe`. Each header has two levels:
+//! parse or emit path, and no `unsafe` (the CRC kernels live in `pmrxe-crc`). Each header has two levels:
 //!
 //! * `Packet<T: AsRef<[u8]>>` (exported as e.g. [`BthPacket`]) is a zero-copy view over any
 //!   buffer (a slice, a `Vec`, an mbuf data area). Getters need `AsRef<[u8]>`, setters
@@ -76,13 +76,14 @@ pub use atomic_ack_eth::{Packet as AtomicAckEthPacket, Repr as AtomicAckEthRepr}
 pub use immdt::Packet as ImmDtPacket;
 pub use ieth::Packet as IethPacket;
 pub use deth::{Packet as DethPacket, Repr as DethRepr};
-pub use icrc::{icrc, ICRC_LEN};
+pub use icrc::{icrc, IcrcCheck, ICRC_LEN};
 pub use cnp::{build_cnp_frame, parse_cnp_frame, CnpFrame, Repr as CnpRepr};
 
 pub use headers::TransportHeaders;
 pub use frame::{
-    build_frame, build_frame_vec, emit_frame_headers, finish_frame, frame_header_len, frame_len,
-    pad_for, parse_frame, parse_frame_with, udp_sport, L3Info, ParseOptions, RoceFrame,
+    build_frame, build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc,
+    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_with,
+    udp_sport, L3Info, ParseOptions, RoceFrame,
 };
 pub use pcap::{read_pcap, PcapReader, PcapRecord, PcapWriter};
 pub use sample::{sample_frames, sample_specs, write_sample, SampleSpec};
