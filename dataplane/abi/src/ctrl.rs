@@ -314,6 +314,16 @@ pub struct CmEventMsg {
     pub ud: Option<CmUdParam>,
 }
 
+/// Client → service, on an event channel's socket (the only datagram a client writes there):
+/// the client retrieved (`rdma_get_cm_event`, `rdma_get_request`) the CONNECT_REQUEST of the
+/// new id `id`. The listener's `rdma_listen` backlog counts requests from their arrival until
+/// this acknowledgement (or any request naming `id`), as the kernel's ucma counts them until
+/// the event is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEventAck {
+    pub id: u32,
+}
+
 /// Internal event: a REP arrived for the client's `rdma_connect`; the client moves the QP to
 /// RTR/RTS and answers `CmEstablish` before it reports ESTABLISHED (never shown to the user).
 pub const CM_EVENT_CONNECT_RESPONSE: u32 = 0x1000;

@@ -390,6 +390,13 @@ struct IdRec {
     parent: Option<u32>,
     /// A passive child: the GID its REQ/SIDR_REQ came from (the RTR address vector's).
     peer_gid: Option<Gid>,
+    /// A listener: its `rdma_listen` backlog.
+    backlog: u32,
+    /// A listener: CONNECT_REQUESTs of its children not yet read by the client.
+    pending: u32,
+    /// A passive child whose CONNECT_REQUEST the client has not read yet (counted in its
+    /// listener's `pending`).
+    unread: bool,
 }
 
 impl IdRec {
@@ -420,6 +427,9 @@ pub struct CmServiceStats {
     pub rx_bad: u64,
     /// MADs dropped because an lcore's queue was full.
     pub tx_dropped: u64,
+    /// Requests rejected (REJ 28 / SIDR_REP reject) because the listener's backlog of unread
+    /// CONNECT_REQUESTs was full.
+    pub rej_backlog: u64,
 }
 
 /// The CM state without the thread (unit-testable).
@@ -562,18 +572,14 @@ impl CmCore {
     /// Retry channel backlogs; drop channels whose client closed its end.
     pub fn housekeeping(&mut self) {
         let mut dead = Vec::new();
-        for (&h, ch) in self.channels.iter_mut() {
-            let mut b = [0u8; 1];
-            // SAFETY: recv into a 1-byte local buffer on a socket we own.
-            let n = unsafe { libc::recv(ch.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-            // EOF, or ECONNRESET when the client closed with events unread: gone.
-            let gone = n == 0
-                || (n < 0 && !matches!(std::io::Error::last_os_error().kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted));
-            if gone {
+        let handles: Vec<u32> = self.channels.keys().copied().collect();
+        for h in handles {
+            // Read the client's acknowledgements (and see whether it closed its end).
+            if !self.read_acks(h) {
                 dead.push(h);
                 continue;
             }
-            if flush_backlog(ch).is_err() {
+            if self.channels.get_mut(&h).is_some_and(|ch| flush_backlog(ch).is_err()) {
                 dead.push(h);
             }
         }
@@ -693,9 +699,14 @@ impl CmCore {
                     srq: r.srq as u8,
                     qp_num: r.local_qpn.value(),
                 };
-                let Some(new) = self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) else {
-                    let _ = self.ports[pi].cm.reject(now, cid, RejReason::NO_RESOURCES, &[], &[]);
-                    return;
+                let new = match self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) {
+                    Ok(new) => new,
+                    Err(why) => {
+                        // A full backlog: REJ 28, as the kernel's cm_destroy_id after ucma refused it.
+                        let reason = if why == NoChild::Backlog { RejReason::CONSUMER_DEFINED } else { RejReason::NO_RESOURCES };
+                        let _ = self.ports[pi].cm.reject(now, cid, reason, &[], &[]);
+                        return;
+                    }
                 };
                 if let Some(rec) = self.ids.get_mut(&new) {
                     rec.peer_req = Some(peer);
@@ -707,7 +718,7 @@ impl CmCore {
                 let split = cma::split_private_data(sid, &req.req.private_data).map(|(h, u)| (h, u.to_vec()));
                 let source = req.source;
                 let user = split.as_ref().map(|(_, u)| u.clone()).unwrap_or_else(|| req.req.private_data.clone());
-                let Some(new) = self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) else {
+                let Ok(new) = self.child_of(pi, sid, cid, source.sgid, split.map(|(h, _)| h)) else {
                     let p = SidrReplyParams { status: SidrStatus::REJECT, qpn: Qpn::new(0), qkey: 0, vendor_id: 0, info: vec![], private_data: vec![] };
                     let _ = self.ports[pi].cm.sidr_reply(now, cid, &p);
                     return;
@@ -770,12 +781,22 @@ impl CmCore {
     }
 
     /// A new passive id for a REQ/SIDR_REQ of connection `cid` on port `pi` to listener `sid`.
-    fn child_of(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Option<u32> {
-        let &lid = self.listeners.get(&(pi, sid))?;
-        let l = self.ids.get(&lid)?;
+    fn child_of(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Result<u32, NoChild> {
+        let &lid = self.listeners.get(&(pi, sid)).ok_or(NoChild::Resources)?;
+        let l = self.ids.get(&lid).ok_or(NoChild::Resources)?;
+        if l.pending >= l.backlog {
+            // Full as far as we know: collect the client's read-acknowledgements first.
+            let ch = l.channel;
+            self.read_acks(ch);
+        }
+        let l = self.ids.get(&lid).ok_or(NoChild::Resources)?;
+        if l.pending >= l.backlog {
+            self.stats.rej_backlog += 1;
+            return Err(NoChild::Backlog);
+        }
         let client = l.client;
         if self.ids.len() >= MAX_IDS || self.ids.values().filter(|r| r.client == client).count() >= MAX_IDS_PER_CLIENT {
-            return None;
+            return Err(NoChild::Resources);
         }
         let port = l.src.port;
         let (src, dst) = match hdr {
@@ -808,12 +829,69 @@ impl CmCore {
             active: false,
             parent: Some(lid),
             peer_gid: Some(peer),
+            backlog: 0,
+            pending: 0,
+            unread: true,
         };
         let h = self.handle();
         self.ids.insert(h, rec);
         self.by_conn.insert((pi, cid), h);
-        Some(h)
+        if let Some(l) = self.ids.get_mut(&lid) {
+            l.pending += 1;
+        }
+        Ok(h)
     }
+
+    /// The client read the CONNECT_REQUEST of child `id` (or named the id in a request): its
+    /// listener's backlog slot is free again.
+    fn request_read(&mut self, id: u32) {
+        let Some(r) = self.ids.get_mut(&id) else { return };
+        if !std::mem::take(&mut r.unread) {
+            return;
+        }
+        if let Some(l) = r.parent.and_then(|p| self.ids.get_mut(&p)) {
+            l.pending = l.pending.saturating_sub(1);
+        }
+    }
+
+    /// Read the [`ctrl::CmEventAck`]s the client wrote on `channel`. `false`: the client
+    /// closed its end.
+    fn read_acks(&mut self, channel: u32) -> bool {
+        let mut read = Vec::new();
+        let alive = match self.channels.get(&channel) {
+            Some(ch) => loop {
+                let mut b = [0u8; 64];
+                // SAFETY: recv into a local buffer of its length on a socket we own.
+                let n = unsafe { libc::recv(ch.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+                if n > 0 {
+                    if let Ok(a) = ctrl::decode::<ctrl::CmEventAck>(&b[..n as usize]) {
+                        read.push(a.id);
+                    }
+                    continue;
+                }
+                let e = std::io::Error::last_os_error();
+                // EOF, or ECONNRESET when the client closed with events unread: gone.
+                break n < 0 && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted);
+            },
+            None => return false,
+        };
+        let owner = self.channels.get(&channel).map(|c| c.client);
+        for id in read {
+            if self.ids.get(&id).map(|r| r.client) == owner {
+                self.request_read(id);
+            }
+        }
+        alive
+    }
+}
+
+/// Why no passive id was made for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NoChild {
+    /// No listener, or the id tables are full.
+    Resources,
+    /// The listener's backlog of unread CONNECT_REQUESTs is full.
+    Backlog,
 }
 
 type Reply = (Response, Option<OwnedFd>);
@@ -915,6 +993,10 @@ impl CmCore {
 
     /// One `Request::Cm*` of `client`.
     pub fn request(&mut self, now: Instant, client: u32, req: Request) -> Reply {
+        // A client that names a passive id has read its CONNECT_REQUEST.
+        if let Some(id) = named_id(&req).filter(|id| self.ids.get(id).is_some_and(|r| r.client == client)) {
+            self.request_read(id);
+        }
         let r = self.request_inner(now, client, req);
         self.drain_events(now);
         r
@@ -973,6 +1055,9 @@ impl CmCore {
                         active: false,
                         parent: None,
                         peer_gid: None,
+                        backlog: 0,
+                        pending: 0,
+                        unread: false,
                     },
                 );
                 (Response::CmId { id: h }, None)
@@ -1188,7 +1273,9 @@ impl CmCore {
         };
         let backlog = if backlog == 0 || backlog > MAX_BACKLOG { MAX_BACKLOG } else { backlog };
         for (k, &pi) in ports.iter().enumerate() {
-            if self.listeners.contains_key(&(pi, sid)) || self.ports[pi].cm.listen(sid, backlog as usize).is_err() {
+            // The CM's own bound on requests waiting for an answer is the client's id limit;
+            // the listen backlog (unread CONNECT_REQUESTs, as the kernel's ucma) is ours.
+            if self.listeners.contains_key(&(pi, sid)) || self.ports[pi].cm.listen(sid, MAX_IDS_PER_CLIENT).is_err() {
                 for &undo in &ports[..k] {
                     let _ = self.ports[undo].cm.unlisten(sid);
                     self.listeners.remove(&(undo, sid));
@@ -1197,7 +1284,9 @@ impl CmCore {
             }
             self.listeners.insert((pi, sid), id);
         }
-        self.ids.get_mut(&id).expect("owned").listen_sid = Some(sid);
+        let r = self.ids.get_mut(&id).expect("owned");
+        r.listen_sid = Some(sid);
+        r.backlog = backlog;
         ok()
     }
 
@@ -1366,6 +1455,7 @@ impl CmCore {
     }
 
     fn destroy(&mut self, now: Instant, id: u32) {
+        self.request_read(id);
         let Some(r) = self.ids.remove(&id) else { return };
         if let (Some(pi), Some(cid)) = (r.device, r.conn) {
             let _ = self.ports[pi].cm.destroy(now, cid);
@@ -1393,6 +1483,27 @@ impl CmCore {
         }
         self.channels.retain(|_, c| c.client != client);
         self.drain_events(now);
+    }
+}
+
+/// The id a request names (for the backlog: naming a passive id means its CONNECT_REQUEST
+/// was read).
+fn named_id(req: &Request) -> Option<u32> {
+    match *req {
+        Request::CmMigrateId { id, .. }
+        | Request::CmBindAddr { id, .. }
+        | Request::CmResolveAddr { id, .. }
+        | Request::CmResolveRoute { id, .. }
+        | Request::CmListen { id, .. }
+        | Request::CmConnect { id, .. }
+        | Request::CmAccept { id, .. }
+        | Request::CmReject { id, .. }
+        | Request::CmEstablish { id }
+        | Request::CmDisconnect { id }
+        | Request::CmInitQpAttr { id, .. }
+        | Request::CmSetOption { id, .. }
+        | Request::CmDestroyId { id } => Some(id),
+        _ => None,
     }
 }
 
@@ -1505,6 +1616,65 @@ mod tests {
 
     fn kinds(v: &[CmEventMsg]) -> Vec<u32> {
         v.iter().map(|e| e.event).collect()
+    }
+
+    /// `rdma_listen`'s backlog counts CONNECT_REQUESTs the client has not read (kernel ucma),
+    /// not requests waiting for `rdma_accept`: a slow acceptor that reads its events promptly
+    /// is never refused, one that does not read them is refused with REJ 28.
+    #[test]
+    fn listen_backlog_counts_unread_connect_requests() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (sch, sfd) = channel(&mut c, 1);
+        let (cch, cfd) = channel(&mut c, 2);
+        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7472) }), Response::CmAddr { .. }));
+        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 2 }), Response::Ok);
+        let mut connect = |c: &mut CmCore, qpn: u32| {
+            let a = id(c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+            assert!(matches!(req(c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7472), timeout_ms: 2000 }), Response::CmAddr { .. }));
+            assert_eq!(req(c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+            let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
+            assert_eq!(req(c, 2, Request::CmConnect { id: a, qpn, conn }), Response::Ok);
+            wire(c);
+            a
+        };
+        let ack = |id: u32| {
+            let b = ctrl::encode(&ctrl::CmEventAck { id }).unwrap();
+            // SAFETY: sending a live buffer on the client end we hold.
+            assert_eq!(unsafe { libc::send(sfd.as_raw_fd(), b.as_ptr().cast(), b.len(), 0) }, b.len() as isize);
+        };
+        // Two requests fill the backlog while their events sit unread in the socket.
+        connect(&mut c, 0x101);
+        connect(&mut c, 0x102);
+        let _ = events(&cfd);
+        connect(&mut c, 0x103);
+        let ev = events(&cfd);
+        assert_eq!(kinds(&ev), [event::ADDR_RESOLVED, event::ROUTE_RESOLVED, event::REJECTED]);
+        assert_eq!(ev[2].status, 28, "backlog overflow is REJ 28 (consumer defined), as the kernel's");
+        assert_eq!(c.stats.rej_backlog, 1);
+        // The client reads both requests (its shim acknowledges each one); it has accepted
+        // neither, yet new requests are taken again.
+        let reqs = events(&sfd);
+        assert_eq!(kinds(&reqs), [event::CONNECT_REQUEST, event::CONNECT_REQUEST]);
+        ack(reqs[0].id);
+        ack(reqs[1].id);
+        connect(&mut c, 0x104);
+        connect(&mut c, 0x105);
+        let more = events(&sfd);
+        assert_eq!(kinds(&more), [event::CONNECT_REQUEST, event::CONNECT_REQUEST]);
+        assert_eq!(c.stats.rej_backlog, 1);
+        connect(&mut c, 0x106);
+        let ev = events(&cfd);
+        assert_eq!(ev.last().map(|e| (e.event, e.status)), Some((event::REJECTED, 28)));
+        // Naming a child in a request counts as reading it too (a client whose ack was lost).
+        assert!(matches!(req(&mut c, 1, Request::CmInitQpAttr { id: more[0].id, qp_state: 2 }), Response::CmQpAttr { .. }));
+        connect(&mut c, 0x107);
+        assert_eq!(kinds(&events(&sfd)), [event::CONNECT_REQUEST]);
+        assert_eq!(c.stats.rej_backlog, 2);
+        c.client_gone(c.now(), 1);
+        c.client_gone(c.now(), 2);
+        wire(&mut c);
+        assert_eq!(c.id_count(), 0);
     }
 
     #[test]

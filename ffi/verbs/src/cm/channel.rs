@@ -30,6 +30,15 @@ pub fn recv_event(fd: i32) -> Res<CmEventMsg> {
     }
 }
 
+/// Tell the service that the CONNECT_REQUEST of `id` was read from the channel `fd`
+/// ([`ctrl::CmEventAck`]). Best effort and non-blocking: if it cannot be written, the
+/// listener's backlog slot is released when the id is next named in a request.
+pub fn ack_request(fd: i32, id: u32) {
+    let Ok(bytes) = ctrl::encode(&ctrl::CmEventAck { id }) else { return };
+    // SAFETY: sending a live buffer of its length on the channel's socket.
+    let _ = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+}
+
 #[no_mangle]
 pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     ffi_boundary(std::ptr::null_mut(), || ret_ptr(create()))

@@ -169,6 +169,10 @@ pub(crate) fn get(channel: *mut rdma_event_channel) -> Res<*mut rdma_cm_event> {
     let ch = unsafe { ShimEventChannel::from_c(channel) }?;
     loop {
         let msg = channel::recv_event(ch.ch.fd)?;
+        if msg.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+            // The listener's backlog slot is free once the request is read (kernel ucma).
+            channel::ack_request(ch.ch.fd, msg.id);
+        }
         if let Some(e) = process(msg)? {
             // SAFETY: owners are live ids (they wait for their events' acks before freeing).
             let owner = unsafe { &*e.owner };
