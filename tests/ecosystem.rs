@@ -42,6 +42,19 @@ fn async_fd_is_readable_when_an_event_is_pending() {
     assert!(o.ok() && o.output.contains("OK async_fd"), "{}", o.describe());
 }
 
+/// pthread_cancel of a thread blocked in ibv_get_cq_event / ibv_get_async_event /
+/// rdma_get_cm_event ends that thread (cleanup handlers run), as with libibverbs; the shim
+/// aborted the process ("FATAL: exception not rethrown", rping -P after a failed accept).
+#[test]
+fn threads_blocked_in_event_calls_can_be_cancelled() {
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let prog = svc.dir.join("cancel_wait");
+    cc("tests/cancel_wait.c", &prog, &require_tool("cc"), &["-libverbs", "-lrdmacm", "-lpthread"]);
+    let o = run_verbs(&svc, &[prog.to_str().unwrap()], Duration::from_secs(30));
+    assert!(o.ok() && o.output.contains("OK cancel"), "{}", o.describe());
+}
+
 #[test]
 fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
     let Some(ucx_info) = tool("ucx_info", "ucx-utils") else { return };

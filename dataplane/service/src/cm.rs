@@ -1629,7 +1629,7 @@ mod tests {
         let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
         assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7472) }), Response::CmAddr { .. }));
         assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 2 }), Response::Ok);
-        let mut connect = |c: &mut CmCore, qpn: u32| {
+        let connect = |c: &mut CmCore, qpn: u32| {
             let a = id(c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
             assert!(matches!(req(c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7472), timeout_ms: 2000 }), Response::CmAddr { .. }));
             assert_eq!(req(c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);

@@ -54,6 +54,74 @@ pub fn ffi_boundary<T>(default: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Blocking waits that are pthread cancellation points, as the `read(2)` libibverbs and
+/// librdmacm block in: `pthread_cancel` of a thread waiting in `ibv_get_cq_event`,
+/// `ibv_get_async_event` or `rdma_get_cm_event` must end the thread (running its cleanup
+/// handlers), not the process. glibc cancels by forced unwinding from inside the system call;
+/// `catch_unwind` (in [`ffi_boundary`]) or an `extern "C"` frame would stop that unwind and
+/// abort ("FATAL: exception not rethrown"). So the blocking exports are `extern "C-unwind"`,
+/// do all their work in non-blocking steps inside `ffi_boundary`, and block only through
+/// these functions, called from the export's own frame with nothing to drop alive (a
+/// plain-old frame the unwind may pass through).
+pub mod cancel {
+    use std::os::raw::{c_int, c_void};
+
+    // The libc functions, declared as possibly unwinding (they do, when cancelled).
+    extern "C-unwind" {
+        fn read(fd: c_int, buf: *mut c_void, count: usize) -> isize;
+        fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
+        fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int;
+    }
+
+    /// Read an eventfd's 8-byte count (blocks unless the fd is O_NONBLOCK). `Err(errno)`.
+    pub fn read_u64(fd: c_int) -> Result<u64, c_int> {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a local u64.
+        let n = unsafe { read(fd, (&mut v as *mut u64).cast(), 8) };
+        if n < 0 {
+            return Err(super::Errno::last().0);
+        }
+        Ok(v)
+    }
+
+    /// Wait until a datagram can be read from socket `fd` (peeks, consumes nothing; EOF
+    /// counts). Restarts as `recv(2)` does under SA_RESTART. `Err(errno)`.
+    pub fn wait_datagram(fd: c_int) -> Result<(), c_int> {
+        let mut b = 0u8;
+        // SAFETY: peeking one byte into a local.
+        let n = unsafe { recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK) };
+        if n < 0 {
+            return Err(super::Errno::last().0);
+        }
+        Ok(())
+    }
+
+    extern "C" {
+        fn pthread_setcancelstate(state: c_int, oldstate: *mut c_int) -> c_int;
+    }
+    const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
+    /// Run `f` with cancellation disabled: the system calls it makes (the control socket's
+    /// sendmsg/recvmsg, polls) are not where the call may be cancelled. A cancel requested
+    /// meanwhile stays pending for the next cancellation point.
+    pub fn no_cancel<T>(f: impl FnOnce() -> T) -> T {
+        let mut old = 0;
+        // SAFETY: plain glibc call with a valid out pointer.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        let r = f();
+        // SAFETY: as above; restores the caller's state (not a cancellation point).
+        unsafe { pthread_setcancelstate(old, std::ptr::null_mut()) };
+        r
+    }
+
+    /// Wait at most `ms` for `fd` to become readable.
+    pub fn wait_readable(fd: c_int, ms: c_int) {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { poll(&mut p, 1, ms) };
+    }
+}
+
 /// Constructor convention: the pointer, or NULL with errno set.
 pub fn ret_ptr<T>(r: Res<*mut T>) -> *mut T {
     match r {

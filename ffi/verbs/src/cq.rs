@@ -8,7 +8,7 @@
 //! it bumps `CqNotify.events` and writes the channel's eventfd. `ibv_get_cq_event` blocks on
 //! the eventfd, then looks for CQs of the channel whose `events` advanced past what it has
 //! delivered, queueing one pending event per increment.
-use crate::boundary::{ffi_boundary, handle, nonnull, ret_count, ret_errno, ret_minus1, ret_ptr, Errno, Handle, Mapping, Res, SpinLock};
+use crate::boundary::{ffi_boundary, handle, nonnull, ret_count, ret_errno, ret_minus1, ret_ptr, set_errno, Errno, Handle, Mapping, Res, SpinLock};
 use crate::client;
 use crate::device::ShimContext;
 use crate::sys::*;
@@ -519,55 +519,66 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
+/// One step of `ibv_get_cq_event`.
+enum CqEventStep {
+    /// The call's return value (errno set).
+    Done(c_int),
+    /// Nothing pending: block reading the channel's eventfd, then look again.
+    Block(c_int),
+}
+
+/// `ibv_get_cq_event` without blocking: a pending event, or the fd to wait on.
+///
+/// # Safety
+/// As `ibv_get_cq_event`.
+unsafe fn cq_event_step(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> Res<Option<c_int>> {
+    // SAFETY: magic-checked.
+    let ch = unsafe { ShimChannel::from_c(channel) }?;
+    if cq.is_null() || cq_context.is_null() {
+        return Err(Errno::INVAL);
+    }
+    // The service bumps `events` before writing the eventfd: an event that misses this scan
+    // makes the eventfd readable, so the caller's read returns and we scan again.
+    let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
+    scan(&mut st);
+    if let Some(p) = st.pending.pop_front() {
+        // SAFETY: CQs remove themselves from the lists before being freed.
+        let c = unsafe { &*(p as *const ShimCq) };
+        // SAFETY: caller-provided out pointers.
+        unsafe {
+            *cq = p as *mut ibv_cq;
+            *cq_context = c.ex.cq_context;
+        }
+        return Ok(None);
+    }
+    Ok(Some(ch.efd.as_raw_fd()))
+}
+
+/// Blocks in `read(2)` of the channel's eventfd, a cancellation point as in libibverbs
+/// (see [`crate::boundary::cancel`]); EINTR is returned to the caller as libibverbs' read()
+/// returns it (qperf ends its tests with SIGALRM).
+///
 /// # Safety
 /// `channel` ours; `cq`, `cq_context` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
-    ffi_boundary(-1, || {
-        ret_minus1((|| {
-            // SAFETY: magic-checked.
-            let ch = unsafe { ShimChannel::from_c(channel) }?;
-            if cq.is_null() || cq_context.is_null() {
-                return Err(Errno::INVAL);
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+    loop {
+        // SAFETY: caller contract, forwarded.
+        let step = ffi_boundary(CqEventStep::Done(-1), || match unsafe { cq_event_step(channel, cq, cq_context) } {
+            Ok(None) => CqEventStep::Done(0),
+            Ok(Some(fd)) => CqEventStep::Block(fd),
+            Err(e) => CqEventStep::Done(ret_minus1(Err(e))),
+        });
+        match step {
+            CqEventStep::Done(r) => return r,
+            CqEventStep::Block(fd) => {
+                if let Err(e) = crate::boundary::cancel::read_u64(fd) {
+                    set_errno(e);
+                    return -1;
+                }
             }
-            let mut idle_scans = 0u32;
-            loop {
-                {
-                    let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
-                    let found = scan(&mut st);
-                    if let Some(p) = st.pending.pop_front() {
-                        // SAFETY: CQs remove themselves from the lists before being freed.
-                        let c = unsafe { &*(p as *const ShimCq) };
-                        // SAFETY: caller-provided out pointers.
-                        unsafe {
-                            *cq = p as *mut ibv_cq;
-                            *cq_context = c.ex.cq_context;
-                        }
-                        return Ok(());
-                    }
-                    let _ = found;
-                }
-                // The service bumps `events` before writing the eventfd; re-scan a little
-                // before blocking so a wake-up that raced our previous scan is not lost.
-                if idle_scans < 64 {
-                    idle_scans += 1;
-                    if idle_scans > 1 {
-                        std::thread::yield_now();
-                        continue;
-                    }
-                }
-                let mut v = 0u64;
-                // SAFETY: reading 8 bytes from our eventfd into a u64.
-                let n = unsafe { libc::read(ch.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-                if n < 0 {
-                    // EINTR included: libibverbs' read() returns it to the caller, and
-                    // programs that end a test with SIGALRM (qperf) rely on that.
-                    return Err(Errno::last());
-                }
-                idle_scans = 0;
-            }
-        })())
-    })
+        }
+    }
 }
 
 fn scan(st: &mut ChanState) -> bool {

@@ -7,83 +7,105 @@
 //! one wake-up that finds nothing (EAGAIN on a non-blocking `async_fd`, as the kernel's).
 //! Blocking calls wait in poll(2) on the fd (100 ms slices, to notice a dead service). Object
 //! events carry the application's pointer for the QP/CQ/SRQ the service names ([`crate::registry`]).
-use crate::boundary::{ffi_boundary, nonnull, ret_minus1, Errno};
+use crate::boundary::{cancel, ffi_boundary, nonnull, ret_minus1, Errno};
 use crate::client;
 use crate::device::ShimContext;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{Request, Response};
 
+/// Blocks in poll(2) on `async_fd` (100 ms slices), a cancellation point as libibverbs'
+/// read(2) is (see [`crate::boundary::cancel`]).
+///
 /// # Safety
 /// `context` ours, `event` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> std::os::raw::c_int {
-    ffi_boundary(-1, || {
-        ret_minus1((|| {
-            // SAFETY: magic-checked; caller-provided out pointer.
-            let (c, ev) = unsafe { (ShimContext::from_ctx(context)?, nonnull(event)?) };
-            let fd = c.vctx.context.async_fd;
-            // SAFETY: fcntl on our own fd.
-            let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-            loop {
-                let cl = client::existing()?;
-                if cl.is_dead() || cl.service_down() {
+pub unsafe extern "C-unwind" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> std::os::raw::c_int {
+    loop {
+        // SAFETY: caller contract, forwarded.
+        let step = ffi_boundary(Err(-1), || cancel::no_cancel(|| unsafe { async_event_step(context, event) }));
+        match step {
+            Err(r) => return r,
+            Ok(fd) => cancel::wait_readable(fd, 100),
+        }
+    }
+}
+
+/// `ibv_get_async_event` without blocking: `Err(return value)` when done (errno set), or
+/// `Ok(fd)` to wait on before trying again.
+///
+/// # Safety
+/// As `ibv_get_async_event`.
+unsafe fn async_event_step(context: *mut ibv_context, event: *mut ibv_async_event) -> Result<std::os::raw::c_int, std::os::raw::c_int> {
+    let r = (|| {
+        // SAFETY: magic-checked; caller-provided out pointer.
+        let (c, ev) = unsafe { (ShimContext::from_ctx(context)?, nonnull(event)?) };
+        let fd = c.vctx.context.async_fd;
+        // SAFETY: fcntl on our own fd.
+        let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        loop {
+            let cl = client::existing()?;
+            if cl.is_dead() || cl.service_down() {
+                if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: plain C data.
+                    *ev = unsafe { std::mem::zeroed() };
+                    ev.event_type = IBV_EVENT_DEVICE_FATAL;
+                    return Ok(None);
+                }
+                return Err(Errno::IO);
+            }
+            // Consume the readiness first: an event queued after this point signals again.
+            drain(fd);
+            let r = match cl.call(&Request::GetAsyncEvent, &[]) {
+                Ok((r, _)) => r,
+                Err(_) if { let _ = cl.dead_after_empty_poll(); true } => {
+                    // The control socket failed: the service is gone.
                     if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         // SAFETY: plain C data.
                         *ev = unsafe { std::mem::zeroed() };
                         ev.event_type = IBV_EVENT_DEVICE_FATAL;
-                        return Ok(());
+                        return Ok(None);
                     }
                     return Err(Errno::IO);
                 }
-                // Consume the readiness first: an event queued after this point signals again.
-                drain(fd);
-                let r = match cl.call(&Request::GetAsyncEvent, &[]) {
-                    Ok((r, _)) => r,
-                    Err(_) if { let _ = cl.dead_after_empty_poll(); true } => {
-                        // The control socket failed: the service is gone.
-                        if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            // SAFETY: plain C data.
-                            *ev = unsafe { std::mem::zeroed() };
-                            ev.event_type = IBV_EVENT_DEVICE_FATAL;
-                            return Ok(());
-                        }
-                        return Err(Errno::IO);
+                Err(e) => return Err(e),
+            };
+            let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
+            if let Some(e) = e {
+                // Others may be queued behind it: stay readable until a call finds none.
+                signal(fd);
+                use crate::registry::{get, Kind};
+                // An event of an object the application already destroyed is dropped, as
+                // the kernel drops a destroyed uobject's pending events: handing out a NULL
+                // element crashes consumers (UCX reads event.element.qp->qp_num).
+                let element = match e.event_type {
+                    IBV_EVENT_CQ_ERR => get(Kind::Cq, e.element).map(|cq| ibv_async_event__bindgen_ty_1 { cq }),
+                    IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
+                    | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                        get(Kind::Qp, e.element).map(|qp| ibv_async_event__bindgen_ty_1 { qp })
                     }
-                    Err(e) => return Err(e),
+                    IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+                        get(Kind::Srq, e.element).map(|srq| ibv_async_event__bindgen_ty_1 { srq })
+                    }
+                    _ => Some(ibv_async_event__bindgen_ty_1 { port_num: e.element as i32 }),
                 };
-                let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
-                if let Some(e) = e {
-                    // Others may be queued behind it: stay readable until a call finds none.
-                    signal(fd);
-                    use crate::registry::{get, Kind};
-                    // An event of an object the application already destroyed is dropped, as
-                    // the kernel drops a destroyed uobject's pending events: handing out a NULL
-                    // element crashes consumers (UCX reads event.element.qp->qp_num).
-                    let element = match e.event_type {
-                        IBV_EVENT_CQ_ERR => get(Kind::Cq, e.element).map(|cq| ibv_async_event__bindgen_ty_1 { cq }),
-                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
-                        | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
-                            get(Kind::Qp, e.element).map(|qp| ibv_async_event__bindgen_ty_1 { qp })
-                        }
-                        IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
-                            get(Kind::Srq, e.element).map(|srq| ibv_async_event__bindgen_ty_1 { srq })
-                        }
-                        _ => Some(ibv_async_event__bindgen_ty_1 { port_num: e.element as i32 }),
-                    };
-                    let Some(element) = element else { continue };
-                    // SAFETY: plain C data.
-                    *ev = unsafe { std::mem::zeroed() };
-                    ev.event_type = e.event_type;
-                    ev.element = element;
-                    return Ok(());
-                }
-                if nonblock {
-                    return Err(Errno::AGAIN);
-                }
-                wait_readable(fd, 100);
+                let Some(element) = element else { continue };
+                // SAFETY: plain C data.
+                *ev = unsafe { std::mem::zeroed() };
+                ev.event_type = e.event_type;
+                ev.element = element;
+                return Ok(None);
             }
-        })())
-    })
+            if nonblock {
+                return Err(Errno::AGAIN);
+            }
+            return Ok(Some(fd));
+        }
+    })();
+    match r {
+        Ok(Some(fd)) => Ok(fd),
+        Ok(None) => Err(0),
+        Err(e) => Err(ret_minus1(Err(e))),
+    }
 }
 
 /// Wait until `fd` is readable or `ms` milliseconds passed.

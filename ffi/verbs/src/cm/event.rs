@@ -1,7 +1,7 @@
 //! `rdma_get_cm_event`, `rdma_ack_cm_event`, `rdma_event_str`, and librdmacm's
 //! `ucma_complete` (how a synchronous id waits for its event).
 use super::{channel, ids_get, ids_insert, ShimEventChannel, ShimId};
-use crate::boundary::{ffi_boundary, handle, Errno, Handle, Res};
+use crate::boundary::{cancel, ffi_boundary, handle, set_errno, Errno, Handle, Res};
 use crate::pd::ah_attr_to_c;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{CmConnParam, CmEventMsg, CmUdParam, CM_EVENT_CONNECT_RESPONSE};
@@ -163,21 +163,52 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     Ok(Some(e))
 }
 
-/// `rdma_get_cm_event` on a channel.
-pub(crate) fn get(channel: *mut rdma_event_channel) -> Res<*mut rdma_cm_event> {
+/// What one non-blocking attempt to read a channel found.
+pub(crate) enum GetStep {
+    /// An event for the application.
+    Event(*mut rdma_cm_event),
+    /// Nothing yet on a blocking channel: wait until `fd` is readable, then try again.
+    Wait(c_int),
+}
+
+/// `rdma_get_cm_event` without blocking on a blocking channel (a non-blocking one gives
+/// EAGAIN as librdmacm's read does).
+pub(crate) fn get_step(channel: *mut rdma_event_channel) -> Res<GetStep> {
     // SAFETY: magic-checked channel (the application's).
     let ch = unsafe { ShimEventChannel::from_c(channel) }?;
+    let fd = ch.ch.fd;
+    // SAFETY: fcntl on the channel's fd.
+    let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let msg = channel::recv_event(ch.ch.fd)?;
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if !nonblock && unsafe { libc::poll(&mut p, 1, 0) } <= 0 {
+            return Ok(GetStep::Wait(fd));
+        }
+        let msg = channel::recv_event(fd)?;
         if msg.event == RDMA_CM_EVENT_CONNECT_REQUEST {
             // The listener's backlog slot is free once the request is read (kernel ucma).
-            channel::ack_request(ch.ch.fd, msg.id);
+            channel::ack_request(fd, msg.id);
         }
         if let Some(e) = process(msg)? {
             // SAFETY: owners are live ids (they wait for their events' acks before freeing).
             let owner = unsafe { &*e.owner };
             owner.events.lock().unwrap_or_else(|p| p.into_inner()).delivered += 1;
-            return Ok(e.into_c());
+            return Ok(GetStep::Event(e.into_c()));
+        }
+    }
+}
+
+/// `rdma_get_cm_event` on a channel, blocking (the shim's own waits: synchronous ids).
+pub(crate) fn get(channel: *mut rdma_event_channel) -> Res<*mut rdma_cm_event> {
+    loop {
+        match get_step(channel)? {
+            GetStep::Event(e) => return Ok(e),
+            GetStep::Wait(fd) => {
+                let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, -1) };
+            }
         }
     }
 }
@@ -222,21 +253,40 @@ pub fn complete(id: &mut ShimId) -> Res<()> {
     Ok(())
 }
 
+/// Blocks in recv(2) on the channel's socket, a cancellation point as librdmacm's read(2)
+/// (see [`crate::boundary::cancel`]).
+///
 /// # Safety
 /// `channel` is ours; `event` writable.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
-    ffi_boundary(-1, || {
-        super::ret((|| {
-            if event.is_null() {
-                return Err(Errno::INVAL);
+pub unsafe extern "C-unwind" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
+    loop {
+        let step = ffi_boundary(Err(-1), || {
+            cancel::no_cancel(|| {
+                if event.is_null() {
+                    return Err(super::ret(Err(Errno::INVAL)));
+                }
+                match get_step(channel) {
+                    Ok(GetStep::Event(e)) => {
+                        // SAFETY: checked non-NULL; caller's out pointer.
+                        unsafe { *event = e };
+                        Err(0)
+                    }
+                    Ok(GetStep::Wait(fd)) => Ok(fd),
+                    Err(e) => Err(super::ret(Err(e))),
+                }
+            })
+        });
+        match step {
+            Err(r) => return r,
+            Ok(fd) => {
+                if let Err(e) = cancel::wait_datagram(fd) {
+                    set_errno(e);
+                    return -1;
+                }
             }
-            let e = get(channel)?;
-            // SAFETY: checked non-NULL; caller's out pointer.
-            unsafe { *event = e };
-            Ok(())
-        })())
-    })
+        }
+    }
 }
 
 /// # Safety
