@@ -1,7 +1,7 @@
 //! Scatter/gather through SGE lists (requester gathers payload, responder/completer scatters).
 
 use crate::access::{Access, Key, PdHandle};
-use crate::table::MemTable;
+use crate::reader::MemAccess;
 use crate::MemError;
 
 /// A work-request scatter/gather element.
@@ -53,8 +53,8 @@ fn walk(
 
 /// Copy message bytes `[offset, offset + dst.len())` of the SGE list into `dst`
 /// (local read: no access bit needed).
-pub fn gather(
-    table: &MemTable,
+pub fn gather<M: MemAccess + ?Sized>(
+    table: &M,
     pd: PdHandle,
     qpn: u32,
     sges: &[Sge],
@@ -70,8 +70,8 @@ pub fn gather(
 
 /// Copy `src` into message bytes `[offset, offset + src.len())` of the SGE list
 /// (needs LOCAL_WRITE on every key touched).
-pub fn scatter(
-    table: &MemTable,
+pub fn scatter<M: MemAccess + ?Sized>(
+    table: &M,
     pd: PdHandle,
     qpn: u32,
     sges: &[Sge],

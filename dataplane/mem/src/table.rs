@@ -9,6 +9,16 @@
 //! * Invalidate (local, remote, dereg, MW unbind) returns only after every [`MrRef`] that was
 //!   obtained through the old state has been dropped (DESIGN invariant 3).
 //!
+//! # Two kinds of lookup
+//! * Through a [`Reader`](crate::Reader) (the lcores): the slot word is *loaded* and checked;
+//!   the reference is protected by the reader's next quiescent point (QSBR, `epoch.rs`). No
+//!   read-modify-write, nothing written to a shared line.
+//! * Through the table itself ([`MemTable::lookup`]: any other thread, tests, tools): a counted
+//!   reference in the slot word (below).
+//!
+//! Every invalidation does both waits: after its state change it drains the counted references
+//! (`block_and_drain`), then waits for a grace period (`Epochs::synchronize`).
+//!
 //! # Publication protocol (per slot)
 //! One atomic `word` per slot packs `refs << 34 | state << 32 | key`. A reader does a single
 //! `fetch_add(1 << 34, Acquire)` and checks state and key *in the value it incremented*; on any
@@ -30,9 +40,12 @@
 //! may have changed the key byte with `update_fast_reg_key`); executed operations (`exec_*`,
 //! `remote_invalidate`) and lookups compare the full 32-bit key.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::access::{Access, Key, PdHandle};
+use crate::epoch::Epochs;
+use crate::reader::Reader;
 use crate::map::{self, SgMapping};
 use crate::region::{Backing, Region};
 use crate::sync::{lock, spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -57,6 +70,8 @@ pub struct MemLimits {
     pub page_slots: u32,
     /// Largest MR length.
     pub max_mr_size: u64,
+    /// Epoch readers (one per lcore) the table can register.
+    pub max_readers: u32,
 }
 
 impl Default for MemLimits {
@@ -67,6 +82,7 @@ impl Default for MemLimits {
             max_fast_reg_pages: 512,
             page_slots: 1 << 18,
             max_mr_size: 1 << 40,
+            max_readers: 128,
         }
     }
 }
@@ -291,7 +307,8 @@ fn set_word(word: &AtomicU64, state: MrState, key: Key) {
     }
 }
 
-/// Move to a non-VALID state, then wait until no reader holds a reference (module protocol).
+/// Move to a non-VALID state, then wait until no counted reference is held (module protocol).
+/// Callers go through [`MemTable::block`], which also waits for the epoch readers.
 fn block_and_drain(word: &AtomicU64, state: MrState, key: Key) {
     set_word(word, state, key);
     let mut i = 0u32;
@@ -346,6 +363,7 @@ pub struct MemTable {
     free_mw: Mutex<Vec<u32>>,
     arena: Mutex<Arena>,
     rng: AtomicU64,
+    pub(crate) epochs: Epochs,
 }
 
 impl std::fmt::Debug for MemTable {
@@ -397,12 +415,34 @@ impl MemTable {
             free_mw: Mutex::new(free_mw),
             arena: Mutex::new(arena),
             rng: AtomicU64::new(seed),
+            epochs: Epochs::new(limits.max_readers),
         }
     }
 
     /// The limits in force.
     pub fn limits(&self) -> MemLimits {
         self.limits
+    }
+
+    /// Register an epoch reader (one per lcore; see [`Reader`]). It starts offline.
+    pub fn reader(self: &Arc<Self>) -> Result<Reader, MemError> {
+        let slot = self.epochs.register().ok_or(MemError::TableFull)?;
+        Ok(Reader::new(self.clone(), slot))
+    }
+
+    /// The grace-period counter: it grows by one each time an invalidation starts waiting for
+    /// the epoch readers (diagnostics, tests; compare [`Reader::announced`]).
+    pub fn grace_period(&self) -> u64 {
+        self.epochs.current()
+    }
+
+    /// Block the slot (`state` is FREE or INVALID), then wait until no reference through the
+    /// old state can be alive: counted references dropped, every epoch reader past a quiescent
+    /// point or offline. Must not be called by a thread whose [`Reader`] is online (go through
+    /// the reader, which goes offline first).
+    fn block(&self, word: &AtomicU64, state: MrState, key: Key) {
+        block_and_drain(word, state, key);
+        self.epochs.synchronize();
     }
 
     /// A random key byte different from `prev` (rxe `rxe_get_next_key`).
@@ -506,7 +546,7 @@ impl MemTable {
         if slot.mw_bound.load(Ordering::SeqCst) != 0 {
             return Err(MemError::MwBound);
         }
-        block_and_drain(&slot.word, MrState::Invalid, key);
+        self.block(&slot.word, MrState::Invalid, key);
         slot.pd.store(pd, Ordering::Relaxed);
         slot.access.store(access.bits(), Ordering::Relaxed);
         slot.iova.store(iova, Ordering::Relaxed);
@@ -659,7 +699,7 @@ impl MemTable {
         if slot.mw_bound.load(Ordering::SeqCst) != 0 {
             return Err(MemError::MwBound); // IBA 10.6.7.2.6
         }
-        block_and_drain(&slot.word, MrState::Invalid, ctl.key);
+        self.block(&slot.word, MrState::Invalid, ctl.key);
         if ctl.kind == Some(MrKind::FastReg) {
             lock(&self.arena).release(ctl.arena_start, ctl.max_num_sg * 2);
         }
@@ -707,7 +747,7 @@ impl MemTable {
         if ctl.mw_type.is_none() {
             return Err(MemError::NoSuchKey);
         }
-        block_and_drain(&slot.word, MrState::Invalid, ctl.key);
+        self.block(&slot.word, MrState::Invalid, ctl.key);
         self.unbind_locked(&mut ctl);
         ctl.mw_type = None;
         drop(ctl);
@@ -913,7 +953,7 @@ impl MemTable {
                 MrState::Free if !must_be_valid => return Ok(()),
                 _ => return Err(MemError::NotValid),
             }
-            block_and_drain(&slot.word, MrState::Free, key);
+            self.block(&slot.word, MrState::Free, key);
             return Ok(());
         }
         let slot = self.mw_slot(key.index()).ok_or(MemError::NoSuchKey)?;
@@ -940,7 +980,7 @@ impl MemTable {
                 return Err(MemError::QpMismatch);
             }
         }
-        block_and_drain(&slot.word, MrState::Free, key);
+        self.block(&slot.word, MrState::Free, key);
         self.unbind_locked(&mut ctl);
         Ok(())
     }
@@ -984,7 +1024,7 @@ impl MemTable {
                     return Err(MemError::BadAccessCombo);
                 }
                 if len == 0 {
-                    block_and_drain(&slot.word, MrState::Free, ctl.key);
+                    self.block(&slot.word, MrState::Free, ctl.key);
                     self.unbind_locked(&mut ctl);
                     ctl.key = new_key;
                     slot.length.store(0, Ordering::Relaxed);
@@ -1032,7 +1072,7 @@ impl MemTable {
         }
         // Rebinding a type-1 MW: block its old binding first.
         if ctl.bound_mr.is_some() {
-            block_and_drain(&slot.word, MrState::Free, ctl.key);
+            self.block(&slot.word, MrState::Free, ctl.key);
             self.unbind_locked(&mut ctl);
         }
         mr_slot.mw_bound.fetch_add(1, Ordering::SeqCst);
@@ -1063,8 +1103,10 @@ impl MemTable {
     /// `len == 0` needs no key (C9-88): it returns an empty reference without looking at
     /// `key`, through which only zero-length copies succeed.
     ///
-    /// The returned [`MrRef`] keeps invalidation of this key waiting until it is dropped:
-    /// hold it for one packet's copy, not across a loop iteration.
+    /// The returned [`MrRef`] holds a counted reference (two locked RMWs on the slot word)
+    /// that keeps invalidation of this key waiting until it is dropped: hold it for one
+    /// packet's copy, not across a loop iteration. Lcores look up through their
+    /// [`Reader`] instead (no RMW).
     #[inline]
     pub fn lookup(
         &self,
@@ -1075,12 +1117,52 @@ impl MemTable {
         len: u64,
         need: Access,
     ) -> Result<MrRef<'_>, MemError> {
+        self.lookup_with(key, pd, qpn, iova, len, need, |w| {
+            let old = w.fetch_add(REF_ONE, Ordering::Acquire);
+            (Hold::Counted(w), old)
+        })
+    }
+
+    /// [`lookup`](Self::lookup) for an online epoch reader whose live-reference count is
+    /// `live`: the slot word is only loaded (Acquire: pairs with the Release RMW that made it
+    /// VALID); the reader's next quiescent point is what invalidation waits for.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lookup_epoch<'a>(
+        &'a self,
+        live: &'a Cell<u32>,
+        key: Key,
+        pd: PdHandle,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MrRef<'a>, MemError> {
+        self.lookup_with(key, pd, qpn, iova, len, need, |w| {
+            live.set(live.get() + 1);
+            (Hold::Epoch(live), w.load(Ordering::Acquire))
+        })
+    }
+
+    /// The checks of a lookup; `enter` takes the hold on a slot word and returns the word.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn lookup_with<'a>(
+        &'a self,
+        key: Key,
+        pd: PdHandle,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        need: Access,
+        enter: impl Fn(&'a AtomicU64) -> (Hold<'a>, u64),
+    ) -> Result<MrRef<'a>, MemError> {
         if len == 0 {
             return Ok(MrRef::empty(self));
         }
         let end = iova.checked_add(len).ok_or(MemError::Overflow)?;
         if let Some(slot) = self.mr_slot(key.index()) {
-            let (guard, w) = InflightGuard::enter(&slot.word);
+            let (guard, w) = enter(&slot.word);
             let (state, k) = unpack(w);
             check_word(state, k, key)?;
             if slot.pd.load(Ordering::Relaxed) != pd {
@@ -1096,7 +1178,7 @@ impl MemTable {
             }
             return Ok(MrRef {
                 table: self,
-                _guard: Some(guard),
+                _hold: guard,
                 start: iova,
                 end,
                 add: 0,
@@ -1106,7 +1188,7 @@ impl MemTable {
             });
         }
         let slot = self.mw_slot(key.index()).ok_or(MemError::NoSuchKey)?;
-        let (guard, w) = InflightGuard::enter(&slot.word);
+        let (guard, w) = enter(&slot.word);
         let (state, k) = unpack(w);
         check_word(state, k, key)?;
         let mw_len = slot.length.load(Ordering::Relaxed);
@@ -1135,14 +1217,14 @@ impl MemTable {
             return Err(MemError::OutOfRange);
         }
         // The bound MR stays VALID and unchanged while this MW is bound (bound count > 0
-        // refuses LOCAL_INV, remote invalidate and dereg), and the MW cannot be unbound while
-        // our guard is held.
+        // refuses LOCAL_INV, remote invalidate and dereg), and the MW cannot finish being
+        // unbound while our hold lives.
         let mr = self
             .mr_slot(slot.mr_index.load(Ordering::Relaxed))
             .ok_or(MemError::NotValid)?;
         Ok(MrRef {
             table: self,
-            _guard: Some(guard),
+            _hold: guard,
             start: iova,
             end,
             add,
@@ -1201,22 +1283,28 @@ fn check_iova_rewrite(meta: &Meta, iova: u64) -> Result<(), MemError> {
     Ok(())
 }
 
-/// Holds one reference in a slot word; released on drop.
-struct InflightGuard<'a>(&'a AtomicU64);
-
-impl<'a> InflightGuard<'a> {
-    /// Take a reference; returns the word as it was (state and key to check).
-    #[inline]
-    fn enter(w: &'a AtomicU64) -> (Self, u64) {
-        let old = w.fetch_add(REF_ONE, Ordering::Acquire);
-        (InflightGuard(w), old)
-    }
+/// What keeps an [`MrRef`]'s translation from being invalidated under it; released on drop.
+enum Hold<'a> {
+    /// A zero-length reference: nothing to protect.
+    Nothing,
+    /// One counted reference in a slot word (lookups through the table).
+    Counted(&'a AtomicU64),
+    /// A lookup of an online epoch reader: protected by the reader's next quiescent point,
+    /// which the borrow of the reader orders after this reference's drop. Counts the
+    /// reader's live references so a control operation through the reader can assert none.
+    Epoch(&'a Cell<u32>),
 }
 
-impl Drop for InflightGuard<'_> {
+impl Drop for Hold<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.0.fetch_sub(REF_ONE, Ordering::Release);
+        match self {
+            Hold::Nothing => {}
+            Hold::Counted(w) => {
+                w.fetch_sub(REF_ONE, Ordering::Release);
+            }
+            Hold::Epoch(live) => live.set(live.get() - 1),
+        }
     }
 }
 
@@ -1224,7 +1312,7 @@ impl Drop for InflightGuard<'_> {
 /// finish being invalidated, so copies through it are copies through a VALID translation.
 pub struct MrRef<'a> {
     table: &'a MemTable,
-    _guard: Option<InflightGuard<'a>>,
+    _hold: Hold<'a>,
     start: u64,
     end: u64,
     /// Added to a key-space address to get an MR iova (zero-based MWs).
@@ -1246,7 +1334,7 @@ impl<'a> MrRef<'a> {
     fn empty(table: &'a MemTable) -> Self {
         MrRef {
             table,
-            _guard: None,
+            _hold: Hold::Nothing,
             start: 0,
             end: 0,
             add: 0,
@@ -1308,7 +1396,7 @@ impl<'a> MrRef<'a> {
         let d = dst.as_mut_ptr();
         self.walk(iova, dst.len() as u64, |a, done, n| {
             // SAFETY: `a..a+n` lies inside a Region kept alive by the MR's owners while the MR
-            // is VALID, which our in-flight guard keeps it (module protocol); `d+done..+n` is
+            // is VALID, which our hold keeps it (module protocol); `d+done..+n` is
             // inside `dst`; a Rust buffer never overlaps registered memory we copy through.
             unsafe { core::ptr::copy_nonoverlapping(a as *const u8, d.add(done), n) }
         })
@@ -1339,7 +1427,7 @@ impl<'a> MrRef<'a> {
         }
         // SAFETY: 8 aligned bytes inside a live VALID translation (see `copy_out`); the memory
         // is only ever accessed by raw copies and atomics, never through Rust references, and
-        // lives at least as long as `self` (the in-flight guard).
+        // lives at least as long as `self` (its hold).
         Ok(unsafe { core::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) })
     }
 

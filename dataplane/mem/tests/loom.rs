@@ -1,4 +1,5 @@
-//! Loom models of the invalidate-vs-copy protocol (DESIGN invariant 3).
+//! Loom models of the invalidate-vs-copy protocols (DESIGN invariant 3): counted lookups
+//! through the table, and epoch readers (QSBR, the lcores' lookups).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p pmrxe-mem --release --test loom`
 //! (optionally `LOOM_MAX_PREEMPTIONS=3`). Without `--cfg loom` this file is empty.
@@ -13,32 +14,32 @@ use pmrxe_mem::*;
 const PD: PdHandle = 3;
 
 fn small_table() -> (Arc<MemTable>, Key, u64, Region) {
+    let (t, k, iova, r) = table_with_mrs(1);
+    (Arc::new(t), k[0], iova[0], r)
+}
+
+/// A table with `n` fast-reg MRs, each VALID over its own 64 bytes.
+fn table_with_mrs(n: usize) -> (MemTable, Vec<Key>, Vec<u64>, Region) {
     let t = MemTable::new(MemLimits {
-        max_mr: 1,
+        max_mr: n as u32,
         max_mw: 1,
         max_fast_reg_pages: 1,
-        page_slots: 2,
+        page_slots: 2 * n as u32,
+        max_readers: 2,
         ..MemLimits::default()
     });
-    // 64 bytes that never straddle a 4 KiB page (max_num_sg = 1).
-    let big = Region::zeroed(128);
-    let r = big.slice((64 - big.addr() as usize % 64) % 64, 64).unwrap();
-    let k = t.alloc_mr(PD, 1).unwrap();
-    t.map_mr_sg(
-        k,
-        &[SgEntry {
-            region: &r,
-            offset: 0,
-            len: 64,
-        }],
-        0,
-        4096,
-    )
-    .unwrap();
-    t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None)
-        .unwrap();
-    let iova = t.query(k).unwrap().iova;
-    (Arc::new(t), k, iova, r)
+    // 64 bytes per MR that never straddle a 4 KiB page (max_num_sg = 1).
+    let big = Region::zeroed(64 * n + 64);
+    let r = big.slice((64 - big.addr() as usize % 64) % 64, 64 * n).unwrap();
+    let (mut keys, mut iovas) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let k = t.alloc_mr(PD, 1).unwrap();
+        t.map_mr_sg(k, &[SgEntry { region: &r, offset: 64 * i, len: 64 }], 0, 4096).unwrap();
+        t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None).unwrap();
+        iovas.push(t.query(k).unwrap().iova);
+        keys.push(k);
+    }
+    (t, keys, iovas, r)
 }
 
 /// After `exec_local_inv` returns, no copy through the old state can still be running.
@@ -171,5 +172,116 @@ fn loom_failed_lookup_racing_reregister_keeps_the_count() {
         assert_eq!(t.inflight(k), 0, "a VALID transition wiped a transient reference");
         registrar.join().unwrap();
         assert_eq!(t.inflight(k2), 0, "reference count not back to 0");
+    });
+}
+
+// ---- epoch readers (QSBR) ----------------------------------------------------------------------
+//
+// The table is shared through `std::sync::Arc` here: a `Reader` holds one (its reference count
+// is not part of the protocol).
+
+/// An lcore (registering, coming online with its first lookup, copying, announcing a quiescent
+/// point, going offline on drop) against LOCAL_INV from the control thread: after
+/// `exec_local_inv` returns, no copy through the old state is running, and a lookup that starts
+/// after it fails. Covers registration and going online racing the invalidation's scan.
+///
+/// Verified to catch: coming online with a plain Release store instead of the `swap` in
+/// `Epochs::online` ("copy ran after invalidate returned": the store-load race the RMW chain
+/// excludes), and reading the scan bound with a plain load instead of `fetch_add(0)` in
+/// `synchronize` (same failure: a reader registering during the scan is missed).
+#[test]
+fn loom_epoch_local_inv_waits_for_reader_quiescent_point() {
+    loom::model(|| {
+        let (t, k, iova, _r) = table_with_mrs(1);
+        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let done = Arc::new(AtomicBool::new(false));
+        let lcore = {
+            let (t, done) = (t.clone(), done.clone());
+            thread::spawn(move || {
+                let mut r = t.reader().unwrap();
+                if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
+                    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
+                    m.copy_out(iova, &mut [0; 8]).unwrap();
+                    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
+                }
+                r.quiescent();
+            })
+        };
+        t.exec_local_inv(PD, k).unwrap();
+        done.store(true, Ordering::SeqCst);
+        lcore.join().unwrap();
+    });
+}
+
+/// An lcore that parks (goes offline) between two copies and comes back online with the second
+/// lookup: offline it does not hold the invalidation up, and coming back online it either is
+/// seen by the invalidation's scan (which then waits for it) or sees the new state.
+#[test]
+fn loom_epoch_reader_offline_then_online_races_invalidate() {
+    loom::model(|| {
+        let (t, k, iova, _r) = table_with_mrs(1);
+        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let mut r = t.reader().unwrap();
+        // Online before the invalidation starts, then parked.
+        r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap().copy_out(iova, &mut [0; 8]).unwrap();
+        r.offline();
+        let done = Arc::new(AtomicBool::new(false));
+        let lcore = {
+            let done = done.clone();
+            thread::spawn(move || {
+                if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
+                    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
+                    m.copy_out(iova, &mut [0; 8]).unwrap();
+                    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
+                }
+                r.quiescent();
+                r.offline();
+            })
+        };
+        t.exec_local_inv(PD, k).unwrap();
+        done.store(true, Ordering::SeqCst);
+        lcore.join().unwrap();
+    });
+}
+
+/// Two lcores, each copying through one MR and then executing a LOCAL_INV of the MR the other
+/// copies through (the executor's LOCAL_INV runs on the lcore): neither waits for its own
+/// quiescent point, they do not wait for each other forever (both go offline for the control
+/// operation), and each invalidation still waits for the other lcore's copy.
+///
+/// Verified to catch: a control operation through the reader that does not take it offline
+/// first (the two invalidations wait for each other: loom reports "Model exceeded maximum
+/// number of branches" as both spin), and the two mutations listed above.
+///
+/// Three threads with two invalidations is a large model: it runs with a preemption bound
+/// (every interleaving with at most `LOOM_MAX_PREEMPTIONS`, default 4, preemptions; about 3 s).
+#[test]
+fn loom_epoch_two_lcores_invalidate_each_others_mr() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(b.preemption_bound.unwrap_or(4));
+    b.check(|| {
+        let (t, k, iova, _r) = table_with_mrs(2);
+        let t = std::sync::Arc::new(t);
+        let done = [Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false))];
+        let lcore = |mine: usize| {
+            let theirs = 1 - mine;
+            let (t, k, iova) = (t.clone(), k.clone(), iova.clone());
+            let (my_done, their_done) = (done[mine].clone(), done[theirs].clone());
+            thread::spawn(move || {
+                let mut r = t.reader().unwrap();
+                if let Ok(m) = r.lookup(k[mine], PD, 0, iova[mine], 8, Access::REMOTE_READ) {
+                    assert!(!my_done.load(Ordering::SeqCst), "copy started after its MR's invalidate returned");
+                    m.copy_out(iova[mine], &mut [0; 8]).unwrap();
+                    assert!(!my_done.load(Ordering::SeqCst), "copy ran after its MR's invalidate returned");
+                }
+                r.quiescent();
+                r.exec_local_inv(PD, k[theirs]).unwrap();
+                their_done.store(true, Ordering::SeqCst);
+            })
+        };
+        let a = lcore(0);
+        let b = lcore(1);
+        a.join().unwrap();
+        b.join().unwrap();
     });
 }

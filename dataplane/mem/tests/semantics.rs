@@ -1151,3 +1151,123 @@ fn rereg_keeps_keys_and_applies_access_pd_and_translation() {
     // Not a user MR (or a stale key): refused, nothing changed.
     assert_eq!(t.rereg_mr(k.inc(), PD, Region::zeroed(10), 0, ALL_RW).unwrap_err(), MemError::NoSuchKey);
 }
+
+/// DESIGN invariant 3 with an epoch reader (the lcores' lookups, QSBR): LOCAL_INV must not
+/// return while a copy holds the MR, i.e. before the reader that looked the key up has passed
+/// a quiescent point. Deterministic: the test waits until the invalidator is observably
+/// waiting (the slot is FREE, no counted reference, and the grace-period counter has moved
+/// past what the reader announced), so the scenario is always the one under test; loom
+/// (`tests/loom.rs`) covers every interleaving.
+#[test]
+fn invalidate_waits_for_reader_quiescent_point() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let t = Arc::new(table());
+    let r = aligned(4 * PG, PG);
+    let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
+    let io = iova(&t, k);
+    let mut reader = t.reader().unwrap();
+    assert!(!reader.is_online());
+    let m = reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
+    assert!(reader.is_online());
+    // No counted reference: the reader wrote nothing to the slot.
+    assert_eq!(t.slot_state(k), Some((MrState::Valid, 0)));
+    let announced = reader.announced();
+    assert_eq!(announced, t.grace_period());
+    let done = Arc::new(AtomicBool::new(false));
+    let released = Arc::new(AtomicBool::new(false));
+    let (t2, d2, r2) = (t.clone(), done.clone(), released.clone());
+    let h = std::thread::spawn(move || {
+        t2.exec_local_inv(PD, k).unwrap();
+        let copy_released = r2.load(Ordering::SeqCst);
+        d2.store(true, Ordering::SeqCst);
+        copy_released
+    });
+    let t0 = Instant::now();
+    while t.slot_state(k) != Some((MrState::Free, 0)) || t.grace_period() <= announced {
+        assert!(t0.elapsed() < Duration::from_secs(60), "LOCAL_INV never started waiting: {:?}", t.slot_state(k));
+        std::thread::yield_now();
+    }
+    // The invalidator has blocked the key and waits for our quiescent point.
+    assert!(!done.load(Ordering::SeqCst), "LOCAL_INV returned while a reader's copy was in flight");
+    assert_eq!(reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotValid, "new lookups fail");
+    // The copy in flight still completes through its reference.
+    m.copy_out(io, &mut [0; 8]).unwrap();
+    released.store(true, Ordering::SeqCst);
+    drop(m);
+    // Dropping the reference is not enough: the reader has not announced anything yet.
+    assert!(!done.load(Ordering::SeqCst));
+    reader.quiescent();
+    assert!(reader.announced() > announced);
+    assert!(h.join().unwrap(), "LOCAL_INV returned before the copy released the MR");
+    assert!(done.load(Ordering::SeqCst));
+    assert_eq!(t.slot_state(k), Some((MrState::Free, 0)));
+}
+
+/// An offline reader never delays an invalidation, and a reader that invalidates does not
+/// wait for its own quiescent point: the control operation takes it offline first (it holds
+/// no reference then), and its next lookup brings it back online.
+#[test]
+fn reader_invalidates_without_waiting_for_itself_and_offline_readers_do_not_block() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let t = Arc::new(table());
+    let r = aligned(4 * PG, PG);
+    let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
+    let io = iova(&t, k);
+    // Two lcores: `a` invalidates, `b` went offline (parked) after a copy.
+    let a = t.reader().unwrap();
+    let mut b = t.reader().unwrap();
+    b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap().copy_out(io, &mut [0; 8]).unwrap();
+    b.offline();
+    a.lookup(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap().copy_in(io, b"abcdefgh").unwrap();
+    assert!(a.is_online());
+    // On this thread: would hang if it waited for `a` (online, never quiescent) or `b`.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        a.exec_local_inv(PD, k).unwrap();
+        tx.send(a.is_online()).unwrap();
+        // Back online with the next lookup, which sees the new state.
+        let e = a.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err();
+        (a.is_online(), e)
+    });
+    let online_after_inv = rx.recv_timeout(Duration::from_secs(60)).expect("LOCAL_INV through a reader waited for a reader");
+    assert!(!online_after_inv, "a control operation takes the reader offline");
+    assert_eq!(h.join().unwrap(), (true, MemError::NotValid));
+    assert_eq!(read(&r, 0, 8), b"abcdefgh");
+    // Re-register; the parked reader `b` comes back online with its next lookup.
+    let k2 = k.inc();
+    t.exec_reg_mr(PD, k2, ALL_RW, None, None).unwrap();
+    b.lookup(k2, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
+    assert!(b.is_online());
+    assert_eq!(b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::KeyMismatch);
+}
+
+/// Readers are a table resource: `max_readers` of them, slots reused after drop.
+#[test]
+fn reader_slots_are_limited_and_reused() {
+    use std::sync::Arc;
+    let t = Arc::new(MemTable::new(MemLimits { max_readers: 2, ..MemLimits::default() }));
+    let a = t.reader().unwrap();
+    let b = t.reader().unwrap();
+    assert_eq!(t.reader().unwrap_err(), MemError::TableFull);
+    drop(a);
+    let _c = t.reader().unwrap();
+    drop(b);
+}
+
+/// A control operation through a reader that still holds a reference is a bug (the copy could
+/// outlive the invalidation): it panics instead of invalidating.
+#[test]
+#[should_panic(expected = "memory control operation through a Reader that holds an MrRef")]
+fn reader_control_operation_with_a_live_reference_panics() {
+    use std::sync::Arc;
+    let t = Arc::new(table());
+    let r = aligned(4 * PG, PG);
+    let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
+    let io = iova(&t, k);
+    let reader = t.reader().unwrap();
+    let _m = reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
+    let _ = reader.exec_local_inv(PD, k);
+}

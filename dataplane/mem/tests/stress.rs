@@ -4,8 +4,9 @@
 //! invalidates, then *poisons* the memory, checks nothing overwrote the poison for a while,
 //! restores it and re-registers under a new key. A copy through the old state after
 //! `exec_local_inv` returned would either read poison (reader asserts) or overwrite poison
-//! (invalidator asserts). Replacing the drain in `block_and_drain` with a no-op makes this
-//! test fail within a few hundred iterations.
+//! (invalidator asserts). Replacing the drain in `block_and_drain` with a no-op makes the
+//! counted test fail within a few hundred iterations; replacing `Epochs::synchronize` with a
+//! no-op makes the epoch-reader test fail the same way.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +21,17 @@ const POISON: u8 = 0xdd;
 
 #[test]
 fn stress_invalidate_vs_copy_never_touches_poison() {
+    stress(false);
+}
+
+/// The same with the copying thread as an lcore: lookups through an epoch [`Reader`], one
+/// quiescent point per loop iteration, offline now and then (as an lcore parks).
+#[test]
+fn stress_invalidate_vs_epoch_reader_never_touches_poison() {
+    stress(true);
+}
+
+fn stress(epoch: bool) {
     let table = Arc::new(MemTable::new(MemLimits {
         max_mr: 4,
         max_mw: 1,
@@ -49,6 +61,7 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
     let reader = {
         let (t, cur, stop, copies) = (table.clone(), cur.clone(), stop.clone(), copies.clone());
         std::thread::spawn(move || {
+            let mut reader = epoch.then(|| t.reader().unwrap());
             let mut buf = vec![0u8; 512];
             let good = vec![GOOD; 512];
             let mut i = 0u64;
@@ -56,7 +69,12 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
                 i += 1;
                 let k = Key(cur.load(Ordering::Relaxed));
                 let at = iova + LEN as u64 - 256 + (i % 7) * 8; // straddles the page boundary
-                if let Ok(m) = t.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE) {
+                // (The reader's quiescent point below takes `&mut`: the borrow checker refuses
+                // it while this reference lives.)
+                if let Ok(m) = match &reader {
+                    Some(r) => r.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE),
+                    None => t.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE),
+                } {
                     m.copy_out(at, &mut buf).unwrap();
                     assert!(
                         !buf.contains(&POISON),
@@ -64,6 +82,13 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
                     );
                     m.copy_in(at, &good).unwrap();
                     copies.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(r) = &mut reader {
+                    if i.is_multiple_of(64) {
+                        r.offline();
+                    } else {
+                        r.quiescent();
+                    }
                 }
             }
         })
@@ -91,6 +116,15 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
         key = key.inc();
         table.exec_reg_mr(PD, key, acc, None, None).unwrap();
         cur.store(key.0, Ordering::Relaxed);
+        // Let the copier get going through the new key (bounded), so that the next
+        // invalidation lands among copies in flight rather than on an idle key.
+        let before = copies.load(Ordering::Relaxed);
+        for _ in 0..20_000u32 {
+            if copies.load(Ordering::Relaxed) > before {
+                break;
+            }
+            std::hint::spin_loop();
+        }
     }
     stop.store(true, Ordering::Relaxed);
     reader.join().expect("reader saw poison");
@@ -99,4 +133,5 @@ fn stress_invalidate_vs_copy_never_touches_poison() {
         copies.load(Ordering::Relaxed)
     );
     assert!(rounds > 100);
+    assert!(copies.load(Ordering::Relaxed) > 100, "the copier hardly ever ran: the test tested nothing");
 }

@@ -3,10 +3,11 @@
 //! The engine reaches memory only through [`MemOps`], so it never holds a pointer: payload is
 //! gathered into the transmit buffer and scattered from the received packet by the memory
 //! crate, which checks keys, PDs, access rights and ranges (with checked arithmetic).
-//! `MemOps` is implemented for `pmrxe_mem::MemTable` in this file; tests may implement it for
-//! a model.
+//! `MemOps` is implemented in this file for every `pmrxe_mem::MemAccess`: the table itself
+//! (counted lookups: the simulator, tests) and an lcore's `pmrxe_mem::Reader` (epoch lookups,
+//! no atomic read-modify-write: production).
 
-use pmrxe_mem::{Access, Key, MemError, MemTable, PdHandle, Sge};
+use pmrxe_mem::{Access, Key, MemAccess, MemError, PdHandle, Sge};
 
 /// An atomic operation at the responder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub trait MemOps {
     fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
 }
 
-impl MemOps for MemTable {
+impl<T: MemAccess> MemOps for T {
     fn gather(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         pmrxe_mem::gather(self, pd, qpn, sges, offset, out)
     }
