@@ -295,7 +295,10 @@ pub struct Limits {
     pub max_sge: u32,
     /// Bytes of inline data per send work request.
     pub max_inline: u32,
-    /// Entries per completion queue.
+    /// Entries per completion queue (default 4194303 = 2^22 - 1, what ConnectX NICs report:
+    /// libfabric's rxm sizes its CQs by the expected number of peers). The ring is shared
+    /// memory touched only as completions are written, so a large CQ costs address space, not
+    /// memory, until it is used. At most 2^24 - 1.
     pub max_cqe: u32,
     /// Outstanding RDMA READ/atomic requests per QP, as responder and as initiator.
     pub max_rd_atomic: u32,
@@ -306,6 +309,9 @@ pub struct Limits {
     /// Pages in a fast-registration page list.
     pub max_fast_reg_pages: u32,
 }
+
+/// Default `[limits] max_cqe`: 2^22 - 1 entries, as ConnectX-4..7 report.
+pub const MAX_CQE_DEFAULT: u32 = (1 << 22) - 1;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -321,7 +327,7 @@ impl Default for Limits {
             max_srq_wr: 4096,
             max_sge: 16,
             max_inline: 256,
-            max_cqe: 65536,
+            max_cqe: MAX_CQE_DEFAULT,
             max_rd_atomic: 16,
             max_mr_size: 1 << 40,
             max_msg_size: 1 << 31,

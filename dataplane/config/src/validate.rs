@@ -303,6 +303,10 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
             return Err(inv(format!("limits.{k}"), format!("{v} exceeds the 24-bit index space")));
         }
     }
+    // A CQ ring holds a power of two of 64-byte entries (cqe + 1 rounded up).
+    if l.max_cqe >= 1 << 24 {
+        return Err(inv("limits.max_cqe", format!("{} exceeds 2^24 - 1", l.max_cqe)));
+    }
     if l.max_msg_size > 1 << 31 {
         return Err(inv("limits.max_msg_size", format!("{} exceeds 2^31 (IBTA maximum message size)", l.max_msg_size)));
     }

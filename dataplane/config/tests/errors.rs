@@ -211,6 +211,9 @@ fn limits_rules() {
     assert_eq!(s, "config error: limits.max_qp: must be at least 1");
     let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits]\nmax_mr = 16777216\n"));
     assert!(s.starts_with("config error: limits.max_mr: 16777216 exceeds the 24-bit"), "{s}");
+    let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits]\nmax_cqe = 16777216\n"));
+    assert_eq!(s, "config error: limits.max_cqe: 16777216 exceeds 2^24 - 1");
+    assert_eq!(pmrxe_config::Limits::default().max_cqe, 4_194_303, "what ConnectX NICs report");
 }
 
 #[test]
