@@ -28,6 +28,7 @@
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod access;
+mod crc;
 mod epoch;
 mod error;
 pub mod map;
@@ -38,6 +39,7 @@ mod sync;
 mod table;
 
 pub use access::{Access, Key, PdHandle};
+pub use crc::{gather_crc, scatter_crc};
 pub use error::MemError;
 pub use reader::{MemAccess, Reader};
 pub use region::{Backing, Region};

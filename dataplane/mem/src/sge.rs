@@ -22,7 +22,7 @@ pub fn sge_total_len(sges: &[Sge]) -> u64 {
 
 /// Walk the part of `sges` covering message bytes `[offset, offset+total)` and hand each piece
 /// (sge, address, bytes done so far, piece length) to `f`.
-fn walk(
+pub(crate) fn walk(
     sges: &[Sge],
     offset: u64,
     total: usize,

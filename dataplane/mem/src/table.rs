@@ -1351,7 +1351,7 @@ impl<'a> MrRef<'a> {
 
     /// Visit the process addresses backing `[iova, iova+len)` in order: `f(addr, done, n)`.
     #[inline]
-    fn walk(
+    pub(crate) fn walk(
         &self,
         iova: u64,
         len: u64,
