@@ -14,7 +14,7 @@
 //! * READ responses are placed in PSN order straight into the local SGEs; an out-of-order
 //!   response starts a retry from the first missing PSN with a smaller request (D5).
 
-use pmrxe_wire::{MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHeaders};
+use pmrxe_wire::{IcrcCheck, MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHeaders};
 
 use crate::cq::WcStatus;
 use crate::memops::MemOps;
@@ -224,22 +224,28 @@ impl Qp {
         self.retry_from(now, p);
     }
 
-    /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester.
-    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M) {
+    /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester. `deferred`:
+    /// an ICRC check still to make (only for READ response MIDDLE, see
+    /// `may_place_before_icrc`); returns false if it failed (the packet then had no effect).
+    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>) -> bool {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.stats.dropped += 1;
-            return;
+            return true;
         }
-        let Some(info) = hdr.bth.opcode.info() else { return };
+        let Some(info) = hdr.bth.opcode.info() else { return true };
         let p = hdr.bth.psn;
         // A response must be for a PSN we sent: [comp.psn - 2^23, max_sent).
         if p.distance(self.req.max_sent) >= 0 {
             self.stats.dropped += 1;
-            return;
+            return true;
         }
+        if let OpKind::ReadResponse = info.kind {
+            return self.on_read_response(now, hdr, info.pos, payload, mem, deferred);
+        }
+        debug_assert!(deferred.is_none(), "only READ responses are checked while placed");
         match info.kind {
             OpKind::Ack => {
-                let Some(aeth) = hdr.aeth else { return };
+                let Some(aeth) = hdr.aeth else { return true };
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => {
                         self.stats.acks_received += 1;
@@ -248,11 +254,11 @@ impl Qp {
                     Syndrome::RnrNak { timer } => {
                         self.stats.rnr_naks_received += 1;
                         if p.distance(self.comp.psn) < 0 {
-                            return;
+                            return true;
                         }
                         self.process_ack(now, p.wrapping_sub(1));
                         if self.state == QpState::Err {
-                            return;
+                            return true;
                         }
                         if self.comp.rnr.take() {
                             self.comp.rnr_psn = p;
@@ -266,17 +272,17 @@ impl Qp {
                     Syndrome::Nak(code) => {
                         if p.distance(self.comp.psn) < 0 {
                             self.stats.dropped += 1;
-                            return;
+                            return true;
                         }
                         let progress = matches!(self.ack_through_and_apply(now, p.wrapping_sub(1)), Some(true));
                         if self.state == QpState::Err {
-                            return;
+                            return true;
                         }
                         match code {
                             NakCode::PsnSeqErr => {
                                 self.stats.seq_naks_received += 1;
                                 if self.comp.started_retry && !progress {
-                                    return;
+                                    return true;
                                 }
                                 self.retry_or_fail(now, p);
                             }
@@ -295,18 +301,18 @@ impl Qp {
                 }
             }
             OpKind::AtomicAck => {
-                let Some(ack) = hdr.atomic_ack else { return };
+                let Some(ack) = hdr.atomic_ack else { return true };
                 let Some(idx) = self.wqe_with_psn(p) else {
                     self.stats.dropped += 1;
-                    return;
+                    return true;
                 };
                 let e = *self.entry(idx);
                 if !e.wqe.op.is_atomic() {
                     self.stats.dropped += 1;
-                    return;
+                    return true;
                 }
                 if self.ack_through_and_apply(now, p.wrapping_sub(1)).is_none() {
-                    return;
+                    return true;
                 }
                 let bytes = ack.orig.to_le_bytes();
                 match mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), 0, &bytes) {
@@ -320,9 +326,9 @@ impl Qp {
                 self.on_progress(now);
                 self.retire();
             }
-            OpKind::ReadResponse => self.on_read_response(now, hdr, info.pos, payload, mem),
             _ => self.stats.dropped += 1,
         }
+        true
     }
 
     /// ACK processing shared by ACK/NAK/atomic ACK. Returns `None` if an implicit NAK started
@@ -350,36 +356,45 @@ impl Qp {
         let _ = self.ack_through_and_apply(now, p);
     }
 
-    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, pos: MsgPos, payload: &[u8], mem: &M) {
+    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, pos: MsgPos, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>) -> bool {
+        // Under a deferred check, anything but placing the payload (or dropping) waits for it.
+        let verified = |deferred: Option<IcrcCheck>| deferred.is_none_or(|c| c.verify(payload));
         let p = hdr.bth.psn;
         let Some(idx) = self.wqe_with_psn(p) else {
             self.stats.dropped += 1;
-            return;
+            return true;
         };
         let e = *self.entry(idx);
         if !matches!(e.wqe.op, SendOp::Read) {
+            if !verified(deferred) {
+                return false;
+            }
             // READ response for a non-READ WQE (§4.2 FATAL_ERR).
             self.fail_at(p, WcStatus::FatalErr);
-            return;
+            return true;
         }
-        // The response implies every earlier request was executed.
+        // The response implies every earlier request was executed. (No AETH under a deferred
+        // check: MIDDLE only.)
         if hdr.aeth.is_some() && self.ack_through_and_apply(now, e.first_psn.wrapping_sub(1)).is_none() {
-            return;
+            return true;
         }
         if self.state == QpState::Err {
-            return;
+            return true;
         }
         let e = *self.entry(idx);
         let expected = e.first_psn.wrapping_add(e.rcvd);
         let d = p.distance(expected);
         if d != 0 {
             if d > 0 && !self.comp.started_retry {
+                if !verified(deferred) {
+                    return false;
+                }
                 // A response was lost: re-request from the first missing PSN (D5).
                 self.retry_or_fail(now, expected);
             } else {
                 self.stats.dropped += 1;
             }
-            return;
+            return true;
         }
         let mtu = u64::from(self.mtu());
         let off = u64::from(e.rcvd) * mtu;
@@ -392,14 +407,29 @@ impl Qp {
         };
         if !ok {
             self.stats.dropped += 1;
-            return;
+            return true;
         }
-        if !payload.is_empty()
-            && mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).is_err() {
-                self.finish_wqe(idx, WcStatus::LocProtErr);
-                self.retire();
-                return;
+        if !payload.is_empty() {
+            let placed = match deferred {
+                None => mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).map(|()| true),
+                // Verify while placing: the bytes land at [off, off + MTU) of this READ's local
+                // buffer, which the response at this PSN (retransmitted if need be) rewrites and
+                // which the consumer may not read before the completion.
+                Some(c) => mem.scatter_crc(self.pd, self.qpn, e.wqe.sg_list(), off, payload, c.seed()).map(|crc| c.matches(crc)),
+            };
+            match placed {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(_) => {
+                    if !verified(deferred) {
+                        return false;
+                    }
+                    self.finish_wqe(idx, WcStatus::LocProtErr);
+                    self.retire();
+                    return true;
+                }
             }
+        }
         let en = self.entry_mut(idx);
         en.rcvd += 1;
         self.comp.psn = p.wrapping_add(1);
@@ -408,5 +438,6 @@ impl Qp {
         }
         self.on_progress(now);
         self.retire();
+        true
     }
 }

@@ -53,6 +53,36 @@ pub trait MemOps {
     /// Execute a BIND_MW work request.
     #[allow(clippy::too_many_arguments)]
     fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
+
+    // One-pass copies that fold the CRC-32 of the bytes moved (the ICRC, zlib convention) into
+    // `crc` and return it: the data path gathers payload into a frame while hashing it and
+    // scatters a received payload while checking it (`pmrxe_crc`). The defaults copy and then
+    // hash (two passes), for models; the memory table's implementation does one pass.
+
+    /// [`gather`](MemOps::gather) folding the bytes into `crc`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_crc(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.gather(pd, qpn, sges, offset, out)?;
+        Ok(pmrxe_crc::crc_update(crc, out))
+    }
+    /// [`scatter`](MemOps::scatter) folding the bytes into `crc`.
+    #[allow(clippy::too_many_arguments)]
+    fn scatter_crc(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        self.scatter(pd, qpn, sges, offset, data)?;
+        Ok(pmrxe_crc::crc_update(crc, data))
+    }
+    /// [`write_remote`](MemOps::write_remote) folding the bytes into `crc`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        self.write_remote(pd, qpn, rkey, va, data)?;
+        Ok(pmrxe_crc::crc_update(crc, data))
+    }
+    /// [`read_remote`](MemOps::read_remote) folding the bytes into `crc`.
+    #[allow(clippy::too_many_arguments)]
+    fn read_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.read_remote(pd, qpn, rkey, va, out)?;
+        Ok(pmrxe_crc::crc_update(crc, out))
+    }
 }
 
 impl<T: MemAccess> MemOps for T {
@@ -89,5 +119,17 @@ impl<T: MemAccess> MemOps for T {
     }
     fn bind_mw(&self, pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.exec_bind_mw(pd, qpn, mw, new_key, mr, addr, len, access)
+    }
+    fn gather_crc(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        pmrxe_mem::gather_crc(self, pd, qpn, sges, offset, out, crc)
+    }
+    fn scatter_crc(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        pmrxe_mem::scatter_crc(self, pd, qpn, sges, offset, data, crc)
+    }
+    fn write_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        self.lookup(Key(rkey), pd, qpn, va, data.len() as u64, Access::REMOTE_WRITE)?.copy_in_crc(va, data, crc)
+    }
+    fn read_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.lookup(Key(rkey), pd, qpn, va, out.len() as u64, Access::REMOTE_READ)?.copy_out_crc(va, out, crc)
     }
 }

@@ -1,8 +1,9 @@
 //! A received packet as the engine consumes it: parsed transport headers (from
-//! `pmrxe_wire::parse_frame`, ICRC already checked), the payload without pad and ICRC, and the
-//! source addressing needed for UD (GRH, source QPN) and RC/UC path checks.
+//! `pmrxe_wire::parse_frame`, ICRC already checked, or `parse_frame_deferred`, ICRC check
+//! carried along for the engine), the payload without pad and ICRC, and the source addressing
+//! needed for UD (GRH, source QPN) and RC/UC path checks.
 
-use pmrxe_wire::TransportHeaders;
+use pmrxe_wire::{IcrcCheck, TransportHeaders};
 
 /// One received RoCEv2 packet, already validated by the wire layer.
 #[derive(Clone, Copy, Debug)]
@@ -23,6 +24,11 @@ pub struct RxPacket<'a> {
     pub hop_limit: u8,
     /// IPv6 flow label (0 for IPv4).
     pub flow_label: u32,
+    /// The ICRC check the receiver deferred to the engine (`pmrxe_wire::parse_frame_deferred`):
+    /// the QP verifies it before the packet has any effect, or — for the payload of a message
+    /// whose target range is already validated — while placing it (docs/reliability.md, "ICRC
+    /// and placement"). `None`: verified before (`parse_frame`).
+    pub icrc: Option<IcrcCheck>,
 }
 
 impl<'a> RxPacket<'a> {
@@ -37,6 +43,7 @@ impl<'a> RxPacket<'a> {
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,
+            icrc: None,
         }
     }
 

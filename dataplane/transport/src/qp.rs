@@ -416,6 +416,10 @@ pub struct Transmit {
     pub dest_qpn: u32,
     /// Our QPN.
     pub src_qpn: u32,
+    /// CRC-32 of the `len` bytes written, as the ICRC covers them (BTH byte 4 masked), folded
+    /// while they were written: give it to `pmrxe_wire::finish_frame_with_tail_crc`, which
+    /// hashes only the IP/UDP prefix (`finish_frame` rehashes everything and stays correct).
+    pub tail_crc: u32,
 }
 
 /// One SQ slot: the WQE and its progress.
@@ -612,7 +616,8 @@ impl Qp {
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn })
+        let tail_crc = pmrxe_wire::icrc::transport_crc(&buf[..len]);
+        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, tail_crc })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).

@@ -74,7 +74,9 @@ pub(crate) enum Payload<'a> {
     Remote { rkey: u32, va: u64, len: usize },
 }
 
-/// Write `hdr` + payload + pad into `buf`; returns the length, or the gather error.
+/// Write `hdr` + payload + pad into `buf`; returns the length and the tail CRC (the ICRC's CRC
+/// of these bytes, BTH byte 4 masked: `pmrxe_wire::finish_frame_with_tail_crc` joins it to the
+/// IP/UDP prefix), or the gather error. The payload is hashed while it is copied (one pass).
 pub(crate) fn build<M: MemOps + ?Sized>(
     mem: &M,
     pd: u32,
@@ -82,7 +84,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     mut hdr: TransportHeaders,
     payload: Payload<'_>,
     buf: &mut [u8],
-) -> Result<Option<usize>, MemError> {
+) -> Result<Option<(usize, u32)>, MemError> {
     let plen = match &payload {
         Payload::None => 0,
         Payload::Gather { len, .. } => *len,
@@ -93,20 +95,18 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     hdr.bth.pad = pad as u8;
     let hlen = hdr.header_len();
     let total = hlen + plen + pad;
-    if buf.len() < total {
+    if buf.len() < total || hdr.emit(buf).is_err() {
         return Ok(None);
     }
-    match payload {
-        Payload::None => {}
-        Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
-        Payload::Bytes(b) => buf[hlen..hlen + b.len()].copy_from_slice(b),
-        Payload::Remote { rkey, va, len } => mem.read_remote(pd, qpn, rkey, va, &mut buf[hlen..hlen + len])?,
-    }
+    let crc = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
+    let crc = match payload {
+        Payload::None => crc,
+        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], crc)?,
+        Payload::Bytes(b) => pmrxe_crc::copy_and_crc(crc, &mut buf[hlen..hlen + b.len()], b),
+        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], crc)?,
+    };
     buf[hlen + plen..total].fill(0);
-    if hdr.emit(buf).is_err() {
-        return Ok(None);
-    }
-    Ok(Some(total))
+    Ok(Some((total, pmrxe_crc::crc_update(crc, &buf[hlen + plen..total]))))
 }
 
 /// A BTH with our defaults.
@@ -347,7 +347,7 @@ impl Qp {
             Payload::Gather { offset, len, .. } => Payload::Gather { sges: &sges[..e.wqe.num_sge], offset, len },
             p => p,
         };
-        let len = match build(mem, self.pd, self.qpn, hdr, payload, buf) {
+        let (len, tail_crc) = match build(mem, self.pd, self.qpn, hdr, payload, buf) {
             Ok(Some(n)) => n,
             Ok(None) => {
                 self.stats.dropped += 1;
@@ -414,6 +414,6 @@ impl Qp {
                 }
             }
         }
-        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn })
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use pmrxe_wire::{next_opcode, AethRepr, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
+use pmrxe_wire::{next_opcode, AethRepr, IcrcCheck, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
 use pmrxe_mem::{Access, MemError};
 
 use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
@@ -170,6 +170,20 @@ impl RespState {
     }
 }
 
+/// Outcome of `execute` beyond success: a responder error, or a deferred ICRC check that failed
+/// while the payload was placed (the packet is dropped as if never received).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exec {
+    Resp(RespError),
+    BadIcrc,
+}
+
+impl From<RespError> for Exec {
+    fn from(e: RespError) -> Exec {
+        Exec::Resp(e)
+    }
+}
+
 fn mem_to_resp(e: MemError) -> RespError {
     match e {
         MemError::BadAlignment => RespError::InvalidRequest,
@@ -180,6 +194,12 @@ fn mem_to_resp(e: MemError) -> RespError {
 impl Qp {
     /// Hand a received packet to the QP. `mem` is the lcore's memory table, `srq` the SRQ
     /// this QP draws from (if any).
+    ///
+    /// A packet whose ICRC check was deferred (`pkt.icrc`) is checked here before it has any
+    /// effect, except the payload of a WRITE MIDDLE/LAST continuing a validated message and of
+    /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
+    /// land where the rest of the message will write them anyway): see docs/reliability.md,
+    /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
     pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
         self.stats.rx_packets += 1;
         let Some(info) = pkt.hdr.bth.opcode.info() else {
@@ -195,22 +215,75 @@ impl Qp {
             self.stats.dropped += 1;
             return;
         }
-        // Notification point: ECN-CE from our peer (requests and responses alike) → CNP.
-        self.on_ecn(now, pkt.traffic_class);
-        if info.is_response() {
+        let deferred = match pkt.icrc {
+            Some(c) if self.may_place_before_icrc(info, pkt) => Some(c),
+            Some(c) => {
+                if !c.verify(pkt.payload) {
+                    self.stats.icrc_errors += 1;
+                    return;
+                }
+                None
+            }
+            None => None,
+        };
+        // Notification point: ECN-CE from our peer (requests and responses alike) → CNP. For a
+        // packet still under check, only once the check passed.
+        if deferred.is_none() {
+            self.on_ecn(now, pkt.traffic_class);
+        }
+        let icrc_ok = if info.is_response() {
             if self.qp_type == QpType::Rc {
-                self.on_response(now, &pkt.hdr, pkt.payload, mem);
+                self.on_response(now, &pkt.hdr, pkt.payload, mem, deferred)
             } else {
                 self.stats.dropped += 1;
+                true
             }
-            return;
+        } else {
+            self.on_request_packet(pkt, mem, srq, deferred)
+        };
+        if !icrc_ok {
+            self.stats.icrc_errors += 1;
+        } else if deferred.is_some() {
+            self.on_ecn(now, pkt.traffic_class);
         }
+    }
+
+    /// May this packet's ICRC be checked while its payload is placed (rather than before
+    /// anything)? Only when every check but the ICRC already passes on state that no earlier
+    /// effect of this packet changes, and the payload's destination is fixed by that state:
+    /// WRITE MIDDLE/LAST at the expected PSN of a write in progress (its range validated by the
+    /// FIRST), and READ response MIDDLE (no AETH; offset from the requester's own count into
+    /// the READ's local buffer). Everything else — FIRST/ONLY (RETH or receive WQE chosen by the
+    /// packet), SEND (bytes past a message's end stay untouched), acknowledgements, atomics,
+    /// UD — is verified first.
+    fn may_place_before_icrc(&self, info: &pmrxe_wire::OpInfo, pkt: &RxPacket<'_>) -> bool {
+        if pkt.payload.is_empty() || !matches!(info.pos, MsgPos::Middle | MsgPos::Last) {
+            return false;
+        }
+        match info.kind {
+            OpKind::Write => {
+                matches!(self.qp_type, QpType::Rc | QpType::Uc)
+                    && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+                    && self.resp.comm_est
+                    && matches!(self.resp.in_msg, InMsg::Write { .. })
+                    && pkt.hdr.bth.psn == self.resp.epsn
+            }
+            OpKind::ReadResponse => {
+                info.pos == MsgPos::Middle && self.qp_type == QpType::Rc && matches!(self.state, QpState::Rts | QpState::Sqd)
+            }
+            _ => false,
+        }
+    }
+
+    /// The request half of `handle_packet` (after the ICRC gate); returns false if a deferred
+    /// ICRC check failed (the packet then had no effect).
+    fn on_request_packet<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>) -> bool {
         match self.state {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
             _ => {
                 // Never execute after ERR (rxe problem 14), nor before RTR.
                 self.stats.dropped += 1;
-                return;
+                return true;
             }
         }
         if !self.resp.comm_est {
@@ -221,8 +294,9 @@ impl Qp {
         }
         if self.qp_type == QpType::Ud {
             self.on_ud_request(pkt, mem, srq);
+            true
         } else {
-            self.on_request(pkt, mem, srq);
+            self.on_request(pkt, mem, srq, deferred)
         }
     }
 
@@ -282,12 +356,15 @@ impl Qp {
         self.resp.push(Out::Ack { psn, syndrome: Syndrome::ACK_UNLIMITED });
     }
 
-    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>) {
+    /// Returns false if a deferred ICRC check failed: the packet then changed nothing (the
+    /// bytes it placed lie in the range the rest of the message rewrites).
+    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>) -> bool {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked by caller");
         let p = h.bth.psn;
         let rc = self.qp_type == QpType::Rc;
         let d = p.distance(self.resp.epsn);
+        let mut nak_sent = self.resp.nak_sent;
         if rc {
             if d > 0 {
                 self.stats.out_of_sequence += 1;
@@ -298,13 +375,15 @@ impl Qp {
                     let e = self.resp.epsn;
                     self.resp.push(Out::Ack { psn: e, syndrome: Syndrome::Nak(NakCode::PsnSeqErr) });
                 }
-                return;
+                return true;
             }
             if d < 0 {
                 self.on_duplicate(pkt);
-                return;
+                return true;
             }
-            self.resp.nak_sent = false;
+            // (A deferred check only reaches here at d == 0: the flag is set back below if it
+            // fails.)
+            nak_sent = std::mem::replace(&mut self.resp.nak_sent, false);
         } else if d != 0 || self.resp.in_msg == InMsg::Drop {
             // UC: a gap drops the rest of the current message (IBA 9.8.3).
             if info.pos.is_start() {
@@ -314,11 +393,26 @@ impl Qp {
                 self.resp.in_msg = InMsg::Drop;
                 self.resp.epsn = p.wrapping_add(1);
                 self.stats.dropped += 1;
-                return;
+                return true;
             }
             self.resp.epsn = p;
         }
-        match self.execute(pkt, mem, &mut srq) {
+        let r = match self.execute(pkt, mem, &mut srq, deferred) {
+            Ok(()) => Ok(()),
+            // Under a deferred check, an error acts on the packet only once the check passed
+            // (a second pass, on error paths only).
+            Err(Exec::Resp(_)) if deferred.is_some_and(|c| !c.verify(pkt.payload)) => Err(Exec::BadIcrc),
+            Err(e) => Err(e),
+        };
+        let r = match r {
+            Ok(()) => Ok(()),
+            Err(Exec::BadIcrc) => {
+                self.resp.nak_sent = nak_sent;
+                return false;
+            }
+            Err(Exec::Resp(e)) => Err(e),
+        };
+        match r {
             Ok(()) => {}
             Err(RespError::Rnr) => {
                 if rc {
@@ -340,7 +434,7 @@ impl Qp {
                     self.resp.in_msg = InMsg::Drop;
                     self.resp.epsn = p.wrapping_add(1);
                     self.stats.dropped += 1;
-                    return;
+                    return true;
                 }
                 // Class C/J: report on the receive WQE if one is involved, NAK, QP → ERR.
                 match self.resp.take_current_recv() {
@@ -360,10 +454,13 @@ impl Qp {
                 self.resp.push(Out::Ack { psn: p, syndrome: e.nak(t) });
             }
         }
+        true
     }
 
-    /// Execute the in-sequence request packet `pkt`.
-    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>) -> Result<(), RespError> {
+    /// Execute the in-sequence request packet `pkt`. With a `deferred` ICRC check (only for the
+    /// packets `may_place_before_icrc` admits) the payload is placed while checked, and a
+    /// mismatch returns `Exec::BadIcrc` before any other state changed.
+    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>) -> Result<(), Exec> {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked");
         let p = h.bth.psn;
@@ -377,7 +474,7 @@ impl Qp {
             _ => false,
         };
         if !seq_ok {
-            return Err(RespError::InvalidRequest);
+            return Err(RespError::InvalidRequest.into());
         }
         // QP access flags.
         let need = match info.kind {
@@ -387,7 +484,7 @@ impl Qp {
             _ => 0,
         };
         if self.attr.qp_access_flags & need != need {
-            return Err(RespError::InvalidRequest);
+            return Err(RespError::InvalidRequest.into());
         }
         // C9-92: FIRST/MIDDLE carry exactly one PMTU, LAST 1..=PMTU, ONLY ≤ PMTU.
         if info.has_payload() {
@@ -397,7 +494,7 @@ impl Qp {
                 MsgPos::Only => plen <= mtu,
             };
             if !ok {
-                return Err(RespError::InvalidRequest);
+                return Err(RespError::InvalidRequest.into());
             }
         }
         let ack_req = h.bth.ack_req && rc;
@@ -406,18 +503,18 @@ impl Qp {
                 if info.pos.is_start() {
                     if self.resp.recv.is_none() {
                         if !self.has_recv(srq) {
-                            return Err(RespError::Rnr);
+                            return Err(RespError::Rnr.into());
                         }
                         self.resp.recv = self.take_recv(srq.as_deref_mut());
                     }
                     self.resp.recv_off = 0;
                 }
-                let Some(w) = self.resp.recv else { return Err(RespError::InvalidRequest) };
+                let Some(w) = self.resp.recv else { return Err(RespError::InvalidRequest.into()) };
                 if self.resp.recv_off + plen as u64 > w.capacity() {
-                    return Err(RespError::LocalLength);
+                    return Err(RespError::LocalLength.into());
                 }
                 if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload).is_err() {
-                    return Err(RespError::RemoteOp);
+                    return Err(RespError::RemoteOp.into());
                 }
                 self.stats.resp_bytes_written += plen as u64;
                 self.resp.recv_off += plen as u64;
@@ -431,7 +528,7 @@ impl Qp {
                     if let Some(k) = h.ieth {
                         // IBA 9.4.1.1.1 / rxe: place, then invalidate (class J on failure).
                         if mem.invalidate_remote(self.pd, self.qpn, k).is_err() {
-                            return Err(RespError::InvalidInvalidate);
+                            return Err(RespError::InvalidInvalidate.into());
                         }
                         c.invalidated_rkey = Some(k);
                         c.wc_flags |= WcFlags::WITH_INV;
@@ -451,25 +548,37 @@ impl Qp {
                     let r = h.reth.ok_or(RespError::InvalidRequest)?;
                     let len = u64::from(r.len);
                     if len > 1 << 31 {
-                        return Err(RespError::InvalidRequest); // C9-94
+                        return Err(RespError::InvalidRequest.into()); // C9-94
                     }
                     if len > 0 {
                         mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_WRITE).map_err(mem_to_resp)?;
                     }
                     self.resp.in_msg = InMsg::Write { rkey: r.rkey, va: r.va, len, off: 0 };
                 }
-                let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else { return Err(RespError::InvalidRequest) };
+                let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else { return Err(RespError::InvalidRequest.into()) };
                 let end = off + plen as u64;
                 if end > len || (info.pos.is_end() && end != len) {
-                    return Err(RespError::InvalidRequest);
+                    return Err(RespError::InvalidRequest.into());
                 }
                 if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.resp.recv.is_none() {
                     // WRITE with immediate consumes a receive WQE: check before writing.
-                    return Err(RespError::Rnr);
+                    return Err(RespError::Rnr.into());
                 }
                 if plen > 0 {
                     let at = va.checked_add(off).ok_or(RespError::RemoteAccess)?;
-                    mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload).map_err(mem_to_resp)?;
+                    match deferred {
+                        None => mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload).map_err(mem_to_resp)?,
+                        Some(c) => {
+                            // Verify while placing: the bytes land in [va + off, va + end), inside
+                            // the range validated at FIRST that the message's remaining packets
+                            // (retransmissions included) rewrite, so a mismatch changes nothing the
+                            // consumer may rely on (docs/reliability.md, "ICRC and placement").
+                            let crc = mem.write_remote_crc(self.pd, self.qpn, rkey, at, pkt.payload, c.seed()).map_err(mem_to_resp)?;
+                            if !c.matches(crc) {
+                                return Err(Exec::BadIcrc);
+                            }
+                        }
+                    }
                     self.stats.resp_bytes_written += plen as u64;
                 }
                 if info.pos.is_end() {
@@ -495,7 +604,7 @@ impl Qp {
                 let r = h.reth.ok_or(RespError::InvalidRequest)?;
                 let len = u64::from(r.len);
                 if len > 1 << 31 || self.attr.max_dest_rd_atomic == 0 {
-                    return Err(RespError::InvalidRequest);
+                    return Err(RespError::InvalidRequest.into());
                 }
                 if len > 0 {
                     mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ).map_err(mem_to_resp)?;
@@ -520,7 +629,7 @@ impl Qp {
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 let a = h.atomic_eth.ok_or(RespError::InvalidRequest)?;
                 if self.attr.max_dest_rd_atomic == 0 || a.va & 7 != 0 {
-                    return Err(RespError::InvalidRequest); // E11
+                    return Err(RespError::InvalidRequest.into()); // E11
                 }
                 let op = if info.kind == OpKind::CompareSwap {
                     AtomicOp::CmpSwap { compare: a.compare, swap: a.swap_add }
@@ -535,7 +644,7 @@ impl Qp {
                 self.resp.epsn = p.wrapping_add(1);
                 return Ok(());
             }
-            _ => return Err(RespError::InvalidRequest),
+            _ => return Err(RespError::InvalidRequest.into()),
         }
         self.resp.epsn = p.wrapping_add(1);
         if ack_req {
@@ -611,7 +720,7 @@ impl Qp {
             let dest = self.attr.dest_qp_num;
             let msn = Msn::new(self.resp.msn);
             let (av, me) = (self.attr.ah_attr, self.qpn);
-            let tx = |len| Transmit { len, av, dest_qpn: dest, src_qpn: me };
+            let tx = |(len, tail_crc)| Transmit { len, av, dest_qpn: dest, src_qpn: me, tail_crc };
             match o {
                 Out::Ack { psn, syndrome } => {
                     self.resp.out.pop_front();
@@ -661,14 +770,14 @@ impl Qp {
                         Payload::None
                     };
                     match build(mem, self.pd, self.qpn, hdr, payload, buf) {
-                        Ok(Some(len)) => {
+                        Ok(Some(built)) => {
                             if next == res.last {
                                 self.resp.out.pop_front();
                             } else if let Some(Out::Read { next: n, .. }) = self.resp.out.front_mut() {
                                 *n = next.wrapping_add(1);
                             }
                             self.stats.read_responses_sent += 1;
-                            return Some(tx(len));
+                            return Some(tx(built));
                         }
                         Ok(None) => return None,
                         Err(_) => {

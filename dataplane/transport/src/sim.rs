@@ -4,15 +4,17 @@
 //! filters that hit specific packets (by PSN, opcode, direction ...).
 //!
 //! Packets cross as real bytes: Ethernet/IPv4/UDP headers and the ICRC are written with
-//! `pmrxe_wire` (`emit_frame_headers` + `finish_frame`) and parsed with `parse_frame` (which
-//! verifies the ICRC) on the other side, so the wire format is exercised on every packet.
+//! `pmrxe_wire` (`emit_frame_headers` + `finish_frame_with_tail_crc`, the ICRC from the CRC the
+//! engine folded while writing the packet; every frame is also checked by `parse_frame`) and
+//! parsed with `parse_frame_deferred` on the other side, the ICRC check going to the engine as
+//! on the lcore, so the wire format and both ICRC paths are exercised on every packet.
 //! Every packet is recorded in [`Sim::trace`] with its send time.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
-use pmrxe_wire::{emit_frame_headers, finish_frame, frame_header_len, parse_frame, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
+use pmrxe_wire::{emit_frame_headers, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use pmrxe_mem::MemTable;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -34,8 +36,11 @@ pub enum Fault {
     Delay(u64),
     /// Deliver twice.
     Duplicate,
-    /// Flip a bit (the receiver's ICRC check drops it).
+    /// Flip a bit of the last payload byte (the receiver's ICRC check drops it).
     Corrupt,
+    /// Flip bit 4 of this byte of the RoCE part (0 = the first BTH byte), e.g. a RETH address
+    /// byte; the receiver's ICRC check must drop the packet before it has any effect.
+    CorruptAt(usize),
 }
 
 /// A packet as filters and the trace see it.
@@ -248,7 +253,9 @@ impl Sim {
             };
             let n = emit_frame_headers(&mut self.buf, &l3, t.len).expect("frame headers");
             let total = n + t.len + ICRC_LEN;
-            finish_frame(&mut self.buf[..total]).expect("finish frame");
+            // The ICRC from the tail CRC the engine folded while writing (one pass), checked in
+            // full by `parse_frame` right below.
+            finish_frame_with_tail_crc(&mut self.buf[..total], t.tail_crc).expect("finish frame");
             let frame = self.buf[..total].to_vec();
             let parsed = parse_frame(&frame).expect("our own frame parses");
             let h = parsed.headers;
@@ -308,6 +315,13 @@ impl Sim {
                     f[k] ^= 0x10;
                     self.enqueue(at, dst, f);
                 }
+                Fault::CorruptAt(k) => {
+                    let mut f = frame;
+                    if let Some(b) = f.get_mut(hl + k) {
+                        *b ^= 0x10;
+                    }
+                    self.enqueue(at, dst, f);
+                }
             }
         }
         sent
@@ -332,7 +346,9 @@ impl Sim {
     fn deliver(&mut self, dst: usize, frame: &[u8]) {
         let now = self.now;
         let node = &mut self.nodes[dst];
-        let Ok(f) = parse_frame(frame) else {
+        // The ICRC check is deferred to the engine, as the lcore does: the QP verifies it first
+        // or while placing the payload (`RxPacket::icrc`; bad ones count in its `icrc_errors`).
+        let Ok((f, check)) = parse_frame_deferred(frame) else {
             node.rx_parse_drops += 1;
             return;
         };
@@ -347,6 +363,7 @@ impl Sim {
         pkt.traffic_class = f.tclass;
         pkt.hop_limit = f.ttl;
         pkt.flow_label = f.flow_label;
+        pkt.icrc = Some(check);
         node.engine.handle_packet(now, &pkt, &node.mem);
     }
 

@@ -69,6 +69,9 @@ pub struct QpStats {
     pub local_op_reexecutions: u64,
     /// Packets dropped (bad state, bad header, unexpected response, ...).
     pub dropped: u64,
+    /// Packets dropped for a bad ICRC found by the QP (checks deferred by the receiver:
+    /// `RxPacket::icrc`).
+    pub icrc_errors: u64,
     /// Retry count exhausted.
     pub retry_exceeded: u64,
     /// RNR retry count exhausted.
@@ -91,7 +94,7 @@ impl QpStats {
             seq_naks_received, rnr_naks_sent, rnr_naks_received, err_naks_sent,
             err_naks_received, acks_sent, acks_received, read_responses_sent, duplicates,
             read_replays, atomic_replays, out_of_sequence, rkey_violations, resp_bytes_written,
-            local_op_executions, local_op_replay_skips, local_op_reexecutions, dropped,
+            local_op_executions, local_op_replay_skips, local_op_reexecutions, dropped, icrc_errors,
             retry_exceeded, rnr_retry_exceeded
         );
         for (a, b) in self.completions.iter_mut().zip(o.completions.iter()) {
