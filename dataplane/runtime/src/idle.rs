@@ -42,9 +42,9 @@ impl Idle {
         self.sleep_us = 1;
     }
     /// An iteration found nothing: pause, and in back-off mode, once nothing happened for the
-    /// spin window, sleep (bounded by `max_sleep_us` and by the next timer deadline). Returns
-    /// whether it slept — never on an iteration that had work.
-    pub fn idle(&mut self, deadline_in_us: Option<u64>) -> bool {
+    /// spin window, call `before_sleep` and sleep (bounded by `max_sleep_us` and by the next
+    /// timer deadline). Returns whether it slept — never on an iteration that had work.
+    pub fn idle(&mut self, deadline_in_us: Option<u64>, before_sleep: impl FnOnce()) -> bool {
         std::hint::spin_loop();
         if self.cfg.mode == IdleMode::Busy {
             return false;
@@ -57,6 +57,7 @@ impl Idle {
         if let Some(d) = deadline_in_us {
             us = us.min(d.max(1) as u32);
         }
+        before_sleep();
         std::thread::sleep(Duration::from_micros(u64::from(us)));
         self.sleep_us = (self.sleep_us * 2).min(self.cfg.max_sleep_us.max(1));
         true

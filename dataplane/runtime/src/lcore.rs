@@ -30,7 +30,7 @@ use pmrxe_abi::ring::{Consumer, Producer, PushError};
 use pmrxe_abi::{
     ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
 };
-use pmrxe_mem::MemTable;
+use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
 use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
@@ -297,7 +297,9 @@ pub trait Tap: Send {
 pub struct Lcore<L: Link> {
     index: usize,
     ports: Vec<Port<L>>,
-    mem: Arc<MemTable>,
+    /// This lcore's epoch reader of the MR table (QSBR): `&*self.mem` is what the QPs copy
+    /// through; `poll_once` ends with its quiescent point.
+    mem: Box<Reader>,
     cmds: Receiver<Cmd>,
     qps: Vec<Option<QpSlot>>,
     qpn_to_slot: HashMap<u32, usize>,
@@ -360,7 +362,7 @@ impl<L: Link> Lcore<L> {
         let lc = Lcore {
             index,
             ports,
-            mem,
+            mem: Box::new(mem.reader().expect("more lcores than MemLimits::max_readers")),
             cmds: rx,
             qps: Vec::with_capacity(MAX_QPS_PER_LCORE),
             qpn_to_slot: HashMap::with_capacity(MAX_QPS_PER_LCORE),
@@ -416,7 +418,8 @@ impl<L: Link> Lcore<L> {
                 } else {
                     None
                 };
-                if self.idle.idle(next) {
+                // Offline before a sleep: a parked lcore never delays an invalidation.
+                if self.idle.idle(next, || self.mem.offline()) {
                     bump(&self.stats.idle_sleeps, 1);
                 }
             }
@@ -442,6 +445,8 @@ impl<L: Link> Lcore<L> {
         work |= self.transmit(now);
         work |= self.deliver_completions(now);
         work |= self.flush_tx();
+        // End of the iteration: no MrRef is alive, a quiescent point for MR invalidation.
+        self.mem.quiescent();
         work
     }
 

@@ -71,6 +71,8 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         max_mw: cfg.limits.max_mw,
         max_fast_reg_pages: cfg.limits.max_fast_reg_pages,
         max_mr_size: cfg.limits.max_mr_size,
+        // One epoch reader per lcore.
+        max_readers: pmrxe_abi::MAX_LCORES as u32,
         ..MemLimits::default()
     }));
     let devices: Vec<_> = ports.iter().enumerate().map(|(i, p)| {
