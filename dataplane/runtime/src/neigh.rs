@@ -9,15 +9,18 @@ pub const MAX_NEIGHBORS: usize = 1024;
 #[derive(Debug)]
 pub struct Neighbors {
     entries: Vec<(IpAddr, [u8; 6], bool)>, // (ip, mac, static)
+    /// Bumped on every change: path caches built at an older generation are rebuilt.
+    generation: u64,
 }
 
 impl Neighbors {
     /// An empty table with its capacity reserved.
     pub fn new() -> Neighbors {
-        Neighbors { entries: Vec::with_capacity(MAX_NEIGHBORS) }
+        Neighbors { entries: Vec::with_capacity(MAX_NEIGHBORS), generation: 1 }
     }
     /// A static entry (never replaced by learning).
     pub fn add_static(&mut self, ip: IpAddr, mac: [u8; 6]) {
+        self.generation += 1;
         self.entries.retain(|e| e.0 != ip);
         if self.entries.len() < MAX_NEIGHBORS {
             self.entries.push((ip, mac, true));
@@ -27,16 +30,22 @@ impl Neighbors {
     /// is replaced).
     pub fn learn(&mut self, ip: IpAddr, mac: [u8; 6]) {
         if let Some(e) = self.entries.iter_mut().find(|e| e.0 == ip) {
-            if !e.2 {
+            if !e.2 && e.1 != mac {
                 e.1 = mac;
+                self.generation += 1;
             }
             return;
         }
+        self.generation += 1;
         if self.entries.len() < MAX_NEIGHBORS {
             self.entries.push((ip, mac, false));
         } else if let Some(i) = self.entries.iter().position(|e| !e.2) {
             self.entries[i] = (ip, mac, false);
         }
+    }
+    /// Changes so far (a path cache stamped with an older value is stale).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
     /// The MAC of `ip`, if known.
     pub fn lookup(&self, ip: IpAddr) -> Option<[u8; 6]> {

@@ -61,6 +61,8 @@ counters! {
         tx_build_errors,
         /// Frames that could not be sent because no neighbour MAC is known.
         tx_no_neighbor,
+        /// Transmit passes a QP skipped, its send state held, while ARP/ND resolved its peer.
+        tx_neigh_hold,
         /// Frames the port refused (retried next iteration).
         tx_backpressure,
         /// Send WQEs taken from client rings.

@@ -200,6 +200,7 @@ fn lcore_help(k: &str) -> &'static str {
         "arp_replies" => "ARP requests answered.",
         "tx_alloc_failures" => "Transmit buffer allocation failures.",
         "tx_no_neighbor" => "Frames not sent because no neighbour MAC is known.",
+        "tx_neigh_hold" => "Transmit passes a QP was held (send state not advanced) while ARP/ND resolved its peer.",
         "tx_backpressure" => "Frames the port refused (retried next iteration).",
         "sq_wqes" => "Send WQEs taken from client rings.",
         "sq_inline_wqes" => "Send WQEs that carried their payload inline.",

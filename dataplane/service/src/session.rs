@@ -72,11 +72,15 @@ impl Shared {
     /// A fresh QPN owned by lcore `lc` (`qpn % lcores == lc`, what the hand-off routes by).
     fn qpn_for(&self, lc: usize) -> u32 {
         let n = self.lcores.len().max(1) as u32;
-        let seq = self.next_qpn.fetch_add(1, Ordering::Relaxed);
-        if n == 1 {
-            seq & 0xff_ffff
-        } else {
-            (seq.wrapping_mul(n) + lc as u32) & 0xff_ffff
+        loop {
+            let seq = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+            // 24-bit QPNs; 0 and 1 (SMI, GSI) are never handed out. Wrapping keeps
+            // `qpn % n == lc` because the top is cut to a multiple of n.
+            let top = (0x100_0000 / n) * n;
+            let qpn = (seq.wrapping_mul(n) % top) + lc as u32;
+            if qpn > 1 {
+                return qpn;
+            }
         }
     }
 }
@@ -582,14 +586,6 @@ impl Session {
             max_recv_sge: cap.max_recv_sge.max(1),
             max_inline_data: cap.max_inline_data,
         };
-        let qpn = sh.qpn_for(lc);
-        let mut qp = match Qp::new(qpn, ty, pd, caps, srq) {
-            Ok(q) => q,
-            Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
-        };
-        qp.set_sq_sig_all(sig_all);
-        // UD messages may be as large as the port's active MTU (RC/UC get theirs at RTR).
-        qp.set_port_mtu(mtu(sh.devices[device as usize].port.active_mtu));
         let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many QPs for this client"), vec![]) };
         let rq_cap = if srq.is_some() { 0 } else { caps.max_recv_wr.next_power_of_two() };
         let layout = QpSegmentLayout::new(caps.max_send_wr.next_power_of_two(), rq_cap);
@@ -606,11 +602,26 @@ impl Session {
             return (err(libc::EINVAL, "ring layout"), vec![]);
         }
         let fd = seg.fd().as_raw_fd();
-        let setup = Box::new(QpSetup { qp, client: self.id, device, seg: seg.clone(), layout, send_cq, recv_cq, db_slot: slot as u16 });
-        let r: Result<(), String> = lcore_call!(sh.lcores[lc], AddQp { setup: setup });
-        if let Err(e) = r {
-            return (err(libc::EINVAL, &e), vec![]);
-        }
+        // A QPN names its lcore and its slot in that lcore's engine; a QP still living in the
+        // slot a fresh QPN maps to (4096 creations ago) makes the lcore refuse it: take the next.
+        let mut tries = 0;
+        let qpn = loop {
+            let qpn = sh.qpn_for(lc);
+            let mut qp = match Qp::new(qpn, ty, pd, caps, srq) {
+                Ok(q) => q,
+                Err(e) => return (err(libc::EINVAL, &format!("{e:?}")), vec![]),
+            };
+            qp.set_sq_sig_all(sig_all);
+            // UD messages may be as large as the port's active MTU (RC/UC get theirs at RTR).
+            qp.set_port_mtu(mtu(sh.devices[device as usize].port.active_mtu));
+            let setup = Box::new(QpSetup { qp, client: self.id, device, seg: seg.clone(), layout, send_cq, recv_cq, db_slot: slot as u16 });
+            let r: Result<(), String> = lcore_call!(sh.lcores[lc], AddQp { setup: setup });
+            match r {
+                Ok(()) => break qpn,
+                Err(e) if e == pmrxe_transport::AddError::SlotTaken.to_string() && tries < 64 => tries += 1,
+                Err(e) => return (err(if tries > 0 { libc::ENOMEM } else { libc::EINVAL }, &e), vec![]),
+            }
+        };
         self.objs.db_used[slot] = true;
         let out_cap = QpCap { max_inline_data: caps.max_inline_data, ..cap };
         self.objs.qps.insert(qpn, QpRec { lcore: lc, init_cap: out_cap, db_slot: slot as u16 });

@@ -1,8 +1,26 @@
-//! A per-lcore container of QPs and SRQs: dispatch of parsed packets by destination QPN, a
-//! ready list so `poll_transmit` visits only QPs with work (round-robin, one packet per
-//! visit), the earliest timer across QPs, and aggregate statistics.
+//! The per-lcore container of QPs and SRQs — the one engine both production (the runtime's
+//! lcore loop) and the deterministic simulator (the A1–F8 conformance suite, the soak, the
+//! congested fabric) run.
+//!
+//! * **Slab indexed by the QPN.** A QPN encodes its owner and its slot:
+//!   `owner = qpn % lcores`, `slot = (qpn / lcores) % slots`; the higher bits act as a
+//!   generation (a reused slot gets a different QPN). Finding a QP is an index and one compare:
+//!   no hashing. Whoever allocates QPNs picks one whose slot is free ([`QpnLayout`]).
+//! * **Work lists, not scans.** A QP is on the *ready* list while it has something to send
+//!   (doorbell, received packet, expired timer put it there; round-robin, FIFO), on the
+//!   *pending* list while it holds completions or async events, and in the *timer queue* while
+//!   it has a deadline. Every operation that goes through the engine re-files the QP
+//!   ([`Engine::kick`]), so one iteration costs in proportion to the events, not to the QPs.
+//! * **Lazy timers.** The timer queue is a binary heap holding at most one live deadline per
+//!   QP (`armed`): a QP is re-armed only when its deadline moves *earlier* (an ACK moving the
+//!   retransmission deadline later costs nothing); a deadline that fires early is checked
+//!   and re-armed. Stale heap entries are skipped (QPN and armed time must match).
+//!
+//! Each QP carries an attachment `X` the embedder needs beside it (the runtime: rings, CQ
+//! indices, doorbell slot, path cache; the simulator: nothing).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use crate::cq::{CqSide, Cqe};
 use crate::memops::MemOps;
@@ -13,131 +31,501 @@ use crate::stats::QpStats;
 use crate::timers::Instant;
 use crate::wqe::{RecvWqe, SendWqe};
 
+/// How QPNs map to lcores and slab slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpnLayout {
+    /// Lcores of the service (QPNs are spread `qpn % lcores`).
+    pub lcores: u32,
+    /// Slab slots per lcore.
+    pub slots: u32,
+}
+
+impl Default for QpnLayout {
+    fn default() -> Self {
+        QpnLayout { lcores: 1, slots: DEFAULT_SLOTS }
+    }
+}
+
+/// Default slab size: QPs per lcore.
+pub const DEFAULT_SLOTS: u32 = 4096;
+
+impl QpnLayout {
+    /// The lcore owning `qpn`.
+    pub fn owner(&self, qpn: u32) -> usize {
+        (qpn % self.lcores.max(1)) as usize
+    }
+    /// The slab slot of `qpn` on its owner.
+    pub fn slot(&self, qpn: u32) -> usize {
+        ((qpn / self.lcores.max(1)) % self.slots.max(1)) as usize
+    }
+}
+
+/// Why [`Engine::add_qp`] refused a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddError {
+    /// Another live QP occupies the slot this QPN maps to.
+    SlotTaken,
+    /// The QPN belongs to another lcore.
+    WrongOwner,
+}
+
+impl core::fmt::Display for AddError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            AddError::SlotTaken => "QPN slot in use",
+            AddError::WrongOwner => "QPN owned by another lcore",
+        })
+    }
+}
+
+struct Entry<X> {
+    qp: Qp,
+    ext: X,
+    ready: bool,
+    pending: bool,
+    armed: Option<Instant>,
+}
+
 /// QPs and SRQs owned by one lcore.
-#[derive(Debug, Default)]
-pub struct Engine {
-    qps: BTreeMap<u32, Qp>,
+pub struct Engine<X = ()> {
+    layout: QpnLayout,
+    index: u32,
+    entries: Vec<Option<Box<Entry<X>>>>,
+    live: usize,
     srqs: BTreeMap<u32, Srq>,
+    /// Slots with something to send (FIFO round robin).
     ready: VecDeque<u32>,
+    /// Slots with completions or events.
+    pending: Vec<u32>,
+    /// Spare list swapped with `pending` while it is drained (no allocation).
+    pending_spare: Vec<u32>,
+    /// (deadline, slot, qpn): at most one live entry per QP, stale ones skipped.
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     /// Packets for a QPN we do not own.
     pub unknown_qpn: u64,
 }
 
-impl Engine {
-    /// An empty engine.
+impl<X> core::fmt::Debug for Engine<X> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Engine").field("layout", &self.layout).field("qps", &self.live).field("ready", &self.ready.len()).finish()
+    }
+}
+
+impl Default for Engine<()> {
+    fn default() -> Self {
+        Engine::with_layout(QpnLayout::default(), 0)
+    }
+}
+
+impl Engine<()> {
+    /// An engine for a single-lcore owner with the default slab size (the simulator's).
     pub fn new() -> Self {
         Self::default()
     }
-    /// Take ownership of a QP (keyed by its QPN).
+    /// Take ownership of a QP (the simulator's form: panics if its slot is taken, which only
+    /// a test choosing colliding QPNs can cause).
     pub fn add_qp(&mut self, qp: Qp) {
-        self.qps.insert(qp.qpn(), qp);
+        let qpn = qp.qpn();
+        if let Err(e) = self.insert(qp, ()) {
+            panic!("add_qp({qpn:#x}): {e}");
+        }
     }
-    /// Remove a QP.
+}
+
+impl<X> Engine<X> {
+    /// An empty engine for lcore `index` of `layout`. Allocates every list to its final size
+    /// here, so nothing on the per-packet path allocates.
+    pub fn with_layout(layout: QpnLayout, index: usize) -> Self {
+        let n = layout.slots.max(1) as usize;
+        Engine {
+            layout,
+            index: index as u32,
+            entries: (0..n).map(|_| None).collect(),
+            live: 0,
+            srqs: BTreeMap::new(),
+            ready: VecDeque::with_capacity(n),
+            pending: Vec::with_capacity(n),
+            pending_spare: Vec::with_capacity(n),
+            timers: BinaryHeap::with_capacity(4 * n),
+            unknown_qpn: 0,
+        }
+    }
+
+    /// The QPN layout.
+    pub fn layout(&self) -> QpnLayout {
+        self.layout
+    }
+
+    /// Number of QPs.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// No QPs?
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    fn slot_of(&self, qpn: u32) -> Option<usize> {
+        let s = self.layout.slot(qpn);
+        match &self.entries[s] {
+            Some(e) if e.qp.qpn() == qpn => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Take ownership of a QP with its attachment.
+    pub fn insert(&mut self, qp: Qp, ext: X) -> Result<(), AddError> {
+        let qpn = qp.qpn();
+        if self.layout.owner(qpn) != self.index as usize % self.layout.lcores.max(1) as usize {
+            return Err(AddError::WrongOwner);
+        }
+        let s = self.layout.slot(qpn);
+        if self.entries[s].is_some() {
+            return Err(AddError::SlotTaken);
+        }
+        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None }));
+        self.live += 1;
+        self.touch(s);
+        Ok(())
+    }
+
+    /// Remove a QP (control path: the work lists are filtered).
+    pub fn remove(&mut self, qpn: u32) -> Option<(Qp, X)> {
+        let s = self.slot_of(qpn)?;
+        let e = self.entries[s].take()?;
+        self.live -= 1;
+        let s = s as u32;
+        self.ready.retain(|&q| q != s);
+        self.pending.retain(|&q| q != s);
+        let Entry { qp, ext, .. } = *e;
+        Some((qp, ext))
+    }
+
+    /// Remove a QP, dropping its attachment.
     pub fn remove_qp(&mut self, qpn: u32) -> Option<Qp> {
-        self.ready.retain(|&q| q != qpn);
-        self.qps.remove(&qpn)
+        self.remove(qpn).map(|(q, _)| q)
     }
+
     /// Take ownership of an SRQ.
     pub fn add_srq(&mut self, srq: Srq) {
         self.srqs.insert(srq.srqn(), srq);
     }
-    /// A QP.
-    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
-        self.qps.get(&qpn)
+    /// Remove an SRQ.
+    pub fn remove_srq(&mut self, srqn: u32) -> Option<Srq> {
+        self.srqs.remove(&srqn)
     }
-    /// A QP, mutably (after changing it call [`Engine::kick`]).
-    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
-        self.qps.get_mut(&qpn)
+    /// An SRQ.
+    pub fn srq(&self, srqn: u32) -> Option<&Srq> {
+        self.srqs.get(&srqn)
     }
     /// An SRQ, mutably.
     pub fn srq_mut(&mut self, srqn: u32) -> Option<&mut Srq> {
         self.srqs.get_mut(&srqn)
     }
-    /// All QPNs.
-    pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
-        self.qps.keys().copied()
+
+    /// A QP.
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.qp)
     }
-    /// Put `qpn` on the ready list if it has something to send.
-    pub fn kick(&mut self, qpn: u32) {
-        if self.qps.get(&qpn).is_some_and(Qp::wants_transmit) && !self.ready.contains(&qpn) {
-            self.ready.push_back(qpn);
+    /// A QP, mutably (after changing it call [`Engine::kick`], or use [`Engine::with`]).
+    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
+        let s = self.slot_of(qpn)?;
+        self.entries[s].as_deref_mut().map(|e| &mut e.qp)
+    }
+    /// A QP's attachment.
+    pub fn ext(&self, qpn: u32) -> Option<&X> {
+        self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.ext)
+    }
+    /// Run `f` on a QP and its attachment, then re-file the QP on the work lists.
+    pub fn with<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut X) -> R) -> Option<R> {
+        let s = self.slot_of(qpn)?;
+        let r = self.entries[s].as_deref_mut().map(|e| f(&mut e.qp, &mut e.ext));
+        self.touch(s);
+        r
+    }
+    /// Every QP with its attachment.
+    pub fn iter(&self) -> impl Iterator<Item = (&Qp, &X)> + '_ {
+        self.entries.iter().flatten().map(|e| (&e.qp, &e.ext))
+    }
+    /// Run `f` on every QP (control path, e.g. shutdown), re-filing each.
+    pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut Qp, &mut X)) {
+        for s in 0..self.entries.len() {
+            if let Some(e) = self.entries[s].as_deref_mut() {
+                f(&mut e.qp, &mut e.ext);
+                self.touch(s);
+            }
         }
     }
+    /// All QPNs.
+    pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
+        self.entries.iter().flatten().map(|e| e.qp.qpn())
+    }
+
+    /// Re-file `qpn` on the work lists after a change made through [`Engine::qp_mut`].
+    pub fn kick(&mut self, qpn: u32) {
+        if let Some(s) = self.slot_of(qpn) {
+            self.touch(s);
+        }
+    }
+
+    /// Put slot `s` on the lists its QP now belongs to.
+    fn touch(&mut self, s: usize) {
+        self.refile(s, true);
+    }
+
+    /// [`Engine::touch`]; with `may_ready` false the QP stays off the ready list even if it
+    /// claims work: it was just polled and produced nothing (a fence, the RDMA-read credit or
+    /// the window holds it), and only an event (a packet, a timer, a post) can change that.
+    fn refile(&mut self, s: usize, may_ready: bool) {
+        let Some(e) = self.entries[s].as_deref_mut() else { return };
+        if may_ready && !e.ready && e.qp.wants_transmit() {
+            e.ready = true;
+            self.ready.push_back(s as u32);
+        }
+        if !e.pending && e.qp.has_output() {
+            e.pending = true;
+            self.pending.push(s as u32);
+        }
+        if let Some(t) = e.qp.poll_timeout() {
+            if e.armed.is_none_or(|a| t < a) {
+                e.armed = Some(t);
+                let qpn = e.qp.qpn();
+                if self.timers.len() == self.timers.capacity() {
+                    self.compact_timers();
+                }
+                self.timers.push(Reverse((t, s as u32, qpn)));
+            }
+        }
+    }
+
+    /// Rebuild the timer heap from the live deadlines (drops stale entries; rare: only when
+    /// earlier-moving deadlines filled the reserved capacity).
+    fn compact_timers(&mut self) {
+        let live: Vec<_> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(s, e)| e.as_deref().and_then(|e| e.armed.map(|t| Reverse((t, s as u32, e.qp.qpn())))))
+            .collect();
+        self.timers.clear();
+        self.timers.extend(live);
+    }
+
     /// Post a send WR to `qpn`.
     pub fn post_send(&mut self, qpn: u32, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
-        self.qps.get_mut(&qpn).ok_or(PostError::InvalidState)?.post_send(now, wqe)?;
-        self.kick(qpn);
-        Ok(())
+        let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
+        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_send(now, wqe);
+        self.touch(s);
+        r
     }
     /// Post a receive WR to `qpn`.
     pub fn post_recv(&mut self, qpn: u32, wqe: RecvWqe) -> Result<(), PostError> {
-        self.qps.get_mut(&qpn).ok_or(PostError::InvalidState)?.post_recv(wqe)
+        let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
+        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_recv(wqe);
+        self.touch(s);
+        r
     }
+
     /// Dispatch a parsed packet by its destination QPN.
     pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) {
         let qpn = pkt.hdr.bth.dest_qp.value();
-        let Some(qp) = self.qps.get_mut(&qpn) else {
+        let Some(s) = self.slot_of(qpn) else {
             self.unknown_qpn += 1;
             return;
         };
-        let srq = qp.srq().and_then(|n| self.srqs.get_mut(&n));
-        qp.handle_packet(now, pkt, mem, srq);
-        self.kick(qpn);
+        if let Some(e) = self.entries[s].as_deref_mut() {
+            let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
+            e.qp.handle_packet(now, pkt, mem, srq);
+        }
+        self.touch(s);
     }
+
     /// A CNP for `qpn` arrived (reaction point; see [`Qp::handle_cnp`]).
     pub fn handle_cnp(&mut self, now: Instant, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else {
+        let Some(s) = self.slot_of(qpn) else {
             self.unknown_qpn += 1;
             return;
         };
-        qp.handle_cnp(now);
-        self.kick(qpn);
-    }
-    /// Service expired timers of every QP.
-    pub fn handle_timeout<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M) {
-        let due: Vec<u32> = self.qps.iter().filter(|(_, q)| q.poll_timeout().is_some_and(|t| t <= now)).map(|(&n, _)| n).collect();
-        for n in due {
-            if let Some(q) = self.qps.get_mut(&n) {
-                q.handle_timeout(now, mem);
-            }
-            self.kick(n);
+        if let Some(e) = self.entries[s].as_deref_mut() {
+            e.qp.handle_cnp(now);
         }
+        self.touch(s);
     }
-    /// Next packet from any ready QP (round-robin).
+
+    /// Service the timers that expired by `now`; returns whether any QP had one.
+    pub fn handle_timeout<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M) -> bool {
+        let mut any = false;
+        while let Some(&Reverse((t, s, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
+            if e.qp.qpn() != qpn || e.armed != Some(t) {
+                continue; // stale
+            }
+            e.armed = None;
+            if e.qp.poll_timeout().is_some_and(|d| d <= now) {
+                e.qp.handle_timeout(now, mem);
+                any = true;
+            }
+            self.touch(s as usize);
+        }
+        any
+    }
+
+    /// The earliest armed deadline (possibly one that will turn out stale: never later than
+    /// the real one).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|r| r.0 .0)
+    }
+
+    /// Next packet from any ready QP (round-robin, one packet per visit).
     pub fn poll_transmit<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
-        while let Some(qpn) = self.ready.pop_front() {
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
-            if let Some(t) = qp.poll_transmit(now, mem, buf) {
-                if qp.wants_transmit() {
-                    self.ready.push_back(qpn);
-                }
-                return Some(t);
+        while let Some(s) = self.ready.pop_front() {
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
+            e.ready = false;
+            let t = e.qp.poll_transmit(now, mem, buf);
+            self.refile(s as usize, t.is_some());
+            if t.is_some() {
+                return t;
             }
         }
         None
     }
-    /// Earliest timer across QPs.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(Qp::poll_timeout).min()
+
+    /// Take the next ready QP for the embedder's own transmit loop: it sends through
+    /// [`Engine::entry`] and then calls [`Engine::requeue`] (back of the list if it still
+    /// wants to send) or [`Engine::defer`] (front: its port was full).
+    pub fn pop_ready(&mut self) -> Option<u32> {
+        while let Some(s) = self.ready.pop_front() {
+            if let Some(e) = self.entries[s as usize].as_deref_mut() {
+                e.ready = false;
+                return Some(s);
+            }
+        }
+        None
     }
-    /// Next completion of any QP.
+    /// Number of QPs on the ready list.
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+    /// A slot's QP and attachment (slots come from [`Engine::pop_ready`]).
+    pub fn entry(&mut self, slot: u32) -> Option<(&mut Qp, &mut X)> {
+        self.entries.get_mut(slot as usize)?.as_deref_mut().map(|e| (&mut e.qp, &mut e.ext))
+    }
+    /// A popped slot goes back on the lists it belongs to (ready at the back). `progressed`:
+    /// the QP produced a packet or was cut short by the embedder (no buffer); false when its
+    /// `poll_transmit` had nothing, which keeps it off the ready list until an event.
+    pub fn requeue(&mut self, slot: u32, progressed: bool) {
+        self.refile(slot as usize, progressed);
+    }
+    /// A popped slot goes back to the front of the ready list (it was not served).
+    pub fn defer(&mut self, slot: u32) {
+        if let Some(e) = self.entries.get_mut(slot as usize).and_then(|e| e.as_deref_mut()) {
+            if !e.ready {
+                e.ready = true;
+                self.ready.push_front(slot);
+            }
+        }
+    }
+
+    /// Visit every QP holding completions or async events; `f` returns true to keep the QP
+    /// on the pending list (e.g. its CQ is full) for the next call.
+    pub fn drain_pending(&mut self, mut f: impl FnMut(&mut Qp, &mut X) -> bool) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
+        let mut list = core::mem::take(&mut self.pending);
+        core::mem::swap(&mut self.pending, &mut self.pending_spare);
+        for &s in &list {
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
+            e.pending = false;
+            let keep = f(&mut e.qp, &mut e.ext);
+            if keep || e.qp.has_output() {
+                e.pending = true;
+                self.pending.push(s);
+            }
+            // Consuming completions can let a QP send (e.g. SQ space) or change its timers.
+            self.touch(s as usize);
+        }
+        list.clear();
+        self.pending_spare = list;
+        true
+    }
+
+    /// Next completion of any QP (the simulator's interface; the runtime uses
+    /// [`Engine::drain_pending`]).
     pub fn poll_completion(&mut self) -> Option<(u32, CqSide, Cqe)> {
-        self.qps.iter_mut().find_map(|(&n, q)| q.poll_completion().map(|(s, c)| (n, s, c)))
+        let mut i = 0;
+        while i < self.pending.len() {
+            let s = self.pending[i] as usize;
+            if let Some(e) = self.entries[s].as_deref_mut() {
+                if let Some((side, c)) = e.qp.poll_completion() {
+                    return Some((e.qp.qpn(), side, c));
+                }
+                if e.qp.has_output() {
+                    i += 1;
+                    continue;
+                }
+                e.pending = false;
+            }
+            self.pending.remove(i);
+        }
+        None
     }
+
     /// Next async event of any QP.
     pub fn poll_event(&mut self) -> Option<(u32, AsyncEvent)> {
-        self.qps.iter_mut().find_map(|(&n, q)| q.poll_event().map(|e| (n, e)))
+        for &s in &self.pending {
+            if let Some(e) = self.entries[s as usize].as_deref_mut() {
+                if let Some(ev) = e.qp.poll_event() {
+                    return Some((e.qp.qpn(), ev));
+                }
+            }
+        }
+        None
     }
+
     /// Is any QP ready to send?
     pub fn has_ready(&self) -> bool {
         !self.ready.is_empty()
     }
+
     /// Sum of all QP counters.
     pub fn stats(&self) -> QpStats {
         let mut s = QpStats::default();
-        for q in self.qps.values() {
-            s.add(q.stats());
+        for e in self.entries.iter().flatten() {
+            s.add(e.qp.stats());
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qp::{QpCaps, QpType};
+
+    fn qp(qpn: u32) -> Qp {
+        let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        Qp::new(qpn, QpType::Rc, 1, caps, None).unwrap()
+    }
+
+    #[test]
+    fn slab_slots_follow_the_qpn_layout() {
+        let layout = QpnLayout { lcores: 3, slots: 8 };
+        let mut e: Engine<u8> = Engine::with_layout(layout, 1);
+        // qpn 4: owner 1, slot 1. qpn 28 = 4 + 3*8: same owner, same slot, another generation.
+        e.insert(qp(4), 7).unwrap();
+        assert_eq!(e.insert(qp(28), 8), Err(AddError::SlotTaken));
+        assert_eq!(e.insert(qp(5), 9), Err(AddError::WrongOwner));
+        assert!(e.qp(28).is_none(), "a QPN of another generation does not find the slot's QP");
+        assert_eq!(e.ext(4), Some(&7));
+        assert_eq!(e.remove(4).map(|(_, x)| x), Some(7));
+        e.insert(qp(28), 8).unwrap();
+        assert_eq!(e.qpns().collect::<Vec<_>>(), vec![28]);
+        assert!(e.qp(4).is_none());
     }
 }

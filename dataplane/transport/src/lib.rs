@@ -53,7 +53,7 @@ pub mod stats;
 pub mod timers;
 pub mod wqe;
 
-pub use engine::Engine;
+pub use engine::{AddError, Engine, QpnLayout};
 pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};

@@ -898,6 +898,12 @@ impl Qp {
         self.cqes.pop_front()
     }
 
+    /// Are completions or asynchronous events waiting to be polled?
+    #[must_use]
+    pub fn has_output(&self) -> bool {
+        !self.cqes.is_empty() || !self.events.is_empty()
+    }
+
     /// Next asynchronous event.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
@@ -1022,6 +1028,21 @@ impl Qp {
             return Some(t);
         }
         self.poll_request(now, mem, buf)
+    }
+
+    /// The address vector and destination QPN of the packet `poll_transmit` would write next
+    /// (the runtime resolves the path before the QP's send state advances). `None` when the
+    /// next WQE is a local operation or there is nothing to send.
+    pub fn next_path(&self) -> Option<(AddressVector, u32)> {
+        let connected = (self.attr.ah_attr, self.attr.dest_qp_num);
+        if self.resp.has_output() || self.cnp_pending {
+            return Some(connected);
+        }
+        if self.qp_type == QpType::Ud {
+            let i = self.req.net_cursor;
+            return if i < self.sq_end() { self.entry(i).wqe.ud.map(|u| (u.av, u.remote_qpn)) } else { None };
+        }
+        Some(connected)
     }
 
     /// Does this QP have something to send right now (responder output or requester work)?
