@@ -6,8 +6,9 @@
 use crate::ring::{ring_bytes, Pod};
 use crate::sync::{AtomicU32, AtomicU64};
 
-/// Protocol/ABI version; the control handshake refuses a mismatch.
-pub const ABI_VERSION: u32 = 2;
+/// Protocol/ABI version; the control handshake refuses a mismatch. (3: one padded doorbell
+/// row per lcore, 64 lcores.)
+pub const ABI_VERSION: u32 = 3;
 
 /// Maximum scatter/gather entries in a send WQE.
 pub const MAX_SEND_SGE: usize = 16;
@@ -17,8 +18,9 @@ pub const MAX_RECV_SGE: usize = 8;
 pub const WQE_DATA_BYTES: usize = MAX_SEND_SGE * 16;
 /// Maximum inline data in a send WQE.
 pub const MAX_INLINE_DATA: usize = WQE_DATA_BYTES;
-/// Maximum lcores a client page has doorbell bitmaps for.
-pub const MAX_LCORES: usize = 4;
+/// Maximum poll-mode lcores of a service: a client page has one doorbell row per lcore (the
+/// config refuses more lcores; a port has at most 64 queue pairs, one per lcore).
+pub const MAX_LCORES: usize = 64;
 /// Doorbell bitmap words per lcore (64 bits each): doorbell slots per lcore per client.
 pub const DOORBELL_WORDS: usize = 32;
 /// Doorbell slots per lcore per client.
@@ -250,10 +252,22 @@ impl SrqSegmentLayout {
     }
 }
 
-/// The per-client page: doorbells. The client sets bit `slot` of `doorbell[lcore]` (a
+/// The doorbells of one client for one lcore. The summary word has a cache line of its own: it
+/// is what the lcore polls every iteration, and no other lcore's row shares its line.
+#[repr(C, align(64))]
+pub struct DoorbellRow {
+    /// Bit `w` set = doorbell word `w` may be non-zero: one load tells the lcore whether this
+    /// client rang anything at all.
+    pub summary: AtomicU64,
+    pub _pad: [u64; 7],
+    /// Bit `slot % 64` of word `slot / 64`: a queue with doorbell `slot` has new WQEs.
+    pub words: [AtomicU64; DOORBELL_WORDS],
+}
+
+/// The per-client page: doorbells. The client sets bit `slot` of lcore `lcore`'s row (a
 /// `fetch_or` with release ordering) after publishing WQEs on an SQ, RQ or SRQ; the owning
 /// lcore swaps each non-zero word to 0 and services exactly those queues, so an idle lcore
-/// never scans every QP.
+/// never scans every QP. One row per possible lcore ([`MAX_LCORES`]).
 #[repr(C, align(64))]
 pub struct ClientPage {
     pub magic: u32,
@@ -262,16 +276,14 @@ pub struct ClientPage {
     /// posting into a dead service).
     pub service_down: AtomicU32,
     pub _pad: [u32; 13],
-    pub doorbell: [[AtomicU64; DOORBELL_WORDS]; MAX_LCORES],
-    /// Per lcore, bit `w` set = doorbell word `w` may be non-zero: one load tells an lcore
-    /// whether this client rang anything at all.
-    pub summary: [AtomicU64; MAX_LCORES],
+    pub rows: [DoorbellRow; MAX_LCORES],
 }
 
 /// Magic of a [`ClientPage`] ("PMRC").
 pub const CLIENT_PAGE_MAGIC: u32 = 0x504d_5243;
-/// Size of the client page segment.
-pub const CLIENT_PAGE_LEN: u64 = 4096;
+/// Size of the client page segment (page rounded).
+pub const CLIENT_PAGE_LEN: u64 = (core::mem::size_of::<ClientPage>() as u64 + 4095) & !4095;
+const _: () = assert!(core::mem::size_of::<DoorbellRow>() == 64 + 8 * DOORBELL_WORDS);
 const _: () = assert!(core::mem::size_of::<ClientPage>() <= CLIENT_PAGE_LEN as usize);
 
 /// Where a queue's doorbell is: lcore index and bit slot.
@@ -282,14 +294,25 @@ pub struct Doorbell {
 }
 
 impl ClientPage {
-    /// Ring a doorbell (client side).
+    /// Lcore `lcore`'s doorbell row (lcore side; `lcore < MAX_LCORES`, which the config
+    /// guarantees).
+    #[inline]
+    pub fn row(&self, lcore: usize) -> &DoorbellRow {
+        &self.rows[lcore]
+    }
+
+    /// Ring a doorbell (client side). The service hands out doorbells of its lcores only
+    /// (`lcore < MAX_LCORES`); anything else rings nothing.
     pub fn ring(&self, db: Doorbell) {
-        let lc = db.lcore as usize % MAX_LCORES;
+        let Some(row) = self.rows.get(db.lcore as usize) else {
+            debug_assert!(false, "doorbell of lcore {} >= MAX_LCORES", db.lcore);
+            return;
+        };
         let slot = db.slot as usize % DOORBELL_SLOTS;
-        self.doorbell[lc][slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
+        row.words[slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
         // After the doorbell bit: an lcore that clears the summary and then reads the word
         // sees the bit, or sees the summary bit again on its next pass.
-        self.summary[lc].fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
+        row.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
     }
 }
 
@@ -300,6 +323,7 @@ fn page_round(n: u64) -> u64 {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::sync::Ordering;
 
     #[test]
     fn sge_accessors_round_trip() {
@@ -310,6 +334,32 @@ mod tests {
         for i in 0..MAX_SEND_SGE {
             assert_eq!(w.sge(i), ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
         }
+    }
+
+    /// Issue 15: with `MAX_LCORES = 4` the doorbells of lcore k and k + 4 landed in the same
+    /// words (`lcore % 4`), so lcore k + 4 never saw its queues' doorbells. Every lcore now has
+    /// its own row.
+    #[test]
+    fn every_lcore_has_its_own_doorbell_row() {
+        // SAFETY: all-zero bytes are a valid ClientPage (integers and atomics), as the
+        // service's fresh zeroed segment is.
+        let page: Box<ClientPage> = unsafe { Box::new_zeroed().assume_init() };
+        assert_eq!(CLIENT_PAGE_LEN % 4096, 0);
+        assert!(core::mem::size_of::<ClientPage>() as u64 <= CLIENT_PAGE_LEN);
+        for lc in [0usize, 3, 4, 5, 8, 63] {
+            page.ring(Doorbell { lcore: lc as u16, slot: 130 });
+        }
+        for lc in 0..MAX_LCORES {
+            let rung = [0, 3, 4, 5, 8, 63].contains(&lc);
+            let row = page.row(lc);
+            let (s, w) = (row.summary.load(Ordering::Relaxed), row.words[2].load(Ordering::Relaxed));
+            assert_eq!((s, w), if rung { (1 << 2, 1 << 2) } else { (0, 0) }, "lcore {lc}");
+            assert!(row.words.iter().enumerate().all(|(i, x)| i == 2 || x.load(Ordering::Relaxed) == 0));
+        }
+        // Summaries of different lcores never share a cache line.
+        let a = &page.row(0).summary as *const _ as usize;
+        let b = &page.row(1).summary as *const _ as usize;
+        assert!(b - a >= 64 && a.is_multiple_of(64) && b.is_multiple_of(64));
     }
 
     #[test]

@@ -164,11 +164,18 @@ pub struct LcoreConfig {
     /// Permit a poll-mode lcore on the main core (small machines: then use idle back-off, or the
     /// control thread starves). Default false.
     pub allow_main_core: bool,
+    /// Permit several poll-mode lcores on one CPU (tests of many lcores on a small machine;
+    /// only with idle back-off, or they starve each other). Default false.
+    pub allow_shared_cores: bool,
 }
+
+/// Most poll-mode lcores a service runs: a client page has one doorbell row per lcore
+/// (`pmrxe_abi::MAX_LCORES`, asserted equal in the service) and a port at most 64 queue pairs.
+pub const MAX_LCORES: usize = 64;
 
 impl Default for LcoreConfig {
     fn default() -> Self {
-        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false }
+        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false, allow_shared_cores: false }
     }
 }
 

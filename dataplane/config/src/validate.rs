@@ -123,6 +123,15 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     if lc.cores.is_empty() {
         return Err(inv("lcores.cores", "must list at least one CPU id"));
     }
+    if lc.cores.len() > crate::MAX_LCORES {
+        return Err(inv(
+            "lcores.cores",
+            format!("{} lcores listed; pmrxe runs at most {} (one doorbell row per lcore in each client page)", lc.cores.len(), crate::MAX_LCORES),
+        ));
+    }
+    if lc.allow_shared_cores && cfg.service.idle.mode == crate::IdleMode::Busy {
+        return Err(inv("lcores.allow_shared_cores", "lcores sharing a CPU need idle back-off (service.idle.mode = \"backoff\"); busy-polling lcores would starve each other"));
+    }
     let mut seen = HashSet::new();
     for (i, &c) in lc.cores.iter().enumerate() {
         if c >= sys.cpus {
@@ -131,8 +140,8 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                 format!("CPU {c} does not exist (this machine has CPUs 0..{})", sys.cpus - 1),
             ));
         }
-        if !seen.insert(c) {
-            return Err(inv(format!("lcores.cores[{i}]"), format!("CPU {c} listed twice")));
+        if !seen.insert(c) && !lc.allow_shared_cores {
+            return Err(inv(format!("lcores.cores[{i}]"), format!("CPU {c} listed twice (set lcores.allow_shared_cores to run several lcores on one CPU)")));
         }
         if c == lc.main_core && !lc.allow_main_core {
             return Err(inv(

@@ -197,6 +197,24 @@ fn lcore_beyond_cpu_count() {
     assert!(s.starts_with("config error: lcores.main_core: CPU 5 does not exist"), "{s}");
 }
 
+/// Issue 15: more lcores than a client page has doorbell rows for is a config error, not a
+/// service whose doorbells fold onto each other.
+#[test]
+fn lcores_at_most_max_and_shared_cpus_need_the_flag_and_backoff() {
+    let many = |n: usize| format!("cores = [{}]", vec!["1"; n].join(", "));
+    let shared = |n: usize| loopback_with("cores = [1]", &format!("{}\nallow_shared_cores = true", many(n)));
+    let s = err(&shared(pmrxe_config::MAX_LCORES + 1));
+    assert_eq!(s, format!("config error: lcores.cores: {} lcores listed; pmrxe runs at most 64 (one doorbell row per lcore in each client page)", pmrxe_config::MAX_LCORES + 1));
+    let c = Config::parse_with(&shared(pmrxe_config::MAX_LCORES), &sys()).unwrap();
+    assert_eq!(c.lcores.cores.len(), 64);
+    // Without the flag a CPU listed twice is refused, naming the flag.
+    let s = err(&loopback_with("cores = [1]", &many(2)));
+    assert_eq!(s, "config error: lcores.cores[1]: CPU 1 listed twice (set lcores.allow_shared_cores to run several lcores on one CPU)");
+    // Shared CPUs with busy polling would starve each other.
+    let s = err(&shared(8).replace("mode = \"backoff\"", "mode = \"busy\""));
+    assert!(s.starts_with("config error: lcores.allow_shared_cores: lcores sharing a CPU need idle back-off"), "{s}");
+}
+
 #[test]
 fn faults_range() {
     let s = err(&format!("{DEFAULT_LOOPBACK}\n[faults]\nloss = 1.5\n"));

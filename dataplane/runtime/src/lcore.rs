@@ -1031,8 +1031,8 @@ impl<L: Link> Lcore<L> {
         self.work.clear();
         for c in &self.clients {
             let page = c.page();
-            let row = self.index % pmrxe_abi::MAX_LCORES;
-            let summary = &page.summary[row];
+            let row = page.row(self.index);
+            let summary = &row.summary;
             if summary.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -1040,7 +1040,7 @@ impl<L: Link> Lcore<L> {
             while words != 0 {
                 let w = words.trailing_zeros() as usize;
                 words &= words - 1;
-                let word = &page.doorbell[row][w];
+                let word = &row.words[w];
                 let mut bits = word.swap(0, Ordering::Acquire);
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;

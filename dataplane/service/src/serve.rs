@@ -17,6 +17,9 @@ use pmrxe_runtime::dpdk::DpdkLink;
 use crate::session::{self, Shared};
 use crate::stats::{Capture, CaptureTap, FaultSource, ServiceStats};
 
+// The config refuses more lcores than a client page has doorbell rows for.
+const _: () = assert!(pmrxe_config::MAX_LCORES == pmrxe_abi::MAX_LCORES);
+
 /// Why the service could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
