@@ -32,7 +32,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Instant, Qp, QpAttr, QpType, RxPacket, Srq, SrqAttr};
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -149,8 +149,8 @@ pub enum Cmd {
 /// Doorbell slot values with this bit name an SRQ, not a QP.
 const SRQ_SLOT: u32 = 0x8000_0000;
 
+/// What the lcore keeps beside an SRQ the engine owns.
 struct SrqSlot {
-    srq: Srq,
     client: u32,
     _seg: Arc<Segment>,
     ring: Consumer<ShmRecvWqe>,
@@ -158,22 +158,49 @@ struct SrqSlot {
     backlog: bool,
 }
 
+/// What the lcore keeps beside each QP of its engine (the engine's attachment).
 struct QpSlot {
-    qp: Qp,
     client: u32,
     dev: usize,
     _seg: Arc<Segment>,
     sq: Consumer<ShmSendWqe>,
     rq: Option<Consumer<ShmRecvWqe>>,
-    send_cq: u32,
-    recv_cq: u32,
+    /// Index of the send CQ in `Lcore::cqs`.
+    send_cq: usize,
+    /// Index of the receive CQ in `Lcore::cqs`.
+    recv_cq: usize,
     stash: Option<(CqSide, Cqe)>,
     is_ud: bool,
     /// WQEs are waiting in a ring because the engine queue was full.
     backlog: bool,
+    /// On `Lcore::backlog` (listed once).
+    backlog_listed: bool,
+    /// Eth/IP/UDP addressing of the last path this QP sent on.
+    path: Option<PathCache>,
+    /// Since when the QP's next packet has been held for an unresolved neighbour.
+    hold_since: Option<Instant>,
 }
 
+/// A QP's resolved path: valid while the address vector, destination QPN and the neighbour
+/// table's generation are unchanged (RC/UC: set at RTR, so one resolution per connection).
+#[derive(Clone, Copy)]
+struct PathCache {
+    av: AddressVector,
+    dest_qpn: u32,
+    neigh_gen: u64,
+    l3: wire::L3Info,
+    /// The destination is one of this port's own addresses: loop back inside the device.
+    local: bool,
+}
+
+/// How long a QP's send state is held while ARP/ND resolves its next hop; after that the
+/// packet is built and dropped (counted `tx_no_neighbor`) and the transport's own timeouts
+/// decide, so a peer that never answers cannot hang a WR.
+const NEIGH_HOLD_NS: u64 = 50_000_000;
+
 struct CqSlot {
+    /// The CQ's handle (what events name).
+    handle: u32,
     client: u32,
     seg: Arc<Segment>,
     ring: Producer<ShmCqe>,
@@ -301,11 +328,14 @@ pub struct Lcore<L: Link> {
     /// through; `poll_once` ends with its quiescent point.
     mem: Box<Reader>,
     cmds: Receiver<Cmd>,
-    qps: Vec<Option<QpSlot>>,
-    qpn_to_slot: HashMap<u32, usize>,
-    cqs: HashMap<u32, CqSlot>,
-    /// CQs with staged, unpublished completions (each listed once: `CqSlot::fresh`).
-    dirty_cqs: Vec<u32>,
+    /// The transport engine: every QP and SRQ of this lcore, with the work lists.
+    engine: Engine<QpSlot>,
+    /// CQs by index (QPs refer to theirs by index: no lookup per completion).
+    cqs: Vec<Option<CqSlot>>,
+    /// CQ handle → index (control path only).
+    cq_index: HashMap<u32, usize>,
+    /// CQs with staged, unpublished completions (indices; each listed once: `CqSlot::fresh`).
+    dirty_cqs: Vec<usize>,
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
     ahs: HashMap<u32, AddressVector>,
@@ -319,10 +349,16 @@ pub struct Lcore<L: Link> {
     grave: Sender<Box<dyn Send>>,
     handoff: Option<Arc<Handoff<L::Buf>>>,
     last_solicit: Instant,
-    /// Reserved scratch: QP slots that need service this iteration.
-    work: Vec<usize>,
-    /// QP slot the next transmit pass starts at (round robin over a congested port).
-    tx_next: usize,
+    /// Reserved scratch: QPNs whose doorbell rang this iteration.
+    work: Vec<u32>,
+    /// QPNs with WQEs left in their rings because the engine's queue was full.
+    backlog: Vec<u32>,
+    /// Reserved scratch: ready QPs whose port was full this pass (served first next time).
+    deferred: Vec<u32>,
+    /// QPNs holding their next packet until a neighbour resolves.
+    neigh_wait: Vec<u32>,
+    /// Neighbour-table generation `neigh_wait` was last re-examined at, and when.
+    neigh_wait_seen: (u64, Instant),
     /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
     gsi: Option<Arc<GsiPipe>>,
     /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
@@ -364,9 +400,9 @@ impl<L: Link> Lcore<L> {
             ports,
             mem: Box::new(mem.reader().expect("more lcores than MemLimits::max_readers")),
             cmds: rx,
-            qps: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            qpn_to_slot: HashMap::with_capacity(MAX_QPS_PER_LCORE),
-            cqs: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            engine: Engine::with_layout(QpnLayout { lcores: 1, slots: MAX_QPS_PER_LCORE as u32 }, 0),
+            cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            cq_index: HashMap::with_capacity(MAX_QPS_PER_LCORE),
             dirty_cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
@@ -381,8 +417,11 @@ impl<L: Link> Lcore<L> {
             grave,
             handoff: None,
             last_solicit: Instant(0),
-            tx_next: 0,
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            deferred: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            neigh_wait: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            neigh_wait_seen: (0, Instant(0)),
             gsi: None,
             gsi_psn: 0,
         };
@@ -393,6 +432,8 @@ impl<L: Link> Lcore<L> {
     /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over
     /// through `h`. Must be called before `run`.
     pub fn set_handoff(&mut self, h: Arc<Handoff<L::Buf>>) {
+        // QPNs of this lcore are `qpn % lcores == index`; the engine's slab follows.
+        self.engine = Engine::with_layout(qpn_layout(h.lcores()), self.index);
         self.handoff = Some(h);
     }
 
@@ -426,9 +467,7 @@ impl<L: Link> Lcore<L> {
         }
         // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
         let now = self.clock.now();
-        for slot in self.qps.iter_mut().flatten() {
-            fatal(&mut slot.qp);
-        }
+        self.engine.for_each_mut(|qp, _| fatal(qp));
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
@@ -451,7 +490,7 @@ impl<L: Link> Lcore<L> {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.qps.iter().flatten().filter_map(|s| s.qp.poll_timeout()).min()
+        self.engine.poll_timeout()
     }
 
     // ---- control ------------------------------------------------------------------------
@@ -476,20 +515,20 @@ impl<L: Link> Lcore<L> {
                 self.clients.push(ClientSlot { id: client, page, events, events_fd, slots: vec![0; DOORBELL_SLOTS] });
             }
             Cmd::RemoveClient { client, done } => {
-                let qpns: Vec<u32> = self.qps.iter().flatten().filter(|s| s.client == client).map(|s| s.qp.qpn()).collect();
+                let qpns: Vec<u32> = self.engine.iter().filter(|(_, s)| s.client == client).map(|(q, _)| q.qpn()).collect();
                 for q in qpns {
                     self.remove_qp(q);
                 }
-                let cqs: Vec<u32> = self.cqs.iter().filter(|(_, c)| c.client == client).map(|(k, _)| *k).collect();
+                let cqs: Vec<u32> = self.cq_index.iter().filter(|(_, &i)| self.cqs[i].as_ref().is_some_and(|c| c.client == client)).map(|(k, _)| *k).collect();
                 for k in cqs {
-                    if let Some(c) = self.cqs.remove(&k) {
+                    if let Some(c) = self.cq_index.remove(&k).and_then(|i| self.cqs[i].take()) {
                         let _ = self.grave.send(Box::new(c));
                     }
                 }
                 let srqs: Vec<u32> = self.srqs.iter().filter(|(_, x)| x.client == client).map(|(k, _)| *k).collect();
                 for k in srqs {
                     if let Some(x) = self.srqs.remove(&k) {
-                        let _ = self.grave.send(Box::new(x));
+                        let _ = self.grave.send(Box::new((x, self.engine.remove_srq(k))));
                     }
                 }
                 if let Some(i) = self.clients.iter().position(|c| c.id == client) {
@@ -506,16 +545,29 @@ impl<L: Link> Lcore<L> {
                 };
                 let r = ring.map(|ring| {
                     let notify = seg.as_ptr() as *const CqNotify;
-                    self.cqs.insert(cq, CqSlot { client, seg, ring, notify, channel, fresh: false, refs: 0 });
+                    let slot = CqSlot { handle: cq, client, seg, ring, notify, channel, fresh: false, refs: 0 };
+                    let i = match self.cqs.iter().position(Option::is_none) {
+                        Some(i) => {
+                            self.cqs[i] = Some(slot);
+                            i
+                        }
+                        None => {
+                            self.cqs.push(Some(slot));
+                            self.cqs.len() - 1
+                        }
+                    };
+                    if let Some(old) = self.cq_index.insert(cq, i).and_then(|o| self.cqs[o].take()) {
+                        let _ = self.grave.send(Box::new(old));
+                    }
                 });
                 let _ = done.send(r.map_err(|e| e.to_string()));
             }
             Cmd::RemoveCq { cq, done } => {
-                let r = match self.cqs.get(&cq) {
+                let r = match self.cq_index.get(&cq).and_then(|&i| self.cqs[i].as_ref()) {
                     None => Err(libc::EINVAL),
                     Some(c) if c.refs > 0 => Err(libc::EBUSY),
                     Some(_) => {
-                        if let Some(c) = self.cqs.remove(&cq) {
+                        if let Some(c) = self.cq_index.remove(&cq).and_then(|i| self.cqs[i].take()) {
                             let _ = self.grave.send(Box::new(c));
                         }
                         Ok(())
@@ -532,7 +584,7 @@ impl<L: Link> Lcore<L> {
                 self.flush_tx();
                 self.receive(now);
                 self.deliver_completions(now);
-                let r = match self.cqs.get_mut(&cq) {
+                let r = match self.cq_index.get(&cq).and_then(|&i| self.cqs[i].as_mut()) {
                     None => Err(libc::EINVAL),
                     Some(c) => {
                         let cap = c.ring.capacity();
@@ -550,20 +602,20 @@ impl<L: Link> Lcore<L> {
                 let _ = done.send(self.add_qp(*setup));
             }
             Cmd::ModifyQp { qpn, attr, mask, done } => {
-                let r = match self.qpn_to_slot.get(&qpn).and_then(|&i| self.qps[i].as_mut()) {
-                    None => Err(libc::EINVAL),
-                    Some(s) => {
-                        let r = s.qp.modify(&attr, mask).map_err(|_| libc::EINVAL);
+                let r = self
+                    .engine
+                    .with(qpn, |qp, s| {
+                        let r = qp.modify(&attr, mask).map_err(|_| libc::EINVAL);
                         if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
                             s.reset_rings();
                         }
                         r
-                    }
-                };
+                    })
+                    .unwrap_or(Err(libc::EINVAL));
                 let _ = done.send(r);
             }
             Cmd::QueryQp { qpn, done } => {
-                let a = self.qpn_to_slot.get(&qpn).and_then(|&i| self.qps[i].as_ref()).map(|s| s.qp.query());
+                let a = self.engine.qp(qpn).map(Qp::query);
                 let _ = done.send(a);
             }
             Cmd::DestroyQp { qpn, done } => {
@@ -587,17 +639,18 @@ impl<L: Link> Lcore<L> {
                     let ring = unsafe { Consumer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), layout.capacity) }.map_err(|e| e.to_string())?;
                     let srqn = srq.srqn();
                     self.clients[ci].slots[db_slot as usize] = SRQ_SLOT | srqn;
-                    self.srqs.insert(srqn, SrqSlot { srq: *srq, client, _seg: seg, ring, refs: 0, backlog: false });
+                    self.engine.add_srq(*srq);
+                    self.srqs.insert(srqn, SrqSlot { client, _seg: seg, ring, refs: 0, backlog: false });
                     Ok(())
                 })();
                 let _ = done.send(r);
             }
             Cmd::ModifySrq { srqn, attr, arm, done } => {
-                let r = match self.srqs.get_mut(&srqn) {
+                let r = match self.engine.srq_mut(srqn) {
                     None => Err(libc::EINVAL),
                     Some(s) => {
                         if arm {
-                            s.srq.arm_limit(attr.srq_limit);
+                            s.arm_limit(attr.srq_limit);
                         }
                         Ok(())
                     }
@@ -605,7 +658,7 @@ impl<L: Link> Lcore<L> {
                 let _ = done.send(r);
             }
             Cmd::QuerySrq { srqn, done } => {
-                let _ = done.send(self.srqs.get(&srqn).map(|s| s.srq.query()));
+                let _ = done.send(self.engine.srq(srqn).map(Srq::query));
             }
             Cmd::RemoveSrq { srqn, done } => {
                 let r = match self.srqs.get(&srqn) {
@@ -614,7 +667,7 @@ impl<L: Link> Lcore<L> {
                     Some(s) => {
                         let client = s.client;
                         if let Some(x) = self.srqs.remove(&srqn) {
-                            let _ = self.grave.send(Box::new(x));
+                            let _ = self.grave.send(Box::new((x, self.engine.remove_srq(srqn))));
                         }
                         if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
                             for v in c.slots.iter_mut().filter(|v| **v == SRQ_SLOT | srqn) {
@@ -627,7 +680,7 @@ impl<L: Link> Lcore<L> {
                 let _ = done.send(r);
             }
             Cmd::QpStats { done } => {
-                let v = self.qps.iter().flatten().map(|s| (s.qp.qpn(), s.qp.stats().clone())).collect();
+                let v = self.engine.iter().map(|(q, _)| (q.qpn(), q.stats().clone())).collect();
                 let _ = done.send(v);
             }
         }
@@ -635,9 +688,9 @@ impl<L: Link> Lcore<L> {
 
     fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
         let dev = self.ports.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
-        if !self.cqs.contains_key(&s.send_cq) || !self.cqs.contains_key(&s.recv_cq) {
+        let (Some(&send_cq), Some(&recv_cq)) = (self.cq_index.get(&s.send_cq), self.cq_index.get(&s.recv_cq)) else {
             return Err("unknown CQ".into());
-        }
+        };
         let ci = self.clients.iter().position(|c| c.id == s.client).ok_or("unknown client")?;
         if s.db_slot as usize >= DOORBELL_SLOTS || self.clients[ci].slots[s.db_slot as usize] != 0 {
             return Err("doorbell slot in use".into());
@@ -655,28 +708,35 @@ impl<L: Link> Lcore<L> {
             None
         };
         if let Some(srqn) = s.qp.srq() {
-            match self.srqs.get_mut(&srqn) {
-                Some(x) => x.refs += 1,
-                None => return Err("unknown SRQ".into()),
+            if !self.srqs.contains_key(&srqn) {
+                return Err("unknown SRQ".into());
             }
         }
         let qpn = s.qp.qpn();
         let is_ud = s.qp.qp_type() == QpType::Ud;
-        let slot = QpSlot { qp: s.qp, client: s.client, dev, _seg: s.seg, sq, rq, send_cq: s.send_cq, recv_cq: s.recv_cq, stash: None, is_ud, backlog: false };
-        let idx = match self.qps.iter().position(Option::is_none) {
-            Some(i) => {
-                self.qps[i] = Some(slot);
-                i
-            }
-            None => {
-                self.qps.push(Some(slot));
-                self.qps.len() - 1
-            }
+        let srq = s.qp.srq();
+        let slot = QpSlot {
+            client: s.client,
+            dev,
+            _seg: s.seg,
+            sq,
+            rq,
+            send_cq,
+            recv_cq,
+            stash: None,
+            is_ud,
+            backlog: false,
+            backlog_listed: false,
+            path: None,
+            hold_since: None,
         };
-        self.qpn_to_slot.insert(qpn, idx);
+        self.engine.insert(s.qp, slot).map_err(|e| e.to_string())?;
+        if let Some(x) = srq.and_then(|n| self.srqs.get_mut(&n)) {
+            x.refs += 1;
+        }
         self.clients[ci].slots[s.db_slot as usize] = qpn;
-        for cq in [s.send_cq, s.recv_cq] {
-            if let Some(c) = self.cqs.get_mut(&cq) {
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs += 1;
             }
         }
@@ -684,15 +744,13 @@ impl<L: Link> Lcore<L> {
     }
 
     fn remove_qp(&mut self, qpn: u32) -> bool {
-        let Some(idx) = self.qpn_to_slot.remove(&qpn) else { return false };
-        let Some(slot) = self.qps[idx].take() else { return false };
-        let slot = Box::new(slot);
+        let Some((qp, slot)) = self.engine.remove(qpn) else { return false };
         for cq in [slot.send_cq, slot.recv_cq] {
-            if let Some(c) = self.cqs.get_mut(&cq) {
+            if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);
             }
         }
-        if let Some(x) = slot.qp.srq().and_then(|n| self.srqs.get_mut(&n)) {
+        if let Some(x) = qp.srq().and_then(|n| self.srqs.get_mut(&n)) {
             x.refs = x.refs.saturating_sub(1);
         }
         if let Some(c) = self.clients.iter_mut().find(|c| c.id == slot.client) {
@@ -700,7 +758,9 @@ impl<L: Link> Lcore<L> {
                 *s = 0;
             }
         }
-        let _ = self.grave.send(slot);
+        self.backlog.retain(|&q| q != qpn);
+        self.neigh_wait.retain(|&q| q != qpn);
+        let _ = self.grave.send(Box::new((qp, slot)));
         true
     }
 
@@ -791,7 +851,7 @@ impl<L: Link> Lcore<L> {
                     }
                     return None;
                 }
-                let Some(&idx) = self.qpn_to_slot.get(&qpn) else {
+                let Some(slot) = self.engine.ext(qpn) else {
                     if let (true, Some(h)) = (may_hand_off, &self.handoff) {
                         let owner = h.owner(qpn);
                         if owner != self.index % h.lcores() {
@@ -807,7 +867,6 @@ impl<L: Link> Lcore<L> {
                 if self.neigh.lookup(f.src_ip).is_none() {
                     self.neigh.learn(f.src_ip, f.src_mac.0);
                 }
-                let slot = self.qps[idx].as_mut()?;
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return None;
@@ -819,8 +878,7 @@ impl<L: Link> Lcore<L> {
                 pkt.traffic_class = f.tclass;
                 pkt.hop_limit = f.ttl;
                 pkt.flow_label = f.flow_label;
-                let srq = slot.qp.srq().and_then(|n| self.srqs.get_mut(&n)).map(|x| &mut x.srq);
-                slot.qp.handle_packet(now, &pkt, &*self.mem, srq);
+                self.engine.handle_packet(now, &pkt, &*self.mem);
                 None
             }
             Err(wire::Error::Arp) => {
@@ -1031,8 +1089,8 @@ impl<L: Link> Lcore<L> {
         self.work.clear();
         for c in &self.clients {
             let page = c.page();
-            let row = page.row(self.index);
-            let summary = &row.summary;
+            let row = self.index % pmrxe_abi::MAX_LCORES;
+            let summary = &page.summary[row];
             if summary.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -1040,7 +1098,7 @@ impl<L: Link> Lcore<L> {
             while words != 0 {
                 let w = words.trailing_zeros() as usize;
                 words &= words - 1;
-                let word = &row.words[w];
+                let word = &page.doorbell[row][w];
                 let mut bits = word.swap(0, Ordering::Acquire);
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
@@ -1052,149 +1110,114 @@ impl<L: Link> Lcore<L> {
                         }
                         continue;
                     }
-                    if let Some(&i) = self.qpn_to_slot.get(&qpn) {
-                        if self.work.len() < self.work.capacity() {
-                            self.work.push(i);
-                        }
+                    if qpn != 0 && self.work.len() < self.work.capacity() {
+                        self.work.push(qpn);
                     }
                 }
             }
         }
         let mut any = false;
         for k in 0..self.work.len() {
-            let i = self.work[k];
-            any |= self.drain_rings(i, now);
+            let qpn = self.work[k];
+            any |= self.drain_rings(qpn, now);
         }
-        let srqs = if self.srqs.is_empty() { None } else { Some(&mut self.srqs) };
-        for x in srqs.into_iter().flat_map(|m| m.values_mut()) {
+        any |= self.drain_srqs();
+        any
+    }
+
+    /// SRQs whose doorbell rang or whose ring had more than fitted.
+    fn drain_srqs(&mut self) -> bool {
+        let mut any = false;
+        for (&n, x) in self.srqs.iter_mut() {
             if x.backlog {
-                any |= drain_srq(x, &self.stats);
+                if let Some(srq) = self.engine.srq_mut(n) {
+                    any |= drain_srq(x, srq, &self.stats);
+                }
             }
         }
         any
     }
 
-    fn drain_rings(&mut self, i: usize, now: Instant) -> bool {
-        let ahs = &self.ahs;
-        let Some(s) = self.qps[i].as_mut() else { return false };
+    /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
+    /// the engine's queue takes goes on the backlog list, retried every iteration.
+    fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
+        let (ahs, stats) = (&self.ahs, &*self.stats);
+        let r = self.engine.with(qpn, |qp, s| (drain_qp_rings(qp, s, ahs, stats, now), s.backlog && !s.backlog_listed));
+        let Some((any, list)) = r else { return false };
+        if list && self.backlog.len() < self.backlog.capacity() {
+            if let Some(s) = self.engine.with(qpn, |_, s| s.backlog_listed = true) {
+                let _ = s;
+                self.backlog.push(qpn);
+            }
+        }
+        any
+    }
+
+    /// Retry the rings of QPs on the backlog list (completions may have made room).
+    fn drain_backlog(&mut self, now: Instant) -> bool {
         let mut any = false;
-        s.backlog = false;
-        // Receive WQEs first so a SEND arriving in the same burst finds them.
-        if let Some(rq) = s.rq.as_mut() {
-            loop {
-                match rq.peek() {
-                    Ok(Some(w)) => {
-                        any = true;
-                        match convert::recv_wqe(&w) {
-                            Ok(r) => {
-                                if s.qp.post_recv(r).is_err() {
-                                    s.backlog = true;
-                                    break; // full: leave it in the ring, retry next iteration
-                                }
-                            }
-                            Err(_) => {
-                                bump(&self.stats.bad_wqes, 1);
-                                fatal(&mut s.qp);
-                            }
-                        }
-                        rq.advance();
-                        bump(&self.stats.rq_wqes, 1);
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        bump(&self.stats.ring_corrupt, 1);
-                        fatal(&mut s.qp);
-                        break;
-                    }
-                }
-            }
-            rq.release();
-        }
-        loop {
-            match s.sq.peek() {
-                Ok(Some(w)) => {
-                    any = true;
-                    match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud) {
-                        Ok(wqe) => {
-                            if let Err(e) = s.qp.post_send(now, wqe) {
-                                if e == pmrxe_transport::PostError::QueueFull {
-                                    s.backlog = true;
-                                    break; // retry when completions free space
-                                }
-                                bump(&self.stats.bad_wqes, 1);
-                                fatal(&mut s.qp);
-                            }
-                        }
-                        Err(_) => {
-                            bump(&self.stats.bad_wqes, 1);
-                            fatal(&mut s.qp);
-                        }
-                    }
-                    s.sq.advance();
-                    bump(&self.stats.sq_wqes, 1);
-                    if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
-                        bump(&self.stats.sq_inline_wqes, 1);
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    bump(&self.stats.ring_corrupt, 1);
-                    fatal(&mut s.qp);
-                    break;
-                }
+        let mut k = 0;
+        while k < self.backlog.len() {
+            let qpn = self.backlog[k];
+            any |= self.drain_rings(qpn, now);
+            let still = self.engine.with(qpn, |_, s| {
+                s.backlog_listed = s.backlog;
+                s.backlog
+            });
+            if still == Some(true) {
+                k += 1;
+            } else {
+                self.backlog.swap_remove(k);
             }
         }
-        s.sq.release();
         any
     }
 
     // ---- timers, transmit, completions --------------------------------------------------
 
     fn timers(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        for s in self.qps.iter_mut().flatten() {
-            if let Some(t) = s.qp.poll_timeout() {
-                if t <= now {
-                    s.qp.handle_timeout(now, &*self.mem);
-                    any = true;
-                }
-            }
-        }
-        any
+        self.engine.handle_timeout(now, &*self.mem)
     }
 
+    /// Serve the engine's ready list: each ready QP sends up to a burst into its port's
+    /// buffers (transport headers + payload straight into the buffer, then Eth/IP/UDP from the
+    /// QP's path cache and the ICRC), then goes to the back of the list if it has more. A QP
+    /// whose port is full keeps its place at the front for the next pass.
     fn transmit(&mut self, now: Instant) -> bool {
-        let mut any = false;
+        let mut any = self.drain_srqs();
+        any |= self.drain_backlog(now);
+        self.recheck_neigh_wait(now);
         let mut unresolved: Option<(usize, IpAddr)> = None;
-        let srqs = if self.srqs.is_empty() { None } else { Some(&mut self.srqs) };
-        for x in srqs.into_iter().flat_map(|m| m.values_mut()) {
-            if x.backlog {
-                any |= drain_srq(x, &self.stats);
-            }
-        }
-        // Fair share of a congested port: start where the last pass was cut off, so a QP
-        // behind busy ones is not starved past its retransmission timeout (16 QPs x 128 deep
-        // 64 KiB WRITEs on one port ended in RETRY_EXC_ERR when QP 0 always went first).
-        let n = self.qps.len();
-        let start = if n == 0 { 0 } else { self.tx_next % n };
-        let mut cut_off: Option<usize> = None;
-        for k in 0..n {
-            let i = (start + k) % n;
-            // Leftover SQ entries that did not fit earlier: pull them now that space may exist.
-            let backlog = matches!(&self.qps[i], Some(s) if s.sq_has_backlog());
-            if backlog {
-                any |= self.drain_rings(i, now);
-            }
-            let Some(s) = self.qps[i].as_mut() else { continue };
-            if !s.qp.wants_transmit() {
-                continue;
-            }
+        let mut deferred = core::mem::take(&mut self.deferred);
+        for _ in 0..self.engine.ready_len() {
+            let Some(slot) = self.engine.pop_ready() else { break };
+            let Some((qp, s)) = self.engine.entry(slot) else { continue };
             let port = &mut self.ports[s.dev];
             if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
-                cut_off.get_or_insert(i);
+                deferred.push(slot);
                 continue;
             }
+            // The next packet's path must be resolved before the QP's send state advances
+            // (a UC/UD packet built for an unknown MAC would be lost yet reported sent).
+            if let Some((av, dest)) = qp.next_path() {
+                if path_for(&mut s.path, port, &self.neigh, &av, qp.qpn(), dest).is_none() {
+                    let held = *s.hold_since.get_or_insert(now);
+                    if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
+                        bump(&self.stats.tx_neigh_hold, 1);
+                        unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
+                        if self.neigh_wait.len() < self.neigh_wait.capacity() && !self.neigh_wait.contains(&qp.qpn()) {
+                            self.neigh_wait.push(qp.qpn());
+                        }
+                        continue; // off the ready list until the neighbour changes
+                    }
+                } else {
+                    s.hold_since = None;
+                }
+            }
             let mut budget = BURST;
+            // Stays true unless the QP itself had nothing to send (then it leaves the ready
+            // list until a packet, timer or post re-files it).
+            let mut progressed = true;
             while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
                 budget -= 1;
                 let Some(mut b) = port.link.alloc() else {
@@ -1206,31 +1229,18 @@ impl<L: Link> Lcore<L> {
                 // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
                 // prepended into the headroom afterwards, so the payload is written once.
                 let room = cap.saturating_sub(wire::ICRC_LEN);
-                let Some(t) = s.qp.poll_transmit(now, &*self.mem, &mut buf[..room]) else { break };
+                let Some(t) = qp.poll_transmit(now, &*self.mem, &mut buf[..room]) else {
+                    progressed = budget + 1 < BURST;
+                    break;
+                };
                 any = true;
-                let dst_ip = gid_to_ip(&t.av.dgid);
-                let dev = &port.dev;
-                let src_ip = port.ips.get(t.av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-                let v6 = dst_ip.is_ipv6();
-                let local = port.owns_ip(dst_ip);
-                let dmac = if local { Some(dev.mac) } else { t.av.dmac.or_else(|| self.neigh.lookup(dst_ip)) };
-                let Some(dmac) = dmac else {
+                let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn) else {
                     bump(&self.stats.tx_no_neighbor, 1);
-                    unresolved = Some((s.dev, dst_ip));
+                    unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
                     continue; // the engine's retransmission recovers once ARP/ND resolves
                 };
-                let l3 = wire::L3Info {
-                    src_mac: MacAddr(dev.mac),
-                    dst_mac: MacAddr(dmac),
-                    src_ip,
-                    dst_ip,
-                    tclass: t.av.traffic_class,
-                    ttl: if t.av.hop_limit == 0 { 64 } else { t.av.hop_limit },
-                    flow_label: t.av.flow_label,
-                    udp_sport: wire::udp_sport(t.av.flow_label, t.src_qpn, t.dest_qpn),
-                    ip_id: 0,
-                };
-                let hl = wire::frame_header_len(v6);
+                let (l3, local) = (path.l3, path.local);
+                let hl = wire::frame_header_len(l3.dst_ip.is_ipv6());
                 if b.resize(t.len + wire::ICRC_LEN).is_none() {
                     continue;
                 }
@@ -1253,69 +1263,95 @@ impl<L: Link> Lcore<L> {
                     port.tx.push(b);
                 }
             }
+            self.engine.requeue(slot, progressed);
         }
-        self.tx_next = cut_off.unwrap_or(start + 1);
+        // Cut off by a full port: first in line next time, in the order they were waiting.
+        for &slot in deferred.iter().rev() {
+            self.engine.defer(slot);
+        }
+        deferred.clear();
+        self.deferred = deferred;
         if let Some((pi, ip)) = unresolved {
             self.solicit(pi, ip, now);
         }
         any
     }
 
+    /// QPs holding for a neighbour go back on the ready list when the neighbour table changed,
+    /// and at least every solicitation interval (to re-ask, or to give up after the hold).
+    fn recheck_neigh_wait(&mut self, now: Instant) {
+        if self.neigh_wait.is_empty() {
+            return;
+        }
+        let gen = self.neigh.generation();
+        let (seen_gen, seen_at) = self.neigh_wait_seen;
+        if gen == seen_gen && now.0.saturating_sub(seen_at.0) < 100_000 {
+            return;
+        }
+        self.neigh_wait_seen = (gen, now);
+        for k in 0..self.neigh_wait.len() {
+            self.engine.kick(self.neigh_wait[k]);
+        }
+        self.neigh_wait.clear();
+    }
+
     fn deliver_completions(&mut self, _now: Instant) -> bool {
-        let mut any = false;
-        for s in self.qps.iter_mut().flatten() {
+        let (cqs, dirty, clients, stats) = (&mut self.cqs, &mut self.dirty_cqs, &self.clients, &*self.stats);
+        let mut any = self.engine.drain_pending(|qp, s| {
             loop {
-                let next = s.stash.take().or_else(|| s.qp.poll_completion());
+                let next = s.stash.take().or_else(|| qp.poll_completion());
                 let Some((side, c)) = next else { break };
-                let cqn = if side == CqSide::Send { s.send_cq } else { s.recv_cq };
-                let Some(cq) = self.cqs.get_mut(&cqn) else { break };
+                let ci = if side == CqSide::Send { s.send_cq } else { s.recv_cq };
+                let Some(cq) = cqs[ci].as_mut() else { break };
                 match cq.ring.stage(convert::cqe(&c)) {
                     Ok(()) => {
-                        any = true;
                         if side == CqSide::Recv {
                             s.retire_recv();
                         }
                         if !cq.fresh {
                             cq.fresh = true;
-                            if self.dirty_cqs.len() < self.dirty_cqs.capacity() {
-                                self.dirty_cqs.push(cqn);
+                            if dirty.len() < dirty.capacity() {
+                                dirty.push(ci);
                             }
                         }
-                        bump(&self.stats.cqes, 1);
+                        bump(&stats.cqes, 1);
                     }
                     Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
                         // CQ overflow (IBTA: the CQ is in error and its QPs go to ERROR). The
                         // completion is kept and delivered once the consumer makes room, so
                         // nothing is lost; the application hears IBV_EVENT_CQ_ERR once.
                         s.stash = Some((side, c));
-                        bump(&self.stats.cq_full, 1);
+                        bump(&stats.cq_full, 1);
                         if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
-                            if let Some(cl) = self.clients.iter().find(|cl| cl.id == s.client) {
-                                cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cqn });
+                            if let Some(cl) = clients.iter().find(|cl| cl.id == s.client) {
+                                cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
                             }
                         }
-                        if s.qp.state() != pmrxe_transport::QpState::Err {
-                            fatal(&mut s.qp);
+                        if qp.state() != pmrxe_transport::QpState::Err {
+                            fatal(qp);
                         }
                         break;
                     }
                 }
             }
-            while let Some(ev) = s.qp.poll_event() {
-                if let Some(c) = self.clients.iter().find(|c| c.id == s.client) {
+            while let Some(ev) = qp.poll_event() {
+                if let Some(c) = clients.iter().find(|c| c.id == s.client) {
                     let element = match ev {
                         pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
-                        _ => s.qp.qpn(),
+                        _ => qp.qpn(),
                     };
                     c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
                 }
             }
-        }
+            // Keep a QP whose completion waits for CQ room on the pending list.
+            s.stash.is_some()
+        });
         for k in 0..self.dirty_cqs.len() {
-            let Some(cq) = self.cqs.get_mut(&self.dirty_cqs[k]) else { continue };
+            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_mut() else { continue };
             if !cq.fresh {
                 continue;
             }
+            any = true;
             cq.fresh = false;
             cq.ring.publish();
             // Publish, full fence, then read `armed`: pairs with the shim's SeqCst store of
@@ -1360,10 +1396,6 @@ impl<L: Link> Lcore<L> {
 }
 
 impl QpSlot {
-    fn sq_has_backlog(&self) -> bool {
-        self.backlog
-    }
-
     fn shared(&self) -> &QpShared {
         // SAFETY: a QP segment starts with a QpShared header (QpSegmentLayout::HEADER bytes,
         // 64-aligned at the segment start), all atomics; the Arc keeps it mapped.
@@ -1394,7 +1426,81 @@ impl QpSlot {
     }
 }
 
-fn drain_srq(x: &mut SrqSlot, stats: &LcoreStats) -> bool {
+/// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
+/// arriving in the same burst finds them).
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, now: Instant) -> bool {
+    let mut any = false;
+    s.backlog = false;
+    // Receive WQEs first so a SEND arriving in the same burst finds them.
+    if let Some(rq) = s.rq.as_mut() {
+        loop {
+            match rq.peek() {
+                Ok(Some(w)) => {
+                    any = true;
+                    match convert::recv_wqe(&w) {
+                        Ok(r) => {
+                            if qp.post_recv(r).is_err() {
+                                s.backlog = true;
+                                break; // full: leave it in the ring, retry next iteration
+                            }
+                        }
+                        Err(_) => {
+                            bump(&stats.bad_wqes, 1);
+                            fatal(qp);
+                        }
+                    }
+                    rq.advance();
+                    bump(&stats.rq_wqes, 1);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    bump(&stats.ring_corrupt, 1);
+                    fatal(qp);
+                    break;
+                }
+            }
+        }
+        rq.release();
+    }
+    loop {
+        match s.sq.peek() {
+            Ok(Some(w)) => {
+                any = true;
+                match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud) {
+                    Ok(wqe) => {
+                        if let Err(e) = qp.post_send(now, wqe) {
+                            if e == pmrxe_transport::PostError::QueueFull {
+                                s.backlog = true;
+                                break; // retry when completions free space
+                            }
+                            bump(&stats.bad_wqes, 1);
+                            fatal(qp);
+                        }
+                    }
+                    Err(_) => {
+                        bump(&stats.bad_wqes, 1);
+                        fatal(qp);
+                    }
+                }
+                s.sq.advance();
+                bump(&stats.sq_wqes, 1);
+                if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
+                    bump(&stats.sq_inline_wqes, 1);
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                bump(&stats.ring_corrupt, 1);
+                fatal(qp);
+                break;
+            }
+        }
+    }
+    s.sq.release();
+    any
+}
+
+fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats) -> bool {
     x.backlog = false;
     let mut any = false;
     loop {
@@ -1403,7 +1509,7 @@ fn drain_srq(x: &mut SrqSlot, stats: &LcoreStats) -> bool {
                 any = true;
                 match convert::recv_wqe(&w) {
                     Ok(r) => {
-                        if x.srq.post_recv(r).is_err() {
+                        if srq.post_recv(r).is_err() {
                             x.backlog = true;
                             break;
                         }
@@ -1422,6 +1528,37 @@ fn drain_srq(x: &mut SrqSlot, stats: &LcoreStats) -> bool {
     }
     x.ring.release();
     any
+}
+
+/// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
+/// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
+fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32) -> Option<&'a PathCache> {
+    let gen = neigh.generation();
+    let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
+    if !hit {
+        let dst_ip = gid_to_ip(&av.dgid);
+        let src_ip = port.ips.get(av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let local = port.owns_ip(dst_ip);
+        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip)) }?;
+        let l3 = wire::L3Info {
+            src_mac: MacAddr(port.dev.mac),
+            dst_mac: MacAddr(dmac),
+            src_ip,
+            dst_ip,
+            tclass: av.traffic_class,
+            ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            flow_label: av.flow_label,
+            udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
+            ip_id: 0,
+        };
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local });
+    }
+    cache.as_ref()
+}
+
+/// The QPN layout of a service with `lcores` lcores (what the service allocates QPNs by).
+pub fn qpn_layout(lcores: usize) -> QpnLayout {
+    QpnLayout { lcores: lcores.max(1) as u32, slots: MAX_QPS_PER_LCORE as u32 }
 }
 
 fn fatal(qp: &mut Qp) {
