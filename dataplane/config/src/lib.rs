@@ -12,7 +12,7 @@
 //! [eal]        hugepages, memory_mb, file_prefix, in_memory, extra_args, log_level
 //! [lcores]     cores = [1], main_core = 0
 //! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc,
-//!               vendor_id, vendor_part_id
+//!               vendor_id, vendor_part_id, ecn, congestion = { cnp_interval_us, ... }
 //! [[neighbors]] ip, mac
 //! [limits]     max_qp, max_cq, ... (defaults in Limits::default)
 //! [faults]     loss, duplicate, reorder, corrupt, seed (optional)
@@ -227,6 +227,68 @@ pub struct PortConfig {
     pub vendor_id: Option<u32>,
     /// `vendor_part_id` reported with it; default 0x5058.
     pub vendor_part_id: Option<u32>,
+    /// ECN and congestion control on this port: ECT(0) on every transmitted RoCE frame, CNPs
+    /// for CE-marked packets (notification point) and DCQCN rate control with pacing (reaction
+    /// point). Default ([`PortConfig::ecn_enabled`]): on for `vdev`/`pci` ports, off for
+    /// `ring_pair` (no switch between the two rings can mark).
+    pub ecn: Option<bool>,
+    /// The notification-point and DCQCN parameters (used when ECN is on).
+    pub congestion: CongestionConfig,
+}
+
+/// `[ports.congestion]`: notification-point and DCQCN reaction-point parameters. Defaults: the
+/// DCQCN paper (Zhu et al., SIGCOMM 2015) and NVIDIA ConnectX firmware defaults, as listed in
+/// docs/congestion.md.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CongestionConfig {
+    /// At most one CNP per QP per this many µs (ConnectX `min_time_between_cnps`, 50 µs
+    /// here as the paper's N). 0..=1_000_000.
+    pub cnp_interval_us: u32,
+    /// DSCP of the CNPs we send (ConnectX `cnp_dscp` 48). 0..=63.
+    pub cnp_dscp: u8,
+    /// Line rate (Mb/s): the rate of an unlimited QP and the ceiling of the DCQCN rates.
+    pub line_rate_mbps: u64,
+    /// Lowest DCQCN rate (Mb/s; ConnectX `rpg_min_rate` 1).
+    pub min_rate_mbps: u64,
+    /// α gain g (paper 1/256). In (0, 1].
+    pub alpha_g: f64,
+    /// α update period K (µs; paper 55).
+    pub alpha_timer_us: u32,
+    /// α at the first CNP (ConnectX `initial_alpha_value` 1023/1024 ≈ 1). In [0, 1].
+    pub initial_alpha: f64,
+    /// Rate-increase timer T (µs; ConnectX `rpg_time_reset` 300).
+    pub rate_increase_timer_us: u32,
+    /// Rate-increase byte counter B (bytes; paper 10 MB).
+    pub byte_counter: u64,
+    /// Fast-recovery stages F (paper 5).
+    pub fast_recovery_steps: u32,
+    /// Additive increase R_AI (Mb/s; paper 40).
+    pub ai_rate_mbps: u64,
+    /// Hyper increase R_HAI (Mb/s; ConnectX `rpg_hai_rate` 50).
+    pub hai_rate_mbps: u64,
+    /// At most one rate decrease per this many µs (ConnectX `rate_reduce_monitor_period` 4).
+    pub rate_reduce_period_us: u32,
+}
+
+impl Default for CongestionConfig {
+    fn default() -> Self {
+        CongestionConfig {
+            cnp_interval_us: 50,
+            cnp_dscp: 48,
+            line_rate_mbps: 100_000,
+            min_rate_mbps: 1,
+            alpha_g: 1.0 / 256.0,
+            alpha_timer_us: 55,
+            initial_alpha: 1.0,
+            rate_increase_timer_us: 300,
+            byte_counter: 10_000_000,
+            fast_recovery_steps: 5,
+            ai_rate_mbps: 40,
+            hai_rate_mbps: 50,
+            rate_reduce_period_us: 4,
+        }
+    }
 }
 
 impl Default for PortConfig {
@@ -246,11 +308,19 @@ impl Default for PortConfig {
             tx_desc: 1024,
             vendor_id: None,
             vendor_part_id: None,
+            ecn: None,
+            congestion: CongestionConfig::default(),
         }
     }
 }
 
 impl PortConfig {
+    /// Whether ECN/CNP/DCQCN is on: `ecn` if set, else on for NIC ports (`vdev`, `pci`) and
+    /// off for `ring_pair` ports.
+    pub fn ecn_enabled(&self) -> bool {
+        self.ecn.unwrap_or(self.kind() != PortKind::RingPair)
+    }
+
     /// The effective kind: explicit, else `ring_pair` if `peer` is set, `pci` if `devargs`
     /// looks like a PCI address, otherwise `vdev`.
     pub fn kind(&self) -> PortKind {

@@ -37,6 +37,48 @@ pub(crate) fn map_de_error(
     ConfigError::Invalid { field: path, message }
 }
 
+/// The `[ports.congestion]` ranges: (key, message) of the first bad value.
+fn validate_congestion(c: &crate::CongestionConfig) -> Result<(), (&'static str, String)> {
+    if c.cnp_interval_us > 1_000_000 {
+        return Err(("cnp_interval_us", format!("{} is outside 0..=1000000", c.cnp_interval_us)));
+    }
+    if c.cnp_dscp > 63 {
+        return Err(("cnp_dscp", format!("{} is outside 0..=63", c.cnp_dscp)));
+    }
+    if !(1..=1_000_000).contains(&c.line_rate_mbps) {
+        return Err(("line_rate_mbps", format!("{} is outside 1..=1000000", c.line_rate_mbps)));
+    }
+    if c.min_rate_mbps == 0 || c.min_rate_mbps > c.line_rate_mbps {
+        return Err(("min_rate_mbps", format!("{} is outside 1..=line_rate_mbps ({})", c.min_rate_mbps, c.line_rate_mbps)));
+    }
+    if !(c.alpha_g > 0.0 && c.alpha_g <= 1.0) {
+        return Err(("alpha_g", format!("{} is outside (0, 1]", c.alpha_g)));
+    }
+    if !(0.0..=1.0).contains(&c.initial_alpha) {
+        return Err(("initial_alpha", format!("{} is outside [0, 1]", c.initial_alpha)));
+    }
+    for (k, v) in [("alpha_timer_us", c.alpha_timer_us), ("rate_increase_timer_us", c.rate_increase_timer_us)] {
+        if !(1..=1_000_000).contains(&v) {
+            return Err((k, format!("{v} is outside 1..=1000000")));
+        }
+    }
+    if c.rate_reduce_period_us > 1_000_000 {
+        return Err(("rate_reduce_period_us", format!("{} is outside 0..=1000000", c.rate_reduce_period_us)));
+    }
+    if c.byte_counter == 0 {
+        return Err(("byte_counter", "must be at least 1".into()));
+    }
+    if c.fast_recovery_steps == 0 || c.fast_recovery_steps > 1000 {
+        return Err(("fast_recovery_steps", format!("{} is outside 1..=1000", c.fast_recovery_steps)));
+    }
+    for (k, v) in [("ai_rate_mbps", c.ai_rate_mbps), ("hai_rate_mbps", c.hai_rate_mbps)] {
+        if v > c.line_rate_mbps {
+            return Err((k, format!("{v} is above line_rate_mbps ({})", c.line_rate_mbps)));
+        }
+    }
+    Ok(())
+}
+
 /// True for `DDDD:BB:DD.F` or `BB:DD.F` (hex digits).
 pub(crate) fn is_pci_addr(s: &str) -> bool {
     let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
@@ -271,6 +313,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         if let Some(v) = p.vendor_id.filter(|v| *v == 0 || *v > 0xff_ffff) {
             return Err(inv(f("vendor_id"), format!("{v:#x} is not a 24-bit vendor id (1..=0xffffff)")));
         }
+        validate_congestion(&p.congestion).map_err(|(k, m)| inv(f(&format!("congestion.{k}")), m))?;
     }
 
     // [[neighbors]]

@@ -265,3 +265,30 @@ fn eal_file_prefix_default() {
     let c = Config::parse_with(DEFAULT_LOOPBACK, &sys()).unwrap();
     assert_eq!(c.eal.file_prefix(), format!("pmrxe-{}", std::process::id()));
 }
+
+#[test]
+fn ecn_defaults_and_congestion_ranges() {
+    // Loopback ring pairs: off by default (nothing between the rings marks CE); on if asked.
+    let c = Config::parse_with(DEFAULT_LOOPBACK, &sys()).unwrap();
+    assert!(!c.ports[0].ecn_enabled() && !c.ports[1].ecn_enabled());
+    let text = loopback_with("name = \"pmrxe0\"", "name = \"pmrxe0\"\necn = true\ncongestion = { cnp_interval_us = 20, line_rate_mbps = 25000 }");
+    let c = Config::parse_with(&text, &sys()).unwrap();
+    assert!(c.ports[0].ecn_enabled() && !c.ports[1].ecn_enabled());
+    assert_eq!((c.ports[0].congestion.cnp_interval_us, c.ports[0].congestion.line_rate_mbps), (20, 25000));
+    assert_eq!(c.ports[0].congestion.cnp_dscp, 48, "unset keys keep the NIC defaults");
+    // NIC ports: on by default.
+    let p = pmrxe_config::PortConfig { devargs: Some("net_af_packet0,iface=veth0".into()), ..Default::default() };
+    assert!(p.ecn_enabled());
+    assert!(!pmrxe_config::PortConfig { ecn: Some(false), ..p }.ecn_enabled());
+    for (kv, msg) in [
+        ("cnp_dscp = 64", "ports[0].congestion.cnp_dscp: 64 is outside 0..=63"),
+        ("alpha_g = 0.0", "ports[0].congestion.alpha_g: 0 is outside (0, 1]"),
+        ("min_rate_mbps = 0", "ports[0].congestion.min_rate_mbps: 0 is outside 1..=line_rate_mbps (100000)"),
+        ("ai_rate_mbps = 200000", "ports[0].congestion.ai_rate_mbps: 200000 is above line_rate_mbps (100000)"),
+        ("rate_increase_timer_us = 0", "ports[0].congestion.rate_increase_timer_us: 0 is outside 1..=1000000"),
+    ] {
+        let e = err(&loopback_with("name = \"pmrxe0\"", &format!("name = \"pmrxe0\"\ncongestion = {{ {kv} }}")));
+        assert!(e.ends_with(msg), "{e}");
+    }
+    assert!(err(&loopback_with("name = \"pmrxe0\"", "name = \"pmrxe0\"\ncongestion = { kmin = 1 }")).contains("unknown key 'kmin'"));
+}
