@@ -233,59 +233,12 @@ fn check_capture(pcap: &Path, port: u16) {
     assert!(o.status.success(), "icrc_check: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }
 
-/// Two namespaces joined by a veth (scripts/netns.sh), unique names per run; down on drop.
-struct Netns {
-    a: String,
-    b: String,
-    if_a: String,
-    if_b: String,
-}
-
-impl Netns {
-    fn up() -> Netns {
-        require_root();
-        require_tool("ip");
-        let id = std::process::id() % 100_000;
-        let n = Netns { a: format!("pmrxe-cm-a{id}"), b: format!("pmrxe-cm-b{id}"), if_a: format!("pxcm{id}a"), if_b: format!("pxcm{id}b") };
-        let o = n.script("up");
-        assert!(o.status.success(), "netns.sh up: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        n
-    }
-    fn script(&self, cmd: &str) -> std::process::Output {
-        Command::new("bash")
-            .arg(repo_root().join("scripts/netns.sh"))
-            .args([cmd, &self.a, &self.b])
-            .env("IF_A", &self.if_a)
-            .env("IF_B", &self.if_b)
-            .output()
-            .expect("run scripts/netns.sh")
-    }
-    /// configs/netns-{a,b}.toml with this run's interface and EAL file prefix.
-    fn config(&self, dir: &TempDir, which: char) -> std::path::PathBuf {
-        let text = std::fs::read_to_string(repo_root().join(format!("configs/netns-{which}.toml"))).unwrap();
-        let (iface, orig) = if which == 'a' { (&self.if_a, "pmrxe-va") } else { (&self.if_b, "pmrxe-vb") };
-        let prefix = format!("pmrxe-netns-{which}");
-        let text = text.replace(&format!("iface={orig}"), &format!("iface={iface}")).replace(&format!("\"{prefix}\""), &format!("\"{prefix}-cm{}\"", std::process::id()));
-        let p = dir.join(&format!("netns-{which}.toml"));
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = self.script("down");
-    }
-}
-
 #[test]
 fn rdma_cm_between_two_services_in_two_namespaces() {
     let _l = heavy_lock();
-    let ns = Netns::up();
+    let ns = NetnsPair::up("cm");
     let dir = TempDir::new("cm-netns");
-    let (cfg_a, cfg_b) = (ns.config(&dir, 'a'), ns.config(&dir, 'b'));
-    let a = Service::start(Some(&cfg_a), Some(&ns.a));
-    let b = Service::start(Some(&cfg_b), Some(&ns.b));
+    let (a, b) = ns.services(&dir);
     let port = port_for(62);
     let server = Client::connect(&a);
     let client = Client::connect(&b);

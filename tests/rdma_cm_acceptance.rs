@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -43,106 +43,16 @@ fn cm_port_sum(j: &serde_json::Value, k: &str) -> u64 {
     j["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p[k].as_u64().unwrap_or(0)).sum()
 }
 
-fn qp_count(j: &serde_json::Value) -> usize {
-    j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum()
-}
-
-/// Wait until the service holds no rdma_cm id, channel, listener, connection, client or QP.
-fn assert_nothing_left(svc: &Service, limit: Duration, what: &str) {
-    let t0 = Instant::now();
-    loop {
-        let j = svc.stats_json();
-        let left = (
-            cm_field(&j, "ids"),
-            cm_field(&j, "channels"),
-            cm_field(&j, "listeners"),
-            cm_field(&j, "conns"),
-            j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count()),
-            qp_count(&j),
-        );
-        if left == (0, 0, 0, 0, 0, 0) {
-            eprintln!("{what}: nothing left after {:.1} s", t0.elapsed().as_secs_f64());
-            return;
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "{what}: still (ids, channels, listeners, conns, clients, qps) = {left:?} after {limit:?}; cm {}\nclients {}",
-            j["cm"],
-            j["clients"]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 // ---- qperf -cm1 ---------------------------------------------------------------------------
-
-/// A network namespace whose `lo` carries 198.18.0.1: qperf's client uses its server name both
-/// for its TCP control connection (kernel) and for rdma_resolve_addr (pmrxe0), so the kernel
-/// must reach that address too. The shim reaches the service through the socket file.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Netns {
-        require_root();
-        let name = format!("pmrxe-cmacc-{}", std::process::id());
-        let ip = require_tool("ip");
-        let _ = Command::new(&ip).args(["netns", "del", &name]).status();
-        for args in [
-            vec!["netns", "add", &name],
-            vec!["netns", "exec", &name, "ip", "link", "set", "lo", "up"],
-            vec!["netns", "exec", &name, "ip", "addr", "add", "198.18.0.1/32", "dev", "lo"],
-        ] {
-            let st = Command::new(&ip).args(&args).status().expect("ip");
-            assert!(st.success(), "ip {args:?} failed");
-        }
-        Netns(name)
-    }
-    /// `ip netns exec NS pmrxe run -- ARGS` against `svc`, output to `out`.
-    fn spawn(&self, svc: &Service, args: &[&str], out: &Path) -> Child {
-        let f = std::fs::File::create(out).unwrap();
-        Command::new(require_tool("ip"))
-            .args(["netns", "exec", &self.0])
-            .arg(pmrxe_bin())
-            .args(["run", "--"])
-            .args(args)
-            .env("PMRXE_SOCKET", &svc.socket)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .expect("spawn ip netns exec")
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// qperf's result line `    bw  =  3.7 GB/sec` (→ MB/s) or `    latency  =  7.9 us` (→ µs).
-fn qperf_value(out: &str, key: &str) -> Option<f64> {
-    let l = out.lines().find(|l| l.trim_start().starts_with(key))?;
-    let w: Vec<&str> = l.split_whitespace().collect();
-    let v: f64 = w.get(2)?.parse().ok()?;
-    Some(match *w.get(3)? {
-        "GB/sec" => v * 1000.0,
-        "MB/sec" => v,
-        "KB/sec" => v / 1000.0,
-        "ns" => v / 1000.0,
-        "us" => v,
-        "ms" => v * 1000.0,
-        "sec" => v * 1e6,
-        _ => return None,
-    })
-}
 
 #[test]
 fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
     require_tool("qperf");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let ns = Netns::new();
+    // qperf's client uses its server name both for its TCP control connection (kernel) and
+    // for rdma_resolve_addr (pmrxe0), so the kernel must reach that address too.
+    let ns = LoNetns::new("cmacc", &["198.18.0.1/32"]);
     let lp = port(0);
     let so = svc.dir.join("qperf-server.out");
     let mut server = ns.spawn(&svc, &["qperf", "-lp", &lp], &so);

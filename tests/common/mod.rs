@@ -556,3 +556,159 @@ pub fn run_cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Durat
     let ss = wait_timeout(&mut s, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
     PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c }
 }
+
+/// Two network namespaces joined by a veth (`scripts/netns.sh`), names unique per test process
+/// and `tag`; taken down on drop. Services run in them with [`NetnsPair::config`]; programs
+/// reach a service through its socket file from any namespace.
+pub struct NetnsPair {
+    pub a: String,
+    pub b: String,
+    pub if_a: String,
+    pub if_b: String,
+    tag: String,
+}
+
+impl NetnsPair {
+    /// Create the pair (root only). `tag`: a few letters that keep tests apart.
+    pub fn up(tag: &str) -> NetnsPair {
+        require_root();
+        require_tool("ip");
+        let id = std::process::id() % 100_000;
+        let n = NetnsPair {
+            a: format!("pmrxe-{tag}-a{id}"),
+            b: format!("pmrxe-{tag}-b{id}"),
+            if_a: format!("px{tag}{id}a"),
+            if_b: format!("px{tag}{id}b"),
+            tag: tag.to_string(),
+        };
+        assert!(n.if_a.len() <= 15, "interface name {} too long", n.if_a);
+        let o = n.script("up");
+        assert!(o.status.success(), "netns.sh up: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        n
+    }
+    fn script(&self, cmd: &str) -> std::process::Output {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/netns.sh"))
+            .args([cmd, &self.a, &self.b])
+            .env("IF_A", &self.if_a)
+            .env("IF_B", &self.if_b)
+            .output()
+            .expect("run scripts/netns.sh")
+    }
+    /// configs/netns-{a,b}.toml with this pair's interface and a private EAL file prefix.
+    pub fn config(&self, dir: &TempDir, which: char) -> PathBuf {
+        let text = std::fs::read_to_string(repo_root().join(format!("configs/netns-{which}.toml"))).unwrap();
+        let (iface, orig) = if which == 'a' { (&self.if_a, "pmrxe-va") } else { (&self.if_b, "pmrxe-vb") };
+        let prefix = format!("pmrxe-netns-{which}");
+        let text = text
+            .replace(&format!("iface={orig}"), &format!("iface={iface}"))
+            .replace(&format!("\"{prefix}\""), &format!("\"{prefix}-{}{}\"", self.tag, std::process::id()));
+        let p = dir.join(&format!("netns-{which}.toml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    /// Services on both ends (A: 10.77.0.1 in `a`, B: 10.77.0.2 in `b`).
+    pub fn services(&self, dir: &TempDir) -> (Service, Service) {
+        let (ca, cb) = (self.config(dir, 'a'), self.config(dir, 'b'));
+        (Service::start(Some(&ca), Some(&self.a)), Service::start(Some(&cb), Some(&self.b)))
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        let _ = self.script("down");
+    }
+}
+
+/// Wait (bounded by `limit`) until `svc` holds no rdma_cm id, channel, listener or connection,
+/// no client but `pmrxe` itself, and no QP (`pmrxe stats --json`); panic with what is left.
+pub fn assert_nothing_left(svc: &Service, limit: Duration, what: &str) {
+    let t0 = Instant::now();
+    loop {
+        let j = svc.stats_json();
+        let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]));
+        let qps: usize = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
+        let left = (
+            cm("ids"),
+            cm("channels"),
+            cm("listeners"),
+            cm("conns"),
+            j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count()),
+            qps,
+        );
+        if left == (0, 0, 0, 0, 0, 0) {
+            eprintln!("{what}: nothing left after {:.1} s", t0.elapsed().as_secs_f64());
+            return;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: still (ids, channels, listeners, conns, clients, qps) = {left:?} after {limit:?}; cm {}\nclients {}",
+            j["cm"],
+            j["clients"]
+        );
+        std::thread::sleep(Duration::from_millis(200)); // poll interval of a bounded condition wait
+    }
+}
+
+/// A network namespace whose `lo` carries some addresses: for programs whose kernel TCP
+/// control connection must reach the same address as their rdma_cm connection (qperf uses its
+/// server name for both). Programs in it reach a service through the socket file.
+pub struct LoNetns(pub String);
+
+impl LoNetns {
+    /// Create `pmrxe-TAG-PID` with `lo` up and `addrs` (`"198.18.0.1/32"`) on it (root only).
+    pub fn new(tag: &str, addrs: &[&str]) -> LoNetns {
+        require_root();
+        let name = format!("pmrxe-{tag}-{}", std::process::id());
+        let ip = require_tool("ip");
+        let _ = Command::new(&ip).args(["netns", "del", &name]).status();
+        let mut cmds = vec![vec!["netns", "add", &name], vec!["netns", "exec", &name, "ip", "link", "set", "lo", "up"]];
+        for a in addrs {
+            cmds.push(vec!["netns", "exec", &name, "ip", "addr", "add", a, "dev", "lo"]);
+        }
+        for args in cmds {
+            let st = Command::new(&ip).args(&args).status().expect("ip");
+            assert!(st.success(), "ip {args:?} failed");
+        }
+        LoNetns(name)
+    }
+    /// `ip netns exec NS pmrxe run -- ARGS` against `svc`, output to `out`.
+    pub fn spawn(&self, svc: &Service, args: &[&str], out: &Path) -> Child {
+        let f = File::create(out).unwrap();
+        Command::new(require_tool("ip"))
+            .args(["netns", "exec", &self.0])
+            .arg(pmrxe_bin())
+            .args(["run", "--"])
+            .args(args)
+            .env("PMRXE_SOCKET", &svc.socket)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .expect("spawn ip netns exec")
+    }
+}
+
+impl Drop for LoNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// qperf's result line `    bw  =  3.7 GB/sec` (→ MB/s) or `    latency  =  7.9 us` (→ µs).
+pub fn qperf_value(out: &str, key: &str) -> Option<f64> {
+    let l = out.lines().find(|l| l.trim_start().starts_with(key))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let v: f64 = w.get(2)?.parse().ok()?;
+    Some(match *w.get(3)? {
+        "GB/sec" => v * 1000.0,
+        "MB/sec" => v,
+        "KB/sec" => v / 1000.0,
+        "ns" => v / 1000.0,
+        "us" => v,
+        "ms" => v * 1000.0,
+        "sec" => v * 1e6,
+        _ => return None,
+    })
+}
+

@@ -97,6 +97,12 @@ pub const CHANNEL_BACKLOG: usize = 1024;
 pub const MAX_BACKLOG: u32 = 1024;
 /// RTR `min_rnr_timer` (IBA code 12: 0.64 ms).
 pub const MIN_RNR_TIMER: u8 = 12;
+/// How long (IBA exponent: 4.096 µs · 2^21 = 8.6 s) a SIDR server keeps its SIDR_REP to answer
+/// a retransmitted SIDR_REQ: two of the CMA requester's retransmission intervals (2^20). A
+/// later retransmission is shown to the consumer again, as the kernel shows every one; the
+/// crate's default (2^24, the requester's whole retry budget) kept an entry for 69 s after
+/// every udaddy connection.
+const SIDR_LINGER: u8 = 21;
 /// The device a loopback address binds/resolves to (the kernel CMA's first active device).
 const LOOPBACK_DEVICE: usize = 0;
 /// Ephemeral ports for ids bound with port 0.
@@ -454,7 +460,10 @@ impl CmCore {
         let ports = ports
             .into_iter()
             .enumerate()
-            .map(|(i, cfg)| PortState { cm: Cm::new(CmConfig { ca_guid: cfg.guid, seed: seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15), ..CmConfig::default() }), cfg })
+            .map(|(i, cfg)| {
+                let seed = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                PortState { cm: Cm::new(CmConfig { ca_guid: cfg.guid, seed, sidr_linger: SIDR_LINGER, ..CmConfig::default() }), cfg }
+            })
             .collect();
         CmCore {
             ports,
