@@ -864,8 +864,10 @@ impl<L: Link> Lcore<L> {
                 // Learn the sender's MAC only from a valid frame for one of our QPs, and only
                 // for an IP we know nothing about: a spoofed RoCE frame cannot redirect an
                 // established neighbour (ARP/ND and static entries are authoritative).
-                if self.neigh.lookup(f.src_ip).is_none() {
-                    self.neigh.learn(f.src_ip, f.src_mac.0);
+                // (Only while the QP has no current path: steady traffic costs one compare.)
+                let gen = self.neigh.generation();
+                if !slot.path.is_some_and(|p| p.neigh_gen == gen) && self.neigh.lookup(f.src_ip, now.0).is_none() {
+                    self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);
@@ -882,11 +884,11 @@ impl<L: Link> Lcore<L> {
                 None
             }
             Err(wire::Error::Arp) => {
-                self.on_arp(pi, data);
+                self.on_arp(pi, data, now);
                 None
             }
             Err(wire::Error::Icmpv6) => {
-                self.on_nd(pi, data);
+                self.on_nd(pi, data, now);
                 None
             }
             Err(e) => {
@@ -947,7 +949,7 @@ impl<L: Link> Lcore<L> {
             }
             let dst_ip = out.path.dgid.to_ip();
             let local = port.owns_ip(dst_ip);
-            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip) };
+            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip, now.0) };
             let Some(dmac) = dmac else {
                 bump(&self.stats.tx_no_neighbor, 1);
                 bump(&self.stats.cm_drops, 1);
@@ -993,14 +995,22 @@ impl<L: Link> Lcore<L> {
         any
     }
 
-    fn on_arp(&mut self, pi: usize, data: &[u8]) {
+    fn on_arp(&mut self, pi: usize, data: &[u8], now: Instant) {
         let Ok((_, a)) = wire::arp::parse_arp_frame(data) else {
             bump(&self.stats.rx_malformed, 1);
             return;
         };
-        self.neigh.learn(IpAddr::V4(a.source_ip), a.source_mac.0);
+        let (src, for_us) = (IpAddr::V4(a.source_ip), self.ports[pi].owns_ip(IpAddr::V4(a.target_ip)));
+        if a.operation == wire::ArpOp::Request && for_us {
+            // A peer resolving our address is about to talk to us (as Linux, learn it).
+            self.neigh.learn(src, a.source_mac.0, now.0);
+        } else {
+            // A reply (or a request for someone else, gratuitous ARP): only for addresses we
+            // asked about or already know.
+            self.neigh.answer(src, a.source_mac.0, now.0);
+        }
         let port = &self.ports[pi];
-        if a.operation != wire::ArpOp::Request || !port.owns_ip(IpAddr::V4(a.target_ip)) {
+        if a.operation != wire::ArpOp::Request || !for_us {
             return;
         }
         let mac = MacAddr(port.dev.mac);
@@ -1015,15 +1025,16 @@ impl<L: Link> Lcore<L> {
         bump(&self.stats.arp_replies, 1);
     }
 
-    fn on_nd(&mut self, pi: usize, data: &[u8]) {
+    fn on_nd(&mut self, pi: usize, data: &[u8], now: Instant) {
         let Ok(f) = wire::parse_nd_frame(data) else {
             bump(&self.stats.rx_not_for_us, 1);
             return;
         };
         match f.nd {
             wire::NdRepr::Solicit { target, src_lladdr } => {
-                if let Some(mac) = src_lladdr {
-                    self.neigh.learn(IpAddr::V6(f.src_ip), mac.0);
+                let for_us = self.ports[pi].owns_ip(IpAddr::V6(target));
+                if let Some(mac) = src_lladdr.filter(|_| for_us) {
+                    self.neigh.learn(IpAddr::V6(f.src_ip), mac.0, now.0);
                 }
                 let port = &self.ports[pi];
                 if !port.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
@@ -1036,7 +1047,7 @@ impl<L: Link> Lcore<L> {
             }
             wire::NdRepr::Advert { target, target_lladdr, .. } => {
                 if let Some(mac) = target_lladdr {
-                    self.neigh.learn(IpAddr::V6(target), mac.0);
+                    self.neigh.answer(IpAddr::V6(target), mac.0, now.0);
                 }
             }
         }
@@ -1063,6 +1074,7 @@ impl<L: Link> Lcore<L> {
     /// No MAC for `ip`: ask for it (ARP request or neighbour solicitation), at most once per
     /// 100 µs per lcore so a stream of packets to an unknown peer does not flood the link.
     fn solicit(&mut self, pi: usize, ip: IpAddr, now: Instant) {
+        self.neigh.want(ip, now.0);
         if now.0 < self.last_solicit.0 + 100_000 && self.last_solicit.0 != 0 {
             return;
         }
@@ -1089,8 +1101,8 @@ impl<L: Link> Lcore<L> {
         self.work.clear();
         for c in &self.clients {
             let page = c.page();
-            let row = self.index % pmrxe_abi::MAX_LCORES;
-            let summary = &page.summary[row];
+            let row = page.row(self.index);
+            let summary = &row.summary;
             if summary.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -1098,7 +1110,7 @@ impl<L: Link> Lcore<L> {
             while words != 0 {
                 let w = words.trailing_zeros() as usize;
                 words &= words - 1;
-                let word = &page.doorbell[row][w];
+                let word = &row.words[w];
                 let mut bits = word.swap(0, Ordering::Acquire);
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
@@ -1200,7 +1212,7 @@ impl<L: Link> Lcore<L> {
             // The next packet's path must be resolved before the QP's send state advances
             // (a UC/UD packet built for an unknown MAC would be lost yet reported sent).
             if let Some((av, dest)) = qp.next_path() {
-                if path_for(&mut s.path, port, &self.neigh, &av, qp.qpn(), dest).is_none() {
+                if path_for(&mut s.path, port, &self.neigh, &av, qp.qpn(), dest, now).is_none() {
                     let held = *s.hold_since.get_or_insert(now);
                     if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
                         bump(&self.stats.tx_neigh_hold, 1);
@@ -1234,7 +1246,7 @@ impl<L: Link> Lcore<L> {
                     break;
                 };
                 any = true;
-                let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn) else {
+                let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn, now) else {
                     bump(&self.stats.tx_no_neighbor, 1);
                     unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
                     continue; // the engine's retransmission recovers once ARP/ND resolves
@@ -1532,14 +1544,15 @@ fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats) -> bool {
 
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
 /// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
-fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32) -> Option<&'a PathCache> {
+#[allow(clippy::too_many_arguments)]
+fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a PathCache> {
     let gen = neigh.generation();
     let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
     if !hit {
         let dst_ip = gid_to_ip(&av.dgid);
         let src_ip = port.ips.get(av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         let local = port.owns_ip(dst_ip);
-        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip)) }?;
+        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip, now.0)) }?;
         let l3 = wire::L3Info {
             src_mac: MacAddr(port.dev.mac),
             dst_mac: MacAddr(dmac),
