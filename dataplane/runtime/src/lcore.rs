@@ -49,7 +49,7 @@ use crate::stats::{bump, DropStats, LcoreStats};
 pub const BURST: usize = 32;
 
 /// One device (port) as this lcore serves it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceConfig {
     /// Device index (pmrxeN).
     pub index: u32,
@@ -59,6 +59,11 @@ pub struct DeviceConfig {
     pub gids: Vec<[u8; 16]>,
     /// Ethernet MTU.
     pub mtu: u16,
+    /// ECN on: every RoCE frame leaves ECT(0) (DSCP from the QP's GRH traffic class).
+    pub ecn: bool,
+    /// Congestion control of every QP on this device ([`Qp::set_congestion`]): CNPs for
+    /// CE-marked packets and DCQCN. Off (default) unless the port's `ecn` is on.
+    pub cc: pmrxe_transport::CcConfig,
 }
 
 
@@ -712,6 +717,8 @@ impl<L: Link> Lcore<L> {
                 return Err("unknown SRQ".into());
             }
         }
+        let mut s = s;
+        s.qp.set_congestion(self.ports[dev].dev.cc);
         let qpn = s.qp.qpn();
         let is_ud = s.qp.qp_type() == QpType::Ud;
         let srq = s.qp.srq();
@@ -873,6 +880,9 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return None;
                 }
+                if wire::ecn::is_ce(f.tclass) {
+                    bump(&self.stats.rx_ecn_ce, 1);
+                }
                 let mut pkt = RxPacket::new(f.headers, f.payload);
                 pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
                 pkt.dst_gid = crate::neigh::ip_to_gid(f.dst_ip);
@@ -891,6 +901,7 @@ impl<L: Link> Lcore<L> {
                 self.on_nd(pi, data, now);
                 None
             }
+            Err(wire::Error::UnknownOpcode(op)) if op == wire::cnp::OPCODE.0 => self.on_cnp(pi, now, data, may_hand_off),
             Err(e) => {
                 if e == wire::Error::BadIcrc {
                     bump(&self.stats.rx_icrc_errors, 1);
@@ -900,6 +911,50 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.rx_malformed, 1);
                 }
                 bump(&self.drops.by_reason[e.index()], 1);
+                None
+            }
+        }
+    }
+
+    /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names
+    /// cuts its rate (DCQCN reaction point). Returns the owning lcore when the QP lives there.
+    fn on_cnp(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
+        let f = match wire::parse_cnp_frame(data) {
+            Ok(f) => f,
+            Err(e) => {
+                if e == wire::Error::BadIcrc {
+                    bump(&self.stats.rx_icrc_errors, 1);
+                } else {
+                    bump(&self.stats.rx_malformed, 1);
+                }
+                bump(&self.drops.by_reason[e.index()], 1);
+                return None;
+            }
+        };
+        if !self.ports[pi].owns_ip(f.dst_ip) {
+            bump(&self.stats.rx_not_for_us, 1);
+            return None;
+        }
+        if f.cnp.pkey & 0x7fff != 0x7fff {
+            bump(&self.stats.rx_malformed, 1);
+            return None;
+        }
+        let qpn: u32 = f.cnp.dest_qp.into();
+        match self.engine.ext(qpn) {
+            Some(slot) if slot.dev == pi => {
+                bump(&self.stats.rx_cnp, 1);
+                self.engine.handle_cnp(now, qpn);
+                None
+            }
+            None if may_hand_off => match &self.handoff {
+                Some(h) if h.owner(qpn) != self.index % h.lcores() => Some(h.owner(qpn)),
+                _ => {
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    None
+                }
+            },
+            _ => {
+                bump(&self.stats.rx_unknown_qp, 1);
                 None
             }
         }
@@ -1246,6 +1301,9 @@ impl<L: Link> Lcore<L> {
                     break;
                 };
                 any = true;
+                if buf[0] == wire::cnp::OPCODE.0 {
+                    bump(&self.stats.tx_cnp, 1);
+                }
                 let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn, now) else {
                     bump(&self.stats.tx_no_neighbor, 1);
                     unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
@@ -1558,7 +1616,8 @@ fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh
             dst_mac: MacAddr(dmac),
             src_ip,
             dst_ip,
-            tclass: av.traffic_class,
+            // RoCEv2 over an ECN fabric: ECT(0), the DSCP from the GRH traffic class.
+            tclass: if port.dev.ecn { wire::ecn::with_ecn(av.traffic_class, wire::ecn::ECT0) } else { av.traffic_class },
             ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
             flow_label: av.flow_label,
             udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),

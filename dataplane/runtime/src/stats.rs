@@ -53,6 +53,12 @@ counters! {
         rx_not_for_us,
         /// RoCE frames for an unknown QPN (dropped).
         rx_unknown_qp,
+        /// RoCE frames for one of our QPs that arrived marked ECN Congestion Experienced.
+        rx_ecn_ce,
+        /// CNPs (BTH opcode 0x81) received and handed to their QP's reaction point.
+        rx_cnp,
+        /// CNPs sent by the notification points of this lcore's QPs.
+        tx_cnp,
         /// ARP requests answered.
         arp_replies,
         /// Transmit buffer allocation failures.

@@ -96,8 +96,8 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
     let ip0: IpAddr = "198.18.0.1".parse().unwrap();
     let ip1: IpAddr = "198.18.0.2".parse().unwrap();
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000 };
-    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000 };
+    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
+    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
     let mem = Arc::new(MemTable::new(MemLimits::default()));
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
     let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);

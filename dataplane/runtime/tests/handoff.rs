@@ -53,7 +53,7 @@ fn frames_for_another_lcores_qp_are_handed_over_and_writes_complete() {
     let ip0: IpAddr = "198.18.0.1".parse().unwrap();
     let ip1: IpAddr = "198.18.0.2".parse().unwrap();
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let dev = |i: u32| DeviceConfig { index: i, mac: if i == 0 { mac0 } else { mac1 }, gids: vec![ip_to_gid(if i == 0 { ip0 } else { ip1 })], mtu: 9000 };
+    let dev = |i: u32| DeviceConfig { index: i, mac: if i == 0 { mac0 } else { mac1 }, gids: vec![ip_to_gid(if i == 0 { ip0 } else { ip1 })], mtu: 9000, ..Default::default() };
     // Queue q of device 0 is wired to queue q of device 1 (like a ring pair with 2 queues).
     let (a0, b0) = PipeLink::pair(9100);
     let (a1, b1) = PipeLink::pair(9100);

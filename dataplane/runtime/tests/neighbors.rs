@@ -18,7 +18,7 @@ fn setup() -> (Lcore<PipeLink>, PipeLink) {
     let (ours, peer) = PipeLink::pair(2048);
     let v4: IpAddr = "10.1.0.1".parse().unwrap();
     let v6: IpAddr = "fd00::1".parse().unwrap();
-    let dev = DeviceConfig { index: 0, mac: OUR_MAC, gids: vec![ip_to_gid(v4), ip_to_gid(v6)], mtu: 1500 };
+    let dev = DeviceConfig { index: 0, mac: OUR_MAC, gids: vec![ip_to_gid(v4), ip_to_gid(v6)], mtu: 1500, ..Default::default() };
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
     let (lc, _h) = Lcore::new(0, vec![(ours, dev)], Arc::new(MemTable::new(MemLimits::default())), &[], idle, Arc::new(AtomicBool::new(false)), None);
     (lc, peer)

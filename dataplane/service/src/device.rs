@@ -19,6 +19,32 @@ pub const ENGINE_MAX_SGE: u32 = pmrxe_transport::MAX_SGE as u32;
 /// Inline bytes per WQE.
 pub const ENGINE_MAX_INLINE: u32 = pmrxe_transport::MAX_INLINE as u32;
 
+/// A port's congestion control for its QPs: off unless `ecn`; then the notification point
+/// (CNPs) and the DCQCN reaction point with the `[ports.congestion]` parameters.
+pub fn congestion(ecn: bool, c: &pmrxe_config::CongestionConfig) -> pmrxe_transport::CcConfig {
+    if !ecn {
+        return pmrxe_transport::CcConfig::default();
+    }
+    let us = |v: u32| u64::from(v) * 1_000;
+    let mbps = |v: u64| v.saturating_mul(1_000_000);
+    pmrxe_transport::CcConfig {
+        np: Some(pmrxe_transport::NpParams { cnp_interval_ns: us(c.cnp_interval_us), cnp_dscp: c.cnp_dscp }),
+        rp: Some(pmrxe_transport::DcqcnParams {
+            line_rate_bps: mbps(c.line_rate_mbps),
+            min_rate_bps: mbps(c.min_rate_mbps),
+            g: c.alpha_g,
+            alpha_timer_ns: us(c.alpha_timer_us),
+            initial_alpha: c.initial_alpha,
+            rate_increase_timer_ns: us(c.rate_increase_timer_us),
+            byte_counter: c.byte_counter,
+            fast_recovery_steps: c.fast_recovery_steps,
+            ai_rate_bps: mbps(c.ai_rate_mbps),
+            hai_rate_bps: mbps(c.hai_rate_mbps),
+            rate_reduce_period_ns: us(c.rate_reduce_period_us),
+        }),
+    }
+}
+
 /// The GID table of a port: [0] link-local from the MAC, [1] IPv4-mapped (if configured; rxe
 /// and `ibv_rc_pingpong -g 1` put it there), then the IPv6 address. All RoCE v2.
 pub fn gids(p: &PortConfig, mac: [u8; 6]) -> Vec<[u8; 16]> {
@@ -132,5 +158,17 @@ mod tests {
         assert_eq!(d.port.active_mtu, 5, "9000-byte Ethernet → 4096-byte RoCE MTU");
         assert_eq!(ibv_mtu(1500), 3, "1500-byte Ethernet → 1024-byte RoCE MTU");
         assert!(d.attr.max_sge <= ENGINE_MAX_SGE);
+    }
+}
+
+#[cfg(test)]
+mod congestion_test {
+    /// The config defaults map to the transport's (paper / ConnectX) defaults exactly.
+    #[test]
+    fn defaults_match_the_transport() {
+        let cc = super::congestion(true, &pmrxe_config::CongestionConfig::default());
+        assert_eq!(cc.np, Some(pmrxe_transport::NpParams::default()));
+        assert_eq!(cc.rp, Some(pmrxe_transport::DcqcnParams::default()));
+        assert_eq!(super::congestion(false, &pmrxe_config::CongestionConfig::default()), pmrxe_transport::CcConfig::default());
     }
 }

@@ -92,7 +92,9 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     // Build each lcore with its ports, then pin and start it.
     let dev_cfg = |i: usize| {
         let d = &devices[i];
-        DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: cfg.ports[i].mtu }
+        let p = &cfg.ports[i];
+        let ecn = p.ecn_enabled();
+        DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: p.mtu, ecn, cc: crate::device::congestion(ecn, &p.congestion) }
     };
     // `[faults]`: a seeded injector on every port's receive side (seed + port index + lcore).
     // Their counters are exported by `pmrxe stats --json` ("faults").

@@ -1,0 +1,243 @@
+//! ECN and CNP on the production path (issue 17): an lcore with two ECN-enabled devices moves
+//! RDMA WRITE traffic through a "switch" (this test) that checks every RoCE frame leaves
+//! ECT(0) and marks the data frames Congestion Experienced. The receiving QP's notification
+//! point answers with a CNP (opcode 0x81, ECT(0), DSCP 48), the sending QP's reaction point
+//! cuts its DCQCN rate, the WRITEs still complete, and the counters say so per QP and per
+//! lcore. The CNP the lcore built passes the independent checker `icrc_check.py`.
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam::channel::bounded;
+use pmrxe_abi::ring::{init_ring, Consumer, Producer};
+use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, CLIENT_PAGE_LEN};
+use pmrxe_mem::{Access, MemLimits, MemTable, Region};
+use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, QpSetup};
+use pmrxe_runtime::link::{FrameBuf, Link, VecBuf};
+use pmrxe_runtime::neigh::ip_to_gid;
+use pmrxe_runtime::shm::Segment;
+use pmrxe_transport::sim::PairParams;
+use pmrxe_transport::{AddressVector, AttrMask as M, CcConfig, DcqcnParams, Instant, NpParams, PathMtu, Qp, QpAttr, QpState, QpType};
+use pmrxe_wire::{self as wire, ecn};
+
+type Q = Rc<RefCell<VecDeque<VecBuf>>>;
+
+/// One side of the test's switch: the lcore receives from `rx` and transmits into `tx`.
+struct TestLink {
+    rx: Q,
+    tx: Q,
+}
+impl Link for TestLink {
+    type Buf = VecBuf;
+    fn rx_burst(&mut self, out: &mut Vec<VecBuf>, max: usize) -> usize {
+        let mut q = self.rx.borrow_mut();
+        let n = max.min(q.len()).min(out.capacity() - out.len());
+        out.extend(q.drain(..n));
+        n
+    }
+    fn alloc(&mut self) -> Option<VecBuf> {
+        Some(VecBuf::with_capacity(9100))
+    }
+    fn tx_burst(&mut self, bufs: &mut Vec<VecBuf>) -> usize {
+        let n = bufs.len();
+        self.tx.borrow_mut().extend(bufs.drain(..));
+        n
+    }
+}
+
+fn q() -> Q {
+    Rc::new(RefCell::new(VecDeque::with_capacity(4096)))
+}
+
+/// Rewrite an IPv4 frame's ECN field to CE and fix the header checksum (the ICRC masks TOS).
+fn mark_ce(f: &mut [u8]) {
+    f[15] = ecn::with_ecn(f[15], ecn::CE);
+    f[24] = 0;
+    f[25] = 0;
+    let mut sum: u32 = f[14..34].chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+/// RESET → INIT → RTR → RTS (RC) with a GRH traffic class of DSCP 26 (AF31), ECN bits 0.
+fn up_with_dscp26(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
+    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, traffic_class: 26 << 2, ..AddressVector::default() };
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        path_mtu: p.mtu,
+        qp_access_flags: p.access,
+        port_num: 1,
+        dest_qp_num: peer,
+        rq_psn: p.sq_psn,
+        sq_psn: p.sq_psn,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry: p.rnr_retry,
+        min_rnr_timer: p.min_rnr_timer,
+        max_rd_atomic: p.max_rd_atomic,
+        max_dest_rd_atomic: p.max_dest_rd_atomic,
+        ah_attr: av,
+        ..QpAttr::default()
+    };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).expect("INIT");
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER).expect("RTR");
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC).expect("RTS");
+}
+
+#[test]
+fn ce_marks_become_cnps_that_cut_the_senders_rate() {
+    let (a_tx, a_rx, b_tx, b_rx) = (q(), q(), q(), q());
+    let ip0: IpAddr = "198.18.0.1".parse().unwrap();
+    let ip1: IpAddr = "198.18.0.2".parse().unwrap();
+    let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let cc = CcConfig { np: Some(NpParams::default()), rp: Some(DcqcnParams { line_rate_bps: 10_000_000_000, ..DcqcnParams::default() }) };
+    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ecn: true, cc };
+    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ecn: true, cc };
+    let mem = Arc::new(MemTable::new(MemLimits::default()));
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
+    let links = vec![(TestLink { rx: a_rx.clone(), tx: a_tx.clone() }, d0), (TestLink { rx: b_rx.clone(), tx: b_tx.clone() }, d1)];
+    let (mut lc, h) = Lcore::new(0, links, mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+
+    let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
+    let (etx, _erx) = bounded(16);
+    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
+    let mut cq_rings = Vec::new();
+    for cq in [10u32, 11] {
+        let layout = CqSegmentLayout::new(1024);
+        let seg = Arc::new(Segment::create("cq", layout.total_len as usize).unwrap());
+        // SAFETY: fresh segment laid out by `layout`.
+        unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap() };
+        // SAFETY: the ring was just initialised; `seg` outlives the consumer (kept in the vec).
+        let c = unsafe { Consumer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - 64, 1024).unwrap() };
+        let (tx, rx) = bounded(1);
+        h.cmds.send(Cmd::AddCq { cq, client: 1, seg: seg.clone(), layout, channel: None, done: tx }).unwrap();
+        lc.poll_once(Instant(0));
+        rx.recv().unwrap().unwrap();
+        cq_rings.push((seg, c));
+    }
+    // The QPs carry a GRH traffic class with DSCP 26 (AF31): the wire must keep it, plus ECT(0).
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
+    let pd = p.pd;
+    let mut sqs = Vec::new();
+    for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
+        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, None).unwrap();
+        up_with_dscp26(&mut qp, peer, ip_to_gid(peer_ip), &p);
+        let layout = QpSegmentLayout::new(256, 256);
+        let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
+        // SAFETY: fresh segment laid out by `layout`.
+        unsafe {
+            init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
+            init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
+        }
+        // SAFETY: as above; `seg` is kept alive in `sqs`.
+        let prod = unsafe {
+            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
+        };
+        let (tx, rx) = bounded(1);
+        let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
+        h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();
+        lc.poll_once(Instant(0));
+        rx.recv().unwrap().unwrap();
+        sqs.push((seg, prod));
+    }
+    let src = Region::zeroed(1 << 20);
+    src.fill(0, 1 << 20, 0xab).unwrap();
+    let dst = Region::zeroed(1 << 20);
+    let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
+    let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    // SAFETY: the page segment holds the ClientPage the lcore reads doorbells from.
+    let cpage = unsafe { &*(page.as_ptr() as *const ClientPage) };
+    const N: u64 = 16;
+    for i in 0..N {
+        let mut w = ShmSendWqe { wr_id: i, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + i * 65536, rkey: rkey.0, ..Default::default() };
+        w.set_sge(0, ShmSge { addr: 0x10_0000 + i * 65536, length: 65536, lkey: lkey.0 });
+        sqs[0].1.push(w).unwrap();
+    }
+    cpage.ring(Doorbell { lcore: 0, slot: 0 });
+
+    // Run the lcore and the switch until every WRITE completed (bounded in simulated time).
+    let (mut now, mut completed, mut data_frames, mut cnps) = (1_000u64, 0u64, 0u64, Vec::new());
+    while completed < N {
+        assert!(now < 2_000_000_000, "WRITEs did not complete ({completed}/{N})");
+        lc.poll_once(Instant(now));
+        now += 1_000;
+        // 0 -> 1: requests; each must be ECT(0) with the QP's DSCP; the switch marks CE.
+        for mut b in a_tx.borrow_mut().drain(..) {
+            let len = b.data().len();
+            let f = b.resize(len).unwrap();
+            assert_eq!((f[15] >> 2, ecn::ecn_of(f[15])), (26, ecn::ECT0), "request TOS {:#x}", f[15]);
+            mark_ce(f);
+            data_frames += 1;
+            b_rx.borrow_mut().push_back(b);
+        }
+        // 1 -> 0: acknowledgements (DSCP 26) and CNPs (DSCP 48), all ECT(0).
+        for b in b_tx.borrow_mut().drain(..) {
+            let f = b.data();
+            assert_eq!(ecn::ecn_of(f[15]), ecn::ECT0, "response TOS {:#x}", f[15]);
+            if f[42] == wire::cnp::OPCODE.0 {
+                assert_eq!(f[15] >> 2, 48, "CNP DSCP");
+                let c = wire::parse_cnp_frame(f).expect("a valid CNP");
+                assert_eq!(u32::from(c.cnp.dest_qp), 0x11, "CNP names the sending QP");
+                cnps.push(f.to_vec());
+            } else {
+                assert_eq!(f[15] >> 2, 26);
+            }
+            a_rx.borrow_mut().push_back(b);
+        }
+        while let Some(c) = cq_rings[0].1.pop().unwrap() {
+            assert_eq!(c.status, 0, "WRITE {} failed: status {}", c.wr_id, c.status);
+            completed += 1;
+        }
+    }
+    let mut out = vec![0u8; 65536];
+    for i in 0..N as usize {
+        dst.read(i * 65536, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0xab), "WRITE {i} data intact");
+    }
+    // Counters: per lcore and per QP.
+    let s = h.stats.snapshot();
+    println!("data frames {data_frames}, CNPs {}, lcore {:?}", cnps.len(), (s.rx_ecn_ce, s.tx_cnp, s.rx_cnp));
+    assert!(s.rx_ecn_ce >= data_frames, "every marked frame counted ({} < {data_frames})", s.rx_ecn_ce);
+    assert!(!cnps.is_empty() && cnps.len() as u64 == s.tx_cnp && s.tx_cnp == s.rx_cnp, "CNPs sent == seen == received");
+    // At most one CNP per QP per 50 µs of the lcore's clock (1 µs per poll here).
+    assert!((cnps.len() as u64) <= now / 50_000 + 1, "{} CNPs in {now} ns", cnps.len());
+    let (tx, rx) = bounded(1);
+    h.cmds.send(Cmd::QpStats { done: tx }).unwrap();
+    lc.poll_once(Instant(now));
+    let qs = rx.recv().unwrap();
+    let st = |qpn| qs.iter().find(|(q, _)| *q == qpn).unwrap().1.clone();
+    let (snd, rcv) = (st(0x11), st(0x12));
+    println!("sender: cnp_received {} decreases {} rate {} Mb/s; receiver: ecn_ce {} cnp_sent {}", snd.cnp_received, snd.cc_rate_decreases, snd.cc_rate_mbps, rcv.ecn_ce_received, rcv.cnp_sent);
+    assert_eq!(snd.cnp_received, s.rx_cnp);
+    assert_eq!(rcv.cnp_sent, s.tx_cnp);
+    assert!(rcv.ecn_ce_received >= data_frames);
+    assert!(snd.cc_rate_decreases >= 1, "the reaction point cut the rate");
+    assert!(snd.cc_rate_mbps < 10_000, "rate {} Mb/s is below line rate", snd.cc_rate_mbps);
+
+    // The CNP the lcore built verifies with the independent checker.
+    let checker = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/acceptance/lib/icrc_check.py");
+    if !checker.exists() {
+        eprintln!("SKIP icrc_check.py: {} not found", checker.display());
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("pmrxe-cnp-{}.pcap", std::process::id()));
+    let mut w = wire::PcapWriter::new(std::fs::File::create(&path).unwrap(), false).unwrap();
+    w.write_frame(Duration::from_secs(1_700_000_000), &cnps[0]).unwrap();
+    w.flush().unwrap();
+    drop(w);
+    let o = std::process::Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&path).output().expect("python3");
+    let text = String::from_utf8_lossy(&o.stdout);
+    println!("{text}");
+    let _ = std::fs::remove_file(&path);
+    assert!(o.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("checked 1 packets, 0 bad ICRC, 0 malformed") && text.contains("opcode 0x81 CNP"), "{text}");
+    // Same layout as the ConnectX vector: 14 + 20 + 8 + 12 (BTH) + 16 + 4 (ICRC), BECN set.
+    assert_eq!(cnps[0].len(), 74);
+    assert_eq!(cnps[0][46] & 0x40, 0x40, "BECN");
+}
