@@ -2,12 +2,17 @@
  * rdma_get_cm_event: as with libibverbs/librdmacm (read(2) is a cancellation point) the thread
  * ends, its cleanup handlers run, and the process goes on (rping -P cancels its CQ thread when
  * an accept fails; the shim used to abort with "FATAL: exception not rethrown").
+ * Then a thread blocked in rdma_get_cm_event while another destroys its id and the channel
+ * (rping 44's CM thread at exit): the event of the destroyed id is not returned (the kernel
+ * purges it) and the reader stays blocked instead of reading a freed channel (EBADF).
  * Prints "OK cancel" on success. */
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
+#include <string.h>
+#include <arpa/inet.h>
 
 static struct ibv_context *ctx;
 static struct ibv_comp_channel *ch;
@@ -41,6 +46,20 @@ static void *cm_thread(void *a)
 	pthread_cleanup_push(cleanup, (void *)2);
 	rdma_get_cm_event(ech, &e);
 	pthread_cleanup_pop(0);
+	return NULL;
+}
+
+static struct rdma_event_channel *ech2;
+static volatile int returned;
+
+static void *late_reader(void *a)
+{
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(ech2, &e) == 0)
+		printf("rdma_get_cm_event returned event %d of a destroyed id\n", e->event);
+	else
+		perror("rdma_get_cm_event on a destroyed channel");
+	returned = 1;
 	return NULL;
 }
 
@@ -88,6 +107,30 @@ int main(void)
 	rdma_destroy_event_channel(ech);
 	ibv_close_device(ctx);
 	ibv_free_device_list(l);
+	/* An event queued for an id that is destroyed before it is read. */
+	{
+		struct rdma_cm_id *id;
+		struct sockaddr_in dst;
+		pthread_t t;
+		ech2 = rdma_create_event_channel();
+		if (!ech2 || rdma_create_id(ech2, &id, NULL, RDMA_PS_TCP))
+			return 1;
+		memset(&dst, 0, sizeof(dst));
+		dst.sin_family = AF_INET;
+		dst.sin_port = htons(7471);
+		dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000) || rdma_destroy_id(id)) {
+			perror("rdma_resolve_addr/rdma_destroy_id");
+			return 1;
+		}
+		if (pthread_create(&t, NULL, late_reader, NULL))
+			return 1;
+		usleep(200000);
+		rdma_destroy_event_channel(ech2);
+		usleep(200000);
+		printf("reader on a destroyed channel: %s\n", returned ? "returned" : "still blocked");
+		bad |= returned;
+	}
 	if (bad)
 		return 1;
 	printf("OK cancel\n");

@@ -163,7 +163,7 @@ fn perftest_r_read_send_lat_and_write_path_mtu() {
 /// One rping server per client loop, because Debian's rping (rdma-core 44) has a race in its
 /// persistent server: two CONNECT_REQUESTs read before its main thread wakes make it accept
 /// the same child id twice (`rdma_accept: Invalid argument`, then it cancels its CQ thread and
-/// the first REJECTED it sees ends the process). Fixed upstream in rdma-core 56 ("rping: wait
+/// the first REJECTED it sees ends the process). Fixed upstream in rdma-core 57 ("rping: wait
 /// for acknowledgement before processing subsequent CONNECT_REQUESTs"); it happens on a kernel
 /// RoCE device too. Under loss the CMA's 4.3-4.8 s retransmission interval bunches connects
 /// together, which is why the original 3-loops-on-one-server version of this test failed.

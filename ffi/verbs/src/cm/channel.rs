@@ -6,6 +6,7 @@ use crate::client::client;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{self, CmEventMsg, Request, Response};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A new channel (the service's event socket as `fd`).
 pub fn create() -> Res<*mut rdma_event_channel> {
@@ -16,7 +17,7 @@ pub fn create() -> Res<*mut rdma_event_channel> {
     }
     let sock = fds.swap_remove(0);
     let ch = rdma_event_channel { fd: sock.as_raw_fd() };
-    let b = Box::new(ShimEventChannel { ch, magic: <ShimEventChannel as Handle>::MAGIC, handle: channel, _sock: sock });
+    let b = Box::new(ShimEventChannel { ch, magic: <ShimEventChannel as Handle>::MAGIC, handle: channel, _sock: sock, users: AtomicU32::new(0) });
     Ok(b.into_c())
 }
 
@@ -44,6 +45,36 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     ffi_boundary(std::ptr::null_mut(), || ret_ptr(create()))
 }
 
+/// A thread enters `rdma_get_cm_event` on `channel` (magic-checked): the channel stays alive
+/// until it [`leave`]s.
+///
+/// # Safety
+/// `channel` is NULL or points to readable memory (the application's channel).
+pub unsafe fn enter(channel: *mut rdma_event_channel) -> Res<()> {
+    // SAFETY: magic-checked.
+    let ch = unsafe { ShimEventChannel::from_c(channel) }?;
+    ch.users.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+/// A thread leaves `rdma_get_cm_event`: the last one out of a destroyed channel frees it.
+///
+/// # Safety
+/// Pairs with a successful [`enter`] on the same channel.
+pub unsafe fn leave(channel: *mut rdma_event_channel) {
+    // SAFETY: alive while we are counted in `users`.
+    let ch = unsafe { &*channel.cast::<ShimEventChannel>() };
+    if ch.users.fetch_sub(1, Ordering::AcqRel) == ShimEventChannel::DESTROYED | 1 {
+        // SAFETY: destroyed by the application and no other thread inside: ours to free.
+        drop(unsafe { ShimEventChannel::take(channel) });
+    }
+}
+
+/// `rdma_destroy_event_channel`. A thread still blocked in `rdma_get_cm_event` on it keeps it
+/// (and its socket) alive and stays blocked, as a read(2) in progress on a closed ucma fd does:
+/// events of destroyed ids are skipped, as the kernel purges them on `rdma_destroy_id`, so a
+/// late DISCONNECTED does not wake it into a freed channel (rping 44's CM thread).
+///
 /// # Safety
 /// `channel` came from `rdma_create_event_channel` and has no ids left.
 #[no_mangle]
@@ -51,8 +82,9 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
     ffi_boundary((), || {
         // SAFETY: magic-checked; the application gives the channel up (closing the socket
         // tells the service).
-        if unsafe { ShimEventChannel::from_c(channel) }.is_ok() {
-            // SAFETY: validated just above.
+        let Ok(ch) = (unsafe { ShimEventChannel::from_c(channel) }) else { return };
+        if ch.users.fetch_or(ShimEventChannel::DESTROYED, Ordering::AcqRel) & !ShimEventChannel::DESTROYED == 0 {
+            // SAFETY: validated just above; nobody inside rdma_get_cm_event.
             drop(unsafe { ShimEventChannel::take(channel) });
         }
     })

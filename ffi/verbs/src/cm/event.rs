@@ -260,6 +260,13 @@ pub fn complete(id: &mut ShimId) -> Res<()> {
 /// `channel` is ours; `event` writable.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
+    // SAFETY: the application's channel pointer (magic-checked inside).
+    if let Err(r) = ffi_boundary(Err(-1), || unsafe { channel::enter(channel) }.map_err(|e| super::ret(Err(e)))) {
+        return r;
+    }
+    // SAFETY: after a successful enter, on every way out (a cancellation skips it: the
+    // channel then stays allocated).
+    let leave = || ffi_boundary((), || unsafe { channel::leave(channel) });
     loop {
         let step = ffi_boundary(Err(-1), || {
             cancel::no_cancel(|| {
@@ -278,9 +285,15 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(channel: *mut rdma_event_chann
             })
         });
         match step {
-            Err(r) => return r,
+            Err(r) => {
+                let e = Errno::last();
+                leave();
+                set_errno(e.0);
+                return r;
+            }
             Ok(fd) => {
                 if let Err(e) = cancel::wait_datagram(fd) {
+                    leave();
                     set_errno(e);
                     return -1;
                 }

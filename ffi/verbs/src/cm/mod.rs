@@ -27,6 +27,7 @@ use pmrxe_abi::ctrl::{CmSockAddr, Request};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Condvar, Mutex};
 
 /// `RDMA_MAX_PRIVATE_DATA` of `rdma_cma_abi.h`.
@@ -41,8 +42,16 @@ pub struct ShimEventChannel {
     pub handle: u32,
     /// The event socket (`ch.fd`); closed with the channel, which the service sees.
     _sock: OwnedFd,
+    /// Threads inside `rdma_get_cm_event` on this channel, plus [`ShimEventChannel::DESTROYED`]
+    /// once the application destroyed it: the last of them frees it (see `channel::destroy`).
+    pub users: AtomicU32,
 }
 handle!(ShimEventChannel, rdma_event_channel, 0x504d_5845_4345_4348);
+
+impl ShimEventChannel {
+    /// `users` flag: `rdma_destroy_event_channel` was called.
+    pub const DESTROYED: u32 = 1 << 31;
+}
 
 /// Layout of librdmacm's private `struct cma_device` (cma.c), of which the rsockets code reads
 /// `max_qpsize` through `ucma_max_qpsize`. One per device, for the process.
