@@ -92,7 +92,8 @@ impl Qp {
         let mut progress = false;
         let mut idx = self.sq_head;
         while idx < self.sq_end() {
-            let e = *self.entry(idx);
+            // By reference: an SQ entry is hundreds of bytes, an ACK must not copy them.
+            let e = self.entry(idx);
             if e.done.is_some() {
                 idx += 1;
                 continue;
@@ -113,8 +114,10 @@ impl Qp {
         }
         let next = p.wrapping_add(1);
         if next.distance(self.comp.psn) > 0 && next.distance(self.req.max_sent) <= 0 {
-            // Never move past a READ that still misses responses.
+            // Never move past a READ that still misses responses (none can when no READ or
+            // atomic holds a credit: skip the walk).
             let limit = (self.sq_head..self.sq_end())
+                .take_while(|_| self.req.rd_atomic_inflight > 0)
                 .map(|i| self.entry(i))
                 .find(|e| e.started && e.done.is_none() && e.wqe.op.is_rd_atomic())
                 .map(|e| e.first_psn.wrapping_add(e.rcvd));

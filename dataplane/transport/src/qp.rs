@@ -978,15 +978,16 @@ impl Qp {
     pub(crate) fn retire(&mut self) {
         while let Some(e) = self.sq.front() {
             let Some(st) = e.done else { break };
-            let e = *e;
+            // Only the fields the CQE needs (not a copy of the whole entry).
+            let (wr_id, op, len, signaled) = (e.wqe.wr_id, e.wqe.op, e.len, e.wqe.signaled());
             self.sq.pop_front();
             self.sq_head += 1;
-            if st != WcStatus::Success || e.wqe.signaled() || self.sq_sig_all {
-                let mut c = Cqe::new(e.wqe.wr_id, st, wc_opcode(&e.wqe.op), self.qpn);
+            if st != WcStatus::Success || signaled || self.sq_sig_all {
+                let mut c = Cqe::new(wr_id, st, wc_opcode(&op), self.qpn);
                 if st == WcStatus::Success {
-                    c.byte_len = match e.wqe.op {
+                    c.byte_len = match op {
                         SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => 8,
-                        _ => e.len as u32,
+                        _ => len as u32,
                     };
                 }
                 self.stats.completion(st);

@@ -153,8 +153,12 @@ impl Qp {
                 return None;
             }
             let first_time = idx >= self.req.exec_cursor;
-            let e = *self.entry(idx);
-            if e.wqe.op.is_local() {
+            // The few fields the walk needs, not a copy of the whole entry (SGEs, inline data).
+            let (op, flags, done, len) = {
+                let e = self.entry(idx);
+                (e.wqe.op, e.wqe.flags, e.done, e.len)
+            };
+            if op.is_local() {
                 if !first_time {
                     // Replay: the local effect is already applied (execution cursor ahead).
                     self.stats.local_op_replay_skips += 1;
@@ -164,25 +168,25 @@ impl Qp {
                 if self.state == QpState::Sqd {
                     return None;
                 }
-                if matches!(e.wqe.op, SendOp::LocalInv { .. }) && idx != self.sq_head {
+                if matches!(op, SendOp::LocalInv { .. }) && idx != self.sq_head {
                     // Mandatory LIF: every earlier WQE must have completed.
                     return None;
                 }
-                if e.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
                     return None;
                 }
-                if e.done.is_some() {
+                if done.is_some() {
                     // Would be a second execution: never happens by construction; counted.
                     self.stats.local_op_reexecutions += 1;
                 }
-                let st = self.execute_local(mem, &e.wqe.op);
+                let st = self.execute_local(mem, &op);
                 self.req.exec_cursor = idx + 1;
                 self.req.net_cursor = idx + 1;
                 self.finish_wqe(idx, st);
                 self.retire();
                 continue;
             }
-            if e.done.is_some() {
+            if done.is_some() {
                 // UC/UD already completed at last transmission.
                 self.req.net_cursor += 1;
                 continue;
@@ -191,16 +195,16 @@ impl Qp {
                 if self.state == QpState::Sqd {
                     return None;
                 }
-                if e.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
                     return None;
                 }
-                if e.wqe.op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
+                if op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
                     return None;
                 }
                 if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
                     return None;
                 }
-                if self.qp_type == QpType::Ud && e.len > u64::from(self.mtu()) {
+                if self.qp_type == QpType::Ud && len > u64::from(self.mtu()) {
                     // C10-93.1.1: a UD message over the (port) MTU emits no packet. rxe then
                     // fakes SUCCESS (C10-93.1.1 asks for no error), which hides the loss from
                     // the consumer; we complete it with LOC_LEN_ERR instead (issue 13), and as
@@ -214,7 +218,7 @@ impl Qp {
                     continue;
                 }
                 let p = self.req.next_psn;
-                let credit = e.wqe.op.is_rd_atomic();
+                let credit = op.is_rd_atomic();
                 let en = self.entry_mut(idx);
                 en.started = true;
                 en.first_psn = p;
