@@ -1,0 +1,278 @@
+//! ECN/CNP on the real path (issue 17): a service whose `pmrxe0` is DPDK `net_af_packet` on a
+//! veth end in namespace `pmrxe-cc-a` (a NIC port: ECN on by default); the test is the peer,
+//! writing and reading raw frames with an AF_PACKET socket on the other end in `pmrxe-cc-b`.
+//!
+//! 1. The service's RC requests leave ECN-capable: ECT(0) in the IP TOS.
+//! 2. A CNP built like the ConnectX-4 Lx vector of `shared/acceptance/lib/icrc_check.py`
+//!    (DSCP 48 + ECT(0), UDP source port 0, BECN, 16 reserved bytes, hardware ICRC layout),
+//!    addressed to the service's QP, cuts that QP's DCQCN rate: `pmrxe stats --json` shows the
+//!    CNP received (per QP and per lcore) and the rate below line rate.
+//! 3. A CE-marked WRITE to the QP is ACKed and answered with a CNP (notification point) that
+//!    verifies with `icrc_check.py` and has the hardware vector's layout.
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pmrxe_service::native::{access, wqe, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
+use pmrxe_wire::{build_cnp_frame, build_frame_vec, ecn, parse_cnp_frame, parse_frame, AethRepr, BthRepr, CnpRepr, L3Info, MacAddr, Msn, Opcode, Psn, Qpn, RethRepr, Syndrome, TransportHeaders};
+
+const NS_A: &str = "pmrxe-cc-a";
+const NS_B: &str = "pmrxe-cc-b";
+const IF_A: &str = "pmrxe-ca";
+const IF_B: &str = "pmrxe-cb";
+const MAC_A: [u8; 6] = [2, 0, 0x0a, 0x4e, 0, 1];
+const MAC_B: [u8; 6] = [2, 0, 0x0a, 0x4e, 0, 2];
+const IP_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+const IP_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+/// The peer's (this test's) QP number.
+const PEER_QPN: u32 = 0x118;
+
+struct Netns;
+impl Netns {
+    fn up() -> Netns {
+        let st = std::process::Command::new(repo_root().join("scripts/netns.sh"))
+            .args(["up", NS_A, NS_B])
+            .env("IF_A", IF_A)
+            .env("IF_B", IF_B)
+            .status()
+            .expect("scripts/netns.sh");
+        assert!(st.success(), "scripts/netns.sh up failed");
+        Netns
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo_root().join("scripts/netns.sh"))
+            .args(["down", NS_A, NS_B])
+            .env("IF_A", IF_A)
+            .env("IF_B", IF_B)
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `ecn` left at its NIC-port default (on). Line rate 1 Gb/s and a 1 s rate-increase timer
+/// with a huge byte counter, so one CNP's cut (α = 1: half the rate) is still visible when
+/// the test reads the stats a few milliseconds later.
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("congestion.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+[service]
+log = "info"
+idle = {{ mode = "backoff", spin_iterations = 1000, max_sleep_us = 200 }}
+[eal]
+hugepages = false
+memory_mb = 256
+file_prefix = "pmrxe-cc"
+[lcores]
+cores = [1]
+main_core = 0
+[[ports]]
+name = "pmrxe0"
+kind = "vdev"
+devargs = "net_af_packet0,iface={IF_A},qpairs=1"
+mac = "02:00:0a:4e:00:01"
+ipv4 = "10.78.0.1/24"
+mtu = 1500
+congestion = {{ line_rate_mbps = 1000, rate_increase_timer_us = 1000000, byte_counter = 1000000000000 }}
+[[neighbors]]
+ip = "10.78.0.2"
+mac = "02:00:0a:4e:00:02"
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// A raw AF_PACKET socket bound to `IF_B` inside `NS_B`.
+fn peer_socket() -> OwnedFd {
+    std::thread::spawn(|| {
+        let ns = std::fs::File::open(format!("/run/netns/{NS_B}")).expect("open netns");
+        // SAFETY: setns on this thread with a namespace fd we hold.
+        assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket syscall.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as i32) };
+        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        // SAFETY: fresh fd.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name = std::ffi::CString::new(IF_B).unwrap();
+        // SAFETY: NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert!(ifindex > 0, "if_nametoindex {IF_B}");
+        // SAFETY: sockaddr_ll is plain data.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex as i32;
+        // SAFETY: valid sockaddr_ll.
+        let r = unsafe { libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of_val(&sll) as u32) };
+        assert_eq!(r, 0, "bind AF_PACKET");
+        let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
+        // SAFETY: valid timeval option.
+        unsafe {
+            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of_val(&tv) as u32)
+        };
+        fd
+    })
+    .join()
+    .unwrap()
+}
+
+fn send(fd: &OwnedFd, frame: &[u8]) {
+    // SAFETY: sending from a live buffer on our bound socket.
+    let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    assert_eq!(n, frame.len() as isize, "send: {}", std::io::Error::last_os_error());
+}
+
+/// Frames from the service until `done` accepts the collection or `wait` passes.
+fn recv_until(fd: &OwnedFd, wait: Duration, done: impl Fn(&[Vec<u8>]) -> bool) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    let mut buf = vec![0u8; 10000];
+    while t0.elapsed() < wait && !done(&out) {
+        // SAFETY: receiving into a live buffer.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n > 0 && n as usize > 12 && buf[6..12] == MAC_A {
+            out.push(buf[..n as usize].to_vec());
+        }
+    }
+    out
+}
+
+fn l3(tclass: u8) -> L3Info {
+    L3Info { src_mac: MacAddr(MAC_B), dst_mac: MacAddr(MAC_A), src_ip: IpAddr::V4(IP_B), dst_ip: IpAddr::V4(IP_A), tclass, udp_sport: 0xd00d, ..Default::default() }
+}
+
+fn bth(opcode: Opcode, qpn: u32, psn: Psn, ack_req: bool) -> BthRepr {
+    BthRepr { opcode, solicited: false, migreq: false, pad: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, dest_qp: Qpn::new(qpn), ack_req, psn }
+}
+
+fn qp_stats(svc: &Service, qpn: u32) -> serde_json::Value {
+    let v = svc.stats_json();
+    v["lcores"][0]["qps"].as_array().unwrap().iter().find(|q| q["qpn"] == qpn).cloned().unwrap_or_default()
+}
+
+fn lcore_ctr(svc: &Service, name: &str) -> u64 {
+    svc.stats_json()["lcores"][0]["counters"][name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn cnp_and_ecn_on_the_wire() {
+    require_root();
+    let _lock = heavy_lock();
+    let _ns = Netns::up();
+    let dir = TempDir::new("congestion");
+    let cfg = config(dir.path());
+    let svc = Service::start(Some(&cfg), Some(NS_A));
+    let fd = peer_socket();
+
+    let ctx = Context::connect(&svc.socket).expect("native connect");
+    let pd = Pd::alloc(&ctx, 0).expect("pd");
+    let mut cq = Cq::create(&ctx, 0, 256).expect("cq");
+    let mut buf = Buffer::new(&ctx, 4096).expect("buffer");
+    buf.as_mut_slice().fill(0x5a);
+    let mr = Mr::register(&pd, &buf, access::ALL).expect("mr");
+    let mut qp = Qp::create(&pd, &cq, &cq, QpOptions::default()).expect("qp");
+    let mut dgid = [0u8; 16];
+    dgid[10] = 0xff;
+    dgid[11] = 0xff;
+    dgid[12..].copy_from_slice(&IP_B.octets());
+    // GRH traffic class: DSCP 26 (AF31), ECN bits 0 — the wire must carry DSCP 26 + ECT(0).
+    let av = AhAttr { dgid, sgid_index: 1, hop_limit: 64, traffic_class: 26 << 2, is_global: true, port_num: 1, ..Default::default() };
+    qp.connect(PEER_QPN, av, 3, 4).expect("connect");
+    let qpn = qp.qpn;
+
+    // 1. The QP runs: a WRITE to the peer leaves ECN-capable with the GRH's DSCP.
+    qp.post_send(&[wqe::write_inline(1, &[7u8; 32], 0x1000, 0x77, true)]).expect("post WRITE");
+    let frames = recv_until(&fd, Duration::from_secs(5), |v| v.iter().any(|f| parse_frame(f).is_ok_and(|r| r.headers.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)));
+    let w = frames.iter().find(|f| parse_frame(f).is_ok_and(|r| r.headers.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)).expect("the WRITE reached the peer");
+    assert_eq!((w[15] >> 2, ecn::ecn_of(w[15])), (26, ecn::ECT0), "TOS {:#04x}: DSCP 26 + ECT(0)", w[15]);
+    // The peer ACKs it, so the QP stays in RTS (no retry exhaustion while the test runs).
+    let wpsn = parse_frame(w).unwrap().headers.bth.psn;
+    let mut ack = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, qpn, wpsn, false));
+    ack.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 0x1f }, msn: Msn::new(1) });
+    send(&fd, &build_frame_vec(&l3(26 << 2), &ack, &[]).expect("build ACK"));
+    let t0 = Instant::now();
+    let done = loop {
+        let mut c = [pmrxe_service::native::ShmCqe::default(); 4];
+        if cq.poll(&mut c).expect("poll") > 0 {
+            break c[0];
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the WRITE did not complete after the ACK");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!((done.wr_id, done.status), (1, 0), "WRITE completed with success");
+    let before = qp_stats(&svc, qpn);
+    assert_eq!(before["cc_rate_mbps"], 1000, "unlimited: line rate {before}");
+    assert_eq!(before["cnp_received"], 0);
+
+    // 2. A hardware-layout CNP for the QP cuts its rate.
+    let hw = L3Info { tclass: 0xc2, udp_sport: 0, ip_id: 0x718c, ..l3(0) };
+    let mut cnp = [0u8; 128];
+    let n = build_cnp_frame(&mut cnp, &hw, &CnpRepr::new(Qpn::new(qpn))).unwrap();
+    assert_eq!(n, 74, "the ConnectX vector's length");
+    send(&fd, &cnp[..n]);
+    let t0 = Instant::now();
+    while lcore_ctr(&svc, "rx_cnp") == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = qp_stats(&svc, qpn);
+    println!("QP {qpn:#x} before: rate {} Mb/s; after the injected CNP: cnp_received {} decreases {} rate {} Mb/s", before["cc_rate_mbps"], after["cnp_received"], after["cc_rate_decreases"], after["cc_rate_mbps"]);
+    assert_eq!(lcore_ctr(&svc, "rx_cnp"), 1, "lcore rx_cnp");
+    assert_eq!(after["cnp_received"], 1);
+    assert_eq!(after["cc_rate_decreases"], 1);
+    let rate = after["cc_rate_mbps"].as_u64().unwrap();
+    assert!(rate <= 750, "rate {rate} Mb/s: cut from 1000 (α = 1 halves it; at most one fast-recovery step since)");
+    // A CNP with a bad ICRC or for another QP changes nothing.
+    let mut bad = cnp;
+    bad[n - 1] ^= 1;
+    send(&fd, &bad[..n]);
+    let icrc0 = lcore_ctr(&svc, "rx_icrc_errors");
+    let t0 = Instant::now();
+    while lcore_ctr(&svc, "rx_icrc_errors") == icrc0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(qp_stats(&svc, qpn)["cnp_received"], 1, "a corrupt CNP is dropped");
+
+    // 3. Notification point: a CE-marked WRITE into our MR is ACKed and answered with a CNP.
+    let mut h = TransportHeaders::new(bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
+    h.reth = Some(RethRepr { va: mr.addr, rkey: mr.key, len: 64 });
+    let f = build_frame_vec(&l3(ecn::with_ecn(26 << 2, ecn::CE)), &h, &[0xc3; 64]).expect("build WRITE");
+    send(&fd, &f);
+    let got = recv_until(&fd, Duration::from_secs(5), |v| v.iter().any(|f| f.len() > 42 && f[42] == 0x81));
+    let cnp_out = got.iter().find(|f| f.len() > 42 && f[42] == 0x81).expect("a CNP for the CE-marked WRITE");
+    let c = parse_cnp_frame(cnp_out).expect("valid CNP");
+    assert_eq!(u32::from(c.cnp.dest_qp), PEER_QPN, "addressed to the sending QP");
+    assert_eq!((c.tclass >> 2, ecn::ecn_of(c.tclass)), (48, ecn::ECT0), "DSCP 48 + ECT(0) as the NIC");
+    assert_eq!(cnp_out.len(), 74);
+    assert_eq!(cnp_out[46] & 0x40, 0x40, "BECN");
+    assert!(buf.as_slice()[..64].iter().all(|&b| b == 0xc3), "the CE-marked WRITE was placed");
+    let st = qp_stats(&svc, qpn);
+    assert_eq!((st["ecn_ce_received"].as_u64(), st["cnp_sent"].as_u64()), (Some(1), Some(1)), "{st}");
+    assert_eq!((lcore_ctr(&svc, "rx_ecn_ce"), lcore_ctr(&svc, "tx_cnp")), (1, 1));
+
+    let checker = repo_root().join("../shared/acceptance/lib/icrc_check.py");
+    if !checker.exists() {
+        eprintln!("SKIP icrc_check.py: {} not found", checker.display());
+        return;
+    }
+    let pcap = dir.path().join("cnp.pcap");
+    let mut wtr = pmrxe_wire::PcapWriter::new(std::fs::File::create(&pcap).unwrap(), false).unwrap();
+    wtr.write_frame(Duration::from_secs(1_700_000_000), cnp_out).unwrap();
+    wtr.write_frame(Duration::from_secs(1_700_000_001), &cnp[..n]).unwrap();
+    wtr.flush().unwrap();
+    drop(wtr);
+    let o = std::process::Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&pcap).output().expect("python3");
+    let text = String::from_utf8_lossy(&o.stdout);
+    println!("{text}");
+    assert!(o.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("checked 2 packets, 0 bad ICRC, 0 malformed"), "{text}");
+}
