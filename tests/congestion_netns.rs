@@ -168,11 +168,13 @@ fn lcore_ctr(svc: &Service, name: &str) -> u64 {
 fn cnp_and_ecn_on_the_wire() {
     require_root();
     let _lock = heavy_lock();
+    let t_start = Instant::now();
     let _ns = Netns::up();
     let dir = TempDir::new("congestion");
     let cfg = config(dir.path());
     let svc = Service::start(Some(&cfg), Some(NS_A));
     let fd = peer_socket();
+    eprintln!("congestion_netns: service up after {:.1} s", t_start.elapsed().as_secs_f64());
 
     let ctx = Context::connect(&svc.socket).expect("native connect");
     let pd = Pd::alloc(&ctx, 0).expect("pd");
@@ -210,6 +212,7 @@ fn cnp_and_ecn_on_the_wire() {
         std::thread::sleep(Duration::from_millis(1));
     };
     assert_eq!((done.wr_id, done.status), (1, 0), "WRITE completed with success");
+    eprintln!("congestion_netns: WRITE ACKed after {:.1} s", t_start.elapsed().as_secs_f64());
     let before = qp_stats(&svc, qpn);
     assert_eq!(before["cc_rate_mbps"], 1000, "unlimited: line rate {before}");
     assert_eq!(before["cnp_received"], 0);
@@ -234,14 +237,16 @@ fn cnp_and_ecn_on_the_wire() {
     // A CNP with a bad ICRC or for another QP changes nothing.
     let mut bad = cnp;
     bad[n - 1] ^= 1;
-    send(&fd, &bad[..n]);
     let icrc0 = lcore_ctr(&svc, "rx_icrc_errors");
+    send(&fd, &bad[..n]);
     let t0 = Instant::now();
     while lcore_ctr(&svc, "rx_icrc_errors") == icrc0 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
     }
+    assert_eq!(lcore_ctr(&svc, "rx_icrc_errors"), icrc0 + 1, "the corrupt CNP is counted as a bad ICRC");
     assert_eq!(qp_stats(&svc, qpn)["cnp_received"], 1, "a corrupt CNP is dropped");
 
+    eprintln!("congestion_netns: CNP checks done after {:.1} s", t_start.elapsed().as_secs_f64());
     // 3. Notification point: a CE-marked WRITE into our MR is ACKed and answered with a CNP.
     let mut h = TransportHeaders::new(bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
     h.reth = Some(RethRepr { va: mr.addr, rkey: mr.key, len: 64 });
