@@ -1416,19 +1416,25 @@ impl<L: Link> Lcore<L> {
             // Keep a QP whose completion waits for CQ room on the pending list.
             s.stash.is_some()
         });
+        if self.dirty_cqs.is_empty() {
+            return any;
+        }
+        // Publish every CQ written this iteration (one release store each)...
         for k in 0..self.dirty_cqs.len() {
             let Some(cq) = self.cqs[self.dirty_cqs[k]].as_mut() else { continue };
-            if !cq.fresh {
-                continue;
+            if cq.fresh {
+                cq.fresh = false;
+                cq.ring.publish();
             }
-            any = true;
-            cq.fresh = false;
-            cq.ring.publish();
-            // Publish, full fence, then read `armed`: pairs with the shim's SeqCst store of
-            // `armed` before its next poll (Dekker): either we see the arm and signal, or the
-            // application's poll sees these completions. Without the fence x86 may let the
-            // load pass the store and both sides miss each other (a hang with -e).
-            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        any = true;
+        // ...then one full fence for all of them, then read each `armed`: pairs with the shim's
+        // SeqCst store of `armed` before its next poll (Dekker): either we see the arm and
+        // signal, or the application's poll sees these completions. Without the fence x86 may
+        // let the load pass the store and both sides miss each other (a hang with -e).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for k in 0..self.dirty_cqs.len() {
+            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_ref() else { continue };
             if cq.notify().armed.load(Ordering::Relaxed) != 0 && cq.notify().armed.swap(0, Ordering::AcqRel) != 0 {
                 cq.notify().events.fetch_add(1, Ordering::Release);
                 if let Some(ch) = &cq.channel {
