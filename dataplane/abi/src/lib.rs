@@ -10,6 +10,8 @@
 //! * [`layout`]: the fixed-size entries that travel through those rings — send WQEs, receive
 //!   WQEs and CQEs — plus the per-object segment layouts (QP, CQ, SRQ, client page with its
 //!   doorbell bitmaps).
+//! * [`qp_table`]: the IBTA QP state-transition table in libibverbs numbers, the one both the
+//!   shim (early EINVAL) and the engine (the real transition) check against.
 //! * [`ctrl`]: the versioned control protocol spoken over the service's Unix socket (object
 //!   creation, modify QP, memory registration with fd passing).
 //!
@@ -21,6 +23,7 @@
 
 pub mod ctrl;
 pub mod layout;
+pub mod qp_table;
 pub mod ring;
 mod sync;
 

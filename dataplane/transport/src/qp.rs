@@ -261,76 +261,17 @@ pub struct TransitionMasks {
 }
 
 /// The IBTA QP state table (IBA 10.3.1, as the kernel's `qp_state_table`): `None` if
-/// `cur → next` is not a valid transition for `ty`, otherwise the attribute masks.
+/// `cur → next` is not a valid transition for `ty`, otherwise the attribute masks. The table
+/// itself is `pmrxe_abi::qp_table`, shared with the shim (one table, libibverbs numbers: the
+/// engine's `QpState` and `AttrMask` values are the IBV ones).
 pub fn transition_masks(ty: QpType, cur: QpState, next: QpState) -> Option<TransitionMasks> {
-    use AttrMask as M;
-    use QpState::*;
-    let by = |ud: AttrMask, uc: AttrMask, rc: AttrMask| match ty {
-        QpType::Ud => ud,
-        QpType::Uc => uc,
-        QpType::Rc => rc,
+    use pmrxe_abi::qp_table::{qp_type, transition};
+    let t = match ty {
+        QpType::Rc => qp_type::RC,
+        QpType::Uc => qp_type::UC,
+        QpType::Ud => qp_type::UD,
     };
-    let none = M::EMPTY;
-    let t = |required: AttrMask, optional: AttrMask| Some(TransitionMasks { required, optional });
-    match (cur, next) {
-        (_, Reset) | (_, Err) => t(none, none),
-        (Reset, Init) => t(
-            by(M::PKEY_INDEX | M::PORT | M::QKEY, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            none,
-        ),
-        (Init, Init) => t(
-            none,
-            by(M::PKEY_INDEX | M::PORT | M::QKEY, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-        ),
-        (Init, Rtr) => t(
-            by(
-                none,
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
-            ),
-            by(M::PKEY_INDEX | M::QKEY, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX),
-        ),
-        (Rtr, Rts) => t(
-            by(M::SQ_PSN, M::SQ_PSN, M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC),
-            by(
-                M::CUR_STATE | M::QKEY,
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-            ),
-        ),
-        (Rts, Rts) | (Sqd, Rts) => t(
-            none,
-            by(
-                M::CUR_STATE | M::QKEY,
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
-            ),
-        ),
-        (Rts, Sqd) => t(none, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) => t(
-            none,
-            by(
-                M::PKEY_INDEX | M::QKEY,
-                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
-                M::PORT
-                    | M::AV
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::MAX_QP_RD_ATOMIC
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::PKEY_INDEX
-                    | M::MIN_RNR_TIMER
-                    | M::PATH_MIG_STATE,
-            ),
-        ),
-        (Sqe, Rts) if ty != QpType::Rc => {
-            t(none, by(M::CUR_STATE | M::QKEY, M::CUR_STATE | M::ACCESS_FLAGS, none))
-        }
-        _ => None,
-    }
+    transition(t, cur as u32, next as u32).map(|m| TransitionMasks { required: AttrMask(m.required), optional: AttrMask(m.optional) })
 }
 
 /// `create_qp` failure.
