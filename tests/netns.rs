@@ -233,7 +233,7 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
                 std::thread::sleep(Duration::from_millis(200));
             }
         });
-        let r = run_pair_on(&a, &args, &b, &client, port, Duration::from_secs(120));
+        let r = run_pair_on(&a, &args, b, &client, port, Duration::from_secs(120));
         stop.store(true, Ordering::Relaxed);
         r
     });
