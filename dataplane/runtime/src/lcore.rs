@@ -833,8 +833,10 @@ impl<L: Link> Lcore<L> {
     /// Handle one received frame. Returns the lcore to hand it to when its QP lives on another
     /// lcore (only when `may_hand_off`: a frame that was already handed over is not bounced).
     fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
-        match wire::parse_frame(data) {
-            Ok(f) => {
+        // The ICRC check is deferred: to the owning QP (checked before the packet acts, or while
+        // its payload is placed), or made here for frames the lcore itself consumes.
+        match wire::parse_frame_deferred(data) {
+            Ok((f, check)) => {
                 if !self.ports[pi].owns_ip(f.dst_ip) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
@@ -851,10 +853,12 @@ impl<L: Link> Lcore<L> {
                     // else for it is a frame for a QP that does not exist.
                     let gsi = f.headers.bth.opcode == wire::Opcode::UD_SEND_ONLY
                         && f.headers.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
-                    if gsi {
-                        self.gsi_receive(pi, data);
-                    } else {
+                    if !gsi {
                         bump(&self.stats.rx_unknown_qp, 1);
+                    } else if !check.verify(f.payload) {
+                        self.count_bad_icrc();
+                    } else {
+                        self.gsi_receive(pi, data);
                     }
                     return None;
                 }
@@ -873,7 +877,7 @@ impl<L: Link> Lcore<L> {
                 // established neighbour (ARP/ND and static entries are authoritative).
                 // (Only while the QP has no current path: steady traffic costs one compare.)
                 let gen = self.neigh.generation();
-                if !slot.path.is_some_and(|p| p.neigh_gen == gen) && self.neigh.lookup(f.src_ip, now.0).is_none() {
+                if !slot.path.is_some_and(|p| p.neigh_gen == gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && check.verify(f.payload) {
                     self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
@@ -890,7 +894,13 @@ impl<L: Link> Lcore<L> {
                 pkt.traffic_class = f.tclass;
                 pkt.hop_limit = f.ttl;
                 pkt.flow_label = f.flow_label;
+                pkt.icrc = Some(check);
+                let icrc_errors = |e: &Engine<QpSlot>| e.qp(qpn).map_or(0, |q| q.stats().icrc_errors);
+                let before = icrc_errors(&self.engine);
                 self.engine.handle_packet(now, &pkt, &*self.mem);
+                if icrc_errors(&self.engine) != before {
+                    self.count_bad_icrc();
+                }
                 None
             }
             Err(wire::Error::Arp) => {
@@ -958,6 +968,12 @@ impl<L: Link> Lcore<L> {
                 None
             }
         }
+    }
+
+    /// A frame dropped for a bad ICRC (found here or by the QP it was for).
+    fn count_bad_icrc(&self) {
+        bump(&self.stats.rx_icrc_errors, 1);
+        bump(&self.drops.by_reason[wire::Error::BadIcrc.index()], 1);
     }
 
     /// A valid RoCE frame for QP1: a copy goes to the connection manager's queue (fixed-size
@@ -1318,7 +1334,7 @@ impl<L: Link> Lcore<L> {
                     bump(&self.stats.tx_alloc_failures, 1);
                     continue;
                 };
-                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame(frame).is_err() {
+                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame_with_tail_crc(frame, t.tail_crc).is_err() {
                     bump(&self.stats.tx_build_errors, 1);
                     continue;
                 }
