@@ -3,7 +3,9 @@
 #
 #   ./scripts/bench.sh [--quick]     # --quick: short runs (a smoke test of the script)
 #
-# 1. limits: single-core memcpy at the bandwidth sizes (`pmrxe bench --memcpy`); the raw frame
+# 1. limits: single-core memcpy at the bandwidth sizes (`pmrxe bench --memcpy`); the fused
+#    copy+CRC kernel, crc32fast and memcpy at 4 KiB frames (`pmrxe bench --crc`: the loopback
+#    ceiling is the fused kernel's GB/s / 2, one pass per side on one lcore); the raw frame
 #    capacity of the same DPDK link (`pmrxe port-test` on the loopback config; dpdk-testpmd io
 #    forwarding on a net_ring pair);
 # 2. pmrxe: the native harness (`pmrxe bench --suite full`, no shim) and perftest through the
@@ -68,6 +70,8 @@ cat "$OUT/machine.txt" >&2
 # ---- limits ---------------------------------------------------------------------------------
 log "limit: memcpy, one core"
 "$BIN" bench --memcpy --sizes "$ALL_SIZES" --duration 0.5 --json "$OUT/memcpy.json" >"$OUT/memcpy.txt" 2>&1 || log "memcpy failed"
+log "limit: fused copy+CRC kernel and crc32fast at 4 KiB frames, one core (loopback ceiling = fused / 2)"
+"$BIN" bench --crc --duration 0.5 --json "$OUT/crc.json" >"$OUT/crc.txt" 2>&1 || log "crc limits failed"
 log "limit: pmrxe port-test (raw frames over the loopback net_ring pair, built + verified)"
 taskset -c 0 "$BIN" port-test --frames $((QUICK ? 200000 : 2000000)) >"$OUT/port_test.txt" 2>&1 || log "port-test failed"
 log "limit: dpdk-testpmd io forwarding on a net_ring pair"

@@ -49,6 +49,10 @@ def ratio(a, b):
 # ---- inputs ---------------------------------------------------------------------------------
 machine = dict(l.split(": ", 1) for l in read("machine.txt").splitlines() if ": " in l)
 memcpy = {m["size"]: m["gb_per_s"] for m in jload("memcpy.json").get("memcpy", [])}
+# Byte-work limits at 4 KiB frames (`pmrxe bench --crc`): the loopback ceiling is the fused
+# copy+CRC kernel's GB/s / 2 (one lcore makes one pass per byte on each side).
+crc = jload("crc.json").get("crc", {})
+ceiling = crc.get("loopback_ceiling_gb_per_s")
 native = jload("native.json")
 nat_bw = {(b["op"], b["size"]): b for b in native.get("bandwidth", [])}
 nat_rate = native.get("msg_rate", [])
@@ -271,10 +275,15 @@ w(f"| best peer: {bpn or '–'} | {f(bp)} | {ratio(bp, memcpy.get(s64))} | 1.00�
 w(f"| kernel TCP, qperf tcp_bw | {f(tcp.get(s64))} | {ratio(tcp.get(s64), memcpy.get(s64))} | |")
 w(f"| limit: memcpy, one core | {f(memcpy.get(s64))} | 1.00× | |")
 w("")
-w("A software RoCE data path touches every payload byte several times (copy into the frame, ICRC on")
-w("send, ICRC check on receive, copy into the target MR); on the loopback configuration one lcore does")
-w("all four passes for both ends, so its ceiling is roughly memcpy ÷ 4 (see the profile below). The")
-w("ratio to memcpy says how much of that single core's copy bandwidth reaches the wire.")
+if ceiling:
+    w(f"64 KiB native WRITE ÷ loopback ceiling: **{ratio(natw, ceiling)}** (ceiling = fused copy+CRC kernel "
+      f"{f(crc.get('fused_gb_per_s'))} GB/s at 4 KiB frames ÷ 2 = {f(ceiling)} GB/s: one lcore serves both ends, one pass per byte per side).")
+    w("")
+w("A software RoCE data path touches every payload byte on each side: the send side gathers it into the")
+w("frame while folding the ICRC, the receive side scatters it into the target MR while checking the ICRC")
+w("(`pmrxe_crc::copy_and_crc`, one pass per byte per side). On the loopback configuration one lcore")
+w("serves both ends, so its ceiling is the fused kernel's speed ÷ 2 (see the limits and the profile")
+w("below). The ratio to memcpy says how much of that single core's copy bandwidth reaches the wire.")
 w("")
 
 w("## Bandwidth vs message size")
@@ -364,6 +373,11 @@ w("| limit | figure | how |")
 w("|---|---|---|")
 for s in sorted(memcpy):
     w(f"| memcpy, one core, {size_name(s)} | {f(memcpy[s])} GB/s | `pmrxe bench --memcpy` (copy between two buffers, driver on CPU 0) |")
+if crc:
+    w(f"| fused copy+CRC kernel ({crc.get('kernel')}), one core, 4 KiB frames | {f(crc.get('fused_gb_per_s'))} GB/s | `pmrxe bench --crc` (`pmrxe_crc::copy_and_crc` from a page-aligned message into frame buffers at the payload offset; its own loads/stores, no memcpy) |")
+    w(f"| crc32fast, one core, 4 KiB | {f(crc.get('crc32fast_gb_per_s'))} GB/s | `pmrxe bench --crc` (CRC only, no copy) |")
+    w(f"| memcpy, one core, 4 KiB frames | {f(crc.get('memcpy_gb_per_s'))} GB/s | `pmrxe bench --crc` (glibc memcpy, same buffers; memcpy then crc32fast: {f(crc.get('memcpy_then_crc32fast_gb_per_s'))} GB/s) |")
+    w(f"| loopback ceiling = fused ÷ 2 | {f(ceiling)} GB/s | one lcore, one pass per byte per side |")
 if port_test:
     w(f"| raw frames through the loopback ports, built + verified | {port_test['fps'] / 1e6:.3f} Mframes/s of {port_test['frame']} B ({port_test['gbit']} Gbit/s) | `pmrxe port-test --frames N` (one thread writes and checks every byte: a copy-bound figure) |")
 if testpmd_pps:

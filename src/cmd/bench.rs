@@ -13,7 +13,8 @@
 //!
 //! One driver thread plays both sides (the passive side of WRITE/READ does nothing; for SEND
 //! it re-posts receives; for ping-pong it answers), so the driver needs one core and the
-//! service the other. `--memcpy` measures the single-core memcpy limit at the same sizes.
+//! service the other. `--memcpy` measures the single-core memcpy limit at the same sizes;
+//! `--crc` the byte-work limits at 4 KiB frames (the fused copy+CRC kernel, crc32fast, memcpy).
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -46,6 +47,11 @@ pub struct BenchArgs {
     /// Only measure the single-core memcpy limit at the bandwidth sizes (no service).
     #[arg(long)]
     pub memcpy: bool,
+    /// Only measure the byte-work limits of one core at 4 KiB frames: the fused copy+CRC kernel
+    /// (each one this CPU has), crc32fast, memcpy (no service). The loopback ceiling is the fused
+    /// kernel's figure ÷ 2 (one lcore makes one pass per side).
+    #[arg(long)]
+    pub crc: bool,
     /// Use a running service at this socket instead of spawning one.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -130,6 +136,12 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     } else {
         eprintln!("pmrxe: bench: could not pin the driver to CPU {}", args.cpu);
         out["driver_cpu"] = Value::Null;
+    }
+    if args.crc {
+        let c = crc_limits(plan.dur);
+        print_crc(&c);
+        out["crc"] = c;
+        return write_json(args, &out);
     }
     if args.memcpy {
         let m = memcpy_limits(&plan.sizes, plan.dur);
@@ -639,6 +651,81 @@ fn memcpy_limits(sizes: &[usize], dur: Duration) -> Vec<Value> {
         v.push(json!({"size": size, "gb_per_s": (n * size as u64) as f64 / secs / 1e9, "copies": n, "seconds": secs}));
     }
     v
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte-work limits at frame size: what one lcore's passes over the payload can reach.
+
+/// 4 KiB payloads as the data path moves them: sources are the consecutive 4 KiB pieces of a
+/// 256 KiB message (page-aligned, like a registered buffer), destinations the payload offsets
+/// of 32 frame buffers 9 KiB apart (after a 128-byte headroom and 70 bytes of Eth/IPv4/UDP/
+/// BTH/RETH, like mbufs), so the figures include the misalignment and the cache footprint of
+/// the real copies. Returns GB/s of payload for each variant.
+fn crc_limits(dur: Duration) -> Value {
+    const FRAME: usize = 4096;
+    const MSG: usize = 256 * 1024;
+    const BUFS: usize = 32;
+    const STRIDE: usize = 9216;
+    const OFF: usize = 128 + 70;
+    let mut src = vec![0u8; MSG + 4096];
+    let s0 = (4096 - src.as_ptr() as usize % 4096) % 4096;
+    for (i, b) in src.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(7);
+    }
+    let mut dst = vec![0u8; BUFS * STRIDE + 64];
+    let d0 = (64 - dst.as_ptr() as usize % 64) % 64;
+    let run = |f: &mut dyn FnMut(&[u8], &mut [u8]) -> u32, dst: &mut [u8]| -> f64 {
+        let mut n = 0usize;
+        let mut acc = 0u32;
+        let t0 = Instant::now();
+        while t0.elapsed() < dur {
+            for k in 0..BUFS * 8 {
+                let s = &src[s0 + (k * FRAME) % MSG..][..FRAME];
+                let d = &mut dst[d0 + (k % BUFS) * STRIDE + OFF..][..FRAME];
+                acc ^= f(std::hint::black_box(s), d);
+            }
+            n += BUFS * 8;
+        }
+        std::hint::black_box(acc);
+        (n * FRAME) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let best = pmrxe_crc::Kernel::best();
+    let mut kernels = serde_json::Map::new();
+    for k in pmrxe_crc::Kernel::available() {
+        let g = run(&mut |s, d| k.copy_and_crc(0, d, s), &mut dst);
+        kernels.insert(k.name().to_string(), json!(g));
+    }
+    let fused = kernels.get(best.name()).and_then(Value::as_f64).unwrap_or(0.0);
+    let crc32fast = run(&mut |s, _| crc32fast::hash(s), &mut dst);
+    let crc_best = run(&mut |s, _| best.crc_update(0, s), &mut dst);
+    // SAFETY (closure below): `s` and `d` are distinct slices of FRAME bytes each.
+    let memcpy = run(&mut |s, d| { unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr(), FRAME) }; u32::from(d[0]) }, &mut dst);
+    let two_pass = run(&mut |s, d| { d.copy_from_slice(s); crc32fast::hash(d) }, &mut dst);
+    json!({
+        "frame": FRAME,
+        "kernel": best.name(),
+        "fused_gb_per_s": fused,
+        "fused_by_kernel_gb_per_s": kernels,
+        "crc_only_gb_per_s": crc_best,
+        "crc32fast_gb_per_s": crc32fast,
+        "memcpy_gb_per_s": memcpy,
+        "memcpy_then_crc32fast_gb_per_s": two_pass,
+        "loopback_ceiling_gb_per_s": fused / 2.0,
+    })
+}
+
+fn print_crc(v: &Value) {
+    let g = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    println!("byte-work limits, one core, {} B frames (GB/s of payload)", v["frame"]);
+    println!("  fused copy+CRC ({:<8}) {:>8.2}", v["kernel"].as_str().unwrap_or("?"), g("fused_gb_per_s"));
+    for (k, x) in v["fused_by_kernel_gb_per_s"].as_object().into_iter().flatten() {
+        println!("    kernel {:<16} {:>8.2}", k, x.as_f64().unwrap_or(0.0));
+    }
+    println!("  CRC only (same kernel)    {:>8.2}", g("crc_only_gb_per_s"));
+    println!("  crc32fast                 {:>8.2}", g("crc32fast_gb_per_s"));
+    println!("  memcpy                    {:>8.2}", g("memcpy_gb_per_s"));
+    println!("  memcpy, then crc32fast    {:>8.2}", g("memcpy_then_crc32fast_gb_per_s"));
+    println!("  loopback ceiling (fused / 2) {:>5.2}", g("loopback_ceiling_gb_per_s"));
 }
 
 fn print_memcpy(v: &[Value]) {
