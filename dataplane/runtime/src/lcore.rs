@@ -877,7 +877,7 @@ impl<L: Link> Lcore<L> {
                 // established neighbour (ARP/ND and static entries are authoritative).
                 // (Only while the QP has no current path: steady traffic costs one compare.)
                 let gen = self.neigh.generation();
-                if !slot.path.is_some_and(|p| p.neigh_gen == gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && check.verify(f.payload) {
+                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && check.verify(f.payload) {
                     self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
@@ -1224,16 +1224,17 @@ impl<L: Link> Lcore<L> {
     /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
     /// the engine's queue takes goes on the backlog list, retried every iteration.
     fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let (ahs, stats) = (&self.ahs, &*self.stats);
-        let r = self.engine.with(qpn, |qp, s| (drain_qp_rings(qp, s, ahs, stats, now), s.backlog && !s.backlog_listed));
-        let Some((any, list)) = r else { return false };
-        if list && self.backlog.len() < self.backlog.capacity() {
-            if let Some(s) = self.engine.with(qpn, |_, s| s.backlog_listed = true) {
-                let _ = s;
-                self.backlog.push(qpn);
-            }
-        }
-        any
+        let (ahs, stats, backlog) = (&self.ahs, &*self.stats, &mut self.backlog);
+        self.engine
+            .with(qpn, |qp, s| {
+                let any = drain_qp_rings(qp, s, ahs, stats, now);
+                if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
+                    s.backlog_listed = true;
+                    backlog.push(qpn);
+                }
+                any
+            })
+            .unwrap_or(false)
     }
 
     /// Retry the rings of QPs on the backlog list (completions may have made room).

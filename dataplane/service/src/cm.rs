@@ -50,25 +50,8 @@ pub mod event {
     pub const TIMEWAIT_EXIT: u32 = 15;
 }
 
-/// `enum ibv_qp_attr_mask` bits used by `CmInitQpAttr`.
-pub mod mask {
-    pub const STATE: u32 = 1;
-    pub const ACCESS_FLAGS: u32 = 1 << 3;
-    pub const PKEY_INDEX: u32 = 1 << 4;
-    pub const PORT: u32 = 1 << 5;
-    pub const QKEY: u32 = 1 << 6;
-    pub const AV: u32 = 1 << 7;
-    pub const PATH_MTU: u32 = 1 << 8;
-    pub const TIMEOUT: u32 = 1 << 9;
-    pub const RETRY_CNT: u32 = 1 << 10;
-    pub const RNR_RETRY: u32 = 1 << 11;
-    pub const RQ_PSN: u32 = 1 << 12;
-    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
-    pub const MIN_RNR_TIMER: u32 = 1 << 15;
-    pub const SQ_PSN: u32 = 1 << 16;
-    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
-    pub const DEST_QPN: u32 = 1 << 20;
-}
+/// `enum ibv_qp_attr_mask` bits used by `CmInitQpAttr` (the shared QP table's).
+pub use pmrxe_abi::qp_table::attr as mask;
 
 const IBV_QPT_RC: u32 = 2;
 const IBV_QPT_UC: u32 = 3;
