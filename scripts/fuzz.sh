@@ -3,8 +3,8 @@
 #
 #   scripts/fuzz.sh [--ci] [--seconds N] [TARGET...]
 #
-# Default: every target (parse_frame, ctrl_decode, responder) for 30 s each. --ci: 15 s each
-# (45 s in all), and a missing nightly toolchain is a skip, not a failure. Uses `cargo fuzz`
+# Default: every target (parse_frame, ctrl_decode, responder, crc) for 30 s each. --ci: 15 s
+# each (60 s in all), and a missing nightly toolchain is a skip, not a failure. Uses `cargo fuzz`
 # when cargo-fuzz is installed; otherwise builds the same instrumented binaries with
 # `cargo +nightly build` and sanitizer-coverage flags (no network beyond crates.io).
 # New corpus entries go to a scratch directory (the committed seed corpora stay small);
@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ ${#targets[@]} -gt 0 ] || targets=(parse_frame ctrl_decode responder)
+[ ${#targets[@]} -gt 0 ] || targets=(parse_frame ctrl_decode responder crc)
 if ! cargo +nightly --version >/dev/null 2>&1; then
   if [ $ci = 1 ]; then echo "fuzz.sh: no nightly toolchain; skipping fuzzing"; exit 0; fi
   echo "fuzz.sh: needs a nightly toolchain (rustup toolchain install nightly)" >&2; exit 1
