@@ -76,6 +76,8 @@ pub const MAX_CHANNELS: usize = 4096;
 pub const MAX_CHANNELS_PER_CLIENT: usize = 512;
 /// Events kept for a channel whose client does not read (more are dropped and counted).
 pub const CHANNEL_BACKLOG: usize = 1024;
+/// Acknowledgements read from one channel at a time (the rest wait for the next read).
+const MAX_ACKS_PER_READ: usize = 2 * CHANNEL_BACKLOG;
 /// Largest listen backlog (the kernel's ucma `max_backlog` default).
 pub const MAX_BACKLOG: u32 = 1024;
 /// RTR `min_rnr_timer` (IBA code 12: 0.64 ms).
@@ -850,12 +852,18 @@ impl CmCore {
     /// closed its end.
     fn read_acks(&mut self, channel: u32) -> bool {
         let mut read = Vec::new();
+        let mut datagrams = 0;
         let alive = match self.channels.get(&channel) {
             Some(ch) => loop {
+                if datagrams >= MAX_ACKS_PER_READ {
+                    // A client that writes without end does not keep this thread here.
+                    break true;
+                }
                 let mut b = [0u8; 64];
                 // SAFETY: recv into a local buffer of its length on a socket we own.
                 let n = unsafe { libc::recv(ch.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
                 if n > 0 {
+                    datagrams += 1;
                     if let Ok(a) = ctrl::decode::<ctrl::CmEventAck>(&b[..n as usize]) {
                         read.push(a.id);
                     }
