@@ -374,7 +374,7 @@ w("|---|---|---|")
 for s in sorted(memcpy):
     w(f"| memcpy, one core, {size_name(s)} | {f(memcpy[s])} GB/s | `pmrxe bench --memcpy` (copy between two buffers, driver on CPU 0) |")
 if crc:
-    w(f"| fused copy+CRC kernel ({crc.get('kernel')}), one core, 4 KiB frames | {f(crc.get('fused_gb_per_s'))} GB/s | `pmrxe bench --crc` (`pmrxe_crc::copy_and_crc` from a page-aligned message into frame buffers at the payload offset; its own loads/stores, no memcpy) |")
+    w(f"| fused copy+CRC kernel ({crc.get('kernel')}), one core, 4 KiB frames | {f(crc.get('fused_gb_per_s'))} GB/s | `pmrxe bench --crc` (`pmrxe_crc::copy_and_crc` from a page-aligned message into frame buffers at the payload offset, its own loads/stores, no memcpy; best of 25 interleaved rounds) |")
     w(f"| crc32fast, one core, 4 KiB | {f(crc.get('crc32fast_gb_per_s'))} GB/s | `pmrxe bench --crc` (CRC only, no copy) |")
     w(f"| memcpy, one core, 4 KiB frames | {f(crc.get('memcpy_gb_per_s'))} GB/s | `pmrxe bench --crc` (glibc memcpy, same buffers; memcpy then crc32fast: {f(crc.get('memcpy_then_crc32fast_gb_per_s'))} GB/s) |")
     w(f"| loopback ceiling = fused ÷ 2 | {f(ceiling)} GB/s | one lcore, one pass per byte per side |")
