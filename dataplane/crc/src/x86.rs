@@ -25,7 +25,7 @@ const K384: (i64, i64) = keys(384);
 const K512: (i64, i64) = keys(512);
 const K2048: (i64, i64) = keys(2048);
 const K64: i64 = fold_const(64) as i64;
-/// From this length on, the AVX-512 copy aligns its destination first.
+/// From this length on, the AVX-512 copy aligns its stores to the destination's cache lines.
 const ALIGN_MIN: usize = 512;
 
 #[inline]
@@ -168,6 +168,26 @@ fn reduce(x: __m128i) -> u32 {
     !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
 }
 
+/// The initial value `ncrc` (= !crc, 4 bytes little-endian) placed at byte `o` (1..=63) of a
+/// 128-byte stream of two 64-byte blocks, as two vectors (the second is zero unless `o > 60`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn init_at(ncrc: u32, o: usize) -> (__m512i, __m512i) {
+    let (lane, off) = (o / 16, o % 16);
+    let x = u128::from(ncrc) << (8 * off);
+    // The bytes that fall past this 16-byte lane, into the next one.
+    let spill = if off > 12 { u128::from(ncrc) >> (8 * (16 - off)) } else { 0 };
+    let v = |a: u128| _mm_set_epi64x((a >> 64) as i64, a as i64);
+    let i0 = _mm512_maskz_broadcast_i32x4(0xF << (4 * lane), v(x));
+    if spill == 0 {
+        (i0, _mm512_setzero_si512())
+    } else if lane < 3 {
+        (_mm512_or_si512(i0, _mm512_maskz_broadcast_i32x4(0xF << (4 * (lane + 1)), v(spill))), _mm512_setzero_si512())
+    } else {
+        (i0, _mm512_maskz_broadcast_i32x4(0xF, v(spill)))
+    }
+}
+
 /// Carry-less 32×32 → 63-bit product.
 ///
 /// # Safety
@@ -238,29 +258,40 @@ pub(crate) unsafe fn avx512<const COPY: bool>(crc: u32, dst: *mut u8, src: *cons
         // SAFETY: same contract, subset of the features.
         return unsafe { pclmul::<COPY>(crc, dst, src, len) };
     }
-    // Stores that straddle two cache lines cost two: copy a head of up to 63 bytes with the
-    // 128-bit kernel so that every 64-byte store of the body is aligned (a few dozen cycles,
-    // paid back after a few hundred bytes).
-    let head = if COPY && len >= ALIGN_MIN { (dst as usize).wrapping_neg() & 63 } else { 0 };
-    let (crc, dst, src, len) = if head == 0 {
-        (crc, dst, src, len)
-    } else {
-        // SAFETY: `head < 64 <= len`: the first `head` bytes of both ranges, then the rest.
-        unsafe { (pclmul::<COPY>(crc, dst, src, head), dst.add(head), src.add(head), len - head) }
-    };
     macro_rules! ld {
         ($o:expr) => {
             // SAFETY: every use below has `$o + 64 <= len`: inside both ranges.
             unsafe { mv512::<COPY>(src.add($o), dst.wrapping_add($o)) }
         };
     }
-    let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32));
+    // The first 64-byte block, the value to XOR into the block after it, and where that block
+    // starts. Normally src[0..64] with the initial CRC folded into its first 4 bytes. A copy
+    // whose destination is not 64-byte aligned starts instead with a virtual block of
+    // 64 − head zero bytes followed by the `head` bytes up to the next aligned destination
+    // (one masked load and store), so that every later 64-byte store is aligned (a store across
+    // two cache lines costs two). Leading zeros do not change the CRC: the initial CRC is folded
+    // in at the first real byte, which may straddle into the next block.
+    let head = if COPY && len >= ALIGN_MIN { (dst as usize).wrapping_neg() & 63 } else { 0 };
+    let zero = _mm512_setzero_si512();
+    let (first, carry, start) = if head == 0 {
+        (_mm512_xor_si512(ld!(0), _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32))), zero, 64)
+    } else {
+        let m: __mmask64 = !0u64 << (64 - head);
+        // SAFETY: only the lanes selected by `m` are accessed (masked-off lanes neither read,
+        // write nor fault): bytes 64 − head .. 64 of the block, i.e. src[0..head] and
+        // dst[0..head], inside both ranges (`head < 64 <= len`).
+        let p = unsafe { _mm512_maskz_loadu_epi8(m, src.wrapping_sub(64 - head).cast()) };
+        // SAFETY: as above.
+        unsafe { _mm512_mask_storeu_epi8(dst.wrapping_sub(64 - head).cast(), m, p) };
+        let (i0, i1) = init_at(!crc, 64 - head);
+        (_mm512_xor_si512(p, i0), i1, head)
+    };
     let k512 = keys512(K512);
     let mut i;
     let mut v;
-    if len >= 256 {
-        let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(ld!(0), init), ld!(64), ld!(128), ld!(192));
-        i = 256;
+    if len - start >= 192 {
+        let (mut v0, mut v1, mut v2, mut v3) = (first, _mm512_xor_si512(ld!(start), carry), ld!(start + 64), ld!(start + 128));
+        i = start + 192;
         let k = keys512(K2048);
         while len - i >= 256 {
             v0 = fold512(v0, ld!(i), k);
@@ -271,8 +302,10 @@ pub(crate) unsafe fn avx512<const COPY: bool>(crc: u32, dst: *mut u8, src: *cons
         }
         v = fold512(fold512(fold512(v0, v1, k512), v2, k512), v3, k512);
     } else {
-        v = _mm512_xor_si512(ld!(0), init);
-        i = 64;
+        // Only without a head (ALIGN_MIN leaves a headed copy ≥ 4 blocks): nothing to carry.
+        debug_assert_eq!(head, 0);
+        v = first;
+        i = start;
     }
     while len - i >= 64 {
         v = fold512(v, ld!(i), k512);
