@@ -14,73 +14,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-
-/// Two namespaces with a veth pair; torn down on drop (even when the test fails).
-struct Netns {
-    a: String,
-    b: String,
-    if_a: String,
-    if_b: String,
-}
-
-impl Netns {
-    fn up() -> Netns {
-        require_root();
-        require_tool("ip");
-        let id = std::process::id() % 100_000;
-        let n = Netns {
-            a: format!("pmrxe-it-a{id}"),
-            b: format!("pmrxe-it-b{id}"),
-            if_a: format!("pxit{id}a"),
-            if_b: format!("pxit{id}b"),
-        };
-        let o = n.script("up");
-        assert!(o.status.success(), "netns.sh up failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        n
-    }
-
-    fn script(&self, cmd: &str) -> std::process::Output {
-        Command::new("bash")
-            .arg(repo_root().join("scripts/netns.sh"))
-            .args([cmd, &self.a, &self.b])
-            .env("IF_A", &self.if_a)
-            .env("IF_B", &self.if_b)
-            .output()
-            .expect("run scripts/netns.sh")
-    }
-
-    /// configs/netns-{a,b}.toml with this run's interface and EAL file prefix.
-    fn config(&self, dir: &TempDir, which: char) -> PathBuf {
-        let src = repo_root().join(format!("configs/netns-{which}.toml"));
-        let text = std::fs::read_to_string(&src).unwrap();
-        let (iface, orig_if) = if which == 'a' { (&self.if_a, "pmrxe-va") } else { (&self.if_b, "pmrxe-vb") };
-        assert!(text.contains(&format!("iface={orig_if}")), "{} does not use iface={orig_if}", src.display());
-        let prefix = format!("pmrxe-netns-{which}");
-        assert!(text.contains(&format!("\"{prefix}\"")), "{} does not set file_prefix {prefix}", src.display());
-        let text = text
-            .replace(&format!("iface={orig_if}"), &format!("iface={iface}"))
-            .replace(&format!("\"{prefix}\""), &format!("\"{prefix}-it{}\"", std::process::id()));
-        let p = dir.join(&format!("netns-{which}.toml"));
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let o = self.script("down");
-        if !o.status.success() {
-            eprintln!("netns.sh down failed: {}", String::from_utf8_lossy(&o.stderr));
-        }
-    }
-}
 
 /// Retransmission-related counters per (service, qpn), max over the samples.
 type Counters = BTreeMap<(char, u64), BTreeMap<String, u64>>;
@@ -153,7 +92,7 @@ fn two_hosts_in_netns_rc_pingpong_checked_and_ib_write_bw() {
     require_tool("ibv_rc_pingpong");
     require_tool("ib_write_bw");
     let _l = heavy_lock();
-    let ns = Netns::up(); // dropped last: after both services stopped
+    let ns = NetnsPair::up("it"); // dropped last: after both services stopped
     let dir = TempDir::new("netns");
     let (cfg_a, cfg_b) = (ns.config(&dir, 'a'), ns.config(&dir, 'b'));
     let a = Service::start(Some(&cfg_a), Some(&ns.a));
@@ -202,7 +141,7 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
     require_tool("ib_write_bw");
     require_tool("tc");
     let _l = heavy_lock();
-    let ns = Netns::up();
+    let ns = NetnsPair::up("it");
     let tc = Command::new("ip")
         .args(["netns", "exec", &ns.b, "tc", "qdisc", "add", "dev", &ns.if_b, "root", "tbf", "rate", "1gbit", "burst", "64kb", "latency", "50ms"])
         .output()
