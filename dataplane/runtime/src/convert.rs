@@ -18,8 +18,10 @@ pub enum WqeError {
     BadAh(u32),
 }
 
-/// Convert a client send WQE. `ah` resolves UD address handles.
-pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool) -> Result<SendWqe, WqeError> {
+/// Convert a client send WQE into `out`, the lcore's reusable scratch WQE: only the used
+/// SGEs and inline bytes are written (`num_sge`/`inline_len` bound what is read), so a post
+/// costs what the client posted, not a 512-byte clear. `ah` resolves UD address handles.
+pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool, out: &mut SendWqe) -> Result<(), WqeError> {
     let op = match w.opcode {
         wr_opcode::SEND => SendOp::Send,
         wr_opcode::SEND_WITH_IMM => SendOp::SendImm(w.imm_or_inv),
@@ -47,7 +49,11 @@ pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud
         },
         other => return Err(WqeError::BadOpcode(other)),
     };
-    let mut out = SendWqe::new(w.wr_id, op);
+    out.wr_id = w.wr_id;
+    out.op = op;
+    out.num_sge = 0;
+    out.inline_len = 0;
+    out.ud = None;
     out.flags = SendFlags(w.send_flags & (send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE));
     out.remote_addr = w.remote_addr;
     out.rkey = w.rkey;
@@ -75,7 +81,7 @@ pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud
         let av = ah(w.ah).ok_or(WqeError::BadAh(w.ah))?;
         out.ud = Some(UdDest { av, remote_qpn: w.remote_qpn & 0xFF_FFFF, remote_qkey: w.remote_qkey });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Convert a client receive WQE.
@@ -123,21 +129,23 @@ mod tests {
         let mut w = ShmSendWqe { wr_id: 7, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 2, remote_addr: 0x1000, rkey: 0x1234, ..Default::default() };
         w.set_sge(0, ShmSge { addr: 10, length: 20, lkey: 30 });
         w.set_sge(1, ShmSge { addr: 40, length: 50, lkey: 60 });
-        let s = send_wqe(&w, |_| None, false).unwrap();
+        let mut s = SendWqe::new(0, SendOp::Send);
+        send_wqe(&w, |_| None, false, &mut s).unwrap();
         assert_eq!(s.op, SendOp::Write);
         assert_eq!(s.sg_list(), &[Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }]);
         assert!(s.signaled());
         w.num_sge = 99;
-        assert_eq!(send_wqe(&w, |_| None, false).unwrap_err(), WqeError::TooManySge(99));
+        assert_eq!(send_wqe(&w, |_| None, false, &mut s).unwrap_err(), WqeError::TooManySge(99));
         w.opcode = 0xdead;
-        assert_eq!(send_wqe(&w, |_| None, false).unwrap_err(), WqeError::BadOpcode(0xdead));
+        assert_eq!(send_wqe(&w, |_| None, false, &mut s).unwrap_err(), WqeError::BadOpcode(0xdead));
         let mut i = ShmSendWqe { opcode: wr_opcode::SEND, send_flags: send_flags::INLINE, inline_len: 5, ..Default::default() };
         i.data[..5].copy_from_slice(b"hello");
-        let s = send_wqe(&i, |_| None, false).unwrap();
+        send_wqe(&i, |_| None, false, &mut s).unwrap();
         assert_eq!(&s.inline[..s.inline_len], b"hello");
+        assert!(s.sg_list().is_empty(), "the previous conversion's SGEs do not leak into this one");
         i.inline_len = 100_000;
-        assert!(matches!(send_wqe(&i, |_| None, false), Err(WqeError::InlineTooLong(_))));
+        assert!(matches!(send_wqe(&i, |_| None, false, &mut s), Err(WqeError::InlineTooLong(_))));
         let ud = ShmSendWqe { opcode: wr_opcode::SEND, ah: 5, ..Default::default() };
-        assert_eq!(send_wqe(&ud, |_| None, true).unwrap_err(), WqeError::BadAh(5));
+        assert_eq!(send_wqe(&ud, |_| None, true, &mut s).unwrap_err(), WqeError::BadAh(5));
     }
 }

@@ -32,7 +32,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, SendOp, SendWqe, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -344,6 +344,9 @@ pub struct Lcore<L: Link> {
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
     ahs: HashMap<u32, AddressVector>,
+    /// The send WQE a client's ring entry is converted into before `post_send` (reused: no
+    /// per-post 512-byte clear or move).
+    wqe_scratch: Box<SendWqe>,
     neigh: Neighbors,
     stats: Arc<LcoreStats>,
     drops: Arc<DropStats>,
@@ -412,6 +415,7 @@ impl<L: Link> Lcore<L> {
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
+            wqe_scratch: Box::new(SendWqe::new(0, SendOp::Send)),
             neigh,
             stats: stats.clone(),
             drops: drops.clone(),
@@ -1224,10 +1228,10 @@ impl<L: Link> Lcore<L> {
     /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
     /// the engine's queue takes goes on the backlog list, retried every iteration.
     fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let (ahs, stats, backlog) = (&self.ahs, &*self.stats, &mut self.backlog);
+        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.wqe_scratch);
         self.engine
             .with(qpn, |qp, s| {
-                let any = drain_qp_rings(qp, s, ahs, stats, now);
+                let any = drain_qp_rings(qp, s, ahs, stats, scratch, now);
                 if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
                     s.backlog_listed = true;
                     backlog.push(qpn);
@@ -1521,7 +1525,7 @@ impl QpSlot {
 
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
-fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, now: Instant) -> bool {
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut SendWqe, now: Instant) -> bool {
     let mut any = false;
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
@@ -1559,9 +1563,9 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
         match s.sq.peek() {
             Ok(Some(w)) => {
                 any = true;
-                match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud) {
-                    Ok(wqe) => {
-                        if let Err(e) = qp.post_send(now, wqe) {
+                match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud, scratch) {
+                    Ok(()) => {
+                        if let Err(e) = qp.post_send(now, scratch) {
                             if e == pmrxe_transport::PostError::QueueFull {
                                 s.backlog = true;
                                 break; // retry when completions free space

@@ -105,7 +105,7 @@ impl Qp {
                 // Not covered. Partial SEND/WRITE coverage still advances comp.psn below.
                 break;
             }
-            if e.wqe.op.is_rd_atomic() {
+            if e.op.is_rd_atomic() {
                 return AckOutcome::ImplicitNak(e.first_psn.wrapping_add(e.rcvd));
             }
             self.finish_wqe(idx, WcStatus::Success);
@@ -119,7 +119,7 @@ impl Qp {
             let limit = (self.sq_head..self.sq_end())
                 .take_while(|_| self.req.rd_atomic_inflight > 0)
                 .map(|i| self.entry(i))
-                .find(|e| e.started && e.done.is_none() && e.wqe.op.is_rd_atomic())
+                .find(|e| e.started && e.done.is_none() && e.op.is_rd_atomic())
                 .map(|e| e.first_psn.wrapping_add(e.rcvd));
             let target = match limit {
                 Some(l) if next.distance(l) > 0 => l,
@@ -157,7 +157,7 @@ impl Qp {
             }
             if j == idx {
                 let k = p.distance(e.first_psn).max(0) as u32;
-                match e.wqe.op {
+                match e.op {
                     SendOp::Read => {
                         e.tx_pkt = e.rcvd;
                         e.read_req_out = false;
@@ -310,7 +310,7 @@ impl Qp {
                     return true;
                 };
                 let e = *self.entry(idx);
-                if !e.wqe.op.is_atomic() {
+                if !e.op.is_atomic() {
                     self.stats.dropped += 1;
                     return true;
                 }
@@ -318,7 +318,7 @@ impl Qp {
                     return true;
                 }
                 let bytes = ack.orig.to_le_bytes();
-                match mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), 0, &bytes) {
+                match mem.scatter(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), 0, &bytes) {
                     Ok(()) => self.finish_wqe(idx, WcStatus::Success),
                     Err(_) => self.finish_wqe(idx, WcStatus::LocProtErr),
                 }
@@ -368,7 +368,7 @@ impl Qp {
             return true;
         };
         let e = *self.entry(idx);
-        if !matches!(e.wqe.op, SendOp::Read) {
+        if !matches!(e.op, SendOp::Read) {
             if !verified(deferred) {
                 return false;
             }
@@ -414,11 +414,11 @@ impl Qp {
         }
         if !payload.is_empty() {
             let placed = match deferred {
-                None => mem.scatter(self.pd, self.qpn, e.wqe.sg_list(), off, payload).map(|()| true),
+                None => mem.scatter(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), off, payload).map(|()| true),
                 // Verify while placing: the bytes land at [off, off + MTU) of this READ's local
                 // buffer, which the response at this PSN (retransmitted if need be) rewrites and
                 // which the consumer may not read before the completion.
-                Some(c) => mem.scatter_crc(self.pd, self.qpn, e.wqe.sg_list(), off, payload, c.seed()).map(|crc| c.matches(crc)),
+                Some(c) => mem.scatter_crc(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), off, payload, c.seed()).map(|crc| c.matches(crc)),
             };
             match placed {
                 Ok(true) => {}

@@ -315,7 +315,7 @@ impl<X> Engine<X> {
     /// Post a send WR to `qpn`.
     pub fn post_send(&mut self, qpn: u32, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
-        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_send(now, wqe);
+        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_send(now, &wqe);
         self.touch(s);
         r
     }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use pmrxe_mem::PdHandle;
+use pmrxe_mem::{PdHandle, Sge};
 use pmrxe_wire::Psn;
 
 use crate::completer::CompState;
@@ -15,7 +15,7 @@ use crate::requester::ReqState;
 use crate::responder::RespState;
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
-use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, MAX_INLINE, MAX_SGE};
+use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Transport service type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -363,10 +363,20 @@ pub struct Transmit {
     pub tail_crc: u32,
 }
 
-/// One SQ slot: the WQE and its progress.
+/// One SQ slot: the compact part of the WQE and its progress (about a hundred bytes, not the
+/// 512 B of a [`SendWqe`]). The gather list, inline data and UD destination live in the QP's
+/// side arrays ([`SqSide`]) at the same slot and are written once, at post; nothing copies
+/// them again on transmit, ACK or retire.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SqEntry {
-    pub wqe: SendWqe,
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub flags: SendFlags,
+    /// Remote address and key (WRITE/READ/atomics).
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Gather entries in the side array (0 for inline and local ops).
+    pub num_sge: u8,
     /// Message length.
     pub len: u64,
     /// PSN of the first packet (valid once `started`).
@@ -388,7 +398,14 @@ pub(crate) struct SqEntry {
     pub done: Option<WcStatus>,
 }
 
+// The point of the compact entry: an ACK walk or a transmit touches two cache lines, not nine.
+const _: () = assert!(core::mem::size_of::<SqEntry>() <= 128);
+
 impl SqEntry {
+    pub(crate) fn signaled(&self) -> bool {
+        self.flags.contains(SendFlags::SIGNALED)
+    }
+
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.wrapping_add(self.npsn.saturating_sub(1))
     }
@@ -396,6 +413,68 @@ impl SqEntry {
         self.started && p.distance(self.first_psn) >= 0 && p.distance(self.last_psn()) <= 0
     }
 }
+
+/// The SQ's side arrays: per slot (absolute WQE index modulo the SQ depth) the gather list,
+/// the inline bytes and, on UD, the destination. Sized once from the QP's capabilities; a
+/// slot is written by `post_send` and read until the WQE retires (the SQ never holds more
+/// than `max_send_wr` WQEs, so a live slot is never reused).
+#[derive(Debug)]
+pub(crate) struct SqSide {
+    depth: u64,
+    sge_stride: usize,
+    inline_stride: usize,
+    sges: Box<[Sge]>,
+    inline: Box<[u8]>,
+    ud: Box<[Option<UdDest>]>,
+}
+
+impl SqSide {
+    fn new(caps: &QpCaps, qp_type: QpType) -> SqSide {
+        let depth = caps.max_send_wr.max(1) as usize;
+        let sge_stride = caps.max_send_sge as usize;
+        let inline_stride = caps.max_inline_data as usize;
+        SqSide {
+            depth: depth as u64,
+            sge_stride,
+            inline_stride,
+            sges: vec![Sge::default(); depth * sge_stride].into_boxed_slice(),
+            inline: vec![0; depth * inline_stride].into_boxed_slice(),
+            ud: vec![None; if qp_type == QpType::Ud { depth } else { 0 }].into_boxed_slice(),
+        }
+    }
+    fn slot(&self, idx: u64) -> usize {
+        (idx % self.depth) as usize
+    }
+    /// Gather list of WQE `idx` (`n` entries, as its `SqEntry::num_sge` says).
+    pub(crate) fn sges(&self, idx: u64, n: u8) -> &[Sge] {
+        let at = self.slot(idx) * self.sge_stride;
+        &self.sges[at..at + usize::from(n).min(self.sge_stride)]
+    }
+    /// Inline bytes of WQE `idx` (`n` of them).
+    pub(crate) fn inline(&self, idx: u64, n: usize) -> &[u8] {
+        let at = self.slot(idx) * self.inline_stride;
+        &self.inline[at..at + n.min(self.inline_stride)]
+    }
+    /// UD destination of WQE `idx`.
+    pub(crate) fn ud(&self, idx: u64) -> Option<UdDest> {
+        self.ud.get(self.slot(idx)).copied().flatten()
+    }
+    /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot.
+    fn store(&mut self, idx: u64, w: &SendWqe, inline: bool) {
+        let s = self.slot(idx);
+        if inline {
+            let at = s * self.inline_stride;
+            self.inline[at..at + w.inline_len].copy_from_slice(&w.inline[..w.inline_len]);
+        } else {
+            let at = s * self.sge_stride;
+            self.sges[at..at + w.num_sge].copy_from_slice(w.sg_list());
+        }
+        if let Some(u) = self.ud.get_mut(s) {
+            *u = w.ud;
+        }
+    }
+}
+
 
 /// A queue pair.
 #[derive(Debug)]
@@ -410,6 +489,8 @@ pub struct Qp {
     pub(crate) attr: QpAttr,
     /// SQ ring; `sq[0]` has absolute index `sq_head`.
     pub(crate) sq: VecDeque<SqEntry>,
+    /// Gather lists, inline data and UD destinations of the SQ's WQEs.
+    pub(crate) sq_side: SqSide,
     pub(crate) sq_head: u64,
     pub(crate) rq: VecDeque<RecvWqe>,
     pub(crate) req: ReqState,
@@ -456,6 +537,7 @@ impl Qp {
             state: QpState::Reset,
             attr,
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            sq_side: SqSide::new(&caps, qp_type),
             sq_head: 0,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
             req: ReqState::default(),
@@ -733,7 +815,7 @@ impl Qp {
             if e.credit {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
-            let mut c = Cqe::new(e.wqe.wr_id, WcStatus::WrFlushErr, wc_opcode(&e.wqe.op), self.qpn);
+            let mut c = Cqe::new(e.wr_id, WcStatus::WrFlushErr, wc_opcode(&e.op), self.qpn);
             c.byte_len = 0;
             self.stats.completion(WcStatus::WrFlushErr);
             self.cqes.push_back((CqSide::Send, c));
@@ -752,7 +834,7 @@ impl Qp {
 
     /// `ibv_post_send`. Validation failures return an error and produce no CQE
     /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed.
-    pub fn post_send(&mut self, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
+    pub fn post_send(&mut self, now: Instant, wqe: &SendWqe) -> Result<(), PostError> {
         let _ = now;
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
@@ -794,8 +876,15 @@ impl Qp {
             SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => 1,
             _ => (len.div_ceil(u64::from(self.mtu())) as u32).max(1),
         };
+        let idx = self.sq_end();
+        self.sq_side.store(idx, wqe, inline);
         self.sq.push_back(SqEntry {
-            wqe,
+            wr_id: wqe.wr_id,
+            op: wqe.op,
+            flags: wqe.flags,
+            remote_addr: wqe.remote_addr,
+            rkey: wqe.rkey,
+            num_sge: if inline { 0 } else { wqe.num_sge as u8 },
             len,
             first_psn: Psn::new(0),
             npsn,
@@ -920,7 +1009,7 @@ impl Qp {
         while let Some(e) = self.sq.front() {
             let Some(st) = e.done else { break };
             // Only the fields the CQE needs (not a copy of the whole entry).
-            let (wr_id, op, len, signaled) = (e.wqe.wr_id, e.wqe.op, e.len, e.wqe.signaled());
+            let (wr_id, op, len, signaled) = (e.wr_id, e.op, e.len, e.signaled());
             self.sq.pop_front();
             self.sq_head += 1;
             if st != WcStatus::Success || signaled || self.sq_sig_all {
@@ -982,7 +1071,7 @@ impl Qp {
         }
         if self.qp_type == QpType::Ud {
             let i = self.req.net_cursor;
-            return if i < self.sq_end() { self.entry(i).wqe.ud.map(|u| (u.av, u.remote_qpn)) } else { None };
+            return if i < self.sq_end() { self.sq_side.ud(i).map(|u| (u.av, u.remote_qpn)) } else { None };
         }
         Some(connected)
     }

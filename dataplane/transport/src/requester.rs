@@ -156,7 +156,7 @@ impl Qp {
             // The few fields the walk needs, not a copy of the whole entry (SGEs, inline data).
             let (op, flags, done, len) = {
                 let e = self.entry(idx);
-                (e.wqe.op, e.wqe.flags, e.done, e.len)
+                (e.op, e.flags, e.done, e.len)
             };
             if op.is_local() {
                 if !first_time {
@@ -260,8 +260,9 @@ impl Qp {
         let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
-        let (dest_qpn, av) = match (self.qp_type, e.wqe.ud) {
-            (QpType::Ud, Some(ud)) => (ud.remote_qpn, ud.av),
+        let ud = if self.qp_type == QpType::Ud { self.sq_side.ud(idx) } else { None };
+        let (dest_qpn, av) = match ud {
+            Some(ud) => (ud.remote_qpn, ud.av),
             _ => (self.attr.dest_qp_num, self.attr.ah_attr),
         };
         let k = e.tx_pkt;
@@ -269,16 +270,16 @@ impl Qp {
         if self.qp_type == QpType::Rc && psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
             return None;
         }
-        let op = e.wqe.op;
-        let inline = e.wqe.flags.contains(SendFlags::INLINE);
+        let op = e.op;
+        let inline = e.flags.contains(SendFlags::INLINE);
         let (hdr, payload, last) = match op {
             SendOp::Read => {
                 let off = u64::from(k) * u64::from(mtu);
                 let mut h = TransportHeaders::new(bth(pmrxe_wire::Opcode::RC_RDMA_READ_REQUEST, dest_qpn, psn));
                 h.bth.ack_req = true;
                 h.reth = Some(RethRepr {
-                    va: e.wqe.remote_addr.wrapping_add(off),
-                    rkey: e.wqe.rkey,
+                    va: e.remote_addr.wrapping_add(off),
+                    rkey: e.rkey,
                     len: (e.len - off.min(e.len)) as u32,
                 });
                 (h, Payload::None, true)
@@ -291,7 +292,7 @@ impl Qp {
                 };
                 let mut h = TransportHeaders::new(bth(opc, dest_qpn, psn));
                 h.bth.ack_req = true;
-                h.atomic_eth = Some(AtomicEthRepr { va: e.wqe.remote_addr, rkey: e.wqe.rkey, swap_add, compare });
+                h.atomic_eth = Some(AtomicEthRepr { va: e.remote_addr, rkey: e.rkey, swap_add, compare });
                 (h, Payload::None, true)
             }
             _ => {
@@ -313,20 +314,20 @@ impl Qp {
                 if pos.is_end() {
                     h.imm = imm;
                     h.ieth = inv;
-                    h.bth.solicited = e.wqe.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || imm.is_some());
+                    h.bth.solicited = e.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || imm.is_some());
                 }
                 if kind == OpKind::Write && pos.is_start() {
-                    h.reth = Some(RethRepr { va: e.wqe.remote_addr, rkey: e.wqe.rkey, len: e.len as u32 });
+                    h.reth = Some(RethRepr { va: e.remote_addr, rkey: e.rkey, len: e.len as u32 });
                 }
-                if let (QpType::Ud, Some(ud)) = (self.qp_type, e.wqe.ud) {
+                if let Some(ud) = ud {
                     h.deth = Some(DethRepr { qkey: ud.remote_qkey, src_qp: Qpn::new(self.qpn) });
                 }
                 let off = u64::from(k) * u64::from(mtu);
                 let len = (e.len - off.min(e.len)).min(u64::from(mtu)) as usize;
                 let payload = if inline {
-                    Payload::Bytes(&e.wqe.inline[off as usize..off as usize + len])
+                    Payload::Bytes(&self.sq_side.inline(idx, off as usize + len)[off as usize..])
                 } else {
-                    Payload::Gather { sges: e.wqe.sg_list(), offset: off, len }
+                    Payload::Gather { sges: self.sq_side.sges(idx, e.num_sge), offset: off, len }
                 };
                 (h, payload, pos.is_end())
             }
@@ -345,11 +346,6 @@ impl Qp {
             Payload::Gather { len, .. } => *len,
             Payload::Bytes(b) => b.len(),
             Payload::None | Payload::Remote { .. } => 0,
-        };
-        let sges = e.wqe.sges;
-        let payload = match payload {
-            Payload::Gather { offset, len, .. } => Payload::Gather { sges: &sges[..e.wqe.num_sge], offset, len },
-            p => p,
         };
         let (len, tail_crc) = match build(mem, self.pd, self.qpn, hdr, payload, buf) {
             Ok(Some(n)) => n,
