@@ -1,0 +1,30 @@
+//! Address handles (kept on the lcore that serves the PD's device).
+
+use pmrxe_abi::ctrl::{AhAttr, Response};
+use pmrxe_runtime::lcore::Cmd;
+
+use super::attr::to_av;
+use super::{err, Reply, Session};
+
+impl Session {
+    pub(super) fn create_ah(&mut self, pd: u32, attr: AhAttr) -> Reply {
+        let sh = self.shared.clone();
+        let Some(&dev) = self.objs.pds.get(&pd) else { return (err(libc::EINVAL, "no such PD"), vec![]) };
+        let ah = sh.handle();
+        let lc = sh.lcore_for(self.home, dev);
+        let _ = sh.lcores[lc].cmds.send(Cmd::AddAh { ah, av: to_av(&attr) });
+        self.objs.ahs.insert(ah, lc);
+        (Response::Ah { ah }, vec![])
+    }
+
+    pub(super) fn destroy_ah(&mut self, ah: u32) -> Reply {
+        let sh = self.shared.clone();
+        match self.objs.ahs.remove(&ah) {
+            Some(lc) => {
+                let _ = sh.lcores[lc].cmds.send(Cmd::RemoveAh { ah });
+                (Response::Ok, vec![])
+            }
+            None => (err(libc::EINVAL, "no such AH"), vec![]),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! One client session: a thread per connected client that owns the client's objects and
+//! turns control requests into memory-table calls and lcore commands.
+//!
+//! Isolation: every handle a request names is looked up in *this* client's tables, so a
+//! client can never name another client's PD, CQ, QP, MR or segment; PD handles are unique
+//! across the service, so keys registered by one client fail the PD check on another's QPs.
+//! Segments are per client (separate memfds). On disconnect — orderly or SIGKILL — every
+//! object is destroyed: QPs leave their lcore, MRs/MWs are deregistered, segments unmapped.
+//!
+//! `request` dispatches each request to a handler in the module of the object it names:
+//! `client` (Hello, capture, rdma_cm), `pd`, `cq` (and completion channels), `segment`, `mr`, `mw`,
+//! `qp`, `srq`, `ah`; `attr` converts ibv attribute values to the engine's and back.
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam::channel::Receiver;
+use pmrxe_abi::ctrl::{self, AsyncEvent, QpCap, Request, Response};
+use pmrxe_abi::DOORBELL_SLOTS;
+use pmrxe_mem::{Key, MemTable, Region};
+use pmrxe_runtime::lcore::{Cmd, LcoreHandle};
+use pmrxe_runtime::shm::{EventFd, MapPiece, Segment};
+
+use crate::stats::StatsSource;
+
+/// What every session shares.
+pub struct Shared {
+    /// Devices, by index.
+    pub devices: Vec<ctrl::DeviceInfo>,
+    /// Which lcore serves each device.
+    pub device_lcore: Vec<usize>,
+    /// The lcores.
+    pub lcores: Vec<LcoreHandle>,
+    /// MR/MW table.
+    pub mem: Arc<MemTable>,
+    /// Handle allocators (unique across clients).
+    pub next_handle: AtomicU32,
+    /// QPN allocator.
+    pub next_qpn: AtomicU32,
+    /// Round-robin counter placing clients on lcores.
+    pub next_home: AtomicU32,
+    /// Connected clients: id → (pid, program).
+    pub clients: Mutex<HashMap<u32, (i32, String)>>,
+    /// Statistics provider.
+    pub stats: Arc<dyn StatsSource>,
+    /// Capture control.
+    pub capture: Arc<crate::stats::Capture>,
+    /// The connection manager (rdma_cm), if the service runs one.
+    pub cm: Option<crate::cm::CmHandle>,
+}
+
+impl Shared {
+    fn handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The lcore that owns a client's objects on `device`: with one lcore per device set the
+    /// device's lcore; with several lcores sharing every port, the client's lcore (clients are
+    /// spread round-robin, and all of a client's QPs/CQs/SRQs stay together so a CQ has one
+    /// producer).
+    fn lcore_for(&self, home: usize, device: u32) -> usize {
+        if self.lcores.len() > 1 {
+            home % self.lcores.len()
+        } else {
+            self.device_lcore[device as usize]
+        }
+    }
+
+    /// A fresh QPN owned by lcore `lc` (`qpn % lcores == lc`, what the hand-off routes by).
+    fn qpn_for(&self, lc: usize) -> u32 {
+        let n = self.lcores.len().max(1) as u32;
+        loop {
+            let seq = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+            // 24-bit QPNs; 0 and 1 (SMI, GSI) are never handed out. Wrapping keeps
+            // `qpn % n == lc` because the top is cut to a multiple of n.
+            let top = (0x100_0000 / n) * n;
+            let qpn = (seq.wrapping_mul(n) % top) + lc as u32;
+            if qpn > 1 {
+                return qpn;
+            }
+        }
+    }
+}
+
+struct SegRec {
+    fd: OwnedFd,
+    base: u64,
+    len: u64,
+    /// File offset mapped at `base` (0 for the shim's memfds).
+    offset: u64,
+    /// The file's page size (4096, or the huge page size of a hugetlbfs file).
+    page: u64,
+    /// Not sealed against shrinking: mapped under a SIGBUS guard.
+    guard: bool,
+    region: Option<Region>,
+}
+
+impl SegRec {
+    fn piece(&self, seg_offset: u64, len: u64) -> MapPiece<'_> {
+        MapPiece { fd: &self.fd, offset: self.offset + seg_offset, len, page: self.page, guard: self.guard }
+    }
+}
+
+struct SrqRec {
+    lcore: usize,
+    db_slot: u16,
+}
+
+struct QpRec {
+    lcore: usize,
+    init_cap: QpCap,
+    db_slot: u16,
+}
+
+#[derive(Default)]
+struct Objects {
+    pds: HashMap<u32, u32>,        // pd → device
+    channels: HashMap<u32, Arc<EventFd>>,
+    cqs: HashMap<u32, usize>,      // cq → lcore
+    qps: HashMap<u32, QpRec>,
+    mrs: HashMap<u32, u32>,        // key → pd
+    mws: HashMap<u32, u32>,        // key → pd
+    ahs: HashMap<u32, usize>,      // ah → lcore
+    srqs: HashMap<u32, SrqRec>,
+    segs: HashMap<u64, SegRec>,
+    db_used: Vec<bool>,
+}
+
+/// Serve one client until it disconnects.
+pub fn run(shared: Arc<Shared>, sock: UnixStream) {
+    let (pid, uid, _) = ctrl::peer_cred(&sock).unwrap_or((-1, u32::MAX, u32::MAX));
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    if uid != me && uid != 0 {
+        tracing::warn!(pid, uid, "refusing client of another user");
+        return;
+    }
+    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, events_fd: None, hold: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
+    let mut buf = Vec::new();
+    loop {
+        let fds = match ctrl::recv_msg(s.fd, &mut buf) {
+            Ok(Some(fds)) => fds,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(client = s.id, "control socket: {e}");
+                break;
+            }
+        };
+        let (resp, out_fds): (Response, Vec<RawFd>) = match ctrl::decode::<Request>(&buf) {
+            Ok(req) => {
+                if s.id == 0 && !matches!(req, Request::Hello { .. } | Request::Stats { .. } | Request::Capture { .. }) {
+                    (err(libc::EPROTO, "first message must be Hello"), vec![])
+                } else {
+                    s.request(req, fds, pid)
+                }
+            }
+            Err(e) => (err(libc::EPROTO, &format!("malformed request: {e}")), vec![]),
+        };
+        let bytes = match ctrl::encode(&resp) {
+            Ok(b) => b,
+            Err(_) => break,
+        };
+        let sent = ctrl::send_msg(s.fd, &bytes, &out_fds);
+        s.hold = None; // an fd created for this reply (the rdma_cm event socket) is the client's now
+        if sent.is_err() {
+            break;
+        }
+        if matches!(resp, Response::Stats(_)) && s.id == 0 {
+            continue;
+        }
+    }
+    s.cleanup();
+    drop(sock);
+}
+
+fn err(errno: i32, msg: &str) -> Response {
+    Response::Err { errno, msg: msg.to_string() }
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    fd: RawFd,
+    id: u32,
+    /// The lcore this client's objects live on when lcores share the ports.
+    home: usize,
+    events: Option<Receiver<AsyncEvent>>,
+    /// Signalled by the lcores for every queued async event; the client's `async_fd`.
+    events_fd: Option<Arc<EventFd>>,
+    /// An fd passed with the reply being sent, closed once it is sent.
+    hold: Option<OwnedFd>,
+    objs: Objects,
+    // segments / objects above; keep the client page alive for the lcores via Arc
+}
+
+type Reply = (Response, Vec<RawFd>);
+
+macro_rules! lcore_call {
+    ($lc:expr, $variant:ident { $($f:ident : $v:expr),* }) => {{
+        // Waits as long as the lcore is alive and making progress; ESHUTDOWN only when the
+        // service is really stopping (pmrxe_runtime::call).
+        match $lc.call(|tx| Cmd::$variant { $($f: $v,)* done: tx }) {
+            Ok(r) => r,
+            Err(e) => return (err(e.errno(), &e.to_string()), vec![]),
+        }
+    }};
+}
+
+mod ah;
+mod attr;
+mod client;
+mod cq;
+mod mr;
+mod mw;
+mod pd;
+mod qp;
+mod segment;
+mod srq;
+
+pub use attr::{from_engine_attr, to_engine_attr};
+
+impl Session {
+    /// Dispatch one request to the handler of the object it names (one module per object).
+    fn request(&mut self, req: Request, fds: Vec<OwnedFd>, pid: i32) -> Reply {
+        match req {
+            Request::Hello { abi_version, program, .. } => self.hello(abi_version, program, pid),
+            Request::Stats { json } => (Response::Stats(self.shared.stats.render(json)), vec![]),
+            Request::Capture { count, qpn } => self.capture(count, qpn, fds),
+            Request::AllocPd { device } => self.alloc_pd(device),
+            Request::DeallocPd { pd } => self.dealloc_pd(pd),
+            Request::CreateCompChannel { .. } => self.create_comp_channel(),
+            Request::DestroyCompChannel { channel } => self.destroy_comp_channel(channel),
+            Request::CreateCq { device, cqe, channel } => self.create_cq(device, cqe, channel),
+            req @ (Request::CmOpenChannel
+            | Request::CmCreateId { .. }
+            | Request::CmMigrateId { .. }
+            | Request::CmBindAddr { .. }
+            | Request::CmResolveAddr { .. }
+            | Request::CmResolveRoute { .. }
+            | Request::CmListen { .. }
+            | Request::CmConnect { .. }
+            | Request::CmAccept { .. }
+            | Request::CmReject { .. }
+            | Request::CmEstablish { .. }
+            | Request::CmDisconnect { .. }
+            | Request::CmInitQpAttr { .. }
+            | Request::CmSetOption { .. }
+            | Request::CmDestroyId { .. }) => self.cm(req),
+            Request::ResizeCq { cq, cqe } => self.resize_cq(cq, cqe),
+            Request::DestroyCq { cq } => self.destroy_cq(cq),
+            Request::AddSegment { seg, base, len } => self.add_segment(seg, base, len, fds),
+            Request::AddSharedSegment { seg, base, len, offset } => self.add_shared_segment(seg, base, len, offset, fds),
+            Request::ReleaseSegment { seg } => self.release_segment(seg),
+            Request::RegMr { pd, addr, len, iova, access, pieces } => self.reg_mr(pd, addr, len, iova, access, &pieces),
+            Request::ReregMr { key, pd, addr, len, iova, access, pieces } => self.rereg_mr(key, pd, addr, len, iova, access, &pieces),
+            Request::DeregMr { key } => self.dereg_mr(key),
+            Request::AllocMr { pd, max_num_sg } => self.alloc_mr(pd, max_num_sg),
+            Request::MapMrSg { key, sg, sg_offset, page_size } => self.map_mr_sg(key, &sg, sg_offset, page_size),
+            Request::AllocMw { pd, mw_type } => self.alloc_mw(pd, mw_type),
+            Request::DeallocMw { key } => self.dealloc_mw(key),
+            Request::CreateQp { device, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all } => {
+                self.create_qp(device, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all)
+            }
+            Request::ModifyQp { qpn, attr, mask } => self.modify_qp(qpn, attr, mask),
+            Request::QueryQp { qpn } => self.query_qp(qpn),
+            Request::DestroyQp { qpn } => self.destroy_qp(qpn),
+            Request::CreateSrq { device, pd, max_wr, max_sge, srq_limit } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
+            Request::ModifySrq { srq, max_wr: _, srq_limit, mask } => self.modify_srq(srq, srq_limit, mask),
+            Request::QuerySrq { srq } => self.query_srq(srq),
+            Request::DestroySrq { srq } => self.destroy_srq(srq),
+            Request::CreateAh { pd, attr } => self.create_ah(pd, attr),
+            Request::DestroyAh { ah } => self.destroy_ah(ah),
+            Request::GetAsyncEvent => (Response::AsyncEvent(self.events.as_ref().and_then(|r| r.try_recv().ok())), vec![]),
+        }
+    }
+
+    fn cleanup(&mut self) {
+        let sh = self.shared.clone();
+        if self.id == 0 {
+            return;
+        }
+        // rdma_cm ids first: their connections end with DREQ/REJ while the QPs still exist.
+        if let Some(cm) = &sh.cm {
+            cm.client_gone(self.id);
+        }
+        for lc in &sh.lcores {
+            match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {
+                Ok(()) | Err(pmrxe_runtime::call::CallError::Stopping) => {}
+                Err(e) => tracing::warn!(client = self.id, "removing the client's objects from lcore {}: {e}", lc.index),
+            }
+        }
+        for (&k, _) in self.objs.mws.iter() {
+            let _ = sh.mem.dealloc_mw(Key(k));
+        }
+        for (&k, _) in self.objs.mrs.iter() {
+            if let Err(e) = sh.mem.dereg_mr(Key(k)) {
+                tracing::warn!(client = self.id, key = k, "dereg on disconnect: {e}");
+            }
+        }
+        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        tracing::info!(client = self.id, qps = self.objs.qps.len(), mrs = self.objs.mrs.len(), "client gone; its objects are released");
+    }
+}
+
+/// Segments created for a client are owned by the lcore (through their Arc) from now on; this
+/// only documents that the session's clone ends here.
+fn drop_after_send(seg: Arc<Segment>) {
+    drop(seg);
+}
