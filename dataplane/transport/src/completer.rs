@@ -11,6 +11,13 @@
 //! * NAK 0x61/0x62/0x63 → REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR for the WQE holding the
 //!   PSN; the QP goes to ERR once it reaches the head (§4.2).
 //! * Local ACK timeout 4.096 µs × 2^timeout (0 = off); `retry_cnt` 7 means 7 retries.
+//!   Back-off: each consecutive timeout without forward progress doubles the period of the
+//!   next one, up to 2^[`MAX_BACKOFF_SHIFT`] × (and never past the 5-bit encoding's largest
+//!   period); forward progress resets it. The retry count is unchanged by it: RETRY_EXC_ERR
+//!   still comes on the `retry_cnt + 1`-th timeout.
+//! * Go-back-N restarts are bounded to one per round trip: after a restart from PSN p, further
+//!   sequence NAKs, implicit NAKs and out-of-order READ responses do not restart again until
+//!   p is acknowledged (that ACK is the restart's round trip); only the timer can.
 //! * READ responses are placed in PSN order straight into the local SGEs; an out-of-order
 //!   response starts a retry from the first missing PSN with a smaller request (D5).
 
@@ -35,7 +42,15 @@ pub(crate) struct CompState {
     pub started_retry: bool,
     /// PSN to resume from when the RNR timer fires.
     pub rnr_psn: Psn,
+    /// Consecutive local ACK timeouts without forward progress (the back-off shift, capped
+    /// at [`MAX_BACKOFF_SHIFT`]).
+    pub backoff: u8,
+    /// When the first of those timeouts fired (time in back-off is counted from here).
+    pub backoff_since: Option<Instant>,
 }
+
+/// Largest back-off of the retransmission timer: 2^3 = 8 × the QP's local ACK timeout.
+pub const MAX_BACKOFF_SHIFT: u8 = 3;
 
 impl Default for CompState {
     fn default() -> Self {
@@ -45,6 +60,8 @@ impl Default for CompState {
             rnr: RetryLimit::rnr(7),
             started_retry: false,
             rnr_psn: Psn::new(0),
+            backoff: 0,
+            backoff_since: None,
         }
     }
 }
@@ -71,15 +88,31 @@ impl Qp {
         self.comp.psn.distance(self.req.next_psn) < 0
     }
 
-    /// Restart (or stop) the retransmit timer after forward progress.
+    /// Restart (or stop) the retransmit timer after forward progress (which ends a back-off).
     fn on_progress(&mut self, now: Instant) {
         self.comp.reset_retry(&self.attr);
         self.comp.started_retry = false;
+        self.end_backoff(now);
         self.rearm_retransmit(now);
     }
 
+    /// Forward progress or failure: the timer is back at its nominal period.
+    fn end_backoff(&mut self, now: Instant) {
+        self.comp.backoff = 0;
+        if let Some(since) = self.comp.backoff_since.take() {
+            self.stats.backoff_ns += now.since(since);
+        }
+    }
+
+    /// The current retransmission period: the local ACK timeout, doubled per consecutive
+    /// timeout (capped; never past the 5-bit encoding's 4.096 µs × 2^31). `None`: timer off.
+    pub(crate) fn retransmit_period_ns(&self) -> Option<u64> {
+        let t = self.attr.timeout;
+        local_ack_timeout_ns(t).and_then(|_| local_ack_timeout_ns(t.saturating_add(self.comp.backoff).min(31)))
+    }
+
     fn rearm_retransmit(&mut self, now: Instant) {
-        match local_ack_timeout_ns(self.attr.timeout) {
+        match self.retransmit_period_ns() {
             Some(t) if self.outstanding() && self.timers.get(Timer::RnrWait).is_none() => {
                 self.timers.set(Timer::Retransmit, now.add_ns(t))
             }
@@ -208,12 +241,16 @@ impl Qp {
         self.stats.timeouts += 1;
         let p = self.comp.psn;
         if self.comp.retry.take() {
+            // Back off: the next timeout comes twice as late (up to the cap).
+            self.comp.backoff = (self.comp.backoff + 1).min(MAX_BACKOFF_SHIFT);
+            self.comp.backoff_since.get_or_insert(now);
             self.retry_from(now, p);
-            if let Some(t) = local_ack_timeout_ns(self.attr.timeout) {
+            if let Some(t) = self.retransmit_period_ns() {
                 self.timers.set(Timer::Retransmit, now.add_ns(t));
             }
         } else {
             self.stats.retry_exceeded += 1;
+            self.end_backoff(now);
             self.fail_at(p, WcStatus::RetryExcErr);
         }
     }

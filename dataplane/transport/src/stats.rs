@@ -29,8 +29,11 @@ pub struct QpStats {
     pub cc_rate_mbps: u64,
     /// Go-back-N retries started (timeout, sequence NAK, implicit NAK, RNR).
     pub retries: u64,
-    /// Local ACK timer expirations that caused a retry.
+    /// Local ACK timer expirations (each one retries or, with the retry count spent, fails).
     pub timeouts: u64,
+    /// Nanoseconds spent in retransmission back-off: from a local ACK timeout until the next
+    /// forward progress (or the retry-exceeded failure).
+    pub backoff_ns: u64,
     /// PSN sequence NAKs sent by our responder.
     pub seq_naks_sent: u64,
     /// PSN sequence NAKs received by our requester.
@@ -90,7 +93,7 @@ impl QpStats {
         macro_rules! sum { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
         sum!(
             tx_packets, tx_bytes, rx_packets, retransmits, retransmit_bytes, ecn_ce_received,
-            cnp_sent, cnp_received, cc_rate_decreases, cc_rate_mbps, retries, timeouts, seq_naks_sent,
+            cnp_sent, cnp_received, cc_rate_decreases, cc_rate_mbps, retries, timeouts, backoff_ns, seq_naks_sent,
             seq_naks_received, rnr_naks_sent, rnr_naks_received, err_naks_sent,
             err_naks_received, acks_sent, acks_received, read_responses_sent, duplicates,
             read_replays, atomic_replays, out_of_sequence, rkey_violations, resp_bytes_written,
