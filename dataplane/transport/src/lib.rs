@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod builder;
 pub mod completer;
 pub mod cq;
 pub mod dcqcn;

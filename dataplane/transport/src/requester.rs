@@ -17,9 +17,9 @@
 //! Packets are a pure function of (WQE, packet index): the gather offset is
 //! `index × PMTU`, so a retransmission rebuilds exactly the packet (rxe problem 8).
 
-use pmrxe_wire::{next_opcode, AtomicEthRepr, BthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
-use pmrxe_mem::MemError;
+use pmrxe_wire::{next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
 
+use crate::builder::{bth, build, Payload};
 use crate::cq::WcStatus;
 use crate::memops::MemOps;
 use crate::qp::{Qp, QpState, QpType, Transmit};
@@ -34,8 +34,6 @@ pub const MAX_PKT_PER_ACK: u32 = 64;
 /// Bytes a packet adds on the wire beyond `Transmit::len` (Ethernet 14 + IPv4 20 + UDP 8 + ICRC
 /// 4 + FCS 4 + preamble/SFD 8 + inter-frame gap 12): what the DCQCN pacer charges per packet.
 pub const WIRE_OVERHEAD: usize = 70;
-/// Default P_Key.
-pub const DEFAULT_PKEY: u16 = 0xFFFF;
 
 /// Requester state.
 #[derive(Clone, Copy, Debug, Default)]
@@ -60,69 +58,6 @@ impl ReqState {
     pub(crate) fn reset_psn(&mut self, p: Psn) {
         self.next_psn = p;
         self.max_sent = p;
-    }
-}
-
-/// What the payload of a packet comes from.
-pub(crate) enum Payload<'a> {
-    None,
-    /// Gather from SGEs at a message offset.
-    Gather { sges: &'a [pmrxe_mem::Sge], offset: u64, len: usize },
-    /// Inline bytes.
-    Bytes(&'a [u8]),
-    /// Read through an rkey (READ responses): QPN, rkey, va, len.
-    Remote { rkey: u32, va: u64, len: usize },
-}
-
-/// Write `hdr` + payload + pad into `buf`; returns the length and the tail CRC (the ICRC's CRC
-/// of these bytes, BTH byte 4 masked: `pmrxe_wire::finish_frame_with_tail_crc` joins it to the
-/// IP/UDP prefix), or the gather error. The payload is hashed while it is copied (one pass).
-pub(crate) fn build<M: MemOps + ?Sized>(
-    mem: &M,
-    pd: u32,
-    qpn: u32,
-    mut hdr: TransportHeaders,
-    payload: Payload<'_>,
-    buf: &mut [u8],
-) -> Result<Option<(usize, u32)>, MemError> {
-    let plen = match &payload {
-        Payload::None => 0,
-        Payload::Gather { len, .. } => *len,
-        Payload::Bytes(b) => b.len(),
-        Payload::Remote { len, .. } => *len,
-    };
-    let pad = (4 - (plen & 3)) & 3;
-    hdr.bth.pad = pad as u8;
-    let hlen = hdr.header_len();
-    let total = hlen + plen + pad;
-    if buf.len() < total || hdr.emit(buf).is_err() {
-        return Ok(None);
-    }
-    let crc = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
-    let crc = match payload {
-        Payload::None => crc,
-        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], crc)?,
-        Payload::Bytes(b) => pmrxe_crc::copy_and_crc(crc, &mut buf[hlen..hlen + b.len()], b),
-        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], crc)?,
-    };
-    buf[hlen + plen..total].fill(0);
-    Ok(Some((total, pmrxe_crc::crc_update(crc, &buf[hlen + plen..total]))))
-}
-
-/// A BTH with our defaults.
-pub(crate) fn bth(opcode: pmrxe_wire::Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
-    BthRepr {
-        opcode,
-        solicited: false,
-        migreq: true,
-        pad: 0,
-        tver: 0,
-        pkey: DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(dest_qp),
-        ack_req: false,
-        psn,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 use crate::memops::{AtomicOp, MemOps};
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, Qp, QpState, QpType, Transmit};
-use crate::requester::{bth, build, Payload};
+use crate::builder::{bth, build, Payload};
 use crate::srq::Srq;
 use crate::timers::Instant;
 use crate::wqe::RecvWqe;

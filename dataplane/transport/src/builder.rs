@@ -1,0 +1,75 @@
+//! The packet builder: BTH defaults and the one function that writes a transport packet
+//! (headers + payload + pad) into a frame buffer while folding its ICRC. The requester
+//! (requests, retransmissions) and the responder (ACK/NAK, READ responses, atomic ACKs) both
+//! emit through it; neither writes headers itself.
+
+use pmrxe_mem::MemError;
+use pmrxe_wire::{BthRepr, Psn, Qpn, TransportHeaders};
+
+use crate::memops::MemOps;
+
+/// Default P_Key.
+pub const DEFAULT_PKEY: u16 = 0xFFFF;
+
+/// What the payload of a packet comes from.
+pub(crate) enum Payload<'a> {
+    None,
+    /// Gather from SGEs at a message offset.
+    Gather { sges: &'a [pmrxe_mem::Sge], offset: u64, len: usize },
+    /// Inline bytes.
+    Bytes(&'a [u8]),
+    /// Read through an rkey (READ responses): QPN, rkey, va, len.
+    Remote { rkey: u32, va: u64, len: usize },
+}
+
+/// Write `hdr` + payload + pad into `buf`; returns the length and the tail CRC (the ICRC's CRC
+/// of these bytes, BTH byte 4 masked: `pmrxe_wire::finish_frame_with_tail_crc` joins it to the
+/// IP/UDP prefix), or the gather error. The payload is hashed while it is copied (one pass).
+pub(crate) fn build<M: MemOps + ?Sized>(
+    mem: &M,
+    pd: u32,
+    qpn: u32,
+    mut hdr: TransportHeaders,
+    payload: Payload<'_>,
+    buf: &mut [u8],
+) -> Result<Option<(usize, u32)>, MemError> {
+    let plen = match &payload {
+        Payload::None => 0,
+        Payload::Gather { len, .. } => *len,
+        Payload::Bytes(b) => b.len(),
+        Payload::Remote { len, .. } => *len,
+    };
+    let pad = (4 - (plen & 3)) & 3;
+    hdr.bth.pad = pad as u8;
+    let hlen = hdr.header_len();
+    let total = hlen + plen + pad;
+    if buf.len() < total || hdr.emit(buf).is_err() {
+        return Ok(None);
+    }
+    let crc = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
+    let crc = match payload {
+        Payload::None => crc,
+        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], crc)?,
+        Payload::Bytes(b) => pmrxe_crc::copy_and_crc(crc, &mut buf[hlen..hlen + b.len()], b),
+        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], crc)?,
+    };
+    buf[hlen + plen..total].fill(0);
+    Ok(Some((total, pmrxe_crc::crc_update(crc, &buf[hlen + plen..total]))))
+}
+
+/// A BTH with our defaults.
+pub(crate) fn bth(opcode: pmrxe_wire::Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited: false,
+        migreq: true,
+        pad: 0,
+        tver: 0,
+        pkey: DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(dest_qp),
+        ack_req: false,
+        psn,
+    }
+}
