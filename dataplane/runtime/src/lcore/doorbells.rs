@@ -1,0 +1,200 @@
+//! Doorbells: swap each rung doorbell word to 0 and move exactly those QPs' (and SRQs') new
+//! WQEs from their shared rings into the engine.
+use super::*;
+
+impl<L: Link> Lcore<L> {
+    pub(super) fn doorbells(&mut self, now: Instant) -> bool {
+        self.work.clear();
+        for c in &self.clients {
+            let page = c.page();
+            let row = page.row(self.index);
+            let summary = &row.summary;
+            if summary.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut words = summary.swap(0, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
+            while words != 0 {
+                let w = words.trailing_zeros() as usize;
+                words &= words - 1;
+                let word = &row.words[w];
+                let mut bits = word.swap(0, Ordering::Acquire);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let qpn = c.slots[w * 64 + b];
+                    if qpn & SRQ_SLOT != 0 {
+                        if let Some(x) = self.srqs.get_mut(&(qpn & !SRQ_SLOT)) {
+                            x.backlog = true;
+                        }
+                        continue;
+                    }
+                    if qpn != 0 && self.work.len() < self.work.capacity() {
+                        self.work.push(qpn);
+                    }
+                }
+            }
+        }
+        let mut any = false;
+        for k in 0..self.work.len() {
+            let qpn = self.work[k];
+            any |= self.drain_rings(qpn, now);
+        }
+        any |= self.drain_srqs();
+        any
+    }
+
+    /// SRQs whose doorbell rang or whose ring had more than fitted.
+    pub(super) fn drain_srqs(&mut self) -> bool {
+        let mut any = false;
+        for (&n, x) in self.srqs.iter_mut() {
+            if x.backlog {
+                if let Some(srq) = self.engine.srq_mut(n) {
+                    any |= drain_srq(x, srq, &self.stats);
+                }
+            }
+        }
+        any
+    }
+
+    /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
+    /// the engine's queue takes goes on the backlog list, retried every iteration.
+    pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
+        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.wqe_scratch);
+        self.engine
+            .with(qpn, |qp, s| {
+                let any = drain_qp_rings(qp, s, ahs, stats, scratch, now);
+                if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
+                    s.backlog_listed = true;
+                    backlog.push(qpn);
+                }
+                any
+            })
+            .unwrap_or(false)
+    }
+
+    /// Retry the rings of QPs on the backlog list (completions may have made room).
+    pub(super) fn drain_backlog(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        let mut k = 0;
+        while k < self.backlog.len() {
+            let qpn = self.backlog[k];
+            any |= self.drain_rings(qpn, now);
+            let still = self.engine.with(qpn, |_, s| {
+                s.backlog_listed = s.backlog;
+                s.backlog
+            });
+            if still == Some(true) {
+                k += 1;
+            } else {
+                self.backlog.swap_remove(k);
+            }
+        }
+        any
+    }
+
+    // ---- timers, transmit, completions --------------------------------------------------
+}
+
+/// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
+/// arriving in the same burst finds them).
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut SendWqe, now: Instant) -> bool {
+    let mut any = false;
+    s.backlog = false;
+    // Receive WQEs first so a SEND arriving in the same burst finds them.
+    if let Some(rq) = s.rq.as_mut() {
+        loop {
+            match rq.peek() {
+                Ok(Some(w)) => {
+                    any = true;
+                    match convert::recv_wqe(&w) {
+                        Ok(r) => {
+                            if qp.post_recv(r).is_err() {
+                                s.backlog = true;
+                                break; // full: leave it in the ring, retry next iteration
+                            }
+                        }
+                        Err(_) => {
+                            bump(&stats.bad_wqes, 1);
+                            fatal(qp);
+                        }
+                    }
+                    rq.advance();
+                    bump(&stats.rq_wqes, 1);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    bump(&stats.ring_corrupt, 1);
+                    fatal(qp);
+                    break;
+                }
+            }
+        }
+        rq.release();
+    }
+    loop {
+        match s.sq.peek() {
+            Ok(Some(w)) => {
+                any = true;
+                match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud, scratch) {
+                    Ok(()) => {
+                        if let Err(e) = qp.post_send(now, scratch) {
+                            if e == pmrxe_transport::PostError::QueueFull {
+                                s.backlog = true;
+                                break; // retry when completions free space
+                            }
+                            bump(&stats.bad_wqes, 1);
+                            fatal(qp);
+                        }
+                    }
+                    Err(_) => {
+                        bump(&stats.bad_wqes, 1);
+                        fatal(qp);
+                    }
+                }
+                s.sq.advance();
+                bump(&stats.sq_wqes, 1);
+                if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
+                    bump(&stats.sq_inline_wqes, 1);
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                bump(&stats.ring_corrupt, 1);
+                fatal(qp);
+                break;
+            }
+        }
+    }
+    s.sq.release();
+    any
+}
+
+fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats) -> bool {
+    x.backlog = false;
+    let mut any = false;
+    loop {
+        match x.ring.peek() {
+            Ok(Some(w)) => {
+                any = true;
+                match convert::recv_wqe(&w) {
+                    Ok(r) => {
+                        if srq.post_recv(r).is_err() {
+                            x.backlog = true;
+                            break;
+                        }
+                    }
+                    Err(_) => bump(&stats.bad_wqes, 1),
+                }
+                x.ring.advance();
+                bump(&stats.rq_wqes, 1);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                bump(&stats.ring_corrupt, 1);
+                break;
+            }
+        }
+    }
+    x.ring.release();
+    any
+}

@@ -1,0 +1,576 @@
+//! The per-core run-to-completion loop.
+//!
+//! One [`Lcore`] owns a set of devices (ports), the QPs and CQs of the clients assigned to it,
+//! and their shared-memory rings. Each iteration:
+//!
+//! 1. control commands (create/modify/destroy objects) — a lock-free `try_recv`;
+//! 2. `rx_burst` on every port → parse and validate → ARP, or dispatch by destination QPN to
+//!    the owning QP's responder/completer;
+//! 3. doorbells: swap each non-zero doorbell word of each client to 0 and drain exactly those
+//!    SQ/RQ rings into the engine (no scan of idle QPs);
+//! 4. timers (retransmit, RNR) of QPs whose deadline passed;
+//! 5. requester: every QP with something to send builds packets straight into port buffers
+//!    (headers + payload gathered from the MR; then Eth/IP/UDP + ICRC);
+//! 6. completions into client CQ rings (and a completion event for armed CQs);
+//! 7. `tx_burst`.
+//!
+//! The loop makes no system call, takes no lock and allocates nothing on this path: all
+//! vectors are reserved up front and only used within capacity, rings are shared memory,
+//! the clock is the vDSO. The exceptions are explicit and counted: idle sleeps (back-off
+//! mode, only after an empty iteration), the eventfd write for a CQ the application armed,
+//! and replies to control commands. Each iteration is a quiescent point for MR reclamation:
+//! no `MrRef` outlives the call that took it.
+//!
+//! This file holds the lcore's state and loop; each step lives in its own file:
+//! `objects.rs` (1), `rx.rs` (2), `neighbours.rs` (ARP/ND), `doorbells.rs` (3),
+//! `tx.rs` (4, 5, 7) and `completions.rs` (6).
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use pmrxe_abi::ring::{Consumer, Producer, PushError};
+use pmrxe_abi::{
+    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
+};
+use pmrxe_mem::{MemTable, Reader};
+use pmrxe_abi::SrqSegmentLayout;
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, SendOp, SendWqe, Srq, SrqAttr};
+use pmrxe_wire::{self as wire, MacAddr};
+
+use crate::call::CallError;
+use crate::clock::Clock;
+use crate::convert;
+use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
+use crate::idle::Idle;
+use crate::link::{FrameBuf, Link};
+use crate::neigh::{gid_to_ip, Neighbors};
+use crate::shm::{EventFd, Segment};
+use crate::stats::{bump, DropStats, LcoreStats};
+
+mod completions;
+mod doorbells;
+mod neighbours;
+mod objects;
+mod rx;
+mod tx;
+
+/// Frames per burst.
+pub const BURST: usize = 32;
+
+/// One device (port) as this lcore serves it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceConfig {
+    /// Device index (pmrxeN).
+    pub index: u32,
+    /// Our MAC.
+    pub mac: [u8; 6],
+    /// GID table: index → GID (IPv4-mapped or IPv6).
+    pub gids: Vec<[u8; 16]>,
+    /// Ethernet MTU.
+    pub mtu: u16,
+    /// ECN on: every RoCE frame leaves ECT(0) (DSCP from the QP's GRH traffic class).
+    pub ecn: bool,
+    /// Congestion control of every QP on this device ([`Qp::set_congestion`]): CNPs for
+    /// CE-marked packets and DCQCN. Off (default) unless the port's `ecn` is on.
+    pub cc: pmrxe_transport::CcConfig,
+}
+
+
+/// Cross-lcore hand-off of received frames. With several lcores every lcore polls its own RX
+/// queue of every port, so a frame can arrive on an lcore that does not own its destination
+/// QP; it is passed, as the owned buffer (no copy), to the owner's inbox: a bounded lock-free
+/// MPMC queue (crossbeam `ArrayQueue`), drained by the owner every iteration. A QP's owner is
+/// encoded in its QPN (`qpn % lcores`), so routing needs no shared table.
+pub struct Handoff<B> {
+    inbox: Vec<crossbeam::queue::ArrayQueue<(usize, B)>>,
+}
+
+impl<B> Handoff<B> {
+    /// Inboxes for `lcores` lcores, `depth` frames each (allocated here, never on the fast path).
+    pub fn new(lcores: usize, depth: usize) -> Arc<Handoff<B>> {
+        Arc::new(Handoff { inbox: (0..lcores).map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1))).collect() })
+    }
+    /// Number of lcores.
+    pub fn lcores(&self) -> usize {
+        self.inbox.len()
+    }
+    /// The lcore owning `qpn`.
+    pub fn owner(&self, qpn: u32) -> usize {
+        qpn as usize % self.inbox.len()
+    }
+}
+
+/// A QP handed to the lcore by the control thread.
+pub struct QpSetup {
+    /// The engine QP (state RESET).
+    pub qp: Qp,
+    /// Owning client.
+    pub client: u32,
+    /// Device index.
+    pub device: u32,
+    /// The QP's ring segment.
+    pub seg: Arc<Segment>,
+    /// Where its rings are.
+    pub layout: QpSegmentLayout,
+    /// Send CQ handle.
+    pub send_cq: u32,
+    /// Receive CQ handle.
+    pub recv_cq: u32,
+    /// Doorbell slot in the client's page.
+    pub db_slot: u16,
+}
+
+/// Control commands. Replies go back on the enclosed channel.
+pub enum Cmd {
+    /// A client connected (its doorbell page).
+    /// `events_fd`, when given, is signalled after every event queued on `events` (the client's
+    /// `async_fd`, so epoll loops see pending asynchronous events).
+    AddClient { client: u32, page: Arc<Segment>, events: Sender<pmrxe_abi::ctrl::AsyncEvent>, events_fd: Option<Arc<crate::shm::EventFd>> },
+    /// A client is gone: drop all its QPs and CQs (after flushing nothing: its memory is
+    /// going away). Replies when done.
+    RemoveClient { client: u32, done: Sender<()> },
+    /// A CQ and its ring segment.
+    AddCq { cq: u32, client: u32, seg: Arc<Segment>, layout: CqSegmentLayout, channel: Option<Arc<EventFd>>, done: Sender<Result<(), String>> },
+    /// Destroy a CQ (refused while a QP uses it).
+    RemoveCq { cq: u32, done: Sender<Result<(), i32>> },
+    /// ibv_resize_cq within the CQ's ring: EOPNOTSUPP if `cqe` does not fit the ring, EINVAL if
+    /// fewer than the completions already produced and not yet polled.
+    ResizeCq { cq: u32, cqe: u32, done: Sender<Result<(), i32>> },
+    /// A new QP.
+    AddQp { setup: Box<QpSetup>, done: Sender<Result<(), String>> },
+    /// ibv_modify_qp.
+    ModifyQp { qpn: u32, attr: Box<QpAttr>, mask: AttrMask, done: Sender<Result<(), i32>> },
+    /// ibv_query_qp.
+    QueryQp { qpn: u32, done: Sender<Option<QpAttr>> },
+    /// ibv_destroy_qp.
+    DestroyQp { qpn: u32, done: Sender<Result<(), i32>> },
+    /// An address handle for UD WQEs.
+    AddAh { ah: u32, av: AddressVector },
+    /// Drop an address handle.
+    RemoveAh { ah: u32 },
+    /// Per-QP statistics.
+    QpStats { done: Sender<Vec<(u32, pmrxe_transport::QpStats)>> },
+    /// A shared receive queue and its ring.
+    AddSrq { srq: Box<Srq>, client: u32, seg: Arc<Segment>, layout: SrqSegmentLayout, db_slot: u16, done: Sender<Result<(), String>> },
+    /// ibv_modify_srq (limit only; resizing is not supported).
+    ModifySrq { srqn: u32, attr: SrqAttr, arm: bool, done: Sender<Result<(), i32>> },
+    /// ibv_query_srq.
+    QuerySrq { srqn: u32, done: Sender<Option<SrqAttr>> },
+    /// ibv_destroy_srq (refused while a QP uses it).
+    RemoveSrq { srqn: u32, done: Sender<Result<(), i32>> },
+}
+
+/// Doorbell slot values with this bit name an SRQ, not a QP.
+const SRQ_SLOT: u32 = 0x8000_0000;
+
+/// What the lcore keeps beside an SRQ the engine owns.
+struct SrqSlot {
+    client: u32,
+    _seg: Arc<Segment>,
+    ring: Consumer<ShmRecvWqe>,
+    refs: u32,
+    backlog: bool,
+}
+
+/// What the lcore keeps beside each QP of its engine (the engine's attachment).
+struct QpSlot {
+    client: u32,
+    dev: usize,
+    _seg: Arc<Segment>,
+    sq: Consumer<ShmSendWqe>,
+    rq: Option<Consumer<ShmRecvWqe>>,
+    /// Index of the send CQ in `Lcore::cqs`.
+    send_cq: usize,
+    /// Index of the receive CQ in `Lcore::cqs`.
+    recv_cq: usize,
+    stash: Option<(CqSide, Cqe)>,
+    is_ud: bool,
+    /// WQEs are waiting in a ring because the engine queue was full.
+    backlog: bool,
+    /// On `Lcore::backlog` (listed once).
+    backlog_listed: bool,
+    /// Eth/IP/UDP addressing of the last path this QP sent on.
+    path: Option<PathCache>,
+    /// Since when the QP's next packet has been held for an unresolved neighbour.
+    hold_since: Option<Instant>,
+}
+
+/// A QP's resolved path: valid while the address vector, destination QPN and the neighbour
+/// table's generation are unchanged (RC/UC: set at RTR, so one resolution per connection).
+#[derive(Clone, Copy)]
+struct PathCache {
+    av: AddressVector,
+    dest_qpn: u32,
+    neigh_gen: u64,
+    l3: wire::L3Info,
+    /// The destination is one of this port's own addresses: loop back inside the device.
+    local: bool,
+}
+
+/// How long a QP's send state is held while ARP/ND resolves its next hop; after that the
+/// packet is built and dropped (counted `tx_no_neighbor`) and the transport's own timeouts
+/// decide, so a peer that never answers cannot hang a WR.
+const NEIGH_HOLD_NS: u64 = 50_000_000;
+
+struct CqSlot {
+    /// The CQ's handle (what events name).
+    handle: u32,
+    client: u32,
+    seg: Arc<Segment>,
+    ring: Producer<ShmCqe>,
+    notify: *const CqNotify,
+    channel: Option<Arc<EventFd>>,
+    fresh: bool,
+    refs: u32,
+}
+
+// SAFETY: `notify` points into `seg`, which the slot keeps alive; the slot moves between
+// threads only inside a `Cmd` before the lcore owns it.
+unsafe impl Send for CqSlot {}
+
+impl CqSlot {
+    fn notify(&self) -> &CqNotify {
+        // SAFETY: offset 0 of the CQ segment holds a CqNotify (initialised by the service);
+        // the segment outlives the slot; CqNotify is all atomics.
+        unsafe { &*self.notify }
+    }
+}
+
+struct ClientSlot {
+    id: u32,
+    page: Arc<Segment>,
+    events: Sender<pmrxe_abi::ctrl::AsyncEvent>,
+    events_fd: Option<Arc<crate::shm::EventFd>>,
+    /// doorbell slot → QPN (0 = none).
+    slots: Vec<u32>,
+}
+
+impl ClientSlot {
+    /// Queue an asynchronous event for the client and make its `async_fd` readable (a full
+    /// queue drops the event, as before: the client is not reading them).
+    fn post_event(&self, ev: pmrxe_abi::ctrl::AsyncEvent) {
+        if self.events.try_send(ev).is_ok() {
+            if let Some(fd) = &self.events_fd {
+                fd.signal();
+            }
+        }
+    }
+
+    fn page(&self) -> &ClientPage {
+        // SAFETY: the client page segment starts with a ClientPage the service initialised;
+        // it is all atomics and plain integers, and the Arc keeps it mapped.
+        unsafe { &*(self.page.as_ptr() as *const ClientPage) }
+    }
+}
+
+struct Port<L: Link> {
+    link: L,
+    dev: DeviceConfig,
+    /// The GIDs as IP addresses (same order as `dev.gids`), converted once.
+    ips: Vec<IpAddr>,
+    rx: Vec<L::Buf>,
+    tx: Vec<L::Buf>,
+    /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
+    /// back inside the device, as rxe and every NIC do, and received on the next iteration.
+    lo: Vec<L::Buf>,
+}
+
+impl<L: Link> Port<L> {
+    fn owns_ip(&self, ip: IpAddr) -> bool {
+        self.ips.contains(&ip)
+    }
+    /// Our first address of the family of `like`.
+    fn ip_like(&self, like: IpAddr) -> Option<IpAddr> {
+        self.ips.iter().copied().find(|i| i.is_ipv4() == like.is_ipv4())
+    }
+}
+
+/// Handles the control thread keeps for an lcore.
+#[derive(Clone)]
+pub struct LcoreHandle {
+    /// Command queue.
+    pub cmds: Sender<Cmd>,
+    /// Counters.
+    pub stats: Arc<LcoreStats>,
+    /// Parser drops by reason.
+    pub drops: Arc<DropStats>,
+    /// Index of this lcore (doorbell bitmap row).
+    pub index: usize,
+    /// Objects the lcore removed, to be dropped here (unmapping their rings and freeing their
+    /// queues are system calls the lcore must not make).
+    pub graveyard: Receiver<Box<dyn Send>>,
+    /// The service's stop flag (the lcore's own): tells `call` "stopping" from "stuck".
+    pub stop: Arc<AtomicBool>,
+}
+
+impl LcoreHandle {
+    /// Drop whatever the lcore handed back (call from a control thread after a command).
+    pub fn bury(&self) {
+        while let Ok(x) = self.graveyard.try_recv() {
+            drop(x);
+        }
+    }
+
+    /// Send a command and wait for its reply without ever blocking in a way the lcore would
+    /// have to wake with a system call: poll the reply channel with short sleeps, for as long
+    /// as the lcore is alive and making progress (see [`crate::call`] for the rules and errors).
+    pub fn call<R>(&self, make: impl FnOnce(Sender<R>) -> Cmd) -> Result<R, CallError> {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        let w = crate::call::LiveWatch { stop: &self.stop, stats: &self.stats, t0: std::time::Instant::now() };
+        if self.cmds.send(make(tx)).is_err() {
+            return Err(if crate::call::Watch::stopping(&w) { CallError::Stopping } else { CallError::Gone { index: self.index } });
+        }
+        let r = crate::call::wait_reply(&rx, self.index, &w, crate::call::STALL_LIMIT);
+        self.bury();
+        r
+    }
+}
+
+/// Capture tap: frames the lcore saw, copied out only while a capture is running.
+pub trait Tap: Send {
+    /// Is a capture running? (one relaxed load per burst when off)
+    fn active(&self) -> bool;
+    /// A frame sent (`tx = true`) or received.
+    fn frame(&self, tx: bool, data: &[u8]);
+}
+
+/// A poll-mode lcore.
+pub struct Lcore<L: Link> {
+    index: usize,
+    ports: Vec<Port<L>>,
+    /// This lcore's epoch reader of the MR table (QSBR): `&*self.mem` is what the QPs copy
+    /// through; `poll_once` ends with its quiescent point.
+    mem: Box<Reader>,
+    cmds: Receiver<Cmd>,
+    /// The transport engine: every QP and SRQ of this lcore, with the work lists.
+    engine: Engine<QpSlot>,
+    /// CQs by index (QPs refer to theirs by index: no lookup per completion).
+    cqs: Vec<Option<CqSlot>>,
+    /// CQ handle → index (control path only).
+    cq_index: HashMap<u32, usize>,
+    /// CQs with staged, unpublished completions (indices; each listed once: `CqSlot::fresh`).
+    dirty_cqs: Vec<usize>,
+    srqs: HashMap<u32, SrqSlot>,
+    clients: Vec<ClientSlot>,
+    ahs: HashMap<u32, AddressVector>,
+    /// The send WQE a client's ring entry is converted into before `post_send` (reused: no
+    /// per-post 512-byte clear or move).
+    wqe_scratch: Box<SendWqe>,
+    neigh: Neighbors,
+    stats: Arc<LcoreStats>,
+    drops: Arc<DropStats>,
+    clock: Clock,
+    idle: Idle,
+    stop: Arc<AtomicBool>,
+    tap: Option<Box<dyn Tap>>,
+    grave: Sender<Box<dyn Send>>,
+    handoff: Option<Arc<Handoff<L::Buf>>>,
+    last_solicit: Instant,
+    /// Reserved scratch: QPNs whose doorbell rang this iteration.
+    work: Vec<u32>,
+    /// QPNs with WQEs left in their rings because the engine's queue was full.
+    backlog: Vec<u32>,
+    /// Reserved scratch: ready QPs whose port was full this pass (served first next time).
+    deferred: Vec<u32>,
+    /// QPNs holding their next packet until a neighbour resolves.
+    neigh_wait: Vec<u32>,
+    /// Neighbour-table generation `neigh_wait` was last re-examined at, and when.
+    neigh_wait_seen: (u64, Instant),
+    /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
+    gsi: Option<Arc<GsiPipe>>,
+    /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
+    gsi_psn: u32,
+}
+
+/// Capacity of the per-lcore QP table.
+pub const MAX_QPS_PER_LCORE: usize = 4096;
+
+impl<L: Link> Lcore<L> {
+    /// Build an lcore over `ports` (each with its device description).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: usize,
+        ports: Vec<(L, DeviceConfig)>,
+        mem: Arc<MemTable>,
+        neighbors: &[(IpAddr, [u8; 6])],
+        idle: pmrxe_config::IdleConfig,
+        stop: Arc<AtomicBool>,
+        tap: Option<Box<dyn Tap>>,
+    ) -> (Lcore<L>, LcoreHandle) {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        let (grave, grave_rx) = crossbeam::channel::unbounded();
+        let stats = Arc::new(LcoreStats::default());
+        let drops = Arc::new(DropStats::default());
+        let mut neigh = Neighbors::new();
+        for (ip, mac) in neighbors {
+            neigh.add_static(*ip, *mac);
+        }
+        let ports = ports
+            .into_iter()
+            .map(|(link, dev)| {
+                let ips = dev.gids.iter().map(gid_to_ip).collect();
+                Port { link, dev, ips, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4), lo: Vec::with_capacity(BURST * 4) }
+            })
+            .collect();
+        let lc = Lcore {
+            index,
+            ports,
+            mem: Box::new(mem.reader().expect("more lcores than MemLimits::max_readers")),
+            cmds: rx,
+            engine: Engine::with_layout(QpnLayout { lcores: 1, slots: MAX_QPS_PER_LCORE as u32 }, 0),
+            cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            cq_index: HashMap::with_capacity(MAX_QPS_PER_LCORE),
+            dirty_cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            srqs: HashMap::with_capacity(256),
+            clients: Vec::with_capacity(256),
+            ahs: HashMap::with_capacity(1024),
+            wqe_scratch: Box::new(SendWqe::new(0, SendOp::Send)),
+            neigh,
+            stats: stats.clone(),
+            drops: drops.clone(),
+            clock: Clock::new(),
+            idle: Idle::new(idle),
+            stop,
+            tap,
+            grave,
+            handoff: None,
+            last_solicit: Instant(0),
+            work: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            deferred: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            neigh_wait: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            neigh_wait_seen: (0, Instant(0)),
+            gsi: None,
+            gsi_psn: 0,
+        };
+        let stop = lc.stop.clone();
+        (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx, stop })
+    }
+
+    /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over
+    /// through `h`. Must be called before `run`.
+    pub fn set_handoff(&mut self, h: Arc<Handoff<L::Buf>>) {
+        // QPNs of this lcore are `qpn % lcores == index`; the engine's slab follows.
+        self.engine = Engine::with_layout(qpn_layout(h.lcores()), self.index);
+        self.handoff = Some(h);
+    }
+
+    /// Carry QP1 (CM MADs) to and from the connection manager through `pipe`. Must be called
+    /// before `run`.
+    pub fn set_gsi(&mut self, pipe: Arc<GsiPipe>) {
+        self.gsi = Some(pipe);
+    }
+
+    /// Run until the stop flag is set.
+    pub fn run(&mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.clock.now();
+            let work = self.poll_once(now);
+            if work {
+                bump(&self.stats.busy_iterations, 1);
+                self.idle.work();
+            } else {
+                bump(&self.stats.idle_iterations, 1);
+                // The next timer bounds a sleep; only worth computing when we may sleep.
+                let next = if self.idle.may_sleep() {
+                    self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000)
+                } else {
+                    None
+                };
+                // Offline before a sleep: a parked lcore never delays an invalidation.
+                if self.idle.idle(next, || self.mem.offline()) {
+                    bump(&self.stats.idle_sleeps, 1);
+                }
+            }
+        }
+        // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
+        let now = self.clock.now();
+        self.engine.for_each_mut(|qp, _| fatal(qp));
+        self.deliver_completions(now);
+        for c in &self.clients {
+            c.page().service_down.store(1, Ordering::Release);
+        }
+    }
+
+    /// One loop iteration; returns whether it did any work.
+    pub fn poll_once(&mut self, now: Instant) -> bool {
+        let mut work = self.commands();
+        work |= self.receive(now);
+        work |= self.doorbells(now);
+        work |= self.timers(now);
+        work |= self.gsi_transmit(now);
+        work |= self.transmit(now);
+        work |= self.deliver_completions(now);
+        work |= self.flush_tx();
+        // End of the iteration: no MrRef is alive, a quiescent point for MR invalidation.
+        self.mem.quiescent();
+        work
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.engine.poll_timeout()
+    }
+
+    // ---- control ------------------------------------------------------------------------
+
+}
+
+impl QpSlot {
+    fn shared(&self) -> &QpShared {
+        // SAFETY: a QP segment starts with a QpShared header (QpSegmentLayout::HEADER bytes,
+        // 64-aligned at the segment start), all atomics; the Arc keeps it mapped.
+        unsafe { &*(self._seg.as_ptr() as *const QpShared) }
+    }
+
+    /// A receive WQE of the QP's own RQ completed: count it retired (the client frees its slot).
+    fn retire_recv(&self) {
+        if self.rq.is_some() {
+            let r = &self.shared().rq_retired;
+            r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        }
+    }
+
+    /// The QP went to RESET: the engine emptied its queues; WQEs still in the rings are
+    /// discarded too (IBTA: a reset QP's queues are empty), a completion waiting for CQ room
+    /// is dropped, and every receive WQE ever posted counts as retired.
+    fn reset_rings(&mut self) {
+        self.stash = None;
+        self.backlog = false;
+        let _ = self.sq.discard_all();
+        if let Some(rq) = self.rq.as_mut() {
+            if let Ok(tail) = rq.discard_all() {
+                let shared = self.shared();
+                shared.rq_retired.store(tail, Ordering::Release);
+            }
+        }
+    }
+}
+
+
+
+
+/// The QPN layout of a service with `lcores` lcores (what the service allocates QPNs by).
+pub fn qpn_layout(lcores: usize) -> QpnLayout {
+    QpnLayout { lcores: lcores.max(1) as u32, slots: MAX_QPS_PER_LCORE as u32 }
+}
+
+fn fatal(qp: &mut Qp) {
+    let a = QpAttr { qp_state: pmrxe_transport::QpState::Err, ..QpAttr::default() };
+    let _ = qp.modify(&a, AttrMask::STATE);
+}
+
+/// `enum ibv_event_type` code of an engine event.
+pub fn event_code(ev: pmrxe_transport::AsyncEvent) -> u32 {
+    use pmrxe_transport::AsyncEvent as E;
+    match ev {
+        E::QpFatal => 1,
+        E::QpRequestError => 2,
+        E::QpAccessError => 3,
+        E::CommEstablished => 4,
+        E::SqDrained => 5,
+        E::SrqLimitReached { .. } => 15,
+        E::LastWqeReached => 16,
+    }
+}

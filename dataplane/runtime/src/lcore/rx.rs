@@ -1,0 +1,229 @@
+//! Receive: `rx_burst` on every port, parse and validate, hand frames for another lcore's QPs
+//! over, and dispatch the rest by destination QPN to the owning QP (CNPs to its reaction point,
+//! QP1 MADs to the connection manager).
+use super::*;
+
+impl<L: Link> Lcore<L> {
+    pub(super) fn receive(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for pi in 0..self.ports.len() {
+            if !self.ports[pi].lo.is_empty() {
+                any = true;
+                let mut lo = std::mem::take(&mut self.ports[pi].lo);
+                bump(&self.stats.rx_loopback, lo.len() as u64);
+                for buf in lo.drain(..) {
+                    if let Some(owner) = self.on_frame(pi, now, buf.data(), true) {
+                        self.hand_over(owner, pi, buf);
+                    }
+                }
+                self.ports[pi].lo = lo;
+            }
+            let mut rx = std::mem::take(&mut self.ports[pi].rx);
+            let n = self.ports[pi].link.rx_burst(&mut rx, BURST);
+            if n > 0 {
+                any = true;
+                bump(&self.stats.rx_packets, n as u64);
+                for buf in rx.drain(..) {
+                    let data = buf.data();
+                    bump(&self.stats.rx_bytes, data.len() as u64);
+                    if let Some(t) = &self.tap {
+                        if t.active() {
+                            t.frame(false, data);
+                        }
+                    }
+                    if let Some(owner) = self.on_frame(pi, now, data, true) {
+                        self.hand_over(owner, pi, buf);
+                    }
+                }
+            }
+            self.ports[pi].rx = rx;
+        }
+        if self.handoff.is_some() {
+            let mut budget = BURST * 4;
+            while budget > 0 {
+                budget -= 1;
+                let item = self.handoff.as_ref().and_then(|h| h.inbox[self.index % h.lcores()].pop());
+                let Some((pi, buf)) = item else { break };
+                any = true;
+                bump(&self.stats.handoff_in, 1);
+                let _ = self.on_frame(pi, now, buf.data(), false);
+            }
+        }
+        any
+    }
+
+    pub(super) fn hand_over(&mut self, owner: usize, pi: usize, buf: L::Buf) {
+        let Some(h) = &self.handoff else { return };
+        match h.inbox[owner].push((pi, buf)) {
+            Ok(()) => bump(&self.stats.handoff_out, 1),
+            // The owner is behind: drop (counted); the transport's retransmission recovers.
+            Err(_) => bump(&self.stats.handoff_drops, 1),
+        }
+    }
+
+    /// Handle one received frame. Returns the lcore to hand it to when its QP lives on another
+    /// lcore (only when `may_hand_off`: a frame that was already handed over is not bounced).
+    pub(super) fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
+        // The ICRC check is deferred: to the owning QP (checked before the packet acts, or while
+        // its payload is placed), or made here for frames the lcore itself consumes.
+        match wire::parse_frame_deferred(data) {
+            Ok((f, check)) => {
+                if !self.ports[pi].owns_ip(f.dst_ip) {
+                    bump(&self.stats.rx_not_for_us, 1);
+                    return None;
+                }
+                // The P_Key must match the port's only partition, the default one (0xFFFF, or
+                // its limited-member form 0x7FFF): SEMANTICS §5.7. (TVer is checked by parse.)
+                if f.headers.bth.pkey & 0x7fff != 0x7fff {
+                    bump(&self.stats.rx_malformed, 1);
+                    return None;
+                }
+                let qpn: u32 = f.headers.bth.dest_qp.into();
+                if qpn == 1 {
+                    // QP1 takes only GSI datagrams (UD SEND_ONLY, Q_Key 0x80010000); anything
+                    // else for it is a frame for a QP that does not exist.
+                    let gsi = f.headers.bth.opcode == wire::Opcode::UD_SEND_ONLY
+                        && f.headers.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
+                    if !gsi {
+                        bump(&self.stats.rx_unknown_qp, 1);
+                    } else if !check.verify(f.payload) {
+                        self.count_bad_icrc();
+                    } else {
+                        self.gsi_receive(pi, data);
+                    }
+                    return None;
+                }
+                let Some(slot) = self.engine.ext(qpn) else {
+                    if let (true, Some(h)) = (may_hand_off, &self.handoff) {
+                        let owner = h.owner(qpn);
+                        if owner != self.index % h.lcores() {
+                            return Some(owner);
+                        }
+                    }
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    return None;
+                };
+                // Learn the sender's MAC only from a valid frame for one of our QPs, and only
+                // for an IP we know nothing about: a spoofed RoCE frame cannot redirect an
+                // established neighbour (ARP/ND and static entries are authoritative).
+                // (Only while the QP has no current path: steady traffic costs one compare.)
+                let gen = self.neigh.generation();
+                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && check.verify(f.payload) {
+                    self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
+                }
+                if slot.dev != pi {
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    return None;
+                }
+                if wire::ecn::is_ce(f.tclass) {
+                    bump(&self.stats.rx_ecn_ce, 1);
+                }
+                let mut pkt = RxPacket::new(f.headers, f.payload);
+                pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
+                pkt.dst_gid = crate::neigh::ip_to_gid(f.dst_ip);
+                pkt.src_udp_port = f.udp_sport;
+                pkt.traffic_class = f.tclass;
+                pkt.hop_limit = f.ttl;
+                pkt.flow_label = f.flow_label;
+                pkt.icrc = Some(check);
+                let icrc_errors = |e: &Engine<QpSlot>| e.qp(qpn).map_or(0, |q| q.stats().icrc_errors);
+                let before = icrc_errors(&self.engine);
+                self.engine.handle_packet(now, &pkt, &*self.mem);
+                if icrc_errors(&self.engine) != before {
+                    self.count_bad_icrc();
+                }
+                None
+            }
+            Err(wire::Error::Arp) => {
+                self.on_arp(pi, data, now);
+                None
+            }
+            Err(wire::Error::Icmpv6) => {
+                self.on_nd(pi, data, now);
+                None
+            }
+            Err(wire::Error::UnknownOpcode(op)) if op == wire::cnp::OPCODE.0 => self.on_cnp(pi, now, data, may_hand_off),
+            Err(e) => {
+                if e == wire::Error::BadIcrc {
+                    bump(&self.stats.rx_icrc_errors, 1);
+                } else if matches!(e, wire::Error::NotIp | wire::Error::NotUdp | wire::Error::NotRoce | wire::Error::Icmpv6) {
+                    bump(&self.stats.rx_not_for_us, 1);
+                } else {
+                    bump(&self.stats.rx_malformed, 1);
+                }
+                bump(&self.drops.by_reason[e.index()], 1);
+                None
+            }
+        }
+    }
+
+    /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names
+    /// cuts its rate (DCQCN reaction point). Returns the owning lcore when the QP lives there.
+    pub(super) fn on_cnp(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
+        let f = match wire::parse_cnp_frame(data) {
+            Ok(f) => f,
+            Err(e) => {
+                if e == wire::Error::BadIcrc {
+                    bump(&self.stats.rx_icrc_errors, 1);
+                } else {
+                    bump(&self.stats.rx_malformed, 1);
+                }
+                bump(&self.drops.by_reason[e.index()], 1);
+                return None;
+            }
+        };
+        if !self.ports[pi].owns_ip(f.dst_ip) {
+            bump(&self.stats.rx_not_for_us, 1);
+            return None;
+        }
+        if f.cnp.pkey & 0x7fff != 0x7fff {
+            bump(&self.stats.rx_malformed, 1);
+            return None;
+        }
+        let qpn: u32 = f.cnp.dest_qp.into();
+        match self.engine.ext(qpn) {
+            Some(slot) if slot.dev == pi => {
+                bump(&self.stats.rx_cnp, 1);
+                self.engine.handle_cnp(now, qpn);
+                None
+            }
+            None if may_hand_off => match &self.handoff {
+                Some(h) if h.owner(qpn) != self.index % h.lcores() => Some(h.owner(qpn)),
+                _ => {
+                    bump(&self.stats.rx_unknown_qp, 1);
+                    None
+                }
+            },
+            _ => {
+                bump(&self.stats.rx_unknown_qp, 1);
+                None
+            }
+        }
+    }
+
+    /// A frame dropped for a bad ICRC (found here or by the QP it was for).
+    pub(super) fn count_bad_icrc(&self) {
+        bump(&self.stats.rx_icrc_errors, 1);
+        bump(&self.drops.by_reason[wire::Error::BadIcrc.index()], 1);
+    }
+
+    /// A valid RoCE frame for QP1: a copy goes to the connection manager's queue (fixed-size
+    /// slots allocated up front; full or oversize → dropped and counted, the CM retransmits).
+    pub(super) fn gsi_receive(&mut self, pi: usize, data: &[u8]) {
+        let Some(pipe) = &self.gsi else {
+            bump(&self.stats.rx_unknown_qp, 1);
+            return;
+        };
+        if data.len() > MAX_GSI_FRAME {
+            bump(&self.stats.cm_drops, 1);
+            return;
+        }
+        let mut f = GsiFrame { device: self.ports[pi].dev.index, len: data.len() as u16, data: [0; MAX_GSI_FRAME] };
+        f.data[..data.len()].copy_from_slice(data);
+        if pipe.push_rx(f) {
+            bump(&self.stats.cm_rx, 1);
+        } else {
+            bump(&self.stats.cm_drops, 1);
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Transmit: timers, then every ready QP builds packets straight into port buffers through
+//! its path cache (Eth/IP/UDP + ICRC from the transport's tail CRC); QP1 MADs from the
+//! connection manager; `tx_burst`.
+use super::*;
+
+impl<L: Link> Lcore<L> {
+    pub(super) fn timers(&mut self, now: Instant) -> bool {
+        self.engine.handle_timeout(now, &*self.mem)
+    }
+
+    /// Serve the engine's ready list: each ready QP sends up to a burst into its port's
+    /// buffers (transport headers + payload straight into the buffer, then Eth/IP/UDP from the
+    /// QP's path cache and the ICRC), then goes to the back of the list if it has more. A QP
+    /// whose port is full keeps its place at the front for the next pass.
+    pub(super) fn transmit(&mut self, now: Instant) -> bool {
+        let mut any = self.drain_srqs();
+        any |= self.drain_backlog(now);
+        self.recheck_neigh_wait(now);
+        let mut unresolved: Option<(usize, IpAddr)> = None;
+        let mut deferred = core::mem::take(&mut self.deferred);
+        for _ in 0..self.engine.ready_len() {
+            let Some(slot) = self.engine.pop_ready() else { break };
+            let Some((qp, s)) = self.engine.entry(slot) else { continue };
+            let port = &mut self.ports[s.dev];
+            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
+                deferred.push(slot);
+                continue;
+            }
+            // The next packet's path must be resolved before the QP's send state advances
+            // (a UC/UD packet built for an unknown MAC would be lost yet reported sent).
+            if let Some((av, dest)) = qp.next_path() {
+                if path_for(&mut s.path, port, &self.neigh, &av, qp.qpn(), dest, now).is_none() {
+                    let held = *s.hold_since.get_or_insert(now);
+                    if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
+                        bump(&self.stats.tx_neigh_hold, 1);
+                        unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
+                        if self.neigh_wait.len() < self.neigh_wait.capacity() && !self.neigh_wait.contains(&qp.qpn()) {
+                            self.neigh_wait.push(qp.qpn());
+                        }
+                        continue; // off the ready list until the neighbour changes
+                    }
+                } else {
+                    s.hold_since = None;
+                }
+            }
+            let mut budget = BURST;
+            // Stays true unless the QP itself had nothing to send (then it leaves the ready
+            // list until a packet, timer or post re-files it).
+            let mut progressed = true;
+            while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
+                budget -= 1;
+                let Some(mut b) = port.link.alloc() else {
+                    bump(&self.stats.tx_alloc_failures, 1);
+                    break;
+                };
+                let cap = b.capacity();
+                let Some(buf) = b.resize(cap) else { break };
+                // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
+                // prepended into the headroom afterwards, so the payload is written once.
+                let room = cap.saturating_sub(wire::ICRC_LEN);
+                let Some(t) = qp.poll_transmit(now, &*self.mem, &mut buf[..room]) else {
+                    progressed = budget + 1 < BURST;
+                    break;
+                };
+                any = true;
+                if buf[0] == wire::cnp::OPCODE.0 {
+                    bump(&self.stats.tx_cnp, 1);
+                }
+                let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn, now) else {
+                    bump(&self.stats.tx_no_neighbor, 1);
+                    unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
+                    continue; // the engine's retransmission recovers once ARP/ND resolves
+                };
+                let (l3, local) = (path.l3, path.local);
+                let hl = wire::frame_header_len(l3.dst_ip.is_ipv6());
+                if b.resize(t.len + wire::ICRC_LEN).is_none() {
+                    continue;
+                }
+                let Some(frame) = b.prepend(hl) else {
+                    bump(&self.stats.tx_alloc_failures, 1);
+                    continue;
+                };
+                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame_with_tail_crc(frame, t.tail_crc).is_err() {
+                    bump(&self.stats.tx_build_errors, 1);
+                    continue;
+                }
+                if let Some(tap) = &self.tap {
+                    if tap.active() {
+                        tap.frame(true, b.data());
+                    }
+                }
+                if local {
+                    port.lo.push(b);
+                } else {
+                    port.tx.push(b);
+                }
+            }
+            self.engine.requeue(slot, progressed);
+        }
+        // Cut off by a full port: first in line next time, in the order they were waiting.
+        for &slot in deferred.iter().rev() {
+            self.engine.defer(slot);
+        }
+        deferred.clear();
+        self.deferred = deferred;
+        if let Some((pi, ip)) = unresolved {
+            self.solicit(pi, ip, now);
+        }
+        any
+    }
+
+    /// QPs holding for a neighbour go back on the ready list when the neighbour table changed,
+    /// and at least every solicitation interval (to re-ask, or to give up after the hold).
+    pub(super) fn recheck_neigh_wait(&mut self, now: Instant) {
+        if self.neigh_wait.is_empty() {
+            return;
+        }
+        let gen = self.neigh.generation();
+        let (seen_gen, seen_at) = self.neigh_wait_seen;
+        if gen == seen_gen && now.0.saturating_sub(seen_at.0) < 100_000 {
+            return;
+        }
+        self.neigh_wait_seen = (gen, now);
+        for k in 0..self.neigh_wait.len() {
+            self.engine.kick(self.neigh_wait[k]);
+        }
+        self.neigh_wait.clear();
+    }
+
+    /// MADs the connection manager wants sent from QP1 of one of our ports.
+    pub(super) fn gsi_transmit(&mut self, now: Instant) -> bool {
+        // Every iteration: one load of the queue, no Arc clone (refcount traffic) unless a MAD
+        // is waiting.
+        let Some(pipe) = self.gsi.as_ref().filter(|p| p.tx.get(self.index).is_some_and(|q| !q.is_empty())).cloned() else {
+            return false;
+        };
+        let Some(q) = pipe.tx.get(self.index) else { return false };
+        let mut any = false;
+        let mut unresolved: Option<(usize, IpAddr)> = None;
+        for _ in 0..BURST {
+            let Some(out) = q.pop() else { break };
+            any = true;
+            let Some(pi) = self.ports.iter().position(|p| p.dev.index == out.device) else {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            let port = &mut self.ports[pi];
+            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            }
+            let dst_ip = out.path.dgid.to_ip();
+            let local = port.owns_ip(dst_ip);
+            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip, now.0) };
+            let Some(dmac) = dmac else {
+                bump(&self.stats.tx_no_neighbor, 1);
+                bump(&self.stats.cm_drops, 1);
+                unresolved = Some((pi, dst_ip));
+                continue;
+            };
+            let Some(mut b) = port.link.alloc() else {
+                bump(&self.stats.tx_alloc_failures, 1);
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            let need = pmrxe_cm::gsi::mad_frame_len(dst_ip.is_ipv6());
+            let Some(buf) = b.resize(need) else {
+                bump(&self.stats.cm_drops, 1);
+                continue;
+            };
+            self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
+            let psn = wire::Psn::new(self.gsi_psn);
+            match pmrxe_cm::gsi::build_mad_frame_into(buf, &out.path, MacAddr(port.dev.mac), MacAddr(dmac), psn, &out.mad) {
+                Ok(n) => {
+                    let _ = b.resize(n);
+                }
+                Err(_) => {
+                    bump(&self.stats.tx_build_errors, 1);
+                    continue;
+                }
+            }
+            if let Some(tap) = &self.tap {
+                if tap.active() {
+                    tap.frame(true, b.data());
+                }
+            }
+            bump(&self.stats.cm_tx, 1);
+            if local {
+                port.lo.push(b);
+            } else {
+                port.tx.push(b);
+            }
+        }
+        if let Some((pi, ip)) = unresolved {
+            self.solicit(pi, ip, now);
+        }
+        any
+    }
+
+    pub(super) fn flush_tx(&mut self) -> bool {
+        let mut any = false;
+        for p in &mut self.ports {
+            if p.tx.is_empty() {
+                continue;
+            }
+            any = true;
+            let bytes: usize = p.tx.iter().map(|b| b.data().len()).sum();
+            let want = p.tx.len();
+            let sent = p.link.tx_burst(&mut p.tx);
+            bump(&self.stats.tx_packets, sent as u64);
+            if sent == want {
+                bump(&self.stats.tx_bytes, bytes as u64);
+            } else {
+                bump(&self.stats.tx_backpressure, 1);
+                let left: usize = p.tx.iter().map(|b| b.data().len()).sum();
+                bump(&self.stats.tx_bytes, (bytes - left) as u64);
+            }
+        }
+        any
+    }
+}
+
+/// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
+/// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
+#[allow(clippy::too_many_arguments)]
+fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a PathCache> {
+    let gen = neigh.generation();
+    let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
+    if !hit {
+        let dst_ip = gid_to_ip(&av.dgid);
+        let src_ip = port.ips.get(av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let local = port.owns_ip(dst_ip);
+        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip, now.0)) }?;
+        let l3 = wire::L3Info {
+            src_mac: MacAddr(port.dev.mac),
+            dst_mac: MacAddr(dmac),
+            src_ip,
+            dst_ip,
+            // RoCEv2 over an ECN fabric: ECT(0), the DSCP from the GRH traffic class.
+            tclass: if port.dev.ecn { wire::ecn::with_ecn(av.traffic_class, wire::ecn::ECT0) } else { av.traffic_class },
+            ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            flow_label: av.flow_label,
+            udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
+            ip_id: 0,
+        };
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local });
+    }
+    cache.as_ref()
+}
