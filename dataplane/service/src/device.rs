@@ -104,7 +104,7 @@ pub fn device_info(cfg: &Config, index: usize, mac: [u8; 6]) -> DeviceInfo {
             vendor_part_id: p.vendor_part_id.unwrap_or(VENDOR_PART_ID),
             hw_ver: 0,
             max_qp: l.max_qp,
-            max_qp_wr: l.max_qp_wr.min(pmrxe_transport::qp::MAX_QP_WR),
+            max_qp_wr: l.max_qp_wr.min(pmrxe_transport::attr::MAX_QP_WR),
             // CURR_QP_STATE_MOD | PORT_ACTIVE_EVENT | SYS_IMAGE_GUID | RC_RNR_NAK_GEN |
             // MEM_WINDOW | MEM_MGT_EXTENSIONS | MEM_WINDOW_TYPE_2B (IBV_DEVICE_* bits)
             device_cap_flags: (1 << 7) | (1 << 10) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24),

@@ -25,7 +25,8 @@ use pmrxe_wire::{IcrcCheck, MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHea
 
 use crate::cq::WcStatus;
 use crate::memops::MemOps;
-use crate::qp::{Qp, QpAttr, QpState};
+use crate::attr::{QpAttr, QpState};
+use crate::qp::Qp;
 use crate::timers::{local_ack_timeout_ns, rnr_delay_ns, Instant, RetryLimit, Timer};
 use crate::wqe::SendOp;
 

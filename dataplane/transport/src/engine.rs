@@ -506,7 +506,7 @@ impl<X> Engine<X> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qp::{QpCaps, QpType};
+    use crate::attr::{QpCaps, QpType};
 
     fn qp(qpn: u32) -> Qp {
         let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };

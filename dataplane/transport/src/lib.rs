@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod attr;
 pub mod builder;
 pub mod completer;
 pub mod cq;
@@ -49,6 +50,7 @@ pub mod requester;
 pub mod responder;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod sq;
 pub mod srq;
 pub mod stats;
 pub mod timers;
@@ -59,10 +61,8 @@ pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
-pub use qp::{
-    AddressVector, AsyncEvent, AttrMask, CreateError, ModifyError, PathMtu, PostError, Qp, QpAttr,
-    QpCaps, QpState, QpType, Transmit,
-};
+pub use attr::{AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType};
+pub use qp::{AsyncEvent, PostError, Qp, Transmit};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;
 pub use timers::{Instant, Timer};

@@ -22,7 +22,8 @@ use pmrxe_wire::{next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn,
 use crate::builder::{bth, build, Payload};
 use crate::cq::WcStatus;
 use crate::memops::MemOps;
-use crate::qp::{Qp, QpState, QpType, Transmit};
+use crate::attr::{QpState, QpType};
+use crate::qp::{Qp, Transmit};
 use crate::timers::{local_ack_timeout_ns, Instant, Timer};
 use crate::wqe::{SendFlags, SendOp};
 

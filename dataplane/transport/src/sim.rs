@@ -514,7 +514,7 @@ impl Sim {
 
 /// RESET → INIT → RTR → RTS with the masks the IBTA table requires.
 pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
-    use crate::qp::{AddressVector, AttrMask as M, QpAttr, QpState};
+    use crate::attr::{AddressVector, AttrMask as M, QpAttr, QpState};
     let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, ..AddressVector::default() };
     let a = QpAttr {
         qp_state: QpState::Init,

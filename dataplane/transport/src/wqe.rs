@@ -2,7 +2,7 @@
 
 use pmrxe_mem::{Access, Key, Sge};
 
-use crate::qp::AddressVector;
+use crate::attr::AddressVector;
 
 /// Maximum scatter/gather entries per WQE.
 pub const MAX_SGE: usize = 8;

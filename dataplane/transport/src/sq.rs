@@ -1,0 +1,120 @@
+//! The send queue's storage: compact entries and their side arrays.
+
+use pmrxe_mem::Sge;
+use pmrxe_wire::Psn;
+
+use crate::attr::{QpCaps, QpType};
+use crate::cq::WcStatus;
+use crate::wqe::{SendFlags, SendOp, SendWqe, UdDest};
+
+/// One SQ slot: the compact part of the WQE and its progress (about a hundred bytes, not the
+/// 512 B of a [`SendWqe`]). The gather list, inline data and UD destination live in the QP's
+/// side arrays ([`SqSide`]) at the same slot and are written once, at post; nothing copies
+/// them again on transmit, ACK or retire.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqEntry {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub flags: SendFlags,
+    /// Remote address and key (WRITE/READ/atomics).
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Gather entries in the side array (0 for inline and local ops).
+    pub num_sge: u8,
+    /// Message length.
+    pub len: u64,
+    /// PSN of the first packet (valid once `started`).
+    pub first_psn: Psn,
+    /// PSNs consumed (packets, READ responses).
+    pub npsn: u32,
+    /// First transmission started: PSNs assigned, credit taken.
+    pub started: bool,
+    /// Next packet index to (re)transmit (SEND/WRITE); READ: packet index the next request
+    /// starts from; atomic: 0 or 1.
+    pub tx_pkt: u32,
+    /// READ request for `tx_pkt..` has been sent.
+    pub read_req_out: bool,
+    /// READ response packets placed.
+    pub rcvd: u32,
+    /// Holds an rd_atomic credit.
+    pub credit: bool,
+    /// Final status once known.
+    pub done: Option<WcStatus>,
+}
+
+// The point of the compact entry: an ACK walk or a transmit touches two cache lines, not nine.
+const _: () = assert!(core::mem::size_of::<SqEntry>() <= 128);
+
+impl SqEntry {
+    pub(crate) fn signaled(&self) -> bool {
+        self.flags.contains(SendFlags::SIGNALED)
+    }
+
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.wrapping_add(self.npsn.saturating_sub(1))
+    }
+    pub(crate) fn contains_psn(&self, p: Psn) -> bool {
+        self.started && p.distance(self.first_psn) >= 0 && p.distance(self.last_psn()) <= 0
+    }
+}
+
+/// The SQ's side arrays: per slot (absolute WQE index modulo the SQ depth) the gather list,
+/// the inline bytes and, on UD, the destination. Sized once from the QP's capabilities; a
+/// slot is written by `post_send` and read until the WQE retires (the SQ never holds more
+/// than `max_send_wr` WQEs, so a live slot is never reused).
+#[derive(Debug)]
+pub(crate) struct SqSide {
+    depth: u64,
+    sge_stride: usize,
+    inline_stride: usize,
+    sges: Box<[Sge]>,
+    inline: Box<[u8]>,
+    ud: Box<[Option<UdDest>]>,
+}
+
+impl SqSide {
+    pub(crate) fn new(caps: &QpCaps, qp_type: QpType) -> SqSide {
+        let depth = caps.max_send_wr.max(1) as usize;
+        let sge_stride = caps.max_send_sge as usize;
+        let inline_stride = caps.max_inline_data as usize;
+        SqSide {
+            depth: depth as u64,
+            sge_stride,
+            inline_stride,
+            sges: vec![Sge::default(); depth * sge_stride].into_boxed_slice(),
+            inline: vec![0; depth * inline_stride].into_boxed_slice(),
+            ud: vec![None; if qp_type == QpType::Ud { depth } else { 0 }].into_boxed_slice(),
+        }
+    }
+    fn slot(&self, idx: u64) -> usize {
+        (idx % self.depth) as usize
+    }
+    /// Gather list of WQE `idx` (`n` entries, as its `SqEntry::num_sge` says).
+    pub(crate) fn sges(&self, idx: u64, n: u8) -> &[Sge] {
+        let at = self.slot(idx) * self.sge_stride;
+        &self.sges[at..at + usize::from(n).min(self.sge_stride)]
+    }
+    /// Inline bytes of WQE `idx` (`n` of them).
+    pub(crate) fn inline(&self, idx: u64, n: usize) -> &[u8] {
+        let at = self.slot(idx) * self.inline_stride;
+        &self.inline[at..at + n.min(self.inline_stride)]
+    }
+    /// UD destination of WQE `idx`.
+    pub(crate) fn ud(&self, idx: u64) -> Option<UdDest> {
+        self.ud.get(self.slot(idx)).copied().flatten()
+    }
+    /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot.
+    pub(crate) fn store(&mut self, idx: u64, w: &SendWqe, inline: bool) {
+        let s = self.slot(idx);
+        if inline {
+            let at = s * self.inline_stride;
+            self.inline[at..at + w.inline_len].copy_from_slice(&w.inline[..w.inline_len]);
+        } else {
+            let at = s * self.sge_stride;
+            self.sges[at..at + w.num_sge].copy_from_slice(w.sg_list());
+        }
+        if let Some(u) = self.ud.get_mut(s) {
+            *u = w.ud;
+        }
+    }
+}
