@@ -10,9 +10,10 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+use common::raw;
 use common::*;
 use pmrxe_service::native::{self, access, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
 use pmrxe_wire::{
@@ -32,30 +33,6 @@ const IP_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 const ADV_QPN: u32 = 0xabc;
 const GUARD: u8 = 0xa5;
 const PAGE: usize = 4096;
-
-struct Netns;
-impl Netns {
-    fn up() -> Netns {
-        let st = std::process::Command::new(repo_root().join("scripts/netns.sh"))
-            .args(["up", NS_A, NS_B])
-            .env("IF_A", IF_A)
-            .env("IF_B", IF_B)
-            .status()
-            .expect("scripts/netns.sh");
-        assert!(st.success(), "scripts/netns.sh up failed");
-        Netns
-    }
-}
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(repo_root().join("scripts/netns.sh"))
-            .args(["down", NS_A, NS_B])
-            .env("IF_A", IF_A)
-            .env("IF_B", IF_B)
-            .stdout(std::process::Stdio::null())
-            .status();
-    }
-}
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let p = dir.join("adversary.toml");
@@ -110,42 +87,6 @@ mac = "02:00:c6:12:00:02"
     p
 }
 
-/// A raw AF_PACKET socket bound to `IF_B` inside `NS_B` (opened from a thread that joined the
-/// namespace; the fd keeps working from any thread).
-fn adversary_socket() -> OwnedFd {
-    std::thread::spawn(|| {
-        let ns = std::fs::File::open(format!("/run/netns/{NS_B}")).expect("open netns");
-        // SAFETY: setns on this thread with a namespace fd we hold.
-        assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket syscall.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as i32) };
-        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
-        // SAFETY: fresh fd.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new(IF_B).unwrap();
-        // SAFETY: NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(ifindex > 0, "if_nametoindex {IF_B}");
-        // SAFETY: sockaddr_ll is plain data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: valid sockaddr_ll.
-        let r = unsafe { libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of_val(&sll) as u32) };
-        assert_eq!(r, 0, "bind AF_PACKET");
-        let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-        // SAFETY: valid timeval option.
-        unsafe {
-            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of_val(&tv) as u32)
-        };
-        fd
-    })
-    .join()
-    .unwrap()
-}
-
 struct Adv {
     fd: OwnedFd,
     sent: u64,
@@ -153,28 +94,12 @@ struct Adv {
 
 impl Adv {
     fn send(&mut self, frame: &[u8]) {
-        // SAFETY: sending from a live buffer on our bound socket.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(n, frame.len() as isize, "send: {}", std::io::Error::last_os_error());
+        raw::send(&self.fd, frame);
         self.sent += 1;
     }
     /// Frames the service sent to the adversary within `wait` (after the last one seen).
     fn recv_all(&self, wait: Duration) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let t0 = Instant::now();
-        let mut buf = vec![0u8; 10000];
-        while t0.elapsed() < wait {
-            // SAFETY: receiving into a live buffer.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n <= 0 {
-                continue;
-            }
-            let f = &buf[..n as usize];
-            if f.len() > 12 && f[6..12] == MAC_A {
-                out.push(f.to_vec());
-            }
-        }
-        out
+        raw::recv_until(&self.fd, MAC_A, wait, |_| false)
     }
 }
 
@@ -309,11 +234,11 @@ fn adversarial_peer() {
     require_root();
     let _lock = heavy_lock();
     require_tool("ibv_rc_pingpong");
-    let _ns = Netns::up();
+    let _ns = NetnsPair::named(NS_A, NS_B, IF_A, IF_B);
     let dir = TempDir::new("adversary");
     let cfg = config(dir.path());
     let svc = Service::start(Some(&cfg), Some(NS_A));
-    let mut adv = Adv { fd: adversary_socket(), sent: 0 };
+    let mut adv = Adv { fd: raw::socket(NS_B, IF_B), sent: 0 };
     let mut t = Target::new(&svc.socket);
     let (mva, rkey) = (t.mr.addr, t.mr.key);
     let mut model = vec![GUARD; PAGE];

@@ -12,9 +12,9 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use common::raw;
 use common::*;
 use pmrxe_service::native::{access, wqe, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
 use pmrxe_wire::{build_cnp_frame, build_frame_vec, ecn, parse_cnp_frame, parse_frame, AethRepr, BthRepr, CnpRepr, L3Info, MacAddr, Msn, Opcode, Psn, Qpn, RethRepr, Syndrome, TransportHeaders};
@@ -29,30 +29,6 @@ const IP_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
 const IP_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
 /// The peer's (this test's) QP number.
 const PEER_QPN: u32 = 0x118;
-
-struct Netns;
-impl Netns {
-    fn up() -> Netns {
-        let st = std::process::Command::new(repo_root().join("scripts/netns.sh"))
-            .args(["up", NS_A, NS_B])
-            .env("IF_A", IF_A)
-            .env("IF_B", IF_B)
-            .status()
-            .expect("scripts/netns.sh");
-        assert!(st.success(), "scripts/netns.sh up failed");
-        Netns
-    }
-}
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(repo_root().join("scripts/netns.sh"))
-            .args(["down", NS_A, NS_B])
-            .env("IF_A", IF_A)
-            .env("IF_B", IF_B)
-            .stdout(std::process::Stdio::null())
-            .status();
-    }
-}
 
 /// `ecn` left at its NIC-port default (on). Line rate 1 Gb/s and a 1 s rate-increase timer
 /// with a huge byte counter, so one CNP's cut (α = 1: half the rate) is still visible when
@@ -91,62 +67,6 @@ mac = "02:00:0a:4e:00:02"
     p
 }
 
-/// A raw AF_PACKET socket bound to `IF_B` inside `NS_B`.
-fn peer_socket() -> OwnedFd {
-    std::thread::spawn(|| {
-        let ns = std::fs::File::open(format!("/run/netns/{NS_B}")).expect("open netns");
-        // SAFETY: setns on this thread with a namespace fd we hold.
-        assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket syscall.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as i32) };
-        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
-        // SAFETY: fresh fd.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new(IF_B).unwrap();
-        // SAFETY: NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(ifindex > 0, "if_nametoindex {IF_B}");
-        // SAFETY: sockaddr_ll is plain data.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: valid sockaddr_ll.
-        let r = unsafe { libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of_val(&sll) as u32) };
-        assert_eq!(r, 0, "bind AF_PACKET");
-        let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-        // SAFETY: valid timeval option.
-        unsafe {
-            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of_val(&tv) as u32)
-        };
-        fd
-    })
-    .join()
-    .unwrap()
-}
-
-fn send(fd: &OwnedFd, frame: &[u8]) {
-    // SAFETY: sending from a live buffer on our bound socket.
-    let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-    assert_eq!(n, frame.len() as isize, "send: {}", std::io::Error::last_os_error());
-}
-
-/// Frames from the service until `done` accepts the collection or `wait` passes.
-fn recv_until(fd: &OwnedFd, wait: Duration, done: impl Fn(&[Vec<u8>]) -> bool) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let t0 = Instant::now();
-    let mut buf = vec![0u8; 10000];
-    while t0.elapsed() < wait && !done(&out) {
-        // SAFETY: receiving into a live buffer.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n > 0 && n as usize > 12 && buf[6..12] == MAC_A {
-            out.push(buf[..n as usize].to_vec());
-        }
-    }
-    out
-}
-
 fn l3(tclass: u8) -> L3Info {
     L3Info { src_mac: MacAddr(MAC_B), dst_mac: MacAddr(MAC_A), src_ip: IpAddr::V4(IP_B), dst_ip: IpAddr::V4(IP_A), tclass, udp_sport: 0xd00d, ..Default::default() }
 }
@@ -169,11 +89,11 @@ fn cnp_and_ecn_on_the_wire() {
     require_root();
     let _lock = heavy_lock();
     let t_start = Instant::now();
-    let _ns = Netns::up();
+    let _ns = NetnsPair::named(NS_A, NS_B, IF_A, IF_B);
     let dir = TempDir::new("congestion");
     let cfg = config(dir.path());
     let svc = Service::start(Some(&cfg), Some(NS_A));
-    let fd = peer_socket();
+    let fd = raw::socket(NS_B, IF_B);
     eprintln!("congestion_netns: service up after {:.1} s", t_start.elapsed().as_secs_f64());
 
     let ctx = Context::connect(&svc.socket).expect("native connect");
@@ -194,14 +114,14 @@ fn cnp_and_ecn_on_the_wire() {
 
     // 1. The QP runs: a WRITE to the peer leaves ECN-capable with the GRH's DSCP.
     qp.post_send(&[wqe::write_inline(1, &[7u8; 32], 0x1000, 0x77, true)]).expect("post WRITE");
-    let frames = recv_until(&fd, Duration::from_secs(5), |v| v.iter().any(|f| parse_frame(f).is_ok_and(|r| r.headers.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)));
+    let frames = raw::recv_until(&fd, MAC_A, Duration::from_secs(5), |v| v.iter().any(|f| parse_frame(f).is_ok_and(|r| r.headers.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)));
     let w = frames.iter().find(|f| parse_frame(f).is_ok_and(|r| r.headers.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)).expect("the WRITE reached the peer");
     assert_eq!((w[15] >> 2, ecn::ecn_of(w[15])), (26, ecn::ECT0), "TOS {:#04x}: DSCP 26 + ECT(0)", w[15]);
     // The peer ACKs it, so the QP stays in RTS (no retry exhaustion while the test runs).
     let wpsn = parse_frame(w).unwrap().headers.bth.psn;
     let mut ack = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, qpn, wpsn, false));
     ack.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 0x1f }, msn: Msn::new(1) });
-    send(&fd, &build_frame_vec(&l3(26 << 2), &ack, &[]).expect("build ACK"));
+    raw::send(&fd, &build_frame_vec(&l3(26 << 2), &ack, &[]).expect("build ACK"));
     let t0 = Instant::now();
     let done = loop {
         let mut c = [pmrxe_service::native::ShmCqe::default(); 4];
@@ -222,7 +142,7 @@ fn cnp_and_ecn_on_the_wire() {
     let mut cnp = [0u8; 128];
     let n = build_cnp_frame(&mut cnp, &hw, &CnpRepr::new(Qpn::new(qpn))).unwrap();
     assert_eq!(n, 74, "the ConnectX vector's length");
-    send(&fd, &cnp[..n]);
+    raw::send(&fd, &cnp[..n]);
     let t0 = Instant::now();
     while lcore_ctr(&svc, "rx_cnp") == 0 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
@@ -238,7 +158,7 @@ fn cnp_and_ecn_on_the_wire() {
     let mut bad = cnp;
     bad[n - 1] ^= 1;
     let icrc0 = lcore_ctr(&svc, "rx_icrc_errors");
-    send(&fd, &bad[..n]);
+    raw::send(&fd, &bad[..n]);
     let t0 = Instant::now();
     while lcore_ctr(&svc, "rx_icrc_errors") == icrc0 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
@@ -251,8 +171,8 @@ fn cnp_and_ecn_on_the_wire() {
     let mut h = TransportHeaders::new(bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
     h.reth = Some(RethRepr { va: mr.addr, rkey: mr.key, len: 64 });
     let f = build_frame_vec(&l3(ecn::with_ecn(26 << 2, ecn::CE)), &h, &[0xc3; 64]).expect("build WRITE");
-    send(&fd, &f);
-    let got = recv_until(&fd, Duration::from_secs(5), |v| v.iter().any(|f| f.len() > 42 && f[42] == 0x81));
+    raw::send(&fd, &f);
+    let got = raw::recv_until(&fd, MAC_A, Duration::from_secs(5), |v| v.iter().any(|f| f.len() > 42 && f[42] == 0x81));
     let cnp_out = got.iter().find(|f| f.len() > 42 && f[42] == 0x81).expect("a CNP for the CE-marked WRITE");
     let c = parse_cnp_frame(cnp_out).expect("valid CNP");
     assert_eq!(u32::from(c.cnp.dest_qp), PEER_QPN, "addressed to the sending QP");

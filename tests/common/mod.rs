@@ -22,6 +22,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod raw;
+
 /// The `pmrxe` binary under test.
 pub fn pmrxe_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pmrxe"))
@@ -574,17 +576,26 @@ impl NetnsPair {
         require_root();
         require_tool("ip");
         let id = std::process::id() % 100_000;
-        let n = NetnsPair {
+        NetnsPair {
             a: format!("pmrxe-{tag}-a{id}"),
             b: format!("pmrxe-{tag}-b{id}"),
             if_a: format!("px{tag}{id}a"),
             if_b: format!("px{tag}{id}b"),
             tag: tag.to_string(),
-        };
-        assert!(n.if_a.len() <= 15, "interface name {} too long", n.if_a);
-        let o = n.script("up");
+        }
+        .create()
+    }
+    /// A pair with fixed names (tests whose own configs name the interface), root only.
+    pub fn named(a: &str, b: &str, if_a: &str, if_b: &str) -> NetnsPair {
+        require_root();
+        require_tool("ip");
+        NetnsPair { a: a.to_string(), b: b.to_string(), if_a: if_a.to_string(), if_b: if_b.to_string(), tag: String::new() }.create()
+    }
+    fn create(self) -> NetnsPair {
+        assert!(self.if_a.len() <= 15, "interface name {} too long", self.if_a);
+        let o = self.script("up");
         assert!(o.status.success(), "netns.sh up: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        n
+        self
     }
     fn script(&self, cmd: &str) -> std::process::Output {
         Command::new("bash")
