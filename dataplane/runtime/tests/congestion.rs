@@ -4,6 +4,8 @@
 //! point answers with a CNP (opcode 0x81, ECT(0), DSCP 48), the sending QP's reaction point
 //! cuts its DCQCN rate, the WRITEs still complete, and the counters say so per QP and per
 //! lcore. The CNP the lcore built passes the independent checker `icrc_check.py`.
+mod common;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -12,16 +14,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{client_page, rig, Rig};
 use crossbeam::channel::bounded;
-use pmrxe_abi::ring::{init_ring, Consumer, Producer};
-use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, CLIENT_PAGE_LEN};
-use pmrxe_mem::{Access, MemLimits, MemTable, Region};
-use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, QpSetup};
+use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
+use pmrxe_mem::{MemLimits, MemTable};
+use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore};
 use pmrxe_runtime::link::{FrameBuf, Link, VecBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
-use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::PairParams;
-use pmrxe_transport::{AddressVector, AttrMask as M, CcConfig, DcqcnParams, Instant, NpParams, PathMtu, Qp, QpAttr, QpState, QpType};
+use pmrxe_transport::{AddressVector, AttrMask as M, CcConfig, DcqcnParams, Instant, NpParams, PathMtu, Qp, QpAttr, QpState};
 use pmrxe_wire::{self as wire, ecn};
 
 type Q = Rc<RefCell<VecDeque<VecBuf>>>;
@@ -104,55 +105,10 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
     let links = vec![(TestLink { rx: a_rx.clone(), tx: a_tx.clone() }, d0), (TestLink { rx: b_rx.clone(), tx: b_tx.clone() }, d1)];
     let (mut lc, h) = Lcore::new(0, links, mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
 
-    let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
-    let (etx, _erx) = bounded(16);
-    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
-    let mut cq_rings = Vec::new();
-    for cq in [10u32, 11] {
-        let layout = CqSegmentLayout::new(1024);
-        let seg = Arc::new(Segment::create("cq", layout.total_len as usize).unwrap());
-        // SAFETY: fresh segment laid out by `layout`.
-        unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap() };
-        // SAFETY: the ring was just initialised; `seg` outlives the consumer (kept in the vec).
-        let c = unsafe { Consumer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - 64, 1024).unwrap() };
-        let (tx, rx) = bounded(1);
-        h.cmds.send(Cmd::AddCq { cq, client: 1, seg: seg.clone(), layout, channel: None, done: tx }).unwrap();
-        lc.poll_once(Instant(0));
-        rx.recv().unwrap().unwrap();
-        cq_rings.push((seg, c));
-    }
     // The QPs carry a GRH traffic class with DSCP 26 (AF31): the wire must keep it, plus ECT(0).
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let pd = p.pd;
-    let mut sqs = Vec::new();
-    for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
-        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, None).unwrap();
-        up_with_dscp26(&mut qp, peer, ip_to_gid(peer_ip), &p);
-        let layout = QpSegmentLayout::new(256, 256);
-        let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
-        // SAFETY: fresh segment laid out by `layout`.
-        unsafe {
-            init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
-            init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
-        }
-        // SAFETY: as above; `seg` is kept alive in `sqs`.
-        let prod = unsafe {
-            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
-        };
-        let (tx, rx) = bounded(1);
-        let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
-        h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();
-        lc.poll_once(Instant(0));
-        rx.recv().unwrap().unwrap();
-        sqs.push((seg, prod));
-    }
-    let src = Region::zeroed(1 << 20);
-    src.fill(0, 1 << 20, 0xab).unwrap();
-    let dst = Region::zeroed(1 << 20);
-    let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
-    let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    // SAFETY: the page segment holds the ClientPage the lcore reads doorbells from.
-    let cpage = unsafe { &*(page.as_ptr() as *const ClientPage) };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, up_with_dscp26);
+    let cpage = client_page(&page);
     const N: u64 = 16;
     for i in 0..N {
         let mut w = ShmSendWqe { wr_id: i, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + i * 65536, rkey: rkey.0, ..Default::default() };

@@ -3,6 +3,8 @@
 //! steady-state RDMA WRITE traffic between two devices through real client rings.
 //! (System calls are proven absent by the integration test that straces the live service's
 //! lcore thread; this test covers allocation, which strace cannot see.)
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -12,16 +14,14 @@ use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crossbeam::channel::bounded;
-use pmrxe_abi::ring::{init_ring, Consumer, Producer};
-use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, CLIENT_PAGE_LEN};
-use pmrxe_mem::{Access, MemLimits, MemTable, Region};
-use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, QpSetup};
+use common::{client_page, rig, Rig};
+use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
+use pmrxe_mem::{MemLimits, MemTable};
+use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
 use pmrxe_runtime::link::{Link, VecBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
-use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::{bring_up, PairParams};
-use pmrxe_transport::{Instant, PathMtu, Qp, QpType};
+use pmrxe_transport::{Instant, PathMtu};
 
 struct Counting;
 thread_local! {
@@ -102,56 +102,10 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
     let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
 
-    // Client page, CQs and QPs exactly as the service sets them up.
-    let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
-    let (etx, _erx) = bounded(16);
-    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
-    let mut cq_rings = Vec::new();
-    for cq in [10u32, 11] {
-        let layout = CqSegmentLayout::new(1024);
-        let seg = Arc::new(Segment::create("cq", layout.total_len as usize).unwrap());
-        // SAFETY: fresh segment laid out by `layout`.
-        unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap() };
-        // SAFETY: the ring was just initialised; `seg` outlives the consumer (kept in the vec).
-        let c = unsafe { Consumer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - 64, 1024).unwrap() };
-        let (tx, rx) = bounded(1);
-        h.cmds.send(Cmd::AddCq { cq, client: 1, seg: seg.clone(), layout, channel: None, done: tx }).unwrap();
-        lc.poll_once(Instant(0));
-        rx.recv().unwrap().unwrap();
-        cq_rings.push((seg, c));
-    }
+    // Client page, CQs, QPs and memory exactly as the service sets them up.
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let pd = p.pd;
-    let mut sqs = Vec::new();
-    for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
-        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, None).unwrap();
-        bring_up(&mut qp, peer, ip_to_gid(peer_ip), &p);
-        let layout = QpSegmentLayout::new(256, 256);
-        let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
-        // SAFETY: fresh segment laid out by `layout`.
-        unsafe {
-            init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
-            init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
-        }
-        // SAFETY: as above; `seg` is kept alive in `sqs`.
-        let prod = unsafe {
-            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
-        };
-        let (tx, rx) = bounded(1);
-        let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
-        h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();
-        lc.poll_once(Instant(0));
-        rx.recv().unwrap().unwrap();
-        sqs.push((seg, prod));
-    }
-    // Source and destination memory, registered like the service does.
-    let src = Region::zeroed(1 << 20);
-    src.fill(0, 1 << 20, 0xab).unwrap();
-    let dst = Region::zeroed(1 << 20);
-    let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
-    let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    // SAFETY: the page segment holds the ClientPage the lcore reads doorbells from.
-    let cpage = unsafe { &*(page.as_ptr() as *const ClientPage) };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let cpage = client_page(&page);
 
     let write = |i: u64| {
         let mut w = ShmSendWqe { wr_id: i, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + (i % 16) * 65536, rkey: rkey.0, ..Default::default() };

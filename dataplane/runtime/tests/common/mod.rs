@@ -1,0 +1,105 @@
+//! The lcore test rig shared by tests/congestion.rs and tests/fastpath.rs: one client with its
+//! page, two CQs (10, 11), two connected RC QPs (0x11 on device 0 ↔ 0x12 on device 1, each on
+//! its own CQ, 256-entry rings) and two 1 MiB MRs (source at iova 0x10_0000 filled with 0xab,
+//! destination at 0x20_0000), set up through the lcore's commands exactly as the service does.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crossbeam::channel::{bounded, Receiver};
+use pmrxe_abi::ctrl::AsyncEvent;
+use pmrxe_abi::ring::{init_ring, Consumer, Producer};
+use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, CLIENT_PAGE_LEN};
+use pmrxe_mem::{Access, Key, MemTable, Region};
+use pmrxe_runtime::lcore::{Cmd, Lcore, LcoreHandle, QpSetup};
+use pmrxe_runtime::link::Link;
+use pmrxe_runtime::neigh::ip_to_gid;
+use pmrxe_runtime::shm::Segment;
+use pmrxe_transport::sim::PairParams;
+use pmrxe_transport::{Instant, Qp, QpType};
+
+/// What [`rig`] set up; every segment stays alive as long as its ring handle.
+pub struct Rig {
+    /// The client page (doorbells): see [`client_page`].
+    pub page: Arc<Segment>,
+    /// The client's async-event queue (kept open for the lcore).
+    pub events: Receiver<AsyncEvent>,
+    /// CQ 10 (QP 0x11's) and CQ 11 (QP 0x12's).
+    pub cq_rings: Vec<(Arc<Segment>, Consumer<ShmCqe>)>,
+    /// The send queues of QP 0x11 (doorbell slot 0) and QP 0x12 (slot 1).
+    pub sqs: Vec<(Arc<Segment>, Producer<ShmSendWqe>)>,
+    /// Source MR (iova 0x10_0000, 1 MiB of 0xab).
+    pub lkey: Key,
+    /// Destination MR (iova 0x20_0000, 1 MiB, remote write).
+    pub rkey: Key,
+    /// The destination memory.
+    pub dst: Region,
+}
+
+/// Set the rig up on lcore `lc` (devices 0 and 1 with addresses `ips`); `up` brings each QP
+/// from RESET to RTS towards its peer (QPN, GID).
+pub fn rig<L: Link>(
+    lc: &mut Lcore<L>,
+    h: &LcoreHandle,
+    mem: &MemTable,
+    ips: [IpAddr; 2],
+    p: &PairParams,
+    up: impl Fn(&mut Qp, u32, [u8; 16], &PairParams),
+) -> Rig {
+    let [ip0, ip1] = ips;
+    let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
+    let (etx, events) = bounded(16);
+    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
+    let mut cq_rings = Vec::new();
+    for cq in [10u32, 11] {
+        let layout = CqSegmentLayout::new(1024);
+        let seg = Arc::new(Segment::create("cq", layout.total_len as usize).unwrap());
+        // SAFETY: fresh segment laid out by `layout`.
+        unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap() };
+        // SAFETY: the ring was just initialised; `seg` outlives the consumer (kept in the vec).
+        let c = unsafe { Consumer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - 64, 1024).unwrap() };
+        let (tx, rx) = bounded(1);
+        h.cmds.send(Cmd::AddCq { cq, client: 1, seg: seg.clone(), layout, channel: None, done: tx }).unwrap();
+        lc.poll_once(Instant(0));
+        rx.recv().unwrap().unwrap();
+        cq_rings.push((seg, c));
+    }
+    let pd = p.pd;
+    let mut sqs = Vec::new();
+    for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
+        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, None).unwrap();
+        up(&mut qp, peer, ip_to_gid(peer_ip), p);
+        let layout = QpSegmentLayout::new(256, 256);
+        let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
+        // SAFETY: fresh segment laid out by `layout`.
+        unsafe {
+            init_ring::<ShmSendWqe>(seg.as_ptr().add(layout.sq_offset as usize), 256).unwrap();
+            init_ring::<ShmRecvWqe>(seg.as_ptr().add(layout.rq_offset as usize), 256).unwrap();
+        }
+        // SAFETY: as above; `seg` is kept alive in `sqs`.
+        let prod = unsafe {
+            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
+        };
+        let (tx, rx) = bounded(1);
+        let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
+        h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();
+        lc.poll_once(Instant(0));
+        rx.recv().unwrap().unwrap();
+        sqs.push((seg, prod));
+    }
+    // Source and destination memory, registered like the service does.
+    let src = Region::zeroed(1 << 20);
+    src.fill(0, 1 << 20, 0xab).unwrap();
+    let dst = Region::zeroed(1 << 20);
+    let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
+    let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    Rig { page, events, cq_rings, sqs, lkey, rkey, dst }
+}
+
+/// The [`ClientPage`] in a client page segment (what the lcore reads doorbells from).
+pub fn client_page(page: &Segment) -> &ClientPage {
+    // SAFETY: the page segment holds the ClientPage (CLIENT_PAGE_LEN bytes, page-aligned), and
+    // the reference lives no longer than the segment.
+    unsafe { &*(page.as_ptr() as *const ClientPage) }
+}
