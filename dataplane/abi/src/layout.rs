@@ -3,7 +3,7 @@
 //! Numeric values of opcodes, flags and statuses are the libibverbs ones (rdma-core 44
 //! `verbs.h`), so the shim copies fields across without translation tables and the service
 //! validates them in one place.
-use crate::ring::{ring_bytes, Pod};
+use crate::ring::{ring_bytes, Pod, Prefixed};
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// Protocol/ABI version; the control handshake refuses a mismatch. (3: one padded doorbell
@@ -104,6 +104,17 @@ pub struct ShmSendWqe {
 }
 // SAFETY: repr(C) of integers and a byte array.
 unsafe impl Pod for ShmSendWqe {}
+// SAFETY: `data` starts at 96 (a multiple of 8), the struct is 352 bytes, 8-aligned (u64s).
+unsafe impl Prefixed for ShmSendWqe {
+    const HEAD: usize = core::mem::offset_of!(ShmSendWqe, data);
+    fn live_tail(&self) -> usize {
+        if self.send_flags & send_flags::INLINE != 0 {
+            self.inline_len as usize
+        } else {
+            self.num_sge as usize * 16
+        }
+    }
+}
 
 impl Default for ShmSendWqe {
     fn default() -> Self {
@@ -143,6 +154,13 @@ pub struct ShmRecvWqe {
 }
 // SAFETY: repr(C) of integers.
 unsafe impl Pod for ShmRecvWqe {}
+// SAFETY: `sge` starts at 16, the struct is 144 bytes, 8-aligned (u64s).
+unsafe impl Prefixed for ShmRecvWqe {
+    const HEAD: usize = core::mem::offset_of!(ShmRecvWqe, sge);
+    fn live_tail(&self) -> usize {
+        self.num_sge as usize * core::mem::size_of::<ShmSge>()
+    }
+}
 
 /// A completion as the client reads it (field meanings as `struct ibv_wc`). 64 bytes.
 #[repr(C)]

@@ -49,7 +49,7 @@ impl<L: Link> Lcore<L> {
         for (&n, x) in self.srqs.iter_mut() {
             if x.backlog {
                 if let Some(srq) = self.engine.srq_mut(n) {
-                    any |= drain_srq(x, srq, &self.stats);
+                    any |= drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
                 }
             }
         }
@@ -59,7 +59,7 @@ impl<L: Link> Lcore<L> {
     /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
     /// the engine's queue takes goes on the backlog list, retried every iteration.
     pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.wqe_scratch);
+        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.scratch);
         self.engine
             .with(qpn, |qp, s| {
                 let any = drain_qp_rings(qp, s, ahs, stats, scratch, now);
@@ -97,16 +97,16 @@ impl<L: Link> Lcore<L> {
 
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
-fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut SendWqe, now: Instant) -> bool {
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, now: Instant) -> bool {
     let mut any = false;
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
     if let Some(rq) = s.rq.as_mut() {
         loop {
-            match rq.peek() {
-                Ok(Some(w)) => {
+            match rq.peek_into(&mut scratch.shm_recv) {
+                Ok(true) => {
                     any = true;
-                    match convert::recv_wqe(&w) {
+                    match convert::recv_wqe(&scratch.shm_recv) {
                         Ok(r) => {
                             if qp.post_recv(r).is_err() {
                                 s.backlog = true;
@@ -121,7 +121,7 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
                     rq.advance();
                     bump(&stats.rq_wqes, 1);
                 }
-                Ok(None) => break,
+                Ok(false) => break,
                 Err(_) => {
                     bump(&stats.ring_corrupt, 1);
                     fatal(qp);
@@ -132,12 +132,13 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
         rq.release();
     }
     loop {
-        match s.sq.peek() {
-            Ok(Some(w)) => {
+        match s.sq.peek_into(&mut scratch.shm_send) {
+            Ok(true) => {
                 any = true;
-                match convert::send_wqe(&w, |h| ahs.get(&h).copied(), s.is_ud, scratch) {
+                let w = &scratch.shm_send;
+                match convert::send_wqe(w, |h| ahs.get(&h).copied(), s.is_ud, &mut scratch.send) {
                     Ok(()) => {
-                        if let Err(e) = qp.post_send(now, scratch) {
+                        if let Err(e) = qp.post_send(now, &scratch.send) {
                             if e == pmrxe_transport::PostError::QueueFull {
                                 s.backlog = true;
                                 break; // retry when completions free space
@@ -157,7 +158,7 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
                     bump(&stats.sq_inline_wqes, 1);
                 }
             }
-            Ok(None) => break,
+            Ok(false) => break,
             Err(_) => {
                 bump(&stats.ring_corrupt, 1);
                 fatal(qp);
@@ -169,14 +170,14 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
     any
 }
 
-fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats) -> bool {
+fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scratch: &mut ShmRecvWqe) -> bool {
     x.backlog = false;
     let mut any = false;
     loop {
-        match x.ring.peek() {
-            Ok(Some(w)) => {
+        match x.ring.peek_into(scratch) {
+            Ok(true) => {
                 any = true;
-                match convert::recv_wqe(&w) {
+                match convert::recv_wqe(scratch) {
                     Ok(r) => {
                         if srq.post_recv(r).is_err() {
                             x.backlog = true;
@@ -188,7 +189,7 @@ fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats) -> bool {
                 x.ring.advance();
                 bump(&stats.rq_wqes, 1);
             }
-            Ok(None) => break,
+            Ok(false) => break,
             Err(_) => {
                 bump(&stats.ring_corrupt, 1);
                 break;

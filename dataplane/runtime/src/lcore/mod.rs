@@ -56,6 +56,15 @@ mod objects;
 mod rx;
 mod tx;
 
+/// The lcore's scratch WQEs: a client's ring entry is copied into `shm_*` (head and live tail
+/// only, `Consumer::peek_into`: the untrusted bytes are read once) and a send WQE converted
+/// into `send` before `post_send` copies what it keeps.
+struct Scratch {
+    shm_send: ShmSendWqe,
+    shm_recv: ShmRecvWqe,
+    send: SendWqe,
+}
+
 /// Frames per burst.
 pub const BURST: usize = 32;
 
@@ -355,9 +364,8 @@ pub struct Lcore<L: Link> {
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
     ahs: HashMap<u32, AddressVector>,
-    /// The send WQE a client's ring entry is converted into before `post_send` (reused: no
-    /// per-post 512-byte clear or move).
-    wqe_scratch: Box<SendWqe>,
+    /// Where ring entries are copied and converted (reused: no per-post clears or moves).
+    scratch: Box<Scratch>,
     neigh: Neighbors,
     stats: Arc<LcoreStats>,
     drops: Arc<DropStats>,
@@ -426,7 +434,7 @@ impl<L: Link> Lcore<L> {
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
-            wqe_scratch: Box::new(SendWqe::new(0, SendOp::Send)),
+            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default(), send: SendWqe::new(0, SendOp::Send) }),
             neigh,
             stats: stats.clone(),
             drops: drops.clone(),
