@@ -4,10 +4,8 @@
 //! kernel's `IBA_FIELD_BLOC(byte, bit_offset, width)`; [`Bits`] follows that convention so each
 //! field reads like the spec table it comes from.
 
-use core::ops::Range;
-
-/// A byte range inside a message (smoltcp's `Field`).
-pub(crate) type Field = Range<usize>;
+/// Byte ranges and the big-endian accessors are pmrxe-wire's (the same smoltcp-style fields).
+pub(crate) use pmrxe_wire::field::{rd16, rd32, rd64, wr16, wr32, wr64, Field};
 
 /// A bit field inside one byte: `off` bits from the MSB, `width` bits wide.
 #[derive(Clone, Copy, Debug)]
@@ -39,40 +37,13 @@ pub(crate) fn set_bits(b: &mut [u8], f: Bits, v: u8) {
     b[f.byte] = (b[f.byte] & !m) | ((v << f.shift()) & m);
 }
 #[inline]
-pub(crate) fn rd16(b: &[u8], f: Field) -> u16 {
-    let s = &b[f];
-    u16::from_be_bytes([s[0], s[1]])
-}
-#[inline]
 pub(crate) fn rd24(b: &[u8], f: Field) -> u32 {
     let s = &b[f];
     (u32::from(s[0]) << 16) | (u32::from(s[1]) << 8) | u32::from(s[2])
 }
 #[inline]
-pub(crate) fn rd32(b: &[u8], f: Field) -> u32 {
-    let s = &b[f];
-    u32::from_be_bytes([s[0], s[1], s[2], s[3]])
-}
-#[inline]
-pub(crate) fn rd64(b: &[u8], f: Field) -> u64 {
-    let s = &b[f];
-    u64::from_be_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
-}
-#[inline]
-pub(crate) fn wr16(b: &mut [u8], f: Field, v: u16) {
-    b[f].copy_from_slice(&v.to_be_bytes())
-}
-#[inline]
 pub(crate) fn wr24(b: &mut [u8], f: Field, v: u32) {
     b[f].copy_from_slice(&v.to_be_bytes()[1..])
-}
-#[inline]
-pub(crate) fn wr32(b: &mut [u8], f: Field, v: u32) {
-    b[f].copy_from_slice(&v.to_be_bytes())
-}
-#[inline]
-pub(crate) fn wr64(b: &mut [u8], f: Field, v: u64) {
-    b[f].copy_from_slice(&v.to_be_bytes())
 }
 #[inline]
 pub(crate) fn rd_gid(b: &[u8], f: Field) -> [u8; 16] {
@@ -94,44 +65,16 @@ pub(crate) fn wr_private(b: &mut [u8], f: Field, data: &[u8]) -> crate::Result<(
 }
 
 /// `Packet` boilerplate for a CM message view over the 232-byte MAD data area (offsets in the
-/// `field` modules are the IBTA table offsets, i.e. relative to the end of the MAD header).
+/// `field` modules are the IBTA table offsets, i.e. relative to the end of the MAD header):
+/// pmrxe-wire's `fixed_packet!` with this crate's error.
 macro_rules! cm_packet {
     ($len:expr) => {
-        /// A read/write view of this message over the MAD data area (the bytes after the
-        /// 24-byte common MAD header).
-        #[derive(Debug, Clone, PartialEq, Eq)]
-        pub struct Packet<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-        impl<T: AsRef<[u8]>> Packet<T> {
-            /// Wrap without checking the length (accessors may panic on a short buffer).
-            #[inline]
-            pub const fn new_unchecked(buffer: T) -> Packet<T> {
-                Packet { buffer }
-            }
-            /// Wrap and [`check_len`](Self::check_len).
-            #[inline]
-            pub fn new_checked(buffer: T) -> $crate::Result<Packet<T>> {
-                let p = Packet::new_unchecked(buffer);
-                p.check_len()?;
-                Ok(p)
-            }
-            /// `Err(Truncated)` if the buffer is shorter than the message. After `Ok`, no
-            /// accessor panics.
-            #[inline]
-            pub fn check_len(&self) -> $crate::Result<()> {
-                if self.buffer.as_ref().len() < $len {
-                    Err($crate::Error::Truncated)
-                } else {
-                    Ok(())
-                }
-            }
-            /// The underlying buffer.
-            #[inline]
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-        }
+        pmrxe_wire::fixed_packet!(
+            $len,
+            $crate::Error,
+            $crate::Error::Truncated,
+            "A read/write view of this message over the MAD data area (the bytes after the 24-byte common MAD header)."
+        );
     };
 }
 pub(crate) use cm_packet;

@@ -54,8 +54,8 @@ pub mod frame;
 pub mod pcap;
 pub mod sample;
 
-/// A byte range inside a header (smoltcp's `Field`).
-pub(crate) type Field = core::ops::Range<usize>;
+pub mod field;
+pub(crate) use field::{rd16, rd32, rd64, wr16, wr32, wr64, Field};
 
 pub use error::{Error, Result};
 pub use psn::{Msn, Psn};
@@ -90,70 +90,3 @@ pub use sample::{sample_frames, sample_specs, write_sample, SampleSpec};
 pub use arp::{emit_arp_frame, parse_arp_frame};
 pub use icmpv6::{emit_nd_frame, parse_nd_frame, NdFrame};
 
-#[inline]
-pub(crate) fn rd16(b: &[u8], f: Field) -> u16 {
-    let s = &b[f];
-    u16::from_be_bytes([s[0], s[1]])
-}
-#[inline]
-pub(crate) fn rd32(b: &[u8], f: Field) -> u32 {
-    let s = &b[f];
-    u32::from_be_bytes([s[0], s[1], s[2], s[3]])
-}
-#[inline]
-pub(crate) fn rd64(b: &[u8], f: Field) -> u64 {
-    let s = &b[f];
-    u64::from_be_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
-}
-#[inline]
-pub(crate) fn wr16(b: &mut [u8], f: Field, v: u16) {
-    b[f].copy_from_slice(&v.to_be_bytes())
-}
-#[inline]
-pub(crate) fn wr32(b: &mut [u8], f: Field, v: u32) {
-    b[f].copy_from_slice(&v.to_be_bytes())
-}
-#[inline]
-pub(crate) fn wr64(b: &mut [u8], f: Field, v: u64) {
-    b[f].copy_from_slice(&v.to_be_bytes())
-}
-
-/// Common `Packet` boilerplate: wrapper, constructors, `check_len` against a fixed length.
-macro_rules! fixed_packet {
-    ($len:expr) => {
-        /// A read/write view of this header over a buffer.
-        #[derive(Debug, Clone, PartialEq, Eq)]
-        pub struct Packet<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-        impl<T: AsRef<[u8]>> Packet<T> {
-            /// Wrap without checking the length (accessors may panic on a short buffer).
-            #[inline]
-            pub const fn new_unchecked(buffer: T) -> Packet<T> {
-                Packet { buffer }
-            }
-            /// Wrap and `check_len`.
-            #[inline]
-            pub fn new_checked(buffer: T) -> $crate::Result<Packet<T>> {
-                let p = Packet::new_unchecked(buffer);
-                p.check_len()?;
-                Ok(p)
-            }
-            /// `Err(Truncated)` if the buffer is shorter than the header.
-            #[inline]
-            pub fn check_len(&self) -> $crate::Result<()> {
-                if self.buffer.as_ref().len() < $len {
-                    Err($crate::Error::Truncated)
-                } else {
-                    Ok(())
-                }
-            }
-            /// The underlying buffer.
-            #[inline]
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-        }
-    };
-}
-pub(crate) use fixed_packet;
