@@ -13,7 +13,11 @@
 #    `idle = { mode = "busy" }`, its lcore on CPU 1, drivers pinned to CPU 0;
 # 3. peers doing the same job on loopback: kernel TCP (qperf tcp_bw/tcp_lat, iperf3), UCX over
 #    TCP (ucx_perftest tag_bw/tag_lat), libfabric tcp provider (fi_pingpong);
-# 4. a profile of the service's lcore under ib_write_bw 64 KiB (perf record -e cpu-clock -g).
+# 4. a profile of the service's lcore under ib_write_bw 64 KiB (perf record -e cpu-clock -g);
+# 5. before/after: the native harness of a baseline commit (BENCH_BASELINE, default f3cbeca:
+#    the figures issue 15 started from) built in a worktree under target/bench-baseline, run
+#    interleaved with this commit's (rounds alternate, so both see the same machine): 8 B
+#    WRITE/SEND rate, 64 KiB WRITE, 8 B WRITE latency. BENCH_BASELINE=none skips it.
 #
 # Output: docs/benchmarks.md and docs/bench-bw.png, docs/bench-lat.png (regenerated), raw
 # outputs in $BENCH_OUT (default target/bench-results). Python 3 + matplotlib for the plots.
@@ -83,6 +87,36 @@ rm -rf "/var/run/dpdk/pmrxe-bench-tp-$$"
 # ---- pmrxe: native harness ---------------------------------------------------------------------
 log "pmrxe: native harness (pmrxe bench ${SUITE[*]})"
 "$BIN" bench "${SUITE[@]}" --json "$OUT/native.json" >"$OUT/native.txt" 2>&1 || { log "pmrxe bench failed"; cat "$OUT/native.txt" >&2; }
+
+# ---- before/after: a baseline commit's native harness, interleaved with this one's -----------------
+BASE=${BENCH_BASELINE:-f3cbeca}
+if [ "$BASE" != none ]; then
+  BDIR=$TARGET/bench-baseline
+  BBIN=$BDIR/target/release/pmrxe
+  if [ ! -x "$BBIN" ] || [ "$(cat "$BDIR/rev" 2>/dev/null)" != "$(git rev-parse "$BASE")" ]; then
+    log "baseline: building $BASE in $BDIR/src (once; reused while BENCH_BASELINE stays)"
+    rm -f "$BDIR/rev"; mkdir -p "$BDIR"
+    git worktree remove --force "$BDIR/src" >/dev/null 2>&1; rm -rf "$BDIR/src"
+    if git worktree add --detach "$BDIR/src" "$BASE" >/dev/null 2>&1 \
+        && (cd "$BDIR/src" && CARGO_TARGET_DIR="$BDIR/target" cargo build --release -q -p pmrxe --bin pmrxe); then
+      git rev-parse "$BASE" >"$BDIR/rev"
+    else
+      log "baseline: build of $BASE failed; before/after skipped"
+    fi
+  fi
+  if [ -f "$BDIR/rev" ]; then
+    echo "baseline: $(git log -1 --format='%h %cs %s' "$BASE" | cut -c1-100)" >>"$OUT/machine.txt"
+    ROUNDS=$((QUICK ? 2 : 5))
+    for r in $(seq "$ROUNDS"); do
+      for which in base head; do
+        b=$BIN; [ $which = base ] && b=$BBIN
+        log "before/after: round $r/$ROUNDS, $which"
+        "$b" bench --suite quick --sizes 64K --only rate,bw,lat --duration 1 --iters $((QUICK ? 5000 : 20000)) --cpu 0 \
+          --json "$OUT/ab-$which-$r.json" >"$OUT/ab-$which-$r.txt" 2>&1 || log "before/after: $which round $r failed"
+      done
+    done
+  fi
+fi
 
 # ---- pmrxe: perftest through the shim ------------------------------------------------------------
 "$BIN" config default | sed 's/^idle *=.*/idle = { mode = "busy" }/' >"$WORK/busy.toml"
