@@ -9,7 +9,7 @@
 //! the same service (a ring pair served by the same lcore) must complete.
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use common::raw;
 use common::*;
 use pmrxe_service::native::{self, access, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
 use pmrxe_wire::{
-    build_frame_vec, parse_frame, AethRepr, AtomicEthRepr, BthRepr, L3Info, MacAddr, NakCode, Opcode, Psn, Qpn, RethRepr,
+    build_frame_vec, parse_frame, AethRepr, AtomicEthRepr, BthRepr, L3Info, NakCode, Opcode, Psn, Qpn, RethRepr,
     Syndrome, TransportHeaders,
 };
 
@@ -38,26 +38,8 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let p = dir.join("adversary.toml");
     std::fs::write(
         &p,
-        format!(
-            r#"
-[service]
-log = "info"
-idle = {{ mode = "backoff", spin_iterations = 1000, max_sleep_us = 200 }}
-[eal]
-hugepages = false
-memory_mb = 256
-file_prefix = "pmrxe-adv"
-[lcores]
-cores = [1]
-main_core = 0
-[[ports]]
-name = "pmrxe0"
-kind = "vdev"
-devargs = "net_af_packet0,iface={IF_A},qpairs=1"
-mac = "02:00:0a:4d:00:01"
-ipv4 = "10.77.0.1/24"
-mtu = 1500
-[[ports]]
+        raw::af_packet_config("pmrxe-adv", IF_A, "02:00:0a:4d:00:01", "10.77.0.1/24")
+            + r#"[[ports]]
 name = "pmrxe1"
 kind = "ring_pair"
 peer = "pmrxe2"
@@ -80,8 +62,7 @@ mac = "02:00:c6:12:00:01"
 [[neighbors]]
 ip = "198.18.0.2"
 mac = "02:00:c6:12:00:02"
-"#
-        ),
+"#,
     )
     .unwrap();
     p
@@ -104,30 +85,11 @@ impl Adv {
 }
 
 fn l3() -> L3Info {
-    L3Info {
-        src_mac: MacAddr(MAC_B),
-        dst_mac: MacAddr(MAC_A),
-        src_ip: IpAddr::V4(IP_B),
-        dst_ip: IpAddr::V4(IP_A),
-        udp_sport: 0xd00d,
-        ..Default::default()
-    }
+    raw::l3_v4(MAC_B, IP_B, MAC_A, IP_A, 0)
 }
 
 fn bth(op: Opcode, qpn: u32, psn: u32) -> BthRepr {
-    BthRepr {
-        opcode: op,
-        solicited: false,
-        migreq: false,
-        pad: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(qpn),
-        ack_req: true,
-        psn: Psn::new(psn),
-    }
+    raw::bth(op, qpn, Psn::new(psn), true)
 }
 
 fn write_only(qpn: u32, psn: u32, va: u64, rkey: u32, len: u32, payload: &[u8]) -> Vec<u8> {

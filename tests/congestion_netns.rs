@@ -11,13 +11,13 @@
 //!    verifies with `icrc_check.py` and has the hardware vector's layout.
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::raw;
 use common::*;
 use pmrxe_service::native::{access, wqe, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
-use pmrxe_wire::{build_cnp_frame, build_frame_vec, ecn, parse_cnp_frame, parse_frame, AethRepr, BthRepr, CnpRepr, L3Info, MacAddr, Msn, Opcode, Psn, Qpn, RethRepr, Syndrome, TransportHeaders};
+use pmrxe_wire::{build_cnp_frame, build_frame_vec, ecn, parse_cnp_frame, parse_frame, AethRepr, CnpRepr, L3Info, Msn, Opcode, Psn, Qpn, RethRepr, Syndrome, TransportHeaders};
 
 const NS_A: &str = "pmrxe-cc-a";
 const NS_B: &str = "pmrxe-cc-b";
@@ -37,42 +37,19 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let p = dir.join("congestion.toml");
     std::fs::write(
         &p,
-        format!(
-            r#"
-[service]
-log = "info"
-idle = {{ mode = "backoff", spin_iterations = 1000, max_sleep_us = 200 }}
-[eal]
-hugepages = false
-memory_mb = 256
-file_prefix = "pmrxe-cc"
-[lcores]
-cores = [1]
-main_core = 0
-[[ports]]
-name = "pmrxe0"
-kind = "vdev"
-devargs = "net_af_packet0,iface={IF_A},qpairs=1"
-mac = "02:00:0a:4e:00:01"
-ipv4 = "10.78.0.1/24"
-mtu = 1500
-congestion = {{ line_rate_mbps = 1000, rate_increase_timer_us = 1000000, byte_counter = 1000000000000 }}
+        raw::af_packet_config("pmrxe-cc", IF_A, "02:00:0a:4e:00:01", "10.78.0.1/24")
+            + r#"congestion = { line_rate_mbps = 1000, rate_increase_timer_us = 1000000, byte_counter = 1000000000000 }
 [[neighbors]]
 ip = "10.78.0.2"
 mac = "02:00:0a:4e:00:02"
-"#
-        ),
+"#,
     )
     .unwrap();
     p
 }
 
 fn l3(tclass: u8) -> L3Info {
-    L3Info { src_mac: MacAddr(MAC_B), dst_mac: MacAddr(MAC_A), src_ip: IpAddr::V4(IP_B), dst_ip: IpAddr::V4(IP_A), tclass, udp_sport: 0xd00d, ..Default::default() }
-}
-
-fn bth(opcode: Opcode, qpn: u32, psn: Psn, ack_req: bool) -> BthRepr {
-    BthRepr { opcode, solicited: false, migreq: false, pad: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, dest_qp: Qpn::new(qpn), ack_req, psn }
+    raw::l3_v4(MAC_B, IP_B, MAC_A, IP_A, tclass)
 }
 
 fn qp_stats(svc: &Service, qpn: u32) -> serde_json::Value {
@@ -119,7 +96,7 @@ fn cnp_and_ecn_on_the_wire() {
     assert_eq!((w[15] >> 2, ecn::ecn_of(w[15])), (26, ecn::ECT0), "TOS {:#04x}: DSCP 26 + ECT(0)", w[15]);
     // The peer ACKs it, so the QP stays in RTS (no retry exhaustion while the test runs).
     let wpsn = parse_frame(w).unwrap().headers.bth.psn;
-    let mut ack = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, qpn, wpsn, false));
+    let mut ack = TransportHeaders::new(raw::bth(Opcode::RC_ACKNOWLEDGE, qpn, wpsn, false));
     ack.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 0x1f }, msn: Msn::new(1) });
     raw::send(&fd, &build_frame_vec(&l3(26 << 2), &ack, &[]).expect("build ACK"));
     let t0 = Instant::now();
@@ -168,7 +145,7 @@ fn cnp_and_ecn_on_the_wire() {
 
     eprintln!("congestion_netns: CNP checks done after {:.1} s", t_start.elapsed().as_secs_f64());
     // 3. Notification point: a CE-marked WRITE into our MR is ACKed and answered with a CNP.
-    let mut h = TransportHeaders::new(bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
+    let mut h = TransportHeaders::new(raw::bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
     h.reth = Some(RethRepr { va: mr.addr, rkey: mr.key, len: 64 });
     let f = build_frame_vec(&l3(ecn::with_ecn(26 << 2, ecn::CE)), &h, &[0xc3; 64]).expect("build WRITE");
     raw::send(&fd, &f);

@@ -2,8 +2,11 @@
 //! (tests/adversary.rs, tests/congestion_netns.rs): an AF_PACKET socket on the far end of a
 //! [`NetnsPair`](super::NetnsPair), and sending/receiving whole frames through it.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use pmrxe_wire::{BthRepr, L3Info, MacAddr, Opcode, Psn, Qpn};
 
 /// A raw AF_PACKET socket (every protocol, 20 ms receive timeout) bound to `ifname` inside
 /// network namespace `ns` (opened from a thread that joined the namespace; the fd keeps working
@@ -64,4 +67,43 @@ pub fn recv_until(fd: &OwnedFd, from: [u8; 6], wait: Duration, done: impl Fn(&[V
         }
     }
     out
+}
+
+/// The start of a service config for a raw-peer test: one lcore (CPU 1, idle back-off), no
+/// hugepages, EAL file prefix `prefix`, and port `pmrxe0` = DPDK `net_af_packet` on `iface`
+/// with `mac`, `ipv4` (CIDR) and MTU 1500. The caller appends the rest: more keys of that port,
+/// further ports, neighbours.
+pub fn af_packet_config(prefix: &str, iface: &str, mac: &str, ipv4: &str) -> String {
+    format!(
+        r#"
+[service]
+log = "info"
+idle = {{ mode = "backoff", spin_iterations = 1000, max_sleep_us = 200 }}
+[eal]
+hugepages = false
+memory_mb = 256
+file_prefix = "{prefix}"
+[lcores]
+cores = [1]
+main_core = 0
+[[ports]]
+name = "pmrxe0"
+kind = "vdev"
+devargs = "net_af_packet0,iface={iface},qpairs=1"
+mac = "{mac}"
+ipv4 = "{ipv4}"
+mtu = 1500
+"#
+    )
+}
+
+/// Addressing of a frame the raw peer (`mac`/`ip`) sends to the service's port
+/// (`svc_mac`/`svc_ip`): IPv4, traffic class `tclass`, UDP source port 0xd00d.
+pub fn l3_v4(mac: [u8; 6], ip: Ipv4Addr, svc_mac: [u8; 6], svc_ip: Ipv4Addr, tclass: u8) -> L3Info {
+    L3Info { src_mac: MacAddr(mac), dst_mac: MacAddr(svc_mac), src_ip: IpAddr::V4(ip), dst_ip: IpAddr::V4(svc_ip), tclass, udp_sport: 0xd00d, ..Default::default() }
+}
+
+/// A BTH with the default partition key and no flags but `ack_req`.
+pub fn bth(opcode: Opcode, qpn: u32, psn: Psn, ack_req: bool) -> BthRepr {
+    BthRepr { opcode, solicited: false, migreq: false, pad: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, dest_qp: Qpn::new(qpn), ack_req, psn }
 }
