@@ -12,6 +12,8 @@
 //!   doorbell bitmaps).
 //! * [`qp_table`]: the IBTA QP state-transition table in libibverbs numbers, the one both the
 //!   shim (early EINVAL) and the engine (the real transition) check against.
+//! * [`client`]: the client core — connection, `Hello`, client page and doorbells, segment
+//!   mapping and ring attach — shared by the shim, the native harness and the tools.
 //! * [`ctrl`]: the versioned control protocol spoken over the service's Unix socket (object
 //!   creation, modify QP, memory registration with fd passing).
 //!
@@ -21,6 +23,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(not(loom))]
+pub mod client;
 pub mod ctrl;
 pub mod layout;
 pub mod qp_table;

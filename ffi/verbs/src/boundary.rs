@@ -350,40 +350,8 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
-/// A shared mapping that is unmapped on drop.
-pub struct Mapping {
-    pub ptr: *mut u8,
-    pub len: usize,
-}
-
-// SAFETY: a Mapping is plain address-space ownership; access is synchronised by its users.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// mmap `len` bytes of `fd` shared read/write.
-    pub fn map_fd(fd: std::os::fd::RawFd, len: usize) -> Res<Mapping> {
-        if len == 0 {
-            return Err(Errno::INVAL);
-        }
-        // SAFETY: a fresh shared mapping at a kernel-chosen address; no existing memory touched.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Errno::last());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: we own this mapping (created by map_fd) and nothing uses it any more.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
+/// A shared mapping that is unmapped on drop (the client core's).
+pub use pmrxe_abi::client::Mapping;
 
 /// Copy a C string into a fixed `c_char` array (NUL-terminated, truncated).
 pub fn copy_cstr(dst: &mut [std::os::raw::c_char], s: &str) {

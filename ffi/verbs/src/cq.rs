@@ -13,6 +13,7 @@ use crate::client;
 use crate::device::ShimContext;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{Request, Response};
+use pmrxe_abi::client::{poll_cq, CqSegment};
 use pmrxe_abi::ring::Consumer;
 use pmrxe_abi::{CqNotify, ShmCqe};
 use std::collections::VecDeque;
@@ -104,22 +105,12 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mu
                 return Err(Errno::INVAL);
             }
             let mut r = c.ring.lock();
-            let mut n = 0;
-            while n < num_entries as usize {
-                match r.cons.peek() {
-                    Ok(Some(e)) => {
-                        // SAFETY: n < num_entries, the caller's array size.
-                        unsafe { wc.add(n).write(cqe_to_wc(&e)) };
-                        r.cons.advance();
-                        n += 1;
-                    }
-                    Ok(None) => break,
-                    Err(_) => return Err(Errno::IO),
-                }
-            }
-            if n > 0 {
-                r.cons.release();
-            } else if crate::client::existing().is_ok_and(|cl| cl.dead_after_empty_poll()) {
+            let n = poll_cq(&mut r.cons, num_entries as usize, |i, e| {
+                // SAFETY: i < num_entries, the caller's array size.
+                unsafe { wc.add(i).write(cqe_to_wc(&e)) }
+            })
+            .map_err(|_| Errno::IO)?;
+            if n == 0 && crate::client::existing().is_ok_and(|cl| cl.dead_after_empty_poll()) {
                 // The service is gone: nothing will ever complete. Fail instead of hanging.
                 return Err(Errno::IO);
             }
@@ -239,17 +230,9 @@ fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
     let req = Request::CreateCq { device: c.dev, cqe: cqe as u32, channel: ch.as_ref().map(|c| c.handle) };
     let (r, fds) = client::existing()?.call(&req, &[])?;
     let Response::Cq { cq, cqe, layout } = r else { return Err(Errno(libc::EPROTO)) };
-    let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
-    let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
-    if layout.ring_offset >= layout.total_len || (layout.ring_offset as usize) < std::mem::size_of::<CqNotify>() {
-        return Err(Errno(libc::EPROTO));
-    }
-    // SAFETY: the ring lies inside our mapping (checked offset), which the ShimCq owns.
-    let cons = unsafe {
-        Consumer::<ShmCqe>::attach(map.ptr.add(layout.ring_offset as usize), (layout.total_len - layout.ring_offset) as usize, layout.capacity)
-    }
-    .map_err(|_| Errno(libc::EPROTO))?;
-    let notify = map.ptr.cast::<CqNotify>().cast_const();
+    let seg = CqSegment::attach(&fds, &layout)?;
+    let notify = seg.notify();
+    let CqSegment { cons, map } = seg;
     // SAFETY: plain C data.
     let mut ex: ibv_cq_ex = unsafe { std::mem::zeroed() };
     ex.context = context;

@@ -481,14 +481,8 @@ pub(crate) mod tests {
             Ok(())
         }
         fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()> {
-            // SAFETY: a fresh shared mapping of the client's file at a kernel-chosen address.
-            let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, offset as libc::off_t)
-            };
-            if p == libc::MAP_FAILED {
-                return Err(Errno::last());
-            }
-            self.maps.borrow_mut().insert(seg, (base, Mapping { ptr: p.cast(), len: len as usize }));
+            let m = Mapping::map(fd, offset, len as usize, false)?;
+            self.maps.borrow_mut().insert(seg, (base, m));
             self.shared.borrow_mut().push(seg);
             Ok(())
         }
@@ -502,9 +496,9 @@ pub(crate) mod tests {
     /// Service-side view of client address `a` through the segment mappings.
     fn peer_ptr(f: &FakeService, a: u64) -> *mut u8 {
         let maps = f.maps.borrow();
-        let (_, (base, m)) = maps.iter().find(|(_, (b, m))| a >= *b && a < *b + m.len as u64).expect("address not shared");
+        let (_, (base, m)) = maps.iter().find(|(_, (b, m))| a >= *b && a < *b + m.len() as u64).expect("address not shared");
         // SAFETY: in range of the mapping (checked by find).
-        unsafe { m.ptr.add((a - base) as usize) }
+        unsafe { m.ptr().add((a - base) as usize) }
     }
 
     #[test]

@@ -14,10 +14,10 @@ use crate::post::{recv_wr_to_wqe, send_wr_to_wqe, Limits};
 use crate::srq::ShimSrq;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
+use pmrxe_abi::client::QpSegment;
 use pmrxe_abi::ring::{Producer, PushError};
-use pmrxe_abi::{Doorbell, QpShared, QpSegmentLayout, ShmRecvWqe, ShmSendWqe};
+use pmrxe_abi::{Doorbell, QpShared, ShmRecvWqe, ShmSendWqe};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 
 /// Send-queue producer state (under the QP's spinlock).
@@ -70,14 +70,13 @@ impl ShimQp {
                 return Err(Errno::IO);
             }
         }
-        sq.prod.publish();
-        self.ring()
+        self.publish(&mut sq.prod)
     }
 
     fn shared(&self) -> &QpShared {
         // SAFETY: the QP segment (mapped for the QP's lifetime, page aligned) starts with the
         // QpShared header; it is all atomics.
-        unsafe { &*(self._map.ptr as *const QpShared) }
+        unsafe { &*(self._map.ptr() as *const QpShared) }
     }
 
     /// The QP state as this process last set or queried it. Only the application moves a QP
@@ -105,9 +104,9 @@ impl ShimQp {
         }
     }
 
-    fn ring(&self) -> Res<()> {
-        let c = client::existing()?;
-        c.ring(self.doorbell);
+    /// Publish what is staged and ring the doorbell. A QP implies a connection.
+    fn publish(&self, prod: &mut Producer<ShmSendWqe>) -> Res<()> {
+        client::existing()?.publish(prod, self.doorbell);
         Ok(())
     }
 }
@@ -143,8 +142,7 @@ fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_w
         cur = w.next;
     }
     if staged > 0 {
-        sq.prod.publish();
-        q.ring()?;
+        q.publish(&mut sq.prod)?;
     }
     if result.is_err() && !bad_wr.is_null() {
         // SAFETY: caller-provided out pointer.
@@ -204,8 +202,7 @@ pub unsafe fn post_recv_ring(
         cur = w.next;
     }
     if staged > 0 {
-        p.publish();
-        client::existing()?.ring(db);
+        client::existing()?.publish(&mut p, db);
     }
     if result.is_err() && !bad_wr.is_null() {
         // SAFETY: caller-provided out pointer.
@@ -303,25 +300,8 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     let c = client::existing()?;
     let (r, fds) = c.call(&req, &[])?;
     let Response::Qp { qpn, cap, layout, doorbell } = r else { return Err(Errno(libc::EPROTO)) };
-    let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
-    let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
-    let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
-    if sq_end > layout.total_len || layout.sq_offset < QpSegmentLayout::HEADER || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
-        return Err(Errno(libc::EPROTO));
-    }
-    // SAFETY: ranges checked to lie inside the mapping, which the ShimQp owns.
-    let prod = unsafe { Producer::<ShmSendWqe>::attach(map.ptr.add(layout.sq_offset as usize), (sq_end - layout.sq_offset) as usize, layout.sq_capacity) }
-        .map_err(|_| Errno(libc::EPROTO))?;
-    let rq = if layout.rq_capacity > 0 && srq.is_none() {
-        // SAFETY: as above.
-        let p = unsafe {
-            Producer::<ShmRecvWqe>::attach(map.ptr.add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, layout.rq_capacity)
-        }
-        .map_err(|_| Errno(libc::EPROTO))?;
-        Some(SpinLock::new(p))
-    } else {
-        None
-    };
+    let QpSegment { sq: prod, rq, map } = QpSegment::attach(&fds, &layout, srq.is_none())?;
+    let rq = rq.map(SpinLock::new);
     // SAFETY: plain C data.
     let mut ex: ibv_qp_ex = unsafe { std::mem::zeroed() };
     let b = &mut ex.qp_base;

@@ -5,9 +5,9 @@ use crate::pd::ShimPd;
 use crate::qp::post_recv_ring;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{Request, Response};
+use pmrxe_abi::client::SrqSegment;
 use pmrxe_abi::ring::Producer;
 use pmrxe_abi::{Doorbell, ShmRecvWqe};
-use std::os::fd::AsRawFd;
 use std::os::raw::c_int;
 
 /// An SRQ handle.
@@ -38,10 +38,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
             let req = Request::CreateSrq { device: ctx.dev, pd: p.pd.handle, max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
             let (r, fds) = client::existing()?.call(&req, &[])?;
             let Response::Srq { srq, max_wr, max_sge, layout, doorbell } = r else { return Err(Errno(libc::EPROTO)) };
-            let fd = fds.first().ok_or(Errno(libc::EPROTO))?;
-            let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
-            // SAFETY: the ring starts the segment, which the ShimSrq owns.
-            let prod = unsafe { Producer::<ShmRecvWqe>::attach(map.ptr, layout.total_len as usize, layout.capacity) }.map_err(|_| Errno(libc::EPROTO))?;
+            let SrqSegment { rq: prod, map } = SrqSegment::attach(&fds, &layout)?;
             a.attr.max_wr = max_wr;
             a.attr.max_sge = max_sge;
             // SAFETY: plain C data (pthread types zeroed = initialisers on glibc).

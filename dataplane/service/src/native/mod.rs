@@ -120,6 +120,6 @@ pub mod wqe {
 /// An error reply of the service (errno + message) or a local I/O failure.
 pub type Result<T> = std::io::Result<T>;
 
-pub(crate) fn proto(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("pmrxe native: unexpected reply to {what}"))
+pub(crate) fn proto(what: &'static str) -> std::io::Error {
+    pmrxe_abi::client::Error::Protocol(what).into()
 }

@@ -4,7 +4,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use pmrxe_abi::ctrl::{Piece, Request, Response};
 
-use super::context::{Context, Mapping, Pd};
+use pmrxe_abi::client::Mapping;
+
+use super::context::{Context, Pd};
 use super::{proto, Result, ShmSge};
 
 const PAGE: usize = 4096;
@@ -32,9 +34,9 @@ impl Buffer {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let map = Mapping::map_fd(fd.as_raw_fd(), len, true)?;
+        let map = Mapping::map(fd.as_raw_fd(), 0, len, true)?;
         let seg = ctx.next_seg();
-        match ctx.call(&Request::AddSegment { seg, base: map.ptr as u64, len: len as u64 }, &[fd.as_raw_fd()])?.0 {
+        match ctx.call(&Request::AddSegment { seg, base: map.ptr() as u64, len: len as u64 }, &[fd.as_raw_fd()])?.0 {
             Response::Ok => {}
             _ => return Err(proto("AddSegment")),
         }
@@ -43,17 +45,17 @@ impl Buffer {
 
     /// Start address (client address space).
     pub fn addr(&self) -> u64 {
-        self.map.ptr as u64
+        self.map.ptr() as u64
     }
 
     /// Raw pointer to the start.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.ptr
+        self.map.ptr()
     }
 
     /// Length in bytes (a multiple of the page size).
     pub fn len(&self) -> usize {
-        self.map.len
+        self.map.len()
     }
 
     /// Never empty (at least one page); for clippy.
@@ -64,29 +66,29 @@ impl Buffer {
     /// The bytes (the service may write them concurrently: read with care, e.g. volatile).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: our mapping of `len` bytes, alive as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+        unsafe { std::slice::from_raw_parts(self.map.ptr(), self.map.len()) }
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr, self.map.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr(), self.map.len()) }
     }
 
     /// Volatile read of the byte at `off` (polling for data the service places).
     #[inline]
     pub fn read_volatile(&self, off: usize) -> u8 {
-        assert!(off < self.map.len);
+        assert!(off < self.map.len());
         // SAFETY: in bounds of our mapping.
-        unsafe { self.map.ptr.add(off).read_volatile() }
+        unsafe { self.map.ptr().add(off).read_volatile() }
     }
 
     /// Volatile write of the byte at `off`.
     #[inline]
     pub fn write_volatile(&self, off: usize, v: u8) {
-        assert!(off < self.map.len);
+        assert!(off < self.map.len());
         // SAFETY: in bounds of our mapping.
-        unsafe { self.map.ptr.add(off).write_volatile(v) }
+        unsafe { self.map.ptr().add(off).write_volatile(v) }
     }
 }
 

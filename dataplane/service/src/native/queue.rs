@@ -1,12 +1,12 @@
 //! Completion queues and queue pairs.
 use std::io;
-use std::os::fd::AsRawFd;
 
+use pmrxe_abi::client::{poll_cq, CqSegment, Mapping, QpSegment};
 use pmrxe_abi::ctrl::{AhAttr, QpAttr, QpCap, Request, Response};
 use pmrxe_abi::ring::{Consumer, Producer, PushError};
 use pmrxe_abi::{Doorbell, ShmCqe, ShmRecvWqe, ShmSendWqe};
 
-use super::context::{Context, Mapping, Pd};
+use super::context::{Context, Pd};
 use super::{proto, Result};
 
 /// A completion queue; [`Cq::poll`] reads CQEs straight from the shared ring.
@@ -23,38 +23,14 @@ impl Cq {
     pub fn create(ctx: &Context, device: u32, cqe: u32) -> Result<Cq> {
         let (r, fds) = ctx.call(&Request::CreateCq { device, cqe, channel: None }, &[])?;
         let Response::Cq { cq, cqe, layout } = r else { return Err(proto("CreateCq")) };
-        let fd = fds.first().ok_or_else(|| proto("CreateCq (no fd)"))?;
-        if layout.ring_offset >= layout.total_len {
-            return Err(proto("CreateCq (layout)"));
-        }
-        let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize, false)?;
-        // SAFETY: the ring lies inside our mapping, which the Cq owns.
-        let cons = unsafe {
-            Consumer::<ShmCqe>::attach(map.ptr.add(layout.ring_offset as usize), (layout.total_len - layout.ring_offset) as usize, layout.capacity)
-        }
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let CqSegment { cons, map } = CqSegment::attach(&fds, &layout)?;
         Ok(Cq { ctx: ctx.clone(), handle: cq, cqe, cons, _map: map })
     }
 
     /// Copy up to `out.len()` completions out; returns how many (0 when empty). No syscall.
     #[inline]
     pub fn poll(&mut self, out: &mut [ShmCqe]) -> Result<usize> {
-        let mut n = 0;
-        while n < out.len() {
-            match self.cons.peek() {
-                Ok(Some(e)) => {
-                    out[n] = e;
-                    self.cons.advance();
-                    n += 1;
-                }
-                Ok(None) => break,
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-            }
-        }
-        if n > 0 {
-            self.cons.release();
-        }
-        Ok(n)
+        poll_cq(&mut self.cons, out.len(), |i, e| out[i] = e).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
     /// One completion, if any.
@@ -146,27 +122,7 @@ impl Qp {
         };
         let (r, fds) = ctx.call(&req, &[])?;
         let Response::Qp { qpn, cap, layout, doorbell } = r else { return Err(proto("CreateQp")) };
-        let fd = fds.first().ok_or_else(|| proto("CreateQp (no fd)"))?;
-        let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
-        if sq_end > layout.total_len || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
-            return Err(proto("CreateQp (layout)"));
-        }
-        let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize, false)?;
-        let bad = |e| io::Error::new(io::ErrorKind::InvalidData, e);
-        // SAFETY: ranges checked to lie in our mapping, which the Qp owns.
-        let sq = unsafe { Producer::<ShmSendWqe>::attach(map.ptr.add(layout.sq_offset as usize), (sq_end - layout.sq_offset) as usize, layout.sq_capacity) }
-            .map_err(bad)?;
-        let rq = if layout.rq_capacity > 0 {
-            // SAFETY: as above.
-            Some(
-                unsafe {
-                    Producer::<ShmRecvWqe>::attach(map.ptr.add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, layout.rq_capacity)
-                }
-                .map_err(bad)?,
-            )
-        } else {
-            None
-        };
+        let QpSegment { sq, rq, map } = QpSegment::attach(&fds, &layout, true)?;
         Ok(Qp { ctx: ctx.clone(), qpn, device: pd.device, cap, sq, rq, doorbell, _map: map })
     }
 
@@ -228,15 +184,13 @@ impl Qp {
                 Err(PushError::Full(_)) if i == 0 => return Err(io::ErrorKind::WouldBlock.into()),
                 Err(PushError::Full(_)) => {
                     // Partial batch: publish what fits so nothing staged is lost, then report.
-                    self.sq.publish();
-                    self.ctx.ring(self.doorbell);
+                    self.ctx.conn().publish(&mut self.sq, self.doorbell);
                     return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("SQ ring full after {i} WQEs")));
                 }
                 Err(PushError::Corrupt(_)) => return Err(io::Error::new(io::ErrorKind::InvalidData, "SQ ring corrupt")),
             }
         }
-        self.sq.publish();
-        self.ctx.ring(self.doorbell);
+        self.ctx.conn().publish(&mut self.sq, self.doorbell);
         Ok(())
     }
 
@@ -249,8 +203,7 @@ impl Qp {
     /// Publish staged send WQEs and ring the doorbell.
     #[inline]
     pub fn flush_send(&mut self) {
-        self.sq.publish();
-        self.ctx.ring(self.doorbell);
+        self.ctx.conn().publish(&mut self.sq, self.doorbell);
     }
 
     /// Post receive WQEs (one publish, one doorbell).
@@ -261,15 +214,13 @@ impl Qp {
             match rq.stage(*w) {
                 Ok(()) => {}
                 Err(PushError::Full(_)) => {
-                    rq.publish();
-                    self.ctx.ring(self.doorbell);
+                    self.ctx.conn().publish(rq, self.doorbell);
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
                 Err(PushError::Corrupt(_)) => return Err(io::Error::new(io::ErrorKind::InvalidData, "RQ ring corrupt")),
             }
         }
-        rq.publish();
-        self.ctx.ring(self.doorbell);
+        self.ctx.conn().publish(rq, self.doorbell);
         Ok(())
     }
 }

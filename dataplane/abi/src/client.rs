@@ -1,0 +1,473 @@
+//! The client core: everything a process needs to use the service, in one place, shared by
+//! the verbs shim (`ffi/verbs`, which adds only the C-ABI translation), the native harness of
+//! `pmrxe bench` (`pmrxe_service::native`) and the control tools (`pmrxe stats`).
+//!
+//! * [`Channel`]: the control socket, one request/response round trip at a time.
+//! * [`Connection`]: a channel after `Hello` (ABI version checked), with the client page mapped
+//!   and its magic checked: doorbells ([`Connection::ring`], [`Connection::publish`]), the
+//!   service's going-away flag and a cheap liveness probe, the async-event eventfd, and
+//!   [`Connection::call`], which turns `Response::Err` into an [`Error`] carrying the errno.
+//! * [`Mapping`]: a shared mapping of a segment fd, unmapped on drop.
+//! * [`QpSegment`], [`CqSegment`], [`SrqSegment`]: a QP/CQ/SRQ segment mapped and its rings
+//!   attached after checking the layout the service sent; [`poll_cq`] drains a CQ ring.
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use crate::ctrl::{self, DeviceInfo, Request, Response};
+use crate::ring::{Consumer, Pod, Producer, RingError};
+use crate::{
+    ClientPage, CqNotify, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout, ABI_VERSION,
+    CLIENT_PAGE_LEN, CLIENT_PAGE_MAGIC,
+};
+
+/// Why a client operation failed.
+#[derive(Debug)]
+pub enum Error {
+    /// The control socket could not be reached (path too long, no such file, refused, ...).
+    Connect(io::Error),
+    /// A local system call failed, or a message could not be encoded/decoded.
+    Io(io::Error),
+    /// The service closed the connection.
+    Closed,
+    /// The service answered `Response::Err` (`errno` is positive).
+    Service { request: &'static str, errno: i32, msg: String },
+    /// The reply did not fit the protocol (what was expected).
+    Protocol(&'static str),
+    /// The service speaks another ABI version.
+    Abi { service: u32 },
+    /// A shared ring failed validation.
+    Ring(RingError),
+}
+
+impl Error {
+    /// The errno a C caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Connect(e) => e.raw_os_error().unwrap_or(libc::ENAMETOOLONG),
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Closed => libc::ECONNRESET,
+            Error::Service { errno, .. } => *errno,
+            Error::Protocol(_) | Error::Abi { .. } | Error::Ring(_) => libc::EPROTO,
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Connect(e) | Error::Io(e) => e.fmt(f),
+            Error::Closed => f.write_str("service closed the connection"),
+            Error::Service { request, errno, msg } => write!(f, "{request}: {msg} ({})", io::Error::from_raw_os_error(*errno)),
+            Error::Protocol(what) => write!(f, "pmrxe: unexpected reply to {what}"),
+            Error::Abi { service } => write!(f, "service ABI {service}, ours {ABI_VERSION}"),
+            Error::Ring(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<RingError> for Error {
+    fn from(e: RingError) -> Self {
+        Error::Ring(e)
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match e {
+            Error::Connect(inner) | Error::Io(inner) => return inner,
+            Error::Closed => io::ErrorKind::UnexpectedEof,
+            Error::Service { errno, .. } => io::Error::from_raw_os_error(errno).kind(),
+            Error::Protocol(_) | Error::Ring(_) => io::ErrorKind::InvalidData,
+            Error::Abi { .. } => io::ErrorKind::Unsupported,
+        };
+        io::Error::new(kind, e.to_string())
+    }
+}
+
+/// Result of the client core.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The name of a request in error messages.
+fn request_name(r: &Request) -> &'static str {
+    match r {
+        Request::Hello { .. } => "Hello",
+        Request::AllocPd { .. } => "AllocPd",
+        Request::CreateCq { .. } => "CreateCq",
+        Request::CreateQp { .. } => "CreateQp",
+        Request::ModifyQp { .. } => "ModifyQp",
+        Request::AddSegment { .. } => "AddSegment",
+        Request::AddSharedSegment { .. } => "AddSharedSegment",
+        Request::RegMr { .. } => "RegMr",
+        Request::DeregMr { .. } => "DeregMr",
+        _ => "request",
+    }
+}
+
+/// The control socket: one `SOCK_SEQPACKET` connection, one request in flight at a time.
+/// Replies come back as they are (`Response::Err` included), which is what tools and
+/// hostile-client tests want; applications use [`Connection`].
+pub struct Channel {
+    sock: OwnedFd,
+    /// Serialises request/response pairs and holds the receive buffer.
+    buf: Mutex<Vec<u8>>,
+}
+
+impl Channel {
+    /// Connect to the service's socket at `path` (no `Hello`).
+    pub fn connect(path: &Path) -> Result<Channel> {
+        Ok(Channel { sock: ctrl::seqpacket_connect(path).map_err(Error::Connect)?, buf: Mutex::new(Vec::new()) })
+    }
+
+    /// One request/response round trip, the response as it came.
+    pub fn call(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>)> {
+        let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        ctrl::send_msg(self.sock.as_raw_fd(), &ctrl::encode(req)?, fds)?;
+        let got = ctrl::recv_msg(self.sock.as_raw_fd(), &mut buf)?.ok_or(Error::Closed)?;
+        Ok((ctrl::decode(&buf)?, got))
+    }
+
+    /// One round trip; `Response::Err` becomes [`Error::Service`] (errno 0 or negative: EIO).
+    pub fn call_checked(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>)> {
+        match self.call(req, fds)? {
+            (Response::Err { errno, msg }, _) => Err(Error::Service { request: request_name(req), errno: if errno > 0 { errno } else { libc::EIO }, msg }),
+            r => Ok(r),
+        }
+    }
+
+    /// Has the service gone (end-of-file or an error on the socket)? One non-blocking peek.
+    pub fn peer_gone(&self) -> bool {
+        let mut b = [0u8; 1];
+        // SAFETY: non-blocking peek into a local one-byte buffer on our socket.
+        let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        n == 0 || (n < 0 && !matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)))
+    }
+}
+
+/// A shared read/write mapping of (part of) a file descriptor, unmapped on drop.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a Mapping is plain address-space ownership; who touches the bytes how is decided by
+// its owner (atomics or single-owner rings).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// mmap `len` bytes of `fd` from its start, shared read/write.
+    pub fn map_fd(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        Mapping::map(fd, 0, len, false)
+    }
+
+    /// mmap `len` bytes of `fd` at `offset`, shared read/write (`populate`: fault the pages in
+    /// now). EINVAL for an empty mapping.
+    pub fn map(fd: RawFd, offset: u64, len: usize, populate: bool) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+        // SAFETY: a fresh mapping at a kernel-chosen address; no existing memory is touched.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, offset as libc::off_t) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    /// Start of the mapping (page aligned).
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true (an empty mapping is refused); for clippy.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping (made by `map`); nothing borrows it past its owner.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A connection after `Hello`: the client page mapped (doorbells), the device list, the
+/// async-event eventfd.
+pub struct Connection {
+    chan: Channel,
+    page: Mapping,
+    /// The service's async-event eventfd (non-blocking, signalled for every queued event).
+    pub events_fd: OwnedFd,
+    pub client_id: u32,
+    pub devices: Vec<DeviceInfo>,
+    /// Set once the service is known to be gone (orderly stop or crash).
+    dead: AtomicBool,
+    /// Empty CQ polls since the last liveness check.
+    idle_polls: AtomicU32,
+}
+
+impl Connection {
+    /// Connect to the socket at `path`, say `Hello` as `program` (ABI version checked), map the
+    /// client page and check its magic.
+    pub fn connect(path: &Path, program: String) -> Result<Connection> {
+        let chan = Channel::connect(path)?;
+        let pid = std::process::id();
+        let (resp, fds) = chan.call_checked(&Request::Hello { abi_version: ABI_VERSION, pid, program }, &[])?;
+        let Response::Hello { abi_version, client_id, devices } = resp else { return Err(Error::Protocol("Hello")) };
+        if abi_version != ABI_VERSION {
+            return Err(Error::Abi { service: abi_version });
+        }
+        let mut fds = fds.into_iter();
+        let page_fd = fds.next().ok_or(Error::Protocol("Hello (no client page)"))?;
+        let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
+        let events_fd = fds.next().ok_or(Error::Protocol("Hello (no event fd)"))?;
+        let c = Connection { chan, page, events_fd, client_id, devices, dead: AtomicBool::new(false), idle_polls: AtomicU32::new(0) };
+        if c.page().magic != CLIENT_PAGE_MAGIC {
+            return Err(Error::Protocol("Hello (client page magic)"));
+        }
+        Ok(c)
+    }
+
+    /// One request, one response; `Response::Err` becomes [`Error::Service`].
+    pub fn call(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>)> {
+        self.chan.call_checked(req, fds)
+    }
+
+    /// A request whose only success is `Response::Ok`.
+    pub fn call_ok(&self, req: &Request) -> Result<()> {
+        match self.call(req, &[])?.0 {
+            Response::Ok => Ok(()),
+            _ => Err(Error::Protocol("a request expecting Ok")),
+        }
+    }
+
+    /// The client page.
+    pub fn page(&self) -> &ClientPage {
+        // SAFETY: the mapping is CLIENT_PAGE_LEN bytes, page aligned, lives as long as `self`,
+        // and ClientPage fits (const-asserted in layout.rs); its shared fields are atomics.
+        unsafe { &*self.page.ptr().cast::<ClientPage>() }
+    }
+
+    /// Ring a queue's doorbell (one `fetch_or`, release).
+    #[inline]
+    pub fn ring(&self, db: Doorbell) {
+        self.page().ring(db);
+    }
+
+    /// Publish what is staged in `prod` (one release store) and ring `db`.
+    #[inline]
+    pub fn publish<T: Pod>(&self, prod: &mut Producer<T>, db: Doorbell) {
+        prod.publish();
+        self.ring(db);
+    }
+
+    /// True once the service announced it is going away.
+    pub fn service_down(&self) -> bool {
+        self.page().service_down.load(Ordering::Relaxed) != 0
+    }
+
+    /// Is the service gone? Cheap on the data path: an atomic load, plus — only after many
+    /// empty CQ polls (the application is waiting anyway) — one non-blocking peek at the
+    /// control socket, which reads end-of-file once the service process has died (SIGKILL
+    /// included).
+    pub fn dead_after_empty_poll(&self) -> bool {
+        if self.dead.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.service_down() {
+            self.dead.store(true, Ordering::Relaxed);
+            return true;
+        }
+        if self.idle_polls.fetch_add(1, Ordering::Relaxed) & 0xffff != 0xffff {
+            return false;
+        }
+        let gone = self.chan.peer_gone();
+        if gone {
+            self.dead.store(true, Ordering::Relaxed);
+            eprintln!("pmrxe: the pmrxe service went away; completions fail from now on (IBV_EVENT_DEVICE_FATAL)");
+        }
+        gone
+    }
+
+    /// Known dead (no probing).
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+}
+
+/// The first fd of a reply, which carries the object's segment.
+fn segment_fd<'a>(fds: &'a [OwnedFd], what: &'static str) -> Result<&'a OwnedFd> {
+    fds.first().ok_or(Error::Protocol(what))
+}
+
+/// A QP segment, mapped, with its send ring and (without an SRQ) its receive ring attached.
+pub struct QpSegment {
+    pub sq: Producer<ShmSendWqe>,
+    pub rq: Option<Producer<ShmRecvWqe>>,
+    /// Starts with the [`crate::QpShared`] header; owns the rings' memory.
+    pub map: Mapping,
+}
+
+impl QpSegment {
+    /// Map the segment of a `Response::Qp` (`fds` as received) and attach its rings after
+    /// checking `layout`; the receive ring only if `with_rq` (no SRQ) and it has capacity.
+    pub fn attach(fds: &[OwnedFd], layout: &QpSegmentLayout, with_rq: bool) -> Result<QpSegment> {
+        let fd = segment_fd(fds, "CreateQp (no fd)")?;
+        let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
+        if sq_end > layout.total_len || layout.sq_offset < QpSegmentLayout::HEADER || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
+            return Err(Error::Protocol("CreateQp (layout)"));
+        }
+        let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
+        // SAFETY: [sq_offset, sq_end) was checked to lie inside the mapping, which the
+        // QpSegment owns for as long as the producer lives.
+        let sq = unsafe { Producer::attach(map.ptr().add(layout.sq_offset as usize), (sq_end - layout.sq_offset) as usize, layout.sq_capacity) }?;
+        let rq = if layout.rq_capacity > 0 && with_rq {
+            // SAFETY: as above, [rq_offset, total_len) lies inside the mapping.
+            Some(unsafe { Producer::attach(map.ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, layout.rq_capacity) }?)
+        } else {
+            None
+        };
+        Ok(QpSegment { sq, rq, map })
+    }
+}
+
+/// A CQ segment, mapped, with its completion ring attached.
+pub struct CqSegment {
+    pub cons: Consumer<ShmCqe>,
+    /// Starts with the [`CqNotify`] header; owns the ring's memory.
+    pub map: Mapping,
+}
+
+impl CqSegment {
+    /// Map the segment of a `Response::Cq` and attach its ring after checking `layout`.
+    pub fn attach(fds: &[OwnedFd], layout: &CqSegmentLayout) -> Result<CqSegment> {
+        let fd = segment_fd(fds, "CreateCq (no fd)")?;
+        if layout.ring_offset >= layout.total_len || (layout.ring_offset as usize) < std::mem::size_of::<CqNotify>() {
+            return Err(Error::Protocol("CreateCq (layout)"));
+        }
+        let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
+        // SAFETY: the ring lies inside the mapping (checked offset), which the CqSegment owns.
+        let cons = unsafe { Consumer::attach(map.ptr().add(layout.ring_offset as usize), (layout.total_len - layout.ring_offset) as usize, layout.capacity) }?;
+        Ok(CqSegment { cons, map })
+    }
+
+    /// The notification header at the start of the segment (all atomics).
+    pub fn notify(&self) -> *const CqNotify {
+        self.map.ptr().cast::<CqNotify>().cast_const()
+    }
+}
+
+/// An SRQ segment, mapped, with its receive ring attached.
+pub struct SrqSegment {
+    pub rq: Producer<ShmRecvWqe>,
+    pub map: Mapping,
+}
+
+impl SrqSegment {
+    /// Map the segment of a `Response::Srq` and attach its ring (which starts the segment).
+    pub fn attach(fds: &[OwnedFd], layout: &SrqSegmentLayout) -> Result<SrqSegment> {
+        let fd = segment_fd(fds, "CreateSrq (no fd)")?;
+        let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
+        // SAFETY: the ring starts the segment and spans the mapping, which the SrqSegment owns.
+        let rq = unsafe { Producer::attach(map.ptr(), layout.total_len as usize, layout.capacity) }?;
+        Ok(SrqSegment { rq, map })
+    }
+}
+
+/// Drain up to `max` completions from `cons`, handing each to `each` with its index, then
+/// release the slots (one store). No system call. How many were taken.
+#[inline]
+pub fn poll_cq(cons: &mut Consumer<ShmCqe>, max: usize, mut each: impl FnMut(usize, ShmCqe)) -> std::result::Result<usize, RingError> {
+    let mut n = 0;
+    while n < max {
+        match cons.peek()? {
+            Some(e) => {
+                each(n, e);
+                cons.advance();
+                n += 1;
+            }
+            None => break,
+        }
+    }
+    if n > 0 {
+        cons.release();
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_of_each_error() {
+        assert_eq!(Error::Connect(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long")).errno(), libc::ENAMETOOLONG);
+        assert_eq!(Error::Connect(io::Error::from_raw_os_error(libc::ENOENT)).errno(), libc::ENOENT);
+        assert_eq!(Error::Io(io::Error::new(io::ErrorKind::InvalidData, "bad")).errno(), libc::EIO);
+        assert_eq!(Error::Closed.errno(), libc::ECONNRESET);
+        assert_eq!(Error::Service { request: "AllocPd", errno: libc::EBUSY, msg: "x".into() }.errno(), libc::EBUSY);
+        assert_eq!(Error::Protocol("Hello").errno(), libc::EPROTO);
+        assert_eq!(Error::Abi { service: 0 }.errno(), libc::EPROTO);
+        let e: io::Error = Error::Service { request: "RegMr", errno: libc::EINVAL, msg: "bad range".into() }.into();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().starts_with("RegMr: bad range ("), "{e}");
+        let e: io::Error = Error::Closed.into();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        let e: io::Error = Error::Io(io::Error::from_raw_os_error(libc::EAGAIN)).into();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+    }
+
+    #[test]
+    fn empty_mapping_is_einval() {
+        assert_eq!(Mapping::map_fd(-1, 0).err().and_then(|e| e.raw_os_error()), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn service_error_reply_becomes_errno() {
+        use std::os::fd::FromRawFd;
+        // A socketpair stands in for the service: it answers one request with Err (errno 0 is
+        // normalised to EIO) and the next with Ok.
+        let mut sv = [0; 2];
+        // SAFETY: socketpair into a valid two-element array.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
+        // SAFETY: two fresh descriptors that we now own.
+        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let chan = Channel { sock: a, buf: Mutex::new(Vec::new()) };
+        let server = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            for resp in [Response::Err { errno: 0, msg: "nope".into() }, Response::Ok] {
+                ctrl::recv_msg(b.as_raw_fd(), &mut buf).unwrap().unwrap();
+                let _: Request = ctrl::decode(&buf).unwrap();
+                ctrl::send_msg(b.as_raw_fd(), &ctrl::encode(&resp).unwrap(), &[]).unwrap();
+            }
+        });
+        match chan.call_checked(&Request::AllocPd { device: 0 }, &[]) {
+            Err(Error::Service { request: "AllocPd", errno, msg }) => assert_eq!((errno, msg.as_str()), (libc::EIO, "nope")),
+            other => panic!("{:?}", other.map(|r| r.0)),
+        }
+        assert!(matches!(chan.call_checked(&Request::AllocPd { device: 0 }, &[]), Ok((Response::Ok, _))));
+        server.join().unwrap();
+        // The peer is gone: end of file.
+        assert!(chan.peer_gone());
+        assert!(matches!(chan.call(&Request::AllocPd { device: 0 }, &[]), Err(Error::Closed | Error::Io(_))));
+    }
+}
