@@ -4,6 +4,7 @@
 //! payload) accepts exactly the frames `parse_frame` accepts.
 
 use pmrxe_crc::{copy_and_crc, crc_update};
+use pmrxe_wire::frame::HeaderTemplate;
 use pmrxe_wire::icrc::transport_crc;
 use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
@@ -41,6 +42,18 @@ proptest! {
         let mut g = f.clone();
         finish_frame(&mut g).unwrap();
         prop_assert_eq!(&f, &g);
+        // A prebuilt header template for this path and length finishes the same frame from
+        // the same tail CRC (whatever the header room held before), and rejects other lengths.
+        let roce_len = n + p.len() + pad_len;
+        let t = HeaderTemplate::new(&l3, roce_len).unwrap();
+        prop_assert_eq!((t.header_len(), t.roce_len()), (hl, roce_len));
+        let mut k = f.clone();
+        k[..hl].fill(0x5A);
+        let icrc_at = k.len() - 4;
+        k[icrc_at..].fill(0x5A);
+        t.finish(&mut k, crc).unwrap();
+        prop_assert_eq!(&k, &f);
+        prop_assert_eq!(t.finish(&mut k[..total - 1], crc), Err(Error::BadLength));
         prop_assert_eq!(f, build_frame_vec(&l3, &h, &p).unwrap());
     }
 

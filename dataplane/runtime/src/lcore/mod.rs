@@ -216,6 +216,8 @@ struct PathCache {
     l3: wire::L3Info,
     /// The destination is one of this port's own addresses: loop back inside the device.
     local: bool,
+    /// Eth/IP/UDP and the ICRC prefix state for the last RoCE length sent on this path.
+    header: Option<wire::frame::HeaderTemplate>,
 }
 
 /// How long a QP's send state is held while ARP/ND resolves its next hop; after that the

@@ -71,16 +71,24 @@ impl<L: Link> Lcore<L> {
                     unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
                     continue; // the engine's retransmission recovers once ARP/ND resolves
                 };
-                let (l3, local) = (path.l3, path.local);
-                let hl = wire::frame_header_len(l3.dst_ip.is_ipv6());
+                let local = path.local;
+                // The header for this length: prebuilt once per (path, length), so equal-length
+                // packets (every MTU-sized one of a bulk message, every small WRITE) copy it.
+                if path.header.is_none_or(|h| h.roce_len() != t.len) {
+                    path.header = wire::frame::HeaderTemplate::new(&path.l3, t.len).ok();
+                }
+                let Some(header) = path.header else {
+                    bump(&self.stats.tx_build_errors, 1);
+                    continue;
+                };
                 if b.resize(t.len + wire::ICRC_LEN).is_none() {
                     continue;
                 }
-                let Some(frame) = b.prepend(hl) else {
+                let Some(frame) = b.prepend(header.header_len()) else {
                     bump(&self.stats.tx_alloc_failures, 1);
                     continue;
                 };
-                if wire::emit_frame_headers(frame, &l3, t.len).is_err() || wire::finish_frame_with_tail_crc(frame, t.tail_crc).is_err() {
+                if header.finish(frame, t.tail_crc).is_err() {
                     bump(&self.stats.tx_build_errors, 1);
                     continue;
                 }
@@ -223,7 +231,7 @@ impl<L: Link> Lcore<L> {
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
 /// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
 #[allow(clippy::too_many_arguments)]
-fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a PathCache> {
+fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a mut PathCache> {
     let gen = neigh.generation();
     let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
     if !hit {
@@ -243,7 +251,7 @@ fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh
             udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
             ip_id: 0,
         };
-        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local });
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, header: None });
     }
-    cache.as_ref()
+    cache.as_mut()
 }
