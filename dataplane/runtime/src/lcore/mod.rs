@@ -16,7 +16,7 @@
 //!
 //! The loop makes no system call, takes no lock and allocates nothing on this path: all
 //! vectors are reserved up front and only used within capacity, rings are shared memory,
-//! the clock is the vDSO. The exceptions are explicit and counted: idle sleeps (back-off
+//! the clock is the TSC (or the vDSO). The exceptions are explicit and counted: idle sleeps (back-off
 //! mode, only after an empty iteration), the eventfd write for a CQ the application armed,
 //! and replies to control commands. Each iteration is a quiescent point for MR reclamation:
 //! no `MrRef` outlives the call that took it.
