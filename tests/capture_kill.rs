@@ -117,14 +117,7 @@ fn capture_killed_by_sigint_sigterm_sigkill_leaves_service_running() {
 
     // The service still serves: new traffic, stats, and a fresh capture that finishes.
     let port = port_for(71);
-    let ps = port.to_string();
-    run_pair(
-        &svc,
-        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "200", "-p", &ps],
-        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "200", "-p", &ps, "127.0.0.1"],
-        port,
-        Duration::from_secs(60),
-    )
+    loopback_pingpong(&svc, 200, port, Duration::from_secs(60))
     .assert_ok();
     assert_alive(&mut svc, "after the final ping-pong");
     let j = svc.stats_json();

@@ -7,7 +7,7 @@ mod common;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -102,21 +102,7 @@ fn rdma_cm_connect_accept_disconnect_over_the_wire_and_reject_without_listener()
 
     // Capture the 5 MADs of the exchange: each is seen sent (pmrxe1 or pmrxe0) and received.
     let pcap = svc.dir.join("cm.pcap");
-    let mut cap = svc
-        .pmrxe()
-        .args(["capture", "--out"])
-        .arg(&pcap)
-        .args(["--count", "10"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(svc.dir.join("cap.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while svc.stats_json()["capture"]["active"] != serde_json::json!(true) {
-        assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&svc.dir.join("cap.err")));
-        assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut cap = svc.capture(&["--count", "10"], &pcap);
 
     let server = Client::connect(&svc);
     let client = Client::connect(&svc);

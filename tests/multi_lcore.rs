@@ -81,14 +81,7 @@ fn eight_lcores_every_lcore_serves_its_clients() {
             .map(|i| {
                 let svc = &svc;
                 sc.spawn(move || {
-                    let port = (19111 + i).to_string();
-                    run_pair(
-                        svc,
-                        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "200", "-p", &port],
-                        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "200", "-p", &port, "127.0.0.1"],
-                        19111 + i,
-                        Duration::from_secs(120),
-                    )
+                    loopback_pingpong(svc, 200, 19111 + i, Duration::from_secs(120))
                 })
             })
             .collect();

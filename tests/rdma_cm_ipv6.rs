@@ -7,8 +7,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -69,20 +69,7 @@ fn rping_ucmatose_udaddy_over_ipv6_with_the_cma_header_on_the_wire() {
     // The 5 MADs of one rping connection (REQ, REP, RTU, DREQ, DREP), each seen sent and
     // received on the ring pair: 10 frames of QP 1.
     let pcap = svc.dir.join("cm6.pcap");
-    let mut cap = svc
-        .pmrxe()
-        .args(["capture", "--qp", "1", "--count", "10", "--out"])
-        .arg(&pcap)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(svc.dir.join("cap.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while svc.stats_json()["capture"]["active"] != serde_json::json!(true) {
-        assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&svc.dir.join("cap.err")));
-        assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
-        std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
-    }
+    let mut cap = svc.capture(&["--qp", "1", "--count", "10"], &pcap);
     let p = port(0).to_string();
     let r = run_cm_pair(&svc, &["rping", "-s", "-a", A6, "-p", &p, "-C", "10", "-v"], &["rping", "-c", "-a", A6, "-I", B6, "-p", &p, "-C", "10", "-v"], T);
     r.assert_ok();

@@ -131,14 +131,7 @@ fn stats_json_parses_and_counts_rx_tx_after_traffic() {
     assert!(!before["lcores"].as_array().unwrap().is_empty(), "no lcores in {before}");
     let (rx0, tx0) = (sum_counter(&before, "rx_packets"), sum_counter(&before, "tx_packets"));
     let port = port_for(41);
-    let ps = port.to_string();
-    run_pair(
-        &svc,
-        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "200", "-p", &ps],
-        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "200", "-p", &ps, "127.0.0.1"],
-        port,
-        Duration::from_secs(60),
-    )
+    loopback_pingpong(&svc, 200, port, Duration::from_secs(60))
     .assert_ok();
     let after = svc.stats_json();
     let (rx, tx) = (sum_counter(&after, "rx_packets") - rx0, sum_counter(&after, "tx_packets") - tx0);
@@ -159,30 +152,9 @@ fn capture_during_pingpong_writes_20_infiniband_frames_with_valid_icrc() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let pcap = svc.dir.join("cap.pcap");
-    let mut cap = svc
-        .pmrxe()
-        .args(["capture", "--out"])
-        .arg(&pcap)
-        .args(["--count", "20"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(svc.dir.join("cap.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while svc.stats_json()["capture"]["active"] != serde_json::json!(true) {
-        assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&svc.dir.join("cap.err")));
-        assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut cap = svc.capture(&["--count", "20"], &pcap);
     let port = port_for(42);
-    let ps = port.to_string();
-    run_pair(
-        &svc,
-        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "100", "-p", &ps],
-        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "100", "-p", &ps, "127.0.0.1"],
-        port,
-        Duration::from_secs(60),
-    )
+    loopback_pingpong(&svc, 100, port, Duration::from_secs(60))
     .assert_ok();
     let st = wait_timeout(&mut cap, Duration::from_secs(20))
         .unwrap_or_else(|| panic!("pmrxe capture --count 20 still running 20 s after 100 ping-pongs"));

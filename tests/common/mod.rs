@@ -263,6 +263,29 @@ impl Service {
         read_to_string_lossy(&self.log)
     }
 
+    /// Start `pmrxe capture ARGS --out PCAP` (stderr to `cap.err` in the service's directory)
+    /// and wait (10 s at most) until the service reports the capture active.
+    pub fn capture(&self, args: &[&str], pcap: &Path) -> Child {
+        let err = self.dir.join("cap.err");
+        let mut cap = self
+            .pmrxe()
+            .arg("capture")
+            .args(args)
+            .arg("--out")
+            .arg(pcap)
+            .stdout(Stdio::null())
+            .stderr(File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while self.stats_json()["capture"]["active"] != serde_json::json!(true) {
+            assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&err));
+            assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
+            std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
+        }
+        cap
+    }
+
     /// SIGTERM and wait up to `limit`; returns the exit status and the time it took, or
     /// panics (after SIGKILL) if the service outlived `limit`.
     pub fn stop_within(&mut self, limit: Duration) -> (ExitStatus, Duration) {
@@ -447,6 +470,19 @@ pub fn run_pair_on(
 /// [`run_pair_on`] with both sides on one (loopback) service.
 pub fn run_pair(svc: &Service, server: &[&str], client: &[&str], port: u16, limit: Duration) -> PairOutput {
     run_pair_on(svc, server, svc, client, port, limit)
+}
+
+/// `ibv_rc_pingpong -n ITERS` between the devices of one service (server on pmrxe0, client on
+/// pmrxe1 reaching it at 127.0.0.1, GID index 1) on TCP port `port`, bounded by `limit`.
+pub fn loopback_pingpong(svc: &Service, iters: u32, port: u16, limit: Duration) -> PairOutput {
+    let (n, ps) = (iters.to_string(), port.to_string());
+    run_pair(
+        svc,
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", &n, "-p", &ps],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", &n, "-p", &ps, "127.0.0.1"],
+        port,
+        limit,
+    )
 }
 
 /// ibv_rc_pingpong figures: (Mbit/sec, usec/iter) from
