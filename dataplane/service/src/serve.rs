@@ -186,8 +186,9 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     };
 
     let listener = bind_socket(&sock_path)?;
-    let clients: Arc<Mutex<std::collections::HashMap<u32, (i32, String)>>> = Default::default();
-    let shared = Arc::new(Shared {
+    // `pmrxe stats` lists the sessions' own client table (`Shared::clients`, filled at Hello and
+    // emptied when a client goes): the stats closure reaches it through a weak reference.
+    let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| Shared {
         devices: devices.clone(),
         device_lcore,
         lcores: handles.clone(),
@@ -203,8 +204,12 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             capture: capture.clone(),
             faults: fault_counters,
             clients: {
-                let c = clients.clone();
-                Arc::new(move || c.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect())
+                let w = weak.clone();
+                Arc::new(move || {
+                    w.upgrade().map_or_else(Vec::new, |sh| {
+                        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect()
+                    })
+                })
             },
             cm: Some(cm.clone()),
         }),
