@@ -4,6 +4,10 @@
 //! ARP-free static neighbours. Servers run against A, clients against B, all through
 //! `pmrxe run --` (a program reaches its service through the socket file). The port MTU is
 //! 1500, so the CM negotiates a 1024-byte path MTU (the loopback tests run at 4096).
+//! Covered: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime, mckey (fails: no
+//! multicast), perftest -R (WRITE, READ, SEND over RC and UD, SEND latency), qperf -cm1 (RC
+//! tests; UC/UD fail cleanly), UCX ucx_perftest over rc_verbs, fi_pingpong (cannot connect
+//! between hosts: docs/limits.md), a connect with no listener and clients killed at each stage.
 //! Each test checks that both services end with no rdma_cm id, channel, listener,
 //! connection, client or QP left.
 mod common;
@@ -110,19 +114,314 @@ fn qperf_cm1_between_two_namespaces() {
     let so = dir.join("qperf-server.out");
     let mut server = tcp.spawn(&a, &["qperf", "-lp", &lp], &so);
     wait_listening(&mut server, lp.parse().unwrap(), &so, Duration::from_secs(20));
-    let mut figures = Vec::new();
-    for (test, key) in [("rc_bw", "bw"), ("rc_lat", "latency")] {
+    let run = |test: &str| -> (Option<std::process::ExitStatus>, String, Duration) {
         let out = dir.join(&format!("qperf-{test}.out"));
+        let t0 = Instant::now();
         let mut c = tcp.spawn(&b, &["qperf", A, "-lp", &lp, "-cm1", "-t", "1", test], &out);
         let st = wait_timeout(&mut c, Duration::from_secs(30));
-        let text = read_to_string_lossy(&out);
+        (st, read_to_string_lossy(&out), t0.elapsed())
+    };
+    let mut figures = Vec::new();
+    let mut rc = |test: &str, key: &str| {
+        let (st, text, _) = run(test);
         assert!(st.is_some_and(|s| s.success()), "qperf {test}: {st:?}\n{text}\nserver:\n{}", read_to_string_lossy(&so));
         let v = qperf_value(&text, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{text}"));
         assert!(v > 0.0, "qperf {test}: {v}");
         figures.push(format!("{test} {v:.1}"));
+    };
+    for (test, key) in [("rc_bw", "bw"), ("rc_lat", "latency"), ("rc_rdma_write_bw", "bw"), ("rc_rdma_read_bw", "bw")] {
+        rc(test, key);
     }
+    // qperf 0.4.11 has a CM path for RC only: rd_params() (src/rdma.c) clears use_cm for any
+    // other transport, so its UC/UD tests exchange LIDs over TCP and build address vectors
+    // without a GRH (ib_prep), which RoCE refuses (EINVAL, as the kernel does). Both ends
+    // fail at once with qperf's own message; neither service is left with anything.
+    for (test, msg) in [
+        ("uc_bw", "failed to modify QP to RTR: Invalid argument"),
+        ("ud_bw", "failed to create address handle: Invalid argument"),
+        ("ud_lat", "failed to create address handle: Invalid argument"),
+    ] {
+        let (st, text, took) = run(test);
+        assert!(st.is_some_and(|s| !s.success()), "qperf {test} did not fail ({st:?}):\n{text}");
+        // The message is the client's, or `server: ...` when the server side failed first.
+        assert!(text.contains("-cm1 set but not used") && (text.contains(msg) || text.contains("server:")), "qperf {test}:\n{text}");
+        assert!(took < Duration::from_secs(10), "qperf {test} took {took:?}");
+    }
+    nothing_left(&a, &b, "qperf UC/UD failures");
+    // The server (qperf forks a child per test) and both services still work.
+    rc("rc_bw", "bw");
     eprintln!("qperf -cm1 across namespaces (MB/s, us): {}", figures.join(", "));
     let _ = server.kill();
     let _ = server.wait();
     nothing_left(&a, &b, "qperf");
+}
+
+/// perftest `-R` beyond WRITE: READ, SEND over RC and UD (UD through SIDR), SEND latency; the
+/// QP exchange goes through rdma_cm private data, the traffic over the veth.
+#[test]
+fn perftest_r_read_send_ud_and_lat_between_two_namespaces() {
+    for t in ["ib_read_bw", "ib_send_bw", "ib_send_lat"] {
+        require_tool(t);
+    }
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rp");
+    let dir = TempDir::new("cm-netns-perftest");
+    let (a, b) = ns.services(&dir);
+    let t0 = Instant::now();
+    let mut figures = Vec::new();
+    for (i, (prog, extra, size)) in [
+        ("ib_read_bw", &[][..], 65536.0),
+        ("ib_send_bw", &[][..], 65536.0),
+        // UD messages are limited to the path MTU: 1024 on the 1500-byte veth.
+        ("ib_send_bw", &["-c", "UD"][..], 1024.0),
+        ("ib_send_lat", &[][..], 2.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = port(6 + i as u16);
+        let mut server = vec![prog, "-R", "-d", "pmrxe0", "-p", &p, "-n", "500"];
+        server.extend_from_slice(extra);
+        let mut client = server.clone();
+        client.push(A);
+        let r = across(&a, &b, &server, &client);
+        r.assert_ok();
+        let rows = perftest_rows(&r.client.output);
+        let what = format!("{prog} -R {}", extra.join(" "));
+        let row = rows.last().unwrap_or_else(|| panic!("{what}: no result row\n{}", r.client.describe()));
+        assert_eq!((row[0], row[1]), (size, 500.0), "{what}: #bytes, #iterations\n{}", r.client.describe());
+        // bw: BW average (MB/s); lat: t_typical (us).
+        let v = if prog == "ib_send_lat" { row[4] } else { row[3] };
+        assert!(v > 0.0, "{what}: {row:?}");
+        figures.push(format!("{what}: {v}"));
+        nothing_left(&a, &b, &what);
+    }
+    eprintln!("perftest -R across namespaces (MB/s; us): {} ({:.1} s)", figures.join(", "), t0.elapsed().as_secs_f64());
+}
+
+/// cmtime: 100 connections set up and torn down at once across the veth, timings reported;
+/// mckey: multicast is not supported and says so (docs/limits.md).
+#[test]
+fn cmtime_100_and_mckey_between_two_namespaces() {
+    for t in ["cmtime", "mckey"] {
+        require_tool(t);
+    }
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rt");
+    let dir = TempDir::new("cm-netns-cmtime");
+    let (a, b) = ns.services(&dir);
+    let p = port(10);
+    let so = dir.join("cmtime-server.out");
+    // The cmtime server serves until killed.
+    let mut s = spawn_cm_server(&a, &["cmtime", "-b", A, "-p", &p, "-c", "100"], &so);
+    let c = run_verbs(&b, &["cmtime", "-s", A, "-p", &p, "-c", "100"], T);
+    let _ = s.kill();
+    let _ = s.wait();
+    assert!(c.ok(), "{}\nserver: {}", c.describe(), read_to_string_lossy(&so));
+    let total_ms = |step: &str| -> f64 {
+        // Rows are `connect      :  296.74 ...` (progress lines such as `connecting` have no colon).
+        let l = c.output.lines().find(|l| l.split(':').next().is_some_and(|h| h.trim() == step) && l.contains(':'));
+        let l = l.unwrap_or_else(|| panic!("no `{step}` row\n{}", c.describe()));
+        l.split(':').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad row `{l}`"))
+    };
+    for step in ["create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"] {
+        let v = total_ms(step);
+        assert!(v > 0.0 && v < 20_000.0, "cmtime {step}: {v} ms\n{}", c.describe());
+    }
+    eprintln!(
+        "cmtime -c 100 across namespaces: connect {:.1} ms, disconnect {:.1} ms for 100 connections\n{}",
+        total_ms("connect"),
+        total_ms("disconnect"),
+        c.output.lines().skip_while(|l| !l.starts_with("step")).collect::<Vec<_>>().join("\n")
+    );
+    nothing_left(&a, &b, "cmtime -c 100");
+
+    let m = run_verbs(&b, &["mckey", "-m", "239.1.1.1", "-b", "10.77.0.2"], Duration::from_secs(20));
+    assert!(m.status.is_some(), "mckey hung: {}", m.describe());
+    assert!(!m.ok() && m.output.contains("failure joining: Operation not supported"), "{}", m.describe());
+    nothing_left(&a, &b, "mckey");
+}
+
+/// UCX over rc_verbs between the two services: `ucx_perftest` server on A, client on B. UCX
+/// wires up through its own TCP connection (127.0.0.1: both processes run in the root
+/// namespace and reach their services through the socket files); the QPs connect over the veth.
+#[test]
+fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
+    let bin = require_tool("ucx_perftest");
+    let bin = bin.to_str().unwrap();
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("ru");
+    let dir = TempDir::new("cm-netns-ucx");
+    let (a, b) = ns.services(&dir);
+    let env = ["UCX_TLS=rc_verbs,ud_verbs:aux,self", "UCX_NET_DEVICES=pmrxe0:1"];
+    let mut rows = Vec::new();
+    for (i, (test, size)) in [("tag_bw", "65536"), ("tag_lat", "8")].into_iter().enumerate() {
+        let before = sum_counter(&b.stats_json(), "tx_bytes");
+        let pn = port_for(520 + i as u16);
+        let p = pn.to_string();
+        let server: Vec<&str> = [&["env"][..], &env, &[bin, "-p", &p]].concat();
+        let client: Vec<&str> = [&["env"][..], &env, &[bin, "127.0.0.1", "-p", &p, "-t", test, "-s", size, "-n", "1000"]].concat();
+        let out = run_pair_on(&a, &server, &b, &client, pn, T);
+        out.assert_ok();
+        let row: Vec<f64> = out
+            .client
+            .output
+            .lines()
+            .find(|l| l.starts_with("Final:"))
+            .map(|l| l.split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect())
+            .unwrap_or_else(|| panic!("no Final: row\n{}", out.client.describe()));
+        assert!(row.len() >= 7 && row[0] == 1000.0, "{test} Final: row {row:?}");
+        let sent = sum_counter(&b.stats_json(), "tx_bytes") - before;
+        let want = if test == "tag_bw" { 1000 * 65536 } else { 1000 * 8 };
+        assert!(sent >= want, "{test}: host B sent {sent} bytes on the veth, want >= {want}");
+        rows.push(format!("{test} {size} B: median {} us, {} MB/s", row[1], row[5]));
+        nothing_left(&a, &b, test);
+    }
+    eprintln!("ucx_perftest across namespaces: {}", rows.join("; "));
+}
+
+/// libfabric 1.17's `fi_pingpong` cannot run between two hosts over the verbs provider: its
+/// server names no address, so the provider binds `localhost` (`local_node` in
+/// prov/verbs/src/fi_verbs.c) and sends that listener's name, 127.0.0.1:PORT, to the client
+/// through the control connection; the client then connects to 127.0.0.1 on its own host
+/// (docs/limits.md). Asserted here: `-e msg` fails at once with the REJECTED that host B's CM
+/// sends for a port nobody listens on there, the server still waits for its connection, and
+/// neither service keeps anything. The control connection is kernel TCP to 10.77.0.1, so both
+/// programs run in a namespace whose `lo` carries it.
+#[test]
+fn fi_pingpong_msg_between_two_namespaces_connects_to_the_servers_localhost() {
+    let bin = require_tool("fi_pingpong");
+    let bin = bin.to_str().unwrap();
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rf");
+    let dir = TempDir::new("cm-netns-fabric");
+    let (a, b) = ns.services(&dir);
+    let tcp = LoNetns::new("rftcp", &["10.77.0.1/32"]);
+    let rej = |s: &Service| s.stats_json()["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum::<u64>();
+    let pn = port_for(530);
+    let p = pn.to_string();
+    let args = ["env", "FI_LOG_LEVEL=info", bin, "-p", "verbs", "-e", "msg", "-c", "-I", "100", "-S", "65536"];
+    let so = dir.join("fi-msg-server.out");
+    let co = dir.join("fi-msg-client.out");
+    let mut server = tcp.spawn(&a, &[&args[..], &["-B", &p]].concat(), &so);
+    wait_listening(&mut server, pn, &so, Duration::from_secs(20));
+    let rej_b = rej(&b);
+    let t0 = Instant::now();
+    let mut client = tcp.spawn(&b, &[&args[..], &["-P", &p, A]].concat(), &co);
+    let st = wait_timeout(&mut client, Duration::from_secs(20));
+    let took = t0.elapsed();
+    let out = read_to_string_lossy(&co);
+    assert!(st.is_some_and(|s| !s.success()) && out.contains("eq_readerr"), "fi_pingpong -e msg client: {st:?} after {took:?}\n{out}");
+    assert!(took < Duration::from_secs(10), "fi_pingpong -e msg client took {took:?}");
+    // Why: the server listens on 127.0.0.1, and the connect went to host B's own device.
+    assert!(read_to_string_lossy(&so).contains("listening on: fi_sockaddr_in://127.0.0.1:"), "server:\n{}", read_to_string_lossy(&so));
+    assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{out}");
+    assert!(server.try_wait().unwrap().is_none(), "the fi_pingpong server exited:\n{}", read_to_string_lossy(&so));
+    let _ = server.kill();
+    let _ = server.wait();
+    nothing_left(&a, &b, "fi_pingpong -e msg");
+}
+
+/// (ids, channels, listeners, conns, clients other than `pmrxe`, QPs) of a service.
+fn counts(s: &Service) -> (u64, u64, u64, u64, usize, usize) {
+    let j = s.stats_json();
+    let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k}: {}", j["cm"]));
+    let qps = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
+    let clients = j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count());
+    (cm("ids"), cm("channels"), cm("listeners"), cm("conns"), clients, qps)
+}
+
+/// Poll `what` until it holds, at most `limit`.
+fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10)); // poll interval of a bounded condition wait
+    }
+}
+
+/// Faults across the veth: a connect to a port nobody listens on is REJECTED at once by host
+/// A's CM; clients SIGKILLed at each stage of their life (start-up, registered with host B's
+/// service, id created, connection under way, data flowing) leave nothing on either service,
+/// and both still connect afterwards.
+#[test]
+fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
+    require_tool("rping");
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rk");
+    let dir = TempDir::new("cm-netns-faults");
+    let (a, b) = ns.services(&dir);
+
+    let t0 = Instant::now();
+    let c = run_verbs(&b, &["rping", "-c", "-a", A, "-p", &port(11), "-C", "1"], Duration::from_secs(20));
+    let took = t0.elapsed();
+    assert!(!c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"), "{}", c.describe());
+    assert!(took < Duration::from_secs(5), "REJECTED took {took:?}");
+    let rej: u64 = a.stats_json()["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum();
+    assert!(rej >= 1, "host A sent no REJ (no listener)");
+    eprintln!("connect to a port with no listener: REJECTED after {:.1} ms", took.as_secs_f64() * 1000.0);
+    nothing_left(&a, &b, "rejected connect");
+
+    let p = port(12);
+    let so = dir.join("rping-server.out");
+    let mut server = spawn_cm_server(&a, &["rping", "-s", "-P", "-a", A, "-p", &p], &so);
+    let base_a = counts(&a);
+    let tx = |s: &Service| sum_counter(&s.stats_json(), "tx_packets");
+    let stages: [(&str, &dyn Fn(&Service) -> bool); 5] = [
+        ("just started", &|_| true),
+        ("registered with host B", &|b| counts(b).4 >= 1),
+        ("rdma_cm id on host B", &|b| counts(b).0 >= 1),
+        ("connection on host B", &|b| counts(b).3 >= 1),
+        ("data flowing", &|_| false),
+    ];
+    let mut restarts = 0;
+    for round in 0..2 {
+        for (stage, cond) in &stages {
+            let mut attempt = 0;
+            loop {
+                // rping -P ends on the REJECTED a dying client's CM sends for a connection it
+                // was accepting (docs/limits.md; it does so on the kernel too): start a new one.
+                if server.try_wait().unwrap().is_some() {
+                    assert!(read_to_string_lossy(&so).contains("RDMA_CM_EVENT_REJECTED"), "rping -P server:\n{}", read_to_string_lossy(&so));
+                    assert_nothing_left(&a, Duration::from_secs(30), "host A after its rping -P server ended");
+                    server = spawn_cm_server(&a, &["rping", "-s", "-P", "-a", A, "-p", &p], &so);
+                    restarts += 1;
+                }
+                let out = dir.join(&format!("killed-{round}-{}-{attempt}.out", stage.replace(' ', "-")));
+                let tx0 = tx(&b);
+                let mut c = spawn_verbs(&b, &["rping", "-c", "-a", A, "-p", &p, "-C", "1000000", "-S", "64"], &out);
+                let t0 = Instant::now();
+                if *stage == "data flowing" {
+                    wait_until(Duration::from_secs(20), stage, || tx(&b) > tx0 + 200 || c.try_wait().unwrap().is_some());
+                } else {
+                    wait_until(Duration::from_secs(20), stage, || cond(&b) || c.try_wait().unwrap().is_some());
+                }
+                if let Some(st) = c.try_wait().unwrap() {
+                    // Only legitimate if the server ended meanwhile (the REJECTED above).
+                    let ended = wait_timeout(&mut server, Duration::from_secs(5)).is_some();
+                    assert!(ended && attempt < 2, "rping client exited ({st}) before it was killed ({stage}):\n{}", read_to_string_lossy(&out));
+                    attempt += 1;
+                    continue;
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+                eprintln!("killed a client ({stage}) after {:.1} ms", t0.elapsed().as_secs_f64() * 1000.0);
+                break;
+            }
+        }
+    }
+    // Host B: nothing. Host A: back to the listening server alone (its connections to the dead
+    // clients end by the CM's timeouts or the clients' DREQ/REJ).
+    assert_nothing_left(&b, Duration::from_secs(30), "killed clients, host B");
+    let t1 = Instant::now();
+    wait_until(Duration::from_secs(40), "host A back to the listening server alone", || counts(&a) == base_a || server.try_wait().unwrap().is_some());
+    eprintln!("host A back to {base_a:?} after {:.1} s ({restarts} rping -P server restarts)", t1.elapsed().as_secs_f64());
+    // Then a new server and client complete a full data-checked connection.
+    let _ = server.kill();
+    let _ = server.wait();
+    let p2 = port(13);
+    let r = across(&a, &b, &["rping", "-s", "-a", A, "-p", &p2, "-C", "3", "-v"], &["rping", "-c", "-a", A, "-p", &p2, "-C", "3", "-v"]);
+    r.assert_ok();
+    assert!(r.client.output.contains("ping data: rdma-ping-2"), "{}", r.client.describe());
+    nothing_left(&a, &b, "killed clients");
 }
