@@ -45,6 +45,21 @@ pub trait PacketBuf: Send {
     fn trim(&mut self, len: usize) -> bool;
     /// Removes `len` bytes from the head (`false`: too short, no change).
     fn adj(&mut self, len: usize) -> bool;
+    /// Largest frame the buffer can hold from its current start (length + tailroom).
+    fn capacity(&self) -> usize {
+        self.len() + self.tailroom()
+    }
+    /// Make the data exactly `len` bytes long (growing into the tailroom or trimming the tail)
+    /// and return it for writing; `None` (no change) if the buffer cannot hold `len`.
+    fn resize(&mut self, len: usize) -> Option<&mut [u8]> {
+        let cur = self.len();
+        if len > cur {
+            self.append(len - cur)?;
+        } else if len < cur && !self.trim(cur - len) {
+            return None;
+        }
+        Some(self.data_mut())
+    }
     /// Appends a copy of `bytes` (`false`: no room, no change).
     fn extend_from_slice(&mut self, bytes: &[u8]) -> bool {
         match self.append(bytes.len()) {

@@ -1,9 +1,9 @@
-//! The DPDK port as an lcore [`Link`], optionally behind a seeded fault injector
-//! ([`FaultyPort`], enabled by the config's `[faults]` table).
+//! The DPDK port of an lcore: an ethdev queue pair, optionally behind a seeded fault injector
+//! ([`FaultyPort`], enabled by the config's `[faults]` table). It is a [`Port`] like the
+//! simulated ports the tests use; bursts go straight through (no container copies).
 use std::sync::Arc;
 
-use pmrxe_port::{ArrayVec, EthPort, FaultCounters, FaultStats, FaultyPort, Faults, Mbuf, PacketBuf, Port, BURST};
-use crate::link::{FrameBuf, Link};
+use pmrxe_port::{ArrayVec, EthPort, FaultCounters, FaultStats, FaultyPort, Faults, MacAddr, Mbuf, Port};
 
 enum Inner {
     Plain(EthPort),
@@ -13,24 +13,18 @@ enum Inner {
 /// An ethdev port (one RX/TX queue pair) for an lcore.
 pub struct DpdkLink {
     port: Inner,
-    rx: ArrayVec<Mbuf, BURST>,
-    tx: ArrayVec<Mbuf, BURST>,
 }
 
 impl DpdkLink {
     /// Wrap an opened, started port.
     pub fn new(port: EthPort) -> DpdkLink {
-        DpdkLink { port: Inner::Plain(port), rx: ArrayVec::new(), tx: ArrayVec::new() }
+        DpdkLink { port: Inner::Plain(port) }
     }
     /// Wrap an opened, started port; with `Some(faults)` every received frame goes through a
     /// seeded [`FaultyPort`] (loss, duplication, reordering, corruption).
     pub fn with_faults(port: EthPort, faults: Option<Faults>) -> DpdkLink {
         match faults {
-            Some(f) => DpdkLink {
-                port: Inner::Faulty(Box::new(FaultyPort::new(port, f))),
-                rx: ArrayVec::new(),
-                tx: ArrayVec::new(),
-            },
+            Some(f) => DpdkLink { port: Inner::Faulty(Box::new(FaultyPort::new(port, f))) },
             None => DpdkLink::new(port),
         }
     }
@@ -58,66 +52,37 @@ impl DpdkLink {
     }
 }
 
-impl FrameBuf for Mbuf {
-    fn data(&self) -> &[u8] {
-        PacketBuf::data(self)
-    }
-    fn resize(&mut self, len: usize) -> Option<&mut [u8]> {
-        let cur = PacketBuf::len(self);
-        if len > cur {
-            PacketBuf::append(self, len - cur)?;
-        } else if len < cur && !PacketBuf::trim(self, cur - len) {
-            return None;
-        }
-        Some(PacketBuf::data_mut(self))
-    }
-    fn capacity(&self) -> usize {
-        PacketBuf::len(self) + PacketBuf::tailroom(self)
-    }
-    fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
-        PacketBuf::prepend(self, len)?;
-        Some(PacketBuf::data_mut(self))
-    }
-}
-
-impl Link for DpdkLink {
+impl Port for DpdkLink {
     type Buf = Mbuf;
-    fn rx_burst(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
-        let room = out.capacity() - out.len();
-        if room < BURST.min(max) {
-            return 0;
-        }
-        let n = match &mut self.port {
-            Inner::Plain(p) => p.rx_burst(&mut self.rx),
-            Inner::Faulty(f) => f.rx_burst(&mut self.rx),
-        };
-        out.extend(self.rx.drain(..));
-        n
+    fn port_id(&self) -> u16 {
+        self.port().port_id()
     }
+    fn mac(&self) -> MacAddr {
+        Port::mac(self.port())
+    }
+    fn mtu(&self) -> u16 {
+        Port::mtu(self.port())
+    }
+    #[inline]
     fn alloc(&mut self) -> Option<Mbuf> {
         match &mut self.port {
             Inner::Plain(p) => p.alloc(),
             Inner::Faulty(f) => f.alloc(),
         }
     }
-    fn tx_burst(&mut self, bufs: &mut Vec<Mbuf>) -> usize {
-        let mut sent = 0;
-        while !bufs.is_empty() {
-            let n = bufs.len().min(BURST);
-            self.tx.extend(bufs.drain(..n));
-            let s = match &mut self.port {
-                Inner::Plain(p) => p.tx_burst(&mut self.tx),
-                Inner::Faulty(f) => f.tx_burst(&mut self.tx),
-            };
-            sent += s;
-            if !self.tx.is_empty() {
-                // Put the unsent ones back at the front, in order (within the capacity the
-                // drain above freed: no allocation).
-                bufs.splice(0..0, self.tx.drain(..));
-                break;
-            }
+    #[inline]
+    fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<Mbuf, N>) -> usize {
+        match &mut self.port {
+            Inner::Plain(p) => p.rx_burst(out),
+            Inner::Faulty(f) => f.rx_burst(out),
         }
-        sent
+    }
+    #[inline]
+    fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<Mbuf, N>) -> usize {
+        match &mut self.port {
+            Inner::Plain(p) => p.tx_burst(bufs),
+            Inner::Faulty(f) => f.tx_burst(bufs),
+        }
     }
 }
 

@@ -6,53 +6,21 @@
 //! lcore. The CNP the lcore built passes the independent checker `icrc_check.py`.
 mod common;
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client_page, rig, Rig};
+use common::{client_page, jumbo_buf, lock, rig, wire, QueuePort, Rig};
 use crossbeam::channel::bounded;
 use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
 use pmrxe_mem::{MemLimits, MemTable};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore};
-use pmrxe_runtime::link::{FrameBuf, Link, VecBuf};
+use pmrxe_port::PacketBuf;
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::sim::PairParams;
 use pmrxe_transport::{AddressVector, AttrMask as M, CcConfig, DcqcnParams, Instant, NpParams, PathMtu, Qp, QpAttr, QpState};
 use pmrxe_wire::{self as wire, ecn};
-
-type Q = Rc<RefCell<VecDeque<VecBuf>>>;
-
-/// One side of the test's switch: the lcore receives from `rx` and transmits into `tx`.
-struct TestLink {
-    rx: Q,
-    tx: Q,
-}
-impl Link for TestLink {
-    type Buf = VecBuf;
-    fn rx_burst(&mut self, out: &mut Vec<VecBuf>, max: usize) -> usize {
-        let mut q = self.rx.borrow_mut();
-        let n = max.min(q.len()).min(out.capacity() - out.len());
-        out.extend(q.drain(..n));
-        n
-    }
-    fn alloc(&mut self) -> Option<VecBuf> {
-        Some(VecBuf::with_capacity(9100))
-    }
-    fn tx_burst(&mut self, bufs: &mut Vec<VecBuf>) -> usize {
-        let n = bufs.len();
-        self.tx.borrow_mut().extend(bufs.drain(..));
-        n
-    }
-}
-
-fn q() -> Q {
-    Rc::new(RefCell::new(VecDeque::with_capacity(4096)))
-}
 
 /// Rewrite an IPv4 frame's ECN field to CE and fix the header checksum (the ICRC masks TOS).
 fn mark_ce(f: &mut [u8]) {
@@ -93,7 +61,7 @@ fn up_with_dscp26(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
 
 #[test]
 fn ce_marks_become_cnps_that_cut_the_senders_rate() {
-    let (a_tx, a_rx, b_tx, b_rx) = (q(), q(), q(), q());
+    let (a_tx, a_rx, b_tx, b_rx) = (wire(), wire(), wire(), wire());
     let ip0: IpAddr = "198.18.0.1".parse().unwrap();
     let ip1: IpAddr = "198.18.0.2".parse().unwrap();
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
@@ -102,7 +70,7 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
     let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ecn: true, cc };
     let mem = Arc::new(MemTable::new(MemLimits::default()));
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
-    let links = vec![(TestLink { rx: a_rx.clone(), tx: a_tx.clone() }, d0), (TestLink { rx: b_rx.clone(), tx: b_tx.clone() }, d1)];
+    let links = vec![(QueuePort { rx: a_rx.clone(), tx: a_tx.clone(), new_buf: jumbo_buf }, d0), (QueuePort { rx: b_rx.clone(), tx: b_tx.clone(), new_buf: jumbo_buf }, d1)];
     let (mut lc, h) = Lcore::new(0, links, mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
 
     // The QPs carry a GRH traffic class with DSCP 26 (AF31): the wire must keep it, plus ECT(0).
@@ -124,16 +92,18 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
         lc.poll_once(Instant(now));
         now += 1_000;
         // 0 -> 1: requests; each must be ECT(0) with the QP's DSCP; the switch marks CE.
-        for mut b in a_tx.borrow_mut().drain(..) {
+        let frames: Vec<_> = lock(&a_tx).drain(..).collect();
+        for mut b in frames {
             let len = b.data().len();
             let f = b.resize(len).unwrap();
             assert_eq!((f[15] >> 2, ecn::ecn_of(f[15])), (26, ecn::ECT0), "request TOS {:#x}", f[15]);
             mark_ce(f);
             data_frames += 1;
-            b_rx.borrow_mut().push_back(b);
+            lock(&b_rx).push_back(b);
         }
         // 1 -> 0: acknowledgements (DSCP 26) and CNPs (DSCP 48), all ECT(0).
-        for b in b_tx.borrow_mut().drain(..) {
+        let frames: Vec<_> = lock(&b_tx).drain(..).collect();
+        for b in frames {
             let f = b.data();
             assert_eq!(ecn::ecn_of(f[15]), ecn::ECT0, "response TOS {:#x}", f[15]);
             if f[42] == wire::cnp::OPCODE.0 {
@@ -144,7 +114,7 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
             } else {
                 assert_eq!(f[15] >> 2, 26);
             }
-            a_rx.borrow_mut().push_back(b);
+            lock(&a_rx).push_back(b);
         }
         while let Some(c) = cq_rings[0].1.pop().unwrap() {
             assert_eq!(c.status, 0, "WRITE {} failed: status {}", c.wr_id, c.status);

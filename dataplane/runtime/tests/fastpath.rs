@@ -7,18 +7,15 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::rc::Rc;
-use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use common::{client_page, rig, Rig};
+use common::{client_page, rig, QueuePort, Rig};
 use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
 use pmrxe_mem::{MemLimits, MemTable};
 use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
-use pmrxe_runtime::link::{Link, VecBuf};
+use pmrxe_port::SimBuf;
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
@@ -56,43 +53,23 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-/// A link whose own buffers do not count (the DPDK link takes them from a mempool; this test
+/// Buffers of the test's wire do not count (the DPDK port takes them from a mempool; this test
 /// measures the lcore loop, not the test's wire).
-#[derive(Clone)]
-struct TestLink {
-    rx: Rc<RefCell<VecDeque<VecBuf>>>,
-    tx: Rc<RefCell<VecDeque<VecBuf>>>,
-}
 fn uncounted<R>(f: impl FnOnce() -> R) -> R {
     let was = COUNT.with(|c| c.replace(false));
     let r = f();
     COUNT.with(|c| c.set(was));
     r
 }
-impl Link for TestLink {
-    type Buf = VecBuf;
-    fn rx_burst(&mut self, out: &mut Vec<VecBuf>, max: usize) -> usize {
-        let mut q = self.rx.borrow_mut();
-        let n = max.min(q.len()).min(out.capacity() - out.len());
-        out.extend(q.drain(..n));
-        n
-    }
-    fn alloc(&mut self) -> Option<VecBuf> {
-        Some(uncounted(|| VecBuf::with_capacity(9100)))
-    }
-    fn tx_burst(&mut self, bufs: &mut Vec<VecBuf>) -> usize {
-        let n = bufs.len();
-        uncounted(|| self.tx.borrow_mut().extend(bufs.drain(..)));
-        n
-    }
+fn uncounted_buf() -> SimBuf {
+    uncounted(common::jumbo_buf)
 }
 
 #[test]
 fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
-    let q0: Rc<RefCell<VecDeque<VecBuf>>> = Rc::new(RefCell::new(VecDeque::with_capacity(4096)));
-    let q1: Rc<RefCell<VecDeque<VecBuf>>> = Rc::new(RefCell::new(VecDeque::with_capacity(4096)));
-    let l0 = TestLink { rx: q0.clone(), tx: q1.clone() };
-    let l1 = TestLink { rx: q1, tx: q0 };
+    let (q0, q1) = (common::wire(), common::wire());
+    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf: uncounted_buf };
+    let l1 = QueuePort { rx: q1, tx: q0, new_buf: uncounted_buf };
     let ip0: IpAddr = "198.18.0.1".parse().unwrap();
     let ip1: IpAddr = "198.18.0.2".parse().unwrap();
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);

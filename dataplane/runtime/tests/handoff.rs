@@ -13,7 +13,7 @@ use pmrxe_abi::ring::{init_ring, Consumer, Producer};
 use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, MemLimits, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Handoff, Lcore, LcoreHandle, QpSetup};
-use pmrxe_runtime::link::PipeLink;
+use pmrxe_port::SimPort;
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::{bring_up, PairParams};
@@ -55,8 +55,8 @@ fn frames_for_another_lcores_qp_are_handed_over_and_writes_complete() {
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
     let dev = |i: u32| DeviceConfig { index: i, mac: if i == 0 { mac0 } else { mac1 }, gids: vec![ip_to_gid(if i == 0 { ip0 } else { ip1 })], mtu: 9000, ..Default::default() };
     // Queue q of device 0 is wired to queue q of device 1 (like a ring pair with 2 queues).
-    let (a0, b0) = PipeLink::pair(9100);
-    let (a1, b1) = PipeLink::pair(9100);
+    let (a0, b0) = SimPort::pair(9000, 4096);
+    let (a1, b1) = SimPort::pair(9000, 4096);
     let mem = Arc::new(MemTable::new(MemLimits::default()));
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Backoff, spin_iterations: 500, max_sleep_us: 50 };
     let stop = Arc::new(AtomicBool::new(false));

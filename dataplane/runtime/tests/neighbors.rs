@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pmrxe_mem::{MemLimits, MemTable};
 use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
-use pmrxe_runtime::link::{FrameBuf, Link, PipeLink};
+use pmrxe_port::{ArrayVec, PacketBuf, Port, SimPort};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::Instant;
 use pmrxe_wire::{self as wire, MacAddr};
@@ -14,8 +14,8 @@ use pmrxe_wire::{self as wire, MacAddr};
 const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const PEER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
 
-fn setup() -> (Lcore<PipeLink>, PipeLink) {
-    let (ours, peer) = PipeLink::pair(2048);
+fn setup() -> (Lcore<SimPort>, SimPort) {
+    let (ours, peer) = SimPort::pair(1500, 64);
     let v4: IpAddr = "10.1.0.1".parse().unwrap();
     let v6: IpAddr = "fd00::1".parse().unwrap();
     let dev = DeviceConfig { index: 0, mac: OUR_MAC, gids: vec![ip_to_gid(v4), ip_to_gid(v6)], mtu: 1500, ..Default::default() };
@@ -24,15 +24,17 @@ fn setup() -> (Lcore<PipeLink>, PipeLink) {
     (lc, peer)
 }
 
-fn send(peer: &mut PipeLink, frame: &[u8]) {
+fn send(peer: &mut SimPort, frame: &[u8]) {
     let mut b = peer.alloc().unwrap();
     b.resize(frame.len().max(60)).unwrap()[..frame.len()].copy_from_slice(frame);
-    peer.tx_burst(&mut vec![b]);
+    let mut burst: ArrayVec<_, 1> = ArrayVec::new();
+    burst.push(b);
+    assert_eq!(peer.tx_burst(&mut burst), 1);
 }
 
-fn recv_all(peer: &mut PipeLink) -> Vec<Vec<u8>> {
-    let mut v = Vec::with_capacity(64);
-    peer.rx_burst(&mut v, 64);
+fn recv_all(peer: &mut SimPort) -> Vec<Vec<u8>> {
+    let mut v: ArrayVec<_, 64> = ArrayVec::new();
+    peer.rx_burst(&mut v);
     v.iter().map(|b| b.data().to_vec()).collect()
 }
 

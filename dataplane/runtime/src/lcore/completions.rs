@@ -2,7 +2,7 @@
 //! fence per iteration for all CQs written), and completion events for armed CQs.
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn deliver_completions(&mut self, _now: Instant) -> bool {
         let (cqs, dirty, clients, stats) = (&mut self.cqs, &mut self.dirty_cqs, &self.clients, &*self.stats);
         let mut any = self.engine.drain_pending(|qp, s| {

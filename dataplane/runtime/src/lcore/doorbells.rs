@@ -2,7 +2,7 @@
 //! WQEs from their shared rings into the engine.
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn doorbells(&mut self, now: Instant) -> bool {
         self.work.clear();
         for c in &self.clients {

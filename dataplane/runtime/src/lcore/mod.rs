@@ -44,7 +44,7 @@ use crate::clock::Clock;
 use crate::convert;
 use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
 use crate::idle::Idle;
-use crate::link::{FrameBuf, Link};
+use pmrxe_port::{ArrayVec, PacketBuf, Port};
 use crate::neigh::{gid_to_ip, Neighbors};
 use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
@@ -67,6 +67,8 @@ struct Scratch {
 
 /// Frames per burst.
 pub const BURST: usize = 32;
+/// Frames a port queues for transmit (or for its own loopback) before `tx_burst`.
+const TX_QUEUE: usize = BURST * 4;
 
 /// One device (port) as this lcore serves it.
 #[derive(Clone, Debug, Default)]
@@ -276,19 +278,19 @@ impl ClientSlot {
     }
 }
 
-struct Port<L: Link> {
+struct PortSlot<L: Port> {
     link: L,
     dev: DeviceConfig,
     /// The GIDs as IP addresses (same order as `dev.gids`), converted once.
     ips: Vec<IpAddr>,
-    rx: Vec<L::Buf>,
-    tx: Vec<L::Buf>,
+    rx: ArrayVec<L::Buf, BURST>,
+    tx: ArrayVec<L::Buf, TX_QUEUE>,
     /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
     /// back inside the device, as rxe and every NIC do, and received on the next iteration.
-    lo: Vec<L::Buf>,
+    lo: ArrayVec<L::Buf, TX_QUEUE>,
 }
 
-impl<L: Link> Port<L> {
+impl<L: Port> PortSlot<L> {
     fn owns_ip(&self, ip: IpAddr) -> bool {
         self.ips.contains(&ip)
     }
@@ -348,9 +350,9 @@ pub trait Tap: Send {
 }
 
 /// A poll-mode lcore.
-pub struct Lcore<L: Link> {
+pub struct Lcore<L: Port> {
     index: usize,
-    ports: Vec<Port<L>>,
+    ports: Vec<PortSlot<L>>,
     /// This lcore's epoch reader of the MR table (QSBR): `&*self.mem` is what the QPs copy
     /// through; `poll_once` ends with its quiescent point.
     mem: Box<Reader>,
@@ -397,7 +399,7 @@ pub struct Lcore<L: Link> {
 /// Capacity of the per-lcore QP table.
 pub const MAX_QPS_PER_LCORE: usize = 4096;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     /// Build an lcore over `ports` (each with its device description).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -421,7 +423,7 @@ impl<L: Link> Lcore<L> {
             .into_iter()
             .map(|(link, dev)| {
                 let ips = dev.gids.iter().map(gid_to_ip).collect();
-                Port { link, dev, ips, rx: Vec::with_capacity(BURST), tx: Vec::with_capacity(BURST * 4), lo: Vec::with_capacity(BURST * 4) }
+                PortSlot { link, dev, ips, rx: ArrayVec::new(), tx: ArrayVec::new(), lo: ArrayVec::new() }
             })
             .collect();
         let lc = Lcore {

@@ -2,7 +2,7 @@
 //! only addresses a QP needs, solicit unresolved next hops).
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn on_arp(&mut self, pi: usize, data: &[u8], now: Instant) {
         let Ok((_, a)) = wire::arp::parse_arp_frame(data) else {
             bump(&self.stats.rx_malformed, 1);

@@ -2,7 +2,7 @@
 //! lcore owns (QPs, CQs, SRQs, clients, address handles), each answered on its reply channel.
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn commands(&mut self) -> bool {
         let mut any = false;
         loop {

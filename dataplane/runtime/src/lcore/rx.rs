@@ -3,7 +3,7 @@
 //! QP1 MADs to the connection manager).
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn receive(&mut self, now: Instant) -> bool {
         let mut any = false;
         for pi in 0..self.ports.len() {
@@ -19,7 +19,7 @@ impl<L: Link> Lcore<L> {
                 self.ports[pi].lo = lo;
             }
             let mut rx = std::mem::take(&mut self.ports[pi].rx);
-            let n = self.ports[pi].link.rx_burst(&mut rx, BURST);
+            let n = self.ports[pi].link.rx_burst(&mut rx);
             if n > 0 {
                 any = true;
                 bump(&self.stats.rx_packets, n as u64);

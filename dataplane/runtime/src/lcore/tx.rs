@@ -3,7 +3,7 @@
 //! connection manager; `tx_burst`.
 use super::*;
 
-impl<L: Link> Lcore<L> {
+impl<L: Port> Lcore<L> {
     pub(super) fn timers(&mut self, now: Instant) -> bool {
         self.engine.handle_timeout(now, &*self.mem)
     }
@@ -84,11 +84,11 @@ impl<L: Link> Lcore<L> {
                 if b.resize(t.len + wire::ICRC_LEN).is_none() {
                     continue;
                 }
-                let Some(frame) = b.prepend(header.header_len()) else {
+                if b.prepend(header.header_len()).is_none() {
                     bump(&self.stats.tx_alloc_failures, 1);
                     continue;
-                };
-                if header.finish(frame, t.tail_crc).is_err() {
+                }
+                if header.finish(b.data_mut(), t.tail_crc).is_err() {
                     bump(&self.stats.tx_build_errors, 1);
                     continue;
                 }
@@ -231,7 +231,7 @@ impl<L: Link> Lcore<L> {
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
 /// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
 #[allow(clippy::too_many_arguments)]
-fn path_for<'a, L: Link>(cache: &'a mut Option<PathCache>, port: &Port<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a mut PathCache> {
+fn path_for<'a, L: Port>(cache: &'a mut Option<PathCache>, port: &PortSlot<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a mut PathCache> {
     let gen = neigh.generation();
     let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
     if !hit {

@@ -4,8 +4,9 @@
 //! destination at 0x20_0000), set up through the lcore's commands exactly as the service does.
 #![allow(dead_code)]
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::AsyncEvent;
@@ -13,7 +14,7 @@ use pmrxe_abi::ring::{init_ring, Consumer, Producer};
 use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, Key, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, Lcore, LcoreHandle, QpSetup};
-use pmrxe_runtime::link::Link;
+use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::PairParams;
@@ -39,7 +40,7 @@ pub struct Rig {
 
 /// Set the rig up on lcore `lc` (devices 0 and 1 with addresses `ips`); `up` brings each QP
 /// from RESET to RTS towards its peer (QPN, GID).
-pub fn rig<L: Link>(
+pub fn rig<L: Port>(
     lc: &mut Lcore<L>,
     h: &LcoreHandle,
     mem: &MemTable,
@@ -102,4 +103,60 @@ pub fn client_page(page: &Segment) -> &ClientPage {
     // SAFETY: the page segment holds the ClientPage (CLIENT_PAGE_LEN bytes, page-aligned), and
     // the reference lives no longer than the segment.
     unsafe { &*(page.as_ptr() as *const ClientPage) }
+}
+
+/// One direction of the test's wire: frames the lcore sent, which the test reads, rewrites or
+/// delays before putting them on the other port's receive queue.
+pub type Wire = Arc<Mutex<VecDeque<SimBuf>>>;
+
+/// An empty wire with room for 4096 frames (pushing within it does not allocate).
+pub fn wire() -> Wire {
+    Arc::new(Mutex::new(VecDeque::with_capacity(4096)))
+}
+
+/// Lock a wire (a test thread never panics while holding it; poisoning is ignored).
+pub fn lock(w: &Wire) -> MutexGuard<'_, VecDeque<SimBuf>> {
+    w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A port over two wires the test owns: `rx_burst` takes from `rx`, `tx_burst` appends to
+/// `tx` while it has room (a full wire pushes back like a full TX ring), and `alloc` makes a
+/// buffer with `new_buf` (the allocation-counting test keeps its buffers out of the count).
+pub struct QueuePort {
+    pub rx: Wire,
+    pub tx: Wire,
+    pub new_buf: fn() -> SimBuf,
+}
+
+/// A 9 KiB frame buffer with mbuf-like headroom.
+pub fn jumbo_buf() -> SimBuf {
+    SimBuf::with_capacity(128 + 9100, 128)
+}
+
+impl Port for QueuePort {
+    type Buf = SimBuf;
+    fn port_id(&self) -> u16 {
+        0
+    }
+    fn mac(&self) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, 0])
+    }
+    fn mtu(&self) -> u16 {
+        9000
+    }
+    fn alloc(&mut self) -> Option<SimBuf> {
+        Some((self.new_buf)())
+    }
+    fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<SimBuf, N>) -> usize {
+        let mut q = lock(&self.rx);
+        let n = out.remaining_capacity().min(q.len());
+        out.extend(q.drain(..n));
+        n
+    }
+    fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<SimBuf, N>) -> usize {
+        let mut q = lock(&self.tx);
+        let n = bufs.len().min(q.capacity() - q.len());
+        q.extend(bufs.drain(..n));
+        n
+    }
 }
