@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// `configs/loopback.toml` with a `[faults]` table appended.
-fn faulty_config(dir: &Path, loss: f64, reorder: f64, duplicate: f64, corrupt: f64, seed: u64) -> PathBuf {
+/// `configs/loopback.toml` with the Prometheus endpoint on 127.0.0.1:`metrics` and a
+/// `[faults]` table appended.
+fn faulty_config(dir: &Path, loss: f64, reorder: f64, duplicate: f64, corrupt: f64, seed: u64, metrics: u16) -> PathBuf {
     let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).expect("configs/loopback.toml");
+    assert!(base.contains("[service]\n"));
+    let base = base.replacen("[service]\n", &format!("[service]\nmetrics = \"127.0.0.1:{metrics}\"\n"), 1);
     let p = dir.join("faults.toml");
     std::fs::write(
         &p,
@@ -93,7 +96,7 @@ fn run_level(l: &Level) {
     require_tool("ib_write_bw");
     require_tool("ib_read_bw");
     let dir = TempDir::new(&format!("faults-{}", l.name));
-    let cfg = faulty_config(dir.path(), l.loss, l.reorder, l.duplicate, l.corrupt, 0x5eed + l.port as u64);
+    let cfg = faulty_config(dir.path(), l.loss, l.reorder, l.duplicate, l.corrupt, 0x5eed + l.port as u64, l.port + 3);
     let mut svc = Service::start(Some(&cfg), None);
     let t0 = Instant::now();
     let sampler = Sampler::start(&svc.socket);
@@ -160,6 +163,19 @@ fn run_level(l: &Level) {
         injected(&st, "reordered"),
         injected(&st, "corrupted"),
     );
+    // The Prometheus endpoint exports the same injector counters, per device and lcore:
+    // between what `pmrxe stats --json` said before the scrape and after it (they only grow).
+    let metrics = scrape(l.port + 3);
+    let st2 = svc.stats_json();
+    for (f, f2) in st["faults"].as_array().unwrap().iter().zip(st2["faults"].as_array().unwrap()) {
+        let labels = format!("{{device=\"{}\",lcore=\"{}\"}}", f["device"].as_str().unwrap(), f["lcore"]);
+        for k in ["seen", "dropped", "duplicated", "reordered", "corrupted"] {
+            let name = format!("pmrxe_faults_{k}_total{labels}");
+            let m = value(&metrics, &name).unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}")) as u64;
+            let (lo, hi) = (f[k].as_u64().unwrap(), f2[k].as_u64().unwrap());
+            assert!(lo <= m && m <= hi, "{name} = {m}, pmrxe stats --json said {lo} then {hi}");
+        }
+    }
     svc.stop();
     eprintln!(
         "faults {}: {:.1} s; frames seen {seen}, dropped {dropped}, duplicated {dup}, reordered {reord}, corrupted {corr}; \

@@ -2,7 +2,6 @@
 //! against a real private service carrying `ibv_rc_pingpong` traffic, and the systemd unit.
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,29 +20,6 @@ fn loopback_with_metrics(dir: &TempDir, port: u16) -> std::path::PathBuf {
     let f = dir.join("loopback-metrics.toml");
     std::fs::write(&f, lb.replacen("[service]\n", &format!("[service]\nmetrics = \"127.0.0.1:{port}\"\n"), 1)).unwrap();
     f
-}
-
-/// One HTTP request; returns (status line, headers+body as text).
-fn http(port: u16, req: &str) -> (String, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    (out.lines().next().unwrap_or("").to_string(), out)
-}
-
-fn scrape(port: u16) -> String {
-    let (status, out) = http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
-    assert_eq!(status, "HTTP/1.1 200 OK", "{out}");
-    assert!(out.contains("Content-Type: text/plain; version=0.0.4"), "{out}");
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
-}
-
-/// Value of the first sample whose name and labels start with `prefix`
-/// (`pmrxe_lcore_rx_packets_total{lcore="0"}`).
-fn value(body: &str, prefix: &str) -> Option<f64> {
-    body.lines().filter(|l| !l.starts_with('#')).find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 fn sum(body: &str, name: &str) -> f64 {

@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -470,6 +470,30 @@ pub fn run_pair_on(
 /// [`run_pair_on`] with both sides on one (loopback) service.
 pub fn run_pair(svc: &Service, server: &[&str], client: &[&str], port: u16, limit: Duration) -> PairOutput {
     run_pair_on(svc, server, svc, client, port, limit)
+}
+
+/// One HTTP request to 127.0.0.1:`port` (the metrics endpoint); returns (status line, headers+body as text).
+pub fn http(port: u16, req: &str) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    (out.lines().next().unwrap_or("").to_string(), out)
+}
+
+/// The body of `GET /metrics` (asserting 200 and the Prometheus text content type).
+pub fn scrape(port: u16) -> String {
+    let (status, out) = http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{out}");
+    assert!(out.contains("Content-Type: text/plain; version=0.0.4"), "{out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// Value of the first sample whose name and labels start with `prefix`
+/// (`pmrxe_lcore_rx_packets_total{lcore="0"}`).
+pub fn value(body: &str, prefix: &str) -> Option<f64> {
+    body.lines().filter(|l| !l.starts_with('#')).find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// `ibv_rc_pingpong -n ITERS` between the devices of one service (server on pmrxe0, client on

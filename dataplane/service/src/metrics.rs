@@ -255,6 +255,15 @@ fn qp_help(k: &str) -> &'static str {
     }
 }
 
+/// The counters of a `[faults]` injector in `pmrxe stats --json` (`faults[]`), with their help.
+const FAULT_COUNTERS: [(&str, &str); 5] = [
+    ("seen", "Received frames that went through the [faults] injector."),
+    ("dropped", "Received frames the [faults] injector dropped (loss)."),
+    ("duplicated", "Received frames the [faults] injector delivered twice."),
+    ("reordered", "Received frames the [faults] injector held back and delivered later."),
+    ("corrupted", "Received frames the [faults] injector delivered with a flipped bit."),
+];
+
 /// Convert the JSON of `pmrxe stats --json` into the Prometheus text format.
 pub fn from_stats_json(v: &Value) -> String {
     let mut f = Families::default();
@@ -324,6 +333,14 @@ pub fn from_stats_json(v: &Value) -> String {
     f.sample("pmrxe_capture_active", "gauge", "1 while a live capture runs.", &[], if cap["active"].as_bool().unwrap_or(false) { 1.0 } else { 0.0 });
     f.sample("pmrxe_capture_frames_total", "counter", "Frames written by live captures.", &[], cap["frames"].as_u64().unwrap_or(0) as f64);
     f.sample("pmrxe_capture_dropped_total", "counter", "Frames a live capture dropped because its writer fell behind.", &[], cap["dropped"].as_u64().unwrap_or(0) as f64);
+    // The `[faults]` injectors (one per port and lcore; none without the table).
+    for fi in v["faults"].as_array().into_iter().flatten() {
+        let device = fi["device"].as_str().unwrap_or("");
+        let lc = fi["lcore"].as_u64().unwrap_or(0).to_string();
+        for (k, help) in FAULT_COUNTERS {
+            f.sample(&format!("pmrxe_faults_{k}_total"), "counter", help, &[("device", device), ("lcore", &lc)], fi[k].as_u64().unwrap_or(0) as f64);
+        }
+    }
     f.finish()
 }
 
@@ -343,6 +360,8 @@ mod tests {
                     "qps": [{"qpn": 17, "retransmits": 2, "completions_by_status": {"0": 5, "5": 1}},
                             {"qpn": 18, "retransmits": 0, "completions_by_status": {}}]}],
                 "capture": {"active": false, "frames": 0, "dropped": 0},
+                "faults": [{"device": "pmrxe0", "lcore": 0, "seen": 100, "dropped": 4, "duplicated": 2, "reordered": 3, "corrupted": 1},
+                           {"device": "pmrxe1", "lcore": 0, "seen": 90, "dropped": 5, "duplicated": 0, "reordered": 1, "corrupted": 0}],
             })
             .to_string()
         }
@@ -358,6 +377,13 @@ mod tests {
         assert!(t.contains("pmrxe_qp_completions_total{lcore=\"0\",qpn=\"0x000011\",status=\"wr_flush_err\"} 1\n"));
         assert!(t.contains("pmrxe_lcore_load_ratio{lcore=\"0\"} 0.25\n"));
         assert!(t.contains("pmrxe_clients 1\n"));
+        assert!(
+            t.contains("# TYPE pmrxe_faults_dropped_total counter\npmrxe_faults_dropped_total{device=\"pmrxe0\",lcore=\"0\"} 4\npmrxe_faults_dropped_total{device=\"pmrxe1\",lcore=\"0\"} 5\n"),
+            "{t}"
+        );
+        for (k, v) in [("seen", 100), ("duplicated", 2), ("reordered", 3), ("corrupted", 1)] {
+            assert!(t.contains(&format!("pmrxe_faults_{k}_total{{device=\"pmrxe0\",lcore=\"0\"}} {v}\n")), "{k}: {t}");
+        }
         // Every family has exactly one HELP and one TYPE line, and its samples follow them.
         let mut seen = std::collections::HashSet::new();
         let mut cur = String::new();
