@@ -59,39 +59,15 @@ pub struct QpOptions {
 impl Default for QpOptions {
     fn default() -> Self {
         QpOptions {
-            qp_type: 2,
+            qp_type: pmrxe_abi::qp_table::qp_type::RC,
             cap: QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 },
             sq_sig_all: false,
         }
     }
 }
 
-/// libibverbs `enum ibv_qp_state`.
-pub mod state {
-    pub const RESET: u32 = 0;
-    pub const INIT: u32 = 1;
-    pub const RTR: u32 = 2;
-    pub const RTS: u32 = 3;
-}
-
-/// libibverbs `enum ibv_qp_attr_mask` bits used here.
-pub mod mask {
-    pub const STATE: u32 = 1;
-    pub const ACCESS_FLAGS: u32 = 8;
-    pub const PKEY_INDEX: u32 = 16;
-    pub const PORT: u32 = 32;
-    pub const AV: u32 = 128;
-    pub const PATH_MTU: u32 = 256;
-    pub const TIMEOUT: u32 = 512;
-    pub const RETRY_CNT: u32 = 1024;
-    pub const RNR_RETRY: u32 = 2048;
-    pub const RQ_PSN: u32 = 4096;
-    pub const MAX_QP_RD_ATOMIC: u32 = 8192;
-    pub const MIN_RNR_TIMER: u32 = 32768;
-    pub const SQ_PSN: u32 = 65536;
-    pub const MAX_DEST_RD_ATOMIC: u32 = 131072;
-    pub const DEST_QPN: u32 = 1048576;
-}
+/// libibverbs `enum ibv_qp_state` values and `enum ibv_qp_attr_mask` bits: the QP table's.
+pub use pmrxe_abi::qp_table::{attr as mask, state};
 
 /// A queue pair. Posting stages WQEs in the shared SQ/RQ ring, publishes them with one release
 /// store and rings the doorbell: no syscall.
