@@ -367,16 +367,18 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
     let mut server = spawn_cm_server(&a, &["rping", "-s", "-P", "-a", A, "-p", &p], &so);
     let base_a = counts(&a);
     let tx = |s: &Service| sum_counter(&s.stats_json(), "tx_packets");
-    let stages: [(&str, &dyn Fn(&Service) -> bool); 5] = [
-        ("just started", &|_| true),
-        ("registered with host B", &|b| counts(b).4 >= 1),
-        ("rdma_cm id on host B", &|b| counts(b).0 >= 1),
-        ("connection on host B", &|b| counts(b).3 >= 1),
-        ("data flowing", &|_| false),
-    ];
+    let stages = ["just started", "registered with host B", "rdma_cm id on host B", "connection on host B", "data flowing"];
+    // Whether a client started when host B had sent `tx0` frames has reached `stage`.
+    let reached = |stage: &str, tx0: u64| match stage {
+        "just started" => true,
+        "registered with host B" => counts(&b).4 >= 1,
+        "rdma_cm id on host B" => counts(&b).0 >= 1,
+        "connection on host B" => counts(&b).3 >= 1,
+        _ => tx(&b) > tx0 + 200,
+    };
     let mut restarts = 0;
     for round in 0..2 {
-        for (stage, cond) in &stages {
+        for stage in stages {
             let mut attempt = 0;
             loop {
                 // rping -P ends on the REJECTED a dying client's CM sends for a connection it
@@ -391,11 +393,7 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
                 let tx0 = tx(&b);
                 let mut c = spawn_verbs(&b, &["rping", "-c", "-a", A, "-p", &p, "-C", "1000000", "-S", "64"], &out);
                 let t0 = Instant::now();
-                if *stage == "data flowing" {
-                    wait_until(Duration::from_secs(20), stage, || tx(&b) > tx0 + 200 || c.try_wait().unwrap().is_some());
-                } else {
-                    wait_until(Duration::from_secs(20), stage, || cond(&b) || c.try_wait().unwrap().is_some());
-                }
+                wait_until(Duration::from_secs(20), stage, || reached(stage, tx0) || c.try_wait().unwrap().is_some());
                 if let Some(st) = c.try_wait().unwrap() {
                     // Only legitimate if the server ended meanwhile (the REJECTED above).
                     let ended = wait_timeout(&mut server, Duration::from_secs(5)).is_some();
