@@ -15,6 +15,9 @@
 //!   next one, up to 2^[`MAX_BACKOFF_SHIFT`] × (and never past the 5-bit encoding's largest
 //!   period); forward progress resets it. The retry count is unchanged by it: RETRY_EXC_ERR
 //!   still comes on the `retry_cnt + 1`-th timeout.
+//!   While in back-off the requester keeps at most [`BACKOFF_WINDOW_PSNS`] PSNs outstanding
+//!   (the probe's last packet asks for an ACK); the ACK ends the back-off and reopens the
+//!   full window, so a timeout resends one probe, not the whole window, per period.
 //! * Go-back-N restarts are bounded to one per round trip: after a restart from PSN p, further
 //!   sequence NAKs, implicit NAKs and out-of-order READ responses do not restart again until
 //!   p is acknowledged (that ACK is the restart's round trip); only the timer can.
@@ -27,6 +30,7 @@ use crate::cq::WcStatus;
 use crate::memops::MemOps;
 use crate::attr::{QpAttr, QpState};
 use crate::qp::Qp;
+use crate::requester::MAX_UNACKED_PSNS;
 use crate::timers::{local_ack_timeout_ns, rnr_delay_ns, Instant, RetryLimit, Timer};
 use crate::wqe::SendOp;
 
@@ -52,6 +56,11 @@ pub(crate) struct CompState {
 
 /// Largest back-off of the retransmission timer: 2^3 = 8 × the QP's local ACK timeout.
 pub const MAX_BACKOFF_SHIFT: u8 = 3;
+
+/// Outstanding PSNs while in back-off (after a timeout, until forward progress): the
+/// go-back-N resends one probe of this many packets, not the whole window, and the rest
+/// follows the ACK.
+pub const BACKOFF_WINDOW_PSNS: i32 = 16;
 
 impl Default for CompState {
     fn default() -> Self {
@@ -102,6 +111,16 @@ impl Qp {
         self.comp.backoff = 0;
         if let Some(since) = self.comp.backoff_since.take() {
             self.stats.backoff_ns += now.since(since);
+        }
+    }
+
+    /// PSNs the requester may have outstanding: [`MAX_UNACKED_PSNS`], or
+    /// [`BACKOFF_WINDOW_PSNS`] in back-off.
+    pub(crate) fn unacked_window(&self) -> i32 {
+        if self.comp.backoff > 0 {
+            BACKOFF_WINDOW_PSNS
+        } else {
+            MAX_UNACKED_PSNS
         }
     }
 

@@ -137,7 +137,7 @@ impl Qp {
                 if op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
                     return None;
                 }
-                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
+                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn) >= self.unacked_window() {
                     return None;
                 }
                 if self.qp_type == QpType::Ud && len > u64::from(self.mtu()) {
@@ -203,7 +203,8 @@ impl Qp {
         };
         let k = e.tx_pkt;
         let psn = e.first_psn.wrapping_add(k);
-        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn) >= MAX_UNACKED_PSNS {
+        let window = self.unacked_window();
+        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn) >= window {
             return None;
         }
         let op = e.op;
@@ -271,7 +272,10 @@ impl Qp {
         let mut hdr = hdr;
         if self.qp_type == QpType::Rc {
             self.req.noack_pkts += 1;
-            if last || self.req.noack_pkts >= MAX_PKT_PER_ACK {
+            // In back-off the probe window ends mid-message: its last packet asks for the ACK
+            // that ends the back-off.
+            let probe_end = window < MAX_UNACKED_PSNS && psn.wrapping_add(1).distance(self.comp.psn) >= window;
+            if last || self.req.noack_pkts >= MAX_PKT_PER_ACK || probe_end {
                 hdr.bth.ack_req = true;
             }
             if hdr.bth.ack_req {

@@ -888,6 +888,34 @@ fn e8_backoff_resets_on_forward_progress() {
     assert_eq!(b.read(0, 100), pattern(100, 5));
 }
 
+/// E8 variant (no amplification): in back-off the go-back-N resends one probe of 16 packets,
+/// not the whole window; its ACK ends the back-off and the rest follows. A 32-packet WRITE whose
+/// every first transmission is lost: 32 sent, timeout, 16 resent (the 16th asks for the ACK),
+/// then the other 16.
+#[test]
+fn e8_backoff_resends_one_probe_not_the_window() {
+    let mut sim = pair();
+    let a = reg(&sim, A, 32768, ALL);
+    let b = reg(&sim, B, 32768, ALL);
+    a.write(0, &pattern(32768, 9));
+    let mut seen = std::collections::HashSet::new();
+    sim.add_filter(move |p| (p.from == A && p.is_request() && seen.insert(p.psn)).then_some(Fault::Drop));
+    post(&mut sim, A, QA, write(1, &a, 0, 32768, b.addr, b.rkey()));
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success]);
+    assert_eq!(b.read(0, 32768), pattern(32768, 9));
+    let sent: Vec<(Instant, u32, bool)> = sim.trace.iter().filter(|p| p.from == A).map(|p| (p.time, p.psn, p.ack_req)).collect();
+    assert_eq!(sent.len(), 32 + 16 + 16);
+    let probe = &sent[32..48];
+    assert!(probe.iter().all(|&(t, ..)| t == probe[0].0), "the probe leaves at the timeout");
+    assert_eq!(probe.iter().map(|&(_, psn, _)| psn).collect::<Vec<_>>(), (100..116).collect::<Vec<_>>());
+    assert!(probe[15].2, "the probe's last packet asks for the ACK");
+    assert!(sent[48].0 > probe[0].0, "the rest waits for the probe's ACK");
+    let s = stats(&sim, A, QA);
+    assert_eq!((s.timeouts, s.retransmits), (1, 32));
+    assert_eq!(s.backoff_ns, 2 * sim.latency_ns);
+}
+
 /// SEMANTICS.md §5.4 (no amplification): a storm of PSN sequence NAKs restarts go-back-N once
 /// per round trip. After the restart from the NAKed PSN, 50 more NAKs for it arrive before the
 /// retransmission is acknowledged: none restarts the window again, nothing is sent twice more.
