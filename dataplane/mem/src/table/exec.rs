@@ -7,7 +7,7 @@ use crate::MemError;
 
 use super::mr::check_iova_rewrite;
 use super::slot::{set_word, unpack};
-use super::{MemTable, MrKind, MrState, MwType};
+use super::{MemTable, MrState, MwType};
 
 impl MemTable {
     /// IB_WR_REG_MR (§2.5): FREE precondition (A3), PD check (A5), access combination (A15),
@@ -28,11 +28,7 @@ impl MemTable {
     ) -> Result<(), MemError> {
         let slot = self.mr_slot(wr_key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
-        match ctl.kind {
-            None => return Err(MemError::NoSuchKey),
-            Some(MrKind::FastReg) => {}
-            Some(_) => return Err(MemError::WrongMrType),
-        }
+        ctl.check_fast_reg()?;
         let (state, _) = unpack(slot.word.load(Ordering::SeqCst));
         if state != MrState::Free {
             return Err(MemError::NotFree);
@@ -128,11 +124,7 @@ impl MemTable {
     ) -> Result<(), MemError> {
         if let Some(slot) = self.mr_slot(key.index()) {
             let ctl = lock(&slot.ctl);
-            match ctl.kind {
-                None => return Err(MemError::NoSuchKey),
-                Some(MrKind::FastReg) => {}
-                Some(_) => return Err(MemError::WrongMrType), // A9
-            }
+            ctl.check_fast_reg()?; // A9: only fast-reg MRs are invalidated
             if ctl.key != key {
                 return Err(MemError::KeyMismatch); // A7
             }

@@ -151,11 +151,7 @@ impl MemTable {
     ) -> Result<usize, MemError> {
         let slot = self.mr_slot(key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
-        match ctl.kind {
-            None => return Err(MemError::NoSuchKey),
-            Some(MrKind::FastReg) => {}
-            Some(_) => return Err(MemError::WrongMrType),
-        }
+        ctl.check_fast_reg()?;
         map::page_shift(page_size)?;
         for e in sg {
             let end = e.offset.checked_add(e.len).ok_or(MemError::Overflow)?;
@@ -210,11 +206,7 @@ impl MemTable {
     pub fn set_fast_reg_iova(&self, key: Key, iova: u64) -> Result<(), MemError> {
         let slot = self.mr_slot(key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
-        match ctl.kind {
-            None => return Err(MemError::NoSuchKey),
-            Some(MrKind::FastReg) => {}
-            Some(_) => return Err(MemError::WrongMrType),
-        }
+        ctl.check_fast_reg()?;
         let mut m = ctl.staged.or(ctl.active).ok_or(MemError::NotMapped)?;
         check_iova_rewrite(&m, iova)?;
         m.iova = iova;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::access::{Access, Key, PdHandle};
 use crate::region::Backing;
 use crate::sync::{spin_wait, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::MemError;
 
 use super::{MrKind, MrState, MwType};
 
@@ -46,6 +47,17 @@ pub(super) struct MrCtl {
     pub(super) staged_is_remap: bool,
     /// Owners of the memory each buffer's pages point into (capacity reserved at alloc).
     pub(super) owners: [Vec<Arc<dyn Backing>>; 2],
+}
+
+impl MrCtl {
+    /// `Ok` for a fast-reg MR; `NoSuchKey` for a free slot, `WrongMrType` for any other kind.
+    pub(super) fn check_fast_reg(&self) -> Result<(), MemError> {
+        match self.kind {
+            None => Err(MemError::NoSuchKey),
+            Some(MrKind::FastReg) => Ok(()),
+            Some(_) => Err(MemError::WrongMrType),
+        }
+    }
 }
 
 #[repr(align(64))]
