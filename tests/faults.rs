@@ -150,10 +150,18 @@ fn run_level(l: &Level) {
     .assert_ok();
 
     let retransmits = sampler.finish();
-    let st = svc.stats_json();
+    // The programs have exited; their sessions end as the service reads the sockets' EOF.
+    let t0 = Instant::now();
+    let st = loop {
+        let st = svc.stats_json();
+        if st["clients"].as_array().is_some_and(|c| c.is_empty()) {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "clients left behind: {}", st["clients"]);
+        std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
+    };
     let icrc = lcore_counter(&st, "rx_icrc_errors");
     let rx = lcore_counter(&st, "rx_packets");
-    assert!(st["clients"].as_array().is_some_and(|c| c.is_empty()), "clients left behind: {}", st["clients"]);
     // One injector per port (one lcore, two devices).
     assert_eq!(st["faults"].as_array().map(Vec::len), Some(2), "fault injectors in stats: {}", st["faults"]);
     let (seen, dropped, dup, reord, corr) = (
