@@ -140,21 +140,7 @@ impl Cm {
         self.stats.rx_duplicates += 1;
         let c = &self.conns[&id];
         match c.state {
-            ConnState::RepRcvd => {
-                let m = mra::Repr {
-                    local_comm_id: id,
-                    remote_comm_id: c.remote_id,
-                    message_mraed: MsgCode::Rep,
-                    service_timeout: self.cfg.mra_service_timeout,
-                    private_data: Vec::new(),
-                };
-                let (path, tid) = (c.path, c.tid);
-                let mad = self.send(path, tid, 0, &CmMsg::Mra(m));
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.cached = mad;
-                    c.state = ConnState::MraRepSent;
-                }
-            }
+            ConnState::RepRcvd => self.send_mra(id, MsgCode::Rep, ConnState::MraRepSent),
             _ => self.resend_cached(id),
         }
     }

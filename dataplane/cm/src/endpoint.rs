@@ -8,7 +8,7 @@ use pmrxe_wire::Qpn;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::msg::{emit_mad, parse_mad, rej, rep, req, CmMsg, Mad, MsgCode, RejReason};
+use crate::msg::{emit_mad, mra, parse_mad, rej, rep, req, CmMsg, Mad, MsgCode, RejReason};
 use crate::timers::{iba_ns, Instant, TimerQueue};
 use crate::types::{CmStats, ConnId, Event, Gid, GsiPath, MadSource, QpAttrs, Transmit, Transport};
 use crate::{CmError, Error};
@@ -508,6 +508,24 @@ impl Cm {
                 let (p, m) = (c.path, r.mad.clone());
                 self.push_tx(p, m);
             }
+        }
+    }
+    /// Send an MRA for the peer's message `code` of connection `id` (our answer will take a
+    /// while), keep it as the reply to further duplicates, and move the connection to `next`.
+    pub(crate) fn send_mra(&mut self, id: u32, code: MsgCode, next: ConnState) {
+        let Some(c) = self.conns.get(&id) else { return };
+        let m = mra::Repr {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            message_mraed: code,
+            service_timeout: self.cfg.mra_service_timeout,
+            private_data: Vec::new(),
+        };
+        let (path, tid) = (c.path, c.tid);
+        let mad = self.send(path, tid, 0, &CmMsg::Mra(m));
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.cached = mad;
+            c.state = next;
         }
     }
     pub(crate) fn check_len(data: &[u8], max: usize) -> Result<(), CmError> {

@@ -2,7 +2,7 @@
 //! consumer's `establish` when data arrives first) → Established.
 
 use crate::endpoint::{Conn, ConnState, Listener};
-use crate::msg::{mra, rep, req, rtu_drep, CmMsg, MsgCode, RejReason};
+use crate::msg::{rep, req, rtu_drep, CmMsg, MsgCode, RejReason};
 use crate::timers::{iba_ns, Instant};
 use crate::types::{AcceptParams, ConnId, ConnectRequest, Event, MadSource};
 use crate::{Cm, CmError};
@@ -151,21 +151,7 @@ impl Cm {
             return self.stray();
         }
         match c.state {
-            ConnState::ReqRcvd => {
-                let m = mra::Repr {
-                    local_comm_id: id,
-                    remote_comm_id: c.remote_id,
-                    message_mraed: MsgCode::Req,
-                    service_timeout: self.cfg.mra_service_timeout,
-                    private_data: Vec::new(),
-                };
-                let (path, tid) = (c.path, c.tid);
-                let mad = self.send(path, tid, 0, &CmMsg::Mra(m));
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.cached = mad;
-                    c.state = ConnState::MraReqSent;
-                }
-            }
+            ConnState::ReqRcvd => self.send_mra(id, MsgCode::Req, ConnState::MraReqSent),
             ConnState::MraReqSent => self.resend_cached(id),
             ConnState::RepSent | ConnState::MraRepRcvd => self.resend_retry(id),
             _ => {}
