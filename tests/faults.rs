@@ -151,13 +151,13 @@ fn run_level(l: &Level) {
 
     let retransmits = sampler.finish();
     // The programs have exited; their sessions end as the service reads the sockets' EOF.
-    let t0 = Instant::now();
+    let gone = Instant::now();
     let st = loop {
         let st = svc.stats_json();
         if st["clients"].as_array().is_some_and(|c| c.is_empty()) {
             break st;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "clients left behind: {}", st["clients"]);
+        assert!(gone.elapsed() < Duration::from_secs(10), "clients left behind: {}", st["clients"]);
         std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
     };
     let icrc = lcore_counter(&st, "rx_icrc_errors");
