@@ -210,6 +210,34 @@ impl Drop for Mapping {
     }
 }
 
+/// The one way pmrxe makes shared memory: a close-on-exec, sealable memfd of `len` bytes named
+/// `name`, backed by huge pages of `huge_page` bytes (hugetlb; 0 = ordinary 4 KiB pages), and
+/// with `seal_size` sealed against shrinking and growing for good (a peer that shrank it
+/// would make the other side's next access raise SIGBUS). The service's segments, the shim's
+/// registration copies and the native harness's buffers all come from here; callers that
+/// want huge pages when free try `huge_page` first and 0 on failure.
+pub fn memfd(name: &std::ffi::CStr, len: u64, huge_page: u64, seal_size: bool) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // MFD_HUGE_SHIFT (26): log2 of the huge page size in the flags.
+    let huge = if huge_page > 4096 { libc::MFD_HUGETLB | (huge_page.trailing_zeros() << 26) } else { 0 };
+    // SAFETY: a NUL-terminated name and constant flags; no memory is touched.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | huge) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl on our own fd.
+    if seal_size && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 /// A connection after `Hello`: the client page mapped (doorbells), the device list, the
 /// async-event eventfd.
 pub struct Connection {

@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
+use pmrxe_abi::client::Mapping;
 
 /// `statfs.f_type` of hugetlbfs (linux/magic.h).
 const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
@@ -44,18 +45,12 @@ pub fn sealed_against_shrink(fd: BorrowedFd<'_>) -> bool {
     seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
 }
 
-/// A mapped shared-memory segment. Unmapped on drop; the fd closes with it.
+/// A mapped shared-memory segment (the client core's [`Mapping`] of its memfd). Unmapped on
+/// drop; the fd closes with it.
 pub struct Segment {
     fd: OwnedFd,
-    ptr: NonNull<u8>,
-    len: usize,
+    map: Mapping,
 }
-
-// SAFETY: the segment is a plain shared mapping; every access goes through raw pointers with
-// their own synchronisation (ring atomics) — the handle itself carries no thread affinity.
-unsafe impl Send for Segment {}
-// SAFETY: see Send; `&Segment` only exposes the base pointer, length and fd.
-unsafe impl Sync for Segment {}
 
 impl Segment {
     /// Create a zero-filled memfd segment of `len` bytes (rounded up to a page), hugepage-backed
@@ -63,31 +58,14 @@ impl Segment {
     pub fn create(name: &str, len: usize) -> io::Result<Segment> {
         let len = (len.max(1) + 4095) & !4095;
         let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let try_huge = len.is_multiple_of(2 << 20);
-        let mut fd = -1;
-        if try_huge {
-            // SAFETY: valid NUL-terminated name; flags are constants.
-            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB) };
-        }
-        if fd < 0 {
-            // SAFETY: as above.
-            fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        }
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: memfd_create returned a fresh fd that we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain syscall on our fd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Clients get this fd: a client that shrinks it would make the lcore's next access to
-        // the mapping raise SIGBUS and kill the service. Seal the size for good.
-        // SAFETY: fcntl on our fd.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // Huge pages when the length allows and some are free, else ordinary shared memory.
+        // Clients get this fd: it is sealed against resizing (a client that shrank it would
+        // make the lcore's next access to the mapping raise SIGBUS and kill the service).
+        let huge = if len.is_multiple_of(2 << 20) { pmrxe_abi::client::memfd(&cname, len as u64, 2 << 20, true).ok() } else { None };
+        let fd = match huge {
+            Some(fd) => fd,
+            None => pmrxe_abi::client::memfd(&cname, len as u64, 0, true)?,
+        };
         Segment::map(fd, len)
     }
 
@@ -103,39 +81,25 @@ impl Segment {
         if len == 0 || (st.st_size as u64) < len as u64 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "segment shorter than declared"));
         }
-        // SAFETY: a new shared mapping chosen by the kernel; the fd is valid.
-        let p = unsafe {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Segment { fd, ptr: NonNull::new(p.cast()).expect("mmap returned null"), len })
+        let map = Mapping::map(fd.as_raw_fd(), 0, len, false)?;
+        Ok(Segment { fd, map })
     }
 
     /// Base address in this process.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.ptr()
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
     /// Always false (segments are at least a page).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.map.is_empty()
     }
     /// The fd (to pass to a client).
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `map` mapped; nobody holds pointers into it anymore
-        // (owners keep the Segment alive through Arc while they use it).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 

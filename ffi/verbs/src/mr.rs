@@ -28,7 +28,7 @@ use crate::pd::ShimPd;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{Piece, Request, Response};
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 
@@ -221,23 +221,9 @@ impl Segments {
 const OWN_MEMFD_PATH: &str = "/memfd:pmrxe-mr";
 
 /// A memfd of `len` bytes; `huge`: a hugetlb memfd with pages of `huge` bytes (0: 4 KiB pages).
+/// Sealable, not sealed: the service seals it against shrinking on `AddSegment`.
 fn memfd(len: u64, huge: u64) -> Res<OwnedFd> {
-    // MFD_ALLOW_SEALING: the service seals segments against shrinking (SIGBUS) on AddSegment.
-    // MFD_HUGE_SHIFT (26): log2 of the huge page size.
-    let huge_flags = if huge > PAGE { libc::MFD_HUGETLB | (huge.trailing_zeros() << 26) } else { 0 };
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | huge_flags;
-    // SAFETY: plain memfd_create with a static NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"pmrxe-mr".as_ptr(), flags) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: fresh fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain ftruncate on our fd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(Errno::last());
-    }
-    Ok(fd)
+    pmrxe_abi::client::memfd(c"pmrxe-mr", len, if huge > PAGE { huge } else { 0 }, false).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::ENOMEM)))
 }
 
 /// Make the application pages `base..base+len` (aligned to `page`, the mapping's page size)
@@ -462,6 +448,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ib
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use crate::boundary::Mapping;
     use std::cell::RefCell;
 

@@ -1,6 +1,6 @@
 //! Memory the library allocates itself (a memfd segment) and its registration.
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use pmrxe_abi::ctrl::{Piece, Request, Response};
 
@@ -23,17 +23,7 @@ impl Buffer {
     /// Allocate `len` bytes (rounded up to pages), zeroed and populated, and announce them.
     pub fn new(ctx: &Context, len: usize) -> Result<Buffer> {
         let len = len.max(1).div_ceil(PAGE) * PAGE;
-        // SAFETY: memfd_create with a static NUL-terminated name.
-        let fd = unsafe { libc::memfd_create(c"pmrxe-native".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate on our fd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = pmrxe_abi::client::memfd(c"pmrxe-native", len as u64, 0, false)?;
         let map = Mapping::map(fd.as_raw_fd(), 0, len, true)?;
         let seg = ctx.next_seg();
         match ctx.call(&Request::AddSegment { seg, base: map.ptr() as u64, len: len as u64 }, &[fd.as_raw_fd()])?.0 {
