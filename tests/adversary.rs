@@ -213,18 +213,7 @@ fn adversarial_peer() {
         let dirp = dir.path().to_path_buf();
         let ps = ps.clone();
         std::thread::spawn(move || {
-            let run = |args: &[&str], out: &str| {
-                let f = std::fs::File::create(dirp.join(out)).unwrap();
-                std::process::Command::new(pmrxe_bin())
-                    .env("PMRXE_SOCKET", &svc_sock)
-                    .arg("run")
-                    .arg("--")
-                    .args(args)
-                    .stdout(f.try_clone().unwrap())
-                    .stderr(f)
-                    .spawn()
-                    .unwrap()
-            };
+            let run = |args: &[&str], out: &str| spawn_verbs_at(&svc_sock, args, &dirp.join(out));
             let mut s = run(&["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-c", "-n", "3000", "-p", &ps], "pp.server");
             let t0 = Instant::now();
             while !listens_on(s.id(), port) && t0.elapsed() < Duration::from_secs(20) {

@@ -239,9 +239,7 @@ impl Service {
 
     /// A `pmrxe` command aimed at this service (PMRXE_SOCKET set).
     pub fn pmrxe(&self) -> Command {
-        let mut c = Command::new(pmrxe_bin());
-        c.env("PMRXE_SOCKET", &self.socket).stdin(Stdio::null());
-        c
+        pmrxe_at(&self.socket)
     }
 
     /// `pmrxe stats` (text).
@@ -379,10 +377,22 @@ impl PairOutput {
     }
 }
 
+/// `pmrxe` talking to the service at `socket` (`PMRXE_SOCKET`), stdin from /dev/null.
+pub fn pmrxe_at(socket: &Path) -> Command {
+    let mut c = Command::new(pmrxe_bin());
+    c.env("PMRXE_SOCKET", socket).stdin(Stdio::null());
+    c
+}
+
 /// Start `pmrxe run -- ARGS` against `svc` with output to `out` (stdout+stderr).
 pub fn spawn_verbs(svc: &Service, args: &[&str], out: &Path) -> Child {
+    spawn_verbs_at(&svc.socket, args, out)
+}
+
+/// [`spawn_verbs`] for the service at `socket` (from a thread that does not hold the [`Service`]).
+pub fn spawn_verbs_at(socket: &Path, args: &[&str], out: &Path) -> Child {
     let f = File::create(out).expect("output file");
-    svc.pmrxe()
+    pmrxe_at(socket)
         .arg("run")
         .arg("--")
         .args(args)
