@@ -285,11 +285,11 @@ fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
 /// prov/verbs/src/fi_verbs.c) and sends that listener's name, 127.0.0.1:PORT, to the client
 /// through the control connection; the client then connects to 127.0.0.1 on its own host
 /// (docs/limits.md). Asserted here: `-e msg` fails at once with the REJECTED that host B's CM
-/// sends for a port nobody listens on there, the server still waits for its connection, and
-/// neither service keeps anything. The control connection is kernel TCP to 10.77.0.1, so both
+/// sends for a port nobody listens on there, the server still waits for its connection,
+/// `-e rdm` retries the refused connection, and neither service keeps anything. The control connection is kernel TCP to 10.77.0.1, so both
 /// programs run in a namespace whose `lo` carries it.
 #[test]
-fn fi_pingpong_msg_between_two_namespaces_connects_to_the_servers_localhost() {
+fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     let bin = require_tool("fi_pingpong");
     let bin = bin.to_str().unwrap();
     let _l = heavy_lock();
@@ -320,6 +320,34 @@ fn fi_pingpong_msg_between_two_namespaces_connects_to_the_servers_localhost() {
     let _ = server.kill();
     let _ = server.wait();
     nothing_left(&a, &b, "fi_pingpong -e msg");
+
+    // `-e rdm` (rxm over MSG endpoints): the same localhost name; rxm retries the refused
+    // connection without end ("Connection refused (111)" every 2 s, while its connects are
+    // REJected as fast as it sends them). Its client also listens (rxm endpoints accept
+    // connections): when both services handed out ephemeral ports from the same start, the
+    // client's own listener had the port of the server's name and the client connected to
+    // itself, silently (the CM's ephemeral ports now start at random, as the kernel's).
+    let pn = port_for(531);
+    let p = pn.to_string();
+    let args = ["env", "FI_LOG_LEVEL=warn", bin, "-p", "verbs", "-e", "rdm", "-c", "-I", "100", "-S", "65536"];
+    let so = dir.join("fi-rdm-server.out");
+    let co = dir.join("fi-rdm-client.out");
+    let mut server = tcp.spawn(&a, &[&args[..], &["-B", &p]].concat(), &so);
+    wait_listening(&mut server, pn, &so, Duration::from_secs(20));
+    let rej_b = rej(&b);
+    let t0 = Instant::now();
+    let mut client = tcp.spawn(&b, &[&args[..], &["-P", &p, A]].concat(), &co);
+    while read_to_string_lossy(&co).matches("Connection refused (111)").count() < 2 {
+        assert!(client.try_wait().unwrap().is_none(), "fi_pingpong -e rdm client exited:\n{}", read_to_string_lossy(&co));
+        assert!(t0.elapsed() < Duration::from_secs(20), "fi_pingpong -e rdm client, {:?}:\n{}", t0.elapsed(), read_to_string_lossy(&co));
+        std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{}", read_to_string_lossy(&co));
+    let _ = server.kill();
+    let _ = server.wait();
+    nothing_left(&a, &b, "fi_pingpong -e rdm");
 }
 
 /// (ids, channels, listeners, conns, clients other than `pmrxe`, QPs) of a service.

@@ -90,7 +90,11 @@ pub const MIN_RNR_TIMER: u8 = 12;
 const SIDR_LINGER: u8 = 21;
 /// The device a loopback address binds/resolves to (the kernel CMA's first active device).
 const LOOPBACK_DEVICE: usize = 0;
-/// Ephemeral ports for ids bound with port 0.
+/// Ephemeral ports for ids bound with port 0, handed out in turn from a random start (as the
+/// kernel's `cma_alloc_any_port` starts from a random point of the local port range): two
+/// services started alike must not give their first ids the same port, or a program told a
+/// peer's `127.0.0.1:PORT` (libfabric's verbs provider listens on localhost when given no
+/// address) connects to its own listener of the same port instead of being refused.
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 /// One device as the CM sees it.
@@ -457,7 +461,7 @@ impl CmCore {
             listeners: HashMap::new(),
             channels: HashMap::new(),
             next_handle: 1,
-            next_port: *EPHEMERAL.start(),
+            next_port: SmallRng::seed_from_u64(seed ^ 0x5EED_0F_9047).gen_range(EPHEMERAL),
             rng: SmallRng::seed_from_u64(seed),
             t0: std::time::Instant::now(),
             stats: CmServiceStats::default(),
