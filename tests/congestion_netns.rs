@@ -144,7 +144,11 @@ fn cnp_and_ecn_on_the_wire() {
     assert_eq!(qp_stats(&svc, qpn)["cnp_received"], 1, "a corrupt CNP is dropped");
 
     eprintln!("congestion_netns: CNP checks done after {:.1} s", t_start.elapsed().as_secs_f64());
-    // 3. Notification point: a CE-marked WRITE into our MR is ACKed and answered with a CNP.
+    // 3. Notification point: a CE-marked WRITE into our MR is ACKed and answered with a CNP —
+    // and `pmrxe capture` shows all three (the WRITE received, the ACK and the CNP sent).
+    let cap_pcap = dir.path().join("capture.pcap");
+    let qp_arg = qpn.to_string();
+    let mut cap = svc.capture(&["--qp", &qp_arg, "--count", "3"], &cap_pcap);
     let mut h = TransportHeaders::new(raw::bth(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(0), true));
     h.reth = Some(RethRepr { va: mr.addr, rkey: mr.key, len: 64 });
     let f = build_frame_vec(&l3(ecn::with_ecn(26 << 2, ecn::CE)), &h, &[0xc3; 64]).expect("build WRITE");
@@ -161,11 +165,28 @@ fn cnp_and_ecn_on_the_wire() {
     assert_eq!((st["ecn_ce_received"].as_u64(), st["cnp_sent"].as_u64()), (Some(1), Some(1)), "{st}");
     assert_eq!((lcore_ctr(&svc, "rx_ecn_ce"), lcore_ctr(&svc, "tx_cnp")), (1, 1));
 
+    let st = wait_timeout(&mut cap, Duration::from_secs(10)).expect("pmrxe capture stops after its 3 frames");
+    assert!(st.success(), "pmrxe capture: {st}");
+    let captured: Vec<Vec<u8>> = pmrxe_wire::pcap::read_pcap(&cap_pcap).expect("a classic pcap").into_iter().map(|r| r.data).collect();
+    let ops: Vec<u8> = captured.iter().filter(|f| f.len() > 42).map(|f| f[42]).collect();
+    assert_eq!(captured.len(), 3, "WRITE in, ACK and CNP out: opcodes {ops:02x?}");
+    assert!(ops.contains(&0x81), "pmrxe capture shows the CNP: opcodes {ops:02x?}");
+    assert!(captured.iter().any(|f| f.as_slice() == cnp_out.as_slice()), "the captured CNP is the frame that went on the wire");
+    let tshark = std::process::Command::new("tshark").args(["-r"]).arg(&cap_pcap).args(["-Y", "_ws.malformed || _ws.expert.severity >= error", "-T", "fields", "-e", "frame.number"]).output();
+    if let Ok(o) = tshark {
+        assert!(o.status.success(), "tshark: {}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "", "tshark: no malformed frames in the capture");
+    }
+
     let checker = repo_root().join("../shared/acceptance/lib/icrc_check.py");
     if !checker.exists() {
         eprintln!("SKIP icrc_check.py: {} not found", checker.display());
         return;
     }
+    let o = std::process::Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&cap_pcap).output().expect("python3");
+    let text = String::from_utf8_lossy(&o.stdout);
+    println!("pmrxe capture:\n{text}");
+    assert!(o.status.success() && text.contains("checked 3 packets, 0 bad ICRC, 0 malformed") && text.contains("CNP"), "icrc_check on the capture: {text}");
     let pcap = dir.path().join("cnp.pcap");
     let mut wtr = pmrxe_wire::PcapWriter::new(std::fs::File::create(&pcap).unwrap(), false).unwrap();
     wtr.write_frame(Duration::from_secs(1_700_000_000), cnp_out).unwrap();

@@ -286,12 +286,16 @@ impl Tap for CaptureTap {
     fn active(&self) -> bool {
         self.0.active()
     }
-    fn frame(&self, _tx: bool, data: &[u8]) {
+    fn frame(&self, _tx: bool, local_qpn: Option<u32>, data: &[u8]) {
         let want = self.0.qpn.load(Ordering::Relaxed);
         if want != u64::MAX {
-            match pmrxe_wire::parse_frame(data) {
-                Ok(f) if u64::from(u32::from(f.headers.bth.dest_qp)) == want => {}
-                _ => return,
+            // Either direction: sent by the QP (the lcore says which), or addressed to it.
+            let ours = match local_qpn {
+                Some(q) => u64::from(q) == want,
+                None => pmrxe_wire::parse_frame(data).is_ok_and(|f| u64::from(u32::from(f.headers.bth.dest_qp)) == want),
+            };
+            if !ours {
+                return;
             }
         }
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

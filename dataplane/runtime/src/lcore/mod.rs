@@ -345,8 +345,10 @@ impl LcoreHandle {
 pub trait Tap: Send {
     /// Is a capture running? (one relaxed load per burst when off)
     fn active(&self) -> bool;
-    /// A frame sent (`tx = true`) or received.
-    fn frame(&self, tx: bool, data: &[u8]);
+    /// One frame sent (`tx`) or received. `local_qpn`: the QP on this host the frame belongs
+    /// to when the lcore knows it without parsing (the sender of a transmitted RoCE frame);
+    /// `None` for received frames and for ARP/ND.
+    fn frame(&self, tx: bool, local_qpn: Option<u32>, data: &[u8]);
 }
 
 /// A poll-mode lcore.

@@ -28,7 +28,7 @@ impl<L: Port> Lcore<L> {
                     bump(&self.stats.rx_bytes, data.len() as u64);
                     if let Some(t) = &self.tap {
                         if t.active() {
-                            t.frame(false, data);
+                            t.frame(false, None, data);
                         }
                     }
                     if let Some(owner) = self.on_frame(pi, now, data, true) {

@@ -94,7 +94,7 @@ impl<L: Port> Lcore<L> {
                 }
                 if let Some(tap) = &self.tap {
                     if tap.active() {
-                        tap.frame(true, b.data());
+                        tap.frame(true, Some(t.src_qpn), b.data());
                     }
                 }
                 if local {
@@ -189,7 +189,7 @@ impl<L: Port> Lcore<L> {
             }
             if let Some(tap) = &self.tap {
                 if tap.active() {
-                    tap.frame(true, b.data());
+                    tap.frame(true, Some(1), b.data());
                 }
             }
             bump(&self.stats.cm_tx, 1);
