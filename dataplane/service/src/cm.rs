@@ -461,7 +461,7 @@ impl CmCore {
             listeners: HashMap::new(),
             channels: HashMap::new(),
             next_handle: 1,
-            next_port: SmallRng::seed_from_u64(seed ^ 0x5EED_0F_9047).gen_range(EPHEMERAL),
+            next_port: SmallRng::seed_from_u64(seed ^ 0x005E_ED0F_9047).gen_range(EPHEMERAL),
             rng: SmallRng::seed_from_u64(seed),
             t0: std::time::Instant::now(),
             stats: CmServiceStats::default(),
