@@ -7,7 +7,7 @@ use crate::boundary::{Errno, Res};
 use pmrxe_abi::client::{Connection, Error};
 use pmrxe_abi::ctrl::{self, Request, Response};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// A live connection (the core's methods — page, ring, publish, service_down, liveness — are
 /// reached through `Deref`).
@@ -30,12 +30,19 @@ impl From<Error> for Errno {
     }
 }
 
-static CLIENT: Mutex<Option<&'static Client>> = Mutex::new(None);
+/// The connection once made: read with one atomic load on every post and poll (a mutex here
+/// was taken by every `ibv_post_send`).
+static CLIENT: OnceLock<&'static Client> = OnceLock::new();
+/// Serialises connection attempts (a failed attempt leaves `CLIENT` empty for the next one).
+static CONNECTING: Mutex<()> = Mutex::new(());
 
 /// The process's connection, connecting on first use.
 pub fn client() -> Res<&'static Client> {
-    let mut g = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = *g {
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let _g = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = CLIENT.get() {
         return Ok(c);
     }
     let c: &'static Client = match Client::connect() {
@@ -52,14 +59,13 @@ pub fn client() -> Res<&'static Client> {
             return Err(e);
         }
     };
-    *g = Some(c);
-    Ok(c)
+    Ok(CLIENT.get_or_init(|| c))
 }
 
 /// The connection if one exists (verbs on objects imply one does).
+#[inline]
 pub fn existing() -> Res<&'static Client> {
-    let g = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
-    (*g).ok_or(Errno::NODEV)
+    CLIENT.get().copied().ok_or(Errno::NODEV)
 }
 
 fn debug() -> bool {
