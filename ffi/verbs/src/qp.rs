@@ -15,7 +15,7 @@ use crate::srq::ShimSrq;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
 use pmrxe_abi::client::QpSegment;
-use pmrxe_abi::ring::{Producer, PushError};
+use pmrxe_abi::ring::{Pod, Producer, PushError};
 use pmrxe_abi::{Doorbell, QpShared, ShmRecvWqe, ShmSendWqe};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::os::raw::c_int;
@@ -70,7 +70,8 @@ impl ShimQp {
                 return Err(Errno::IO);
             }
         }
-        self.publish(&mut sq.prod)
+        client::existing()?.publish(&mut sq.prod, self.doorbell);
+        Ok(())
     }
 
     fn shared(&self) -> &QpShared {
@@ -103,12 +104,50 @@ impl ShimQp {
             _ => Ok(()),
         }
     }
+}
 
-    /// Publish what is staged and ring the doorbell. A QP implies a connection.
-    fn publish(&self, prod: &mut Producer<ShmSendWqe>) -> Res<()> {
-        client::existing()?.publish(prod, self.doorbell);
-        Ok(())
+/// The common body of `ibv_post_send` and `ibv_post_recv`: convert and stage each WR of the
+/// application's list in order (`convert` also says when the queue has no room), stop at the
+/// first that fails and report it in `bad_wr`, then publish what was staged with one release
+/// store and one doorbell.
+///
+/// # Safety
+/// `wr` is the application's WR list, linked by `next`; `bad_wr` is NULL or writable.
+unsafe fn stage_list<W, T: Pod>(
+    prod: &mut Producer<T>,
+    db: Doorbell,
+    wr: *mut W,
+    next: impl Fn(&W) -> *mut W,
+    mut convert: impl FnMut(&W, &Producer<T>) -> Res<T>,
+    bad_wr: *mut *mut W,
+) -> Res<()> {
+    let mut cur = wr;
+    let mut staged = 0usize;
+    let mut result = Ok(());
+    while !cur.is_null() {
+        // SAFETY: the application's WR list (the post verbs' contract).
+        let w = unsafe { &*cur };
+        let r = convert(w, prod).and_then(|wqe| match prod.stage(wqe) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full(_)) => Err(Errno::NOMEM),
+            Err(PushError::Corrupt(_)) => Err(Errno::IO),
+        });
+        if let Err(e) = r {
+            result = Err(e);
+            break;
+        }
+        staged += 1;
+        cur = next(w);
     }
+    if staged > 0 {
+        // A queue implies a connection.
+        client::existing()?.publish(prod, db);
+    }
+    if result.is_err() && !bad_wr.is_null() {
+        // SAFETY: caller-provided out pointer.
+        unsafe { *bad_wr = cur };
+    }
+    result
 }
 
 fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
@@ -122,33 +161,9 @@ fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_w
         return Err(e);
     }
     let mut sq = q.sq.lock();
-    let mut cur = wr;
-    let mut staged = 0usize;
-    let mut result = Ok(());
-    while !cur.is_null() {
-        // SAFETY: the application's WR list (ibv_post_send contract).
-        let w = unsafe { &*cur };
-        // SAFETY: the WR's SGE list and inline buffers are the application's (same contract).
-        let r = unsafe { send_wr_to_wqe(w, &q.lim) }.and_then(|wqe| match sq.prod.stage(wqe) {
-            Ok(()) => Ok(()),
-            Err(PushError::Full(_)) => Err(Errno::NOMEM),
-            Err(PushError::Corrupt(_)) => Err(Errno::IO),
-        });
-        if let Err(e) = r {
-            result = Err(e);
-            break;
-        }
-        staged += 1;
-        cur = w.next;
-    }
-    if staged > 0 {
-        q.publish(&mut sq.prod)?;
-    }
-    if result.is_err() && !bad_wr.is_null() {
-        // SAFETY: caller-provided out pointer.
-        unsafe { *bad_wr = cur };
-    }
-    result
+    // SAFETY: the application's WR list and out pointer (ibv_post_send contract); each WR's
+    // SGE list and inline buffers are the application's (same contract).
+    unsafe { stage_list(&mut sq.prod, q.doorbell, wr, |w| w.next, |w, _| send_wr_to_wqe(w, &q.lim), bad_wr) }
 }
 
 /// `ops.post_send`.
@@ -178,37 +193,15 @@ pub unsafe fn post_recv_ring(
         Some((retired, max_wr)) => p.head().wrapping_sub(retired.load(Ordering::Acquire)) < max_wr,
         None => true,
     };
-    let mut cur = wr;
-    let mut staged = 0usize;
-    let mut result = Ok(());
-    while !cur.is_null() {
-        // SAFETY: the application's WR list (ibv_post_recv contract).
-        let w = unsafe { &*cur };
-        if !room(&p) {
-            result = Err(Errno::NOMEM);
-            break;
+    let convert = |w: &ibv_recv_wr, p: &Producer<ShmRecvWqe>| {
+        if !room(p) {
+            return Err(Errno::NOMEM);
         }
-        // SAFETY: the WR's SGE list (same contract).
-        let r = unsafe { recv_wr_to_wqe(w, max_sge) }.and_then(|wqe| match p.stage(wqe) {
-            Ok(()) => Ok(()),
-            Err(PushError::Full(_)) => Err(Errno::NOMEM),
-            Err(PushError::Corrupt(_)) => Err(Errno::IO),
-        });
-        if let Err(e) = r {
-            result = Err(e);
-            break;
-        }
-        staged += 1;
-        cur = w.next;
-    }
-    if staged > 0 {
-        client::existing()?.publish(&mut p, db);
-    }
-    if result.is_err() && !bad_wr.is_null() {
-        // SAFETY: caller-provided out pointer.
-        unsafe { *bad_wr = cur };
-    }
-    result
+        // SAFETY: the WR's SGE list (ibv_post_recv contract).
+        unsafe { recv_wr_to_wqe(w, max_sge) }
+    };
+    // SAFETY: the application's WR list and out pointer (same contract).
+    unsafe { stage_list(&mut p, db, wr, |w| w.next, convert, bad_wr) }
 }
 
 /// `ops.post_recv`.
