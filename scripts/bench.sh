@@ -105,7 +105,7 @@ if [ "$BASE" != none ]; then
     fi
   fi
   if [ -f "$BDIR/rev" ]; then
-    echo "baseline: $(git log -1 --format='%h %cs %s' "$BASE" | cut -c1-100)" >>"$OUT/machine.txt"
+    echo "baseline: $(git log -1 --format='%h of %cs' "$BASE")" >>"$OUT/machine.txt"
     ROUNDS=$((QUICK ? 2 : 5))
     for r in $(seq "$ROUNDS"); do
       for which in base head; do

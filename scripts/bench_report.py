@@ -530,15 +530,16 @@ if prof:
         w(f"* **Clock reads are {clk:.0f} %** (`clock_gettime` through the vDSO, `Instant::elapsed`): the loop")
         w("  reads the wall clock per iteration/packet; a TSC read per burst would do.")
     w("* In the loopback configuration **one lcore serves both ends**: per payload byte it gathers into the")
-    w("  frame (copy), computes the ICRC, verifies the ICRC on receive and scatters into the target MR")
-    w("  (copy) — four passes over every byte on one core. With copy and CRC both near memcpy speed the")
-    rs = [pmrxe_best(x) / memcpy[x] for x in sizes if pmrxe_best(x) and memcpy.get(x)]
+    w("  frame while folding the ICRC and, on receive, scatters into the target MR while checking it")
+    w("  (`copy_and_crc`: one pass per byte per side, two on this core). Its ceiling is the fused kernel's")
+    rs = [pmrxe_best(x) / ceiling for x in sizes if pmrxe_best(x) and ceiling]
     top_r = f"{max(rs):.2f}" if rs else "–"
-    w(f"  ceiling is about memcpy ÷ 4 (0.25), and *÷ memcpy* reaches at most {top_r} in this run; with a")
-    w("  service per host (or an lcore per device) each core makes two passes. (The memcpy figures are")
-    w("  cache-resident copies, as are perftest's: it reuses one buffer.)")
-    w("* Per-packet header work (`parse_frame_with`, `TransportHeaders::parse`, `ipv4::Repr::emit`) and")
-    w("  per-packet lookups (`gid_to_ip`, `owns_ip`, hashing) follow; DPDK's ring PMD itself is small.")
+    w(f"  speed ÷ 2 ({f(ceiling)} GB/s here); the best pmrxe figure reaches {top_r} of it in this run. The rest")
+    w("  of the lcore is per-packet work: parsing and validating each received frame")
+    w("  (`parse_frame_deferred`, `TransportHeaders::parse`), the engine's dispatch and QP roles, building")
+    w("  the next packet, mbuf allocation — at 4 KiB frames that is a fixed cost per 4 KiB that the byte")
+    w("  work does not amortise. With a service per host each core does one side's pass and packet work.")
+    w("  (The limits are cache-resident copies, as are perftest's: it reuses one buffer.)")
 else:
     w("No profile in this run (`perf` missing or not permitted). Alternative: `valgrind --tool=callgrind`")
     w("on `pmrxe serve` under `pmrxe bench --suite quick --socket ...`.")
