@@ -7,25 +7,10 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The program in PATH, or None after saying which package would provide it.
-fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("SKIPPED: `{name}` is not installed (Debian package {package}; scripts/setup.sh installs it)");
-    }
-    found
-}
-
-fn cc(src: &str, out: &Path, compiler: &Path, libs: &[&str]) {
-    let o = Command::new(compiler).args(["-O2", "-Wall", "-Werror", "-o"]).arg(out).arg(repo_root().join(src)).args(libs).output().unwrap();
-    assert!(o.status.success(), "{} {src}: {}", compiler.display(), String::from_utf8_lossy(&o.stderr));
-}
-
 /// UCX's environment for an rc_verbs run on `dev` (ud_verbs only as the auxiliary transport
 /// for UCP's wire-up: rc_verbs connects endpoint to endpoint and needs one, on any hardware).
 fn ucx_env(dev: &str) -> Vec<String> {
@@ -37,7 +22,7 @@ fn async_fd_is_readable_when_an_event_is_pending() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("async_fd");
-    cc("tests/async_fd.c", &prog, &require_tool("cc"), &["-libverbs"]);
+    compile_c("tests/async_fd.c", &prog, &require_tool("cc"), &["-libverbs"]);
     let o = run_verbs(&svc, &[prog.to_str().unwrap()], Duration::from_secs(30));
     assert!(o.ok() && o.output.contains("OK async_fd"), "{}", o.describe());
 }
@@ -50,14 +35,14 @@ fn threads_blocked_in_event_calls_can_be_cancelled() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("cancel_wait");
-    cc("tests/cancel_wait.c", &prog, &require_tool("cc"), &["-libverbs", "-lrdmacm", "-lpthread"]);
+    compile_c("tests/cancel_wait.c", &prog, &require_tool("cc"), &["-libverbs", "-lrdmacm", "-lpthread"]);
     let o = run_verbs(&svc, &[prog.to_str().unwrap()], Duration::from_secs(30));
     assert!(o.ok() && o.output.contains("OK cancel"), "{}", o.describe());
 }
 
 #[test]
 fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
-    let Some(ucx_info) = tool("ucx_info", "ucx-utils") else { return };
+    let Some(ucx_info) = optional_tool("ucx_info", "ucx-utils") else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     // The service provides UCX's /dev/infiniband/<dev_name> probe itself.
@@ -81,7 +66,7 @@ fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
 /// `ucx_perftest` server on pmrxe0, client on pmrxe1, over rc_verbs; returns the client's
 /// "Final:" row (iterations, 50%ile, avg, overall latency (us), avg/overall MB/s, msg/s).
 fn ucx_perftest(svc: &Service, test: &str, size: &str, iters: &str, port: u16) -> Vec<f64> {
-    let bin = tool("ucx_perftest", "ucx-utils").expect("checked by the caller");
+    let bin = optional_tool("ucx_perftest", "ucx-utils").expect("checked by the caller");
     let bin = bin.to_str().unwrap();
     let p = port.to_string();
     let senv = ucx_env("pmrxe0");
@@ -105,7 +90,7 @@ fn ucx_perftest(svc: &Service, test: &str, size: &str, iters: &str, port: u16) -
 
 #[test]
 fn ucx_perftest_tag_bw_and_tag_lat_over_rc_verbs() {
-    if tool("ucx_perftest", "ucx-utils").is_none() {
+    if optional_tool("ucx_perftest", "ucx-utils").is_none() {
         return;
     }
     let _l = heavy_lock();
@@ -123,11 +108,11 @@ fn ucx_perftest_tag_bw_and_tag_lat_over_rc_verbs() {
 
 #[test]
 fn mpi_pingpong_and_allreduce_over_ucx() {
-    let (Some(mpicc), Some(mpirun)) = (tool("mpicc", "libopenmpi-dev"), tool("mpirun", "openmpi-bin")) else { return };
+    let (Some(mpicc), Some(mpirun)) = (optional_tool("mpicc", "libopenmpi-dev"), optional_tool("mpirun", "openmpi-bin")) else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("mpi_pingpong");
-    cc("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
     let mut args: Vec<String> = vec!["env".into()];
     args.extend(ucx_env("pmrxe0"));
     args.extend(
@@ -151,7 +136,7 @@ fn mpi_pingpong_and_allreduce_over_ucx() {
 
 #[test]
 fn fi_info_lists_the_verbs_devices() {
-    let Some(fi_info) = tool("fi_info", "libfabric-bin") else { return };
+    let Some(fi_info) = optional_tool("fi_info", "libfabric-bin") else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let o = run_verbs(&svc, &[fi_info.to_str().unwrap(), "-p", "verbs"], Duration::from_secs(60));
@@ -180,7 +165,7 @@ fn fi_pingpong(svc: &Service, bin: &str, env: &[&str], ep: &str, port: u16) -> P
 
 #[test]
 fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
-    let Some(bin) = tool("fi_pingpong", "libfabric-bin") else { return };
+    let Some(bin) = optional_tool("fi_pingpong", "libfabric-bin") else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &[], "msg", port_for(142));
@@ -198,7 +183,7 @@ fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
 /// ConnectX does; it reported 65536 and fi_enable failed with -22 unless FI_UNIVERSE_SIZE=16).
 #[test]
 fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
-    let Some(bin) = tool("fi_pingpong", "libfabric-bin") else { return };
+    let Some(bin) = optional_tool("fi_pingpong", "libfabric-bin") else { return };
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &["FI_LOG_LEVEL=warn"], "rdm", port_for(143));

@@ -15,7 +15,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -136,9 +135,7 @@ fn many_qps_deep_write_queues_deliver_every_byte() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("many_qp_write");
-    let src = repo_root().join("tests/many_qp_write.c");
-    let o = Command::new(require_tool("cc")).args(["-O2", "-Wall", "-Werror", "-o"]).arg(&prog).arg(&src).arg("-libverbs").output().unwrap();
-    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    compile_c("tests/many_qp_write.c", &prog, &require_tool("cc"), &["-libverbs"]);
     let mut rates = Vec::new();
     for (qps, rounds) in [(1, 8), (16, 2), (64, 2)] {
         let before = lcore_counters(&svc);

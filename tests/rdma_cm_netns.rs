@@ -6,7 +6,7 @@
 //! 1500, so the CM negotiates a 1024-byte path MTU (the loopback tests run at 4096).
 //! Covered: rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime, mckey (fails: no
 //! multicast), perftest -R (WRITE, READ, SEND over RC and UD, SEND latency), qperf -cm1 (RC
-//! tests; UC/UD fail cleanly), UCX ucx_perftest over rc_verbs, fi_pingpong (cannot connect
+//! tests; UC/UD fail cleanly), UCX ucx_perftest over rc_verbs, Open MPI over UCX, fi_pingpong (cannot connect
 //! between hosts: docs/limits.md), a connect with no listener and clients killed at each stage.
 //! Each test checks that both services end with no rdma_cm id, channel, listener,
 //! connection, client or QP left.
@@ -278,6 +278,42 @@ fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
         nothing_left(&a, &b, test);
     }
     eprintln!("ucx_perftest across namespaces: {}", rows.join("; "));
+}
+
+/// Open MPI across the two services: `mpirun -np 2` of tests/mpi_pingpong.c (ping-pong with
+/// every byte checked at 1 B .. 1 MiB, then `MPI_Allreduce` of 100 000 doubles checked) over
+/// UCX's rc_verbs. Rank 0's shim reaches host A's service and rank 1's host B's (each rank
+/// picks its `PMRXE_SOCKET` by `OMPI_COMM_WORLD_RANK`), both on pmrxe0, so every MPI message
+/// crosses the veth; UCX wires up through Open MPI's PMIx (kernel sockets).
+#[test]
+fn mpi_pingpong_and_allreduce_between_two_namespaces() {
+    let (Some(mpicc), Some(mpirun)) = (optional_tool("mpicc", "libopenmpi-dev"), optional_tool("mpirun", "openmpi-bin")) else { return };
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rm");
+    let dir = TempDir::new("cm-netns-mpi");
+    let (a, b) = ns.services(&dir);
+    let prog = dir.join("mpi_pingpong");
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    let rank = format!(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then export PMRXE_SOCKET={}; else export PMRXE_SOCKET={}; fi; exec {}",
+        a.socket.display(),
+        b.socket.display(),
+        prog.display()
+    );
+    let sent = |s: &Service| sum_counter(&s.stats_json(), "tx_bytes");
+    let (a0, b0) = (sent(&a), sent(&b));
+    let mpirun = mpirun.to_str().unwrap();
+    let args = [
+        "env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "UCX_NET_DEVICES=pmrxe0:1", mpirun, "-np", "2", "--allow-run-as-root", "--oversubscribe",
+        "--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS", "-x", "UCX_NET_DEVICES", "-x", "LD_PRELOAD", "sh", "-c", &rank,
+    ];
+    let o = run_verbs(&a, &args, Duration::from_secs(180));
+    assert!(o.ok() && o.output.contains("OK mpi") && o.output.contains("allreduce of 100000 doubles checked"), "{}", o.describe());
+    let (da, db) = (sent(&a) - a0, sent(&b) - b0);
+    eprintln!("mpirun across namespaces: host A sent {da} B, host B sent {db} B on the veth\n{}", o.output);
+    // 100 ping-pongs of 1 MiB alone are 100 MiB each way.
+    assert!(da >= 100 << 20 && db >= 100 << 20, "MPI traffic did not cross the veth: A sent {da} B, B sent {db} B");
+    nothing_left(&a, &b, "mpirun");
 }
 
 /// libfabric 1.17's `fi_pingpong` cannot run between two hosts over the verbs provider: its

@@ -46,6 +46,24 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `name` on PATH, or `None` after a SKIPPED line naming its Debian package (scripts/setup.sh
+/// installs every one of them; the skip is for running single tests on other machines).
+pub fn optional_tool(name: &str, package: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file());
+    if found.is_none() {
+        eprintln!("SKIPPED: `{name}` is not installed (Debian package {package}; scripts/setup.sh installs it)");
+    }
+    found
+}
+
+/// Compile the C program `src` (relative to the repository) into `out` with `compiler` (`cc`,
+/// `mpicc`), `-O2 -Wall -Werror`, linking `libs`.
+pub fn compile_c(src: &str, out: &Path, compiler: &Path, libs: &[&str]) {
+    let o = Command::new(compiler).args(["-O2", "-Wall", "-Werror", "-o"]).arg(out).arg(repo_root().join(src)).args(libs).output().unwrap();
+    assert!(o.status.success(), "{} {src}: {}", compiler.display(), String::from_utf8_lossy(&o.stderr));
+}
+
 /// Absolute path of a program in PATH, or a test failure naming scripts/setup.sh.
 pub fn require_tool(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
