@@ -19,51 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#define DIE(...) do { fprintf(stderr, "many_qp_write: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
-
-static struct ibv_context *open_dev(const char *name) {
-	int n;
-	struct ibv_device **l = ibv_get_device_list(&n);
-	if (!l) DIE("no device list");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name(l[i]), name)) {
-			struct ibv_context *c = ibv_open_device(l[i]);
-			ibv_free_device_list(l);
-			return c;
-		}
-	DIE("no device %s", name);
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *dgid, enum ibv_mtu mtu) {
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = mtu;
-	a.dest_qp_num = dqpn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *dgid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		DIE("RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14; /* perftest's defaults */
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				  IBV_QP_MAX_QP_RD_ATOMIC))
-		DIE("RTS");
-}
+#define PROG "many_qp_write"
+#include "rc_util.h"
 
 static double now_s(void) {
 	struct timespec t;
@@ -122,8 +79,8 @@ int main(int argc, char **argv) {
 		if (!qs[q] || !qd[q]) DIE("create qp %d: %m", q);
 	}
 	for (int q = 0; q < nqp; q++) {
-		connect_qp(qs[q], qd[q]->qp_num, &g1, pa.active_mtu);
-		connect_qp(qd[q], qs[q]->qp_num, &g0, pa.active_mtu);
+		connect_qp(qs[q], qd[q]->qp_num, &g1, pa.active_mtu, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
+		connect_qp(qd[q], qs[q]->qp_num, &g0, pa.active_mtu, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
 	}
 
 	struct ibv_wc *wc = calloc(256, sizeof *wc);

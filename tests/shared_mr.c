@@ -25,52 +25,9 @@
 #include <sys/shm.h>
 #include <unistd.h>
 
-#define DIE(...) do { fprintf(stderr, "shared_mr: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
+#define PROG "shared_mr"
+#include "rc_util.h"
 #define HUGE (2UL << 20)
-
-static struct ibv_context *open_dev(const char *name) {
-	int n;
-	struct ibv_device **l = ibv_get_device_list(&n);
-	if (!l) DIE("no device list");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name(l[i]), name)) {
-			struct ibv_context *c = ibv_open_device(l[i]);
-			ibv_free_device_list(l);
-			return c;
-		}
-	DIE("no device %s", name);
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *dgid) {
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dqpn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *dgid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		DIE("RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				  IBV_QP_MAX_QP_RD_ATOMIC))
-		DIE("RTS");
-}
 
 int main(int argc, char **argv) {
 	if (argc != 2) DIE("usage: shared_mr KIND");
@@ -140,8 +97,8 @@ int main(int argc, char **argv) {
 	if (!q0 || !q1) DIE("create qp");
 	union ibv_gid g0, g1;
 	if (ibv_query_gid(c0, 1, 1, &g0) || ibv_query_gid(c1, 1, 1, &g1)) DIE("query gid");
-	connect_qp(q0, q1->qp_num, &g1);
-	connect_qp(q1, q0->qp_num, &g0);
+	connect_qp(q0, q1->qp_num, &g1, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	connect_qp(q1, q0->qp_num, &g0, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 
 	struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = (uint32_t)len, .lkey = src->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,

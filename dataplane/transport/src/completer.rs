@@ -54,8 +54,10 @@ pub(crate) struct CompState {
     pub backoff_since: Option<Instant>,
 }
 
-/// Largest back-off of the retransmission timer: 2^3 = 8 × the QP's local ACK timeout.
-pub const MAX_BACKOFF_SHIFT: u8 = 3;
+/// Largest back-off of the retransmission timer: 2^2 = 4 × the QP's local ACK timeout — the
+/// top of the range IBA lets the actual timer take for a given Local ACK Timeout (computed
+/// value to four times it), so a backed-off QP still times out as the spec allows.
+pub const MAX_BACKOFF_SHIFT: u8 = 2;
 
 /// Outstanding PSNs while in back-off (after a timeout, until forward progress): the
 /// go-back-N resends one probe of this many packets, not the whole window, and the rest
