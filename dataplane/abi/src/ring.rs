@@ -49,8 +49,8 @@ pub unsafe trait Pod: Copy + 'static {}
 
 /// A ring entry whose tail is only partly used (a send WQE's SGE/inline area): the consumer
 /// copies the head, asks it how many tail bytes are live, and copies only those
-/// ([`Consumer::peek_into`]). A one-SGE send WQE is then two cache lines pulled from the
-/// producer's core instead of six.
+/// ([`Consumer::peek_into`]). A one-SGE send WQE is then two or three cache lines pulled from
+/// the producer's core (352-byte slots: every other one starts mid-line) instead of six.
 ///
 /// # Safety
 /// `HEAD` is a multiple of 8 and at most `size_of::<Self>()`, `size_of::<Self>()` is a multiple

@@ -44,7 +44,9 @@ impl Clock {
     #[inline]
     pub fn now(&self) -> Instant {
         match self.tsc {
-            Some(t) => Instant(((u128::from(rdtsc().wrapping_sub(t.base)) * u128::from(t.mult)) >> 32) as u64),
+            // Saturating: a read below the calibration point (another core's TSC behind by
+            // more than the time since) is time zero, never the far future.
+            Some(t) => Instant(((u128::from(rdtsc().saturating_sub(t.base)) * u128::from(t.mult)) >> 32) as u64),
             None => Instant(self.origin.elapsed().as_nanos() as u64),
         }
     }

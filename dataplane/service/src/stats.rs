@@ -289,11 +289,11 @@ impl Tap for CaptureTap {
     fn frame(&self, _tx: bool, local_qpn: Option<u32>, data: &[u8]) {
         let want = self.0.qpn.load(Ordering::Relaxed);
         if want != u64::MAX {
-            // Either direction: sent by the QP (the lcore says which), or addressed to it.
-            let ours = match local_qpn {
-                Some(q) => u64::from(q) == want,
-                None => pmrxe_wire::parse_frame(data).is_ok_and(|f| u64::from(u32::from(f.headers.bth.dest_qp)) == want),
-            };
+            // Either direction: sent by the QP (the lcore says which), or addressed to it —
+            // also when the sender is a QP of this host (same-port frames are tapped once,
+            // when sent).
+            let ours = local_qpn.is_some_and(|q| u64::from(q) == want)
+                || pmrxe_wire::parse_frame(data).is_ok_and(|f| u64::from(u32::from(f.headers.bth.dest_qp)) == want);
             if !ours {
                 return;
             }
@@ -311,4 +311,51 @@ impl Tap for CaptureTap {
 /// Write the pcap stream from `src` to `dst` (the `pmrxe capture` client helper).
 pub fn copy_stream(mut src: impl std::io::Read, mut dst: impl Write) -> std::io::Result<u64> {
     std::io::copy(&mut src, &mut dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pmrxe_runtime::lcore::Tap;
+    use pmrxe_wire::sample::{random_headers, random_l3};
+    use pmrxe_wire::{build_frame_vec, Opcode, Qpn};
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    /// `pmrxe capture --qp N` keeps the frames of QP N in either direction: sent by N (the lcore
+    /// names the sender), addressed to N (received, or sent by another QP of this host: a
+    /// same-port frame is tapped once, when sent), and nothing else.
+    #[test]
+    fn qp_filter_keeps_both_directions_of_one_qp() {
+        let mut rng = SmallRng::seed_from_u64(16);
+        let frame = |rng: &mut SmallRng, dest: u32| {
+            let (mut h, p) = random_headers(rng, Opcode::RC_RDMA_WRITE_ONLY);
+            h.bth.dest_qp = Qpn::new(dest);
+            let l3 = random_l3(rng, false, Qpn::new(1), Qpn::new(dest));
+            build_frame_vec(&l3, &h, &p).unwrap()
+        };
+        let dir = std::env::temp_dir().join(format!("pmrxe-capture-filter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cap.pcap");
+        let cap = Arc::new(Capture::default());
+        cap.start(File::create(&path).unwrap().into(), 3, Some(0x22)).unwrap();
+        let tap = CaptureTap(cap.clone());
+        tap.frame(true, Some(0x11), &frame(&mut rng, 0x22)); // A's request to B: kept
+        tap.frame(true, Some(0x11), &frame(&mut rng, 0x33)); // A to C: not B's
+        tap.frame(true, Some(0x22), &frame(&mut rng, 0x11)); // B's answer to A: kept
+        tap.frame(false, None, &frame(&mut rng, 0x44)); // received for D: dropped
+        tap.frame(false, None, &frame(&mut rng, 0x22)); // received for B: kept
+        let t0 = Instant::now();
+        while cap.active() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the capture did not end after 3 frames");
+            std::thread::sleep(Duration::from_millis(5)); // poll interval of a bounded condition wait
+        }
+        let dests: Vec<u32> = pmrxe_wire::read_pcap(&path)
+            .unwrap()
+            .iter()
+            .map(|r| u32::from(pmrxe_wire::parse_frame(&r.data).unwrap().headers.bth.dest_qp))
+            .collect();
+        assert_eq!(dests, vec![0x22, 0x11, 0x22]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
