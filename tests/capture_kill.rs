@@ -4,7 +4,6 @@
 //! no log line) and every verbs client saw IBV_EVENT_DEVICE_FATAL.
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,16 +20,7 @@ fn start_capture(svc: &Service, tag: &str, frames_before: u64, need_frames: bool
     let err = svc.dir.join(&format!("{tag}.err"));
     let mut cmd = svc.pmrxe();
     cmd.args(["capture", "--out"]).arg(&out).args(["--count", "1000000"]).stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap());
-    // Ctrl-C must reach the capture as it would from a terminal, even when the test run itself
-    // was started in the background by a non-interactive shell (which starts it with SIGINT
-    // ignored, and an ignored signal stays ignored across exec).
-    // SAFETY: between fork and exec only signal(2) runs, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            Ok(())
-        })
-    };
+    default_sigint(&mut cmd);
     let mut cap = cmd.spawn().expect("spawn pmrxe capture");
     let t0 = Instant::now();
     loop {

@@ -257,7 +257,7 @@ fn lcore_fast_path_makes_no_syscalls_during_ib_write_bw() {
 
     let trace = dir.join("lcore.strace");
     let serr = dir.join("strace.err");
-    let mut st = Command::new(&strace)
+    let mut st = default_sigint(&mut Command::new(&strace))
         .args(["-e", "trace=all", "-o"])
         .arg(&trace)
         .args(["-p", &tid.to_string()])

@@ -154,6 +154,21 @@ pub fn sigterm(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
 }
 
+/// Give a child SIGINT's default action back before exec, so [`sigint`] reaches it as Ctrl-C
+/// from a terminal would, even when the test run was started in the background by a
+/// non-interactive shell (which starts it with SIGINT ignored; an ignored signal stays
+/// ignored across exec).
+pub fn default_sigint(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only signal(2) runs, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    }
+}
+
 pub fn sigint(pid: u32) {
     // SAFETY: kill(2) with a pid we spawned.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
