@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <unistd.h>
 #include <string.h>
+#include <sched.h>
+#include <time.h>
+#include <sys/syscall.h>
 #include <arpa/inet.h>
 
 static struct ibv_context *ctx;
@@ -21,11 +24,49 @@ static volatile int cleaned[3];
 
 static void cleanup(void *a) { cleaned[(long)a] = 1; }
 
+/* The thread about to block says who it is; the main thread waits until the kernel shows it
+ * sleeping (state S in /proc/self/task/TID/stat), at most 10 s: it is then blocked in the call. */
+static volatile pid_t waiter;
+
+static void i_am_waiting(void) { waiter = (pid_t)syscall(SYS_gettid); }
+
+static int wait_blocked(void)
+{
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		char path[64], buf[512], *p;
+		FILE *f;
+		pid_t tid = waiter;
+		if (tid) {
+			snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+			f = fopen(path, "r");
+			if (f) {
+				size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+				fclose(f);
+				buf[n] = 0;
+				p = strrchr(buf, ')');
+				if (p && p[1] == ' ' && p[2] == 'S') {
+					waiter = 0;
+					return 0;
+				}
+			}
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (t.tv_sec - t0.tv_sec > 10) {
+			printf("the thread never blocked\n");
+			return -1;
+		}
+		sched_yield();
+	}
+}
+
 static void *cq_thread(void *a)
 {
 	struct ibv_cq *cq;
 	void *c;
 	pthread_cleanup_push(cleanup, (void *)0);
+	i_am_waiting();
 	ibv_get_cq_event(ch, &cq, &c);
 	pthread_cleanup_pop(0);
 	return NULL;
@@ -35,6 +76,7 @@ static void *async_thread(void *a)
 {
 	struct ibv_async_event e;
 	pthread_cleanup_push(cleanup, (void *)1);
+	i_am_waiting();
 	ibv_get_async_event(ctx, &e);
 	pthread_cleanup_pop(0);
 	return NULL;
@@ -44,6 +86,7 @@ static void *cm_thread(void *a)
 {
 	struct rdma_cm_event *e;
 	pthread_cleanup_push(cleanup, (void *)2);
+	i_am_waiting();
 	rdma_get_cm_event(ech, &e);
 	pthread_cleanup_pop(0);
 	return NULL;
@@ -55,6 +98,7 @@ static volatile int returned;
 static void *late_reader(void *a)
 {
 	struct rdma_cm_event *e;
+	i_am_waiting();
 	if (rdma_get_cm_event(ech2, &e) == 0)
 		printf("rdma_get_cm_event returned event %d of a destroyed id\n", e->event);
 	else
@@ -89,7 +133,8 @@ int main(void)
 		void *r;
 		if (pthread_create(&t, NULL, fns[i], NULL))
 			return 1;
-		usleep(200000); /* let it block; cancellation works at any point anyway */
+		if (wait_blocked())
+			return 1;
 		pthread_cancel(t);
 		pthread_join(t, &r);
 		printf("%s: %s, cleanup handler %s\n", names[i], r == PTHREAD_CANCELED ? "cancelled" : "returned",
@@ -125,8 +170,10 @@ int main(void)
 		}
 		if (pthread_create(&t, NULL, late_reader, NULL))
 			return 1;
-		usleep(200000);
+		if (wait_blocked())
+			return 1;
 		rdma_destroy_event_channel(ech2);
+		/* The negative check needs a window: a reader that wrongly returns does so at once. */
 		usleep(200000);
 		printf("reader on a destroyed channel: %s\n", returned ? "returned" : "still blocked");
 		bad |= returned;

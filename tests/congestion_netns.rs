@@ -99,15 +99,9 @@ fn cnp_and_ecn_on_the_wire() {
     let mut ack = TransportHeaders::new(raw::bth(Opcode::RC_ACKNOWLEDGE, qpn, wpsn, false));
     ack.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits: 0x1f }, msn: Msn::new(1) });
     raw::send(&fd, &build_frame_vec(&l3(26 << 2), &ack, &[]).expect("build ACK"));
-    let t0 = Instant::now();
-    let done = loop {
-        let mut c = [pmrxe_service::native::ShmCqe::default(); 4];
-        if cq.poll(&mut c).expect("poll") > 0 {
-            break c[0];
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "the WRITE did not complete after the ACK");
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let mut c = [pmrxe_service::native::ShmCqe::default(); 4];
+    wait_until(Duration::from_secs(5), "the WRITE completing after the ACK", || cq.poll(&mut c).expect("poll") > 0);
+    let done = c[0];
     assert_eq!((done.wr_id, done.status), (1, 0), "WRITE completed with success");
     eprintln!("congestion_netns: WRITE ACKed after {:.1} s", t_start.elapsed().as_secs_f64());
     let before = qp_stats(&svc, qpn);
@@ -120,10 +114,8 @@ fn cnp_and_ecn_on_the_wire() {
     let n = build_cnp_frame(&mut cnp, &hw, &CnpRepr::new(Qpn::new(qpn))).unwrap();
     assert_eq!(n, 74, "the ConnectX vector's length");
     raw::send(&fd, &cnp[..n]);
-    let t0 = Instant::now();
-    while lcore_ctr(&svc, "rx_cnp") == 0 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // (A miss is reported by the exact asserts below.)
+    poll_until(Duration::from_secs(5), || lcore_ctr(&svc, "rx_cnp") > 0);
     let after = qp_stats(&svc, qpn);
     println!("QP {qpn:#x} before: rate {} Mb/s; after the injected CNP: cnp_received {} decreases {} rate {} Mb/s", before["cc_rate_mbps"], after["cnp_received"], after["cc_rate_decreases"], after["cc_rate_mbps"]);
     assert_eq!(lcore_ctr(&svc, "rx_cnp"), 1, "lcore rx_cnp");
@@ -136,10 +128,7 @@ fn cnp_and_ecn_on_the_wire() {
     bad[n - 1] ^= 1;
     let icrc0 = lcore_ctr(&svc, "rx_icrc_errors");
     raw::send(&fd, &bad[..n]);
-    let t0 = Instant::now();
-    while lcore_ctr(&svc, "rx_icrc_errors") == icrc0 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_until(Duration::from_secs(5), || lcore_ctr(&svc, "rx_icrc_errors") > icrc0);
     assert_eq!(lcore_ctr(&svc, "rx_icrc_errors"), icrc0 + 1, "the corrupt CNP is counted as a bad ICRC");
     assert_eq!(qp_stats(&svc, qpn)["cnp_received"], 1, "a corrupt CNP is dropped");
 

@@ -151,15 +151,12 @@ fn run_level(l: &Level) {
 
     let retransmits = sampler.finish();
     // The programs have exited; their sessions end as the service reads the sockets' EOF.
-    let gone = Instant::now();
-    let st = loop {
-        let st = svc.stats_json();
-        if st["clients"].as_array().is_some_and(|c| c.is_empty()) {
-            break st;
-        }
-        assert!(gone.elapsed() < Duration::from_secs(10), "clients left behind: {}", st["clients"]);
-        std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
-    };
+    let mut st = serde_json::Value::Null;
+    let gone = poll_until(Duration::from_secs(10), || {
+        st = svc.stats_json();
+        st["clients"].as_array().is_some_and(|c| c.is_empty())
+    });
+    assert!(gone, "clients left behind: {}", st["clients"]);
     let icrc = lcore_counter(&st, "rx_icrc_errors");
     let rx = lcore_counter(&st, "rx_packets");
     // One injector per port (one lcore, two devices).

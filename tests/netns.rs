@@ -15,8 +15,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -50,21 +49,15 @@ fn lcore_counter(svc: &Service, name: &str) -> u64 {
 
 /// Run a pair A (server) <- B (client) while sampling both services' QP counters.
 fn pair_across(a: &Service, b: &Service, server: &[&str], client: &[&str], port: u16, what: &str) -> PairOutput {
-    let counters = Arc::new(Mutex::new(Counters::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let r = std::thread::scope(|s| {
-        let (c2, st2) = (counters.clone(), stop.clone());
-        s.spawn(move || {
-            while !st2.load(Ordering::Relaxed) {
-                sample(a, 'A', &c2);
-                sample(b, 'B', &c2);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        });
-        let r = run_pair_on(a, server, b, client, port, Duration::from_secs(120));
-        stop.store(true, Ordering::Relaxed);
-        r
-    });
+    let counters = Mutex::new(Counters::new());
+    let r = sample_during(
+        Duration::from_millis(250),
+        || {
+            sample(a, 'A', &counters);
+            sample(b, 'B', &counters);
+        },
+        || run_pair_on(a, server, b, client, port, Duration::from_secs(120)),
+    );
     eprintln!("{what}: retransmission counters (max over samples, per service and QP):");
     let m = counters.lock().unwrap();
     if m.is_empty() {
@@ -161,21 +154,8 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
     let args = ["ib_write_bw", "-d", "pmrxe0", "-F", "-q", "4", "-s", "65536", "-D", "4", "--report_gbits", "-p", &ps];
     let mut client = args.to_vec();
     client.push("127.0.0.1");
-    let counters = Arc::new(Mutex::new(Counters::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let r = std::thread::scope(|s| {
-        let (c2, st2) = (counters.clone(), stop.clone());
-        let b = &b;
-        s.spawn(move || {
-            while !st2.load(Ordering::Relaxed) {
-                sample(b, 'B', &c2);
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
-        let r = run_pair_on(&a, &args, b, &client, port, Duration::from_secs(120));
-        stop.store(true, Ordering::Relaxed);
-        r
-    });
+    let counters = Mutex::new(Counters::new());
+    let r = sample_during(Duration::from_millis(200), || sample(&b, 'B', &counters), || run_pair_on(&a, &args, &b, &client, port, Duration::from_secs(120)));
     let qdisc = Command::new("ip").args(["netns", "exec", &ns.b, "tc", "-s", "qdisc", "show", "dev", &ns.if_b]).output().expect("tc -s");
     let qdisc = String::from_utf8_lossy(&qdisc.stdout).to_string();
     eprintln!("{qdisc}");

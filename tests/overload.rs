@@ -15,7 +15,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -60,19 +59,8 @@ fn write_bw(svc: &Service, qps: u32, iters: u32, port_index: u16, what: &str) ->
     server[2] = "pmrxe1";
     let before = lcore_counters(svc);
     let counters = Mutex::new(QpCounters::new());
-    let stop = AtomicBool::new(false);
     let t0 = Instant::now();
-    let r = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                sample_qps(svc, &counters);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        let r = run_pair(svc, &server, &client, port, Duration::from_secs(60));
-        stop.store(true, Ordering::Relaxed);
-        r
-    });
+    let r = sample_during(Duration::from_millis(100), || sample_qps(svc, &counters), || run_pair(svc, &server, &client, port, Duration::from_secs(60)));
     let wall = t0.elapsed().as_secs_f64();
     r.assert_ok();
     let rows = perftest_rows(&r.client.output);

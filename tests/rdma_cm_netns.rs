@@ -371,13 +371,11 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     let mut server = tcp.spawn(&a, &[&args[..], &["-B", &p]].concat(), &so);
     wait_listening(&mut server, pn, &so, Duration::from_secs(20));
     let rej_b = rej(&b);
-    let t0 = Instant::now();
     let mut client = tcp.spawn(&b, &[&args[..], &["-P", &p, A]].concat(), &co);
-    while read_to_string_lossy(&co).matches("Connection refused (111)").count() < 2 {
+    wait_until(Duration::from_secs(20), "fi_pingpong -e rdm client retrying the refused connection", || {
         assert!(client.try_wait().unwrap().is_none(), "fi_pingpong -e rdm client exited:\n{}", read_to_string_lossy(&co));
-        assert!(t0.elapsed() < Duration::from_secs(20), "fi_pingpong -e rdm client, {:?}:\n{}", t0.elapsed(), read_to_string_lossy(&co));
-        std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
-    }
+        read_to_string_lossy(&co).matches("Connection refused (111)").count() >= 2
+    });
     let _ = client.kill();
     let _ = client.wait();
     assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{}", read_to_string_lossy(&co));
@@ -388,21 +386,9 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
 
 /// (ids, channels, listeners, conns, clients other than `pmrxe`, QPs) of a service.
 fn counts(s: &Service) -> (u64, u64, u64, u64, usize, usize) {
-    let j = s.stats_json();
-    let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k}: {}", j["cm"]));
-    let qps = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
-    let clients = j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count());
-    (cm("ids"), cm("channels"), cm("listeners"), cm("conns"), clients, qps)
+    held(&s.stats_json())
 }
 
-/// Poll `what` until it holds, at most `limit`.
-fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(10)); // poll interval of a bounded condition wait
-    }
-}
 
 /// Faults across the veth: a connect to a port nobody listens on is REJECTED at once by host
 /// A's CM; clients SIGKILLed at each stage of their life (start-up, registered with host B's

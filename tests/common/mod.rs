@@ -149,6 +149,42 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// Run `work` while another thread calls `sample` every `period` (first at once), until `work`
+/// returns: counters read from a service during a run.
+pub fn sample_during<R>(period: Duration, mut sample: impl FnMut() + Send, work: impl FnOnce() -> R) -> R {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || loop {
+            sample();
+            if !matches!(stopped.recv_timeout(period), Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
+                break;
+            }
+        });
+        let r = work();
+        drop(stop);
+        r
+    })
+}
+
+/// Poll `cond` until it holds; fails the test naming `what` if it does not within `limit`. The
+/// one poll loop of the integration tests (a short pause between polls, never a fixed wait).
+pub fn wait_until(limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(poll_until(limit, cond), "{what}: not within {limit:?}");
+}
+
+/// Poll `cond` until it holds (true) or `limit` passes (false): for callers that explain a
+/// failure with what they saw last.
+pub fn poll_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !cond() {
+        if t0.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10)); // poll interval of a bounded condition wait
+    }
+    true
+}
+
 pub fn sigterm(pid: u32) {
     // SAFETY: kill(2) with a pid we spawned.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
@@ -308,12 +344,10 @@ impl Service {
             .stderr(File::create(&err).unwrap())
             .spawn()
             .unwrap();
-        let t0 = Instant::now();
-        while self.stats_json()["capture"]["active"] != serde_json::json!(true) {
+        wait_until(Duration::from_secs(10), "pmrxe capture becoming active", || {
             assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&err));
-            assert!(t0.elapsed() < Duration::from_secs(10), "capture never became active");
-            std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded condition wait
-        }
+            self.stats_json()["capture"]["active"] == serde_json::json!(true)
+        });
         cap
     }
 
@@ -738,30 +772,29 @@ impl Drop for NetnsPair {
 /// no client but `pmrxe` itself, and no QP (`pmrxe stats --json`); panic with what is left.
 pub fn assert_nothing_left(svc: &Service, limit: Duration, what: &str) {
     let t0 = Instant::now();
-    loop {
-        let j = svc.stats_json();
-        let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]));
-        let qps: usize = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
-        let left = (
-            cm("ids"),
-            cm("channels"),
-            cm("listeners"),
-            cm("conns"),
-            j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count()),
-            qps,
-        );
-        if left == (0, 0, 0, 0, 0, 0) {
-            eprintln!("{what}: nothing left after {:.1} s", t0.elapsed().as_secs_f64());
-            return;
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "{what}: still (ids, channels, listeners, conns, clients, qps) = {left:?} after {limit:?}; cm {}\nclients {}",
-            j["cm"],
-            j["clients"]
-        );
-        std::thread::sleep(Duration::from_millis(200)); // poll interval of a bounded condition wait
-    }
+    let mut last = serde_json::Value::Null;
+    let mut left = (0, 0, 0, 0, 0, 0);
+    let gone = poll_until(limit, || {
+        last = svc.stats_json();
+        left = held(&last);
+        left == (0, 0, 0, 0, 0, 0)
+    });
+    assert!(
+        gone,
+        "{what}: still (ids, channels, listeners, conns, clients, qps) = {left:?} after {limit:?}; cm {}\nclients {}",
+        last["cm"],
+        last["clients"]
+    );
+    eprintln!("{what}: nothing left after {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// What a service holds, from `pmrxe stats --json`: (rdma_cm ids, channels, listeners,
+/// connections, clients other than `pmrxe` itself, QPs).
+pub fn held(j: &serde_json::Value) -> (u64, u64, u64, u64, usize, usize) {
+    let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]));
+    let qps = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
+    let clients = j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count());
+    (cm("ids"), cm("channels"), cm("listeners"), cm("conns"), clients, qps)
 }
 
 /// A network namespace whose `lo` carries some addresses: for programs whose kernel TCP
