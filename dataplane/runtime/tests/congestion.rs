@@ -18,8 +18,8 @@ use pmrxe_mem::{MemLimits, MemTable};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore};
 use pmrxe_port::PacketBuf;
 use pmrxe_runtime::neigh::ip_to_gid;
-use pmrxe_transport::sim::PairParams;
-use pmrxe_transport::{AddressVector, AttrMask as M, CcConfig, DcqcnParams, Instant, NpParams, PathMtu, Qp, QpAttr, QpState};
+use pmrxe_transport::sim::{bring_up, PairParams};
+use pmrxe_transport::{CcConfig, DcqcnParams, Instant, NpParams, PathMtu};
 use pmrxe_wire::{self as wire, ecn};
 
 /// Rewrite an IPv4 frame's ECN field to CE and fix the header checksum (the ICRC masks TOS).
@@ -32,31 +32,6 @@ fn mark_ce(f: &mut [u8]) {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-}
-
-/// RESET → INIT → RTR → RTS (RC) with a GRH traffic class of DSCP 26 (AF31), ECN bits 0.
-fn up_with_dscp26(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
-    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, traffic_class: 26 << 2, ..AddressVector::default() };
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        path_mtu: p.mtu,
-        qp_access_flags: p.access,
-        port_num: 1,
-        dest_qp_num: peer,
-        rq_psn: p.sq_psn,
-        sq_psn: p.sq_psn,
-        timeout: p.timeout,
-        retry_cnt: p.retry_cnt,
-        rnr_retry: p.rnr_retry,
-        min_rnr_timer: p.min_rnr_timer,
-        max_rd_atomic: p.max_rd_atomic,
-        max_dest_rd_atomic: p.max_dest_rd_atomic,
-        ah_attr: av,
-        ..QpAttr::default()
-    };
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).expect("INIT");
-    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER).expect("RTR");
-    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC).expect("RTS");
 }
 
 #[test]
@@ -74,8 +49,8 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
     let (mut lc, h) = Lcore::new(0, links, mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
 
     // The QPs carry a GRH traffic class with DSCP 26 (AF31): the wire must keep it, plus ECT(0).
-    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, up_with_dscp26);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, traffic_class: 26 << 2, ..PairParams::default() };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
     let cpage = client_page(&page);
     const N: u64 = 16;
     for i in 0..N {

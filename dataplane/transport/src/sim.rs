@@ -472,6 +472,8 @@ pub struct PairParams {
     pub caps: crate::QpCaps,
     /// PD of both QPs.
     pub pd: u32,
+    /// GRH traffic class of both QPs' address vectors (DSCP << 2 | ECN).
+    pub traffic_class: u8,
 }
 
 impl Default for PairParams {
@@ -489,6 +491,7 @@ impl Default for PairParams {
             sq_psn: 100,
             caps: crate::QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 8, max_recv_sge: 8, max_inline_data: 256 },
             pd: 1,
+            traffic_class: 0,
         }
     }
 }
@@ -515,7 +518,7 @@ impl Sim {
 /// RESET → INIT → RTR → RTS with the masks the IBTA table requires.
 pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
     use crate::attr::{AddressVector, AttrMask as M, QpAttr, QpState};
-    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, ..AddressVector::default() };
+    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, traffic_class: p.traffic_class, ..AddressVector::default() };
     let a = QpAttr {
         qp_state: QpState::Init,
         qkey: 0x1111_1111,
