@@ -218,8 +218,26 @@ struct PathCache {
     l3: wire::L3Info,
     /// The destination is one of this port's own addresses: loop back inside the device.
     local: bool,
-    /// Eth/IP/UDP and the ICRC prefix state for the last RoCE length sent on this path.
-    header: Option<wire::frame::HeaderTemplate>,
+    /// Eth/IP/UDP and the ICRC prefix state for the last two RoCE lengths sent on this path (a
+    /// QP that sends both requests and responses alternates two lengths: data and ACKs).
+    headers: [Option<wire::frame::HeaderTemplate>; 2],
+    /// The entry the next new length replaces.
+    next_header: usize,
+}
+
+impl PathCache {
+    /// The header for a RoCE part of `roce_len` bytes: prebuilt once per (path, length), so
+    /// equal-length packets (every MTU-sized one of a bulk message, every small WRITE, every
+    /// ACK) copy it. `None` if the length cannot be framed.
+    fn header(&mut self, roce_len: usize) -> Option<wire::frame::HeaderTemplate> {
+        if let Some(h) = self.headers.iter().flatten().find(|h| h.roce_len() == roce_len) {
+            return Some(*h);
+        }
+        let h = wire::frame::HeaderTemplate::new(&self.l3, roce_len).ok()?;
+        self.headers[self.next_header] = Some(h);
+        self.next_header ^= 1;
+        Some(h)
+    }
 }
 
 /// How long a QP's send state is held while ARP/ND resolves its next hop; after that the

@@ -72,12 +72,7 @@ impl<L: Port> Lcore<L> {
                     continue; // the engine's retransmission recovers once ARP/ND resolves
                 };
                 let local = path.local;
-                // The header for this length: prebuilt once per (path, length), so equal-length
-                // packets (every MTU-sized one of a bulk message, every small WRITE) copy it.
-                if path.header.is_none_or(|h| h.roce_len() != t.len) {
-                    path.header = wire::frame::HeaderTemplate::new(&path.l3, t.len).ok();
-                }
-                let Some(header) = path.header else {
+                let Some(header) = path.header(t.len) else {
                     bump(&self.stats.tx_build_errors, 1);
                     continue;
                 };
@@ -251,7 +246,7 @@ fn path_for<'a, L: Port>(cache: &'a mut Option<PathCache>, port: &PortSlot<L>, n
             udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
             ip_id: 0,
         };
-        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, header: None });
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, headers: [None; 2], next_header: 0 });
     }
     cache.as_mut()
 }
