@@ -10,6 +10,9 @@
 //! * [`Mapping`]: a shared mapping of a segment fd, unmapped on drop.
 //! * [`QpSegment`], [`CqSegment`], [`SrqSegment`]: a QP/CQ/SRQ segment mapped and its rings
 //!   attached after checking the layout the service sent; [`poll_cq`] drains a CQ ring.
+use rustix::io::Errno;
+use rustix::mm::{self, MapFlags, ProtFlags};
+use rustix::net::RecvFlags;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -148,9 +151,10 @@ impl Channel {
     /// Has the service gone (end-of-file or an error on the socket)? One non-blocking peek.
     pub fn peer_gone(&self) -> bool {
         let mut b = [0u8; 1];
-        // SAFETY: non-blocking peek into a local one-byte buffer on our socket.
-        let n = unsafe { libc::recv(self.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-        n == 0 || (n < 0 && !matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)))
+        match rustix::net::recv(&self.sock, &mut b, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((n, _)) => n == 0,
+            Err(e) => e != Errno::AGAIN && e != Errno::INTR,
+        }
     }
 }
 
@@ -178,13 +182,13 @@ impl Mapping {
         if len == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
-        // SAFETY: a fresh mapping at a kernel-chosen address; no existing memory is touched.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, offset as libc::off_t) };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
+        let flags = MapFlags::SHARED | if populate { MapFlags::POPULATE } else { MapFlags::empty() };
+        ctrl::with_borrowed(&[fd], |fd| {
+            // SAFETY: a fresh mapping at a kernel-chosen address (null hint, no MAP_FIXED); no
+            // existing memory is touched.
+            let p = unsafe { mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, flags, fd[0], offset) }?;
+            Ok(Mapping { ptr: p.cast(), len })
+        })
     }
 
     /// Start of the mapping (page aligned).
@@ -206,7 +210,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: our own mapping (made by `map`); nothing borrows it past its owner.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        let _ = unsafe { mm::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -217,23 +221,13 @@ impl Drop for Mapping {
 /// registration copies and the native harness's buffers all come from here; callers that
 /// want huge pages when free try `huge_page` first and 0 on failure.
 pub fn memfd(name: &std::ffi::CStr, len: u64, huge_page: u64, seal_size: bool) -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
+    use rustix::fs::{MemfdFlags, SealFlags};
     // MFD_HUGE_SHIFT (26): log2 of the huge page size in the flags.
-    let huge = if huge_page > 4096 { libc::MFD_HUGETLB | (huge_page.trailing_zeros() << 26) } else { 0 };
-    // SAFETY: a NUL-terminated name and constant flags; no memory is touched.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | huge) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create returned a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on our own fd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fcntl on our own fd.
-    if seal_size && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) } != 0 {
-        return Err(io::Error::last_os_error());
+    let huge = if huge_page > 4096 { MemfdFlags::HUGETLB | MemfdFlags::from_bits_retain(huge_page.trailing_zeros() << 26) } else { MemfdFlags::empty() };
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | huge)?;
+    rustix::fs::ftruncate(&fd, len)?;
+    if seal_size {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     }
     Ok(fd)
 }
@@ -471,14 +465,9 @@ mod tests {
 
     #[test]
     fn service_error_reply_becomes_errno() {
-        use std::os::fd::FromRawFd;
         // A socketpair stands in for the service: it answers one request with Err (errno 0 is
         // normalised to EIO) and the next with Ok.
-        let mut sv = [0; 2];
-        // SAFETY: socketpair into a valid two-element array.
-        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
-        // SAFETY: two fresh descriptors that we now own.
-        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let (a, b) = ctrl::seqpacket_pair().unwrap();
         let chan = Channel { sock: a, buf: Mutex::new(Vec::new()) };
         let server = std::thread::spawn(move || {
             let mut buf = Vec::new();

@@ -9,8 +9,14 @@
 //! Every request gets exactly one response. Errors carry an errno the shim returns to the
 //! application as-is, plus a message for logs.
 use serde::{Deserialize, Serialize};
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use rustix::io::Errno;
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+    SocketAddrUnix, SocketFlags, SocketType,
+};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use crate::layout::{CqSegmentLayout, Doorbell, QpSegmentLayout, SrqSegmentLayout};
 
@@ -387,150 +393,118 @@ pub fn decode<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> io::Result<T> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Run `f` with `fds` — raw descriptors a caller passed in — borrowed for the length of the
+/// call. A negative number is `EBADF`, as the kernel would answer.
+pub(crate) fn with_borrowed<R>(fds: &[RawFd], f: impl FnOnce(&[BorrowedFd<'_>]) -> io::Result<R>) -> io::Result<R> {
+    if fds.iter().any(|&fd| fd < 0) {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: each fd is non-negative (never the -1 niche) and is a descriptor the caller
+    // holds open while it calls us (the contract of every function here that takes a raw fd);
+    // the borrows live only inside `f`, within that call.
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) }).collect();
+    f(&borrowed)
+}
+
+/// The control-message buffer of one datagram: 64 bytes, room for up to 12 fds (a peer that
+/// sends more gets `MSG_CTRUNC`), aligned for `cmsghdr` so none of it is lost to alignment.
+#[repr(C, align(8))]
+struct CmsgBuf([MaybeUninit<u8>; 64]);
+
 /// Send one message with optional fds over a SEQPACKET socket.
 pub fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     if bytes.len() > MAX_MSG || fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
     }
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    let mut cbuf = [0u64; 8]; // 64 bytes: room for CMSG_SPACE(4 fds)
-    // SAFETY: msghdr is plain data; zeroed is a valid initial value.
-    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let fd_bytes = core::mem::size_of_val(fds);
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: msg_control points at `cbuf`, which is at least `space` bytes (checked by the
-        // MAX_FDS bound), so the first header and its data fit.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
-            core::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(cmsg), fd_bytes);
-        }
-    }
-    loop {
-        // SAFETY: `msg` and everything it points to are valid for the call.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    with_borrowed(&[sock], |sock| {
+        with_borrowed(fds, |fds| {
+            let mut space = CmsgBuf([MaybeUninit::uninit(); 64]);
+            let mut control = SendAncillaryBuffer::new(&mut space.0);
+            if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
+            }
+            loop {
+                match net::sendmsg(sock[0], &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
+                    Ok(_) => return Ok(()),
+                    Err(Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        })
+    })
 }
 
 /// Receive one message and its fds. `Ok(None)` on orderly shutdown by the peer.
 pub fn recv_msg(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd>>> {
     buf.resize(MAX_MSG, 0);
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: plain data.
-    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = core::mem::size_of_val(&cbuf);
-    let n = loop {
-        // SAFETY: `msg` points at live buffers of the declared sizes.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
-    let mut fds = Vec::new();
-    // SAFETY: walking the control buffer the kernel filled, using the CMSG_* accessors.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg);
-                let len = (*cmsg).cmsg_len as usize - (data as usize - cmsg as usize);
-                for i in 0..len / 4 {
-                    let fd = core::ptr::read_unaligned(data.add(i * 4).cast::<RawFd>());
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
+    with_borrowed(&[sock], |sock| {
+        let mut space = CmsgBuf([MaybeUninit::uninit(); 64]);
+        let mut control = RecvAncillaryBuffer::new(&mut space.0);
+        let got = loop {
+            match net::recvmsg(sock[0], &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+                Ok(got) => break got,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        };
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                fds.extend(received);
+            }
         }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message fds truncated"));
-    }
-    if n == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    buf.truncate(n);
-    Ok(Some(fds))
+        if got.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "control message fds truncated"));
+        }
+        if got.bytes == 0 && fds.is_empty() {
+            return Ok(None);
+        }
+        buf.truncate(got.bytes);
+        Ok(Some(fds))
+    })
 }
 
-/// A `sockaddr_un` for `path` and its length; `InvalidInput` if the path does not fit.
-fn sockaddr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+/// The `sockaddr_un` of `path`; `InvalidInput` if the path does not fit with its NUL.
+fn sockaddr(path: &std::path::Path) -> io::Result<SocketAddrUnix> {
     use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
+    // sun_path is 108 bytes; the path must fit with its terminating NUL.
+    if path.as_os_str().as_bytes().len() >= 108 {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = (core::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    Ok((addr, len))
+    Ok(SocketAddrUnix::new(path)?)
 }
 
 fn seqpacket_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
 }
 
 /// Connect a `SOCK_SEQPACKET` socket to the service at `path` (std has no constructor for
 /// SEQPACKET Unix sockets).
 pub fn seqpacket_connect(path: &std::path::Path) -> io::Result<OwnedFd> {
-    let (addr, len) = sockaddr(path)?;
+    let addr = sockaddr(path)?;
     let fd = seqpacket_socket()?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    if unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    net::connect(&fd, &addr)?;
     Ok(fd)
 }
 
 /// A listening `SOCK_SEQPACKET` socket bound at `path` (which must not exist).
 pub fn seqpacket_listen(path: &std::path::Path, backlog: i32) -> io::Result<OwnedFd> {
-    let (addr, len) = sockaddr(path)?;
+    let addr = sockaddr(path)?;
     let fd = seqpacket_socket()?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes; listen on our bound socket.
-    unsafe {
-        if libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if libc::listen(fd.as_raw_fd(), backlog) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
+    net::bind(&fd, &addr)?;
+    net::listen(&fd, backlog)?;
     Ok(fd)
 }
 
+/// A connected `SOCK_SEQPACKET` pair (close-on-exec).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
+}
+
 /// The peer's credentials (`SO_PEERCRED`): (pid, uid, gid).
+///
+/// Still libc: rustix's `socket_peercred` returns the pid as a non-zero `Pid`, but the kernel
+/// reports pid 0 for a peer in a pid namespace we cannot see, which that type cannot hold.
 pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
     // SAFETY: ucred is plain data.
     let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
@@ -561,14 +535,8 @@ mod tests {
 
     #[test]
     fn messages_round_trip_with_fds() {
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        drop((a, b));
-        // SEQPACKET pair via libc (std has no constructor for it).
-        let mut sv = [0; 2];
-        // SAFETY: `sv` is a valid out array of two fds.
-        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
-        // SAFETY: socketpair returned two fresh fds we now own.
-        let (s0, s1) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        // A SEQPACKET pair (std has no constructor for it).
+        let (s0, s1) = seqpacket_pair().unwrap();
         let req = Request::RegMr { pd: 3, addr: 0x7f00_0000_1000, len: 8192, iova: 0x1000, access: 7, pieces: vec![Piece { seg: 1, seg_offset: 4096, len: 8192 }] };
         let (d0, _d1) = UnixDatagram::pair().unwrap();
         send_msg(s0.as_raw_fd(), &encode(&req).unwrap(), &[d0.as_raw_fd()]).unwrap();
