@@ -9,8 +9,10 @@
 //! SIGBUS inside one replaces the faulting page with anonymous memory (reads give zeros,
 //! writes go nowhere) and the copy carries on — the Wayland `wl_shm` answer to the same
 //! problem.
+use rustix::fs::SealFlags;
+use rustix::mm::{self, MapFlags, ProtFlags};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
@@ -23,12 +25,7 @@ const SMALL_PAGE: u64 = 4096;
 /// The page size the kernel maps `fd` with: the huge page size for a hugetlbfs file (hugetlb
 /// memfds and SysV `SHM_HUGETLB` segments included), else 4096.
 pub fn file_page_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    // SAFETY: fstatfs into a zeroed buffer.
-    let mut sfs: libc::statfs = unsafe { core::mem::zeroed() };
-    // SAFETY: valid fd and out pointer.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let sfs = rustix::fs::fstatfs(fd)?;
     if sfs.f_type as u32 == HUGETLBFS_MAGIC {
         let bs = sfs.f_bsize as u64;
         if bs.is_power_of_two() && bs >= SMALL_PAGE {
@@ -40,9 +37,8 @@ pub fn file_page_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// Whether `fd` is sealed against shrinking (a memfd with `F_SEAL_SHRINK`).
 pub fn sealed_against_shrink(fd: BorrowedFd<'_>) -> bool {
-    // SAFETY: fcntl on a valid fd; EINVAL for files without seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+    // EINVAL for files without seals.
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|seals| seals.contains(SealFlags::SHRINK))
 }
 
 /// A mapped shared-memory segment (the client core's [`Mapping`] of its memfd). Unmapped on
@@ -72,12 +68,7 @@ impl Segment {
     /// Map `len` bytes of a segment fd received from a client. The length is checked against
     /// the file size so a client cannot make us map past its end (SIGBUS).
     pub fn map(fd: OwnedFd, len: usize) -> io::Result<Segment> {
-        // SAFETY: fstat into a zeroed stat buffer.
-        let mut st: libc::stat = unsafe { core::mem::zeroed() };
-        // SAFETY: valid fd and out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let st = rustix::fs::fstat(&fd)?;
         if len == 0 || (st.st_size as u64) < len as u64 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "segment shorter than declared"));
         }
@@ -178,12 +169,7 @@ impl MrMapping {
             if (head != 0 && i != 0) || (end_in_page != 0 && i + 1 != pieces.len()) {
                 return Err(bad("huge-page piece starts or ends inside a huge page in the middle of the MR"));
             }
-            // SAFETY: fstat into a zeroed buffer on a valid fd.
-            let mut st: libc::stat = unsafe { core::mem::zeroed() };
-            // SAFETY: valid fd and out pointer.
-            if unsafe { libc::fstat(p.fd.as_raw_fd(), &mut st) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let st = rustix::fs::fstat(p.fd)?;
             // Mapped bytes up to the end of the last (partial) page of the file are valid.
             let size = (st.st_size as u64).checked_next_multiple_of(p.page).unwrap_or(u64::MAX);
             let map_end = (p.offset + p.len).checked_next_multiple_of(p.page);
@@ -195,13 +181,9 @@ impl MrMapping {
         // Reservation: the view plus slack to place it at the right huge-page phase.
         let slack = if maxpg > SMALL_PAGE { 3 * maxpg } else { 0 };
         let res_len = (total + slack) as usize;
-        // SAFETY: anonymous PROT_NONE reservation chosen by the kernel.
-        let base = unsafe {
-            libc::mmap(core::ptr::null_mut(), res_len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: anonymous PROT_NONE reservation at an address the kernel chooses (no
+        // MAP_FIXED): no existing memory is touched.
+        let base = unsafe { mm::mmap_anonymous(core::ptr::null_mut(), res_len, ProtFlags::empty(), MapFlags::PRIVATE | MapFlags::NORESERVE) }?;
         let res = NonNull::new(base.cast::<u8>()).expect("mmap returned null");
         let view = if maxpg > SMALL_PAGE {
             // A = first maxpg boundary in the reservation; the view starts at A + phase, so the
@@ -226,17 +208,10 @@ impl MrMapping {
             // SAFETY: MAP_FIXED inside our own reservation: [addr, addr+map_len) lies in
             // [res, res+res_len) by the slack computation above and the checks on head/tail.
             let r = unsafe {
-                libc::mmap(
-                    addr as *mut libc::c_void,
-                    map_len as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    p.fd.as_raw_fd(),
-                    (p.offset - head) as libc::off_t,
-                )
+                mm::mmap(addr as *mut core::ffi::c_void, map_len as usize, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED | MapFlags::FIXED, p.fd, p.offset - head)
             };
-            if r == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error()); // `m` drops and unmaps everything
+            if let Err(e) = r {
+                return Err(e.into()); // `m` drops and unmaps everything
             }
             if p.guard {
                 m._guards.push(FaultGuard::new(addr as usize, map_len as usize, p.page as usize)?);
@@ -265,7 +240,7 @@ impl Drop for MrMapping {
         // The guards go first (field order would drop them after the unmap).
         self._guards.clear();
         // SAFETY: unmapping our own reservation (and the pieces mapped into it).
-        unsafe { libc::munmap(self.res.as_ptr().cast(), self.res_len) };
+        let _ = unsafe { mm::munmap(self.res.as_ptr().cast(), self.res_len) };
     }
 }
 
@@ -330,16 +305,16 @@ impl Drop for FaultGuard {
 }
 
 fn install_sigbus_handler() {
-    // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; filled below.
-    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
-    sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
-    sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-    // SAFETY: zeroed out-buffer for the previous action.
-    let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
-    // SAFETY: sigemptyset on our own struct; sigaction with valid pointers.
-    let ok = unsafe {
+    // Still libc: rustix has no safe sigaction (only its unsafe `runtime` module).
+    // SAFETY: zeroed sigactions are valid "no handler, no flags, empty mask" values;
+    // sigemptyset and sigaction get pointers to these locals; `on_sigbus` is async-signal-safe.
+    let (ok, old) = unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        let mut old: libc::sigaction = core::mem::zeroed();
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGBUS, &sa, &mut old) == 0
+        (libc::sigaction(libc::SIGBUS, &sa, &mut old) == 0, old)
     };
     if ok {
         let _ = OLD_SIGBUS.set(OldAction(old));
@@ -363,17 +338,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         // SAFETY: replaces one page of a guarded service mapping of a client file (which only
         // raw copies access) with private anonymous memory; the range stays mapped until its
         // MrMapping unmaps the whole reservation.
-        let r = unsafe {
-            libc::mmap(
-                p as *mut libc::c_void,
-                page,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if r != libc::MAP_FAILED {
+        // (rustix issues the raw system call: async-signal-safe, errno untouched.)
+        let r = unsafe { mm::mmap_anonymous(p as *mut core::ffi::c_void, page, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE | MapFlags::FIXED) };
+        if r.is_ok() {
             RESCUED.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -402,20 +369,13 @@ pub struct EventFd(OwnedFd);
 impl EventFd {
     /// A new non-blocking, close-on-exec eventfd.
     pub fn new() -> io::Result<EventFd> {
-        // SAFETY: plain syscall.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        use rustix::event::EventfdFlags;
+        Ok(EventFd(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?))
     }
     /// Signal once (the completion-event path; the only syscall an lcore makes, and only for
     /// CQs the application armed).
     pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a local to our eventfd.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
     }
     /// The fd (to pass to the client).
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -459,13 +419,9 @@ mod tests {
 
     /// A plain (unsealed, 4 KiB page) memfd of `len` bytes, like a client's own memfd.
     fn plain_memfd(len: usize) -> OwnedFd {
-        // SAFETY: memfd_create with a static name; ftruncate on the fresh fd we own.
-        unsafe {
-            let fd = libc::memfd_create(c"client-file".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0);
-            assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
-            OwnedFd::from_raw_fd(fd)
-        }
+        let fd = rustix::fs::memfd_create(c"client-file", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, len as u64).unwrap();
+        fd
     }
 
     #[test]
@@ -475,8 +431,7 @@ mod tests {
         const H: u64 = 2 << 20;
         let f = plain_memfd(4 * H as usize);
         let g = plain_memfd(4096);
-        // SAFETY: pwrite of a local byte into our own memfd, at file offset H + 3*4096.
-        assert_eq!(unsafe { libc::pwrite(f.as_raw_fd(), [0x77u8].as_ptr().cast(), 1, (H + 3 * 4096) as libc::off_t) }, 1);
+        assert_eq!(rustix::io::pwrite(&f, &[0x77u8], H + 3 * 4096).unwrap(), 1);
         // Client span starts 3 pages into a huge page whose file offset is H; the piece ends
         // at the huge page end; then a 4 KiB piece of another file.
         let span = 0x7f00_0000_0000 + 3 * 4096;
@@ -492,10 +447,9 @@ mod tests {
             assert_eq!(m.as_ptr().read(), 0x77);
             m.as_ptr().add((H - 3 * 4096) as usize).write(0x55);
         }
-        let mut b = 0u8;
-        // SAFETY: pread into a local byte.
-        assert_eq!(unsafe { libc::pread(g.as_raw_fd(), (&mut b as *mut u8).cast(), 1, 0) }, 1);
-        assert_eq!(b, 0x55);
+        let mut b = [0u8];
+        assert_eq!(rustix::io::pread(&g, &mut b, 0).unwrap(), 1);
+        assert_eq!(b[0], 0x55);
         // A huge piece that starts inside a huge page is only possible first in the MR.
         let bad = [
             MapPiece { fd: &g, offset: 0, len: 4096, page: 4096, guard: false },
@@ -513,8 +467,7 @@ mod tests {
         // SAFETY: writes inside the view (file still full size).
         unsafe { m.as_ptr().add(3 * 4096).write(9) };
         // The client shrinks its file: the pages behind the view's tail are gone.
-        // SAFETY: ftruncate on our memfd.
-        assert_eq!(unsafe { libc::ftruncate(f.as_raw_fd(), 4096) }, 0);
+        rustix::fs::ftruncate(&f, 4096).unwrap();
         let before = FaultGuard::rescued();
         // SAFETY: raw accesses inside the view; the guard turns the SIGBUS into a fresh page.
         unsafe {
@@ -524,9 +477,8 @@ mod tests {
             m.as_ptr().write_volatile(4); // still the file's page
         }
         assert!(FaultGuard::rescued() >= before + 2);
-        let mut b = 0u8;
-        // SAFETY: pread into a local byte.
-        assert_eq!(unsafe { libc::pread(f.as_raw_fd(), (&mut b as *mut u8).cast(), 1, 0) }, 1);
-        assert_eq!(b, 4);
+        let mut b = [0u8];
+        assert_eq!(rustix::io::pread(&f, &mut b, 0).unwrap(), 1);
+        assert_eq!(b[0], 4);
     }
 }
