@@ -301,11 +301,12 @@ struct PortSlot<L: Port> {
     dev: DeviceConfig,
     /// The GIDs as IP addresses (same order as `dev.gids`), converted once.
     ips: Vec<IpAddr>,
-    rx: ArrayVec<L::Buf, BURST>,
     tx: ArrayVec<L::Buf, TX_QUEUE>,
     /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
     /// back inside the device, as rxe and every NIC do, and received on the next iteration.
-    lo: ArrayVec<L::Buf, TX_QUEUE>,
+    /// Boxed so that the receive pass takes it by swapping a pointer with `Lcore::lo_spare`
+    /// (moving the 1 KiB array in and out cost two memcpys per pass).
+    lo: Box<ArrayVec<L::Buf, TX_QUEUE>>,
 }
 
 impl<L: Port> PortSlot<L> {
@@ -400,6 +401,12 @@ pub struct Lcore<L: Port> {
     grave: Sender<Box<dyn Send>>,
     handoff: Option<Arc<Handoff<L::Buf>>>,
     last_solicit: Instant,
+    /// Reserved scratch: the receive burst, one for every port (ports are polled in turn).
+    /// Boxed and taken out by pointer for the pass, which needs `&mut self` per frame: moving
+    /// the array itself in and out was two memcpys per port per iteration, busy or not.
+    rx: Option<Box<ArrayVec<L::Buf, BURST>>>,
+    /// Always empty between passes: swapped with a port's `lo` to receive its looped frames.
+    lo_spare: Option<Box<ArrayVec<L::Buf, TX_QUEUE>>>,
     /// Reserved scratch: QPNs whose doorbell rang this iteration.
     work: Vec<u32>,
     /// QPNs with WQEs left in their rings because the engine's queue was full.
@@ -443,7 +450,7 @@ impl<L: Port> Lcore<L> {
             .into_iter()
             .map(|(link, dev)| {
                 let ips = dev.gids.iter().map(gid_to_ip).collect();
-                PortSlot { link, dev, ips, rx: ArrayVec::new(), tx: ArrayVec::new(), lo: ArrayVec::new() }
+                PortSlot { link, dev, ips, tx: ArrayVec::new(), lo: Box::default() }
             })
             .collect();
         let lc = Lcore {
@@ -469,6 +476,8 @@ impl<L: Port> Lcore<L> {
             grave,
             handoff: None,
             last_solicit: Instant(0),
+            rx: Some(Box::default()),
+            lo_spare: Some(Box::default()),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
             backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
             deferred: Vec::with_capacity(MAX_QPS_PER_LCORE),

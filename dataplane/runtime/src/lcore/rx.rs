@@ -6,19 +6,20 @@ use super::*;
 impl<L: Port> Lcore<L> {
     pub(super) fn receive(&mut self, now: Instant) -> bool {
         let mut any = false;
+        let (Some(mut rx), Some(mut lo)) = (self.rx.take(), self.lo_spare.take()) else {
+            unreachable!("the receive scratch is put back at the end of every pass")
+        };
         for pi in 0..self.ports.len() {
             if !self.ports[pi].lo.is_empty() {
                 any = true;
-                let mut lo = std::mem::take(&mut self.ports[pi].lo);
+                std::mem::swap(&mut self.ports[pi].lo, &mut lo);
                 bump(&self.stats.rx_loopback, lo.len() as u64);
                 for buf in lo.drain(..) {
                     if let Some(owner) = self.on_frame(pi, now, buf.data(), true) {
                         self.hand_over(owner, pi, buf);
                     }
                 }
-                self.ports[pi].lo = lo;
             }
-            let mut rx = std::mem::take(&mut self.ports[pi].rx);
             let n = self.ports[pi].link.rx_burst(&mut rx);
             if n > 0 {
                 any = true;
@@ -36,8 +37,8 @@ impl<L: Port> Lcore<L> {
                     }
                 }
             }
-            self.ports[pi].rx = rx;
         }
+        (self.rx, self.lo_spare) = (Some(rx), Some(lo));
         if self.handoff.is_some() {
             let mut budget = BURST * 4;
             while budget > 0 {
