@@ -12,7 +12,9 @@
 //! [`TICK`] (channel housekeeping). Every table is bounded. Design and protocol: `docs/cm.md`.
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -864,18 +866,18 @@ impl CmCore {
                     break true;
                 }
                 let mut b = [0u8; 64];
-                // SAFETY: recv into a local buffer of its length on a socket we own.
-                let n = unsafe { libc::recv(ch.sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
-                if n > 0 {
-                    datagrams += 1;
-                    if let Ok(a) = ctrl::decode::<ctrl::CmEventAck>(&b[..n as usize]) {
-                        read.push(a.id);
+                match rustix::net::recv(&ch.sock, &mut b[..], RecvFlags::DONTWAIT) {
+                    Ok((n, _)) if n > 0 => {
+                        datagrams += 1;
+                        if let Ok(a) = ctrl::decode::<ctrl::CmEventAck>(&b[..n]) {
+                            read.push(a.id);
+                        }
+                        continue;
                     }
-                    continue;
+                    // EOF, or ECONNRESET when the client closed with events unread: gone.
+                    Ok(_) => break false,
+                    Err(e) => break e == Errno::AGAIN || e == Errno::INTR,
                 }
-                let e = std::io::Error::last_os_error();
-                // EOF, or ECONNRESET when the client closed with events unread: gone.
-                break n < 0 && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted);
             },
             None => return false,
         };
@@ -1514,16 +1516,11 @@ fn named_id(req: &Request) -> Option<u32> {
 /// Send one datagram without blocking: Ok(true) sent, Ok(false) the socket is full.
 fn send_dgram(sock: &OwnedFd, bytes: &[u8]) -> std::io::Result<bool> {
     loop {
-        // SAFETY: `bytes` is a live buffer of the given length; the socket is ours.
-        let n = unsafe { libc::send(sock.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::Interrupted => continue,
-            std::io::ErrorKind::WouldBlock => return Ok(false),
-            _ => return Err(e),
+        match rustix::net::send(sock, bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+            Ok(_) => return Ok(true),
+            Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => return Ok(false),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -1540,13 +1537,7 @@ fn flush_backlog(ch: &mut Channel) -> std::io::Result<()> {
 
 /// A `SOCK_SEQPACKET` pair: (service end, client end).
 fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut sv = [0; 2];
-    // SAFETY: `sv` is a valid out array of two fds.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: socketpair returned two fresh fds we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) })
+    ctrl::seqpacket_pair()
 }
 
 #[cfg(test)]
@@ -1609,12 +1600,10 @@ mod tests {
         let mut v = Vec::new();
         let mut buf = vec![0u8; 4096];
         loop {
-            // SAFETY: recv into a live buffer of its length.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n <= 0 {
-                return v;
+            match rustix::net::recv(fd, &mut buf[..], RecvFlags::DONTWAIT) {
+                Ok((n, _)) if n > 0 => v.push(ctrl::decode::<CmEventMsg>(&buf[..n]).unwrap()),
+                _ => return v,
             }
-            v.push(ctrl::decode::<CmEventMsg>(&buf[..n as usize]).unwrap());
         }
     }
 
@@ -1644,8 +1633,7 @@ mod tests {
         };
         let ack = |id: u32| {
             let b = ctrl::encode(&ctrl::CmEventAck { id }).unwrap();
-            // SAFETY: sending a live buffer on the client end we hold.
-            assert_eq!(unsafe { libc::send(sfd.as_raw_fd(), b.as_ptr().cast(), b.len(), 0) }, b.len() as isize);
+            assert_eq!(rustix::net::send(&sfd, &b, SendFlags::empty()).unwrap(), b.len());
         };
         // Two requests fill the backlog while their events sit unread in the socket.
         connect(&mut c, 0x101);

@@ -20,7 +20,7 @@
 //! Creating them needs write access to `/dev` (root, as the systemd unit runs the service).
 //! Without it the service logs one warning and serves anyway; UCX then does not see the devices.
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use rustix::fs::FlockOperation;
 use std::path::{Path, PathBuf};
 
 const DIR: &str = "/dev/infiniband";
@@ -51,7 +51,7 @@ impl DevNodes {
         }
         match File::options().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK)) {
             Ok(f) => {
-                if flock(&f, libc::LOCK_SH).is_ok() {
+                if flock(&f, FlockOperation::LockShared).is_ok() {
                     nodes.lock = Some(f);
                 }
             }
@@ -88,8 +88,8 @@ impl Drop for DevNodes {
     fn drop(&mut self) {
         let Some(lock) = self.lock.take() else { return };
         // Drop our shared lock, then see whether anybody else still holds one.
-        let _ = flock(&lock, libc::LOCK_UN);
-        if flock(&lock, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+        let _ = flock(&lock, FlockOperation::Unlock);
+        if flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
             return; // another pmrxe service runs: it still needs the links
         }
         for p in self.paths() {
@@ -106,15 +106,12 @@ fn is_ours(p: &Path) -> bool {
     std::fs::read_link(p).is_ok_and(|t| t == Path::new(TARGET))
 }
 
-fn flock(f: &File, op: libc::c_int) -> std::io::Result<()> {
+fn flock(f: &File, op: FlockOperation) -> std::io::Result<()> {
     loop {
-        // SAFETY: flock on a descriptor `f` owns; no memory is passed.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        match rustix::fs::flock(f, op) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

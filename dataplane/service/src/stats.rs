@@ -224,19 +224,19 @@ fn write_failure(e: &std::io::Error) -> String {
 
 /// Has the other end of `fd` gone away? (a pipe whose read end is closed polls POLLERR, a
 /// socket whose peer closed polls POLLHUP; a regular file never does)
-fn reader_gone(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd { fd, events: 0, revents: 0 };
-    // SAFETY: poll on one valid pollfd we own, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+fn reader_gone(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(&fd, PollFlags::empty())];
+    let r = rustix::event::poll(&mut p, Some(&Timespec { tv_sec: 0, tv_nsec: 0 }));
+    r.is_ok_and(|n| n > 0) && p[0].revents().intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL)
 }
 
 /// The capture writer: pcap header, then frames from `rx` until `count` (0 = no limit) or the
 /// reader goes away. Returns the frames written and why it stopped.
 fn write_capture(fd: OwnedFd, rx: &Receiver<(Duration, Vec<u8>)>, count: u64, frames: &AtomicU64) -> (u64, String) {
-    use std::os::fd::AsRawFd;
-    let raw = fd.as_raw_fd();
-    let mut w = match pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(File::from(fd)), false) {
+    use std::os::fd::AsFd;
+    let file = File::from(fd);
+    let mut w = match pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(&file), false) {
         Ok(w) => w,
         Err(e) => return (0, write_failure(&e)),
     };
@@ -265,7 +265,7 @@ fn write_capture(fd: OwnedFd, rx: &Receiver<(Duration, Vec<u8>)>, count: u64, fr
                 if let Err(e) = w.flush() {
                     break write_failure(&e);
                 }
-                if reader_gone(raw) {
+                if reader_gone(file.as_fd()) {
                     break "the reader went away".into();
                 }
             }

@@ -131,8 +131,7 @@ struct Objects {
 /// Serve one client until it disconnects.
 pub fn run(shared: Arc<Shared>, sock: UnixStream) {
     let (pid, uid, _) = ctrl::peer_cred(&sock).unwrap_or((-1, u32::MAX, u32::MAX));
-    // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
+    let me = rustix::process::getuid().as_raw();
     if uid != me && uid != 0 {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;

@@ -1,7 +1,8 @@
 //! Client memory segments: sealed memfds (AddSegment) and files already shared as they are
 //! (AddSharedSegment); MRs map their pages.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use rustix::fs::{FileType, OFlags, SealFlags};
+use std::os::fd::{AsFd, OwnedFd};
 
 use pmrxe_abi::ctrl::Response;
 use pmrxe_runtime::shm;
@@ -14,18 +15,13 @@ impl Session {
         if len == 0 || !base.is_multiple_of(4096) || !len.is_multiple_of(4096) || self.objs.segs.contains_key(&seg) {
             return (err(libc::EINVAL, "bad segment"), vec![]);
         }
-        // SAFETY: fstat into a zeroed buffer on a valid fd.
-        let mut st: libc::stat = unsafe { core::mem::zeroed() };
-        // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len {
+        if rustix::fs::fstat(&fd).map_or(true, |st| (st.st_size as u64) < len) {
             return (err(libc::EINVAL, "segment fd shorter than declared"), vec![]);
         }
         // A client that shrinks a segment the service maps would make the lcore fault
         // (SIGBUS) and kill the service: the segment must be sealed against shrinking.
-        // SAFETY: fcntl on a valid fd.
-        let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0
-            // SAFETY: as above.
-            || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) } & libc::F_SEAL_SHRINK != 0;
+        let sealed = rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).is_ok()
+            || rustix::fs::fcntl_get_seals(&fd).is_ok_and(|seals| seals.contains(SealFlags::SHRINK));
         if !sealed {
             return (err(libc::EPERM, "segment must be a memfd sealable against shrinking (MFD_ALLOW_SEALING)"), vec![]);
         }
@@ -50,18 +46,14 @@ impl Session {
         if base.checked_add(len).is_none() || offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return (err(libc::EINVAL, "segment wraps"), vec![]);
         }
-        // SAFETY: fstat into a zeroed buffer on a valid fd.
-        let mut st: libc::stat = unsafe { core::mem::zeroed() };
-        // SAFETY: valid fd and out pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        let Ok(st) = rustix::fs::fstat(&fd) else {
             return (err(libc::EINVAL, "fstat on the segment fd failed"), vec![]);
-        }
+        };
         // Memory files only: never a device (its mmap could reach hardware).
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return (err(libc::EINVAL, "shared segment must be a regular, memfd, hugetlbfs or SysV SHM file"), vec![]);
         }
-        // SAFETY: fcntl F_GETFL on a valid fd.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE != libc::O_RDWR {
+        if rustix::fs::fcntl_getfl(&fd).map_or(true, |fl| fl & OFlags::ACCMODE != OFlags::RDWR) {
             return (err(libc::EACCES, "shared segment fd must be open read-write"), vec![]);
         }
         let page = match shm::file_page_size(fd.as_fd()) {
