@@ -282,8 +282,7 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), rustix::process::Signal::TERM);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(10) {
             if self.exited().is_some() {

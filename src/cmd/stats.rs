@@ -1,5 +1,5 @@
 //! `pmrxe stats` and `pmrxe capture`.
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -39,13 +39,10 @@ pub fn capture(out: PathBuf, count: u64, qp: Option<u32>, socket_path: Option<Pa
         Ok(c) => c,
         Err(code) => return code,
     };
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 into a valid two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return super::fail("pipe", std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two fresh fds that we now own.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (rd, wr) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return super::fail("pipe", std::io::Error::from(e)),
+    };
     match c.call(&Request::Capture { count, qpn: qp }, &[wr.as_raw_fd()]) {
         Ok((Response::Ok, _)) => {}
         Ok((Response::Err { msg, .. }, _)) => return super::fail("capture", msg),
