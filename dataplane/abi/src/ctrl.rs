@@ -549,6 +549,42 @@ mod tests {
     }
 
     #[test]
+    fn fds_arrive_in_order_close_on_exec_and_excess_is_refused() {
+        use rustix::fs::{fstat, ftruncate, memfd_create, MemfdFlags};
+        use std::os::fd::AsFd;
+        let (s0, s1) = seqpacket_pair().unwrap();
+        // MAX_FDS memfds told apart by their sizes.
+        let mem: Vec<OwnedFd> = (0..MAX_FDS).map(|_| memfd_create(c"ctrl-test", MemfdFlags::CLOEXEC).unwrap()).collect();
+        for (i, f) in mem.iter().enumerate() {
+            ftruncate(f, (i as u64 + 1) * 4096).unwrap();
+        }
+        let raw: Vec<RawFd> = mem.iter().map(|f| f.as_raw_fd()).collect();
+        send_msg(s0.as_raw_fd(), b"four", &raw).unwrap();
+        let mut buf = Vec::new();
+        let got = recv_msg(s1.as_raw_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(buf, b"four");
+        assert_eq!(got.len(), MAX_FDS);
+        for (i, f) in got.iter().enumerate() {
+            assert_eq!(fstat(f).unwrap().st_size as u64, (i as u64 + 1) * 4096, "fd {i} out of order");
+            assert!(rustix::io::fcntl_getfd(f).unwrap().contains(rustix::io::FdFlags::CLOEXEC), "received fds are close-on-exec");
+        }
+        // Our side refuses more than MAX_FDS and bad descriptors before any system call.
+        let err = send_msg(s0.as_raw_fd(), b"x", &[raw[0]; MAX_FDS + 1]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(send_msg(s0.as_raw_fd(), b"x", &[-1]).unwrap_err().raw_os_error(), Some(libc::EBADF));
+        assert_eq!(recv_msg(-1, &mut buf).unwrap_err().raw_os_error(), Some(libc::EBADF));
+        // A hostile peer that sends more fds than the control buffer holds (64 bytes, 12 fds):
+        // an error (the kernel truncated the list); the fds that did arrive drop with it.
+        let many = [mem[0].as_fd(); 16];
+        let mut big = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(16))];
+        let mut control = SendAncillaryBuffer::new(&mut big);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&many)));
+        net::sendmsg(&s0, &[IoSlice::new(b"many")], &mut control, SendFlags::NOSIGNAL).unwrap();
+        let err = recv_msg(s1.as_raw_fd(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
     fn garbage_decodes_to_an_error() {
         for seed in 0u32..200 {
             let bytes: Vec<u8> = (0..(seed % 61)).map(|i| (i.wrapping_mul(2654435761u32.wrapping_add(seed)) >> 7) as u8).collect();
