@@ -28,7 +28,7 @@ fn quick_suite_writes_json_with_expected_keys() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "pmrxe bench failed ({}):\n{stdout}\n{stderr}", out.status);
     assert!(t0.elapsed() < Duration::from_secs(120), "the quick suite took {:?}", t0.elapsed());
-    for heading in ["message rate", "bandwidth", "latency"] {
+    for heading in ["message rate", "bandwidth", "latency", "many QPs"] {
         assert!(stdout.contains(heading), "table lacks `{heading}`:\n{stdout}");
     }
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("valid JSON");
@@ -51,6 +51,15 @@ fn quick_suite_writes_json_with_expected_keys() {
             let r = bw.iter().find(|r| r["op"] == op && r["size"] == size).unwrap_or_else(|| panic!("bandwidth lacks {op} {size}"));
             positive(r, "gb_per_s", &format!("bandwidth {op} {size}"));
         }
+    }
+    // 64 KiB WRITEs over 1, 16 and 64 QPs at once, each QP with its own memory: every
+    // completion's status is checked by the harness; the ratio to 1 QP is reported.
+    let many = v["many_qps"].as_array().expect("many_qps array");
+    for q in [1, 16, 64] {
+        let r = many.iter().find(|r| r["qps"] == q).unwrap_or_else(|| panic!("many_qps lacks {q} QPs: {many:?}"));
+        positive(r, "gb_per_s", &format!("many_qps {q}"));
+        positive(r, "vs_one_qp", &format!("many_qps {q}"));
+        assert_eq!(r["size"], 65536);
     }
     let lat = v["latency"].as_array().expect("latency array");
     for op in ["WRITE", "SEND"] {

@@ -70,6 +70,12 @@ pub struct BenchArgs {
     /// WQEs per post (one publish + one doorbell per batch) in message-rate tests.
     #[arg(long, default_value_t = 16)]
     pub batch: u32,
+    /// QP counts for the many-QP test (part `qps`): 64 KiB WRITEs spread over that many
+    /// connected QPs, each with `--window` outstanding (at most 128) and its own 64 KiB of
+    /// source and target memory, as `ib_write_bw -q N -t 128` does. The aggregate is reported
+    /// as a ratio to the 1-QP figure of the same run.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 16, 64])]
+    pub qps: Vec<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -77,6 +83,11 @@ pub enum Suite {
     Quick,
     Full,
 }
+
+/// Most QPs the many-QP test connects (each pair has four CQs).
+const MAX_BENCH_QPS: u32 = 256;
+/// Message size of the many-QP test (the acceptance figure of `ib_write_bw -q N`).
+const QPS_SIZE: usize = 65536;
 
 const QUICK_SIZES: &[usize] = &[4096, 65536, 1 << 20];
 const FULL_SIZES: &[usize] = &[4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20, 2 << 20, 4 << 20];
@@ -95,6 +106,8 @@ struct Plan {
     rate: bool,
     bw: bool,
     lat: bool,
+    /// Part `qps`: the QP counts of the many-QP test (empty: not run).
+    qps: Vec<u32>,
 }
 
 fn plan(args: &BenchArgs) -> io::Result<Plan> {
@@ -105,7 +118,11 @@ fn plan(args: &BenchArgs) -> io::Result<Plan> {
         None => if quick { QUICK_SIZES } else { FULL_SIZES }.to_vec(),
     };
     let only = |k: &str| args.only.as_ref().is_none_or(|v| v.iter().any(|x| x == k));
-    Ok(Plan { dur, sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat") })
+    let qps = if only("qps") { args.qps.clone() } else { Vec::new() };
+    if qps.iter().any(|&q| q == 0 || q > MAX_BENCH_QPS) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--qps: each count must be 1..={MAX_BENCH_QPS}")));
+    }
+    Ok(Plan { dur, sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps })
 }
 
 fn parse_size(s: &str) -> io::Result<usize> {
@@ -171,7 +188,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         println!("  {:<6} {:>8} {:>12} {:>10}", "op", "size", "Mops/s", "GB/s");
         for op in [Op::Send, Op::Write] {
             for size in [8usize, 64] {
-                let r = h.stream(op, size, args.window, args.signal_every, args.batch, true, plan.dur)?;
+                let r = h.stream(op, size, 1, args.window, args.signal_every, args.batch, true, plan.dur)?;
                 println!("  {:<6} {:>8} {:>12.3} {:>10.4}", op.name(), size, r.mops(), r.gbps());
                 rate.push(json!({"op": op.name(), "size": size, "inline": true, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
                     "window": args.window, "batch": args.batch, "signal_every": args.signal_every}));
@@ -187,13 +204,31 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
             for &size in &plan.sizes {
                 let window = bw_window(args.window, size);
                 let sig = (window / 4).max(1);
-                let r = h.stream(op, size, window, sig, sig.min(args.batch), false, plan.dur)?;
+                let r = h.stream(op, size, 1, window, sig, sig.min(args.batch), false, plan.dur)?;
                 println!("  {:<6} {:>8} {:>10.3} {:>12.4} {:>7}", op.name(), size, r.gbps(), r.mops(), window);
                 bw.push(json!({"op": op.name(), "size": size, "gb_per_s": r.gbps(), "mops": r.mops(), "ops": r.ops, "seconds": r.secs, "window": window, "signal_every": sig}));
             }
         }
     }
     out["bandwidth"] = Value::Array(bw);
+    let mut many = Vec::new();
+    if !plan.qps.is_empty() {
+        let window = args.window.min(128);
+        let sig = (window / 4).max(1);
+        println!("\nmany QPs (WRITE {} KiB, {window} outstanding per QP)", QPS_SIZE >> 10);
+        println!("  {:>5} {:>10} {:>12} {:>9}", "QPs", "GB/s", "Mops/s", "vs 1 QP");
+        let mut one = None::<f64>;
+        for &q in &plan.qps {
+            let r = h.stream(Op::Write, QPS_SIZE, q as usize, window, sig, sig.min(args.batch), false, plan.dur)?;
+            if q == 1 {
+                one = Some(r.gbps());
+            }
+            let ratio = one.map(|o| r.gbps() / o);
+            println!("  {:>5} {:>10.3} {:>12.4} {:>9}", q, r.gbps(), r.mops(), ratio.map_or("-".into(), |x| format!("{x:.2}")));
+            many.push(json!({"qps": q, "size": QPS_SIZE, "window_per_qp": window, "gb_per_s": r.gbps(), "mops": r.mops(), "ops": r.ops, "seconds": r.secs, "vs_one_qp": ratio}));
+        }
+    }
+    out["many_qps"] = Value::Array(many);
     let mut lat = Vec::new();
     if plan.lat {
         println!("\nlatency (8 B, one-way = RTT/2, {} iterations)", plan.iters);
@@ -407,7 +442,8 @@ impl Harness {
         opts.cap.max_send_wr = d0.attr.max_qp_wr.min(1024);
         opts.cap.max_recv_wr = d0.attr.max_qp_wr.min(RQ_DEPTH);
         opts.cap.max_inline_data = d0.attr.max_inline_data.min(64);
-        let buf_len = plan.sizes.iter().copied().max().unwrap_or(4096).max(1 << 16);
+        let most_qps = plan.qps.iter().copied().max().unwrap_or(1) as usize;
+        let buf_len = plan.sizes.iter().copied().max().unwrap_or(4096).max(1 << 16).max(QPS_SIZE * most_qps);
         let mk = |d: u32| -> io::Result<Side> {
             let pd = Pd::alloc(ctx, d)?;
             let buf = Buffer::new(ctx, buf_len)?;
@@ -456,11 +492,15 @@ impl Harness {
         Ok(n)
     }
 
-    /// Stream `op` of `size` bytes from side 0 to side 1 for `dur`: at most `window`
-    /// outstanding, every `sig`th signaled, `batch` WQEs per publish.
+    /// Stream `op` of `size` bytes from side 0 to side 1 for `dur` over `qps` connected QPs
+    /// (QP k reads and writes its own `size` bytes at offset k × size): at most `window`
+    /// outstanding per QP, every `sig`th signaled, `batch` WQEs per publish.
     #[allow(clippy::too_many_arguments)]
-    fn stream(&self, op: Op, size: usize, window: u32, sig: u32, batch: u32, inline: bool, dur: Duration) -> io::Result<StreamResult> {
-        let mut c = self.connect()?;
+    fn stream(&self, op: Op, size: usize, qps: usize, window: u32, sig: u32, batch: u32, inline: bool, dur: Duration) -> io::Result<StreamResult> {
+        if qps == 0 || qps * size > self.buf_len {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{qps} QPs x {size} B exceed the {} B buffer", self.buf_len)));
+        }
+        let mut conns = (0..qps).map(|_| self.connect()).collect::<io::Result<Vec<_>>>()?;
         let window = window.min(self.opts.cap.max_send_wr).max(1);
         let sig = sig.clamp(1, window);
         // Keep the window a multiple of the signal interval so posting can stop on a boundary.
@@ -468,71 +508,84 @@ impl Harness {
         let batch = batch.clamp(1, window);
         let inline = inline && size <= self.opts.cap.max_inline_data as usize;
         if op == Op::Send {
-            self.fill_rq(&mut c, 1, size.max(1) as u32)?;
+            for c in &mut conns {
+                self.fill_rq(c, 1, size.max(1) as u32)?;
+            }
         }
         let (a, b) = (&self.sides[0], &self.sides[1]);
         let payload = vec![0x5au8; size.min(256)];
-        let make = |n: u64| -> native::ShmSendWqe {
+        let make = |k: usize, n: u64| -> native::ShmSendWqe {
             let signaled = (n + 1).is_multiple_of(sig as u64);
             let wr_id = sig as u64;
-            let local = a.mr.sge(0, size as u32);
+            let off = (k * size) as u64;
+            let local = a.mr.sge(off, size as u32);
+            let remote = b.mr.addr + off;
             match op {
                 Op::Send if inline => wqe::send_inline(wr_id, &payload, signaled),
                 Op::Send => wqe::send(wr_id, local, signaled),
-                Op::Write if inline => wqe::write_inline(wr_id, &payload, b.mr.addr, b.mr.key, signaled),
-                Op::Write => wqe::write(wr_id, local, b.mr.addr, b.mr.key, signaled),
-                Op::Read => wqe::read(wr_id, local, b.mr.addr, b.mr.key, signaled),
+                Op::Write if inline => wqe::write_inline(wr_id, &payload, remote, b.mr.key, signaled),
+                Op::Write => wqe::write(wr_id, local, remote, b.mr.key, signaled),
+                Op::Read => wqe::read(wr_id, local, remote, b.mr.key, signaled),
             }
         };
         let mut cqes = vec![ShmCqe::default(); 64];
-        let mut posted = 0u64;
-        let mut done = 0u64;
-        // Warm-up: one window's worth, drained.
-        let warm = window as u64;
+        // Per QP: posted and completed WQEs.
+        let mut posted = vec![0u64; qps];
+        let mut done = vec![0u64; qps];
+        let total = |v: &[u64]| v.iter().sum::<u64>();
+        // Warm-up: one window's worth per QP, drained.
+        let warm = window as u64 * qps as u64;
         let t0 = Instant::now();
         let mut deadline = None::<Instant>;
         let mut start = (t0, 0u64);
         let mut last_done_at = t0;
         loop {
             let now_posting = deadline.is_none_or(|d| Instant::now() < d);
-            if now_posting || !posted.is_multiple_of(sig as u64) {
-                let mut k = 0;
-                while k < batch && posted - done < window as u64 {
-                    if !c.qp[0].stage_send(make(posted)) {
-                        break;
+            let mut idle = true;
+            for (k, c) in conns.iter_mut().enumerate() {
+                if now_posting || !posted[k].is_multiple_of(sig as u64) {
+                    idle = false;
+                    let mut n = 0;
+                    while n < batch && posted[k] - done[k] < window as u64 {
+                        if !c.qp[0].stage_send(make(k, posted[k])) {
+                            break;
+                        }
+                        posted[k] += 1;
+                        n += 1;
+                        if !now_posting && posted[k].is_multiple_of(sig as u64) {
+                            break;
+                        }
                     }
-                    posted += 1;
-                    k += 1;
-                    if !now_posting && posted.is_multiple_of(sig as u64) {
-                        break;
+                    if n > 0 {
+                        c.qp[0].flush_send();
                     }
+                } else if done[k] != posted[k] {
+                    idle = false;
                 }
-                if k > 0 {
-                    c.qp[0].flush_send();
+                let got = c.scq[0].poll(&mut cqes)?;
+                if got > 0 {
+                    for e in &cqes[..got] {
+                        check(e, op.name())?;
+                        done[k] += e.wr_id;
+                    }
+                    last_done_at = Instant::now();
                 }
-            } else if done == posted {
+                if op == Op::Send {
+                    self.reap_recv(c, 1, size.max(1) as u32, &mut cqes)?;
+                }
+            }
+            if idle {
                 break;
             }
-            let n = c.scq[0].poll(&mut cqes)?;
-            if n > 0 {
-                for e in &cqes[..n] {
-                    check(e, op.name())?;
-                    done += e.wr_id;
-                }
-                last_done_at = Instant::now();
-                if deadline.is_none() && done >= warm {
-                    start = (last_done_at, done);
-                    deadline = Some(last_done_at + dur);
-                }
-            }
-            if op == Op::Send {
-                self.reap_recv(&mut c, 1, size.max(1) as u32, &mut cqes)?;
+            if deadline.is_none() && total(&done) >= warm {
+                start = (last_done_at, total(&done));
+                deadline = Some(last_done_at + dur);
             }
             if t0.elapsed() > dur * 4 + Duration::from_secs(20) {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} {size} B: stuck ({posted} posted, {done} completed)", op.name())));
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} {size} B x {qps} QPs: stuck ({} posted, {} completed)", op.name(), total(&posted), total(&done))));
             }
         }
-        let ops = done - start.1;
+        let ops = total(&done) - start.1;
         let secs = last_done_at.duration_since(start.0).as_secs_f64().max(1e-9);
         Ok(StreamResult { ops, bytes: ops * size as u64, secs })
     }
