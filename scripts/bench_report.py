@@ -405,6 +405,20 @@ w("rate measures two processes sharing one core; the native SEND figure (one thr
 w("plane's.")
 w("")
 
+nat_many = native.get("many_qps", [])
+if nat_many:
+    w("## Many QPs (native harness, issue 17)")
+    w("")
+    w("64 KiB WRITEs spread over N connected QPs on the one lcore, each QP with 128 outstanding and its")
+    w("own 64 KiB of source and target memory (as `ib_write_bw -q N -t 128`, without perftest's client")
+    w("loop in the way). Acceptance: the aggregate within 10 % of 1 QP.")
+    w("")
+    w("| QPs | GB/s | Mops/s | vs 1 QP |")
+    w("|---:|---:|---:|---:|")
+    for r in nat_many:
+        w(f"| {r['qps']} | {f(r['gb_per_s'])} | {f(r['mops'], 4)} | {f(r['vs_one_qp']) if r.get('vs_one_qp') is not None else '–'} |")
+    w("")
+
 w("## Latency, 8 bytes")
 w("")
 w("One-way = round trip / 2 (as perftest reports). Native WRITE polls the last byte of the target buffer")
