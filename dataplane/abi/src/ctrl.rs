@@ -506,8 +506,7 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Still libc: rustix's `socket_peercred` returns the pid as a non-zero `Pid`, but the kernel
 /// reports pid 0 for a peer in a pid namespace we cannot see, which that type cannot hold.
 pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
-    // SAFETY: ucred is plain data.
-    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred`/`len` are valid out-parameters of the declared size.
     let r = unsafe {
