@@ -69,6 +69,9 @@ struct Scratch {
 pub const BURST: usize = 32;
 /// Frames a port queues for transmit (or for its own loopback) before `tx_burst`.
 const TX_QUEUE: usize = BURST * 4;
+/// Receive bursts per port in one pass at most: receiving keeps up with what one pass can queue
+/// for transmit (TX_QUEUE), so queues between lcores stay short.
+const RX_BURSTS: usize = TX_QUEUE / BURST;
 
 /// One device (port) as this lcore serves it.
 #[derive(Clone, Debug, Default)]
