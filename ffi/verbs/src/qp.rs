@@ -15,7 +15,7 @@ use crate::srq::ShimSrq;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
 use pmrxe_abi::client::QpSegment;
-use pmrxe_abi::ring::{Pod, Producer, PushError};
+use pmrxe_abi::ring::{Prefixed, Producer, PushError};
 use pmrxe_abi::{Doorbell, QpShared, ShmRecvWqe, ShmSendWqe};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::os::raw::c_int;
@@ -66,7 +66,7 @@ impl ShimQp {
             return Err(Errno::NOMEM);
         }
         for w in wqes {
-            if sq.prod.stage(*w).is_err() {
+            if sq.prod.stage_prefixed(w).is_err() {
                 return Err(Errno::IO);
             }
         }
@@ -113,7 +113,7 @@ impl ShimQp {
 ///
 /// # Safety
 /// `wr` is the application's WR list, linked by `next`; `bad_wr` is NULL or writable.
-unsafe fn stage_list<W, T: Pod>(
+unsafe fn stage_list<W, T: Prefixed>(
     prod: &mut Producer<T>,
     db: Doorbell,
     wr: *mut W,
@@ -127,7 +127,7 @@ unsafe fn stage_list<W, T: Pod>(
     while !cur.is_null() {
         // SAFETY: the application's WR list (the post verbs' contract).
         let w = unsafe { &*cur };
-        let r = convert(w, prod).and_then(|wqe| match prod.stage(wqe) {
+        let r = convert(w, prod).and_then(|wqe| match prod.stage_prefixed(&wqe) {
             Ok(()) => Ok(()),
             Err(PushError::Full(_)) => Err(Errno::NOMEM),
             Err(PushError::Corrupt(_)) => Err(Errno::IO),

@@ -155,7 +155,7 @@ impl Qp {
     #[inline]
     pub fn post_send(&mut self, wqes: &[ShmSendWqe]) -> Result<()> {
         for (i, w) in wqes.iter().enumerate() {
-            match self.sq.stage(*w) {
+            match self.sq.stage_prefixed(w) {
                 Ok(()) => {}
                 Err(PushError::Full(_)) if i == 0 => return Err(io::ErrorKind::WouldBlock.into()),
                 Err(PushError::Full(_)) => {
@@ -173,7 +173,7 @@ impl Qp {
     /// Stage one send WQE without publishing (`false` when the ring is full).
     #[inline]
     pub fn stage_send(&mut self, w: ShmSendWqe) -> bool {
-        self.sq.stage(w).is_ok()
+        self.sq.stage_prefixed(&w).is_ok()
     }
 
     /// Publish staged send WQEs and ring the doorbell.
@@ -187,7 +187,7 @@ impl Qp {
     pub fn post_recv(&mut self, wqes: &[ShmRecvWqe]) -> Result<()> {
         let rq = self.rq.as_mut().ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "QP has no receive queue"))?;
         for w in wqes {
-            match rq.stage(*w) {
+            match rq.stage_prefixed(w) {
                 Ok(()) => {}
                 Err(PushError::Full(_)) => {
                     self.ctx.conn().publish(rq, self.doorbell);
