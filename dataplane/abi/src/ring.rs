@@ -615,21 +615,32 @@ mod tests {
         }
     }
 
+    #[repr(C, align(64))]
+    struct Big([u8; 8192]);
+
+    /// A ring of `n` WQE-sized entries over `seg`, both ends attached.
+    ///
+    /// # Safety
+    /// `seg` must outlive the returned handles (they hold raw pointers into it).
+    unsafe fn wqe_ring<T: Pod>(seg: &mut Big, n: u32) -> (Producer<T>, Consumer<T>) {
+        let base = seg.0.as_mut_ptr();
+        let len = seg.0.len();
+        // SAFETY: `seg` is 64-aligned and, for the sizes the tests use, large enough for `n`
+        // entries; the caller keeps it alive.
+        unsafe {
+            init_ring::<T>(base, n).unwrap();
+            (Producer::<T>::attach(base, len, n).unwrap(), Consumer::<T>::attach(base, len, n).unwrap())
+        }
+    }
+
     /// `peek_into` copies the head and exactly the live tail: what a WQE says it uses arrives
     /// intact, bytes past it are not read from the slot (the scratch keeps its old values).
     #[test]
     fn peek_into_copies_head_and_live_tail_only() {
         use crate::layout::{send_flags, ShmSendWqe, ShmSge};
-        #[repr(C, align(64))]
-        struct Big([u8; 8192]);
         let mut s = Box::new(Big([0; 8192]));
-        let base = s.0.as_mut_ptr();
-        let len = s.0.len();
-        // SAFETY: `s` outlives the handles, is aligned and large enough for 16 entries.
-        let (mut p, mut c) = unsafe {
-            init_ring::<ShmSendWqe>(base, 16).unwrap();
-            (Producer::<ShmSendWqe>::attach(base, len, 16).unwrap(), Consumer::<ShmSendWqe>::attach(base, len, 16).unwrap())
-        };
+        // SAFETY: `s` outlives the handles.
+        let (mut p, mut c) = unsafe { wqe_ring::<ShmSendWqe>(&mut s, 16) };
         let mut w = ShmSendWqe { wr_id: 7, opcode: 4, num_sge: 2, remote_addr: 0x1234, rkey: 9, ..Default::default() };
         w.set_sge(0, ShmSge { addr: 1, length: 2, lkey: 3 });
         w.set_sge(1, ShmSge { addr: 4, length: 5, lkey: 6 });
@@ -661,16 +672,9 @@ mod tests {
     #[test]
     fn stage_prefixed_writes_head_and_live_tail_only() {
         use crate::layout::{ShmSendWqe, ShmSge};
-        #[repr(C, align(64))]
-        struct Big([u8; 4096]);
-        let mut s = Box::new(Big([0; 4096]));
-        let base = s.0.as_mut_ptr();
-        let len = s.0.len();
-        // SAFETY: `s` outlives the handles, is aligned and large enough for 4 entries.
-        let (mut p, mut c) = unsafe {
-            init_ring::<ShmSendWqe>(base, 4).unwrap();
-            (Producer::<ShmSendWqe>::attach(base, len, 4).unwrap(), Consumer::<ShmSendWqe>::attach(base, len, 4).unwrap())
-        };
+        let mut s = Box::new(Big([0; 8192]));
+        // SAFETY: `s` outlives the handles.
+        let (mut p, mut c) = unsafe { wqe_ring::<ShmSendWqe>(&mut s, 4) };
         let mut long = ShmSendWqe { wr_id: 1, num_sge: 8, ..Default::default() };
         long.data.fill(0xAA);
         for _ in 0..4 {
