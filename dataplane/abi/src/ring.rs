@@ -348,9 +348,9 @@ impl<T: Pod> Producer<T> {
         Ok(self.capacity() - used)
     }
 
-    /// Write `item` into the next slot without publishing it. Returns the item back when full.
-    /// Call [`Producer::publish`] to make staged items visible (one release store per batch).
-    pub fn stage(&mut self, item: T) -> Result<(), PushError<T>> {
+    /// Is there a free slot at `head`? Refreshes the consumer index only when the cached one
+    /// says full; a consumer index that claims more than the capacity is `Corrupt`.
+    fn room(&mut self) -> Result<(), PushError<()>> {
         let cap = self.capacity();
         let mut used = self.head.wrapping_sub(self.cached_tail);
         if used >= cap {
@@ -358,11 +358,20 @@ impl<T: Pod> Producer<T> {
             self.cached_tail = self.raw.hdr().consumer.0.load(Ordering::Acquire);
             used = self.head.wrapping_sub(self.cached_tail);
             if used > cap {
-                return Err(PushError::Corrupt(item));
+                return Err(PushError::Corrupt(()));
             }
             if used == cap {
-                return Err(PushError::Full(item));
+                return Err(PushError::Full(()));
             }
+        }
+        Ok(())
+    }
+
+    /// Write `item` into the next slot without publishing it. Returns the item back when full.
+    /// Call [`Producer::publish`] to make staged items visible (one release store per batch).
+    pub fn stage(&mut self, item: T) -> Result<(), PushError<T>> {
+        if let Err(e) = self.room() {
+            return Err(e.map(|()| item));
         }
         // SAFETY: the slot is outside [tail, head) so the consumer does not read it until the
         // release store in publish(); volatile because another process maps the page.
@@ -378,18 +387,7 @@ impl<T: Pod> Producer<T> {
     where
         T: Prefixed,
     {
-        let cap = self.capacity();
-        let mut used = self.head.wrapping_sub(self.cached_tail);
-        if used >= cap {
-            self.cached_tail = self.raw.hdr().consumer.0.load(Ordering::Acquire);
-            used = self.head.wrapping_sub(self.cached_tail);
-            if used > cap {
-                return Err(PushError::Corrupt(()));
-            }
-            if used == cap {
-                return Err(PushError::Full(()));
-            }
-        }
+        self.room()?;
         // SAFETY: as in stage(): the slot is outside [tail, head) until publish().
         #[cfg(not(loom))]
         unsafe {
@@ -429,6 +427,16 @@ pub enum PushError<T> {
     Full(T),
     /// The consumer left an impossible index.
     Corrupt(T),
+}
+
+impl<T> PushError<T> {
+    /// The same error carrying `f` of its item.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> PushError<U> {
+        match self {
+            PushError::Full(t) => PushError::Full(f(t)),
+            PushError::Corrupt(t) => PushError::Corrupt(f(t)),
+        }
+    }
 }
 
 /// The consuming side of a shared ring.
