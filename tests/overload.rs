@@ -82,6 +82,12 @@ fn write_bw(svc: &Service, qps: u32, iters: u32, port_index: u16, what: &str) ->
         sum("seq_naks_received"),
         sum("rnr_naks_received"),
     );
+    // The lcore receives as many frames per pass as it can queue for transmit, so the loopback
+    // ring never runs full. It used to, at 16 QPs and more: one receive burst per pass against
+    // up to four bursts queued, about one refused frame in 33 (`tx_backpressure`) and every
+    // frame read cache-cold. A structural bound, not a timing: it holds on a loaded machine.
+    let (sent, refused) = (after[0] - before[0], after[1] - before[1]);
+    assert!(refused * 1000 <= sent, "{what}: {refused} of {sent} frames refused by a full port ring (tx_backpressure)");
     bw
 }
 
@@ -98,16 +104,16 @@ fn ib_write_bw_16_and_64_qps_deep_queues_complete_five_of_five() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let t0 = Instant::now();
-    let one = [write_bw(&svc, 1, 8192, 210, "q1 run 1"), write_bw(&svc, 1, 8192, 211, "q1 run 2")];
-    let mut q16 = Vec::new();
-    let mut q64 = Vec::new();
+    // Interleaved rounds, so that the three figures see the same machine.
+    let (mut one, mut q16, mut q64) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..5u16 {
-        q16.push(write_bw(&svc, 16, 512, 212 + run, &format!("q16 run {}", run + 1)));
-        q64.push(write_bw(&svc, 64, 128, 217 + run, &format!("q64 run {}", run + 1)));
+        one.push(write_bw(&svc, 1, 8192, 210 + run, &format!("q1 run {}", run + 1)));
+        q16.push(write_bw(&svc, 16, 512, 215 + run, &format!("q16 run {}", run + 1)));
+        q64.push(write_bw(&svc, 64, 128, 220 + run, &format!("q64 run {}", run + 1)));
     }
     let base = median(&one);
     eprintln!(
-        "ib_write_bw 64 KiB -t 128 (MB/s): q1 {one:.0?}; q16 {q16:.0?} (median {:.0}, {:.2} of q1); q64 {q64:.0?} (median {:.0}, {:.2} of q1); acceptance: within 10 % of q1 (printed, not asserted); {:.0} s",
+        "ib_write_bw 64 KiB -t 128 (MB/s): q1 {one:.0?}; q16 {q16:.0?} (median {:.0}, {:.2} of q1); q64 {q64:.0?} (median {:.0}, {:.2} of q1); acceptance: within 10 % of q1 (medians of interleaved runs, printed, not asserted: single runs vary by +-40 % here); {:.0} s",
         median(&q16),
         median(&q16) / base,
         median(&q64),
