@@ -123,12 +123,8 @@ int main(int argc, char **argv) {
 	for (int q = 0; q < nqp; q++)
 		if (ibv_destroy_qp(qs[q]) || ibv_destroy_qp(qd[q])) DIE("destroy qp");
 	if (ibv_dereg_mr(smr) || ibv_dereg_mr(dmr)) DIE("dereg");
-	ibv_destroy_cq(cq0);
-	ibv_destroy_cq(cq1);
-	ibv_dealloc_pd(pd0);
-	ibv_dealloc_pd(pd1);
-	ibv_close_device(c0);
-	ibv_close_device(c1);
+	close_side(cq0, pd0, c0);
+	close_side(cq1, pd1, c1);
 	printf("OK %d %d %d %zu %.1f\n", nqp, depth, rounds, size, mbs);
 	return 0;
 }

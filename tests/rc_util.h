@@ -1,7 +1,7 @@
 /* Shared by the C test programs that set RC QPs up by hand (tests/many_qp_write.c,
  * tests/shared_mr.c): open a device by name, and RESET -> INIT -> RTR -> RTS towards a peer QP
  * on a RoCE GID (index 1: the IPv4-mapped GID) with perftest's timeouts. Define PROG (the
- * program's name for messages) before including. */
+ * program's name for messages) before including. close_side() tears one device's objects down. */
 #ifndef PMRXE_TESTS_RC_UTIL_H
 #define PMRXE_TESTS_RC_UTIL_H
 #include <infiniband/verbs.h>
@@ -12,6 +12,13 @@
 
 #ifndef PROG
 #error "define PROG before including rc_util.h"
+/* Destroy one side's CQ and PD and close its device (after its QPs and MRs are gone). */
+static void close_side(struct ibv_cq *cq, struct ibv_pd *pd, struct ibv_context *c) {
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(c);
+}
+
 #endif
 
 #define DIE(...) do { fprintf(stderr, PROG ": " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
@@ -58,6 +65,13 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid *dg
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 				  IBV_QP_MAX_QP_RD_ATOMIC))
 		DIE("RTS");
+}
+
+/* Destroy one side's CQ and PD and close its device (after its QPs and MRs are gone). */
+static void close_side(struct ibv_cq *cq, struct ibv_pd *pd, struct ibv_context *c) {
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(c);
 }
 
 #endif

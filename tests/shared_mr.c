@@ -130,12 +130,8 @@ int main(int argc, char **argv) {
 	if (!fgets(line, sizeof line, stdin)) { /* the test closed stdin: carry on */ }
 
 	if (ibv_destroy_qp(q0) || ibv_destroy_qp(q1) || ibv_dereg_mr(dst) || ibv_dereg_mr(src)) DIE("teardown");
-	ibv_destroy_cq(cq0);
-	ibv_destroy_cq(cq1);
-	ibv_dealloc_pd(pd0);
-	ibv_dealloc_pd(pd1);
-	ibv_close_device(c0);
-	ibv_close_device(c1);
+	close_side(cq0, pd0, c0);
+	close_side(cq1, pd1, c1);
 	printf("OK %s\n", shrunk ? "memfd_shrunk" : kind);
 	return 0;
 }
