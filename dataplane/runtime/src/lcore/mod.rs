@@ -232,14 +232,17 @@ impl PathCache {
     /// The header for a RoCE part of `roce_len` bytes: prebuilt once per (path, length), so
     /// equal-length packets (every MTU-sized one of a bulk message, every small WRITE, every
     /// ACK) copy it. `None` if the length cannot be framed.
-    fn header(&mut self, roce_len: usize) -> Option<wire::frame::HeaderTemplate> {
-        if let Some(h) = self.headers.iter().flatten().find(|h| h.roce_len() == roce_len) {
-            return Some(*h);
-        }
-        let h = wire::frame::HeaderTemplate::new(&self.l3, roce_len).ok()?;
-        self.headers[self.next_header] = Some(h);
-        self.next_header ^= 1;
-        Some(h)
+    fn header(&mut self, roce_len: usize) -> Option<&wire::frame::HeaderTemplate> {
+        let i = match self.headers.iter().position(|h| h.as_ref().is_some_and(|h| h.roce_len() == roce_len)) {
+            Some(i) => i,
+            None => {
+                let i = self.next_header;
+                self.headers[i] = Some(wire::frame::HeaderTemplate::new(&self.l3, roce_len).ok()?);
+                self.next_header ^= 1;
+                i
+            }
+        };
+        self.headers[i].as_ref()
     }
 }
 
