@@ -7,6 +7,7 @@
 //! mempool and EAL handles are released.
 
 use std::ffi::{CStr, CString};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::raw::c_char;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -133,6 +134,9 @@ struct PortInner {
     rx_claimed: Vec<AtomicBool>,
     tx_claimed: Vec<AtomicBool>,
     pool: Mempool,
+    /// The af_packet PMD's sockets of this port (see [`EthPort::kick`]); empty for other
+    /// drivers. Owned by the PMD, open until the port is closed in [`PortInner`]'s drop.
+    kick_fds: Vec<RawFd>,
     _rings: Option<Arc<RingSet>>,
     _eal: Eal,
 }
@@ -159,6 +163,8 @@ pub struct EthPort {
     inner: Arc<PortInner>,
     rxq: u16,
     txq: u16,
+    /// A burst went to an af_packet socket and no kick has succeeded since.
+    unkicked: bool,
 }
 
 impl std::fmt::Debug for EthPort {
@@ -378,6 +384,8 @@ impl EthPort {
             // SAFETY: plain call; unsupported is fine.
             let _ = unsafe { sys::rte_eth_promiscuous_enable(id) };
         }
+        let kick_fds = if cstr_eq(info.driver_name, "net_af_packet") { af_packet_sockets(info.if_index) } else { Vec::new() };
+        tracing::debug!(port = %name, sockets = ?kick_fds, "af_packet sockets to kick");
         let inner = Arc::new(PortInner {
             port_id: id,
             name: name.clone(),
@@ -387,6 +395,7 @@ impl EthPort {
             rx_claimed: (0..s.rx_queues).map(|_| AtomicBool::new(false)).collect(),
             tx_claimed: (0..s.tx_queues).map(|_| AtomicBool::new(false)).collect(),
             pool: pool.clone(),
+            kick_fds,
             _rings: rings,
             _eal: eal.clone(),
         });
@@ -414,7 +423,7 @@ impl EthPort {
             rx.store(false, Ordering::Release);
             return None;
         }
-        Some(EthPort { inner: inner.clone(), rxq, txq })
+        Some(EthPort { inner: inner.clone(), rxq, txq, unkicked: false })
     }
 
     /// Another handle on the same port owning RX queue `rxq` and TX queue `txq` (for another
@@ -512,8 +521,82 @@ impl EthPort {
         for m in bufs.drain(..n) {
             std::mem::forget(m);
         }
+        self.unkicked |= n > 0 && !self.inner.kick_fds.is_empty();
         n
     }
+
+    /// Make the kernel send what the af_packet PMD left in its TX ring.
+    ///
+    /// The PMD (DPDK 22.11 `eth_af_packet_tx`) marks frames `TP_STATUS_SEND_REQUEST` and
+    /// then calls `sendto` once, non-blocking. When the kernel answers EAGAIN or ENOBUFS
+    /// (the socket's send buffer is full: a qdisc such as tbf holds its frames), the PMD
+    /// reports the burst sent and the rest of the frames wait in the ring for the next
+    /// non-empty burst; an empty burst returns before the `sendto`. A sender whose QPs have
+    /// their whole window in that ring sends nothing more, so the frames sat there until the
+    /// retransmission timer fired (67 ms with perftest's timeout 14): spurious timeouts that
+    /// cut a tbf-limited `ib_write_bw -q 4` to 23 % of the link on a loaded machine. This
+    /// makes the same `sendto` the PMD makes. Returns true while frames may be left (the
+    /// kernel refused or took only some: call again later), false once a kick found nothing
+    /// pending, and always for other drivers.
+    pub fn kick(&mut self) -> bool {
+        if !self.unkicked {
+            return false;
+        }
+        let mut held = false;
+        for &fd in &self.inner.kick_fds {
+            // SAFETY: the PMD opened this socket before the port started and closes it only in
+            // rte_eth_dev_stop, which runs in PortInner::drop after the last handle (this one
+            // holds an Arc) is gone.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            // The kernel (tpacket_snd) sends ring frames until its send buffer is full and
+            // returns the bytes it sent: more than 0 may leave frames behind, so only 0 (none
+            // pending) or an error other than "full" ends the kicking.
+            match rustix::net::send(fd, &[], rustix::net::SendFlags::DONTWAIT) {
+                Ok(0) => {}
+                Ok(_) => held = true,
+                Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::NOBUFS => held = true,
+                Err(_) => {}
+            }
+        }
+        self.unkicked = held;
+        held
+    }
+}
+
+fn cstr_eq(p: *const c_char, want: &str) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: DPDK's dev_info strings are NUL-terminated and static for the driver's life.
+    unsafe { CStr::from_ptr(p) }.to_bytes() == want.as_bytes()
+}
+
+/// The AF_PACKET sockets of this process bound to interface `if_index` (the af_packet PMD's,
+/// one per queue pair): /proc/net/packet maps socket inodes to interfaces, /proc/self/fd maps
+/// fds to inodes. Read once when the port opens.
+fn af_packet_sockets(if_index: u32) -> Vec<RawFd> {
+    let Ok(table) = std::fs::read_to_string("/proc/net/packet") else { return Vec::new() };
+    // Columns: sk RefCnt Type Proto Iface R Rmem User Inode.
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 9 && f[4].parse::<u32>().ok() == Some(if_index)).then(|| f[8].to_string())
+        })
+        .collect();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse::<RawFd>().ok()?;
+            let link = std::fs::read_link(e.path()).ok()?;
+            let ino = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string();
+            inodes.contains(&ino).then_some(fd)
+        })
+        .collect();
+    fds.sort_unstable();
+    fds
 }
 
 impl Drop for EthPort {
@@ -576,6 +659,9 @@ impl Port for EthPort {
     }
     fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<Mbuf, N>) -> usize {
         EthPort::tx_burst(self, bufs)
+    }
+    fn kick(&mut self) -> bool {
+        EthPort::kick(self)
     }
 }
 

@@ -155,6 +155,9 @@ impl<P: Port> Port for FaultyPort<P> {
     fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<P::Buf, N>) -> usize {
         self.inner.tx_burst(bufs)
     }
+    fn kick(&mut self) -> bool {
+        self.inner.kick()
+    }
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<P::Buf, N>) -> usize {
         let mut n = 0;
         while !out.is_full() {

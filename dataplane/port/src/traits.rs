@@ -90,4 +90,11 @@ pub trait Port: Send {
     /// Sends a prefix of `bufs`, removing the sent ones; unsent ones stay in `bufs` in order.
     /// Returns the number sent.
     fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<Self::Buf, N>) -> usize;
+    /// Push to the wire what earlier bursts left inside the device. Called when the caller has
+    /// nothing to send. Most devices hold nothing (the default); DPDK's af_packet PMD can
+    /// (see [`crate::EthPort::kick`]). Returns true while frames may still be held: call again
+    /// on a later pass.
+    fn kick(&mut self) -> bool {
+        false
+    }
 }

@@ -84,6 +84,12 @@ impl Port for DpdkLink {
             Inner::Faulty(f) => f.tx_burst(bufs),
         }
     }
+    fn kick(&mut self) -> bool {
+        match &mut self.port {
+            Inner::Plain(p) => p.kick(),
+            Inner::Faulty(f) => f.kick(),
+        }
+    }
 }
 
 impl Drop for DpdkLink {

@@ -71,6 +71,9 @@ counters! {
         tx_neigh_hold,
         /// Frames the port refused (retried next iteration).
         tx_backpressure,
+        /// Kicks of a device that still held frames afterwards (af_packet: the kernel's send
+        /// buffer was full; retried next pass).
+        tx_kicks_held,
         /// Send WQEs taken from client rings.
         sq_wqes,
         /// Of those, WQEs carrying their payload inline (IBV_SEND_INLINE).

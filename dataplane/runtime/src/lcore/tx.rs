@@ -204,6 +204,12 @@ impl<L: Port> Lcore<L> {
         let mut any = false;
         for p in &mut self.ports {
             if p.tx.is_empty() {
+                // Nothing new for this port: make sure what earlier bursts left inside the
+                // device goes out (af_packet; a no-op elsewhere). Not work: a kernel that keeps
+                // refusing is retried on the next pass, after any idle back-off.
+                if p.link.kick() {
+                    bump(&self.stats.tx_kicks_held, 1);
+                }
                 continue;
             }
             any = true;
