@@ -38,20 +38,20 @@ use crate::wqe::SendOp;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CompState {
     /// Oldest unacknowledged PSN.
-    pub psn: Psn,
+    psn: Psn,
     /// Transport retries left.
-    pub retry: RetryLimit,
+    retry: RetryLimit,
     /// RNR retries left.
-    pub rnr: RetryLimit,
+    rnr: RetryLimit,
     /// A go-back-N is in progress; sequence NAKs don't start another until progress.
-    pub started_retry: bool,
+    started_retry: bool,
     /// PSN to resume from when the RNR timer fires.
-    pub rnr_psn: Psn,
+    rnr_psn: Psn,
     /// Consecutive local ACK timeouts without forward progress (the back-off shift, capped
     /// at [`MAX_BACKOFF_SHIFT`]).
-    pub backoff: u8,
+    backoff: u8,
     /// When the first of those timeouts fired (time in back-off is counted from here).
-    pub backoff_since: Option<Instant>,
+    backoff_since: Option<Instant>,
 }
 
 /// Largest back-off of the retransmission timer: 2^2 = 4 × the QP's local ACK timeout — the
@@ -78,8 +78,18 @@ impl Default for CompState {
     }
 }
 
+/// What the other roles may ask of the completer's state; only this module writes its fields.
 impl CompState {
     pub(crate) fn reset_psn(&mut self, p: Psn) {
+        self.psn = p;
+    }
+    /// Oldest unacknowledged PSN.
+    pub(crate) fn psn(&self) -> Psn {
+        self.psn
+    }
+    /// Unreliable service (requester): everything before `p` is complete once handed to the
+    /// wire.
+    pub(crate) fn acknowledged_to(&mut self, p: Psn) {
         self.psn = p;
     }
     pub(crate) fn reset_retry(&mut self, a: &QpAttr) {
@@ -97,7 +107,7 @@ enum AckOutcome {
 
 impl Qp {
     fn outstanding(&self) -> bool {
-        self.comp.psn.distance(self.req.next_psn) < 0
+        self.comp.psn.distance(self.req.next_psn()) < 0
     }
 
     /// Restart (or stop) the retransmit timer after forward progress (which ends a back-off).
@@ -168,11 +178,11 @@ impl Qp {
             idx += 1;
         }
         let next = p.wrapping_add(1);
-        if next.distance(self.comp.psn) > 0 && next.distance(self.req.max_sent) <= 0 {
+        if next.distance(self.comp.psn) > 0 && next.distance(self.req.max_sent()) <= 0 {
             // Never move past a READ that still misses responses (none can when no READ or
             // atomic holds a credit: skip the walk).
             let limit = (self.sq_head..self.sq_end())
-                .take_while(|_| self.req.rd_atomic_inflight > 0)
+                .take_while(|_| self.req.rd_atomic_outstanding())
                 .map(|i| self.entry(i))
                 .find(|e| e.started && e.done.is_none() && e.op.is_rd_atomic())
                 .map(|e| e.first_psn.wrapping_add(e.rcvd));
@@ -224,8 +234,7 @@ impl Qp {
                 e.read_req_out = false;
             }
         }
-        self.req.net_cursor = idx;
-        self.req.noack_pkts = 0;
+        self.req.rewind_to(idx);
         self.stats.retries += 1;
         self.comp.started_retry = true;
         self.rearm_retransmit(now);
@@ -297,7 +306,7 @@ impl Qp {
         let Some(info) = hdr.bth.opcode.info() else { return true };
         let p = hdr.bth.psn;
         // A response must be for a PSN we sent: [comp.psn - 2^23, max_sent).
-        if p.distance(self.req.max_sent) >= 0 {
+        if p.distance(self.req.max_sent()) >= 0 {
             self.stats.dropped += 1;
             return true;
         }

@@ -417,15 +417,14 @@ impl Qp {
         while let Some(e) = self.sq.pop_front() {
             self.sq_head += 1;
             if e.credit {
-                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+                self.req.release_rd_atomic();
             }
             let mut c = Cqe::new(e.wr_id, WcStatus::WrFlushErr, wc_opcode(&e.op), self.qpn);
             c.byte_len = 0;
             self.stats.completion(WcStatus::WrFlushErr);
             self.cqes.push_back((CqSide::Send, c));
         }
-        self.req.net_cursor = self.sq_head;
-        self.req.exec_cursor = self.req.exec_cursor.max(self.sq_head);
+        self.req.flushed_to(self.sq_head);
         while let Some(r) = self.rq.pop_front() {
             self.stats.completion(WcStatus::WrFlushErr);
             self.cqes.push_back((CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
@@ -599,11 +598,11 @@ impl Qp {
         e.done = Some(st);
         let had = core::mem::replace(&mut e.credit, false);
         if had {
-            self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            self.req.release_rd_atomic();
         }
         if st != WcStatus::Success {
             // Nothing at or after the failing WQE is started any more.
-            self.req.stop_at = Some(self.req.stop_at.map_or(idx, |s| s.min(idx)));
+            self.req.stop_before(idx);
         }
     }
 
@@ -633,7 +632,7 @@ impl Qp {
             }
         }
         // A cumulative ACK may retire WQEs the (rewound) network cursor had not reached yet.
-        self.req.net_cursor = self.req.net_cursor.max(self.sq_head);
+        self.req.retired_to(self.sq_head);
         self.check_sq_drained();
     }
 
@@ -674,7 +673,7 @@ impl Qp {
             return Some(connected);
         }
         if self.qp_type == QpType::Ud {
-            let i = self.req.net_cursor;
+            let i = self.req.net_cursor();
             return if i < self.sq_end() { self.sq_side.ud(i).map(|u| (u.av, u.remote_qpn)) } else { None };
         }
         Some(connected)
@@ -688,7 +687,7 @@ impl Qp {
         }
         match self.state {
             QpState::Rts | QpState::Sqd => {
-                self.req.net_cursor < self.sq_end() && self.timers.get(Timer::RnrWait).is_none() && self.timers.get(Timer::Pacing).is_none()
+                self.req.net_cursor() < self.sq_end() && self.timers.get(Timer::RnrWait).is_none() && self.timers.get(Timer::Pacing).is_none()
             }
             _ => false,
         }

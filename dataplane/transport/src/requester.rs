@@ -40,25 +40,65 @@ pub const WIRE_OVERHEAD: usize = 70;
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ReqState {
     /// Next WQE (absolute SQ index) to transmit.
-    pub net_cursor: u64,
+    net_cursor: u64,
     /// One past the last WQE that has started (local ops: executed). Never decreases.
-    pub exec_cursor: u64,
+    exec_cursor: u64,
     /// PSN for the next WQE that starts.
-    pub next_psn: Psn,
+    next_psn: Psn,
     /// One past the highest PSN transmitted so far (to tell retransmissions apart).
-    pub max_sent: Psn,
+    max_sent: Psn,
     /// READ/ATOMIC WQEs started whose data is not placed yet.
-    pub rd_atomic_inflight: u32,
+    rd_atomic_inflight: u32,
     /// A WQE at this index failed: start nothing at or after it.
-    pub stop_at: Option<u64>,
+    stop_at: Option<u64>,
     /// Packets sent since the last AckReq.
-    pub noack_pkts: u32,
+    noack_pkts: u32,
 }
 
+/// What the other roles may ask of the requester's state. Only this module writes its fields;
+/// the completer and the QP's queue management change it through these calls.
 impl ReqState {
     pub(crate) fn reset_psn(&mut self, p: Psn) {
         self.next_psn = p;
         self.max_sent = p;
+    }
+    /// PSN the next WQE starts at.
+    pub(crate) fn next_psn(&self) -> Psn {
+        self.next_psn
+    }
+    /// One past the highest PSN transmitted.
+    pub(crate) fn max_sent(&self) -> Psn {
+        self.max_sent
+    }
+    /// Next WQE (absolute SQ index) to transmit.
+    pub(crate) fn net_cursor(&self) -> u64 {
+        self.net_cursor
+    }
+    /// Do READ/atomic WQEs hold credits (so an ACK must look for a READ still missing data)?
+    pub(crate) fn rd_atomic_outstanding(&self) -> bool {
+        self.rd_atomic_inflight > 0
+    }
+    /// A READ/atomic WQE finished or was flushed: its credit comes back.
+    pub(crate) fn release_rd_atomic(&mut self) {
+        self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+    }
+    /// Go-back-N (completer): transmit again from WQE `idx`.
+    pub(crate) fn rewind_to(&mut self, idx: u64) {
+        self.net_cursor = idx;
+        self.noack_pkts = 0;
+    }
+    /// The WQE at `idx` failed: start nothing at or after it.
+    pub(crate) fn stop_before(&mut self, idx: u64) {
+        self.stop_at = Some(self.stop_at.map_or(idx, |s| s.min(idx)));
+    }
+    /// WQEs below `head` retired (a cumulative ACK may pass the rewound cursor).
+    pub(crate) fn retired_to(&mut self, head: u64) {
+        self.net_cursor = self.net_cursor.max(head);
+    }
+    /// Every WQE below `head` was flushed: nothing of them is sent or executed again.
+    pub(crate) fn flushed_to(&mut self, head: u64) {
+        self.net_cursor = head;
+        self.exec_cursor = self.exec_cursor.max(head);
     }
 }
 
@@ -137,7 +177,7 @@ impl Qp {
                 if op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
                     return None;
                 }
-                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn) >= self.unacked_window() {
+                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn()) >= self.unacked_window() {
                     return None;
                 }
                 if self.qp_type == QpType::Ud && len > u64::from(self.mtu()) {
@@ -204,7 +244,7 @@ impl Qp {
         let k = e.tx_pkt;
         let psn = e.first_psn.wrapping_add(k);
         let window = self.unacked_window();
-        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn) >= window {
+        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn()) >= window {
             return None;
         }
         let op = e.op;
@@ -274,7 +314,7 @@ impl Qp {
             self.req.noack_pkts += 1;
             // In back-off the probe window ends mid-message: its last packet asks for the ACK
             // that ends the back-off.
-            let probe_end = window < MAX_UNACKED_PSNS && psn.wrapping_add(1).distance(self.comp.psn) >= window;
+            let probe_end = window < MAX_UNACKED_PSNS && psn.wrapping_add(1).distance(self.comp.psn()) >= window;
             if last || self.req.noack_pkts >= MAX_PKT_PER_ACK || probe_end {
                 hdr.bth.ack_req = true;
             }
@@ -348,7 +388,7 @@ impl Qp {
             QpType::Uc | QpType::Ud => {
                 if all_sent {
                     // Unreliable: complete when the last packet is handed to the wire.
-                    self.comp.psn = self.req.next_psn;
+                    self.comp.acknowledged_to(self.req.next_psn);
                     self.finish_wqe(idx, WcStatus::Success);
                     self.retire();
                 }
