@@ -709,3 +709,26 @@ pub fn open_ports(cfg: &Config, eal: &Eal) -> Result<Vec<EthPort>, PortError> {
     }
     Ok(out.into_iter().flatten().collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::af_packet_sockets;
+
+    /// The kick finds the PMD's sockets the way this finds one of ours: an AF_PACKET socket not
+    /// bound to any interface is listed under interface 0, and under no other.
+    #[test]
+    fn af_packet_sockets_finds_this_process_packet_sockets() {
+        use rustix::net::{socket, AddressFamily, SocketType};
+        let Ok(s) = socket(AddressFamily::PACKET, SocketType::RAW, None) else {
+            eprintln!("no AF_PACKET socket (needs CAP_NET_RAW): skipped");
+            return;
+        };
+        let fd = s.as_raw_fd();
+        assert!(af_packet_sockets(0).contains(&fd), "fd {fd} not found among {:?}", af_packet_sockets(0));
+        assert!(!af_packet_sockets(u32::MAX).contains(&fd));
+        drop(s);
+        assert!(!af_packet_sockets(0).contains(&fd));
+    }
+}
