@@ -47,7 +47,7 @@ fn small(c: &mut Criterion) {
         bch.iter(|| {
             let k = sim.nodes[B].mem.reg_mr(1, b.clone(), b.addr(), Access(1)).unwrap();
             for i in 0..n {
-                sim.nodes[B].engine.post_recv(2, RecvWqe::new(i as u64).sge(Sge { addr: b.addr(), len: 8, lkey: k })).unwrap();
+                sim.nodes[B].engine.post_recv(2, &RecvWqe::new(i as u64).sge(Sge { addr: b.addr(), len: 8, lkey: k })).unwrap();
             }
             run_ops(&mut sim, n, &|i| SendWqe::new(i, SendOp::Send).sge(sge));
             sim.nodes[B].mem.dereg_mr(k).unwrap();

@@ -320,7 +320,7 @@ impl<X> Engine<X> {
         r
     }
     /// Post a receive WR to `qpn`.
-    pub fn post_recv(&mut self, qpn: u32, wqe: RecvWqe) -> Result<(), PostError> {
+    pub fn post_recv(&mut self, qpn: u32, wqe: &RecvWqe) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
         let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_recv(wqe);
         self.touch(s);

@@ -48,6 +48,7 @@ pub mod packet;
 pub mod qp;
 pub mod requester;
 pub mod responder;
+mod rq;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod sq;

@@ -18,6 +18,7 @@ use crate::responder::RespState;
 use crate::sq::{SqEntry, SqSide};
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
+use crate::rq::RecvQueue;
 use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, MAX_INLINE, MAX_SGE};
 
 /// `post_send`/`post_recv` failure (the WR is returned as `bad_wr`; no CQE).
@@ -96,7 +97,7 @@ pub struct Qp {
     /// Gather lists, inline data and UD destinations of the SQ's WQEs.
     pub(crate) sq_side: SqSide,
     pub(crate) sq_head: u64,
-    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) rq: RecvQueue,
     pub(crate) req: ReqState,
     pub(crate) comp: CompState,
     pub(crate) resp: RespState,
@@ -143,7 +144,7 @@ impl Qp {
             sq: VecDeque::with_capacity(caps.max_send_wr as usize),
             sq_side: SqSide::new(&caps, qp_type),
             sq_head: 0,
-            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            rq: RecvQueue::with_capacity(caps.max_recv_wr as usize),
             req: ReqState::default(),
             comp: CompState::default(),
             resp: RespState::new(),
@@ -425,9 +426,10 @@ impl Qp {
             self.cqes.push_back((CqSide::Send, c));
         }
         self.req.flushed_to(self.sq_head);
-        while let Some(r) = self.rq.pop_front() {
+        // The RQ's current WQE is its head: flushed first, in order.
+        while let Some(wr_id) = self.rq.pop() {
             self.stats.completion(WcStatus::WrFlushErr);
-            self.cqes.push_back((CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
+            self.cqes.push_back((CqSide::Recv, Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
         }
         if let Some(r) = self.resp.take_current_recv() {
             self.stats.completion(WcStatus::WrFlushErr);
@@ -505,7 +507,7 @@ impl Qp {
     }
 
     /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR.
-    pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostError> {
+    pub fn post_recv(&mut self, wqe: &RecvWqe) -> Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::InvalidState);
         }
@@ -515,10 +517,9 @@ impl Qp {
         if wqe.num_sge > self.caps.max_recv_sge as usize || wqe.num_sge > MAX_SGE {
             return Err(PostError::TooManySge);
         }
-        if self.rq.len() >= self.caps.max_recv_wr as usize {
+        if self.rq.len() >= self.caps.max_recv_wr as usize || !self.rq.push(wqe) {
             return Err(PostError::QueueFull);
         }
-        self.rq.push_back(wqe);
         if self.state == QpState::Err {
             self.flush();
         }

@@ -307,18 +307,25 @@ impl Qp {
             self.stats.dropped += 1;
             return;
         }
-        let Some(wqe) = self.take_recv(srq) else {
+        if !self.start_recv(srq) {
             self.stats.dropped += 1;
             return;
-        };
+        }
         let grh = pkt.grh();
         let total = 40 + pkt.payload.len() as u64;
-        let mut c = Cqe::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
-        if total > wqe.capacity() {
-            c.status = WcStatus::LocLenErr;
-        } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload).is_err() {
-            c.status = WcStatus::LocProtErr;
-        }
+        let (wr_id, status) = {
+            let wqe = self.cur_recv().expect("started");
+            let st = if total > wqe.capacity() {
+                WcStatus::LocLenErr
+            } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload).is_err() {
+                WcStatus::LocProtErr
+            } else {
+                WcStatus::Success
+            };
+            (wqe.wr_id, st)
+        };
+        self.end_recv();
+        let mut c = Cqe::new(wr_id, status, WcOpcode::Recv, self.qpn);
         c.byte_len = total as u32;
         c.src_qp = deth.src_qp.value();
         c.grh_present = true;
@@ -332,24 +339,50 @@ impl Qp {
         self.cqes.push_back((CqSide::Recv, c));
     }
 
-    fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
+    /// Take the next receive WQE as the current one (a no-op returning true if one is
+    /// current): from the QP's RQ, where it stays in its slot, or a copy from the SRQ. False if
+    /// there is none.
+    fn start_recv(&mut self, srq: Option<&mut Srq>) -> bool {
+        if self.cur_recv().is_some() {
+            return true;
+        }
         match (self.srq, srq) {
             (Some(n), Some(s)) => {
-                let (w, fire) = s.take()?;
+                let Some((w, fire)) = s.take() else { return false };
                 if fire {
                     self.events.push_back(AsyncEvent::SrqLimitReached { srqn: n });
                 }
-                Some(w)
+                self.resp.recv = Some(w);
+                true
             }
-            (Some(_), None) => None,
-            _ => self.rq.pop_front(),
+            (Some(_), None) => false,
+            _ => self.rq.start(),
         }
+    }
+
+    /// The receive WQE a message is filling.
+    fn cur_recv(&self) -> Option<&RecvWqe> {
+        match self.srq {
+            Some(_) => self.resp.recv.as_ref(),
+            None => self.rq.current(),
+        }
+    }
+
+    /// The current receive WQE completed: release it.
+    fn end_recv(&mut self) {
+        match self.srq {
+            Some(_) => self.resp.recv = None,
+            None => {
+                self.rq.finish();
+            }
+        }
+        self.resp.recv_off = 0;
     }
 
     fn has_recv(&self, srq: &Option<&mut Srq>) -> bool {
         match self.srq {
             Some(_) => srq.as_ref().is_some_and(|s| !s.is_empty()),
-            None => !self.rq.is_empty(),
+            None => self.rq.has_next(),
         }
     }
 
@@ -438,11 +471,12 @@ impl Qp {
                     return true;
                 }
                 // Class C/J: report on the receive WQE if one is involved, NAK, QP → ERR.
-                match self.resp.take_current_recv() {
-                    Some(w) => {
+                match self.cur_recv().map(|w| w.wr_id) {
+                    Some(wr_id) => {
+                        self.end_recv();
                         let st = e.wc_status();
                         self.stats.completion(st);
-                        self.cqes.push_back((CqSide::Recv, Cqe::new(w.wr_id, st, WcOpcode::Recv, self.qpn)));
+                        self.cqes.push_back((CqSide::Recv, Cqe::new(wr_id, st, WcOpcode::Recv, self.qpn)));
                     }
                     None => self.events.push_back(match e {
                         RespError::RemoteAccess => AsyncEvent::QpAccessError,
@@ -502,25 +536,27 @@ impl Qp {
         match info.kind {
             OpKind::Send => {
                 if info.pos.is_start() {
-                    if self.resp.recv.is_none() {
-                        if !self.has_recv(srq) {
-                            return Err(RespError::Rnr.into());
-                        }
-                        self.resp.recv = self.take_recv(srq.as_deref_mut());
+                    if self.cur_recv().is_none() && !self.has_recv(srq) {
+                        return Err(RespError::Rnr.into());
                     }
+                    self.start_recv(srq.as_deref_mut());
                     self.resp.recv_off = 0;
                 }
-                let Some(w) = self.resp.recv else { return Err(RespError::InvalidRequest.into()) };
-                if self.resp.recv_off + plen as u64 > w.capacity() {
-                    return Err(RespError::LocalLength.into());
-                }
-                if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload).is_err() {
-                    return Err(RespError::RemoteOp.into());
-                }
+                // Read in place (RQ slot or the SRQ's copy): no copy of the WQE per packet.
+                let wr_id = {
+                    let Some(w) = self.cur_recv() else { return Err(RespError::InvalidRequest.into()) };
+                    if self.resp.recv_off + plen as u64 > w.capacity() {
+                        return Err(RespError::LocalLength.into());
+                    }
+                    if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload).is_err() {
+                        return Err(RespError::RemoteOp.into());
+                    }
+                    w.wr_id
+                };
                 self.stats.resp_bytes_written += plen as u64;
                 self.resp.recv_off += plen as u64;
                 if info.pos.is_end() {
-                    let mut c = Cqe::new(w.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+                    let mut c = Cqe::new(wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
                     c.byte_len = self.resp.recv_off as u32;
                     if let Some(i) = h.imm {
                         c.imm_data = Some(i);
@@ -534,8 +570,7 @@ impl Qp {
                         c.invalidated_rkey = Some(k);
                         c.wc_flags |= WcFlags::WITH_INV;
                     }
-                    self.resp.recv = None;
-                    self.resp.recv_off = 0;
+                    self.end_recv();
                     self.resp.in_msg = InMsg::None;
                     self.resp.msn = self.resp.msn.wrapping_add(1);
                     self.stats.completion(WcStatus::Success);
@@ -561,7 +596,7 @@ impl Qp {
                 if end > len || (info.pos.is_end() && end != len) {
                     return Err(RespError::InvalidRequest.into());
                 }
-                if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.resp.recv.is_none() {
+                if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.cur_recv().is_none() {
                     // WRITE with immediate consumes a receive WQE: check before writing.
                     return Err(RespError::Rnr.into());
                 }
@@ -586,11 +621,12 @@ impl Qp {
                     self.resp.in_msg = InMsg::None;
                     self.resp.msn = self.resp.msn.wrapping_add(1);
                     if info.imm {
-                        let w = match self.resp.recv.take() {
-                            Some(w) => w,
-                            None => self.take_recv(srq.as_deref_mut()).ok_or(RespError::Rnr)?,
-                        };
-                        let mut c = Cqe::new(w.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+                        if !self.start_recv(srq.as_deref_mut()) {
+                            return Err(RespError::Rnr.into());
+                        }
+                        let wr_id = self.cur_recv().expect("started").wr_id;
+                        self.end_recv();
+                        let mut c = Cqe::new(wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
                         c.byte_len = len as u32;
                         c.imm_data = h.imm;
                         c.wc_flags |= WcFlags::WITH_IMM;

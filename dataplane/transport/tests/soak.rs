@@ -105,7 +105,7 @@ fn run(seed: u64, ops: usize) {
                 ps.expect.push((wr, WcOpcode::RdmaWrite));
                 let op = if kind == 1 { SendOp::WriteImm(wr as u32) } else { SendOp::Write };
                 if kind == 1 {
-                    sim.nodes[B].engine.post_recv(ps.qb, recv(recv_n, &ps.recv_buf, 0, 0)).unwrap();
+                    sim.nodes[B].engine.post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, 0, 0)).unwrap();
                     recv_n += 1;
                     ps.recv_expect.push(vec![]);
                 }
@@ -115,7 +115,7 @@ fn run(seed: u64, ops: usize) {
                 let len = rng.gen_range(0..=RECV_SLOT);
                 let so = rng.gen_range(0..WRITE_AREA - len);
                 let slot = (recv_n % 1024) as usize;
-                sim.nodes[B].engine.post_recv(ps.qb, recv(recv_n, &ps.recv_buf, (slot * RECV_SLOT) as u64, RECV_SLOT as u32)).unwrap();
+                sim.nodes[B].engine.post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, (slot * RECV_SLOT) as u64, RECV_SLOT as u32)).unwrap();
                 recv_n += 1;
                 ps.recv_expect.push(ps.src.read(so, len));
                 ps.expect.push((wr, WcOpcode::Send));

@@ -108,7 +108,7 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
                     any = true;
                     match convert::recv_wqe(&scratch.shm_recv) {
                         Ok(r) => {
-                            if qp.post_recv(r).is_err() {
+                            if qp.post_recv(&r).is_err() {
                                 s.backlog = true;
                                 break; // full: leave it in the ring, retry next iteration
                             }

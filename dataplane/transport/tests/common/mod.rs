@@ -104,7 +104,7 @@ pub fn post(sim: &mut Sim, node: usize, qpn: u32, w: SendWqe) {
 }
 
 pub fn post_recv(sim: &mut Sim, node: usize, qpn: u32, w: RecvWqe) {
-    sim.nodes[node].engine.post_recv(qpn, w).expect("post_recv");
+    sim.nodes[node].engine.post_recv(qpn, &w).expect("post_recv");
 }
 
 pub fn send_cqes(sim: &mut Sim, node: usize, qpn: u32) -> Vec<Cqe> {
