@@ -51,12 +51,27 @@ pub const DEFAULT_SLOTS: u32 = 4096;
 
 impl QpnLayout {
     /// The lcore owning `qpn`.
+    #[inline]
     pub fn owner(&self, qpn: u32) -> usize {
-        (qpn % self.lcores.max(1)) as usize
+        rem(qpn, self.lcores.max(1)) as usize
     }
     /// The slab slot of `qpn` on its owner.
+    #[inline]
     pub fn slot(&self, qpn: u32) -> usize {
-        ((qpn / self.lcores.max(1)) % self.slots.max(1)) as usize
+        let l = self.lcores.max(1);
+        let q = if l.is_power_of_two() { qpn >> l.trailing_zeros() } else { qpn / l };
+        rem(q, self.slots.max(1)) as usize
+    }
+}
+
+/// `a % b` for `b > 0`, without a division when `b` is a power of two (every default layout:
+/// the slot lookup runs several times per packet and a `div` was 3.7 % of the lcore at 8 B SEND).
+#[inline]
+fn rem(a: u32, b: u32) -> u32 {
+    if b.is_power_of_two() {
+        a & (b - 1)
+    } else {
+        a % b
     }
 }
 
@@ -507,6 +522,19 @@ impl<X> Engine<X> {
 mod tests {
     use super::*;
     use crate::attr::{QpCaps, QpType};
+
+    #[test]
+    fn layout_matches_division_for_every_lcore_and_slot_count() {
+        for lcores in [0, 1, 2, 3, 4, 5, 7, 8, 12, 16, 64] {
+            for slots in [0, 1, 3, 4096, 1000] {
+                let l = QpnLayout { lcores, slots };
+                for qpn in (0..5000).chain([u32::MAX - 3, u32::MAX, 0x00ff_ffff]) {
+                    assert_eq!(l.owner(qpn), (qpn % lcores.max(1)) as usize, "{l:?} {qpn}");
+                    assert_eq!(l.slot(qpn), ((qpn / lcores.max(1)) % slots.max(1)) as usize, "{l:?} {qpn}");
+                }
+            }
+        }
+    }
 
     fn qp(qpn: u32) -> Qp {
         let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
