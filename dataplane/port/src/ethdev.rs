@@ -654,6 +654,9 @@ impl Port for EthPort {
     fn alloc(&mut self) -> Option<Mbuf> {
         self.inner.pool.alloc()
     }
+    fn alloc_bulk<const N: usize>(&mut self, out: &mut ArrayVec<Mbuf, N>) -> usize {
+        self.inner.pool.alloc_bulk(out)
+    }
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<Mbuf, N>) -> usize {
         EthPort::rx_burst(self, out)
     }

@@ -152,6 +152,9 @@ impl<P: Port> Port for FaultyPort<P> {
     fn alloc(&mut self) -> Option<P::Buf> {
         self.inner.alloc()
     }
+    fn alloc_bulk<const N: usize>(&mut self, out: &mut ArrayVec<P::Buf, N>) -> usize {
+        self.inner.alloc_bulk(out)
+    }
     fn tx_burst<const N: usize>(&mut self, bufs: &mut ArrayVec<P::Buf, N>) -> usize {
         self.inner.tx_burst(bufs)
     }

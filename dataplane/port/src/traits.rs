@@ -85,6 +85,17 @@ pub trait Port: Send {
     fn mtu(&self) -> u16;
     /// An empty buffer for transmission, with headroom for headers; `None` if exhausted.
     fn alloc(&mut self) -> Option<Self::Buf>;
+    /// Fill `out` with empty buffers; returns how many were added. DPDK ports take them from
+    /// the mempool in one call, all or nothing (0 when it cannot supply them all).
+    fn alloc_bulk<const N: usize>(&mut self, out: &mut ArrayVec<Self::Buf, N>) -> usize {
+        let mut n = 0;
+        while !out.is_full() {
+            let Some(b) = self.alloc() else { break };
+            out.push(b);
+            n += 1;
+        }
+        n
+    }
     /// Receives up to `out.remaining_capacity()` frames, appended to `out`. Returns the count.
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<Self::Buf, N>) -> usize;
     /// Sends a prefix of `bufs`, removing the sent ones; unsent ones stay in `bufs` in order.

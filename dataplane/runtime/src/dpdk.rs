@@ -70,6 +70,12 @@ impl Port for DpdkLink {
             Inner::Faulty(f) => f.alloc(),
         }
     }
+    fn alloc_bulk<const N: usize>(&mut self, out: &mut ArrayVec<Mbuf, N>) -> usize {
+        match &mut self.port {
+            Inner::Plain(p) => Port::alloc_bulk(p, out),
+            Inner::Faulty(f) => f.alloc_bulk(out),
+        }
+    }
     #[inline]
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<Mbuf, N>) -> usize {
         match &mut self.port {

@@ -67,7 +67,7 @@ impl<L: Port> Lcore<L> {
         if port.tx.len() >= port.tx.capacity() {
             return;
         }
-        let Some(mut b) = port.link.alloc() else {
+        let Some(mut b) = port.alloc() else {
             bump(&self.stats.tx_alloc_failures, 1);
             return;
         };

@@ -49,7 +49,7 @@ impl<L: Port> Lcore<L> {
             let mut progressed = true;
             while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
                 budget -= 1;
-                let Some(mut b) = port.link.alloc() else {
+                let Some(mut b) = port.alloc() else {
                     bump(&self.stats.tx_alloc_failures, 1);
                     break;
                 };
@@ -59,6 +59,7 @@ impl<L: Port> Lcore<L> {
                 // prepended into the headroom afterwards, so the payload is written once.
                 let room = cap.saturating_sub(wire::ICRC_LEN);
                 let Some(t) = qp.poll_transmit(now, &*self.mem, &mut buf[..room]) else {
+                    port.give_back(b);
                     progressed = budget + 1 < BURST;
                     break;
                 };
@@ -161,7 +162,7 @@ impl<L: Port> Lcore<L> {
                 unresolved = Some((pi, dst_ip));
                 continue;
             };
-            let Some(mut b) = port.link.alloc() else {
+            let Some(mut b) = port.alloc() else {
                 bump(&self.stats.tx_alloc_failures, 1);
                 bump(&self.stats.cm_drops, 1);
                 continue;
