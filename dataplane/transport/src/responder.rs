@@ -115,6 +115,8 @@ pub(crate) struct RespState {
     msn: u32,
     nak_sent: bool,
     in_msg: InMsg,
+    /// The SRQ receive WQE a message is filling (taken by copy; a QP's own RQ keeps its
+    /// current WQE in its slot, `rq.rs`).
     recv: Option<RecvWqe>,
     recv_off: u64,
     res: Vec<Option<Resource>>,
@@ -155,6 +157,7 @@ impl RespState {
         self.out.retain(|o| matches!(o, Out::Ack { syndrome: Syndrome::Nak(_), .. }));
         self.in_msg = InMsg::None;
     }
+    /// The SRQ receive WQE a message was filling, for flushing.
     pub(crate) fn take_current_recv(&mut self) -> Option<RecvWqe> {
         self.recv_off = 0;
         self.recv.take()
