@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
     eng.add_qp(qp);
     for i in 0..4u64 {
         let s = Sge { addr: mr.addr() + i * 2048, len: 2048, lkey: key };
-        let _ = eng.post_recv(QPN, RecvWqe::new(i).sge(s));
+        let _ = eng.post_recv(QPN, &RecvWqe::new(i).sge(s));
     }
     let mut now = Instant(1_000_000);
     let mut out = vec![0u8; 10_000];
