@@ -539,10 +539,10 @@ impl Qp {
         match info.kind {
             OpKind::Send => {
                 if info.pos.is_start() {
-                    if self.cur_recv().is_none() && !self.has_recv(srq) {
+                    // The WQE a dropped UC message left current, else the next one: none is RNR.
+                    if !self.start_recv(srq.as_deref_mut()) {
                         return Err(RespError::Rnr.into());
                     }
-                    self.start_recv(srq.as_deref_mut());
                     self.resp.recv_off = 0;
                 }
                 // Read in place (RQ slot or the SRQ's copy): no copy of the WQE per packet.
