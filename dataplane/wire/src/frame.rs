@@ -367,6 +367,7 @@ pub(crate) struct Outer {
 
 impl Outer {
     /// The stored ICRC (little-endian in the last 4 bytes of the datagram).
+    #[inline]
     pub(crate) fn stored_icrc(&self, frame: &[u8]) -> u32 {
         let c = &frame[self.ip_end - ICRC_LEN..self.ip_end];
         u32::from_le_bytes([c[0], c[1], c[2], c[3]])
@@ -379,6 +380,7 @@ impl Outer {
 
 /// Validate Ethernet (VLANs skipped), IP and UDP (port 4791, lengths) and that the datagram
 /// holds at least a BTH and an ICRC.
+#[inline]
 pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
     let (et, ip) = l2(frame)?;
     let e = eth::Packet::new_unchecked(frame);
@@ -451,27 +453,10 @@ pub fn parse_frame_deferred(frame: &[u8]) -> Result<(RoceFrame<'_>, IcrcCheck)> 
 /// Everything but the ICRC; also returns the outer layout and the payload's frame offset.
 fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
     let o = outer(frame)?;
-    let roce = &frame[o.bth_offset..o.ip_end];
-    let body = &roce[..roce.len() - ICRC_LEN];
-    let (headers, hlen) = TransportHeaders::parse(body)?;
-    let info = headers.bth.opcode.info().ok_or(Error::UnknownOpcode(headers.bth.opcode.0))?;
-    let rest = body.len() - hlen; // payload + pad
-    let pad = usize::from(headers.bth.pad);
-    if !info.has_payload() {
-        if rest != 0 {
-            return Err(Error::BadLength);
-        }
-        if pad != 0 {
-            return Err(Error::BadPad);
-        }
-    } else {
-        // IBA 9.7.7: payload + pad is a whole number of 4-byte words; FIRST/MIDDLE carry
-        // full-MTU payloads and so never a pad.
-        #[allow(clippy::manual_is_multiple_of)] // MSRV 1.80
-        if rest % 4 != 0 || pad > rest || (info.full_mtu_payload() && pad != 0) {
-            return Err(Error::BadPad);
-        }
-    }
+    let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
+    let mut headers = TransportHeaders::BLANK;
+    let hlen = headers.parse_into(body)?;
+    let payload = payload_of(&headers, body, hlen)?;
     let f = RoceFrame {
         src_mac: o.src_mac,
         dst_mac: o.dst_mac,
@@ -483,11 +468,101 @@ fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
         ip_id: o.ip_id,
         udp_sport: o.udp_sport,
         headers,
-        payload: &body[hlen..hlen + rest - pad],
+        payload,
         icrc: o.stored_icrc(frame),
         bth_offset: o.bth_offset,
     };
     Ok((f, o, o.bth_offset + hlen))
+}
+
+/// The payload of a RoCE `body` (BTH .. pad, no ICRC) whose `hlen` bytes of transport headers
+/// are `h`, after the pad rules: IBA 9.7.7, payload + pad is a whole number of 4-byte words,
+/// FIRST/MIDDLE carry full-MTU payloads and so never a pad, opcodes without payload have none.
+#[inline]
+fn payload_of<'a>(h: &TransportHeaders, body: &'a [u8], hlen: usize) -> Result<&'a [u8]> {
+    let info = h.bth.opcode.info().ok_or(Error::UnknownOpcode(h.bth.opcode.0))?;
+    let rest = body.len() - hlen; // payload + pad
+    let pad = usize::from(h.bth.pad);
+    if !info.has_payload() {
+        if rest != 0 {
+            return Err(Error::BadLength);
+        }
+        if pad != 0 {
+            return Err(Error::BadPad);
+        }
+    } else {
+        #[allow(clippy::manual_is_multiple_of)] // MSRV 1.80
+        if rest % 4 != 0 || pad > rest || (info.full_mtu_payload() && pad != 0) {
+            return Err(Error::BadPad);
+        }
+    }
+    Ok(&body[hlen..hlen + rest - pad])
+}
+
+/// A received RoCEv2 frame as the data path consumes it ([`parse_frame_into`]): what the
+/// Ethernet/IP/UDP headers say, the payload and the deferred ICRC check. Its transport
+/// headers were parsed into the caller's [`TransportHeaders`].
+#[derive(Debug, Clone, Copy)]
+pub struct RxFrame<'a> {
+    /// Source MAC.
+    pub src_mac: MacAddr,
+    /// Source IP.
+    pub src_ip: IpAddr,
+    /// Destination IP.
+    pub dst_ip: IpAddr,
+    /// IPv4 TOS / IPv6 traffic class (DSCP << 2 | ECN).
+    pub tclass: u8,
+    /// TTL / hop limit.
+    pub ttl: u8,
+    /// IPv6 flow label (0 for IPv4).
+    pub flow_label: u32,
+    /// UDP source port.
+    pub udp_sport: u16,
+    /// Payload without pad and ICRC.
+    pub payload: &'a [u8],
+    /// The ICRC check, deferred as by [`parse_frame_deferred`].
+    pub check: IcrcCheck,
+}
+
+impl RxFrame<'_> {
+    /// A value to parse into ([`parse_frame_into`]).
+    pub const BLANK: RxFrame<'static> = RxFrame {
+        src_mac: MacAddr([0; 6]),
+        src_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        dst_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        tclass: 0,
+        ttl: 0,
+        flow_label: 0,
+        udp_sport: 0,
+        payload: &[],
+        check: IcrcCheck::BLANK,
+    };
+}
+
+/// [`parse_frame_deferred`] for the receive path: the same checks in the same order, but the
+/// transport headers are parsed straight into `headers` (the packet the caller hands on) and
+/// the rest into `out`, so no 136-byte header value or frame value is built and then moved
+/// through each layer (those moves, and the store-forwarding stalls of reading back in wide
+/// words what was just written field by field, were most of the parse's cost per small
+/// packet). On error `headers` and `out` hold no meaning.
+#[inline]
+pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>) -> Result<()> {
+    let o = outer(frame)?;
+    let datagram = &frame[o.udp_off..o.ip_end - ICRC_LEN];
+    let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
+    let hlen = headers.parse_into(body)?;
+    let payload = payload_of(headers, body, hlen)?;
+    let payload_off = o.bth_offset + hlen - o.udp_off;
+    out.check = IcrcCheck::new(&frame[o.ip..o.udp_off], datagram, payload_off, payload.len(), o.stored_icrc(frame));
+    out.src_mac = o.src_mac;
+    out.src_ip = o.src_ip;
+    out.dst_ip = o.dst_ip;
+    out.tclass = o.tclass;
+    out.ttl = o.ttl;
+    out.flow_label = o.flow_label;
+    out.udp_sport = o.udp_sport;
+    out.payload = payload;
+    Ok(())
 }
 
 /// Build a complete frame into `buf`: headers, payload, zero pad, ICRC. The BTH pad count

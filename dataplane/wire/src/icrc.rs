@@ -33,6 +33,9 @@ pub const ICRC_LEN: usize = 4;
 /// Longest IPv4 header (IHL 15).
 const IPV4_MAX_HDR: usize = 60;
 
+/// Longest set of extension headers one opcode carries (AtomicETH).
+const MAX_EXT_LEN: usize = 28;
+
 /// Compute the ICRC.
 ///
 /// `ip_header` is the whole IP header (IPv4 with options, or the 40-byte IPv6 header; the
@@ -40,10 +43,11 @@ const IPV4_MAX_HDR: usize = 60;
 /// trailing 4 ICRC bytes. Never panics: headers shorter than expected are hashed as given
 /// (a caller that validated lengths never passes those).
 pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
-    // One stack buffer holds the masked IP header, UDP header and BTH, so the CRC sees
-    // two updates (masked prefix, then the payload in place): small updates are the
-    // expensive part for short packets.
-    const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN;
+    // One stack buffer holds the masked IP header, the UDP header, the BTH and up to 28 more
+    // bytes (the longest set of extension headers, or the start of the payload), so the CRC of
+    // a receive check's headers, or of a whole small datagram, is one update: small updates are
+    // the expensive part for short packets.
+    const HEAD: usize = udp::HEADER_LEN + bth::HEADER_LEN + MAX_EXT_LEN;
     let mut buf = [0u8; IPV4_MAX_HDR + HEAD];
     let h = CRC_OF_8_FF;
 
@@ -131,8 +135,12 @@ pub struct IcrcCheck {
 }
 
 impl IcrcCheck {
+    /// A placeholder to be overwritten (it matches nothing in particular).
+    pub const BLANK: IcrcCheck = IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored: 0 };
+
     /// `ip_header`, the UDP datagram without its ICRC, where the payload starts in it and how
     /// long it is (the pad follows), and the stored ICRC.
+    #[inline]
     pub(crate) fn new(ip_header: &[u8], udp_datagram: &[u8], payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
         let pad_bytes = &udp_datagram[payload_off + payload_len..];
         let mut pad = [0u8; 3];

@@ -82,8 +82,8 @@ pub use cnp::{build_cnp_frame, parse_cnp_frame, CnpFrame, Repr as CnpRepr};
 pub use headers::TransportHeaders;
 pub use frame::{
     build_frame, build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc,
-    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_with,
-    udp_sport, L3Info, ParseOptions, RoceFrame,
+    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_with,
+    udp_sport, L3Info, ParseOptions, RoceFrame, RxFrame,
 };
 pub use pcap::{read_pcap, PcapReader, PcapRecord, PcapWriter};
 pub use sample::{sample_frames, sample_specs, write_sample, SampleSpec};

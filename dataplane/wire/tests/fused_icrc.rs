@@ -10,7 +10,7 @@ use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
     build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, frame_len, pad_for,
-    parse_frame, parse_frame_deferred, Error, Qpn,
+    parse_frame, parse_frame_deferred, parse_frame_into, Error, Qpn, RxFrame, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -79,6 +79,17 @@ proptest! {
         let mut f = build_frame_vec(&l3, &h, &p).unwrap();
         let i = at % f.len();
         f[i] ^= 1 << bit;
+        // The receive path's in-place parse agrees with the deferred parse on every frame.
+        let (mut hdr, mut r) = (TransportHeaders::BLANK, RxFrame::BLANK);
+        match (parse_frame_deferred(&f), parse_frame_into(&f, &mut hdr, &mut r)) {
+            (Ok((d, check)), Ok(())) => {
+                prop_assert_eq!(hdr, d.headers);
+                prop_assert_eq!((r.src_mac, r.src_ip, r.dst_ip, r.tclass, r.ttl), (d.src_mac, d.src_ip, d.dst_ip, d.tclass, d.ttl));
+                prop_assert_eq!((r.flow_label, r.udp_sport, r.payload, r.check), (d.flow_label, d.udp_sport, d.payload, check));
+            }
+            (Err(e), Err(g)) => prop_assert_eq!(e, g),
+            (a, b) => prop_assert!(false, "deferred {:?} vs into {:?}", a.err(), b.err()),
+        }
         match (parse_frame(&f), parse_frame_deferred(&f)) {
             (Ok(a), Ok((b, check))) => {
                 // A masked field (or the Ethernet header): still valid.

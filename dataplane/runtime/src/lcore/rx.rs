@@ -77,27 +77,31 @@ impl<L: Port> Lcore<L> {
     pub(super) fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
         // The ICRC check is deferred: to the owning QP (checked before the packet acts, or while
         // its payload is placed), or made here for frames the lcore itself consumes.
-        match wire::parse_frame_deferred(data) {
-            Ok((f, check)) => {
+        // The packet is parsed in place: its headers are written once, where the engine reads
+        // them.
+        let mut pkt = RxPacket::new(wire::TransportHeaders::BLANK, &[]);
+        let mut f = wire::RxFrame::BLANK;
+        match wire::parse_frame_into(data, &mut pkt.hdr, &mut f) {
+            Ok(()) => {
                 if !self.ports[pi].owns_ip(f.dst_ip) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
                 }
                 // The P_Key must match the port's only partition, the default one (0xFFFF, or
                 // its limited-member form 0x7FFF): SEMANTICS §5.7. (TVer is checked by parse.)
-                if f.headers.bth.pkey & 0x7fff != 0x7fff {
+                if pkt.hdr.bth.pkey & 0x7fff != 0x7fff {
                     bump(&self.stats.rx_malformed, 1);
                     return None;
                 }
-                let qpn: u32 = f.headers.bth.dest_qp.into();
+                let qpn: u32 = pkt.hdr.bth.dest_qp.into();
                 if qpn == 1 {
                     // QP1 takes only GSI datagrams (UD SEND_ONLY, Q_Key 0x80010000); anything
                     // else for it is a frame for a QP that does not exist.
-                    let gsi = f.headers.bth.opcode == wire::Opcode::UD_SEND_ONLY
-                        && f.headers.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
+                    let gsi = pkt.hdr.bth.opcode == wire::Opcode::UD_SEND_ONLY
+                        && pkt.hdr.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
                     if !gsi {
                         bump(&self.stats.rx_unknown_qp, 1);
-                    } else if !check.verify(f.payload) {
+                    } else if !f.check.verify(f.payload) {
                         self.count_bad_icrc();
                     } else {
                         self.gsi_receive(pi, data);
@@ -119,7 +123,7 @@ impl<L: Port> Lcore<L> {
                 // established neighbour (ARP/ND and static entries are authoritative).
                 // (Only while the QP has no current path: steady traffic costs one compare.)
                 let gen = self.neigh.generation();
-                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && check.verify(f.payload) {
+                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && f.check.verify(f.payload) {
                     self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
@@ -129,14 +133,14 @@ impl<L: Port> Lcore<L> {
                 if wire::ecn::is_ce(f.tclass) {
                     bump(&self.stats.rx_ecn_ce, 1);
                 }
-                let mut pkt = RxPacket::new(f.headers, f.payload);
+                pkt.payload = f.payload;
                 pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
                 pkt.dst_gid = crate::neigh::ip_to_gid(f.dst_ip);
                 pkt.src_udp_port = f.udp_sport;
                 pkt.traffic_class = f.tclass;
                 pkt.hop_limit = f.ttl;
                 pkt.flow_label = f.flow_label;
-                pkt.icrc = Some(check);
+                pkt.icrc = Some(f.check);
                 let icrc_errors = |e: &Engine<QpSlot>| e.qp(qpn).map_or(0, |q| q.stats().icrc_errors);
                 let before = icrc_errors(&self.engine);
                 self.engine.handle_packet(now, &pkt, &*self.mem);
