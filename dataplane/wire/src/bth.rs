@@ -187,7 +187,10 @@ impl Repr {
     }
 
     /// Parse. Checks TVer == 0 and that the opcode is in the table; reserved bits are
-    /// ignored (IBA: ignore on receive).
+    /// ignored (IBA: ignore on receive). Always inlined: every received frame parses a BTH,
+    /// and a `Result<Repr>` returned through memory is read back wider than it was written
+    /// (a store-forwarding stall per frame).
+    #[inline(always)]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
         if p.tver() != 0 {

@@ -104,7 +104,7 @@ pub fn parse_cnp_frame(frame: &[u8]) -> Result<CnpFrame> {
     if !o.icrc_ok(frame) {
         return Err(Error::BadIcrc);
     }
-    Ok(CnpFrame { src_mac: o.src_mac, src_ip: o.src_ip, dst_ip: o.dst_ip, tclass: o.tclass, udp_sport: o.udp_sport, cnp })
+    Ok(CnpFrame { src_mac: o.src_mac, src_ip: o.src_ip(), dst_ip: o.dst_ip(), tclass: o.tclass, udp_sport: o.udp_sport, cnp })
 }
 
 /// Build a complete CNP frame for `cnp` into `buf` (headers from `l3`, ICRC); returns its

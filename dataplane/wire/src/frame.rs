@@ -22,7 +22,7 @@
 //! Responder-level length rules (FIRST/MIDDLE == MTU, LAST ≥ 1 byte) are the transport's,
 //! because it must NAK them rather than drop them (F6).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::eth::{self, EtherType, MacAddr};
 use crate::icrc::IcrcCheck;
@@ -348,8 +348,11 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>> {
 pub(crate) struct Outer {
     pub src_mac: MacAddr,
     pub dst_mac: MacAddr,
-    pub src_ip: IpAddr,
-    pub dst_ip: IpAddr,
+    /// Source and destination as GIDs (IPv4 as ::ffff:a.b.c.d): plain bytes, cheap to copy
+    /// (an `IpAddr` moved on is a 17-byte enum read back wider than it was written).
+    pub src_gid: [u8; 16],
+    pub dst_gid: [u8; 16],
+    pub v6: bool,
     pub tclass: u8,
     pub ttl: u8,
     pub flow_label: u32,
@@ -366,6 +369,12 @@ pub(crate) struct Outer {
 }
 
 impl Outer {
+    pub(crate) fn src_ip(&self) -> IpAddr {
+        gid_to_ip(&self.src_gid, self.v6)
+    }
+    pub(crate) fn dst_ip(&self) -> IpAddr {
+        gid_to_ip(&self.dst_gid, self.v6)
+    }
     /// The stored ICRC (little-endian in the last 4 bytes of the datagram).
     #[inline]
     pub(crate) fn stored_icrc(&self, frame: &[u8]) -> u32 {
@@ -386,48 +395,58 @@ pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
     let e = eth::Packet::new_unchecked(frame);
     let (src_mac, dst_mac) = (e.src(), e.dst());
     let l3 = &frame[ip..];
-    let (src_ip, dst_ip, tclass, ttl, flow_label, ip_id, udp_off, ip_end);
+    let (src_gid, dst_gid, v6, tclass, ttl, flow_label, ip_id, udp_off, ip_end);
+    // The checks of `ipv4::Repr::parse` / `ipv6::Repr::parse` / `udp::Repr::parse`, in their
+    // order, reading the fields straight from the checked packets (a `Repr` returned through a
+    // `Result` and read back cost a store-forwarding stall per frame).
     match et {
         EtherType::IPV4 => {
             let p = ipv4::Packet::new_checked(l3)?;
-            let r = ipv4::Repr::parse(&p)?;
-            if r.protocol != ipv4::PROTO_UDP {
+            if p.version() != 4 {
+                return Err(Error::BadIpHeader);
+            }
+            if p.is_fragment() {
+                return Err(Error::Fragment);
+            }
+            if p.protocol() != ipv4::PROTO_UDP {
                 return Err(Error::NotUdp);
             }
-            (src_ip, dst_ip) = (IpAddr::V4(r.src), IpAddr::V4(r.dst));
-            (tclass, ttl, flow_label, ip_id) = (r.tos, r.ttl, 0, r.ident);
+            (src_gid, dst_gid, v6) = (v4_gid(p.src_addr()), v4_gid(p.dst_addr()), false);
+            (tclass, ttl, flow_label, ip_id) = (p.tos(), p.ttl(), 0, p.ident());
             udp_off = ip + p.header_len();
-            ip_end = udp_off + r.payload_len;
+            ip_end = ip + usize::from(p.total_len());
         }
         EtherType::IPV6 => {
             let p = ipv6::Packet::new_checked(l3)?;
-            let r = ipv6::Repr::parse(&p)?;
-            match r.next_header {
+            if p.version() != 6 {
+                return Err(Error::BadIpHeader);
+            }
+            match p.next_header() {
                 ipv4::PROTO_UDP => {}
                 crate::icmpv6::NEXT_HEADER => return Err(Error::Icmpv6),
                 _ => return Err(Error::NotUdp),
             }
-            (src_ip, dst_ip) = (IpAddr::V6(r.src), IpAddr::V6(r.dst));
-            (tclass, ttl, flow_label, ip_id) = (r.tclass, r.hop_limit, r.flow_label, 0);
+            (src_gid, dst_gid, v6) = (p.src_addr().octets(), p.dst_addr().octets(), true);
+            (tclass, ttl, flow_label, ip_id) = (p.traffic_class(), p.hop_limit(), p.flow_label(), 0);
             udp_off = ip + ipv6::HEADER_LEN;
-            ip_end = udp_off + r.payload_len;
+            ip_end = udp_off + usize::from(p.payload_len());
         }
         EtherType::ARP => return Err(Error::Arp),
         _ => return Err(Error::NotIp),
     }
     let u = udp::Packet::new_checked(&frame[udp_off..ip_end])?;
-    let ur = udp::Repr::parse(&u)?;
-    if ur.dst_port != ROCE_PORT {
+    if u.dst_port() != ROCE_PORT {
         return Err(Error::NotRoce);
     }
-    if udp::HEADER_LEN + ur.payload_len != ip_end - udp_off {
+    if usize::from(u.len()) != ip_end - udp_off {
         return Err(Error::BadLength);
     }
     let bth_offset = udp_off + udp::HEADER_LEN;
     if ip_end - bth_offset < crate::bth::HEADER_LEN + ICRC_LEN {
         return Err(Error::Truncated);
     }
-    Ok(Outer { src_mac, dst_mac, src_ip, dst_ip, tclass, ttl, flow_label, ip_id, udp_sport: ur.src_port, ip, udp_off, ip_end, bth_offset })
+    let udp_sport = u.src_port();
+    Ok(Outer { src_mac, dst_mac, src_gid, dst_gid, v6, tclass, ttl, flow_label, ip_id, udp_sport, ip, udp_off, ip_end, bth_offset })
 }
 
 /// [`parse_frame`] with options.
@@ -460,8 +479,8 @@ fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
     let f = RoceFrame {
         src_mac: o.src_mac,
         dst_mac: o.dst_mac,
-        src_ip: o.src_ip,
-        dst_ip: o.dst_ip,
+        src_ip: o.src_ip(),
+        dst_ip: o.dst_ip(),
         tclass: o.tclass,
         ttl: o.ttl,
         flow_label: o.flow_label,
@@ -506,10 +525,12 @@ fn payload_of<'a>(h: &TransportHeaders, body: &'a [u8], hlen: usize) -> Result<&
 pub struct RxFrame<'a> {
     /// Source MAC.
     pub src_mac: MacAddr,
-    /// Source IP.
-    pub src_ip: IpAddr,
-    /// Destination IP.
-    pub dst_ip: IpAddr,
+    /// Source IP as a GID (IPv4 as ::ffff:a.b.c.d; [`RxFrame::src_ip`] gives the address).
+    pub src_gid: [u8; 16],
+    /// Destination IP as a GID.
+    pub dst_gid: [u8; 16],
+    /// IPv6 (else IPv4).
+    pub v6: bool,
     /// IPv4 TOS / IPv6 traffic class (DSCP << 2 | ECN).
     pub tclass: u8,
     /// TTL / hop limit.
@@ -528,8 +549,9 @@ impl RxFrame<'_> {
     /// A value to parse into ([`parse_frame_into`]).
     pub const BLANK: RxFrame<'static> = RxFrame {
         src_mac: MacAddr([0; 6]),
-        src_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        dst_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        src_gid: [0; 16],
+        dst_gid: [0; 16],
+        v6: false,
         tclass: 0,
         ttl: 0,
         flow_label: 0,
@@ -537,6 +559,32 @@ impl RxFrame<'_> {
         payload: &[],
         check: IcrcCheck::BLANK,
     };
+
+    /// Source IP.
+    pub fn src_ip(&self) -> IpAddr {
+        gid_to_ip(&self.src_gid, self.v6)
+    }
+
+    /// Destination IP.
+    pub fn dst_ip(&self) -> IpAddr {
+        gid_to_ip(&self.dst_gid, self.v6)
+    }
+}
+
+/// An IPv4 address as a GID (::ffff:a.b.c.d), built in two words: written byte by byte, it was
+/// read back in words by the GID compares a store-forwarding stall per frame later.
+#[inline(always)]
+fn v4_gid(a: Ipv4Addr) -> [u8; 16] {
+    ((0xFFFF_u128 << 32) | u128::from(u32::from(a))).to_be_bytes()
+}
+
+/// The IP address of a GID as `outer` writes them (IPv4 in the last four bytes).
+fn gid_to_ip(gid: &[u8; 16], v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::from(*gid))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+    }
 }
 
 /// [`parse_frame_deferred`] for the receive path: the same checks in the same order, but the
@@ -555,8 +603,9 @@ pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out
     let payload_off = o.bth_offset + hlen - o.udp_off;
     out.check = IcrcCheck::new(&frame[o.ip..o.udp_off], datagram, payload_off, payload.len(), o.stored_icrc(frame));
     out.src_mac = o.src_mac;
-    out.src_ip = o.src_ip;
-    out.dst_ip = o.dst_ip;
+    out.src_gid = o.src_gid;
+    out.dst_gid = o.dst_gid;
+    out.v6 = o.v6;
     out.tclass = o.tclass;
     out.ttl = o.ttl;
     out.flow_label = o.flow_label;

@@ -84,7 +84,7 @@ proptest! {
         match (parse_frame_deferred(&f), parse_frame_into(&f, &mut hdr, &mut r)) {
             (Ok((d, check)), Ok(())) => {
                 prop_assert_eq!(hdr, d.headers);
-                prop_assert_eq!((r.src_mac, r.src_ip, r.dst_ip, r.tclass, r.ttl), (d.src_mac, d.src_ip, d.dst_ip, d.tclass, d.ttl));
+                prop_assert_eq!((r.src_mac, r.src_ip(), r.dst_ip(), r.tclass, r.ttl), (d.src_mac, d.src_ip, d.dst_ip, d.tclass, d.ttl));
                 prop_assert_eq!((r.flow_label, r.udp_sport, r.payload, r.check), (d.flow_label, d.udp_sport, d.payload, check));
             }
             (Err(e), Err(g)) => prop_assert_eq!(e, g),

@@ -83,7 +83,7 @@ impl<L: Port> Lcore<L> {
         let mut f = wire::RxFrame::BLANK;
         match wire::parse_frame_into(data, &mut pkt.hdr, &mut f) {
             Ok(()) => {
-                if !self.ports[pi].owns_ip(f.dst_ip) {
+                if !self.ports[pi].dev.gids.contains(&f.dst_gid) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
                 }
@@ -123,8 +123,8 @@ impl<L: Port> Lcore<L> {
                 // established neighbour (ARP/ND and static entries are authoritative).
                 // (Only while the QP has no current path: steady traffic costs one compare.)
                 let gen = self.neigh.generation();
-                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip, now.0).is_none() && f.check.verify(f.payload) {
-                    self.neigh.learn(f.src_ip, f.src_mac.0, now.0);
+                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip(), now.0).is_none() && f.check.verify(f.payload) {
+                    self.neigh.learn(f.src_ip(), f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
                     bump(&self.stats.rx_unknown_qp, 1);
@@ -134,8 +134,8 @@ impl<L: Port> Lcore<L> {
                     bump(&self.stats.rx_ecn_ce, 1);
                 }
                 pkt.payload = f.payload;
-                pkt.src_gid = crate::neigh::ip_to_gid(f.src_ip);
-                pkt.dst_gid = crate::neigh::ip_to_gid(f.dst_ip);
+                pkt.src_gid = f.src_gid;
+                pkt.dst_gid = f.dst_gid;
                 pkt.src_udp_port = f.udp_sport;
                 pkt.traffic_class = f.tclass;
                 pkt.hop_limit = f.ttl;
