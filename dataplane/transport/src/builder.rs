@@ -46,6 +46,18 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     if buf.len() < total || hdr.emit(buf).is_err() {
         return Ok(None);
     }
+    if plen <= SMALL_PAYLOAD {
+        // Short: copy, then hash the whole packet in one CRC update (a header update, a
+        // payload update and a pad update cost more than the bytes they hash).
+        match payload {
+            Payload::None => {}
+            Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
+            Payload::Bytes(b) => buf[hlen..hlen + b.len()].copy_from_slice(b),
+            Payload::Remote { rkey, va, len } => mem.read_remote(pd, qpn, rkey, va, &mut buf[hlen..hlen + len])?,
+        }
+        buf[hlen + plen..total].fill(0);
+        return Ok(Some((total, pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..total]))));
+    }
     let crc = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
     let crc = match payload {
         Payload::None => crc,
@@ -56,6 +68,10 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     buf[hlen + plen..total].fill(0);
     Ok(Some((total, pmrxe_crc::crc_update(crc, &buf[hlen + plen..total]))))
 }
+
+/// Payloads up to this length are copied first and hashed with their headers in one update;
+/// longer ones are hashed while copied (one pass per byte).
+const SMALL_PAYLOAD: usize = 128;
 
 /// A BTH with our defaults.
 pub(crate) fn bth(opcode: pmrxe_wire::Opcode, dest_qp: u32, psn: Psn) -> BthRepr {

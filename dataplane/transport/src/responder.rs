@@ -220,7 +220,8 @@ impl Qp {
             return;
         }
         let deferred = match pkt.icrc {
-            Some(c) if self.may_place_before_icrc(info, pkt) => Some(c),
+            // (A short frame's check is already made: nothing to gain from placing first.)
+            Some(c) if c.settled().is_none() && self.may_place_before_icrc(info, pkt) => Some(c),
             Some(c) => {
                 if !c.verify(pkt.payload) {
                     self.stats.icrc_errors += 1;

@@ -115,6 +115,19 @@ pub fn transport_crc(headers: &[u8]) -> u32 {
     crc_update(crc_update(0, &buf[..n]), &headers[n..])
 }
 
+/// [`transport_crc`] of bytes the caller owns (a whole transport packet: BTH .. pad), hashed in
+/// place in one update: BTH byte 4 is set to 0xFF for the hash and restored after, so a short
+/// packet costs one CRC call and no copy.
+pub fn transport_crc_in_place(packet: &mut [u8]) -> u32 {
+    let Some(&b4) = packet.get(bth::FECN_BECN_OFFSET) else {
+        return crc_update(0, packet);
+    };
+    packet[bth::FECN_BECN_OFFSET] = 0xFF;
+    let crc = crc_update(0, packet);
+    packet[bth::FECN_BECN_OFFSET] = b4;
+    crc
+}
+
 /// The ICRC of a datagram from its IP header, its 8-byte UDP header and the CRC (zlib, from 0,
 /// BTH byte 4 masked) of the `tail_len` bytes after the UDP header up to the ICRC: the masked
 /// prefix is hashed and joined with `tail_crc` by CRC combination. Equal to
@@ -126,27 +139,48 @@ pub fn icrc_from_tail(ip_header: &[u8], udp_header: &[u8], tail_crc: u32, tail_l
 /// The ICRC check of a received frame, deferred to where its payload is consumed: the CRC of
 /// everything before the payload, the pad bytes and the ICRC as stored. Made by
 /// [`crate::parse_frame_deferred`].
+///
+/// A short datagram (at most [`SETTLE_LEN`] bytes before the ICRC) is checked at once, in one
+/// CRC pass over all of it: deferring would cost more CRC calls than bytes. Such a check is
+/// [`settled`](IcrcCheck::settled); [`verify`](IcrcCheck::verify) and
+/// [`matches`](IcrcCheck::matches) then give its result whatever they are passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IcrcCheck {
     seed: u32,
     pad: [u8; 3],
     pad_len: u8,
     stored: u32,
+    /// 0: open (deferred); 1: checked, good; 2: checked, bad.
+    settled: u8,
 }
+
+/// Datagrams (UDP header .. pad) up to this length are checked when parsed.
+pub const SETTLE_LEN: usize = 128;
 
 impl IcrcCheck {
     /// A placeholder to be overwritten (it matches nothing in particular).
-    pub const BLANK: IcrcCheck = IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored: 0 };
+    pub const BLANK: IcrcCheck = IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored: 0, settled: 0 };
 
     /// `ip_header`, the UDP datagram without its ICRC, where the payload starts in it and how
     /// long it is (the pad follows), and the stored ICRC.
     #[inline]
     pub(crate) fn new(ip_header: &[u8], udp_datagram: &[u8], payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
+        if udp_datagram.len() <= SETTLE_LEN {
+            let good = icrc(ip_header, udp_datagram) == stored;
+            return IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored, settled: if good { 1 } else { 2 } };
+        }
         let pad_bytes = &udp_datagram[payload_off + payload_len..];
         let mut pad = [0u8; 3];
         let pad_len = pad_bytes.len().min(3);
         pad[..pad_len].copy_from_slice(&pad_bytes[..pad_len]);
-        IcrcCheck { seed: icrc(ip_header, &udp_datagram[..payload_off]), pad, pad_len: pad_len as u8, stored }
+        IcrcCheck { seed: icrc(ip_header, &udp_datagram[..payload_off]), pad, pad_len: pad_len as u8, stored, settled: 0 }
+    }
+
+    /// Already checked (a short datagram): the result. A consumer places such a packet's
+    /// payload only after a good check, with a plain copy.
+    #[inline]
+    pub fn settled(&self) -> Option<bool> {
+        (self.settled != 0).then_some(self.settled == 1)
     }
 
     /// The CRC up to the first payload byte: fold the payload into it (e.g. while copying it
@@ -160,6 +194,9 @@ impl IcrcCheck {
     /// the whole payload folded in?
     #[inline]
     pub fn matches(&self, after_payload: u32) -> bool {
+        if let Some(good) = self.settled() {
+            return good;
+        }
         crc_update(after_payload, &self.pad[..usize::from(self.pad_len)]) == self.stored
     }
 
@@ -167,6 +204,9 @@ impl IcrcCheck {
     /// effects must wait for the check.
     #[inline]
     pub fn verify(&self, payload: &[u8]) -> bool {
+        if let Some(good) = self.settled() {
+            return good;
+        }
         self.matches(crc_update(self.seed, payload))
     }
 }
@@ -198,6 +238,13 @@ mod test {
         let mut m = long;
         m[bth::FECN_BECN_OFFSET] = 0xFF;
         assert_eq!(transport_crc(&long), crc32fast::hash(&m));
+        // In place: the same CRC, and the packet is left as it was.
+        for n in [0, 3, 5, 12, 44, 100] {
+            let mut p: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37)).collect();
+            let before = p.clone();
+            assert_eq!(transport_crc_in_place(&mut p), transport_crc(&before), "{n} bytes");
+            assert_eq!(p, before);
+        }
     }
 
     #[test]
