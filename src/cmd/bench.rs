@@ -185,13 +185,20 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     let mut rate = Vec::new();
     if plan.rate {
         println!("\nmessage rate (window {}, batch {}, signal every {})", args.window, args.batch, args.signal_every);
-        println!("  {:<6} {:>8} {:>12} {:>10}", "op", "size", "Mops/s", "GB/s");
+        // The lcores' busy time per send WQE over the whole point (warm-up included): what an
+        // operation costs the data path, apart from the pipeline's idle gaps and the driver.
+        println!("  {:<6} {:>8} {:>12} {:>10} {:>13}", "op", "size", "Mops/s", "GB/s", "lcore ns/op");
         for op in [Op::Send, Op::Write] {
             for size in [8usize, 64] {
+                let before = lcore_work(&ctx);
                 let r = h.stream(op, size, 1, args.window, args.signal_every, args.batch, true, plan.dur)?;
-                println!("  {:<6} {:>8} {:>12.3} {:>10.4}", op.name(), size, r.mops(), r.gbps());
+                let ns_per_op = match (before, lcore_work(&ctx)) {
+                    (Some(a), Some(b)) if b.1 > a.1 => Some((b.0 - a.0) as f64 / (b.1 - a.1) as f64),
+                    _ => None,
+                };
+                println!("  {:<6} {:>8} {:>12.3} {:>10.4} {:>13}", op.name(), size, r.mops(), r.gbps(), ns_per_op.map_or("-".into(), |x| format!("{x:.0}")));
                 rate.push(json!({"op": op.name(), "size": size, "inline": true, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
-                    "window": args.window, "batch": args.batch, "signal_every": args.signal_every}));
+                    "window": args.window, "batch": args.batch, "signal_every": args.signal_every, "lcore_ns_per_op": ns_per_op}));
             }
         }
     }
@@ -417,6 +424,17 @@ struct Conn {
 
 const RQ_DEPTH: u32 = 1024;
 const CQ_DEPTH: u32 = 4096;
+
+/// The service's lcores together: busy nanoseconds and send WQEs taken (`busy_ns`, `sq_wqes`).
+fn lcore_work(ctx: &Context) -> Option<(u64, u64)> {
+    let v: Value = serde_json::from_str(&ctx.stats(true).ok()?).ok()?;
+    let mut sum = (0u64, 0u64);
+    for l in v["lcores"].as_array()? {
+        sum.0 += l["counters"]["busy_ns"].as_u64()?;
+        sum.1 += l["counters"]["sq_wqes"].as_u64()?;
+    }
+    Some(sum)
+}
 
 struct Harness {
     ctx: Context,

@@ -32,6 +32,9 @@ counters! {
         busy_iterations,
         /// Loop iterations that found none.
         idle_iterations,
+        /// Nanoseconds spent in iterations that found work (the lcore's busy time: with
+        /// `sq_wqes` or `rx_packets`, its cost per operation, whatever the load offered).
+        busy_ns,
         /// Idle sleeps taken (back-off mode).
         idle_sleeps,
         /// Frames received.

@@ -187,6 +187,7 @@ fn lcore_help(k: &str) -> &'static str {
     match k {
         "busy_iterations" => "Poll loop iterations that found work.",
         "idle_iterations" => "Poll loop iterations that found no work.",
+        "busy_ns" => "Nanoseconds spent in poll loop iterations that found work.",
         "idle_sleeps" => "Idle sleeps taken (backoff idle mode).",
         "rx_packets" => "Frames received.",
         "rx_bytes" => "Bytes received.",

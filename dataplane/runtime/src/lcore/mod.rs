@@ -541,6 +541,7 @@ impl<L: Port> Lcore<L> {
             let work = self.poll_once(now);
             if work {
                 bump(&self.stats.busy_iterations, 1);
+                bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
                 self.idle.work();
             } else {
                 bump(&self.stats.idle_iterations, 1);
