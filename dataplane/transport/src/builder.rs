@@ -41,9 +41,9 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     };
     let pad = (4 - (plen & 3)) & 3;
     hdr.bth.pad = pad as u8;
-    let hlen = hdr.header_len();
+    let Ok(hlen) = hdr.emit(buf) else { return Ok(None) };
     let total = hlen + plen + pad;
-    if buf.len() < total || hdr.emit(buf).is_err() {
+    if buf.len() < total {
         return Ok(None);
     }
     if plen <= SMALL_PAYLOAD {

@@ -342,18 +342,23 @@ impl<X> Engine<X> {
         r
     }
 
-    /// Dispatch a parsed packet by its destination QPN.
-    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) {
+    /// Dispatch a parsed packet by its destination QPN. Returns true if the QP dropped it for a
+    /// bad ICRC (a deferred check that failed; counted in the QP's `icrc_errors`).
+    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
         let qpn = pkt.hdr.bth.dest_qp.value();
         let Some(s) = self.slot_of(qpn) else {
             self.unknown_qpn += 1;
-            return;
+            return false;
         };
+        let mut bad_icrc = false;
         if let Some(e) = self.entries[s].as_deref_mut() {
             let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
+            let before = e.qp.stats().icrc_errors;
             e.qp.handle_packet(now, pkt, mem, srq);
+            bad_icrc = e.qp.stats().icrc_errors != before;
         }
         self.touch(s);
+        bad_icrc
     }
 
     /// A CNP for `qpn` arrived (reaction point; see [`Qp::handle_cnp`]).

@@ -86,8 +86,11 @@ impl TransportHeaders {
     /// written. `Err(HeaderMismatch)` if the headers do not match the opcode,
     /// `Err(Truncated)` if `buf` is too short. The pad count is `bth.pad` as given.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        self.check()?;
-        let len = self.header_len();
+        let info = self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        if info.ext != self.ext_set() {
+            return Err(Error::HeaderMismatch);
+        }
+        let len = info.header_len();
         if buf.len() < len {
             return Err(Error::Truncated);
         }
