@@ -256,9 +256,10 @@ fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
 }
 
 impl ShimCq {
-    /// Drop the completions of QP `qpn` still waiting in this CQ (the QP was reset: IBTA
-    /// leaves them undefined, mlx5 removes them, and so do we so that a reused QP's first poll
-    /// does not see the previous incarnation's flushes).
+    /// Drop the completions of QP `qpn` still waiting in this CQ (the QP was reset or
+    /// destroyed: IBTA leaves them undefined, mlx5 removes them, and so do we, so that a reused
+    /// QP's first poll does not see the previous incarnation's flushes and no completion
+    /// outlives its QP).
     pub fn purge_qp(&self, qpn: u32) -> Res<u32> {
         let mut r = self.ring.lock();
         if r.cur.is_some_and(|e| e.qp_num == qpn) {
