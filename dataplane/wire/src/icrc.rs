@@ -43,6 +43,9 @@ const MAX_EXT_LEN: usize = 28;
 /// trailing 4 ICRC bytes. Never panics: headers shorter than expected are hashed as given
 /// (a caller that validated lengths never passes those).
 pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
+    if ip_header.len() == ipv4::HEADER_LEN && ip_header[0] >> 4 == 4 && udp_datagram.len() >= V4_MASKED_UDP {
+        return icrc_v4(ip_header, udp_datagram);
+    }
     // One stack buffer holds the masked IP header, the UDP header, the BTH and up to 28 more
     // bytes (the longest set of extension headers, or the start of the payload), so the CRC of
     // a receive check's headers, or of a whole small datagram, is one update: small updates are
@@ -82,6 +85,68 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
         }
     }
     crc_update(crc_update(h, &buf[..n + m]), &udp_datagram[m..])
+}
+
+/// UDP header + BTH: the part of the datagram the ICRC masks bytes in.
+const V4_MASKED_UDP: usize = udp::HEADER_LEN + bth::HEADER_LEN;
+
+/// Lanes of [`icrc_v4`]'s masked copy: 16 bytes each, up to 112 bytes of IP header + datagram.
+const V4_LANES: usize = 7;
+
+/// The bytes the ICRC sets to ones in IPv4 (IHL 5) ‖ UDP ‖ BTH, as 16-byte little-endian lanes:
+/// TOS (1), TTL (8), header checksum (10, 11); UDP checksum (20 + 6, 20 + 7); BTH byte 4
+/// (20 + 8 + 4). A test checks them against the byte offsets the general path uses.
+const V4_MASK: [u128; 3] = [
+    (0xFF << 8) | (0xFF << 64) | (0xFFFF << 80),
+    0xFFFF << 80,
+    0xFF,
+];
+
+/// [`icrc`] of an IPv4 datagram without options, `udp_datagram` at least UDP header + BTH.
+///
+/// The masked copy is built as whole 16-byte words, loaded from the frame and ORed with
+/// [`V4_MASK`], and stored as words. The general path copies bytes and then sets the masked
+/// bytes one by one; the CRC kernel's 16-byte loads of such a buffer cannot be forwarded from
+/// the narrower stores (a store-forwarding stall on each of three words, every received frame:
+/// the header CRC took 6.7 % of the lcore at 64 KiB).
+fn icrc_v4(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
+    let ld = |b: &[u8], at: usize| u128::from_le_bytes(b[at..at + 16].try_into().expect("16 bytes"));
+    let ip = ld(ip_header, 0) | V4_MASK[0];
+    let ip_tail = u128::from(u32::from_le_bytes(ip_header[16..20].try_into().expect("4 bytes")));
+    let udp = udp_datagram;
+    // Bytes of the datagram held by the lanes: all of it up to the lanes' room (112 − 20).
+    let held = udp.len().min(V4_LANES * 16 - ipv4::HEADER_LEN);
+    // Datagram byte j is at lane offset 20 + j: lane 1 = ip[16..20] ‖ udp[0..12], lane k ≥ 2
+    // starts at udp[16k − 20]. A partial last lane takes the held bytes' last 16 and shifts.
+    let udp_word = |at: usize| -> u128 {
+        if at + 16 <= held {
+            ld(udp, at)
+        } else {
+            // The held bytes end inside this word: `held − at` of them (at least 1).
+            let r = held - at;
+            ld(udp, held - 16) >> (8 * (16 - r))
+        }
+    };
+    let mut lanes = [0u128; V4_LANES];
+    lanes[0] = ip;
+    lanes[1] = (ip_tail | (ld(udp, 0) << 32)) | V4_MASK[1];
+    let total = ipv4::HEADER_LEN + held;
+    let mut k = 2;
+    while 16 * k < total {
+        lanes[k] = udp_word(16 * k - ipv4::HEADER_LEN);
+        k += 1;
+    }
+    lanes[2] |= V4_MASK[2];
+    let mut bytes = [0u8; V4_LANES * 16];
+    for (i, l) in lanes.iter().enumerate().take(k) {
+        bytes[16 * i..16 * i + 16].copy_from_slice(&l.to_le_bytes());
+    }
+    let h = crc_update(CRC_OF_8_FF, &bytes[..total]);
+    if held < udp.len() {
+        crc_update(h, &udp[held..])
+    } else {
+        h
+    }
 }
 
 /// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
@@ -220,6 +285,37 @@ mod test {
         // rxe seeds its CRC with 0xDEBB20E3 = the raw state after 8 x 0xFF.
         assert_eq!(!crc32fast::hash(&[0xFF; 8]), 0xDEBB20E3);
         assert_eq!(crc32fast::hash(&[0xFF; 8]), CRC_OF_8_FF);
+    }
+
+    /// The IPv4 fast path equals the byte-by-byte masked copy for every datagram length, with
+    /// random bytes (the masks too: V4_MASK against ICRC_MASKED and the UDP/BTH offsets).
+    #[test]
+    fn v4_lanes_equal_the_byte_path() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        };
+        for len in V4_MASKED_UDP..300 {
+            for _ in 0..4 {
+                let mut ip: Vec<u8> = (0..20).map(|_| rnd()).collect();
+                ip[0] = 0x45;
+                let udp: Vec<u8> = (0..len).map(|_| rnd()).collect();
+                let mut m = ip.clone();
+                for &o in &ipv4::ICRC_MASKED {
+                    m[o] = 0xFF;
+                }
+                let mut u = udp.clone();
+                for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
+                    u[o] = 0xFF;
+                }
+                let want = crc32fast::hash(&[&[0xFFu8; 8][..], &m, &u].concat());
+                assert_eq!(icrc_v4(&ip, &udp), want, "{len} bytes");
+                assert_eq!(icrc(&ip, &udp), want, "{len} bytes");
+            }
+        }
     }
 
     #[test]
