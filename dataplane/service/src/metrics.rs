@@ -287,7 +287,7 @@ pub fn from_stats_json(v: &Value) -> String {
     f.sample("pmrxe_clients", "gauge", "Connected clients (verbs processes, pmrxe tools).", &[], v["clients"].as_array().map_or(0, Vec::len) as f64);
     for l in v["lcores"].as_array().into_iter().flatten() {
         let lc = l["index"].as_u64().unwrap_or(0).to_string();
-        f.sample("pmrxe_lcore_load_ratio", "gauge", "Busy iterations / all iterations since start.", &[("lcore", &lc)], l["load"].as_f64().unwrap_or(0.0));
+        f.sample("pmrxe_lcore_load_ratio", "gauge", "Time spent in iterations that found work / time since the service started.", &[("lcore", &lc)], l["load"].as_f64().unwrap_or(0.0));
         for (k, val) in l["counters"].as_object().into_iter().flatten() {
             if let Some(n) = val.as_u64() {
                 f.sample(&format!("pmrxe_lcore_{}_total", sanitize(k)), "counter", lcore_help(k), &[("lcore", &lc)], n as f64);
