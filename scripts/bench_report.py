@@ -555,7 +555,7 @@ if prof:
     top_r = f"{max(rs):.2f}" if rs else "–"
     w(f"  speed ÷ 2 ({f(ceiling)} GB/s here); the best pmrxe figure reaches {top_r} of it in this run. The rest")
     w("  of the lcore is per-packet work: parsing and validating each received frame")
-    w("  (`parse_frame_deferred`, `TransportHeaders::parse`), the engine's dispatch and QP roles, building")
+    w("  (`parse_frame_into`, `TransportHeaders::parse_into`), the engine's dispatch and QP roles, building")
     w("  the next packet, mbuf allocation — at 4 KiB frames that is a fixed cost per 4 KiB that the byte")
     w("  work does not amortise. With a service per host each core does one side's pass and packet work.")
     w("  (The limits are cache-resident copies, as are perftest's: it reuses one buffer.)")
