@@ -58,7 +58,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         buf[hlen + plen..total].fill(0);
         return Ok(Some((total, pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..total]))));
     }
-    let crc = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
+    let crc = pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..hlen]);
     let crc = match payload {
         Payload::None => crc,
         Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], crc)?,

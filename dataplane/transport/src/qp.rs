@@ -244,7 +244,7 @@ impl Qp {
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        let tail_crc = pmrxe_wire::icrc::transport_crc(&buf[..len]);
+        let tail_crc = pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..len]);
         Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, tail_crc })
     }
 

@@ -13,8 +13,9 @@
 //! The CRC kernels are `pmrxe_crc`'s (AVX-512/VPCLMULQDQ, PCLMULQDQ or portable, chosen at
 //! run time). The data path does not hash the payload separately from copying it:
 //!
-//! * **send**: the transport starts the CRC of the RoCE part with [`transport_crc`] (BTH with
-//!   byte 4 masked, extension headers), folds the payload in while gathering it into the frame
+//! * **send**: the transport starts the CRC of the RoCE part with [`transport_crc_in_place`]
+//!   (BTH with byte 4 masked, extension headers; a packet with at most 128 payload bytes is
+//!   copied first and hashed whole in that one update), folds the payload in while gathering it into the frame
 //!   (`pmrxe_crc::copy_and_crc`) and then the pad; [`crate::finish_frame_with_tail_crc`] hashes
 //!   only the masked IP/UDP prefix and joins the two by CRC combination ([`icrc_from_tail`]);
 //! * **receive**: [`crate::parse_frame_deferred`] validates everything but the ICRC and returns
@@ -168,7 +169,9 @@ fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
 
 /// CRC (zlib convention, from 0) of RoCE transport-header bytes (BTH and extension headers) as
 /// the ICRC sees them: BTH byte 4 (FECN, BECN, resv6) as 0xFF. A sender continues it through
-/// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]).
+/// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]). For bytes the caller
+/// cannot change (the data path, which owns its frame buffers, uses
+/// [`transport_crc_in_place`]: no copy).
 pub fn transport_crc(headers: &[u8]) -> u32 {
     const MAX: usize = 64;
     let mut buf = [0u8; MAX];
