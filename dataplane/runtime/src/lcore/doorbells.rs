@@ -98,39 +98,9 @@ impl<L: Port> Lcore<L> {
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
 fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, now: Instant) -> bool {
-    let mut any = false;
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
-    if let Some(rq) = s.rq.as_mut() {
-        loop {
-            match rq.peek_into(&mut scratch.shm_recv) {
-                Ok(true) => {
-                    any = true;
-                    match convert::recv_wqe(&scratch.shm_recv) {
-                        Ok(r) => {
-                            if qp.post_recv(&r).is_err() {
-                                s.backlog = true;
-                                break; // full: leave it in the ring, retry next iteration
-                            }
-                        }
-                        Err(_) => {
-                            bump(&stats.bad_wqes, 1);
-                            fatal(qp);
-                        }
-                    }
-                    rq.advance();
-                    bump(&stats.rq_wqes, 1);
-                }
-                Ok(false) => break,
-                Err(_) => {
-                    bump(&stats.ring_corrupt, 1);
-                    fatal(qp);
-                    break;
-                }
-            }
-        }
-        rq.release();
-    }
+    let mut any = drain_rq(qp, s, stats, scratch);
     loop {
         match s.sq.peek_into(&mut scratch.shm_send) {
             Ok(true) => {
@@ -170,7 +140,45 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
     any
 }
 
-fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scratch: &mut ShmRecvWqe) -> bool {
+/// Move a QP's new receive WQEs from its ring into its receive queue (a full queue sets the
+/// slot's backlog flag). Also called when a request arrives that needs a receive WQE the queue
+/// lacks ([`Lcore::pull_recv_wqes`]).
+pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch) -> bool {
+    let mut any = false;
+    if let Some(rq) = s.rq.as_mut() {
+        loop {
+            match rq.peek_into(&mut scratch.shm_recv) {
+                Ok(true) => {
+                    any = true;
+                    match convert::recv_wqe(&scratch.shm_recv) {
+                        Ok(r) => {
+                            if qp.post_recv(&r).is_err() {
+                                s.backlog = true;
+                                break; // full: leave it in the ring, retry next iteration
+                            }
+                        }
+                        Err(_) => {
+                            bump(&stats.bad_wqes, 1);
+                            fatal(qp);
+                        }
+                    }
+                    rq.advance();
+                    bump(&stats.rq_wqes, 1);
+                }
+                Ok(false) => break,
+                Err(_) => {
+                    bump(&stats.ring_corrupt, 1);
+                    fatal(qp);
+                    break;
+                }
+            }
+        }
+        rq.release();
+    }
+    any
+}
+
+pub(super) fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scratch: &mut ShmRecvWqe) -> bool {
     x.backlog = false;
     let mut any = false;
     loop {

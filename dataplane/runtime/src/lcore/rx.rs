@@ -141,6 +141,9 @@ impl<L: Port> Lcore<L> {
                 pkt.hop_limit = f.ttl;
                 pkt.flow_label = f.flow_label;
                 pkt.icrc = Some(f.check);
+                if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
+                    self.pull_recv_wqes(qpn, pkt.hdr.bth.opcode);
+                }
                 if self.engine.handle_packet(now, &pkt, &*self.mem) {
                     self.count_bad_icrc();
                 }
@@ -165,6 +168,31 @@ impl<L: Port> Lcore<L> {
                 }
                 bump(&self.drops.by_reason[e.index()], 1);
                 None
+            }
+        }
+    }
+
+    /// A request that consumes a receive WQE arrived for `qpn`: if its receive queue (or SRQ)
+    /// has none, take what the client posted to the ring since the last doorbell pass. A
+    /// client that posts a receive and then tells its peer to send (udaddy, rping, any
+    /// RDMA_CM accept) may have rung its doorbell after this pass read it; the peer's SEND
+    /// must still find the WQE, as it would on a NIC that reads the queue on arrival.
+    fn pull_recv_wqes(&mut self, qpn: u32, opcode: wire::Opcode) {
+        let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
+        let srqn = self.engine.with(qpn, |qp, s| {
+            if qp.lacks_recv_wqe(opcode) {
+                super::doorbells::drain_rq(qp, s, stats, scratch);
+                if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
+                    s.backlog_listed = true;
+                    backlog.push(qpn);
+                }
+            }
+            qp.srq()
+        });
+        let Some(Some(n)) = srqn else { return };
+        if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
+            if srq.is_empty() {
+                super::doorbells::drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
             }
         }
     }

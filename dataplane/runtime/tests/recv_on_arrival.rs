@@ -1,0 +1,83 @@
+//! A receive WQE posted before a SEND arrives is found by that SEND, even when the lcore has
+//! not read the receive queue's doorbell yet (an lcore pass receives before it reads
+//! doorbells). A NIC reads the receive queue when a message arrives; so does the lcore. Before
+//! the fix an RC responder answered such a SEND with an RNR NAK (the sender then waited out
+//! the RNR timer) and a UD responder dropped the datagram: udaddy's server, which posts its
+//! receives and then accepts, hung in one CI run of many.
+mod common;
+
+use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use common::{client_page, rig, QueuePort, Rig};
+use pmrxe_abi::ring::Producer;
+use pmrxe_abi::{send_flags, wr_opcode, Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe, ShmSge};
+use pmrxe_mem::{MemLimits, MemTable};
+use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
+use pmrxe_runtime::neigh::ip_to_gid;
+use pmrxe_transport::sim::{bring_up, PairParams};
+use pmrxe_transport::{Instant, PathMtu};
+
+#[test]
+fn send_finds_a_receive_posted_before_its_doorbell_was_read() {
+    let (q0, q1) = (common::wire(), common::wire());
+    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf: common::jumbo_buf };
+    let l1 = QueuePort { rx: q1.clone(), tx: q0, new_buf: common::jumbo_buf };
+    let ip0: IpAddr = "198.18.0.1".parse().unwrap();
+    let ip1: IpAddr = "198.18.0.2".parse().unwrap();
+    let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
+    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
+    let mem = Arc::new(MemTable::new(MemLimits::default()));
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
+    let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let cpage = client_page(&page);
+
+    // QP 0x12's receive ring (the rig only hands out the send rings).
+    let layout = QpSegmentLayout::new(256, 256);
+    let seg = sqs[1].0.clone();
+    // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment; `seg` keeps
+    // it mapped for the producer's lifetime.
+    let mut rq = unsafe {
+        Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap()
+    };
+
+    // 0x11 sends 8 bytes of the source MR (0xab); the frame is on the wire to device 1.
+    let now = Instant(1_000);
+    let mut send = ShmSendWqe { wr_id: 7, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED, num_sge: 1, ..Default::default() };
+    send.set_sge(0, ShmSge { addr: 0x10_0000, length: 8, lkey: lkey.0 });
+    sqs[0].1.push(send).unwrap();
+    cpage.ring(Doorbell { lcore: 0, slot: 0 });
+    lc.poll_once(now);
+    assert_eq!(common::lock(&q1).len(), 1, "the SEND is on the wire");
+
+    // Now 0x12's client posts a receive and rings: the next pass receives the SEND before it
+    // reads that doorbell.
+    let mut r = ShmRecvWqe { wr_id: 9, num_sge: 1, ..Default::default() };
+    r.sge[0] = ShmSge { addr: 0x20_0100, length: 64, lkey: rkey.0 };
+    rq.push(r).unwrap();
+    cpage.ring(Doorbell { lcore: 0, slot: 1 });
+
+    // The clock does not move: a SEND answered with an RNR NAK would wait for its RNR timer
+    // and never complete here.
+    let (mut send_done, mut recv_done) = (None, None);
+    for _ in 0..8 {
+        lc.poll_once(now);
+        if let Some(c) = cq_rings[0].1.pop().unwrap() {
+            send_done = Some(c);
+        }
+        if let Some(c) = cq_rings[1].1.pop().unwrap() {
+            recv_done = Some(c);
+        }
+    }
+    let s = send_done.unwrap_or_else(|| panic!("the SEND completed without waiting for an RNR timer: {:?}", h.stats.snapshot()));
+    assert_eq!((s.wr_id, s.status), (7, 0));
+    let r = recv_done.expect("the receive completed");
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, 0, 8));
+    let mut b = [0u8; 9];
+    dst.read(0x100, &mut b).unwrap();
+    assert_eq!(b, [0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0], "the 8 bytes landed in the receive buffer");
+}
