@@ -146,6 +146,17 @@ for t in write send; do
     pair "ib_${t}_bw-$s" 60 "ib_${t}_bw" -d pmrxe0 -F -s "$s" -D "$D" -- "ib_${t}_bw" -d pmrxe1 -F -s "$s" -D "$D" 127.0.0.1
   done
 done
+# perftest ÷ native at 64 KiB, measured the way the two can be compared: against this one busy
+# service, rounds alternating (native harness, then ib_write_bw), so both see the same machine;
+# the report takes the median of each. (The suite's native run above used its own service, at
+# another time: on this machine throughput drifts by ±40 % between minutes.)
+PT_ROUNDS=$((QUICK ? 2 : 5))
+for r in $(seq "$PT_ROUNDS"); do
+  log "perftest vs native, 64 KiB WRITE: round $r/$PT_ROUNDS"
+  "$BIN" bench --socket "$PMRXE_SOCKET" --suite quick --only bw --sizes 64K --duration "$D" --cpu 0 \
+    --json "$OUT/ptn-native-$r.json" >"$OUT/ptn-native-$r.txt" 2>&1 || log "perftest vs native: native round $r failed"
+  pair "ptn-ib_write_bw-$r" 60 ib_write_bw -d pmrxe0 -F -s 65536 -D "$D" -- ib_write_bw -d pmrxe1 -F -s 65536 -D "$D" 127.0.0.1
+done
 # perftest latency needs two spinning processes beside the spinning lcore: 3 busy threads on 2
 # cores. ib_write_lat (polls memory, no event mode) is run anyway, with few iterations: both sides
 # share CPU 0, so it measures time slices. ib_send_lat -e sleeps on completion events (the shim's

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import statistics
 import sys
 
 OUT, DOCS, QUICK = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -314,9 +315,30 @@ if ceiling:
     w(f"64 KiB native WRITE ÷ loopback ceiling: **{ratio(natw, ceiling)}** (ceiling = fused copy+CRC kernel "
       f"{f(crc.get('fused_gb_per_s'))} GB/s at 4 KiB frames ÷ 2 = {f(ceiling)} GB/s: one lcore serves both ends, one pass per byte per side).")
     w("")
-if ptw and natw:
-    w(f"perftest through the shim ÷ native harness at 64 KiB: **{ratio(ptw, natw)}** (target: within 15 %, "
-      f"{'met' if ptw >= 0.85 * natw else 'not met'}).")
+# perftest vs native: interleaved rounds against one service (scripts/bench.sh); medians.
+ptn_nat, ptn_pt = [], []
+for r in range(1, 100):
+    nj = jload(f"ptn-native-{r}.json")
+    if not nj and not os.path.exists(os.path.join(OUT, f"ptn-native-{r}.txt")):
+        break
+    v = {(b["op"], b["size"]): b for b in (nj or {}).get("bandwidth", [])}.get(("WRITE", s64), {}).get("gb_per_s")
+    if v:
+        ptn_nat.append(v)
+    for line in read(f"ptn-ib_write_bw-{r}.txt").splitlines():
+        p = line.split()
+        if len(p) >= 5 and p[0] == str(s64) and re.match(r"^[\d.]+$", p[3]):
+            ptn_pt.append(float(p[3]) * MIB / 1e9)
+            break
+if ptn_nat and ptn_pt:
+    mn, mp = statistics.median(ptn_nat), statistics.median(ptn_pt)
+    w(f"perftest through the shim ÷ native harness at 64 KiB: **{ratio(mp, mn)}** (medians of {len(ptn_pt)} "
+      f"`ib_write_bw` and {len(ptn_nat)} native runs, alternating against one busy service: "
+      f"{f(mp)} vs {f(mn)} GB/s; each: {', '.join(f(x) for x in ptn_pt)} vs {', '.join(f(x) for x in ptn_nat)}). "
+      f"Target: within 15 %, {'met' if mp >= 0.85 * mn else 'not met'}.")
+    w("")
+elif ptw and natw:
+    w(f"perftest through the shim ÷ native harness at 64 KiB: **{ratio(ptw, natw)}** (one run each, at different "
+      f"times; target: within 15 %, {'met' if ptw >= 0.85 * natw else 'not met'}).")
     w("")
 w("A software RoCE data path touches every payload byte on each side: the send side gathers it into the")
 w("frame while folding the ICRC, the receive side scatters it into the target MR while checking the ICRC")
