@@ -81,7 +81,7 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
 
     // Client page, CQs, QPs and memory exactly as the service sets them up.
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
     let cpage = client_page(&page);
 
     let write = |i: u64| {

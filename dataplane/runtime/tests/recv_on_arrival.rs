@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use common::{client_page, rig, QueuePort, Rig};
+use common::{client_page, rig_with_srq, QueuePort, Rig};
 use pmrxe_abi::ring::Producer;
 use pmrxe_abi::{send_flags, wr_opcode, Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe, ShmSge};
 use pmrxe_mem::{MemLimits, MemTable};
@@ -21,6 +21,18 @@ use pmrxe_transport::{Instant, PathMtu};
 
 #[test]
 fn send_finds_a_receive_posted_before_its_doorbell_was_read() {
+    send_meets_unread_doorbell(false);
+}
+
+#[test]
+fn send_finds_an_srq_receive_posted_before_its_doorbell_was_read() {
+    send_meets_unread_doorbell(true);
+}
+
+/// QP 0x11 sends 8 bytes to QP 0x12 (which receives from its own RQ, or from SRQ 5); the
+/// receive is posted and its doorbell rung after the SEND is on the wire, so the lcore pass
+/// that receives the SEND has not read that doorbell.
+fn send_meets_unread_doorbell(on_srq: bool) {
     let (q0, q1) = (common::wire(), common::wire());
     let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf: common::jumbo_buf };
     let l1 = QueuePort { rx: q1.clone(), tx: q0, new_buf: common::jumbo_buf };
@@ -33,16 +45,24 @@ fn send_finds_a_receive_posted_before_its_doorbell_was_read() {
     let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
     let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, srq } =
+        rig_with_srq(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, on_srq.then_some(5));
     let cpage = client_page(&page);
 
-    // QP 0x12's receive ring (the rig only hands out the send rings).
-    let layout = QpSegmentLayout::new(256, 256);
-    let seg = sqs[1].0.clone();
-    // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment; `seg` keeps
-    // it mapped for the producer's lifetime.
-    let mut rq = unsafe {
-        Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap()
+    // Where 0x12's receives go: the SRQ's ring (doorbell slot 2), or its own receive ring
+    // (slot 1; the rig only hands out the send rings).
+    let (_seg, mut rq, slot) = match srq {
+        Some((seg, prod)) => (seg, prod, 2),
+        None => {
+            let layout = QpSegmentLayout::new(256, 256);
+            let seg = sqs[1].0.clone();
+            // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment;
+            // `seg` keeps it mapped for the producer's lifetime.
+            let prod = unsafe {
+                Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap()
+            };
+            (seg, prod, 1)
+        }
     };
 
     // 0x11 sends 8 bytes of the source MR (0xab); the frame is on the wire to device 1.
@@ -59,7 +79,7 @@ fn send_finds_a_receive_posted_before_its_doorbell_was_read() {
     let mut r = ShmRecvWqe { wr_id: 9, num_sge: 1, ..Default::default() };
     r.sge[0] = ShmSge { addr: 0x20_0100, length: 64, lkey: rkey.0 };
     rq.push(r).unwrap();
-    cpage.ring(Doorbell { lcore: 0, slot: 1 });
+    cpage.ring(Doorbell { lcore: 0, slot });
 
     // The clock does not move: a SEND answered with an RNR NAK would wait for its RNR timer
     // and never complete here.

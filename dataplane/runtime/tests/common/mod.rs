@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::AsyncEvent;
 use pmrxe_abi::ring::{init_ring, Consumer, Producer};
-use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, CLIENT_PAGE_LEN};
+use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, Key, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, Lcore, LcoreHandle, QpSetup};
 use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::PairParams;
-use pmrxe_transport::{Instant, Qp, QpType};
+use pmrxe_transport::{Instant, Qp, QpType, Srq, SrqAttr};
 
 /// What [`rig`] set up; every segment stays alive as long as its ring handle.
 pub struct Rig {
@@ -36,6 +36,8 @@ pub struct Rig {
     pub rkey: Key,
     /// The destination memory.
     pub dst: Region,
+    /// With [`rig_with_srq`]: the SRQ QP 0x12 receives from (doorbell slot 2) and its ring.
+    pub srq: Option<(Arc<Segment>, Producer<ShmRecvWqe>)>,
 }
 
 /// Set the rig up on lcore `lc` (devices 0 and 1 with addresses `ips`); `up` brings each QP
@@ -47,6 +49,19 @@ pub fn rig<L: Port>(
     ips: [IpAddr; 2],
     p: &PairParams,
     up: impl Fn(&mut Qp, u32, [u8; 16], &PairParams),
+) -> Rig {
+    rig_with_srq(lc, h, mem, ips, p, up, None)
+}
+
+/// [`rig`], with QP 0x12 receiving from SRQ `srq` (256 entries, doorbell slot 2) if given.
+pub fn rig_with_srq<L: Port>(
+    lc: &mut Lcore<L>,
+    h: &LcoreHandle,
+    mem: &MemTable,
+    ips: [IpAddr; 2],
+    p: &PairParams,
+    up: impl Fn(&mut Qp, u32, [u8; 16], &PairParams),
+    srq: Option<u32>,
 ) -> Rig {
     let [ip0, ip1] = ips;
     let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
@@ -66,10 +81,24 @@ pub fn rig<L: Port>(
         rx.recv().unwrap().unwrap();
         cq_rings.push((seg, c));
     }
+    let srq_ring = srq.map(|srqn| {
+        let layout = SrqSegmentLayout::new(256);
+        let seg = Arc::new(Segment::create("srq", layout.total_len as usize).unwrap());
+        // SAFETY: fresh segment laid out by `layout`.
+        unsafe { init_ring::<ShmRecvWqe>(seg.as_ptr(), 256).unwrap() };
+        // SAFETY: as above; `seg` is returned beside the producer.
+        let prod = unsafe { Producer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), 256).unwrap() };
+        let s = Srq::new(srqn, SrqAttr { max_wr: 256, max_sge: 4, srq_limit: 0 }).unwrap();
+        let (tx, rx) = bounded(1);
+        h.cmds.send(Cmd::AddSrq { srq: Box::new(s), client: 1, seg: seg.clone(), layout, db_slot: 2, done: tx }).unwrap();
+        lc.poll_once(Instant(0));
+        rx.recv().unwrap().unwrap();
+        (seg, prod)
+    });
     let pd = p.pd;
     let mut sqs = Vec::new();
     for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
-        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, None).unwrap();
+        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, if qpn == 0x12 { srq } else { None }).unwrap();
         up(&mut qp, peer, ip_to_gid(peer_ip), p);
         let layout = QpSegmentLayout::new(256, 256);
         let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
@@ -95,7 +124,7 @@ pub fn rig<L: Port>(
     let dst = Region::zeroed(1 << 20);
     let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
     let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    Rig { page, events, cq_rings, sqs, lkey, rkey, dst }
+    Rig { page, events, cq_rings, sqs, lkey, rkey, dst, srq: srq_ring }
 }
 
 /// The [`ClientPage`] in a client page segment (what the lcore reads doorbells from).
