@@ -6,6 +6,7 @@
 //!   frame on send, scatter into the memory region on receive). It never calls `memcpy`: the
 //!   copy is the kernel's own vector loads and stores, and the CRC is of the bytes stored;
 //! * [`crc_update`] folds bytes without copying;
+//! * [`copy_short`] copies a few bytes without `memcpy` (inline loads and stores);
 //! * [`crc32_combine`] gives CRC(A ‖ B) from CRC(A), CRC(B) and |B|, so the CRC of a frame
 //!   prefix (masked IP/UDP headers) can be joined with that of the rest computed earlier.
 //!
@@ -20,16 +21,20 @@
 //! (`PMRXE_CRC_KERNEL=portable|pclmul|avx512` forces a slower one, for measurements).
 //!
 //! # Safety
-//! The only `unsafe` is in the SIMD kernels (intrinsics behind runtime feature detection) and
-//! in [`Kernel::copy_and_crc_raw`], whose pointer contract is that of `ptr::copy_nonoverlapping`.
+//! The only `unsafe` is in the SIMD kernels (intrinsics behind runtime feature detection), the
+//! short copy's unaligned loads and stores, and in [`Kernel::copy_and_crc_raw`] and
+//! [`copy_short_raw`], whose pointer contract is that of `ptr::copy_nonoverlapping`.
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod copy;
 mod gf;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use core::sync::atomic::{AtomicU8, Ordering};
+
+pub use copy::{copy_short, copy_short_raw, SHORT_MAX};
 
 /// One CRC-32 implementation the CPU can run. Only constructible for implementations the running
 /// CPU supports, so every method is safe.

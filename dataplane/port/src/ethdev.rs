@@ -638,6 +638,17 @@ impl PacketBuf for Mbuf {
     fn adj(&mut self, len: usize) -> bool {
         Mbuf::adj(self, len)
     }
+    fn free_all<const N: usize>(bufs: &mut ArrayVec<Mbuf, N>) {
+        let n = bufs.len();
+        if n == 0 {
+            return;
+        }
+        // SAFETY: Mbuf is repr(transparent) over NonNull<rte_mbuf>, so the ArrayVec's storage
+        // is `n` valid `rte_mbuf *` that we own; DPDK frees every one of them.
+        unsafe { sys::pmrxe_pktmbuf_free_bulk(bufs.as_mut_ptr().cast::<*mut sys::rte_mbuf>(), n as u32) };
+        // SAFETY: the `n` handles were freed above: forget them (no second free by Drop).
+        unsafe { bufs.set_len(0) };
+    }
 }
 
 impl Port for EthPort {

@@ -60,6 +60,14 @@ pub trait PacketBuf: Send {
         }
         Some(self.data_mut())
     }
+    /// Free every buffer in `bufs` (leaving it empty). The same as `bufs.clear()`; DPDK mbufs
+    /// return to their pool in one bulk operation instead of one put per buffer.
+    fn free_all<const N: usize>(bufs: &mut ArrayVec<Self, N>)
+    where
+        Self: Sized,
+    {
+        bufs.clear();
+    }
     /// Appends a copy of `bytes` (`false`: no room, no change).
     fn extend_from_slice(&mut self, bytes: &[u8]) -> bool {
         match self.append(bytes.len()) {

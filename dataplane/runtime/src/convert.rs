@@ -64,7 +64,7 @@ pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud
         if n > MAX_INLINE || n > w.data.len() {
             return Err(WqeError::InlineTooLong(w.inline_len));
         }
-        out.inline[..n].copy_from_slice(&w.data[..n]);
+        pmrxe_crc::copy_short(&mut out.inline[..n], &w.data[..n]);
         out.inline_len = n;
     } else {
         let n = w.num_sge as usize;

@@ -22,9 +22,10 @@ pub(crate) enum Payload<'a> {
     Remote { rkey: u32, va: u64, len: usize },
 }
 
-/// Write `hdr` + payload + pad into `buf`; returns the length and the tail CRC (the ICRC's CRC
-/// of these bytes, BTH byte 4 masked: `pmrxe_wire::finish_frame_with_tail_crc` joins it to the
-/// IP/UDP prefix), or the gather error. The payload is hashed while it is copied (one pass).
+/// Write `hdr` + payload + pad into `buf`; returns the length and, for a long payload, the tail
+/// CRC (the ICRC's CRC of these bytes, BTH byte 4 masked, folded while the payload is copied:
+/// `pmrxe_wire::finish_frame_with_tail_crc` joins it to the IP/UDP prefix), or the gather
+/// error. A short packet's CRC is left to the frame (see `Transmit::tail_crc`).
 pub(crate) fn build<M: MemOps + ?Sized>(
     mem: &M,
     pd: u32,
@@ -32,7 +33,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     mut hdr: TransportHeaders,
     payload: Payload<'_>,
     buf: &mut [u8],
-) -> Result<Option<(usize, u32)>, MemError> {
+) -> Result<Option<(usize, Option<u32>)>, MemError> {
     let plen = match &payload {
         Payload::None => 0,
         Payload::Gather { len, .. } => *len,
@@ -47,26 +48,30 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         return Ok(None);
     }
     if plen <= SMALL_PAYLOAD {
-        // Short: copy, then hash the whole packet in one CRC update (a header update, a
+        // Short: copy; the frame is hashed whole later, in one CRC update (a header update, a
         // payload update and a pad update cost more than the bytes they hash).
         match payload {
             Payload::None => {}
             Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
-            Payload::Bytes(b) => buf[hlen..hlen + b.len()].copy_from_slice(b),
+            Payload::Bytes(b) => pmrxe_crc::copy_short(&mut buf[hlen..hlen + b.len()], b),
             Payload::Remote { rkey, va, len } => mem.read_remote(pd, qpn, rkey, va, &mut buf[hlen..hlen + len])?,
         }
         buf[hlen + plen..total].fill(0);
-        return Ok(Some((total, pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..total]))));
+        return Ok(Some((total, None)));
     }
-    let crc = pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..hlen]);
-    let crc = match payload {
-        Payload::None => crc,
-        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], crc)?,
-        Payload::Bytes(b) => pmrxe_crc::copy_and_crc(crc, &mut buf[hlen..hlen + b.len()], b),
-        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], crc)?,
+    // Long: the payload is hashed from zero while it is gathered, the headers after it (by
+    // then their stores have settled; hashed first, the CRC's loads waited on them), and the
+    // two CRCs are joined by combination (x^(8·len) for this length: one or two multiplies).
+    let body = match payload {
+        Payload::None => 0,
+        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], 0)?,
+        Payload::Bytes(b) => pmrxe_crc::copy_and_crc(0, &mut buf[hlen..hlen + b.len()], b),
+        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], 0)?,
     };
     buf[hlen + plen..total].fill(0);
-    Ok(Some((total, pmrxe_crc::crc_update(crc, &buf[hlen + plen..total]))))
+    let body = pmrxe_crc::crc_update(body, &buf[hlen + plen..total]);
+    let head = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
+    Ok(Some((total, Some(pmrxe_crc::crc32_combine(head, body, (total - hlen) as u64)))))
 }
 
 /// Payloads up to this length are copied first and hashed with their headers in one update;

@@ -76,9 +76,13 @@ pub struct Transmit {
     /// Our QPN.
     pub src_qpn: u32,
     /// CRC-32 of the `len` bytes written, as the ICRC covers them (BTH byte 4 masked), folded
-    /// while they were written: give it to `pmrxe_wire::finish_frame_with_tail_crc`, which
-    /// hashes only the IP/UDP prefix (`finish_frame` rehashes everything and stays correct).
-    pub tail_crc: u32,
+    /// while a long payload was copied: give it to `pmrxe_wire::finish_frame_with_tail_crc`,
+    /// which hashes only the IP/UDP prefix. `None` for a short packet (at most
+    /// 128 payload bytes, ACKs, CNPs): hash the finished frame in one pass
+    /// (`pmrxe_wire::finish_frame`, or `seal_frame` for a templated one), best once the frame's
+    /// stores have settled. Hashing it right after the header stores made the CRC's first
+    /// loads wait for them (a store-forwarding stall on every short packet).
+    pub tail_crc: Option<u32>,
 }
 
 /// A queue pair.
@@ -244,8 +248,7 @@ impl Qp {
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        let tail_crc = pmrxe_wire::icrc::transport_crc_in_place(&mut buf[..len]);
-        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, tail_crc })
+        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, tail_crc: None })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).

@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
-use pmrxe_wire::{emit_frame_headers, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
+use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use pmrxe_mem::MemTable;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -255,7 +255,10 @@ impl Sim {
             let total = n + t.len + ICRC_LEN;
             // The ICRC from the tail CRC the engine folded while writing (one pass), checked in
             // full by `parse_frame` right below.
-            finish_frame_with_tail_crc(&mut self.buf[..total], t.tail_crc).expect("finish frame");
+            match t.tail_crc {
+                Some(c) => finish_frame_with_tail_crc(&mut self.buf[..total], c).expect("finish frame"),
+                None => finish_frame(&mut self.buf[..total]).expect("finish frame"),
+            }
             let frame = self.buf[..total].to_vec();
             let parsed = parse_frame(&frame).expect("our own frame parses");
             let h = parsed.headers;

@@ -108,7 +108,7 @@ impl SqSide {
         let s = self.slot(idx);
         if inline {
             let at = s * self.inline_stride;
-            self.inline[at..at + w.inline_len].copy_from_slice(&w.inline[..w.inline_len]);
+            pmrxe_crc::copy_short(&mut self.inline[at..at + w.inline_len], &w.inline[..w.inline_len]);
         } else {
             let at = s * self.sge_stride;
             self.sges[at..at + w.num_sge].copy_from_slice(w.sg_list());

@@ -243,19 +243,39 @@ impl HeaderTemplate {
     }
 
     /// Complete `frame` = header room ‖ the `roce_len` bytes already written ‖ 4 bytes for the
-    /// ICRC: copy the header in front and store the ICRC joined from the prefix state and
-    /// `tail_crc` (the CRC of the RoCE bytes, BTH byte 4 masked, as `Transmit::tail_crc`).
-    pub fn finish(&self, frame: &mut [u8], tail_crc: u32) -> Result<()> {
+    /// ICRC: copy the header in front and, given `tail_crc` (the CRC of the RoCE bytes, BTH
+    /// byte 4 masked, as `Transmit::tail_crc`), store the ICRC joined from the prefix state and
+    /// it. Without a tail CRC the ICRC is left for [`seal_frame`].
+    pub fn finish(&self, frame: &mut [u8], tail_crc: Option<u32>) -> Result<()> {
         let hl = self.header_len();
         let n = frame.len();
         if n != hl + self.roce_len + ICRC_LEN {
             return Err(Error::BadLength);
         }
-        frame[..hl].copy_from_slice(&self.bytes[..hl]);
-        let icrc = self.shift.combine(self.prefix_crc, tail_crc);
-        frame[n - ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+        pmrxe_crc::copy_short(&mut frame[..hl], &self.bytes[..hl]);
+        if let Some(t) = tail_crc {
+            let icrc = self.shift.combine(self.prefix_crc, t);
+            frame[n - ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+        }
         Ok(())
     }
+}
+
+/// Store the ICRC of a frame laid out as [`HeaderTemplate`] and [`emit_frame_headers`] lay
+/// frames out (Ethernet without VLAN tag, IP and UDP headers: `header_len` bytes, then the
+/// RoCE bytes and the ICRC), hashing its IP/UDP/RoCE bytes in one pass (the masked copy built
+/// in registers, as a receiver checks it). Equal to [`finish_frame`] on such a frame, without
+/// parsing it. The transmit path seals a burst's short frames after building them all, when
+/// their stores have long settled.
+pub fn seal_frame(frame: &mut [u8], header_len: usize) -> Result<()> {
+    let n = frame.len();
+    if (header_len != frame_header_len(false) && header_len != frame_header_len(true)) || n < header_len + ICRC_LEN {
+        return Err(Error::BadLength);
+    }
+    let udp = header_len - udp::HEADER_LEN;
+    let c = crate::icrc(&frame[eth::HEADER_LEN..udp], &frame[udp..n - ICRC_LEN]);
+    frame[n - ICRC_LEN..].copy_from_slice(&c.to_le_bytes());
+    Ok(())
 }
 
 fn layout(frame: &[u8]) -> Result<Layout> {

@@ -8,7 +8,7 @@ use crate::{
 };
 
 /// BTH and extension headers of one RoCE packet. Exactly the `Option`s named by the
-/// opcode's [`ExtSet`](crate::ExtSet) are `Some` (checked by `emit`, guaranteed by `parse`).
+/// opcode's [`crate::ExtSet`] are `Some` (checked by `emit`, guaranteed by `parse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TransportHeaders {
     /// Base transport header.

@@ -13,11 +13,13 @@
 //! The CRC kernels are `pmrxe_crc`'s (AVX-512/VPCLMULQDQ, PCLMULQDQ or portable, chosen at
 //! run time). The data path does not hash the payload separately from copying it:
 //!
-//! * **send**: the transport starts the CRC of the RoCE part with [`transport_crc_in_place`]
-//!   (BTH with byte 4 masked, extension headers; a packet with at most 128 payload bytes is
-//!   copied first and hashed whole in that one update), folds the payload in while gathering it into the frame
-//!   (`pmrxe_crc::copy_and_crc`) and then the pad; [`crate::finish_frame_with_tail_crc`] hashes
-//!   only the masked IP/UDP prefix and joins the two by CRC combination ([`icrc_from_tail`]);
+//! * **send**: a packet with at most 128 payload bytes is copied and its finished frame hashed
+//!   whole, in one update, once its burst is built ([`crate::seal_frame`]). A longer one's
+//!   payload is hashed from zero while it is gathered into the frame (`pmrxe_crc::copy_and_crc`),
+//!   then the pad, then the transport headers ([`transport_crc`], BTH byte 4 masked: hashed
+//!   last, their stores have settled), joined by CRC combination into the *tail CRC*;
+//!   [`crate::finish_frame_with_tail_crc`] (or the path's header template) hashes only the
+//!   masked IP/UDP prefix and joins the two ([`icrc_from_tail`]);
 //! * **receive**: [`crate::parse_frame_deferred`] validates everything but the ICRC and returns
 //!   an [`IcrcCheck`]: the CRC up to the payload ([`IcrcCheck::seed`]), which the transport
 //!   continues while scattering the payload into memory and then tests with
@@ -169,10 +171,47 @@ fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
 
 /// CRC (zlib convention, from 0) of RoCE transport-header bytes (BTH and extension headers) as
 /// the ICRC sees them: BTH byte 4 (FECN, BECN, resv6) as 0xFF. A sender continues it through
-/// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]). For bytes the caller
-/// cannot change (the data path, which owns its frame buffers, uses
-/// [`transport_crc_in_place`]: no copy).
+/// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]), or joins it to the
+/// payload's CRC by combination.
+///
+/// The masked copy is made of whole 16-byte words, loaded and masked in registers (as
+/// [`icrc_v4`] does): setting byte 4 with a byte store, in a copy or in place, made the CRC
+/// kernel's first 16-byte load wait for that store (a store-forwarding stall per packet).
 pub fn transport_crc(headers: &[u8]) -> u32 {
+    const LANES: usize = 4;
+    let n = headers.len();
+    if !(bth::HEADER_LEN..=LANES * 16).contains(&n) {
+        return transport_crc_bytes(headers);
+    }
+    let ld = |at: usize| u128::from_le_bytes(headers[at..at + 16].try_into().expect("16 bytes"));
+    let ld8 = |at: usize| u64::from_le_bytes(headers[at..at + 8].try_into().expect("8 bytes"));
+    let mut lanes = [0u128; LANES];
+    let full = n / 16;
+    for (i, l) in lanes.iter_mut().enumerate().take(full) {
+        *l = ld(16 * i);
+    }
+    let r = n % 16;
+    if r > 0 {
+        // The last `r` bytes, from the word that ends at `n` (shifted down), or, for a
+        // BTH-only packet (12 bytes), from two overlapping 8-byte words.
+        lanes[full] = if n >= 16 {
+            ld(n - 16) >> (8 * (16 - r))
+        } else {
+            u128::from(ld8(0)) | (u128::from(ld8(n - 8) >> (8 * (16 - n))) << 64)
+        };
+    }
+    lanes[0] |= 0xFF << (8 * bth::FECN_BECN_OFFSET);
+    let mut bytes = [0u8; LANES * 16];
+    for (i, l) in lanes.iter().enumerate().take(full + usize::from(r > 0)) {
+        bytes[16 * i..16 * i + 16].copy_from_slice(&l.to_le_bytes());
+    }
+    crc_update(0, &bytes[..n])
+}
+
+/// [`transport_crc`] for lengths its word path does not take (shorter than a BTH: only
+/// reachable with garbage; longer than 64 bytes: no header set is).
+#[cold]
+fn transport_crc_bytes(headers: &[u8]) -> u32 {
     const MAX: usize = 64;
     let mut buf = [0u8; MAX];
     let n = headers.len().min(MAX);
@@ -181,19 +220,6 @@ pub fn transport_crc(headers: &[u8]) -> u32 {
         buf[bth::FECN_BECN_OFFSET] = 0xFF;
     }
     crc_update(crc_update(0, &buf[..n]), &headers[n..])
-}
-
-/// [`transport_crc`] of bytes the caller owns (a whole transport packet: BTH .. pad), hashed in
-/// place in one update: BTH byte 4 is set to 0xFF for the hash and restored after, so a short
-/// packet costs one CRC call and no copy.
-pub fn transport_crc_in_place(packet: &mut [u8]) -> u32 {
-    let Some(&b4) = packet.get(bth::FECN_BECN_OFFSET) else {
-        return crc_update(0, packet);
-    };
-    packet[bth::FECN_BECN_OFFSET] = 0xFF;
-    let crc = crc_update(0, packet);
-    packet[bth::FECN_BECN_OFFSET] = b4;
-    crc
 }
 
 /// The ICRC of a datagram from its IP header, its 8-byte UDP header and the CRC (zlib, from 0,
@@ -337,12 +363,14 @@ mod test {
         let mut m = long;
         m[bth::FECN_BECN_OFFSET] = 0xFF;
         assert_eq!(transport_crc(&long), crc32fast::hash(&m));
-        // In place: the same CRC, and the packet is left as it was.
-        for n in [0, 3, 5, 12, 44, 100] {
-            let mut p: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37)).collect();
-            let before = p.clone();
-            assert_eq!(transport_crc_in_place(&mut p), transport_crc(&before), "{n} bytes");
-            assert_eq!(p, before);
+        // Every length, through the word path (12..=64) and the byte path: byte 4 masked.
+        for n in 0..=100usize {
+            let p: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(37).wrapping_add(1)).collect();
+            let mut m = p.clone();
+            if n > bth::FECN_BECN_OFFSET {
+                m[bth::FECN_BECN_OFFSET] = 0xFF;
+            }
+            assert_eq!(transport_crc(&p), crc32fast::hash(&m), "{n} bytes");
         }
     }
 

@@ -10,7 +10,7 @@ use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
     build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, frame_len, pad_for,
-    parse_frame, parse_frame_deferred, parse_frame_into, Error, Qpn, RxFrame, TransportHeaders,
+    parse_frame, parse_frame_deferred, parse_frame_into, seal_frame, Error, Qpn, RxFrame, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -51,9 +51,19 @@ proptest! {
         k[..hl].fill(0x5A);
         let icrc_at = k.len() - 4;
         k[icrc_at..].fill(0x5A);
-        t.finish(&mut k, crc).unwrap();
+        t.finish(&mut k, Some(crc)).unwrap();
         prop_assert_eq!(&k, &f);
-        prop_assert_eq!(t.finish(&mut k[..total - 1], crc), Err(Error::BadLength));
+        prop_assert_eq!(t.finish(&mut k[..total - 1], Some(crc)), Err(Error::BadLength));
+        // Without a tail CRC (a short packet): the header only, then `seal_frame` hashes the
+        // finished frame: the same bytes.
+        k[..hl].fill(0x5A);
+        k[icrc_at..].fill(0x5A);
+        t.finish(&mut k, None).unwrap();
+        prop_assert_eq!(&k[icrc_at..], &[0x5A; 4]);
+        seal_frame(&mut k, hl).unwrap();
+        prop_assert_eq!(&k, &f);
+        prop_assert_eq!(seal_frame(&mut k, hl + 1), Err(Error::BadLength));
+        prop_assert_eq!(seal_frame(&mut k[..hl + 3], hl), Err(Error::BadLength));
         prop_assert_eq!(f, build_frame_vec(&l3, &h, &p).unwrap());
     }
 

@@ -16,6 +16,7 @@ struct rte_mbuf *pmrxe_pktmbuf_alloc(struct rte_mempool *mp) { return rte_pktmbu
 int pmrxe_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int count)
 { return rte_pktmbuf_alloc_bulk(mp, mbufs, count); }
 void pmrxe_pktmbuf_free(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
+void pmrxe_pktmbuf_free_bulk(struct rte_mbuf **mbufs, unsigned int count) { rte_pktmbuf_free_bulk(mbufs, count); }
 char *pmrxe_pktmbuf_append(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_append(m, len); }
 int pmrxe_pktmbuf_trim(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_trim(m, len); }
 char *pmrxe_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_prepend(m, len); }

@@ -12,6 +12,8 @@ uint16_t pmrxe_eth_tx_burst(uint16_t port_id, uint16_t queue_id, struct rte_mbuf
 struct rte_mbuf *pmrxe_pktmbuf_alloc(struct rte_mempool *mp);
 int pmrxe_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int count);
 void pmrxe_pktmbuf_free(struct rte_mbuf *m);
+/* Free `count` mbufs (whole chains) at once: one mempool put per pool run, not per mbuf. */
+void pmrxe_pktmbuf_free_bulk(struct rte_mbuf **mbufs, unsigned int count);
 char *pmrxe_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
 int pmrxe_pktmbuf_trim(struct rte_mbuf *m, uint16_t len);
 char *pmrxe_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len);

@@ -301,7 +301,8 @@ impl<'a> MrRef<'a> {
             // SAFETY: `a..a+n` lies inside a Region kept alive by the MR's owners while the MR
             // is VALID, which our hold keeps it (module protocol); `d+done..+n` is
             // inside `dst`; a Rust buffer never overlaps registered memory we copy through.
-            unsafe { core::ptr::copy_nonoverlapping(a as *const u8, d.add(done), n) }
+            // (Short pieces, the usual case here, are inline loads and stores: no memcpy call.)
+            unsafe { pmrxe_crc::copy_short_raw(d.add(done), a as *const u8, n) }
         })
     }
 
@@ -311,7 +312,7 @@ impl<'a> MrRef<'a> {
         let s = src.as_ptr();
         self.walk(iova, src.len() as u64, |a, done, n| {
             // SAFETY: as in `copy_out`, with the roles swapped.
-            unsafe { core::ptr::copy_nonoverlapping(s.add(done), a as *mut u8, n) }
+            unsafe { pmrxe_crc::copy_short_raw(a as *mut u8, s.add(done), n) }
         })
     }
 

@@ -31,6 +31,8 @@ impl<L: Port> Lcore<L> {
                 }
                 any = true;
                 bump(&self.stats.rx_packets, n as u64);
+                // Frames this lcore consumed go back to the pool in one bulk free per burst.
+                let mut spent: ArrayVec<L::Buf, BURST> = ArrayVec::new();
                 for buf in rx.drain(..) {
                     let data = buf.data();
                     bump(&self.stats.rx_bytes, data.len() as u64);
@@ -39,10 +41,12 @@ impl<L: Port> Lcore<L> {
                             t.frame(false, None, data);
                         }
                     }
-                    if let Some(owner) = self.on_frame(pi, now, data, true) {
-                        self.hand_over(owner, pi, buf);
+                    match self.on_frame(pi, now, data, true) {
+                        Some(owner) => self.hand_over(owner, pi, buf),
+                        None => spent.push(buf),
                     }
                 }
+                <L::Buf as PacketBuf>::free_all(&mut spent);
                 if n < BURST {
                     break;
                 }

@@ -47,6 +47,10 @@ impl<L: Port> Lcore<L> {
             // Stays true unless the QP itself had nothing to send (then it leaves the ready
             // list until a packet, timer or post re-files it).
             let mut progressed = true;
+            // Frames of this burst to seal (short packets: ICRC over the finished frame) and
+            // show the capture tap, once the burst is built: (loopback, index, header length).
+            let mut built: ArrayVec<(bool, u16, u8, bool), BURST> = ArrayVec::new();
+            let tap = self.tap.as_ref().is_some_and(|t| t.active());
             while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
                 budget -= 1;
                 let Some(mut b) = port.alloc() else {
@@ -92,15 +96,29 @@ impl<L: Port> Lcore<L> {
                     bump(&self.stats.tx_build_errors, 1);
                     continue;
                 }
-                if let Some(tap) = &self.tap {
-                    if tap.active() {
-                        tap.frame(true, Some(t.src_qpn), b.data());
-                    }
+                let seal = t.tail_crc.is_none();
+                if seal || tap {
+                    let at = if local { port.lo.len() } else { port.tx.len() };
+                    built.push((local, at as u16, header.header_len() as u8, seal));
                 }
                 if local {
                     port.lo.push(b);
                 } else {
                     port.tx.push(b);
+                }
+            }
+            // The short frames' ICRCs, hashed now that the burst's header and payload stores
+            // have settled (hashed right after them, the CRC's first loads waited on store
+            // forwarding: a stall per packet).
+            for &(local, at, hl, seal) in &built {
+                let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
+                if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
+                    bump(&self.stats.tx_build_errors, 1);
+                }
+                if tap {
+                    if let Some(t) = &self.tap {
+                        t.frame(true, Some(qp.qpn()), b.data());
+                    }
                 }
             }
             self.engine.requeue(slot, progressed);
