@@ -182,23 +182,28 @@ impl<L: Port> Lcore<L> {
     /// RDMA_CM accept) may have rung its doorbell after this pass read it; the peer's SEND
     /// must still find the WQE, as it would on a NIC that reads the queue on arrival.
     fn pull_recv_wqes(&mut self, qpn: u32, opcode: wire::Opcode) {
-        let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
-        let srqn = self.engine.with(qpn, |qp, s| {
-            if qp.lacks_recv_wqe(opcode) {
-                super::doorbells::drain_rq(qp, s, stats, scratch);
-                if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
-                    s.backlog_listed = true;
-                    backlog.push(qpn);
+        // Looked at read-only first: a QP with receive WQEs at hand (every SEND of a steady
+        // stream) costs two loads here, not a re-filing on the engine's lists.
+        let Some(qp) = self.engine.qp(qpn) else { return };
+        if let Some(n) = qp.srq() {
+            if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
+                if srq.is_empty() {
+                    super::doorbells::drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
                 }
             }
-            qp.srq()
-        });
-        let Some(Some(n)) = srqn else { return };
-        if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
-            if srq.is_empty() {
-                super::doorbells::drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
-            }
+            return;
         }
+        if !qp.lacks_recv_wqe(opcode) {
+            return;
+        }
+        let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
+        self.engine.with(qpn, |qp, s| {
+            super::doorbells::drain_rq(qp, s, stats, scratch);
+            if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
+                s.backlog_listed = true;
+                backlog.push(qpn);
+            }
+        });
     }
 
     /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names

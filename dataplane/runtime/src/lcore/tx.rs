@@ -1,6 +1,6 @@
 //! Transmit: timers, then every ready QP builds packets straight into port buffers through
-//! its path cache (Eth/IP/UDP + ICRC from the transport's tail CRC); QP1 MADs from the
-//! connection manager; `tx_burst`.
+//! its path cache (Eth/IP/UDP; the ICRC from the transport's tail CRC, or over a short
+//! frame once its burst is built); QP1 MADs from the connection manager; `tx_burst`.
 use super::*;
 
 impl<L: Port> Lcore<L> {
