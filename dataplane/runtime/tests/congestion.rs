@@ -50,7 +50,7 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
 
     // The QPs carry a GRH traffic class with DSCP 26 (AF31): the wire must keep it, plus ECT(0).
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, traffic_class: 26 << 2, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
     let cpage = client_page(&page);
     const N: u64 = 16;
     for i in 0..N {

@@ -7,16 +7,10 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::net::IpAddr;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
-use common::{client_page, rig, QueuePort, Rig};
+use common::{client_page, rig, Rig};
 use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
-use pmrxe_mem::{MemLimits, MemTable};
-use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
 use pmrxe_port::SimBuf;
-use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
 
@@ -67,21 +61,11 @@ fn uncounted_buf() -> SimBuf {
 
 #[test]
 fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
-    let (q0, q1) = (common::wire(), common::wire());
-    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf: uncounted_buf };
-    let l1 = QueuePort { rx: q1, tx: q0, new_buf: uncounted_buf };
-    let ip0: IpAddr = "198.18.0.1".parse().unwrap();
-    let ip1: IpAddr = "198.18.0.2".parse().unwrap();
-    let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
-    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
-    let mem = Arc::new(MemTable::new(MemLimits::default()));
-    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
-    let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+    let common::Pair { mut lc, h, mem, ips: [ip0, ip1], .. } = common::lcore_pair(uncounted_buf);
 
     // Client page, CQs, QPs and memory exactly as the service sets them up.
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up);
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
     let cpage = client_page(&page);
 
     let write = |i: u64| {

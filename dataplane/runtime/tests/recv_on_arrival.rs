@@ -6,16 +6,9 @@
 //! receives and then accepts, hung in one CI run of many.
 mod common;
 
-use std::net::IpAddr;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
-use common::{client_page, rig_with_srq, QueuePort, Rig};
+use common::{client_page, rig, Rig};
 use pmrxe_abi::ring::Producer;
 use pmrxe_abi::{send_flags, wr_opcode, Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe, ShmSge};
-use pmrxe_mem::{MemLimits, MemTable};
-use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
-use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
 
@@ -33,20 +26,10 @@ fn send_finds_an_srq_receive_posted_before_its_doorbell_was_read() {
 /// receive is posted and its doorbell rung after the SEND is on the wire, so the lcore pass
 /// that receives the SEND has not read that doorbell.
 fn send_meets_unread_doorbell(on_srq: bool) {
-    let (q0, q1) = (common::wire(), common::wire());
-    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf: common::jumbo_buf };
-    let l1 = QueuePort { rx: q1.clone(), tx: q0, new_buf: common::jumbo_buf };
-    let ip0: IpAddr = "198.18.0.1".parse().unwrap();
-    let ip1: IpAddr = "198.18.0.2".parse().unwrap();
-    let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
-    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
-    let mem = Arc::new(MemTable::new(MemLimits::default()));
-    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
-    let (mut lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+    let common::Pair { mut lc, h, mem, ips: [ip0, ip1], to_dev1: q1, .. } = common::lcore_pair(common::jumbo_buf);
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
     let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, srq } =
-        rig_with_srq(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, on_srq.then_some(5));
+        rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, on_srq.then_some(5));
     let cpage = client_page(&page);
 
     // Where 0x12's receives go: the SRQ's ring (doorbell slot 2), or its own receive ring

@@ -6,14 +6,15 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::AsyncEvent;
 use pmrxe_abi::ring::{init_ring, Consumer, Producer};
 use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout, CLIENT_PAGE_LEN};
-use pmrxe_mem::{Access, Key, MemTable, Region};
-use pmrxe_runtime::lcore::{Cmd, Lcore, LcoreHandle, QpSetup};
+use pmrxe_mem::{Access, Key, MemLimits, MemTable, Region};
+use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, LcoreHandle, QpSetup};
 use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
@@ -36,25 +37,14 @@ pub struct Rig {
     pub rkey: Key,
     /// The destination memory.
     pub dst: Region,
-    /// With [`rig_with_srq`]: the SRQ QP 0x12 receives from (doorbell slot 2) and its ring.
+    /// With an SRQ: the SRQ QP 0x12 receives from (doorbell slot 2) and its ring.
     pub srq: Option<(Arc<Segment>, Producer<ShmRecvWqe>)>,
 }
 
 /// Set the rig up on lcore `lc` (devices 0 and 1 with addresses `ips`); `up` brings each QP
-/// from RESET to RTS towards its peer (QPN, GID).
+/// from RESET to RTS towards its peer (QPN, GID). With `srq`, QP 0x12 receives from that SRQ
+/// (256 entries, doorbell slot 2) instead of its own receive queue.
 pub fn rig<L: Port>(
-    lc: &mut Lcore<L>,
-    h: &LcoreHandle,
-    mem: &MemTable,
-    ips: [IpAddr; 2],
-    p: &PairParams,
-    up: impl Fn(&mut Qp, u32, [u8; 16], &PairParams),
-) -> Rig {
-    rig_with_srq(lc, h, mem, ips, p, up, None)
-}
-
-/// [`rig`], with QP 0x12 receiving from SRQ `srq` (256 entries, doorbell slot 2) if given.
-pub fn rig_with_srq<L: Port>(
     lc: &mut Lcore<L>,
     h: &LcoreHandle,
     mem: &MemTable,
@@ -125,6 +115,34 @@ pub fn rig_with_srq<L: Port>(
     let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
     let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     Rig { page, events, cq_rings, sqs, lkey, rkey, dst, srq: srq_ring }
+}
+
+/// An lcore serving two devices (0: 198.18.0.1, 1: 198.18.0.2, MTU 9000, busy idle mode) on
+/// [`QueuePort`]s wired back to back: what device 0 sends, device 1 receives, and the reverse.
+pub struct Pair {
+    pub lc: Lcore<QueuePort>,
+    pub h: LcoreHandle,
+    pub mem: Arc<MemTable>,
+    pub ips: [IpAddr; 2],
+    /// Frames device 1 will receive (device 0's transmit queue), and the reverse.
+    pub to_dev1: Wire,
+    pub to_dev0: Wire,
+}
+
+/// Build a [`Pair`] whose ports make buffers with `new_buf`.
+pub fn lcore_pair(new_buf: fn() -> SimBuf) -> Pair {
+    let (q0, q1) = (wire(), wire());
+    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf };
+    let l1 = QueuePort { rx: q1.clone(), tx: q0.clone(), new_buf };
+    let ip0: IpAddr = "198.18.0.1".parse().unwrap();
+    let ip1: IpAddr = "198.18.0.2".parse().unwrap();
+    let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
+    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
+    let mem = Arc::new(MemTable::new(MemLimits::default()));
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
+    let (lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+    Pair { lc, h, mem, ips: [ip0, ip1], to_dev1: q1, to_dev0: q0 }
 }
 
 /// The [`ClientPage`] in a client page segment (what the lcore reads doorbells from).
