@@ -529,16 +529,15 @@ impl Qp {
         Ok(())
     }
 
-    /// Whether a request packet with `opcode` would find no receive WQE in the QP's own receive
-    /// queue: it needs one (a SEND, or the end of a WRITE with immediate) and none is queued or
-    /// in progress. The lcore then takes the WQEs the client has posted meanwhile from its ring
-    /// before the packet acts, as a NIC reads the receive queue when a message arrives; without
-    /// that, a receive posted just before the SEND arrived (its doorbell not read yet) earned an
-    /// RNR NAK on RC and lost the datagram on UD. False for a QP on an SRQ (see
-    /// [`Qp::srq`]).
+    /// Whether the QP's own receive queue holds no WQE, queued or in progress. When a request
+    /// that needs one arrives (a SEND, or the end of a WRITE with immediate), the lcore then
+    /// takes the WQEs the client has posted meanwhile from its ring before the packet acts, as
+    /// a NIC reads the receive queue when a message arrives; without that, a receive posted
+    /// just before the SEND arrived (its doorbell not read yet) earned an RNR NAK on RC and lost
+    /// the datagram on UD. False for a QP on an SRQ (see [`Qp::srq`]).
     #[must_use]
-    pub fn lacks_recv_wqe(&self, opcode: pmrxe_wire::Opcode) -> bool {
-        self.srq.is_none() && opcode.info().is_some_and(|i| i.needs_recv_wqe()) && !self.rq.has_next() && self.rq.current().is_none()
+    pub fn recv_queue_empty(&self) -> bool {
+        self.srq.is_none() && !self.rq.has_next() && self.rq.current().is_none()
     }
 
     /// Next completion, in order per side.

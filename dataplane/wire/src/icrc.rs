@@ -140,16 +140,23 @@ fn icrc_v4(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
         k += 1;
     }
     lanes[2] |= V4_MASK[2];
-    let mut bytes = [0u8; V4_LANES * 16];
-    for (i, l) in lanes.iter().enumerate().take(k) {
-        bytes[16 * i..16 * i + 16].copy_from_slice(&l.to_le_bytes());
-    }
-    let h = crc_update(CRC_OF_8_FF, &bytes[..total]);
+    let h = crc_of_lanes(CRC_OF_8_FF, &lanes, total);
     if held < udp.len() {
         crc_update(h, &udp[held..])
     } else {
         h
     }
+}
+
+/// Continue `crc` over the first `n` bytes of `lanes` (little-endian 16-byte words). The words
+/// are stored whole and read back whole: the CRC kernel's loads are forwarded from those
+/// stores (a masked copy made with narrower stores stalls them).
+fn crc_of_lanes<const N: usize>(crc: u32, lanes: &[u128; N], n: usize) -> u32 {
+    let mut bytes = [[0u8; 16]; N];
+    for (b, l) in bytes.iter_mut().zip(lanes).take(n.div_ceil(16)) {
+        *b = l.to_le_bytes();
+    }
+    crc_update(crc, &bytes.as_flattened()[..n])
 }
 
 /// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
@@ -201,11 +208,7 @@ pub fn transport_crc(headers: &[u8]) -> u32 {
         };
     }
     lanes[0] |= 0xFF << (8 * bth::FECN_BECN_OFFSET);
-    let mut bytes = [0u8; LANES * 16];
-    for (i, l) in lanes.iter().enumerate().take(full + usize::from(r > 0)) {
-        bytes[16 * i..16 * i + 16].copy_from_slice(&l.to_le_bytes());
-    }
-    crc_update(0, &bytes[..n])
+    crc_of_lanes(0, &lanes, n)
 }
 
 /// [`transport_crc`] for lengths its word path does not take (shorter than a BTH: only

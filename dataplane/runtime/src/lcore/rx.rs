@@ -146,7 +146,7 @@ impl<L: Port> Lcore<L> {
                 pkt.flow_label = f.flow_label;
                 pkt.icrc = Some(f.check);
                 if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
-                    self.pull_recv_wqes(qpn, pkt.hdr.bth.opcode);
+                    self.pull_recv_wqes(qpn);
                 }
                 if self.engine.handle_packet(now, &pkt, &*self.mem) {
                     self.count_bad_icrc();
@@ -181,7 +181,7 @@ impl<L: Port> Lcore<L> {
     /// client that posts a receive and then tells its peer to send (udaddy, rping, any
     /// RDMA_CM accept) may have rung its doorbell after this pass read it; the peer's SEND
     /// must still find the WQE, as it would on a NIC that reads the queue on arrival.
-    fn pull_recv_wqes(&mut self, qpn: u32, opcode: wire::Opcode) {
+    fn pull_recv_wqes(&mut self, qpn: u32) {
         // Looked at read-only first: a QP with receive WQEs at hand (every SEND of a steady
         // stream) costs two loads here, not a re-filing on the engine's lists.
         let Some(qp) = self.engine.qp(qpn) else { return };
@@ -193,7 +193,7 @@ impl<L: Port> Lcore<L> {
             }
             return;
         }
-        if !qp.lacks_recv_wqe(opcode) {
+        if !qp.recv_queue_empty() {
             return;
         }
         let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
