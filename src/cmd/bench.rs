@@ -38,6 +38,17 @@ pub struct BenchArgs {
     /// Bandwidth message sizes, comma separated, with K/M suffixes (e.g. 4K,64K,1M).
     #[arg(long, value_delimiter = ',')]
     pub sizes: Option<Vec<String>>,
+    /// Operations of the message-rate test, comma separated (default: send,write).
+    #[arg(long, value_delimiter = ',', value_parser = ["send", "write"])]
+    pub ops: Option<Vec<String>>,
+    /// Message sizes of the message-rate test, comma separated (default: 8,64; at most 4096;
+    /// inline up to 64 B).
+    #[arg(long, value_delimiter = ',')]
+    pub rate_sizes: Option<Vec<usize>>,
+    /// Seconds to stay connected and idle before measuring (a profiler attached to the service
+    /// can measure what an empty lcore pass costs with this client present).
+    #[arg(long, default_value_t = 0.0)]
+    pub settle: f64,
     /// Latency iterations per test (default: quick 2000, full 100000).
     #[arg(long)]
     pub iters: Option<u64>,
@@ -84,6 +95,8 @@ pub enum Suite {
     Full,
 }
 
+/// Largest message of the message-rate test (one frame at the 4096-byte path MTU).
+const RATE_MAX_SIZE: usize = 4096;
 /// Most QPs the many-QP test connects (each pair has four CQs).
 const MAX_BENCH_QPS: u32 = 256;
 /// Message size of the many-QP test (the acceptance figure of `ib_write_bw -q N`).
@@ -106,6 +119,8 @@ struct Plan {
     rate: bool,
     bw: bool,
     lat: bool,
+    /// Message sizes of the message-rate test (inline up to the harness's 64 B).
+    rate_sizes: Vec<usize>,
     /// Part `qps`: the QP counts of the many-QP test (empty: not run).
     qps: Vec<u32>,
 }
@@ -122,7 +137,11 @@ fn plan(args: &BenchArgs) -> io::Result<Plan> {
     if qps.iter().any(|&q| q == 0 || q > MAX_BENCH_QPS) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--qps: each count must be 1..={MAX_BENCH_QPS}")));
     }
-    Ok(Plan { dur, sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps })
+    let rate_sizes = args.rate_sizes.clone().unwrap_or_else(|| vec![8, 64]);
+    if rate_sizes.iter().any(|&n| n == 0 || n > RATE_MAX_SIZE) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--rate-sizes: each size must be 1..={RATE_MAX_SIZE}")));
+    }
+    Ok(Plan { dur, sizes, rate_sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps })
 }
 
 fn parse_size(s: &str) -> io::Result<usize> {
@@ -177,6 +196,9 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
     let ctx = connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?;
     let h = Harness::new(&ctx, &plan)?;
+    if args.settle > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.settle.min(600.0)));
+    }
     out["service"]["path_mtu"] = json!(256u32 << h.path_mtu.saturating_sub(1));
     out["service"]["devices"] = json!([ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name]);
     println!("pmrxe bench ({}): {} <-> {}, path MTU {}, driver on CPU {}, {:.2} s per point",
@@ -188,8 +210,9 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         // The lcores' busy time per send WQE over the whole point (warm-up included): what an
         // operation costs the data path, apart from the pipeline's idle gaps and the driver.
         println!("  {:<6} {:>8} {:>12} {:>10} {:>13}", "op", "size", "Mops/s", "GB/s", "lcore ns/op");
-        for op in [Op::Send, Op::Write] {
-            for size in [8usize, 64] {
+        let ops = [Op::Send, Op::Write].into_iter().filter(|o| args.ops.as_ref().is_none_or(|v| v.iter().any(|x| x.eq_ignore_ascii_case(o.name()))));
+        for op in ops {
+            for &size in &plan.rate_sizes {
                 let before = lcore_work(&ctx);
                 let r = h.stream(op, size, 1, args.window, args.signal_every, args.batch, true, plan.dur)?;
                 let ns_per_op = match (before, lcore_work(&ctx)) {
@@ -197,7 +220,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
                     _ => None,
                 };
                 println!("  {:<6} {:>8} {:>12.3} {:>10.4} {:>13}", op.name(), size, r.mops(), r.gbps(), ns_per_op.map_or("-".into(), |x| format!("{x:.0}")));
-                rate.push(json!({"op": op.name(), "size": size, "inline": true, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
+                rate.push(json!({"op": op.name(), "size": size, "inline": size <= h.opts.cap.max_inline_data as usize, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
                     "window": args.window, "batch": args.batch, "signal_every": args.signal_every, "lcore_ns_per_op": ns_per_op}));
             }
         }
