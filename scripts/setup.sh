@@ -7,7 +7,7 @@ set -euo pipefail
 PKGS=(libdpdk-dev dpdk dpdk-dev libclang-dev pkg-config libibverbs-dev ibverbs-utils rdma-core
       perftest tshark qperf iproute2 strace python3
       python3-matplotlib iperf3 ucx-utils libfabric-bin python3-pyverbs rdmacm-utils librdmacm-dev
-      openmpi-bin libopenmpi-dev)
+      openmpi-bin libopenmpi-dev valgrind)
 
 missing=()
 for p in "${PKGS[@]}"; do

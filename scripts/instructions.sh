@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Instructions per operation of the lcore, counted by callgrind: a figure this VM's 2x timing
+# swings cannot move, for comparing two builds of the data path.
+#
+#   ./scripts/instructions.sh [SERVICE_BIN [CLIENT_BIN]] > out.json
+#
+# For each point (8 B WRITE and SEND, inline; 64 KiB WRITE) the service (SERVICE_BIN serve on
+# the embedded loopback, busy idle) runs under callgrind and CLIENT_BIN's native harness drives
+# it: a warm-up, then `bench --settle` holds the harness connected and idle while an empty
+# pass is calibrated, then the measured point. Prints one JSON object per point
+# (scripts/callgrind_ops.py explains the fields). CLIENT_BIN defaults to SERVICE_BIN; another
+# build's service can be driven by this one's client while the shared-memory ABI is the same.
+# Valgrind has no AVX-512: the CRC kernels measured are the PCLMUL ones. ~1 minute per point.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SVC_BIN=${1:-target/release/pmrxe}
+CLI_BIN=${2:-$SVC_BIN}
+command -v valgrind >/dev/null || { echo "instructions: valgrind is not installed (scripts/setup.sh)" >&2; exit 1; }
+WORK=$(mktemp -d /tmp/pmrxe-instr.XXXXXX)
+export PMRXE_SOCKET=$WORK/pmrxe.sock
+VG=
+cleanup() { [ -n "$VG" ] && kill -TERM "$VG" 2>/dev/null && wait "$VG" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+sed 's/^idle = .*/idle = { mode = "busy" }/' configs/loopback.toml >"$WORK/busy.toml"
+
+counters() {
+  "$CLI_BIN" stats --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["lcores"][0]["counters"]; print(c["sq_wqes"], c["busy_iterations"], c["idle_iterations"])'
+}
+lcore_dump() { grep -l 'Lcore<L>::run' "$1"/cg.out.* 2>/dev/null | head -1; }
+
+point() { # name, bench arguments...
+  local name=$1; shift
+  rm -f "$WORK"/cg.out* "$PMRXE_SOCKET"; rm -rf "$WORK/idle"; mkdir -p "$WORK/idle"
+  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$WORK/cg.out" \
+    "$SVC_BIN" serve --config "$WORK/busy.toml" >"$WORK/serve.log" 2>&1 &
+  VG=$!
+  for _ in $(seq 240); do [ -S "$PMRXE_SOCKET" ] && break; sleep 0.5; done
+  [ -S "$PMRXE_SOCKET" ] || { echo "instructions: service did not start" >&2; cat "$WORK/serve.log" >&2; return 1; }
+  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 1 "$@" >/dev/null 2>&1   # warm-up
+  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 3 --settle 8 "$@" >"$WORK/bench.log" 2>&1 &
+  local b=$!
+  sleep 3
+  local c0 c1 c2
+  c0=($(counters)); callgrind_control -z "$VG" >/dev/null 2>&1
+  sleep 3
+  c1=($(counters)); callgrind_control -d "$VG" >/dev/null 2>&1
+  sleep 1
+  mv "$WORK"/cg.out.* "$WORK/idle/"
+  wait $b || { echo "instructions: $name: bench failed" >&2; cat "$WORK/bench.log" >&2; return 1; }
+  c2=($(counters)); callgrind_control -d "$VG" >/dev/null 2>&1
+  sleep 1
+  kill -TERM "$VG" 2>/dev/null; wait "$VG" 2>/dev/null; VG=
+  local m i
+  m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
+  [ -n "$m" ] && [ -n "$i" ] || { echo "instructions: $name: no lcore dump" >&2; return 1; }
+  python3 scripts/callgrind_ops.py "$m" $((c2[0] - c1[0])) "$i" $((c1[2] - c0[2])) $((c2[2] - c1[2])) |
+    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); print(json.dumps(d))"
+}
+
+point "WRITE 8" --only rate --ops write --rate-sizes 8
+point "SEND 8" --only rate --ops send --rate-sizes 8
+point "WRITE 64K" --only bw --sizes 64K
