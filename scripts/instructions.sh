@@ -54,7 +54,7 @@ point() { # name, bench arguments...
   m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
   [ -n "$m" ] && [ -n "$i" ] || { echo "instructions: $name: no lcore dump" >&2; return 1; }
   python3 scripts/callgrind_ops.py "$m" $((c2[0] - c1[0])) "$i" $((c1[2] - c0[2])) $((c2[2] - c1[2])) |
-    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); print(json.dumps(d))"
+    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); d['idle_passes_per_op']=round(($((c2[2] - c1[2])))/max(d['ops'],1),2); print(json.dumps(d))"
 }
 
 point "WRITE 8" --only rate --ops write --rate-sizes 8
