@@ -59,4 +59,4 @@ point() { # name, bench arguments...
 
 point "WRITE 8" --only rate --ops write --rate-sizes 8
 point "SEND 8" --only rate --ops send --rate-sizes 8
-point "WRITE 64K" --only bw --sizes 64K
+point "WRITE 64K" --only bw --ops write --sizes 64K

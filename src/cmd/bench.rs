@@ -38,8 +38,9 @@ pub struct BenchArgs {
     /// Bandwidth message sizes, comma separated, with K/M suffixes (e.g. 4K,64K,1M).
     #[arg(long, value_delimiter = ',')]
     pub sizes: Option<Vec<String>>,
-    /// Operations of the message-rate test, comma separated (default: send,write).
-    #[arg(long, value_delimiter = ',', value_parser = ["send", "write"])]
+    /// Operations of the message-rate and bandwidth tests, comma separated (default: all;
+    /// the message-rate test has no READ).
+    #[arg(long, value_delimiter = ',', value_parser = ["send", "write", "read"])]
     pub ops: Option<Vec<String>>,
     /// Message sizes of the message-rate test, comma separated (default: 8,64; at most 4096;
     /// inline up to 64 B).
@@ -210,8 +211,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         // The lcores' busy time per send WQE over the whole point (warm-up included): what an
         // operation costs the data path, apart from the pipeline's idle gaps and the driver.
         println!("  {:<6} {:>8} {:>12} {:>10} {:>13}", "op", "size", "Mops/s", "GB/s", "lcore ns/op");
-        let ops = [Op::Send, Op::Write].into_iter().filter(|o| args.ops.as_ref().is_none_or(|v| v.iter().any(|x| x.eq_ignore_ascii_case(o.name()))));
-        for op in ops {
+        for op in [Op::Send, Op::Write].into_iter().filter(|&o| wanted(args, o)) {
             for &size in &plan.rate_sizes {
                 let before = lcore_work(&ctx);
                 let r = h.stream(op, size, 1, args.window, args.signal_every, args.batch, true, plan.dur)?;
@@ -230,7 +230,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     if plan.bw {
         println!("\nbandwidth");
         println!("  {:<6} {:>8} {:>10} {:>12} {:>7}", "op", "size", "GB/s", "Mops/s", "window");
-        for op in [Op::Write, Op::Read, Op::Send] {
+        for op in [Op::Write, Op::Read, Op::Send].into_iter().filter(|&o| wanted(args, o)) {
             for &size in &plan.sizes {
                 let window = bw_window(args.window, size);
                 let sig = (window / 4).max(1);
@@ -277,6 +277,11 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     drop(ctx);
     drop(service);
     write_json(args, &out)
+}
+
+/// Whether `--ops` asks for `op` (no `--ops`: every one).
+fn wanted(args: &BenchArgs, op: Op) -> bool {
+    args.ops.as_ref().is_none_or(|v| v.iter().any(|x| x.eq_ignore_ascii_case(op.name())))
 }
 
 fn bw_window(max: u32, size: usize) -> u32 {
