@@ -68,8 +68,12 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         Payload::Bytes(b) => pmrxe_crc::copy_and_crc(0, &mut buf[hlen..hlen + b.len()], b),
         Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], 0)?,
     };
-    buf[hlen + plen..total].fill(0);
-    let body = pmrxe_crc::crc_update(body, &buf[hlen + plen..total]);
+    let body = if pad > 0 {
+        buf[hlen + plen..total].fill(0);
+        pmrxe_crc::crc_update(body, &buf[hlen + plen..total])
+    } else {
+        body
+    };
     let head = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
     Ok(Some((total, Some(pmrxe_crc::crc32_combine(head, body, (total - hlen) as u64)))))
 }

@@ -51,20 +51,17 @@ impl TransportHeaders {
 
     /// The set of extension headers present.
     pub fn ext_set(&self) -> ExtSet {
-        let mut s = ExtSet::NONE;
-        let mut add = |present: bool, h: ExtSet| {
-            if present {
-                s = s.with(h)
-            }
-        };
-        add(self.deth.is_some(), ExtSet::DETH);
-        add(self.reth.is_some(), ExtSet::RETH);
-        add(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH);
-        add(self.aeth.is_some(), ExtSet::AETH);
-        add(self.atomic_ack.is_some(), ExtSet::ATOMIC_ACK);
-        add(self.imm.is_some(), ExtSet::IMMDT);
-        add(self.ieth.is_some(), ExtSet::IETH);
-        s
+        // Branch-free: one OR per header (a call per header cost more than the headers).
+        let bit = |present: bool, h: ExtSet| u8::from(present) * h.0;
+        ExtSet(
+            bit(self.deth.is_some(), ExtSet::DETH)
+                | bit(self.reth.is_some(), ExtSet::RETH)
+                | bit(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH)
+                | bit(self.aeth.is_some(), ExtSet::AETH)
+                | bit(self.atomic_ack.is_some(), ExtSet::ATOMIC_ACK)
+                | bit(self.imm.is_some(), ExtSet::IMMDT)
+                | bit(self.ieth.is_some(), ExtSet::IETH),
+        )
     }
 
     /// BTH + extension headers present (for a consistent value, equals the opcode's
@@ -161,31 +158,31 @@ impl TransportHeaders {
         }
         let e = info.ext;
         // Wire order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH; `at` walks it.
+        // `buf` holds all `len` header bytes (checked above), so each present header's slice
+        // is in bounds; absent ones are `None` without a look at the buffer.
         let mut at = bth::HEADER_LEN;
-        let mut take = |present: bool, n: usize| {
-            let s = &buf[at..at + if present { n } else { 0 }];
-            at += s.len();
+        #[inline(always)]
+        fn take<'b>(buf: &'b [u8], at: &mut usize, n: usize) -> &'b [u8] {
+            let s = &buf[*at..*at + n];
+            *at += n;
             s
-        };
-        let h = take(e.contains(ExtSet::DETH), deth::HEADER_LEN);
-        self.deth = if h.is_empty() { None } else { Some(DethRepr::parse(&deth::Packet::new_unchecked(h))?) };
-        let h = take(e.contains(ExtSet::RETH), reth::HEADER_LEN);
-        self.reth = if h.is_empty() { None } else { Some(RethRepr::parse(&reth::Packet::new_unchecked(h))?) };
-        let h = take(e.contains(ExtSet::ATOMIC_ETH), atomic_eth::HEADER_LEN);
-        self.atomic_eth =
-            if h.is_empty() { None } else { Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(h))?) };
-        let h = take(e.contains(ExtSet::AETH), aeth::HEADER_LEN);
-        self.aeth = if h.is_empty() { None } else { Some(AethRepr::parse(&aeth::Packet::new_unchecked(h))?) };
-        let h = take(e.contains(ExtSet::ATOMIC_ACK), atomic_ack_eth::HEADER_LEN);
-        self.atomic_ack = if h.is_empty() {
-            None
+        }
+        let mut next = |n: usize| take(buf, &mut at, n);
+        self.deth = if e.contains(ExtSet::DETH) { Some(DethRepr::parse(&deth::Packet::new_unchecked(next(deth::HEADER_LEN)))?) } else { None };
+        self.reth = if e.contains(ExtSet::RETH) { Some(RethRepr::parse(&reth::Packet::new_unchecked(next(reth::HEADER_LEN)))?) } else { None };
+        self.atomic_eth = if e.contains(ExtSet::ATOMIC_ETH) {
+            Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(next(atomic_eth::HEADER_LEN)))?)
         } else {
-            Some(AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(h))?)
+            None
         };
-        let h = take(e.contains(ExtSet::IMMDT), immdt::HEADER_LEN);
-        self.imm = if h.is_empty() { None } else { Some(immdt::parse(&immdt::Packet::new_unchecked(h))?) };
-        let h = take(e.contains(ExtSet::IETH), ieth::HEADER_LEN);
-        self.ieth = if h.is_empty() { None } else { Some(ieth::parse(&ieth::Packet::new_unchecked(h))?) };
+        self.aeth = if e.contains(ExtSet::AETH) { Some(AethRepr::parse(&aeth::Packet::new_unchecked(next(aeth::HEADER_LEN)))?) } else { None };
+        self.atomic_ack = if e.contains(ExtSet::ATOMIC_ACK) {
+            Some(AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(next(atomic_ack_eth::HEADER_LEN)))?)
+        } else {
+            None
+        };
+        self.imm = if e.contains(ExtSet::IMMDT) { Some(immdt::parse(&immdt::Packet::new_unchecked(next(immdt::HEADER_LEN)))?) } else { None };
+        self.ieth = if e.contains(ExtSet::IETH) { Some(ieth::parse(&ieth::Packet::new_unchecked(next(ieth::HEADER_LEN)))?) } else { None };
         debug_assert_eq!(at, len);
         Ok(len)
     }
