@@ -26,7 +26,7 @@ sed 's/^idle = .*/idle = { mode = "busy" }/' configs/loopback.toml >"$WORK/busy.
 counters() {
   "$CLI_BIN" stats --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["lcores"][0]["counters"]; print(c["sq_wqes"], c["busy_iterations"], c["idle_iterations"])'
 }
-lcore_dump() { grep -l 'Lcore<L>::run' "$1"/cg.out.* 2>/dev/null | head -1; }
+lcore_dump() { grep -l 'pmrxe_runtime::lcore::' "$1"/cg.out.* 2>/dev/null | head -1; }
 
 point() { # name, bench arguments...
   local name=$1; shift
