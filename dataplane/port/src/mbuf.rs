@@ -110,9 +110,25 @@ impl Mbuf {
 
     /// Grows the data at the tail by `len` bytes and returns the new (uninitialised-content,
     /// but initialised-memory) region; `None` if the tailroom is too small.
+    ///
+    /// A single-segment mbuf (every one the data path builds) is adjusted here, as
+    /// `rte_pktmbuf_append` would: one length check and two stores, not a call into the C
+    /// shim per frame. Chains go to DPDK.
     #[inline]
     pub fn append(&mut self, len: usize) -> Option<&mut [u8]> {
         let l = u16::try_from(len).ok()?;
+        if let Some(m) = self.single_mut() {
+            if usize::from(m.data_off) + usize::from(m.data_len) + len > usize::from(m.buf_len) {
+                return None;
+            }
+            let at = usize::from(m.data_off) + usize::from(m.data_len);
+            m.data_len += l;
+            m.pkt_len += u32::from(l);
+            let base = m.buf_addr.cast::<u8>();
+            // SAFETY: `at + len <= buf_len` was checked: the region lies inside the data room
+            // of an mbuf we own, and &mut self makes the access exclusive.
+            return Some(unsafe { std::slice::from_raw_parts_mut(base.add(at), len) });
+        }
         // SAFETY: we own the mbuf; DPDK checks the tailroom and returns NULL if short.
         let p = unsafe { sys::pmrxe_pktmbuf_append(self.raw.as_ptr(), l) };
         if p.is_null() {
@@ -122,10 +138,24 @@ impl Mbuf {
         Some(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
     }
 
-    /// Grows the data at the head by `len` bytes and returns the new region.
+    /// Grows the data at the head by `len` bytes and returns the new region (single segment:
+    /// adjusted here, as `rte_pktmbuf_prepend` would).
     #[inline]
     pub fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
         let l = u16::try_from(len).ok()?;
+        if let Some(m) = self.single_mut() {
+            if l > m.data_off {
+                return None;
+            }
+            m.data_off -= l;
+            m.data_len += l;
+            m.pkt_len += u32::from(l);
+            let at = usize::from(m.data_off);
+            let base = m.buf_addr.cast::<u8>();
+            // SAFETY: the new head `at` lies inside the data room (it was the headroom), and
+            // the `len` bytes after it were headroom plus nothing else: inside our mbuf.
+            return Some(unsafe { std::slice::from_raw_parts_mut(base.add(at), len) });
+        }
         // SAFETY: we own the mbuf; DPDK checks the headroom and returns NULL if short.
         let p = unsafe { sys::pmrxe_pktmbuf_prepend(self.raw.as_ptr(), l) };
         if p.is_null() {
@@ -139,8 +169,25 @@ impl Mbuf {
     #[inline]
     pub fn trim(&mut self, len: usize) -> bool {
         let Ok(l) = u16::try_from(len) else { return false };
+        if let Some(m) = self.single_mut() {
+            if l > m.data_len {
+                return false;
+            }
+            m.data_len -= l;
+            m.pkt_len -= u32::from(l);
+            return true;
+        }
         // SAFETY: we own the mbuf; DPDK checks the length.
         unsafe { sys::pmrxe_pktmbuf_trim(self.raw.as_ptr(), l) == 0 }
+    }
+
+    /// The mbuf's header for in-place length changes, if it is a single segment (its
+    /// `pkt_len` is its `data_len`).
+    #[inline]
+    fn single_mut(&mut self) -> Option<&mut sys::rte_mbuf> {
+        // SAFETY: we own a valid mbuf; &mut self makes the access exclusive.
+        let m = unsafe { self.raw.as_mut() };
+        (m.nb_segs == 1 && m.next.is_null()).then_some(m)
     }
 
     /// Removes `len` bytes from the head. `false` (and no change) if `len > len()`.

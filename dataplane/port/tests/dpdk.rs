@@ -137,6 +137,18 @@ fn child_ring(cfg: &Config) {
     assert_eq!(m.data(), &[0xab; 96][..]);
     assert!(!m.trim(97));
     assert!(m.append(usize::from(u16::MAX)).is_none());
+    // The single-segment fast paths keep DPDK's bounds: exactly the tailroom fits, one more
+    // byte does not; the headroom likewise; pkt_len follows data_len.
+    let room = m.tailroom();
+    assert_eq!(m.append(room).map(|s| s.len()), Some(room));
+    assert_eq!(m.tailroom(), 0);
+    assert!(m.append(1).is_none());
+    assert!(m.prepend(m.headroom() + 1).is_none());
+    let hr = m.headroom();
+    assert_eq!(m.prepend(hr).map(|s| s.len()), Some(hr));
+    assert_eq!((m.headroom(), m.len(), m.pkt_len()), (0, 96 + room + hr, 96 + room + hr));
+    assert!(m.trim(room + hr));
+    assert_eq!(m.pkt_len(), 96);
     let raw = m.into_raw();
     // SAFETY: `raw` came from into_raw just above and is owned by nobody else.
     let m = unsafe { Mbuf::from_raw(raw) };

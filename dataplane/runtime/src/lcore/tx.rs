@@ -43,84 +43,9 @@ impl<L: Port> Lcore<L> {
                     s.hold_since = None;
                 }
             }
-            let mut budget = BURST;
-            // Stays true unless the QP itself had nothing to send (then it leaves the ready
-            // list until a packet, timer or post re-files it).
-            let mut progressed = true;
-            // Frames of this burst to seal (short packets: ICRC over the finished frame) and
-            // show the capture tap, once the burst is built: (loopback, index, header length).
-            let mut built: ArrayVec<(bool, u16, u8, bool), BURST> = ArrayVec::new();
-            let tap = self.tap.as_ref().is_some_and(|t| t.active());
-            while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
-                budget -= 1;
-                let Some(mut b) = port.alloc() else {
-                    bump(&self.stats.tx_alloc_failures, 1);
-                    break;
-                };
-                let cap = b.capacity();
-                let Some(buf) = b.resize(cap) else { break };
-                // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
-                // prepended into the headroom afterwards, so the payload is written once.
-                let room = cap.saturating_sub(wire::ICRC_LEN);
-                // Read in place: moving the returned value out copied it in wide words right
-                // after poll_transmit wrote it field by field (a store-forwarding stall, a third
-                // of this function's time at 8 B).
-                let sent = qp.poll_transmit(now, &*self.mem, &mut buf[..room]);
-                let Some(t) = &sent else {
-                    port.give_back(b);
-                    progressed = budget + 1 < BURST;
-                    break;
-                };
-                any = true;
-                if buf[0] == wire::cnp::OPCODE.0 {
-                    bump(&self.stats.tx_cnp, 1);
-                }
-                let Some(path) = path_for(&mut s.path, port, &self.neigh, &t.av, t.src_qpn, t.dest_qpn, now) else {
-                    bump(&self.stats.tx_no_neighbor, 1);
-                    unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
-                    continue; // the engine's retransmission recovers once ARP/ND resolves
-                };
-                let local = path.local;
-                let Some(header) = path.header(t.len) else {
-                    bump(&self.stats.tx_build_errors, 1);
-                    continue;
-                };
-                if b.resize(t.len + wire::ICRC_LEN).is_none() {
-                    continue;
-                }
-                if b.prepend(header.header_len()).is_none() {
-                    bump(&self.stats.tx_alloc_failures, 1);
-                    continue;
-                }
-                if header.finish(b.data_mut(), t.tail_crc).is_err() {
-                    bump(&self.stats.tx_build_errors, 1);
-                    continue;
-                }
-                let seal = t.tail_crc.is_none();
-                if seal || tap {
-                    let at = if local { port.lo.len() } else { port.tx.len() };
-                    built.push((local, at as u16, header.header_len() as u8, seal));
-                }
-                if local {
-                    port.lo.push(b);
-                } else {
-                    port.tx.push(b);
-                }
-            }
-            // The short frames' ICRCs, hashed now that the burst's header and payload stores
-            // have settled (hashed right after them, the CRC's first loads waited on store
-            // forwarding: a stall per packet).
-            for &(local, at, hl, seal) in &built {
-                let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
-                if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
-                    bump(&self.stats.tx_build_errors, 1);
-                }
-                if tap {
-                    if let Some(t) = &self.tap {
-                        t.frame(true, Some(qp.qpn()), b.data());
-                    }
-                }
-            }
+            let ctx = BurstCtx { mem: &self.mem, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), now };
+            let (sent, progressed) = send_burst(qp, s, port, &ctx, &mut unresolved);
+            any |= sent;
             self.engine.requeue(slot, progressed);
         }
         // Cut off by a full port: first in line next time, in the order they were waiting.
@@ -250,6 +175,105 @@ impl<L: Port> Lcore<L> {
         }
         any
     }
+}
+
+/// What a QP's transmit burst reads from the lcore besides its QP, slot and port.
+struct BurstCtx<'a> {
+    mem: &'a Reader,
+    neigh: &'a Neighbors,
+    stats: &'a LcoreStats,
+    tap: Option<&'a dyn Tap>,
+    now: Instant,
+}
+
+/// Up to a burst of one ready QP's packets into its port's buffers: transport headers and
+/// payload straight into each buffer, Eth/IP/UDP from the QP's path cache, the ICRC from the
+/// transport's tail CRC or (short frames) over the finished frame once the burst is built.
+/// Returns (any packet built, progressed: false when the QP itself had nothing to send).
+/// Out of line (one call per QP burst): profiles and `scripts/instructions.sh` see the
+/// per-packet work here, apart from the pass that polls.
+#[inline(never)]
+fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx: &BurstCtx<'_>, unresolved: &mut Option<(usize, IpAddr)>) -> (bool, bool) {
+    let mut built_any = false;
+    let mut budget = BURST;
+    // Stays true unless the QP itself had nothing to send (then it leaves the ready
+    // list until a packet, timer or post re-files it).
+    let mut progressed = true;
+    // Frames of this burst to seal (short packets: ICRC over the finished frame) and
+    // show the capture tap, once the burst is built: (loopback, index, header length).
+    let mut built: ArrayVec<(bool, u16, u8, bool), BURST> = ArrayVec::new();
+    let tap = ctx.tap.is_some_and(|t| t.active());
+    while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
+        budget -= 1;
+        let Some(mut b) = port.alloc() else {
+            bump(&ctx.stats.tx_alloc_failures, 1);
+            break;
+        };
+        let cap = b.capacity();
+        let Some(buf) = b.resize(cap) else { break };
+        // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
+        // prepended into the headroom afterwards, so the payload is written once.
+        let room = cap.saturating_sub(wire::ICRC_LEN);
+        // Read in place: moving the returned value out copied it in wide words right
+        // after poll_transmit wrote it field by field (a store-forwarding stall, a third
+        // of this function's time at 8 B).
+        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room]);
+        let Some(t) = &sent else {
+            port.give_back(b);
+            progressed = budget + 1 < BURST;
+            break;
+        };
+        built_any = true;
+        if buf[0] == wire::cnp::OPCODE.0 {
+            bump(&ctx.stats.tx_cnp, 1);
+        }
+        let Some(path) = path_for(&mut s.path, port, ctx.neigh, &t.av, t.src_qpn, t.dest_qpn, ctx.now) else {
+            bump(&ctx.stats.tx_no_neighbor, 1);
+            *unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
+            continue; // the engine's retransmission recovers once ARP/ND resolves
+        };
+        let local = path.local;
+        let Some(header) = path.header(t.len) else {
+            bump(&ctx.stats.tx_build_errors, 1);
+            continue;
+        };
+        if b.resize(t.len + wire::ICRC_LEN).is_none() {
+            continue;
+        }
+        if b.prepend(header.header_len()).is_none() {
+            bump(&ctx.stats.tx_alloc_failures, 1);
+            continue;
+        }
+        if header.finish(b.data_mut(), t.tail_crc).is_err() {
+            bump(&ctx.stats.tx_build_errors, 1);
+            continue;
+        }
+        let seal = t.tail_crc.is_none();
+        if seal || tap {
+            let at = if local { port.lo.len() } else { port.tx.len() };
+            built.push((local, at as u16, header.header_len() as u8, seal));
+        }
+        if local {
+            port.lo.push(b);
+        } else {
+            port.tx.push(b);
+        }
+    }
+    // The short frames' ICRCs, hashed now that the burst's header and payload stores
+    // have settled (hashed right after them, the CRC's first loads waited on store
+    // forwarding: a stall per packet).
+    for &(local, at, hl, seal) in &built {
+        let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
+        if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
+            bump(&ctx.stats.tx_build_errors, 1);
+        }
+        if tap {
+            if let Some(t) = ctx.tap {
+                t.frame(true, Some(qp.qpn()), b.data());
+            }
+        }
+    }
+    (built_any, progressed)
 }
 
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
