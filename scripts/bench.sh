@@ -14,6 +14,8 @@
 # 3. peers doing the same job on loopback: kernel TCP (qperf tcp_bw/tcp_lat, iperf3), UCX over
 #    TCP (ucx_perftest tag_bw/tag_lat), libfabric tcp provider (fi_pingpong);
 # 4. a profile of the service's lcore under ib_write_bw 64 KiB (perf record -e cpu-clock -g);
+# 6. instructions per operation of the lcore under callgrind (scripts/instructions.sh): 8 B
+#    WRITE/SEND, 64 KiB WRITE; exact counts, for comparing builds on a VM whose timings swing 2x;
 # 5. before/after: the native harness of a baseline commit (BENCH_BASELINE, default f3cbeca:
 #    the figures issue 15 started from) built in a worktree under target/bench-baseline, run
 #    interleaved with this commit's (rounds alternate, so both see the same machine): 8 B
@@ -116,6 +118,22 @@ if [ "$BASE" != none ]; then
       done
     done
   fi
+fi
+
+# ---- instructions per operation (callgrind): exact, immune to the machine's timing swings ----------
+# BENCH_INSTR_BASE: another build's pmrxe binary (same shared-memory ABI) to count beside this one,
+# its service driven by this commit's harness (e.g. target/bench-baseline/target/release/pmrxe when
+# BENCH_BASELINE is a recent commit).
+if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+  log "instructions per operation: scripts/instructions.sh (callgrind, ~2 minutes)"
+  ./scripts/instructions.sh "$BIN" >"$OUT/instructions.jsonl" 2>"$OUT/instructions.err" || log "instructions: failed (see $OUT/instructions.err)"
+  if [ -n "${BENCH_INSTR_BASE:-}" ] && [ -x "$BENCH_INSTR_BASE" ]; then
+    log "instructions per operation: baseline service $BENCH_INSTR_BASE"
+    ./scripts/instructions.sh "$BENCH_INSTR_BASE" "$BIN" >"$OUT/instructions-base.jsonl" 2>>"$OUT/instructions.err" || log "instructions: baseline failed"
+    echo "instructions_baseline: $BENCH_INSTR_BASE" >>"$OUT/machine.txt"
+  fi
+else
+  log "valgrind missing: instruction counts skipped"
 fi
 
 # ---- pmrxe: perftest through the shim ------------------------------------------------------------

@@ -586,6 +586,65 @@ else:
     w("on `pmrxe serve` under `pmrxe bench --suite quick --socket ...`.")
 w("")
 
+w("## Instructions per operation (callgrind)")
+w("")
+
+
+def jsonl(name):
+    rows = {}
+    for line in read(name).splitlines():
+        try:
+            d = json.loads(line)
+            rows[d["point"]] = d
+        except (ValueError, KeyError):
+            pass
+    return rows
+
+
+instr, instr_base = jsonl("instructions.jsonl"), jsonl("instructions-base.jsonl")
+if instr:
+    w("`scripts/instructions.sh`: the service runs under `valgrind --tool=callgrind` and the native harness")
+    w("drives it. Instructions are counted, not timed, so the figure is the same from run to run (this VM's")
+    w("timings swing 2× between minutes): it is the measure to compare two builds by. *per op* counts the")
+    w("lcore's instructions in the functions that run only for work (frames, WQEs, ACKs, completions) per")
+    w("send WQE; *loop per op* estimates the polling loop's own share (total less the calibrated cost of")
+    w("its empty passes, which valgrind's slow lcore has many of). Valgrind has no AVX-512: the CRC kernel")
+    w("counted is the PCLMUL one. Cache misses and stalls are not counted. A simulated-cache run of the")
+    w("8 B WRITE point (`--cache-sim=yes --branch-sim=yes`, once, by hand) found per operation, in these")
+    w("functions, ~3150 instructions, ~8 L1 data misses (2.5 of them reading the client's WQE ring slot,")
+    w("written by another core), ~9 L1 instruction misses, 0.3 last-level misses and 1.6 mispredicted")
+    w("branches of 400: the instruction count is what the time per operation is made of.")
+    w("")
+    head = "| point | per op | loop per op (estimate) |" + (" baseline per op | ÷ baseline |" if instr_base else "")
+    w(head)
+    w("|---|---:|---:|" + ("---:|---:|" if instr_base else ""))
+    for name, d in instr.items():
+        row = f"| {name} | {d['per_op']} | {d['loop_per_op']} |"
+        if instr_base:
+            b = instr_base.get(name, {}).get("per_op")
+            row += f" {b if b else '–'} | {ratio(d['per_op'], b) if b else '–'} |"
+        w(row)
+    if instr_base:
+        w("")
+        w(f"Baseline service: `{machine.get('instructions_baseline', '?')}`, driven by this commit's harness.")
+    w("")
+    for name in ("WRITE 8", "WRITE 64K"):
+        d = instr.get(name)
+        if d and d.get("top"):
+            per = " per 4 KiB frame" if name.endswith("64K") else ""
+            div = 16 if name.endswith("64K") else 1
+            w(f"Top functions at {name} (exclusive instructions per operation{per}; inlined code counts in its caller):")
+            w("")
+            w("| instructions | function |")
+            w("|---:|---|")
+            for fn, c in d["top"][:12]:
+                w(f"| {c / div:.0f} | `{fn[:100]}` |")
+            w("")
+else:
+    w("Not measured in this run (valgrind missing, or `scripts/instructions.sh` failed: see")
+    w("`instructions.err` in the results directory).")
+    w("")
+
 # Sections kept from the previous docs/benchmarks.md: figures measured by the integration tests
 # (ecosystem programs, rdma_cm), between the markers; this script does not regenerate them.
 KEPT = ""
@@ -626,6 +685,7 @@ w("taskset -c 0 pmrxe run -- ib_{write,read,send}_bw -d pmrxe1 -F -s SIZE -D 3 1
 w("taskset -c 0 pmrxe run -- ib_write_lat -d pmrxe{0,1} -F -s 8 -n 1000 [127.0.0.1]")
 w("taskset -c 0 pmrxe run -- ib_send_lat -d pmrxe{0,1} -F -s 8 -e -n 20000 [127.0.0.1]")
 w("perf record -e cpu-clock -F 2000 -g -p $(pidof pmrxe serve) -- sleep 6    # during ib_write_bw -s 65536")
+w("./scripts/instructions.sh [SERVICE_BIN [CLIENT_BIN]]   # callgrind: lcore instructions per operation")
 w("qperf & qperf -t 3 -m SIZE 127.0.0.1 tcp_bw; qperf -t 3 -m 8 127.0.0.1 tcp_lat")
 w("iperf3 -s -1 & iperf3 -c 127.0.0.1 -l 64K -t 3 -J")
 w("UCX_TLS=tcp,self UCX_NET_DEVICES=lo ucx_perftest -p 13338 & ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s SIZE -n 5000")
