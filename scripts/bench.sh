@@ -122,15 +122,15 @@ fi
 
 # ---- instructions per operation (callgrind): exact, immune to the machine's timing swings ----------
 # BENCH_INSTR_BASE: another build's pmrxe binary (same shared-memory ABI) to count beside this one,
-# its service driven by this commit's harness (e.g. target/bench-baseline/target/release/pmrxe when
-# BENCH_BASELINE is a recent commit).
+# described in the report by BENCH_INSTR_BASE_LABEL; its service is driven by this commit's harness
+# (e.g. a build of the previous stop, with the same out-of-line functions so both count alike).
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   log "instructions per operation: scripts/instructions.sh (callgrind, ~2 minutes)"
   ./scripts/instructions.sh "$BIN" >"$OUT/instructions.jsonl" 2>"$OUT/instructions.err" || log "instructions: failed (see $OUT/instructions.err)"
   if [ -n "${BENCH_INSTR_BASE:-}" ] && [ -x "$BENCH_INSTR_BASE" ]; then
     log "instructions per operation: baseline service $BENCH_INSTR_BASE"
     ./scripts/instructions.sh "$BENCH_INSTR_BASE" "$BIN" >"$OUT/instructions-base.jsonl" 2>>"$OUT/instructions.err" || log "instructions: baseline failed"
-    echo "instructions_baseline: $BENCH_INSTR_BASE" >>"$OUT/machine.txt"
+    echo "instructions_baseline: ${BENCH_INSTR_BASE_LABEL:-$BENCH_INSTR_BASE}" >>"$OUT/machine.txt"
   fi
 else
   log "valgrind missing: instruction counts skipped"
