@@ -83,7 +83,10 @@ impl<L: Port> Lcore<L> {
         // its payload is placed), or made here for frames the lcore itself consumes.
         // The packet is parsed in place: its headers are written once, where the engine reads
         // them.
-        let mut pkt = RxPacket::new(wire::TransportHeaders::BLANK, &[]);
+        // Built from its parts, not copied from `TransportHeaders::BLANK`: LLVM copies a
+        // 136-byte constant with a memcpy call, a literal's `None` tags with a few stores.
+        let blank = wire::TransportHeaders::new(wire::BthRepr::new(wire::Opcode(0), wire::Qpn::new(0), wire::Psn::new(0)));
+        let mut pkt = RxPacket::new(blank, &[]);
         let mut f = wire::RxFrame::BLANK;
         match wire::parse_frame_into(data, &mut pkt.hdr, &mut f) {
             Ok(()) => {
