@@ -611,33 +611,43 @@ impl Drop for EthPort {
 }
 
 impl PacketBuf for Mbuf {
+    #[inline]
     fn data(&self) -> &[u8] {
         Mbuf::data(self)
     }
+    #[inline]
     fn data_mut(&mut self) -> &mut [u8] {
         Mbuf::data_mut(self)
     }
+    #[inline]
     fn len(&self) -> usize {
         Mbuf::len(self)
     }
+    #[inline]
     fn tailroom(&self) -> usize {
         Mbuf::tailroom(self)
     }
+    #[inline]
     fn headroom(&self) -> usize {
         Mbuf::headroom(self)
     }
+    #[inline]
     fn append(&mut self, len: usize) -> Option<&mut [u8]> {
         Mbuf::append(self, len)
     }
+    #[inline]
     fn prepend(&mut self, len: usize) -> Option<&mut [u8]> {
         Mbuf::prepend(self, len)
     }
+    #[inline]
     fn trim(&mut self, len: usize) -> bool {
         Mbuf::trim(self, len)
     }
+    #[inline]
     fn adj(&mut self, len: usize) -> bool {
         Mbuf::adj(self, len)
     }
+    #[inline]
     fn free_all<const N: usize>(bufs: &mut ArrayVec<Mbuf, N>) {
         let n = bufs.len();
         if n == 0 {

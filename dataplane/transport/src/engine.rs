@@ -249,6 +249,7 @@ impl<X> Engine<X> {
         self.entries[s].as_deref_mut().map(|e| &mut e.qp)
     }
     /// A QP's attachment.
+    #[inline]
     pub fn ext(&self, qpn: u32) -> Option<&X> {
         self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.ext)
     }

@@ -238,6 +238,7 @@ impl Qp {
     }
 
     /// Write the pending CNP (BTH 0x81 + 16 reserved bytes) for the peer QP.
+    #[inline]
     fn poll_cnp(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         if !self.cnp_pending {
             return None;
@@ -596,9 +597,11 @@ impl Qp {
     pub(crate) fn sq_end(&self) -> u64 {
         self.sq_head + self.sq.len() as u64
     }
+    #[inline]
     pub(crate) fn entry(&self, idx: u64) -> &SqEntry {
         &self.sq[(idx - self.sq_head) as usize]
     }
+    #[inline]
     pub(crate) fn entry_mut(&mut self, idx: u64) -> &mut SqEntry {
         let h = self.sq_head;
         &mut self.sq[(idx - h) as usize]

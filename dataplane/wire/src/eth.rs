@@ -25,6 +25,7 @@ impl MacAddr {
         self.0[0] & 1 != 0
     }
     /// From a 6-byte slice (panics if shorter).
+    #[inline]
     pub fn from_bytes(b: &[u8]) -> MacAddr {
         let mut m = [0; 6];
         m.copy_from_slice(&b[..6]);

@@ -170,6 +170,7 @@ struct Layout {
 }
 
 /// Skip Ethernet and up to two VLAN tags; returns (EtherType, offset of L3).
+#[inline]
 fn l2(frame: &[u8]) -> Result<(EtherType, usize)> {
     let e = eth::Packet::new_checked(frame)?;
     let mut et = e.ethertype();

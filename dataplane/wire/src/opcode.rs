@@ -189,6 +189,7 @@ pub struct OpInfo {
 
 impl OpInfo {
     /// BTH + extension headers.
+    #[inline]
     pub const fn header_len(&self) -> usize {
         crate::bth::HEADER_LEN + self.ext.wire_len()
     }
