@@ -46,11 +46,13 @@ pub trait PacketBuf: Send {
     /// Removes `len` bytes from the head (`false`: too short, no change).
     fn adj(&mut self, len: usize) -> bool;
     /// Largest frame the buffer can hold from its current start (length + tailroom).
+    #[inline]
     fn capacity(&self) -> usize {
         self.len() + self.tailroom()
     }
     /// Make the data exactly `len` bytes long (growing into the tailroom or trimming the tail)
     /// and return it for writing; `None` (no change) if the buffer cannot hold `len`.
+    #[inline]
     fn resize(&mut self, len: usize) -> Option<&mut [u8]> {
         let cur = self.len();
         if len > cur {

@@ -483,7 +483,11 @@ impl Qp {
         let npsn = match op {
             _ if op.is_local() => 0,
             SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => 1,
-            _ => (len.div_ceil(u64::from(self.mtu())) as u32).max(1),
+            // The path MTU is a power of two (128 << n): a shift, not a 64-bit division per WQE.
+            _ => {
+                let shift = self.mtu().trailing_zeros();
+                (((len + (1u64 << shift) - 1) >> shift) as u32).max(1)
+            }
         };
         let idx = self.sq_end();
         self.sq_side.store(idx, wqe, inline);

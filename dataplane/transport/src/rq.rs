@@ -20,6 +20,16 @@ pub(crate) struct RecvQueue {
     current: bool,
 }
 
+/// `i % n` for `i < 2n` (a ring index one lap ahead at most).
+#[inline]
+fn wrap(i: usize, n: usize) -> usize {
+    if i >= n {
+        i - n
+    } else {
+        i
+    }
+}
+
 impl RecvQueue {
     /// A queue for `cap` WQEs (at least one slot is allocated).
     pub(crate) fn with_capacity(cap: usize) -> RecvQueue {
@@ -37,7 +47,8 @@ impl RecvQueue {
             return false;
         }
         let n = w.num_sge.min(MAX_SGE);
-        let i = (self.head + self.len) % self.slots.len();
+        // head < slots and len < slots here: one conditional subtraction, not a division.
+        let i = wrap(self.head + self.len, self.slots.len());
         let s = &mut self.slots[i];
         s.wr_id = w.wr_id;
         s.num_sge = n;
@@ -86,7 +97,7 @@ impl RecvQueue {
         }
         let id = self.slots[self.head].wr_id;
         self.current = false;
-        self.head = (self.head + 1) % self.slots.len();
+        self.head = wrap(self.head + 1, self.slots.len());
         self.len -= 1;
         Some(id)
     }
@@ -132,5 +143,22 @@ mod tests {
         assert_eq!((c.wr_id, c.sg_list().len(), c.capacity()), (3, 1, 10));
         assert_eq!(q.pop(), Some(3));
         assert_eq!((q.len(), q.has_next(), q.current().is_none()), (0, false, true));
+    }
+
+    /// Many laps of a ring whose capacity is not a power of two: FIFO order throughout.
+    #[test]
+    fn fifo_over_many_laps() {
+        let mut q = RecvQueue::with_capacity(3);
+        let (mut next_in, mut next_out) = (0u64, 0u64);
+        for round in 0..50u64 {
+            while q.push(&wqe(next_in, 1)) {
+                next_in += 1;
+            }
+            assert_eq!(q.len(), 3);
+            for _ in 0..1 + round % 3 {
+                assert_eq!(q.pop(), Some(next_out));
+                next_out += 1;
+            }
+        }
     }
 }

@@ -58,13 +58,15 @@ impl SqEntry {
     }
 }
 
-/// The SQ's side arrays: per slot (absolute WQE index modulo the SQ depth) the gather list,
+/// The SQ's side arrays: per slot (absolute WQE index modulo the slot count, the SQ depth
+/// rounded up to a power of two) the gather list,
 /// the inline bytes and, on UD, the destination. Sized once from the QP's capabilities; a
 /// slot is written by `post_send` and read until the WQE retires (the SQ never holds more
 /// than `max_send_wr` WQEs, so a live slot is never reused).
 #[derive(Debug)]
 pub(crate) struct SqSide {
-    depth: u64,
+    /// Slots − 1 (the slot count is a power of two).
+    mask: u64,
     sge_stride: usize,
     inline_stride: usize,
     sges: Box<[Sge]>,
@@ -74,11 +76,13 @@ pub(crate) struct SqSide {
 
 impl SqSide {
     pub(crate) fn new(caps: &QpCaps, qp_type: QpType) -> SqSide {
-        let depth = caps.max_send_wr.max(1) as usize;
+        // A power of two of slots (at least the queue's depth): WQE `idx` is in slot
+        // `idx & mask`, a mask where `idx % depth` was a 64-bit division, two or three per WQE.
+        let depth = (caps.max_send_wr.max(1) as usize).next_power_of_two();
         let sge_stride = caps.max_send_sge as usize;
         let inline_stride = caps.max_inline_data as usize;
         SqSide {
-            depth: depth as u64,
+            mask: depth as u64 - 1,
             sge_stride,
             inline_stride,
             sges: vec![Sge::default(); depth * sge_stride].into_boxed_slice(),
@@ -86,8 +90,9 @@ impl SqSide {
             ud: vec![None; if qp_type == QpType::Ud { depth } else { 0 }].into_boxed_slice(),
         }
     }
+    #[inline]
     fn slot(&self, idx: u64) -> usize {
-        (idx % self.depth) as usize
+        (idx & self.mask) as usize
     }
     /// Gather list of WQE `idx` (`n` entries, as its `SqEntry::num_sge` says).
     pub(crate) fn sges(&self, idx: u64, n: u8) -> &[Sge] {
@@ -115,6 +120,32 @@ impl SqSide {
         }
         if let Some(u) = self.ud.get_mut(s) {
             *u = w.ud;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wqe::{SendOp, SendWqe};
+
+    /// A depth that is not a power of two gets the next one of slots: every window of `depth`
+    /// consecutive WQE indices maps to distinct slots, so a live WQE's inline bytes and gather
+    /// list survive the posts after it, across many laps of the ring.
+    #[test]
+    fn slots_of_a_window_never_collide() {
+        for depth in [1u32, 3, 5, 7, 100, 128] {
+            let caps = QpCaps { max_send_wr: depth, max_send_sge: 2, max_inline_data: 8, ..Default::default() };
+            let mut side = SqSide::new(&caps, QpType::Rc);
+            for idx in 0..20 * u64::from(depth) + 7 {
+                let mut w = SendWqe::new(idx, SendOp::Send);
+                w.inline_len = 8;
+                w.inline[..8].copy_from_slice(&idx.to_le_bytes());
+                side.store(idx, &w, true);
+                // The oldest WQE still in a full queue is intact.
+                let oldest = idx.saturating_sub(u64::from(depth) - 1);
+                assert_eq!(side.inline(oldest, 8), &oldest.to_le_bytes(), "depth {depth} idx {idx}");
+            }
         }
     }
 }
