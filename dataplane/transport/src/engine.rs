@@ -181,6 +181,7 @@ impl<X> Engine<X> {
         self.live == 0
     }
 
+    #[inline]
     fn slot_of(&self, qpn: u32) -> Option<usize> {
         let s = self.layout.slot(qpn);
         match &self.entries[s] {
