@@ -152,8 +152,9 @@ impl Mbuf {
             m.pkt_len += u32::from(l);
             let at = usize::from(m.data_off);
             let base = m.buf_addr.cast::<u8>();
-            // SAFETY: the new head `at` lies inside the data room (it was the headroom), and
-            // the `len` bytes after it were headroom plus nothing else: inside our mbuf.
+            // SAFETY: `len <= data_off` was checked: the region [at, at + len) is the end of
+            // the old headroom, inside the buffer of an mbuf we own; &mut self makes the access
+            // exclusive.
             return Some(unsafe { std::slice::from_raw_parts_mut(base.add(at), len) });
         }
         // SAFETY: we own the mbuf; DPDK checks the headroom and returns NULL if short.
