@@ -26,7 +26,12 @@ sed 's/^idle = .*/idle = { mode = "busy" }/' configs/loopback.toml >"$WORK/busy.
 counters() {
   "$CLI_BIN" stats --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["lcores"][0]["counters"]; print(c["sq_wqes"], c["busy_iterations"], c["idle_iterations"])'
 }
-lcore_dump() { grep -l 'pmrxe_runtime::lcore::' "$1"/cg.out.* 2>/dev/null | head -1; }
+lcore_dump() { grep -l 'pmrxe_runtime::lcore::' "$1"/cg.out.* 2>/dev/null | head -1 | grep .; }
+wait_for() { # what, seconds, command...: poll the command until it succeeds or time runs out
+  local what=$1 t=$2; shift 2
+  for _ in $(seq $((t * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "instructions: timed out waiting for $what" >&2; return 1
+}
 
 point() { # name, bench arguments...
   local name=$1; shift
@@ -34,21 +39,20 @@ point() { # name, bench arguments...
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$WORK/cg.out" \
     "$SVC_BIN" serve --config "$WORK/busy.toml" >"$WORK/serve.log" 2>&1 &
   VG=$!
-  for _ in $(seq 240); do [ -S "$PMRXE_SOCKET" ] && break; sleep 0.5; done
-  [ -S "$PMRXE_SOCKET" ] || { echo "instructions: service did not start" >&2; cat "$WORK/serve.log" >&2; return 1; }
+  wait_for "the service's socket" 120 test -S "$PMRXE_SOCKET" || { cat "$WORK/serve.log" >&2; return 1; }
   "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 1 "$@" >/dev/null 2>&1   # warm-up
-  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 3 --settle 8 "$@" >"$WORK/bench.log" 2>&1 &
+  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 3 --settle 5 "$@" >"$WORK/bench.log" 2>&1 &
   local b=$!
-  sleep 3
+  wait_for "the harness to settle" 120 grep -q '^settling' "$WORK/bench.log" || return 1
   local c0 c1 c2
   c0=($(counters)); callgrind_control -z "$VG" >/dev/null 2>&1
-  sleep 3
+  sleep 3   # the calibration window: empty passes with the harness connected
   c1=($(counters)); callgrind_control -d "$VG" >/dev/null 2>&1
-  sleep 1
+  wait_for "the idle dump" 60 lcore_dump "$WORK" || return 1
   mv "$WORK"/cg.out.* "$WORK/idle/"
   wait $b || { echo "instructions: $name: bench failed" >&2; cat "$WORK/bench.log" >&2; return 1; }
   c2=($(counters)); callgrind_control -d "$VG" >/dev/null 2>&1
-  sleep 1
+  wait_for "the measured dump" 60 lcore_dump "$WORK" || return 1
   kill -TERM "$VG" 2>/dev/null; wait "$VG" 2>/dev/null; VG=
   local m i
   m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
