@@ -95,7 +95,7 @@ impl Reader {
     /// [`MemTable::lookup`] without a counted reference: the returned [`MrRef`] is protected
     /// by this reader's next quiescent point. Brings an offline reader online first (one RMW
     /// on the reader's own slot).
-    #[inline]
+    #[inline(always)]
     pub fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError> {
         if self.last.get() == 0 {
             self.go_online();
@@ -156,7 +156,9 @@ impl MemAccess for Reader {
     fn table(&self) -> &MemTable {
         &self.table
     }
-    #[inline]
+    // Always inlined: the data path's lookups (one per gathered SGE and per placed payload)
+    // then keep the window in registers instead of returning a 64-byte `MrRef` through memory.
+    #[inline(always)]
     fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError> {
         Reader::lookup(self, key, pd, qpn, iova, len, need)
     }

@@ -42,7 +42,7 @@ impl MemTable {
     /// [`lookup`](Self::lookup) for an online epoch reader whose live-reference count is
     /// `live`: the slot word is only loaded (Acquire: pairs with the Release RMW that made it
     /// VALID); the reader's next quiescent point is what invalidation waits for.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn lookup_epoch<'a>(
         &'a self,
