@@ -54,6 +54,15 @@ pub fn gather_crc<M: MemAccess + ?Sized>(
     dst: &mut [u8],
     crc: u32,
 ) -> Result<u32, MemError> {
+    if let ([s], false) = (sges, dst.is_empty()) {
+        // One SGE, the common case: no walk over the list (same checks, same result).
+        let n = dst.len() as u64;
+        if offset.checked_add(n).is_none_or(|e| e > u64::from(s.len)) {
+            return Err(MemError::OutOfRange);
+        }
+        let addr = s.addr.checked_add(offset).ok_or(MemError::Overflow)?;
+        return table.lookup(s.lkey, pd, qpn, addr, n, Access::EMPTY)?.copy_out_crc(addr, dst, crc);
+    }
     let mut c = crc;
     walk(sges, offset, dst.len(), |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::EMPTY)?;

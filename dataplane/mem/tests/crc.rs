@@ -91,6 +91,27 @@ proptest! {
         prop_assert_eq!(gather_crc(&f.t, PD, QPN, &sges, off, &mut fused, init).unwrap(), reference(init, &data));
         prop_assert_eq!(&fused, &data);
     }
+
+    #[test]
+    fn one_sge_gather_crc_agrees_with_the_list_walk(off in 0u64..6000, len in 0usize..6000, init: u32, seed: u8) {
+        // `gather_crc` takes a shortcut for a single SGE: same bytes, CRC and range checks as
+        // the plain gather's walk over the list, in range or not.
+        let f = fixture();
+        let sge = [Sge { addr: 0x10000 + 100, len: 5000, lkey: f.user }];
+        let fill = pattern(5000, seed);
+        scatter_crc(&f.t, PD, QPN, &sge, 0, &fill, 0).unwrap();
+        let mut plain = vec![0u8; len];
+        let want = gather(&f.t, PD, QPN, &sge, off, &mut plain);
+        let mut fused = vec![0u8; len];
+        let got = gather_crc(&f.t, PD, QPN, &sge, off, &mut fused, init);
+        prop_assert_eq!(got.is_ok(), want.is_ok(), "offset {} length {}", off, len);
+        if want.is_ok() {
+            prop_assert_eq!(got.unwrap(), reference(init, &plain));
+            prop_assert_eq!(&fused, &plain);
+        } else {
+            prop_assert_eq!(got, Err(MemError::OutOfRange));
+        }
+    }
 }
 
 #[test]
