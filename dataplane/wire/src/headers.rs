@@ -91,8 +91,10 @@ impl TransportHeaders {
         if buf.len() < len {
             return Err(Error::Truncated);
         }
-        let (b, mut rest) = buf[..len].split_at_mut(bth::HEADER_LEN);
-        self.bth.emit(&mut bth::Packet::new_unchecked(b));
+        let Some((b, mut rest)) = buf[..len].split_first_chunk_mut::<{ bth::HEADER_LEN }>() else {
+            return Err(Error::Truncated); // unreachable: every opcode's headers hold a BTH
+        };
+        self.bth.emit_bytes(b);
         // Wire order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
         if let Some(d) = &self.deth {
             let (h, r) = rest.split_at_mut(deth::HEADER_LEN);
