@@ -185,13 +185,15 @@ pub struct OpInfo {
     pub imm: bool,
     /// Carries an IETH (SEND with invalidate).
     pub inv: bool,
+    /// BTH + extension headers, precomputed from `ext` (every packet parsed or built asks).
+    hlen: u8,
 }
 
 impl OpInfo {
     /// BTH + extension headers.
     #[inline]
     pub const fn header_len(&self) -> usize {
-        crate::bth::HEADER_LEN + self.ext.wire_len()
+        self.hlen as usize
     }
     /// May carry payload (SEND, WRITE, READ response).
     pub const fn has_payload(&self) -> bool {
@@ -261,6 +263,7 @@ macro_rules! opcodes {
                     ext: ExtSet(0 $(| ExtSet::$ext.0)*),
                     imm: $imm,
                     inv: $inv,
+                    hlen: (crate::bth::HEADER_LEN + ExtSet(0 $(| ExtSet::$ext.0)*).wire_len()) as u8,
                 });
             )*
             t
@@ -464,6 +467,12 @@ mod test {
         ];
         for (op, n) in want {
             assert_eq!(op.header_len(), Some(*n), "{op:?}");
+        }
+        // The precomputed length of every row is its extension set's.
+        for v in 0..=255u8 {
+            if let Some(i) = Opcode(v).info() {
+                assert_eq!(i.header_len(), crate::bth::HEADER_LEN + i.ext.wire_len(), "{}", i.name);
+            }
         }
         let e = ExtSet::RETH.with(ExtSet::IMMDT);
         assert_eq!(e.offset_of(ExtSet::IMMDT), Some(16));
