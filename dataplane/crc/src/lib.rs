@@ -191,6 +191,23 @@ impl Kernel {
 /// Fold `data` into `crc` with the best kernel.
 #[inline]
 pub fn crc_update(crc: u32, data: &[u8]) -> u32 {
+    // The detected kernel's entry point straight from the one load (a tail call: short
+    // updates, the frames' headers, paid a stack frame here for the detection path).
+    #[cfg(target_arch = "x86_64")]
+    match BEST.load(Ordering::Relaxed) {
+        // SAFETY: BEST holds 3 only after `avx512()` detected its features; `data` is readable
+        // for its length and, without COPY, the destination is never accessed.
+        3 => return unsafe { x86::avx512::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
+        // SAFETY: as above, with `pclmul()`.
+        2 => return unsafe { x86::pclmul::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
+        _ => {}
+    }
+    crc_update_detect(crc, data)
+}
+
+/// [`crc_update`] through [`Kernel::best`] (first call, or the portable kernel).
+#[inline(never)]
+fn crc_update_detect(crc: u32, data: &[u8]) -> u32 {
     Kernel::best().crc_update(crc, data)
 }
 
