@@ -9,7 +9,7 @@ use pmrxe_crc::Kernel;
 
 use crate::access::{Access, PdHandle};
 use crate::reader::MemAccess;
-use crate::sge::{walk, Sge};
+use crate::sge::{single, walk, Sge};
 use crate::table::MrRef;
 use crate::MemError;
 
@@ -54,14 +54,8 @@ pub fn gather_crc<M: MemAccess + ?Sized>(
     dst: &mut [u8],
     crc: u32,
 ) -> Result<u32, MemError> {
-    if let ([s], false) = (sges, dst.is_empty()) {
-        // One SGE, the common case: no walk over the list (same checks, same result).
-        let n = dst.len() as u64;
-        if offset.checked_add(n).is_none_or(|e| e > u64::from(s.len)) {
-            return Err(MemError::OutOfRange);
-        }
-        let addr = s.addr.checked_add(offset).ok_or(MemError::Overflow)?;
-        return table.lookup(s.lkey, pd, qpn, addr, n, Access::EMPTY)?.copy_out_crc(addr, dst, crc);
+    if let Some((s, addr)) = single(sges, offset, dst.len()) {
+        return table.lookup(s.lkey, pd, qpn, addr, dst.len() as u64, Access::EMPTY)?.copy_out_crc(addr, dst, crc);
     }
     let mut c = crc;
     walk(sges, offset, dst.len(), |s, addr, done, n| {
@@ -82,6 +76,9 @@ pub fn scatter_crc<M: MemAccess + ?Sized>(
     src: &[u8],
     crc: u32,
 ) -> Result<u32, MemError> {
+    if let Some((s, addr)) = single(sges, offset, src.len()) {
+        return table.lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?.copy_in_crc(addr, src, crc);
+    }
     let mut c = crc;
     walk(sges, offset, src.len(), |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::LOCAL_WRITE)?;

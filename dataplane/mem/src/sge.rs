@@ -51,6 +51,19 @@ pub(crate) fn walk(
     Ok(())
 }
 
+/// The common case without the walk over the list: `sges` is one SGE holding all of message
+/// bytes `[offset, offset + n)`, `n > 0`. Returns that SGE and the address of the first byte;
+/// `None` for anything else (longer lists, empty copies, ranges past the SGE: the walk handles
+/// them, errors included, so results and error precedence stay the walk's).
+#[inline]
+pub(crate) fn single(sges: &[Sge], offset: u64, n: usize) -> Option<(&Sge, u64)> {
+    let ([s], false) = (sges, n == 0) else { return None };
+    if offset.checked_add(n as u64)? > u64::from(s.len) {
+        return None;
+    }
+    Some((s, s.addr.checked_add(offset)?))
+}
+
 /// Copy message bytes `[offset, offset + dst.len())` of the SGE list into `dst`
 /// (local read: no access bit needed).
 pub fn gather<M: MemAccess + ?Sized>(
@@ -62,6 +75,9 @@ pub fn gather<M: MemAccess + ?Sized>(
     dst: &mut [u8],
 ) -> Result<(), MemError> {
     let total = dst.len();
+    if let Some((s, addr)) = single(sges, offset, total) {
+        return table.lookup(s.lkey, pd, qpn, addr, total as u64, Access::EMPTY)?.copy_out(addr, dst);
+    }
     walk(sges, offset, total, |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::EMPTY)?;
         r.copy_out(addr, &mut dst[done..done + n])
@@ -78,6 +94,9 @@ pub fn scatter<M: MemAccess + ?Sized>(
     offset: u64,
     src: &[u8],
 ) -> Result<(), MemError> {
+    if let Some((s, addr)) = single(sges, offset, src.len()) {
+        return table.lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?.copy_in(addr, src);
+    }
     walk(sges, offset, src.len(), |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::LOCAL_WRITE)?;
         r.copy_in(addr, &src[done..done + n])

@@ -93,23 +93,51 @@ proptest! {
     }
 
     #[test]
-    fn one_sge_gather_crc_agrees_with_the_list_walk(off in 0u64..6000, len in 0usize..6000, init: u32, seed: u8) {
-        // `gather_crc` takes a shortcut for a single SGE: same bytes, CRC and range checks as
-        // the plain gather's walk over the list, in range or not.
+    fn one_sge_copies_agree_with_the_list_walk(off in 0u64..6000, len in 0usize..6000, init: u32, seed: u8, bad_key: bool, paged: bool) {
+        // A single SGE takes a shortcut past the walk over the list in gather, scatter and
+        // their CRC forms. The same SGE followed by an empty one takes the walk: bytes moved,
+        // CRCs and errors (their kind and precedence: a bad key, a range past the SGE) must
+        // be equal, in range or not, through a contiguous and a page-scrambled MR.
+        let lists = |f: &Fixture| {
+            let (addr, key) = if paged { (f.paged_iova + 100, f.paged) } else { (0x10000 + 100, f.user) };
+            let lkey = if bad_key { key.inc() } else { key };
+            let s = Sge { addr, len: 5000, lkey };
+            (vec![s], vec![s, Sge { addr, len: 0, lkey }], Sge { addr, len: 5000, lkey: key })
+        };
+        let data = pattern(len, seed);
+        // Scatter: each form into its own fixture, then the 5000 bytes read back.
+        let mut after = Vec::new();
+        for (crc_form, walked) in [(false, false), (false, true), (true, false), (true, true)] {
+            let f = fixture();
+            let (one, two, whole) = lists(&f);
+            let sges = if walked { two } else { one };
+            let r = if crc_form {
+                scatter_crc(&f.t, PD, QPN, &sges, off, &data, init).map(Some)
+            } else {
+                scatter(&f.t, PD, QPN, &sges, off, &data).map(|()| None)
+            };
+            let mut mem = vec![0u8; 5000];
+            gather(&f.t, PD, QPN, &[whole], 0, &mut mem).unwrap();
+            after.push((r, mem));
+        }
+        prop_assert_eq!(&after[0], &after[1], "scatter");
+        prop_assert_eq!(&after[2], &after[3], "scatter_crc");
+        if let Ok(Some(c)) = after[2].0 {
+            prop_assert_eq!(c, reference(init, &data));
+        }
+        // Gather: from one filled fixture.
         let f = fixture();
-        let sge = [Sge { addr: 0x10000 + 100, len: 5000, lkey: f.user }];
-        let fill = pattern(5000, seed);
-        scatter_crc(&f.t, PD, QPN, &sge, 0, &fill, 0).unwrap();
-        let mut plain = vec![0u8; len];
-        let want = gather(&f.t, PD, QPN, &sge, off, &mut plain);
-        let mut fused = vec![0u8; len];
-        let got = gather_crc(&f.t, PD, QPN, &sge, off, &mut fused, init);
-        prop_assert_eq!(got.is_ok(), want.is_ok(), "offset {} length {}", off, len);
-        if want.is_ok() {
-            prop_assert_eq!(got.unwrap(), reference(init, &plain));
-            prop_assert_eq!(&fused, &plain);
-        } else {
-            prop_assert_eq!(got, Err(MemError::OutOfRange));
+        let (one, two, whole) = lists(&f);
+        scatter(&f.t, PD, QPN, &[whole], 0, &pattern(5000, seed ^ 0x5A)).unwrap();
+        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        prop_assert_eq!(gather(&f.t, PD, QPN, &one, off, &mut a), gather(&f.t, PD, QPN, &two, off, &mut b), "gather");
+        prop_assert_eq!(&a, &b);
+        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        let ra = gather_crc(&f.t, PD, QPN, &one, off, &mut a, init);
+        prop_assert_eq!(ra, gather_crc(&f.t, PD, QPN, &two, off, &mut b, init), "gather_crc");
+        prop_assert_eq!(&a, &b);
+        if let Ok(c) = ra {
+            prop_assert_eq!(c, reference(init, &a));
         }
     }
 }
