@@ -255,15 +255,16 @@ macro_rules! opcodes {
         const fn build_table() -> [Option<OpInfo>; 256] {
             let mut t: [Option<OpInfo>; 256] = [None; 256];
             $(
+                let ext = ExtSet(0 $(| ExtSet::$ext.0)*);
                 t[$v as usize] = Some(OpInfo {
                     name: stringify!($c),
                     qp: QpType::$qp,
                     kind: OpKind::$kind,
                     pos: MsgPos::$pos,
-                    ext: ExtSet(0 $(| ExtSet::$ext.0)*),
+                    ext,
                     imm: $imm,
                     inv: $inv,
-                    hlen: (crate::bth::HEADER_LEN + ExtSet(0 $(| ExtSet::$ext.0)*).wire_len()) as u8,
+                    hlen: (crate::bth::HEADER_LEN + ext.wire_len()) as u8,
                 });
             )*
             t
