@@ -567,9 +567,15 @@ impl<L: Port> Lcore<L> {
     }
 
     /// One loop iteration; returns whether it did any work.
+    ///
+    /// Receive comes before commands: a command may be caused by a completion an earlier pass
+    /// made visible (a program saw its last receive, exited, and its peer's QP is moved to
+    /// ERR), and every frame this lcore sent to itself before that completion (the ACK of
+    /// that receive) must act first, as it would on a wire that delivers in order. Commands
+    /// first let the ERR overtake the ACK and flush a SEND that had been acknowledged.
     pub fn poll_once(&mut self, now: Instant) -> bool {
-        let mut work = self.commands();
-        work |= self.receive(now);
+        let mut work = self.receive(now);
+        work |= self.commands();
         work |= self.doorbells(now);
         work |= self.timers(now);
         work |= self.gsi_transmit(now);
