@@ -137,6 +137,19 @@ impl Kernel {
         unsafe { self.run::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) }
     }
 
+    /// [`crc_update_masked`] with this kernel (the AVX-512 one masks with its PCLMUL part:
+    /// masked inputs are headers, shorter than where its wide lanes pay off).
+    pub fn crc_update_masked(self, crc: u32, data: &[u8], mask: &Mask) -> u32 {
+        match self.0 {
+            // SAFETY: `data` is readable for its length.
+            Kind::Portable => unsafe { portable::masked(crc, data.as_ptr(), data.len(), mask) },
+            // SAFETY: a `Kernel(Pclmul)` or `Kernel(Avx512)` exists only if `pclmul()` detected
+            // the features; `data` is readable for its length.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Pclmul | Kind::Avx512 => unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) },
+        }
+    }
+
     /// Copy `src` into `dst` while folding the bytes into `crc`; returns the new CRC.
     ///
     /// # Panics
@@ -186,6 +199,26 @@ impl Kernel {
             Kind::Avx512 => unsafe { x86::avx512::<COPY>(crc, dst, src, len) },
         }
     }
+}
+
+/// Bytes to OR into the first 64 bytes of a [`crc_update_masked`] input: byte `j` is
+/// `mask[j / 16] >> (8 · (j % 16))` (16-byte little-endian lanes).
+pub type Mask = [u128; 4];
+
+/// The empty mask.
+pub(crate) const NO_MASK: Mask = [0; 4];
+
+/// Fold into `crc` the bytes of `data` with `mask` ORed into its first 64 (the RoCE ICRC
+/// hashes some header bytes as ones): no masked copy of the bytes is made.
+#[inline]
+pub fn crc_update_masked(crc: u32, data: &[u8], mask: &Mask) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if BEST.load(Ordering::Relaxed) >= 2 {
+        // SAFETY: BEST holds 2 or 3 only after `pclmul()` detected PCLMULQDQ, SSE4.1 and
+        // SSSE3; `data` is readable for its length.
+        return unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) };
+    }
+    Kernel::best().crc_update_masked(crc, data, mask)
 }
 
 /// Fold `data` into `crc` with the best kernel.

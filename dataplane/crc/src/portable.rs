@@ -59,3 +59,19 @@ pub(crate) unsafe fn run<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u
     }
     !c
 }
+
+/// CRC of the bytes `src[i] | mask[i]` (the mask's 64 bytes little-endian in its lanes): the
+/// masked head is hashed from a copy, the rest in place.
+///
+/// # Safety
+/// `src` valid for reads of `len` bytes.
+pub(crate) unsafe fn masked(crc: u32, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
+    let mut head = [0u8; 64];
+    let n = len.min(head.len());
+    for (j, h) in head.iter_mut().enumerate().take(n) {
+        // SAFETY: `j < n <= len`: inside `src`.
+        *h = unsafe { *src.add(j) } | (mask[j / 16] >> (8 * (j % 16))) as u8;
+    }
+    // SAFETY: `head` holds `n` bytes; the rest is `src[n..len]`.
+    unsafe { run::<false>(run::<false>(crc, core::ptr::null_mut(), head.as_ptr(), n), core::ptr::null_mut(), src.add(n), len - n) }
+}

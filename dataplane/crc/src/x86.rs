@@ -208,7 +208,36 @@ pub(crate) unsafe fn clmul32(a: u32, b: u32) -> u64 {
 /// `dst` writable for `len` bytes and disjoint from `src` (without, `dst` is never accessed).
 #[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
 pub(crate) unsafe fn pclmul<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    // SAFETY: forwarded contract; MASK is off, so the mask is never read.
+    unsafe { pclmul_with::<COPY, false>(crc, dst, src, len, &crate::NO_MASK) }
+}
+
+/// PCLMULQDQ kernel over the bytes `src[i] | mask[i]` (the mask's 64 bytes little-endian in its
+/// lanes, zero past them): the ICRC's masked header bytes are ORed in registers as they are
+/// loaded, with no masked copy of the headers to hash (and no store-forwarding stall on one).
+///
+/// # Safety
+/// As [`pclmul`] without a destination.
+#[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
+pub(crate) unsafe fn pclmul_masked(crc: u32, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
+    // SAFETY: forwarded contract; without COPY the destination is never accessed.
+    unsafe { pclmul_with::<false, true>(crc, core::ptr::null_mut(), src, len, mask) }
+}
+
+/// The body of [`pclmul`] and [`pclmul_masked`]; with `MASK`, lane `j` of `mask` is ORed into
+/// the 16 bytes at offset 16·j as they are loaded (only the first four blocks have lanes).
+///
+/// # Safety
+/// As [`pclmul`]; with `MASK`, not `COPY`.
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
+unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
+    debug_assert!(!(COPY && MASK));
     if len < 16 {
+        if MASK {
+            // SAFETY: `src` readable for `len` bytes (caller).
+            return unsafe { crate::portable::masked(crc, src, len, mask) };
+        }
         // SAFETY: the caller's contract is the portable kernel's.
         return unsafe { crate::portable::run::<COPY>(crc, dst, src, len) };
     }
@@ -218,11 +247,22 @@ pub(crate) unsafe fn pclmul<const COPY: bool>(crc: u32, dst: *mut u8, src: *cons
             unsafe { mv128::<COPY>(src.add($o), dst.wrapping_add($o)) }
         };
     }
+    // The mask lane for the block at byte `o` (zero past the lanes, or without MASK).
+    let lane = |o: usize| -> __m128i {
+        match mask.get(o / 16) {
+            Some(&w) if MASK => _mm_set_epi64x((w >> 64) as i64, w as i64),
+            _ => _mm_setzero_si128(),
+        }
+    };
     let init = _mm_cvtsi32_si128(!crc as i32);
     let mut i;
     let mut x;
     if len >= 64 {
-        let (mut x0, mut x1, mut x2, mut x3) = (_mm_xor_si128(ld!(0), init), ld!(16), ld!(32), ld!(48));
+        let (mut x0, mut x1, mut x2, mut x3) = if MASK {
+            (_mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init), _mm_or_si128(ld!(16), lane(16)), _mm_or_si128(ld!(32), lane(32)), _mm_or_si128(ld!(48), lane(48)))
+        } else {
+            (_mm_xor_si128(ld!(0), init), ld!(16), ld!(32), ld!(48))
+        };
         i = 64;
         let k = keys128(K512);
         while len - i >= 64 {
@@ -234,18 +274,26 @@ pub(crate) unsafe fn pclmul<const COPY: bool>(crc: u32, dst: *mut u8, src: *cons
         }
         x = fold128(x0, fold128(x1, fold128(x2, x3, keys128(K128)), keys128(K256)), keys128(K384));
     } else {
-        x = _mm_xor_si128(ld!(0), init);
+        x = if MASK { _mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init) } else { _mm_xor_si128(ld!(0), init) };
         i = 16;
     }
     let k = keys128(K128);
     while len - i >= 16 {
-        x = fold128(x, ld!(i), k);
+        let v = if MASK { _mm_or_si128(ld!(i), lane(i)) } else { ld!(i) };
+        x = fold128(x, v, k);
         i += 16;
     }
     let r = len - i;
     if r > 0 {
         // SAFETY: the last `r` bytes of both ranges.
-        let part = unsafe { mv_partial::<COPY>(src.add(i), dst.wrapping_add(i), r) };
+        let mut part = unsafe { mv_partial::<COPY>(src.add(i), dst.wrapping_add(i), r) };
+        if MASK {
+            // Only the lane's first `r` bytes: the register is zero above them.
+            let lo = if r >= 8 { u64::MAX } else { (1u64 << (8 * r)) - 1 };
+            let hi = if r > 8 { u64::MAX >> (8 * (16 - r)) } else { 0 };
+            let keep = _mm_set_epi64x(hi as i64, lo as i64);
+            part = _mm_or_si128(part, _mm_and_si128(lane(i), keep));
+        }
         x = fold_partial(x, part, r);
     }
     reduce(x)

@@ -190,7 +190,7 @@ fn l2(frame: &[u8]) -> Result<(EtherType, usize)> {
 /// datagram (= of `frame`, for frames built here). All lengths must already be set.
 pub fn finish_frame(frame: &mut [u8]) -> Result<()> {
     let l = layout(frame)?;
-    let c = crate::icrc(&frame[l.ip..l.udp], &frame[l.udp..l.end - ICRC_LEN]);
+    let c = crate::icrc::icrc_span(&frame[l.ip..l.end - ICRC_LEN], l.udp - l.ip);
     frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
     Ok(())
 }
@@ -204,7 +204,7 @@ pub fn finish_frame_with_tail_crc(frame: &mut [u8], tail_crc: u32) -> Result<()>
     let l = layout(frame)?;
     let tail = l.udp + udp::HEADER_LEN;
     let tail_len = (l.end - ICRC_LEN - tail) as u64;
-    let c = crate::icrc::icrc_from_tail(&frame[l.ip..l.udp], &frame[l.udp..tail], tail_crc, tail_len);
+    let c = crate::icrc::icrc_from_tail(&frame[l.ip..tail], l.udp - l.ip, tail_crc, tail_len);
     frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
     Ok(())
 }
@@ -229,7 +229,7 @@ impl HeaderTemplate {
         let mut bytes = [0u8; frame_header_len(true)];
         let hl = emit_frame_headers(&mut bytes, l3, roce_len)?;
         let udp = hl - udp::HEADER_LEN;
-        let prefix_crc = crate::icrc::icrc(&bytes[eth::HEADER_LEN..udp], &bytes[udp..hl]);
+        let prefix_crc = crate::icrc::icrc_span(&bytes[eth::HEADER_LEN..hl], udp - eth::HEADER_LEN);
         Ok(HeaderTemplate { bytes, hl: hl as u8, roce_len, prefix_crc, shift: pmrxe_crc::CrcShift::new(roce_len as u64) })
     }
 
@@ -274,7 +274,7 @@ pub fn seal_frame(frame: &mut [u8], header_len: usize) -> Result<()> {
         return Err(Error::BadLength);
     }
     let udp = header_len - udp::HEADER_LEN;
-    let c = crate::icrc(&frame[eth::HEADER_LEN..udp], &frame[udp..n - ICRC_LEN]);
+    let c = crate::icrc::icrc_span(&frame[eth::HEADER_LEN..n - ICRC_LEN], udp - eth::HEADER_LEN);
     frame[n - ICRC_LEN..].copy_from_slice(&c.to_le_bytes());
     Ok(())
 }
@@ -404,7 +404,7 @@ impl Outer {
     }
     /// Does the stored ICRC match?
     pub(crate) fn icrc_ok(&self, frame: &[u8]) -> bool {
-        crate::icrc(&frame[self.ip..self.udp_off], &frame[self.udp_off..self.ip_end - ICRC_LEN]) == self.stored_icrc(frame)
+        crate::icrc::icrc_span(&frame[self.ip..self.ip_end - ICRC_LEN], self.udp_off - self.ip) == self.stored_icrc(frame)
     }
 }
 
@@ -486,7 +486,7 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
 /// before its check passed (see docs/reliability.md, "ICRC and placement").
 pub fn parse_frame_deferred(frame: &[u8]) -> Result<(RoceFrame<'_>, IcrcCheck)> {
     let (f, o, payload_off) = parse_unverified(frame)?;
-    let check = IcrcCheck::new(&frame[o.ip..o.udp_off], &frame[o.udp_off..o.ip_end - ICRC_LEN], payload_off - o.udp_off, f.payload.len(), f.icrc);
+    let check = IcrcCheck::new(&frame[o.ip..o.ip_end - ICRC_LEN], o.udp_off - o.ip, payload_off - o.udp_off, f.payload.len(), f.icrc);
     Ok((f, check))
 }
 
@@ -617,12 +617,12 @@ fn gid_to_ip(gid: &[u8; 16], v6: bool) -> IpAddr {
 #[inline]
 pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>) -> Result<()> {
     let o = outer(frame)?;
-    let datagram = &frame[o.udp_off..o.ip_end - ICRC_LEN];
+    let span = &frame[o.ip..o.ip_end - ICRC_LEN];
     let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
     let hlen = headers.parse_into(body)?;
     let payload = payload_of(headers, body, hlen)?;
     let payload_off = o.bth_offset + hlen - o.udp_off;
-    out.check = IcrcCheck::new(&frame[o.ip..o.udp_off], datagram, payload_off, payload.len(), o.stored_icrc(frame));
+    out.check = IcrcCheck::new(span, o.udp_off - o.ip, payload_off, payload.len(), o.stored_icrc(frame));
     out.src_mac = o.src_mac;
     out.src_gid = o.src_gid;
     out.dst_gid = o.dst_gid;

@@ -6,8 +6,10 @@
 //! header with its checksum set to 0xFFFF, the BTH with byte 4 (FECN, BECN, resv6) set to
 //! 0xFF, then the rest of the datagram up to (not including) the ICRC. Stored little-endian.
 //!
-//! Only the masked copies of the first bytes are made (on the stack); the payload is hashed
-//! in place.
+//! Where the IP header and the datagram are one span of a frame (every data-path caller:
+//! [`icrc_span`]) nothing is copied: the CRC kernel ORs the masked bytes into the header words
+//! as it loads them (`pmrxe_crc::crc_update_masked`). [`icrc`], for separate slices, hashes a
+//! masked copy of the headers.
 //!
 //! # One pass per byte on the data path
 //! The CRC kernels are `pmrxe_crc`'s (AVX-512/VPCLMULQDQ, PCLMULQDQ or portable, chosen at
@@ -26,9 +28,9 @@
 //!   [`IcrcCheck::matches`] — or, where memory must not change before the check, tests up front
 //!   with [`IcrcCheck::verify`] (docs/reliability.md, "ICRC and placement").
 
-use pmrxe_crc::{crc_update, CrcShift};
+use pmrxe_crc::{crc_update, crc_update_masked, CrcShift, Mask};
 
-use crate::{bth, ipv4, udp};
+use crate::{bth, ipv4, ipv6, udp};
 
 /// ICRC length.
 pub const ICRC_LEN: usize = 4;
@@ -46,9 +48,6 @@ const MAX_EXT_LEN: usize = 28;
 /// trailing 4 ICRC bytes. Never panics: headers shorter than expected are hashed as given
 /// (a caller that validated lengths never passes those).
 pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
-    if ip_header.len() == ipv4::HEADER_LEN && ip_header[0] >> 4 == 4 && udp_datagram.len() >= V4_MASKED_UDP {
-        return icrc_v4(ip_header, udp_datagram);
-    }
     // One stack buffer holds the masked IP header, the UDP header, the BTH and up to 28 more
     // bytes (the longest set of extension headers, or the start of the payload), so the CRC of
     // a receive check's headers, or of a whole small datagram, is one update: small updates are
@@ -90,63 +89,34 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
     crc_update(crc_update(h, &buf[..n + m]), &udp_datagram[m..])
 }
 
-/// UDP header + BTH: the part of the datagram the ICRC masks bytes in.
-const V4_MASKED_UDP: usize = udp::HEADER_LEN + bth::HEADER_LEN;
-
-/// Lanes of [`icrc_v4`]'s masked copy: 16 bytes each, up to 112 bytes of IP header + datagram.
-const V4_LANES: usize = 7;
+/// The ICRC of `span` = an IP header of `ip_len` bytes followed by its UDP datagram without
+/// the ICRC (one slice of a frame): equal to [`icrc`]`(&span[..ip_len], &span[ip_len..])`.
+///
+/// For IPv4 without options and IPv6 the bytes the ICRC sets to ones are ORed in by the CRC
+/// kernel as it loads the header words ([`V4_MASK`], [`V6_MASK`]): no masked copy, and so no
+/// store-forwarding stall on one (a copy masked with byte stores stalled the kernel's 16-byte
+/// loads; one built from masked words cost ~100 instructions a frame to build and store).
+#[inline]
+pub fn icrc_span(span: &[u8], ip_len: usize) -> u32 {
+    let mask = match (span.first().map(|b| b >> 4), ip_len) {
+        (Some(4), ipv4::HEADER_LEN) => &V4_MASK,
+        (Some(6), ipv6::HEADER_LEN) => &V6_MASK,
+        _ => {
+            let (ip, udp) = span.split_at(ip_len.min(span.len()));
+            return icrc(ip, udp);
+        }
+    };
+    crc_update_masked(CRC_OF_8_FF, span, mask)
+}
 
 /// The bytes the ICRC sets to ones in IPv4 (IHL 5) ‖ UDP ‖ BTH, as 16-byte little-endian lanes:
 /// TOS (1), TTL (8), header checksum (10, 11); UDP checksum (20 + 6, 20 + 7); BTH byte 4
 /// (20 + 8 + 4). A test checks them against the byte offsets the general path uses.
-const V4_MASK: [u128; 3] = [
-    (0xFF << 8) | (0xFF << 64) | (0xFFFF << 80),
-    0xFFFF << 80,
-    0xFF,
-];
+const V4_MASK: Mask = [(0xFF << 8) | (0xFF << 64) | (0xFFFF << 80), 0xFFFF << 80, 0xFF, 0];
 
-/// [`icrc`] of an IPv4 datagram without options, `udp_datagram` at least UDP header + BTH.
-///
-/// The masked copy is built as whole 16-byte words, loaded from the frame and ORed with
-/// [`V4_MASK`], and stored as words. The general path copies bytes and then sets the masked
-/// bytes one by one; the CRC kernel's 16-byte loads of such a buffer cannot be forwarded from
-/// the narrower stores (a store-forwarding stall on each of three words, every received frame:
-/// the header CRC took 6.7 % of the lcore at 64 KiB).
-fn icrc_v4(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
-    let ld = |b: &[u8], at: usize| u128::from_le_bytes(b[at..at + 16].try_into().expect("16 bytes"));
-    let ip = ld(ip_header, 0) | V4_MASK[0];
-    let ip_tail = u128::from(u32::from_le_bytes(ip_header[16..20].try_into().expect("4 bytes")));
-    let udp = udp_datagram;
-    // Bytes of the datagram held by the lanes: all of it up to the lanes' room (112 − 20).
-    let held = udp.len().min(V4_LANES * 16 - ipv4::HEADER_LEN);
-    // Datagram byte j is at lane offset 20 + j: lane 1 = ip[16..20] ‖ udp[0..12], lane k ≥ 2
-    // starts at udp[16k − 20]. A partial last lane takes the held bytes' last 16 and shifts.
-    let udp_word = |at: usize| -> u128 {
-        if at + 16 <= held {
-            ld(udp, at)
-        } else {
-            // The held bytes end inside this word: `held − at` of them (at least 1).
-            let r = held - at;
-            ld(udp, held - 16) >> (8 * (16 - r))
-        }
-    };
-    let mut lanes = [0u128; V4_LANES];
-    lanes[0] = ip;
-    lanes[1] = (ip_tail | (ld(udp, 0) << 32)) | V4_MASK[1];
-    let total = ipv4::HEADER_LEN + held;
-    let mut k = 2;
-    while 16 * k < total {
-        lanes[k] = udp_word(16 * k - ipv4::HEADER_LEN);
-        k += 1;
-    }
-    lanes[2] |= V4_MASK[2];
-    let h = crc_of_lanes(CRC_OF_8_FF, &lanes, total);
-    if held < udp.len() {
-        crc_update(h, &udp[held..])
-    } else {
-        h
-    }
-}
+/// The same for IPv6 ‖ UDP ‖ BTH: traffic class and flow label (the low nibble of byte 0,
+/// bytes 1..4), hop limit (7); UDP checksum (40 + 6, 40 + 7); BTH byte 4 (40 + 8 + 4).
+const V6_MASK: Mask = [0x0F | (0xFF_FFFF << 8) | (0xFF << 56), 0, 0xFFFF << 112, 0xFF << 32];
 
 /// Continue `crc` over the first `n` bytes of `lanes` (little-endian 16-byte words). The words
 /// are stored whole and read back whole: the CRC kernel's loads are forwarded from those
@@ -182,7 +152,7 @@ fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
 /// payload's CRC by combination.
 ///
 /// The masked copy is made of whole 16-byte words, loaded and masked in registers (as
-/// [`icrc_v4`] does): setting byte 4 with a byte store, in a copy or in place, made the CRC
+/// [`icrc_span`]'s kernel does): setting byte 4 with a byte store, in a copy or in place, made the CRC
 /// kernel's first 16-byte load wait for that store (a store-forwarding stall per packet).
 pub fn transport_crc(headers: &[u8]) -> u32 {
     const LANES: usize = 4;
@@ -225,12 +195,12 @@ fn transport_crc_bytes(headers: &[u8]) -> u32 {
     crc_update(crc_update(0, &buf[..n]), &headers[n..])
 }
 
-/// The ICRC of a datagram from its IP header, its 8-byte UDP header and the CRC (zlib, from 0,
-/// BTH byte 4 masked) of the `tail_len` bytes after the UDP header up to the ICRC: the masked
-/// prefix is hashed and joined with `tail_crc` by CRC combination. Equal to
-/// [`icrc`]`(ip_header, udp_header ‖ tail)`.
-pub fn icrc_from_tail(ip_header: &[u8], udp_header: &[u8], tail_crc: u32, tail_len: u64) -> u32 {
-    CrcShift::new(tail_len).combine(icrc(ip_header, udp_header), tail_crc)
+/// The ICRC of a datagram from `prefix` = its IP header (`ip_len` bytes) and 8-byte UDP
+/// header, and the CRC (zlib, from 0, BTH byte 4 masked) of the `tail_len` bytes after the UDP
+/// header up to the ICRC: the masked prefix is hashed and joined with `tail_crc` by CRC
+/// combination. Equal to [`icrc_span`]`(prefix ‖ tail, ip_len)`.
+pub fn icrc_from_tail(prefix: &[u8], ip_len: usize, tail_crc: u32, tail_len: u64) -> u32 {
+    CrcShift::new(tail_len).combine(icrc_span(prefix, ip_len), tail_crc)
 }
 
 /// The ICRC check of a received frame, deferred to where its payload is consumed: the CRC of
@@ -258,12 +228,14 @@ impl IcrcCheck {
     /// A placeholder to be overwritten (it matches nothing in particular).
     pub const BLANK: IcrcCheck = IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored: 0, settled: 0 };
 
-    /// `ip_header`, the UDP datagram without its ICRC, where the payload starts in it and how
-    /// long it is (the pad follows), and the stored ICRC.
+    /// `span` = the IP header (`ip_len` bytes) and the UDP datagram without its ICRC, where the
+    /// payload starts in the datagram and how long it is (the pad follows), and the stored
+    /// ICRC.
     #[inline]
-    pub(crate) fn new(ip_header: &[u8], udp_datagram: &[u8], payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
+    pub(crate) fn new(span: &[u8], ip_len: usize, payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
+        let udp_datagram = &span[ip_len..];
         if udp_datagram.len() <= SETTLE_LEN {
-            let good = icrc(ip_header, udp_datagram) == stored;
+            let good = icrc_span(span, ip_len) == stored;
             return IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored, settled: if good { 1 } else { 2 } };
         }
         let pad_bytes = &udp_datagram[payload_off + payload_len..];
@@ -276,7 +248,7 @@ impl IcrcCheck {
                 *d = pad_bytes[i];
             }
         }
-        IcrcCheck { seed: icrc(ip_header, &udp_datagram[..payload_off]), pad, pad_len: pad_len as u8, stored, settled: 0 }
+        IcrcCheck { seed: icrc_span(&span[..ip_len + payload_off], ip_len), pad, pad_len: pad_len as u8, stored, settled: 0 }
     }
 
     /// Already checked (a short datagram): the result. A consumer places such a packet's
@@ -327,10 +299,11 @@ mod test {
         assert_eq!(crc32fast::hash(&[0xFF; 8]), CRC_OF_8_FF);
     }
 
-    /// The IPv4 fast path equals the byte-by-byte masked copy for every datagram length, with
-    /// random bytes (the masks too: V4_MASK against ICRC_MASKED and the UDP/BTH offsets).
+    /// The span path (masks ORed in by the kernel) equals the byte-by-byte masked copy for
+    /// IPv4 and IPv6, every datagram length, random bytes (the masks too: V4_MASK and V6_MASK
+    /// against the offsets the general path sets).
     #[test]
-    fn v4_lanes_equal_the_byte_path() {
+    fn span_masks_equal_the_byte_path() {
         let mut x = 0x1234_5678_9abc_def0u64;
         let mut rnd = move || {
             x ^= x << 13;
@@ -338,22 +311,34 @@ mod test {
             x ^= x << 17;
             x as u8
         };
-        for len in V4_MASKED_UDP..300 {
-            for _ in 0..4 {
-                let mut ip: Vec<u8> = (0..20).map(|_| rnd()).collect();
-                ip[0] = 0x45;
-                let udp: Vec<u8> = (0..len).map(|_| rnd()).collect();
-                let mut m = ip.clone();
-                for &o in &ipv4::ICRC_MASKED {
-                    m[o] = 0xFF;
+        for v6 in [false, true] {
+            let il = if v6 { 40 } else { 20 };
+            for len in 0..300 {
+                for _ in 0..4 {
+                    let mut ip: Vec<u8> = (0..il).map(|_| rnd()).collect();
+                    ip[0] = if v6 { 0x60 | (ip[0] & 0x0F) } else { 0x45 };
+                    let udp: Vec<u8> = (0..len).map(|_| rnd()).collect();
+                    let mut m = ip.clone();
+                    if v6 {
+                        m[0] |= 0x0F;
+                        for o in [1, 2, 3, 7] {
+                            m[o] = 0xFF;
+                        }
+                    } else {
+                        for &o in &ipv4::ICRC_MASKED {
+                            m[o] = 0xFF;
+                        }
+                    }
+                    let mut u = udp.clone();
+                    for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
+                        if o < len {
+                            u[o] = 0xFF;
+                        }
+                    }
+                    let want = crc32fast::hash(&[&[0xFFu8; 8][..], &m, &u].concat());
+                    assert_eq!(icrc_span(&[&ip[..], &udp].concat(), il), want, "v6 {v6} {len} bytes");
+                    assert_eq!(icrc(&ip, &udp), want, "v6 {v6} {len} bytes");
                 }
-                let mut u = udp.clone();
-                for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
-                    u[o] = 0xFF;
-                }
-                let want = crc32fast::hash(&[&[0xFFu8; 8][..], &m, &u].concat());
-                assert_eq!(icrc_v4(&ip, &udp), want, "{len} bytes");
-                assert_eq!(icrc(&ip, &udp), want, "{len} bytes");
             }
         }
     }
