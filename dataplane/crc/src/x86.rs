@@ -233,10 +233,23 @@ pub(crate) unsafe fn pclmul_masked(crc: u32, src: *const u8, len: usize, mask: &
 #[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
 unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
     debug_assert!(!(COPY && MASK));
+    // Only the first `r` (1..=15) bytes of mask lane `j`: a partial block's register is zero
+    // above them.
+    let lane_head = |j: usize, r: usize| -> __m128i {
+        let w = mask[j] & (u128::MAX >> (8 * (16 - r)));
+        _mm_set_epi64x((w >> 64) as i64, w as i64)
+    };
     if len < 16 {
-        if MASK {
-            // SAFETY: `src` readable for `len` bytes (caller).
-            return unsafe { crate::portable::masked(crc, src, len, mask) };
+        if MASK && len > 0 {
+            // The masked bytes made in a register and stored whole (the portable kernel's word
+            // loads from them are forwarded from that one store), e.g. a BTH-only header.
+            // SAFETY: `src` readable for `len` bytes (caller); no destination without COPY.
+            let v = _mm_or_si128(unsafe { mv_partial::<false>(src, core::ptr::null_mut(), len) }, lane_head(0, len));
+            let mut b = [0u8; 16];
+            // SAFETY: `b` is 16 writable bytes.
+            unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) };
+            // SAFETY: `b` holds `len` readable bytes.
+            return unsafe { crate::portable::run::<false>(crc, core::ptr::null_mut(), b.as_ptr(), len) };
         }
         // SAFETY: the caller's contract is the portable kernel's.
         return unsafe { crate::portable::run::<COPY>(crc, dst, src, len) };
@@ -287,12 +300,8 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8
     if r > 0 {
         // SAFETY: the last `r` bytes of both ranges.
         let mut part = unsafe { mv_partial::<COPY>(src.add(i), dst.wrapping_add(i), r) };
-        if MASK {
-            // Only the lane's first `r` bytes: the register is zero above them.
-            let lo = if r >= 8 { u64::MAX } else { (1u64 << (8 * r)) - 1 };
-            let hi = if r > 8 { u64::MAX >> (8 * (16 - r)) } else { 0 };
-            let keep = _mm_set_epi64x(hi as i64, lo as i64);
-            part = _mm_or_si128(part, _mm_and_si128(lane(i), keep));
+        if MASK && i / 16 < mask.len() {
+            part = _mm_or_si128(part, lane_head(i / 16, r));
         }
         x = fold_partial(x, part, r);
     }

@@ -118,17 +118,6 @@ const V4_MASK: Mask = [(0xFF << 8) | (0xFF << 64) | (0xFFFF << 80), 0xFFFF << 80
 /// bytes 1..4), hop limit (7); UDP checksum (40 + 6, 40 + 7); BTH byte 4 (40 + 8 + 4).
 const V6_MASK: Mask = [0x0F | (0xFF_FFFF << 8) | (0xFF << 56), 0, 0xFFFF << 112, 0xFF << 32];
 
-/// Continue `crc` over the first `n` bytes of `lanes` (little-endian 16-byte words). The words
-/// are stored whole and read back whole: the CRC kernel's loads are forwarded from those
-/// stores (a masked copy made with narrower stores stalls them).
-fn crc_of_lanes<const N: usize>(crc: u32, lanes: &[u128; N], n: usize) -> u32 {
-    let mut bytes = [[0u8; 16]; N];
-    for (b, l) in bytes.iter_mut().zip(lanes).take(n.div_ceil(16)) {
-        *b = l.to_le_bytes();
-    }
-    crc_update(crc, &bytes.as_flattened()[..n])
-}
-
 /// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
 const CRC_OF_8_FF: u32 = !0xDEBB_20E3;
 
@@ -151,48 +140,13 @@ fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
 /// the payload and the pad (the *tail CRC* of [`icrc_from_tail`]), or joins it to the
 /// payload's CRC by combination.
 ///
-/// The masked copy is made of whole 16-byte words, loaded and masked in registers (as
-/// [`icrc_span`]'s kernel does): setting byte 4 with a byte store, in a copy or in place, made the CRC
-/// kernel's first 16-byte load wait for that store (a store-forwarding stall per packet).
+/// Byte 4 is ORed in by the CRC kernel as it loads the first word: setting it with a byte
+/// store, in a copy or in place, made the kernel's first 16-byte load wait for that store (a
+/// store-forwarding stall per packet).
+#[inline]
 pub fn transport_crc(headers: &[u8]) -> u32 {
-    const LANES: usize = 4;
-    let n = headers.len();
-    if !(bth::HEADER_LEN..=LANES * 16).contains(&n) {
-        return transport_crc_bytes(headers);
-    }
-    let ld = |at: usize| u128::from_le_bytes(headers[at..at + 16].try_into().expect("16 bytes"));
-    let ld8 = |at: usize| u64::from_le_bytes(headers[at..at + 8].try_into().expect("8 bytes"));
-    let mut lanes = [0u128; LANES];
-    let full = n / 16;
-    for (i, l) in lanes.iter_mut().enumerate().take(full) {
-        *l = ld(16 * i);
-    }
-    let r = n % 16;
-    if r > 0 {
-        // The last `r` bytes, from the word that ends at `n` (shifted down), or, for a
-        // BTH-only packet (12 bytes), from two overlapping 8-byte words.
-        lanes[full] = if n >= 16 {
-            ld(n - 16) >> (8 * (16 - r))
-        } else {
-            u128::from(ld8(0)) | (u128::from(ld8(n - 8) >> (8 * (16 - n))) << 64)
-        };
-    }
-    lanes[0] |= 0xFF << (8 * bth::FECN_BECN_OFFSET);
-    crc_of_lanes(0, &lanes, n)
-}
-
-/// [`transport_crc`] for lengths its word path does not take (shorter than a BTH: only
-/// reachable with garbage; longer than 64 bytes: no header set is).
-#[cold]
-fn transport_crc_bytes(headers: &[u8]) -> u32 {
-    const MAX: usize = 64;
-    let mut buf = [0u8; MAX];
-    let n = headers.len().min(MAX);
-    buf[..n].copy_from_slice(&headers[..n]);
-    if n > bth::FECN_BECN_OFFSET {
-        buf[bth::FECN_BECN_OFFSET] = 0xFF;
-    }
-    crc_update(crc_update(0, &buf[..n]), &headers[n..])
+    const BTH_MASK: Mask = [0xFF << (8 * bth::FECN_BECN_OFFSET), 0, 0, 0];
+    crc_update_masked(0, headers, &BTH_MASK)
 }
 
 /// The ICRC of a datagram from `prefix` = its IP header (`ip_len` bytes) and 8-byte UDP
