@@ -5,7 +5,9 @@
 //! * [`copy_and_crc`] copies `src` to `dst` while folding the CRC of the bytes (gather into the
 //!   frame on send, scatter into the memory region on receive). It never calls `memcpy`: the
 //!   copy is the kernel's own vector loads and stores, and the CRC is of the bytes stored;
-//! * [`crc_update`] folds bytes without copying;
+//! * [`crc_update`] folds bytes without copying; [`crc_update_masked`] folds them with some
+//!   bytes of the first 64 ORed with ones as they are loaded (the ICRC's masked header fields,
+//!   with no masked copy to make);
 //! * [`copy_short`] copies a few bytes without `memcpy` (inline loads and stores);
 //! * [`crc32_combine`] gives CRC(A ‖ B) from CRC(A), CRC(B) and |B|, so the CRC of a frame
 //!   prefix (masked IP/UDP headers) can be joined with that of the rest computed earlier.

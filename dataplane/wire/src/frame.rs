@@ -264,8 +264,8 @@ impl HeaderTemplate {
 
 /// Store the ICRC of a frame laid out as [`HeaderTemplate`] and [`emit_frame_headers`] lay
 /// frames out (Ethernet without VLAN tag, IP and UDP headers: `header_len` bytes, then the
-/// RoCE bytes and the ICRC), hashing its IP/UDP/RoCE bytes in one pass (the masked copy built
-/// in registers, as a receiver checks it). Equal to [`finish_frame`] on such a frame, without
+/// RoCE bytes and the ICRC), hashing its IP/UDP/RoCE bytes in one pass (the masked bytes ORed
+/// in by the CRC kernel as it loads them, as a receiver checks it). Equal to [`finish_frame`] on such a frame, without
 /// parsing it. The transmit path seals a burst's short frames after building them all, when
 /// their stores have long settled.
 pub fn seal_frame(frame: &mut [u8], header_len: usize) -> Result<()> {
