@@ -49,7 +49,18 @@ cleanup() {
   rm -rf "$WORK"
 }
 BG=()
-pkill_ours() { for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done; BG=(); }
+# Stop the background peers this script started: SIGTERM, then SIGKILL for any still there (a
+# fi_pingpong tcp server once ignored SIGTERM and, holding fd 9, kept the integration tests'
+# lock after the run).
+pkill_ours() {
+  for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${BG[@]}"; do
+    for _ in 1 2 3 4 5; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  BG=()
+}
 trap cleanup EXIT
 
 if [ $QUICK = 1 ]; then
