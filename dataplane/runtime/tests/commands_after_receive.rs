@@ -12,8 +12,7 @@ mod common;
 
 use common::{client_page, rig, Rig};
 use crossbeam::channel::bounded;
-use pmrxe_abi::{send_flags, wr_opcode, Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe, ShmSge};
-use pmrxe_abi::ring::Producer;
+use pmrxe_abi::{Doorbell, ShmRecvWqe, ShmSge};
 use pmrxe_runtime::lcore::Cmd;
 use pmrxe_transport::attr::{AttrMask, QpAttr, QpState};
 use pmrxe_transport::sim::{bring_up, PairParams};
@@ -27,13 +26,8 @@ fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
     let cpage = client_page(&page);
 
     // QP 0x12 has a receive posted (its own RQ, doorbell slot 1).
-    let layout = QpSegmentLayout::new(256, 256);
     let seg = sqs[1].0.clone();
-    // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment; `seg`
-    // keeps it mapped for the producer's lifetime.
-    let mut rq = unsafe {
-        Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap()
-    };
+    let mut rq = common::own_rq(&seg);
     let mut r = ShmRecvWqe { wr_id: 9, num_sge: 1, ..Default::default() };
     r.sge[0] = ShmSge { addr: 0x20_0000, length: 64, lkey: rkey.0 };
     rq.push(r).unwrap();
@@ -41,12 +35,7 @@ fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
 
     // Pass 1: QP 0x11's 8-byte SEND goes on the wire towards device 1.
     let now = Instant(1_000);
-    let mut send = ShmSendWqe { wr_id: 7, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED, num_sge: 1, ..Default::default() };
-    send.set_sge(0, ShmSge { addr: 0x10_0000, length: 8, lkey: lkey.0 });
-    sqs[0].1.push(send).unwrap();
-    cpage.ring(Doorbell { lcore: 0, slot: 0 });
-    lc.poll_once(now);
-    assert_eq!(common::lock(&to_dev1).len(), 1, "the SEND is on the wire");
+    common::send_8_bytes(&mut lc, cpage, &mut sqs[0].1, lkey, &to_dev1, now);
 
     // Pass 2: QP 0x12 receives it; its receive completion is visible and its ACK is sent.
     lc.poll_once(now);

@@ -7,8 +7,7 @@
 mod common;
 
 use common::{client_page, rig, Rig};
-use pmrxe_abi::ring::Producer;
-use pmrxe_abi::{send_flags, wr_opcode, Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe, ShmSge};
+use pmrxe_abi::{Doorbell, ShmRecvWqe, ShmSge};
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
 
@@ -37,25 +36,15 @@ fn send_meets_unread_doorbell(on_srq: bool) {
     let (_seg, mut rq, slot) = match srq {
         Some((seg, prod)) => (seg, prod, 2),
         None => {
-            let layout = QpSegmentLayout::new(256, 256);
             let seg = sqs[1].0.clone();
-            // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment;
-            // `seg` keeps it mapped for the producer's lifetime.
-            let prod = unsafe {
-                Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap()
-            };
+            let prod = common::own_rq(&seg);
             (seg, prod, 1)
         }
     };
 
     // 0x11 sends 8 bytes of the source MR (0xab); the frame is on the wire to device 1.
     let now = Instant(1_000);
-    let mut send = ShmSendWqe { wr_id: 7, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED, num_sge: 1, ..Default::default() };
-    send.set_sge(0, ShmSge { addr: 0x10_0000, length: 8, lkey: lkey.0 });
-    sqs[0].1.push(send).unwrap();
-    cpage.ring(Doorbell { lcore: 0, slot: 0 });
-    lc.poll_once(now);
-    assert_eq!(common::lock(&q1).len(), 1, "the SEND is on the wire");
+    common::send_8_bytes(&mut lc, cpage, &mut sqs[0].1, lkey, &q1, now);
 
     // Now 0x12's client posts a receive and rings: the next pass receives the SEND before it
     // reads that doorbell.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::AsyncEvent;
 use pmrxe_abi::ring::{init_ring, Consumer, Producer};
-use pmrxe_abi::{ClientPage, CqSegmentLayout, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout, CLIENT_PAGE_LEN};
+use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, SrqSegmentLayout, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, Key, MemLimits, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, LcoreHandle, QpSetup};
 use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
@@ -115,6 +115,26 @@ pub fn rig<L: Port>(
     let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
     let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     Rig { page, events, cq_rings, sqs, lkey, rkey, dst, srq: srq_ring }
+}
+
+/// The producer of a rig QP's own receive ring (the rig hands out only the send rings);
+/// `seg` is that QP's segment (`Rig::sqs[i].0`), which must outlive the producer.
+pub fn own_rq(seg: &Segment) -> Producer<ShmRecvWqe> {
+    let layout = QpSegmentLayout::new(256, 256);
+    // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment; the caller
+    // keeps the segment mapped for the producer's lifetime.
+    unsafe { Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap() }
+}
+
+/// QP 0x11 posts a signaled 8-byte SEND (wr_id 7) of the source MR (`lkey`, 0xab bytes) and
+/// rings; one lcore pass at `now` puts it on the wire towards device 1 (`to_dev1`).
+pub fn send_8_bytes<L: Port>(lc: &mut Lcore<L>, page: &ClientPage, sq: &mut Producer<ShmSendWqe>, lkey: Key, to_dev1: &Wire, now: Instant) {
+    let mut send = ShmSendWqe { wr_id: 7, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED, num_sge: 1, ..Default::default() };
+    send.set_sge(0, ShmSge { addr: 0x10_0000, length: 8, lkey: lkey.0 });
+    sq.push(send).unwrap();
+    page.ring(Doorbell { lcore: 0, slot: 0 });
+    lc.poll_once(now);
+    assert_eq!(lock(to_dev1).len(), 1, "the SEND is on the wire");
 }
 
 /// An lcore serving two devices (0: 198.18.0.1, 1: 198.18.0.2, MTU 9000, busy idle mode) on
