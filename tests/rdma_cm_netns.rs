@@ -124,7 +124,15 @@ fn qperf_cm1_between_two_namespaces() {
     let mut figures = Vec::new();
     let mut rc = |test: &str, key: &str| {
         let (st, text, _) = run(test);
-        assert!(st.is_some_and(|s| s.success()), "qperf {test}: {st:?}\n{text}\nserver:\n{}", read_to_string_lossy(&so));
+        // On failure the two CMs' counters say which REJ (no listener, stale, resources,
+        // backlog) a rejected connect met: this test once failed with "Event rejected".
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "qperf {test}: {st:?}\n{text}\nserver:\n{}\nCM of A: {}\nCM of B: {}",
+            read_to_string_lossy(&so),
+            a.stats_json()["cm"],
+            b.stats_json()["cm"]
+        );
         let v = qperf_value(&text, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{text}"));
         assert!(v > 0.0, "qperf {test}: {v}");
         figures.push(format!("{test} {v:.1}"));
