@@ -819,10 +819,12 @@ impl LoNetns {
         }
         LoNetns(name)
     }
-    /// `ip netns exec NS pmrxe run -- ARGS` against `svc`, output to `out`.
-    pub fn spawn(&self, svc: &Service, args: &[&str], out: &Path) -> Child {
+    /// `ip netns exec NS pmrxe run -- ARGS` against `svc`, output to `out`; killed when
+    /// dropped (a process inside the namespace outlives `ip netns del`, so a panicking test
+    /// left its qperf server running).
+    pub fn spawn(&self, svc: &Service, args: &[&str], out: &Path) -> KillOnDrop {
         let f = File::create(out).unwrap();
-        Command::new(require_tool("ip"))
+        KillOnDrop(Command::new(require_tool("ip"))
             .args(["netns", "exec", &self.0])
             .arg(pmrxe_bin())
             .args(["run", "--"])
@@ -832,7 +834,30 @@ impl LoNetns {
             .stdout(f.try_clone().unwrap())
             .stderr(f)
             .spawn()
-            .expect("spawn ip netns exec")
+            .expect("spawn ip netns exec"))
+    }
+}
+
+/// A child process killed and reaped when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
