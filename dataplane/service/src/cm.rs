@@ -427,6 +427,9 @@ pub struct CmServiceStats {
     /// Requests rejected (REJ 28 / SIDR_REP reject) because the listener's backlog of unread
     /// CONNECT_REQUESTs was full.
     pub rej_backlog: u64,
+    /// Requests rejected (REJ 3 / SIDR_REP reject) because the service-side listener record
+    /// was gone or the id tables were full.
+    pub rej_resources: u64,
 }
 
 /// The CM state without the thread (unit-testable).
@@ -781,7 +784,16 @@ impl CmCore {
     }
 
     /// A new passive id for a REQ/SIDR_REQ of connection `cid` on port `pi` to listener `sid`.
+    /// Each refusal is counted: `rej_backlog` or `rej_resources`.
     fn child_of(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Result<u32, NoChild> {
+        let r = self.new_child(pi, sid, cid, peer, hdr);
+        if r == Err(NoChild::Resources) {
+            self.stats.rej_resources += 1;
+        }
+        r
+    }
+
+    fn new_child(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Result<u32, NoChild> {
         let &lid = self.listeners.get(&(pi, sid)).ok_or(NoChild::Resources)?;
         let l = self.ids.get(&lid).ok_or(NoChild::Resources)?;
         if l.pending >= l.backlog {
@@ -1663,6 +1675,33 @@ mod tests {
         connect(&mut c, 0x107);
         assert_eq!(kinds(&events(&sfd)), [event::CONNECT_REQUEST]);
         assert_eq!(c.stats.rej_backlog, 2);
+        c.client_gone(c.now(), 1);
+        c.client_gone(c.now(), 2);
+        wire(&mut c);
+        assert_eq!(c.id_count(), 0);
+    }
+
+    #[test]
+    fn request_to_a_listener_whose_client_has_no_ids_left_is_rej_no_resources() {
+        let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+        let (sch, _sfd) = channel(&mut c, 1);
+        let (cch, cfd) = channel(&mut c, 2);
+        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
+        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7473) }), Response::CmAddr { .. }));
+        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 0 }), Response::Ok);
+        // The listening client holds every id it may: a child id cannot be made for it.
+        for k in 1..MAX_IDS_PER_CLIENT {
+            id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, k as u64);
+        }
+        let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+        assert!(matches!(req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7473), timeout_ms: 2000 }), Response::CmAddr { .. }));
+        assert_eq!(req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+        let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
+        assert_eq!(req(&mut c, 2, Request::CmConnect { id: a, qpn: 0x101, conn }), Response::Ok);
+        wire(&mut c);
+        let ev = events(&cfd);
+        assert_eq!(ev.last().map(|e| (e.event, e.status)), Some((event::REJECTED, 3)), "REJ 3: no resources");
+        assert_eq!((c.stats.rej_resources, c.stats.rej_backlog), (1, 0));
         c.client_gone(c.now(), 1);
         c.client_gone(c.now(), 2);
         wire(&mut c);

@@ -40,6 +40,7 @@ fn cm_json(s: &crate::cm::CmSnapshot) -> serde_json::Value {
         "ids": s.ids, "channels": s.channels, "listeners": s.listeners, "conns": s.conns, "backlog": s.backlog,
         "events": s.service.events, "events_dropped": s.service.events_dropped,
         "rx_bad": s.service.rx_bad, "tx_dropped": s.service.tx_dropped, "rej_backlog": s.service.rej_backlog,
+        "rej_resources": s.service.rej_resources,
         "ports": s.ports.iter().map(|(dev, conns, c)| json!({
             "device": dev, "conns": conns,
             "rx_mads": c.rx_mads, "rx_malformed": c.rx_malformed, "rx_not_cm": c.rx_not_cm,
