@@ -64,8 +64,8 @@ fuzz_target!(|data: &[u8]| {
             now = Instant(now.0 + 50_000_000);
         }
         let mut pkt = RxPacket::new(hdr, payload);
-        pkt.src_gid = gid_of([10, 0, 0, 2].into());
-        pkt.dst_gid = gid_of([10, 0, 0, 1].into());
+        pkt.frame.src_gid = gid_of([10, 0, 0, 2].into());
+        pkt.frame.dst_gid = gid_of([10, 0, 0, 1].into());
         eng.handle_packet(now, &pkt, &mem);
         for _ in 0..64 {
             if eng.poll_transmit(now, &mem, &mut out).is_none() {

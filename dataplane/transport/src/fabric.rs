@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::engine::Engine;
 use crate::packet::RxPacket;
-use crate::sim::{gid_of, Node};
+use crate::sim::Node;
 use crate::timers::Instant;
 
 /// Fabric parameters.
@@ -271,18 +271,7 @@ impl Fabric {
         let node = &mut self.nodes[dst];
         match parse_frame(frame) {
             Ok(f) => {
-                let to_gid = |ip: IpAddr| match ip {
-                    IpAddr::V4(v) => gid_of(v),
-                    IpAddr::V6(v) => v.octets(),
-                };
-                let mut pkt = RxPacket::new(f.headers, f.payload);
-                pkt.src_gid = to_gid(f.src_ip);
-                pkt.dst_gid = to_gid(f.dst_ip);
-                pkt.src_udp_port = f.udp_sport;
-                pkt.traffic_class = f.tclass;
-                pkt.hop_limit = f.ttl;
-                pkt.flow_label = f.flow_label;
-                node.engine.handle_packet(now, &pkt, &node.mem);
+                node.engine.handle_packet(now, &RxPacket::of_frame(&f, None), &node.mem);
             }
             Err(Error::UnknownOpcode(0x81)) => match parse_cnp_frame(frame) {
                 Ok(c) => node.engine.handle_cnp(now, c.cnp.dest_qp.value()),

@@ -199,7 +199,7 @@ impl Qp {
     /// Hand a received packet to the QP. `mem` is the lcore's memory table, `srq` the SRQ
     /// this QP draws from (if any).
     ///
-    /// A packet whose ICRC check was deferred (`pkt.icrc`) is checked here before it has any
+    /// A packet whose ICRC check was deferred (`pkt.icrc()`) is checked here before it has any
     /// effect, except the payload of a WRITE MIDDLE/LAST continuing a validated message and of
     /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
     /// land where the rest of the message will write them anyway): see docs/reliability.md,
@@ -214,16 +214,16 @@ impl Qp {
             self.stats.dropped += 1;
             return;
         }
-        if self.qp_type != QpType::Ud && self.attr.ah_attr.dgid != [0; 16] && pkt.src_gid != [0; 16] && pkt.src_gid != self.attr.ah_attr.dgid {
+        if self.qp_type != QpType::Ud && self.attr.ah_attr.dgid != [0; 16] && pkt.frame.src_gid != [0; 16] && pkt.frame.src_gid != self.attr.ah_attr.dgid {
             // RC/UC path check: the source must be our peer.
             self.stats.dropped += 1;
             return;
         }
-        let deferred = match pkt.icrc {
+        let deferred = match pkt.icrc() {
             // (A short frame's check is already made: nothing to gain from placing first.)
             Some(c) if c.settled().is_none() && self.may_place_before_icrc(info, pkt) => Some(c),
             Some(c) => {
-                if !c.verify(pkt.payload) {
+                if !c.verify(pkt.payload()) {
                     self.stats.icrc_errors += 1;
                     return;
                 }
@@ -234,11 +234,11 @@ impl Qp {
         // Notification point: ECN-CE from our peer (requests and responses alike) → CNP. For a
         // packet still under check, only once the check passed.
         if deferred.is_none() {
-            self.on_ecn(now, pkt.traffic_class);
+            self.on_ecn(now, pkt.frame.tclass);
         }
         let icrc_ok = if info.is_response() {
             if self.qp_type == QpType::Rc {
-                self.on_response(now, &pkt.hdr, pkt.payload, mem, deferred)
+                self.on_response(now, &pkt.hdr, pkt.payload(), mem, deferred)
             } else {
                 self.stats.dropped += 1;
                 true
@@ -249,7 +249,7 @@ impl Qp {
         if !icrc_ok {
             self.stats.icrc_errors += 1;
         } else if deferred.is_some() {
-            self.on_ecn(now, pkt.traffic_class);
+            self.on_ecn(now, pkt.frame.tclass);
         }
     }
 
@@ -262,7 +262,7 @@ impl Qp {
     /// packet), SEND (bytes past a message's end stay untouched), acknowledgements, atomics,
     /// UD — is verified first.
     fn may_place_before_icrc(&self, info: &pmrxe_wire::OpInfo, pkt: &RxPacket<'_>) -> bool {
-        if pkt.payload.is_empty() || !matches!(info.pos, MsgPos::Middle | MsgPos::Last) {
+        if pkt.payload().is_empty() || !matches!(info.pos, MsgPos::Middle | MsgPos::Last) {
             return false;
         }
         match info.kind {
@@ -307,7 +307,7 @@ impl Qp {
 
     fn on_ud_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
         let Some(deth) = pkt.hdr.deth else { return };
-        if deth.qkey != self.attr.qkey || pkt.payload.len() > self.mtu() as usize {
+        if deth.qkey != self.attr.qkey || pkt.payload().len() > self.mtu() as usize {
             self.stats.dropped += 1;
             return;
         }
@@ -316,12 +316,12 @@ impl Qp {
             return;
         }
         let grh = pkt.grh();
-        let total = 40 + pkt.payload.len() as u64;
+        let total = 40 + pkt.payload().len() as u64;
         let (wr_id, status) = {
             let wqe = self.cur_recv().expect("started");
             let st = if total > wqe.capacity() {
                 WcStatus::LocLenErr
-            } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload).is_err() {
+            } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload()).is_err() {
                 WcStatus::LocProtErr
             } else {
                 WcStatus::Success
@@ -338,7 +338,7 @@ impl Qp {
             c.imm_data = Some(i);
             c.wc_flags |= WcFlags::WITH_IMM;
         }
-        self.stats.resp_bytes_written += pkt.payload.len() as u64;
+        self.stats.resp_bytes_written += pkt.payload().len() as u64;
         self.stats.completion(c.status);
         self.cqes.push_back((CqSide::Recv, c));
     }
@@ -439,7 +439,7 @@ impl Qp {
             Ok(()) => Ok(()),
             // Under a deferred check, an error acts on the packet only once the check passed
             // (a second pass, on error paths only).
-            Err(Exec::Resp(_)) if deferred.is_some_and(|c| !c.verify(pkt.payload)) => Err(Exec::BadIcrc),
+            Err(Exec::Resp(_)) if deferred.is_some_and(|c| !c.verify(pkt.payload())) => Err(Exec::BadIcrc),
             Err(e) => Err(e),
         };
         let r = match r {
@@ -504,7 +504,7 @@ impl Qp {
         let info = h.bth.opcode.info().expect("checked");
         let p = h.bth.psn;
         let mtu = self.mtu() as usize;
-        let plen = pkt.payload.len();
+        let plen = pkt.payload().len();
         let rc = self.qp_type == QpType::Rc;
         // Opcode sequence (C9-90/91).
         let seq_ok = match (self.resp.in_msg, info.kind) {
@@ -552,7 +552,7 @@ impl Qp {
                     if self.resp.recv_off + plen as u64 > w.capacity() {
                         return Err(RespError::LocalLength.into());
                     }
-                    if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload).is_err() {
+                    if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload()).is_err() {
                         return Err(RespError::RemoteOp.into());
                     }
                     w.wr_id
@@ -611,13 +611,13 @@ impl Qp {
                 if plen > 0 {
                     let at = va.checked_add(off).ok_or(RespError::RemoteAccess)?;
                     match deferred {
-                        None => mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload).map_err(mem_to_resp)?,
+                        None => mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload()).map_err(mem_to_resp)?,
                         Some(c) => {
                             // Verify while placing: the bytes land in [va + off, va + end), inside
                             // the range validated at FIRST that the message's remaining packets
                             // (retransmissions included) rewrite, so a mismatch changes nothing the
                             // consumer may rely on (docs/reliability.md, "ICRC and placement").
-                            let crc = mem.write_remote_crc(self.pd, self.qpn, rkey, at, pkt.payload, c.seed()).map_err(mem_to_resp)?;
+                            let crc = mem.write_remote_crc(self.pd, self.qpn, rkey, at, pkt.payload(), c.seed()).map_err(mem_to_resp)?;
                             if !c.matches(crc) {
                                 return Err(Exec::BadIcrc);
                             }

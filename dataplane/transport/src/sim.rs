@@ -350,24 +350,12 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[dst];
         // The ICRC check is deferred to the engine, as the lcore does: the QP verifies it first
-        // or while placing the payload (`RxPacket::icrc`; bad ones count in its `icrc_errors`).
+        // or while placing the payload (`RxPacket::icrc()`; bad ones count in its `icrc_errors`).
         let Ok((f, check)) = parse_frame_deferred(frame) else {
             node.rx_parse_drops += 1;
             return;
         };
-        let to_gid = |ip: IpAddr| match ip {
-            IpAddr::V4(v) => gid_of(v),
-            IpAddr::V6(v) => v.octets(),
-        };
-        let mut pkt = RxPacket::new(f.headers, f.payload);
-        pkt.src_gid = to_gid(f.src_ip);
-        pkt.dst_gid = to_gid(f.dst_ip);
-        pkt.src_udp_port = f.udp_sport;
-        pkt.traffic_class = f.tclass;
-        pkt.hop_limit = f.ttl;
-        pkt.flow_label = f.flow_label;
-        pkt.icrc = Some(check);
-        node.engine.handle_packet(now, &pkt, &node.mem);
+        node.engine.handle_packet(now, &RxPacket::of_frame(&f, Some(check)), &node.mem);
     }
 
     /// Make every QP of every node that has work eligible to send (after posting directly

@@ -350,10 +350,31 @@ pub struct RoceFrame<'a> {
     pub bth_offset: usize,
 }
 
-impl RoceFrame<'_> {
+impl<'a> RoceFrame<'a> {
     /// Whether the frame is IPv6.
     pub fn is_ipv6(&self) -> bool {
         self.src_ip.is_ipv6()
+    }
+
+    /// The receive view of this frame ([`RxFrame`]), with `check` as its ICRC check
+    /// ([`IcrcCheck::BLANK`] when the ICRC was verified by the parse).
+    pub fn rx_frame(&self, check: IcrcCheck) -> RxFrame<'a> {
+        let gid = |ip: IpAddr| match ip {
+            IpAddr::V4(v) => v4_gid(v),
+            IpAddr::V6(v) => v.octets(),
+        };
+        RxFrame {
+            src_mac: self.src_mac,
+            src_gid: gid(self.src_ip),
+            dst_gid: gid(self.dst_ip),
+            v6: self.is_ipv6(),
+            tclass: self.tclass,
+            ttl: self.ttl,
+            flow_label: self.flow_label,
+            udp_sport: self.udp_sport,
+            payload: self.payload,
+            check,
+        }
     }
 }
 

@@ -87,9 +87,9 @@ impl<L: Port> Lcore<L> {
         // 136-byte constant with a memcpy call, a literal's `None` tags with a few stores.
         let blank = wire::TransportHeaders::new(wire::BthRepr::new(wire::Opcode(0), wire::Qpn::new(0), wire::Psn::new(0)));
         let mut pkt = RxPacket::new(blank, &[]);
-        let mut f = wire::RxFrame::BLANK;
-        match wire::parse_frame_into(data, &mut pkt.hdr, &mut f) {
+        match wire::parse_frame_into(data, &mut pkt.hdr, &mut pkt.frame) {
             Ok(()) => {
+                let f = &pkt.frame;
                 if !self.ports[pi].dev.gids.contains(&f.dst_gid) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
@@ -140,14 +140,7 @@ impl<L: Port> Lcore<L> {
                 if wire::ecn::is_ce(f.tclass) {
                     bump(&self.stats.rx_ecn_ce, 1);
                 }
-                pkt.payload = f.payload;
-                pkt.src_gid = f.src_gid;
-                pkt.dst_gid = f.dst_gid;
-                pkt.src_udp_port = f.udp_sport;
-                pkt.traffic_class = f.tclass;
-                pkt.hop_limit = f.ttl;
-                pkt.flow_label = f.flow_label;
-                pkt.icrc = Some(f.check);
+                pkt.deferred = true;
                 if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
                     self.pull_recv_wqes(qpn);
                 }
