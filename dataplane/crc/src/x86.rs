@@ -235,10 +235,9 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8
     debug_assert!(!(COPY && MASK));
     // Only the first `r` (1..=15) bytes of mask lane `j`: a partial block's register is zero
     // above them.
-    let lane_head = |j: usize, r: usize| -> __m128i {
-        let w = mask[j] & (u128::MAX >> (8 * (16 - r)));
-        _mm_set_epi64x((w >> 64) as i64, w as i64)
-    };
+    // A mask word as a register (lane byte 0 = the block's first byte).
+    let reg = |w: u128| -> __m128i { _mm_set_epi64x((w >> 64) as i64, w as i64) };
+    let lane_head = |j: usize, r: usize| -> __m128i { reg(mask[j] & (u128::MAX >> (8 * (16 - r)))) };
     if len < 16 {
         if MASK && len > 0 {
             // The masked bytes made in a register and stored whole (the portable kernel's word
@@ -263,7 +262,7 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8
     // The mask lane for the block at byte `o` (zero past the lanes, or without MASK).
     let lane = |o: usize| -> __m128i {
         match mask.get(o / 16) {
-            Some(&w) if MASK => _mm_set_epi64x((w >> 64) as i64, w as i64),
+            Some(&w) if MASK => reg(w),
             _ => _mm_setzero_si128(),
         }
     };
