@@ -1608,6 +1608,26 @@ mod tests {
         }
     }
 
+    /// An RC listener of client 1 (event channel `ch`) on A:`port`.
+    fn rc_listener(c: &mut CmCore, ch: u32, port: u16, backlog: u32) -> u32 {
+        let l = id(c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
+        assert!(matches!(req(c, 1, Request::CmBindAddr { id: l, addr: v4(A, port) }), Response::CmAddr { .. }));
+        assert_eq!(req(c, 1, Request::CmListen { id: l, backlog }), Response::Ok);
+        l
+    }
+
+    /// Client 2 (event channel `ch`) resolves A:`port` and connects QP `qpn` to it; the MADs
+    /// are carried. Returns the active id.
+    fn rc_connect(c: &mut CmCore, ch: u32, port: u16, qpn: u32) -> u32 {
+        let a = id(c, 2, ch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+        assert!(matches!(req(c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, port), timeout_ms: 2000 }), Response::CmAddr { .. }));
+        assert_eq!(req(c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+        let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
+        assert_eq!(req(c, 2, Request::CmConnect { id: a, qpn, conn }), Response::Ok);
+        wire(c);
+        a
+    }
+
     fn events(fd: &OwnedFd) -> Vec<CmEventMsg> {
         let mut v = Vec::new();
         let mut buf = vec![0u8; 4096];
@@ -1631,18 +1651,8 @@ mod tests {
         let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
         let (sch, sfd) = channel(&mut c, 1);
         let (cch, cfd) = channel(&mut c, 2);
-        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
-        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7472) }), Response::CmAddr { .. }));
-        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 2 }), Response::Ok);
-        let connect = |c: &mut CmCore, qpn: u32| {
-            let a = id(c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
-            assert!(matches!(req(c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7472), timeout_ms: 2000 }), Response::CmAddr { .. }));
-            assert_eq!(req(c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
-            let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
-            assert_eq!(req(c, 2, Request::CmConnect { id: a, qpn, conn }), Response::Ok);
-            wire(c);
-            a
-        };
+        rc_listener(&mut c, sch, 7472, 2);
+        let connect = |c: &mut CmCore, qpn: u32| rc_connect(c, cch, 7472, qpn);
         let ack = |id: u32| {
             let b = ctrl::encode(&ctrl::CmEventAck { id }).unwrap();
             assert_eq!(rustix::net::send(&sfd, &b, SendFlags::empty()).unwrap(), b.len());
@@ -1686,19 +1696,12 @@ mod tests {
         let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
         let (sch, _sfd) = channel(&mut c, 1);
         let (cch, cfd) = channel(&mut c, 2);
-        let l = id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, 0x11);
-        assert!(matches!(req(&mut c, 1, Request::CmBindAddr { id: l, addr: v4(A, 7473) }), Response::CmAddr { .. }));
-        assert_eq!(req(&mut c, 1, Request::CmListen { id: l, backlog: 0 }), Response::Ok);
+        rc_listener(&mut c, sch, 7473, 0);
         // The listening client holds every id it may: a child id cannot be made for it.
         for k in 1..MAX_IDS_PER_CLIENT {
             id(&mut c, 1, sch, PortSpace::TCP.0, IBV_QPT_RC, k as u64);
         }
-        let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
-        assert!(matches!(req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7473), timeout_ms: 2000 }), Response::CmAddr { .. }));
-        assert_eq!(req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
-        let conn = CmConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7, rnr_retry_count: 7, ..Default::default() };
-        assert_eq!(req(&mut c, 2, Request::CmConnect { id: a, qpn: 0x101, conn }), Response::Ok);
-        wire(&mut c);
+        rc_connect(&mut c, cch, 7473, 0x101);
         let ev = events(&cfd);
         assert_eq!(ev.last().map(|e| (e.event, e.status)), Some((event::REJECTED, 3)), "REJ 3: no resources");
         assert_eq!((c.stats.rej_resources, c.stats.rej_backlog), (1, 0));
