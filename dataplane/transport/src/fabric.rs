@@ -181,6 +181,7 @@ impl Fabric {
             let now = self.now;
             let node = &mut self.nodes[i];
             let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { continue };
+            crate::sim::assert_connected_path(&node.engine, &t);
             any = true;
             let node_ip = node.ip;
             let dst = self.nodes.iter().position(|n| n.gid() == t.av.dgid);

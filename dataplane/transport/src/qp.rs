@@ -75,6 +75,11 @@ pub struct Transmit {
     pub dest_qpn: u32,
     /// Our QPN.
     pub src_qpn: u32,
+    /// `av` and `dest_qpn` are the QP's connected path as it stands (`ah_attr` to
+    /// `dest_qp_num`): every RC/UC request and every response. Not for a UD WQE's address
+    /// handle, nor a CNP (its own traffic class). Packets on the connected path within one
+    /// transmit burst share one path lookup.
+    pub connected: bool,
     /// CRC-32 of the `len` bytes written, as the ICRC covers them (BTH byte 4 masked), folded
     /// while a long payload was copied: give it to `pmrxe_wire::finish_frame_with_tail_crc`,
     /// which hashes only the IP/UDP prefix. `None` for a short packet (at most
@@ -249,7 +254,7 @@ impl Qp {
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, tail_crc: None })
+        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, connected: false, tail_crc: None })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).

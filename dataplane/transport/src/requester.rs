@@ -394,6 +394,6 @@ impl Qp {
                 }
             }
         }
-        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, connected: ud.is_none(), tail_crc })
     }
 }

@@ -21,6 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cq::{CqSide, Cqe};
 use crate::engine::Engine;
+use crate::qp::Transmit;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, Qp};
 use crate::timers::Instant;
@@ -142,6 +143,15 @@ impl Node {
 }
 
 /// IPv4-mapped GID of `ip`.
+/// The lcore reuses one path lookup for a burst's `connected` packets ([`Transmit::connected`]):
+/// every simulated packet checks that the flag means what it says.
+pub(crate) fn assert_connected_path<X>(engine: &Engine<X>, t: &Transmit) {
+    if t.connected {
+        let a = engine.qp(t.src_qpn).expect("the sender exists").query();
+        assert_eq!((t.av, t.dest_qpn), (a.ah_attr, a.dest_qp_num), "a `connected` packet off the QP's connected path");
+    }
+}
+
 pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
 }
@@ -235,6 +245,7 @@ impl Sim {
             let (node_ip, t) = {
                 let node = &mut self.nodes[i];
                 let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { break };
+                assert_connected_path(&node.engine, &t);
                 (node.ip, t)
             };
             sent += 1;

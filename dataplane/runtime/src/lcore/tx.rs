@@ -203,6 +203,10 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
     // show the capture tap, once the burst is built: (loopback, index, header length).
     let mut built: ArrayVec<(bool, u16, u8, bool), BURST> = ArrayVec::new();
     let tap = ctx.tap.is_some_and(|t| t.active());
+    // The QP's cached path was checked for its connected path in this burst: later packets on
+    // that path use it as it is (nothing the check reads — the QP's attributes, the neighbour
+    // table — changes inside a burst).
+    let mut connected_checked = false;
     while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
         budget -= 1;
         let Some(mut b) = port.alloc() else {
@@ -227,11 +231,14 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
         if buf[0] == wire::cnp::OPCODE.0 {
             bump(&ctx.stats.tx_cnp, 1);
         }
-        let Some(path) = path_for(&mut s.path, port, ctx.neigh, &t.av, t.src_qpn, t.dest_qpn, ctx.now) else {
+        let cached = if t.connected && connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, ctx.neigh, &t.av, t.src_qpn, t.dest_qpn, ctx.now) };
+        let Some(path) = cached else {
             bump(&ctx.stats.tx_no_neighbor, 1);
             *unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
+            connected_checked = false;
             continue; // the engine's retransmission recovers once ARP/ND resolves
         };
+        connected_checked = t.connected;
         let local = path.local;
         let Some(header) = path.header(t.len) else {
             bump(&ctx.stats.tx_build_errors, 1);
