@@ -187,11 +187,30 @@ fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &["FI_LOG_LEVEL=warn"], "rdm", port_for(143));
-    out.assert_ok();
+    let j = svc.stats_json();
+    // A teardown race inside libfabric, not in pmrxe: when the client finishes first and
+    // closes, the server's rxm CM thread handles the disconnect while the server is still in
+    // fi_pingpong's finalize, closes the MSG endpoint, and the verbs provider reports the
+    // receives it had posted as flushed (vrb_ep_close -> vrb_cleanup_cq), which rxm passes to
+    // the application: `cq_readerr: Work Request Flushed Error`, exit 125, after the 100
+    // verified round trips. It needs the server to lag (a starved CPU: 5 times in 70 runs
+    // with the server niced onto the lcore's CPU, and no QP went to ERR in any of them); the
+    // same can happen on a NIC. It is
+    // tolerated only in that exact form, and only if pmrxe itself flushed nothing (no QP went
+    // to ERR: `cqes_flushed` 0), which tells it from a data path that flushed a WR it had
+    // already acknowledged.
+    let rxm_teardown = !out.server.ok()
+        && out.client.ok()
+        && out.server.output.contains("cq_readerr: Work Request Flushed Error")
+        && sum_counter(&j, "cqes_flushed") == 0;
+    if rxm_teardown {
+        eprintln!("fi_pingpong rdm: the server met rxm's teardown race (no WR flushed by pmrxe):\n{}", out.server.describe());
+    } else {
+        out.assert_ok();
+    }
     for o in [&out.server, &out.client] {
         assert!(o.output.contains("64k") && o.output.contains("=100"), "no 64k x 100 row:\n{}", o.describe());
         assert!(!o.output.contains("Unable to create verbs CQ"), "{}", o.describe());
     }
-    let j = svc.stats_json();
     assert!(sum_counter(&j, "sq_wqes") >= 200, "fi_pingpong traffic did not go through pmrxe: sq_wqes {}", sum_counter(&j, "sq_wqes"));
 }

@@ -87,6 +87,10 @@ counters! {
         bad_wqes,
         /// Completions written to client CQs.
         cqes,
+        /// Of those, WR_FLUSH_ERR completions: work requests flushed because their QP went to
+        /// ERR. (A verbs library may report flushed requests of its own, for a QP it destroyed;
+        /// those never pass through here.)
+        cqes_flushed,
         /// Times a CQ was full and a completion had to wait.
         cq_full,
         /// Completion events signalled (eventfd writes).

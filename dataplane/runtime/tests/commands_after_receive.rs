@@ -1,13 +1,15 @@
 //! A control command caused by a completion the lcore made visible sees every frame the lcore
 //! had already sent to itself before that completion.
 //!
-//! fi_pingpong -e rdm failed once in CI at teardown: the client received the server's last
-//! SEND and exited; its disconnect reached the server, whose QP went to ERR and flushed that
-//! SEND (status 5), although the client's ACK for it had been sent, one lcore pass earlier,
-//! towards a port of the same lcore. The lcore ran commands before receive, so a command
-//! that arrived between passes (the lcore preempted on a 2-core machine while two clients
-//! spin) overtook the ACK. The lcore now receives before it runs commands: the ACK retires
-//! the SEND before the QP leaves RTS.
+//! The lcore ran commands before receive, so a command that arrived between passes (the lcore
+//! preempted on a 2-core machine while two clients spin) could overtake an ACK the lcore had
+//! already sent towards one of its own ports: a QP moved to ERR by its peer's disconnect
+//! flushed (status 5) a SEND whose ACK was on the way. The lcore now receives before it runs
+//! commands: the ACK retires the SEND before the QP leaves RTS.
+//!
+//! (This order was first suspected of a fi_pingpong `-e rdm` teardown failure. That failure
+//! turned out to be libfabric's own, with no QP in ERR: see tests/ecosystem.rs. The overtaking
+//! itself is real, and this test shows it.)
 mod common;
 
 use common::{client_page, rig, Rig};
@@ -54,4 +56,18 @@ fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
     let s = cq_rings[0].1.pop().unwrap().expect("the SEND completed");
     assert_eq!((s.wr_id, s.status), (7, 0), "the ACK sent before the command retired the SEND (status 5 = flushed)");
     assert!(cq_rings[0].1.pop().unwrap().is_none(), "nothing else completed");
+    let flushed = || h.stats.snapshot().cqes_flushed;
+    assert_eq!(flushed(), 0, "QP 0x11 went to ERR with nothing outstanding");
+
+    // A receive posted on QP 0x12 is flushed when it goes to ERR, and counted.
+    rq.push(ShmRecvWqe { wr_id: 10, ..r }).unwrap();
+    cpage.ring(Doorbell { lcore: 0, slot: 1 });
+    lc.poll_once(now);
+    let (tx, rx) = bounded(1);
+    h.cmds.send(Cmd::ModifyQp { qpn: 0x12, attr: Box::new(attr), mask: AttrMask::STATE, done: tx }).unwrap();
+    lc.poll_once(now);
+    rx.recv().unwrap().unwrap();
+    let f = cq_rings[1].1.pop().unwrap().expect("the receive was flushed");
+    assert_eq!((f.wr_id, f.status), (10, 5));
+    assert_eq!(flushed(), 1, "the flushed receive is counted in cqes_flushed");
 }

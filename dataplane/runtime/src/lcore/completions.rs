@@ -23,6 +23,9 @@ impl<L: Port> Lcore<L> {
                             }
                         }
                         bump(&stats.cqes, 1);
+                        if c.status == pmrxe_transport::WcStatus::WrFlushErr {
+                            bump(&stats.cqes_flushed, 1);
+                        }
                     }
                     Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
                         // CQ overflow (IBTA: the CQ is in error and its QPs go to ERROR). The
