@@ -254,6 +254,23 @@ impl<X> Engine<X> {
     pub fn ext(&self, qpn: u32) -> Option<&X> {
         self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.ext)
     }
+    /// The slab slot of QP `qpn` if this engine has it: one lookup for a caller that goes on
+    /// to [`Engine::ext_at`], [`Engine::qp_at`] and [`Engine::handle_packet_at`] (the receive
+    /// path). Valid until a QP is added or removed.
+    #[inline]
+    pub fn slot(&self, qpn: u32) -> Option<u32> {
+        self.slot_of(qpn).map(|s| s as u32)
+    }
+    /// [`Engine::ext`] by slot.
+    #[inline]
+    pub fn ext_at(&self, slot: u32) -> Option<&X> {
+        self.entries.get(slot as usize)?.as_deref().map(|e| &e.ext)
+    }
+    /// [`Engine::qp`] by slot.
+    #[inline]
+    pub fn qp_at(&self, slot: u32) -> Option<&Qp> {
+        self.entries.get(slot as usize)?.as_deref().map(|e| &e.qp)
+    }
     /// Run `f` on a QP and its attachment, then re-file the QP on the work lists.
     pub fn with<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut X) -> R) -> Option<R> {
         let s = self.slot_of(qpn)?;
@@ -347,18 +364,26 @@ impl<X> Engine<X> {
     /// Dispatch a parsed packet by its destination QPN. Returns true if the QP dropped it for a
     /// bad ICRC (a deferred check that failed; counted in the QP's `icrc_errors`).
     pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
-        let qpn = pkt.hdr.bth.dest_qp.value();
-        let Some(s) = self.slot_of(qpn) else {
+        let Some(s) = self.slot_of(pkt.hdr.bth.dest_qp.value()) else {
             self.unknown_qpn += 1;
             return false;
         };
-        let mut bad_icrc = false;
-        if let Some(e) = self.entries[s].as_deref_mut() {
-            let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
-            let before = e.qp.stats().icrc_errors;
-            e.qp.handle_packet(now, pkt, mem, srq);
-            bad_icrc = e.qp.stats().icrc_errors != before;
-        }
+        self.handle_packet_at(now, s as u32, pkt, mem)
+    }
+
+    /// [`Engine::handle_packet`] for the QP in `slot`, [`Engine::slot`] of the packet's
+    /// destination QPN.
+    pub fn handle_packet_at<M: MemOps + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M) -> bool {
+        let s = slot as usize;
+        let Some(e) = self.entries.get_mut(s).and_then(|e| e.as_deref_mut()) else {
+            self.unknown_qpn += 1;
+            return false;
+        };
+        debug_assert_eq!(e.qp.qpn(), pkt.hdr.bth.dest_qp.value(), "a packet handed to another QP's slot");
+        let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
+        let before = e.qp.stats().icrc_errors;
+        e.qp.handle_packet(now, pkt, mem, srq);
+        let bad_icrc = e.qp.stats().icrc_errors != before;
         self.touch(s);
         bad_icrc
     }

@@ -115,7 +115,7 @@ impl<L: Port> Lcore<L> {
                     }
                     return None;
                 }
-                let Some(slot) = self.engine.ext(qpn) else {
+                let Some((at, slot)) = self.engine.slot(qpn).and_then(|at| Some((at, self.engine.ext_at(at)?))) else {
                     if let (true, Some(h)) = (may_hand_off, &self.handoff) {
                         let owner = h.owner(qpn);
                         if owner != self.index % h.lcores() {
@@ -142,9 +142,9 @@ impl<L: Port> Lcore<L> {
                 }
                 pkt.deferred = true;
                 if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
-                    self.pull_recv_wqes(qpn);
+                    self.pull_recv_wqes(qpn, at);
                 }
-                if self.engine.handle_packet(now, &pkt, &*self.mem) {
+                if self.engine.handle_packet_at(now, at, &pkt, &*self.mem) {
                     self.count_bad_icrc();
                 }
                 None
@@ -177,10 +177,11 @@ impl<L: Port> Lcore<L> {
     /// client that posts a receive and then tells its peer to send (udaddy, rping, any
     /// RDMA_CM accept) may have rung its doorbell after this pass read it; the peer's SEND
     /// must still find the WQE, as it would on a NIC that reads the queue on arrival.
-    fn pull_recv_wqes(&mut self, qpn: u32) {
+    /// `at`: the QP's engine slot.
+    fn pull_recv_wqes(&mut self, qpn: u32, at: u32) {
         // Looked at read-only first: a QP with receive WQEs at hand (every SEND of a steady
         // stream) costs two loads here, not a re-filing on the engine's lists.
-        let Some(qp) = self.engine.qp(qpn) else { return };
+        let Some(qp) = self.engine.qp_at(at) else { return };
         if let Some(n) = qp.srq() {
             if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
                 if srq.is_empty() {
