@@ -95,7 +95,11 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
     ] {
         let (ok, out, took) = run(test, &[]);
         // The message is the client's, or `server: ...` when the server side failed first.
-        assert!(!ok && out.contains("-cm1 set but not used") && (out.contains(msg) || out.contains("server:")), "qperf {test} ({took:?}):\n{out}");
+        assert!(
+            !ok && out.contains("-cm1 set but not used") && (out.contains(msg) || out.contains("server:")),
+            "qperf {test} ({took:?}):\n{out}\nserver:\n{}",
+            read_to_string_lossy(&so)
+        );
         assert!(took < Duration::from_secs(15), "qperf {test} took {took:?}");
     }
     eprintln!("qperf -cm1 (MB/s, us): {}", figures.join(", "));

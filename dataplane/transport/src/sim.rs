@@ -21,9 +21,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::cq::{CqSide, Cqe};
 use crate::engine::Engine;
-use crate::qp::Transmit;
 use crate::packet::RxPacket;
-use crate::qp::{AsyncEvent, Qp};
+use crate::qp::{AsyncEvent, Qp, Transmit};
 use crate::timers::Instant;
 
 /// What happens to one packet.
@@ -142,7 +141,6 @@ impl Node {
     }
 }
 
-/// IPv4-mapped GID of `ip`.
 /// The lcore reuses one path lookup for a burst's `connected` packets ([`Transmit::connected`]):
 /// every simulated packet checks that the flag means what it says.
 pub(crate) fn assert_connected_path<X>(engine: &Engine<X>, t: &Transmit) {
@@ -152,6 +150,7 @@ pub(crate) fn assert_connected_path<X>(engine: &Engine<X>, t: &Transmit) {
     }
 }
 
+/// IPv4-mapped GID of `ip`.
 pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
 }
