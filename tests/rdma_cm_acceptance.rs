@@ -103,7 +103,7 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
         assert!(took < Duration::from_secs(15), "qperf {test} took {took:?}");
     }
     eprintln!("qperf -cm1 (MB/s, us): {}", figures.join(", "));
-    kill(&mut server);
+    drop(server); // KillOnDrop: killed and reaped
     assert_nothing_left(&svc, Duration::from_secs(20), "qperf");
 }
 

@@ -159,8 +159,7 @@ fn qperf_cm1_between_two_namespaces() {
     // The server (qperf forks a child per test) and both services still work.
     rc("rc_bw", "bw");
     eprintln!("qperf -cm1 across namespaces (MB/s, us): {}", figures.join(", "));
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "qperf");
 }
 
@@ -363,8 +362,7 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     assert!(read_to_string_lossy(&so).contains("listening on: fi_sockaddr_in://127.0.0.1:"), "server:\n{}", read_to_string_lossy(&so));
     assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{out}");
     assert!(server.try_wait().unwrap().is_none(), "the fi_pingpong server exited:\n{}", read_to_string_lossy(&so));
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "fi_pingpong -e msg");
 
     // `-e rdm` (rxm over MSG endpoints): the same localhost name; rxm retries the refused
@@ -389,8 +387,7 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     let _ = client.kill();
     let _ = client.wait();
     assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{}", read_to_string_lossy(&co));
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "fi_pingpong -e rdm");
 }
 
