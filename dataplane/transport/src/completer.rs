@@ -155,7 +155,7 @@ impl Qp {
     /// Cumulative acknowledgement of every PSN ≤ `p`.
     fn ack_through(&mut self, p: Psn) -> AckOutcome {
         let mut progress = false;
-        let mut idx = self.sq_head;
+        let mut idx = self.sq.head();
         while idx < self.sq_end() {
             // By reference: an SQ entry is hundreds of bytes, an ACK must not copy them.
             let e = self.entry(idx);
@@ -181,7 +181,7 @@ impl Qp {
         if next.distance(self.comp.psn) > 0 && next.distance(self.req.max_sent()) <= 0 {
             // Never move past a READ that still misses responses (none can when no READ or
             // atomic holds a credit: skip the walk).
-            let limit = (self.sq_head..self.sq_end())
+            let limit = (self.sq.head()..self.sq_end())
                 .take_while(|_| self.req.rd_atomic_outstanding())
                 .map(|i| self.entry(i))
                 .find(|e| e.started && e.done.is_none() && e.op.is_rd_atomic())
@@ -200,7 +200,7 @@ impl Qp {
 
     /// Index of the started, unfinished WQE holding PSN `p`.
     fn wqe_with_psn(&self, p: Psn) -> Option<u64> {
-        (self.sq_head..self.sq_end()).find(|&i| {
+        (self.sq.head()..self.sq_end()).find(|&i| {
             let e = self.entry(i);
             e.done.is_none() && e.contains_psn(p)
         })
@@ -209,7 +209,7 @@ impl Qp {
     /// Go-back-N: rewind the network cursor to the WQE holding `p` (or the first unfinished
     /// started WQE after it). Local ops below the execution cursor are skipped on the way.
     pub(crate) fn retry_from(&mut self, now: Instant, p: Psn) {
-        let Some(idx) = (self.sq_head..self.sq_end()).find(|&i| {
+        let Some(idx) = (self.sq.head()..self.sq_end()).find(|&i| {
             let e = self.entry(i);
             e.started && e.done.is_none() && e.last_psn().distance(p) >= 0
         }) else {
@@ -242,7 +242,7 @@ impl Qp {
 
     fn fail_at(&mut self, p: Psn, st: WcStatus) {
         let idx = self.wqe_with_psn(p).or_else(|| {
-            (self.sq_head..self.sq_end()).find(|&i| {
+            (self.sq.head()..self.sq_end()).find(|&i| {
                 let e = self.entry(i);
                 e.started && e.done.is_none()
             })

@@ -15,7 +15,7 @@ use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
 use crate::dcqcn::{CcConfig, Dcqcn};
 use crate::requester::ReqState;
 use crate::responder::RespState;
-use crate::sq::{SqEntry, SqSide};
+use crate::sq::{SqEntry, SqRing, SqSide};
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
 use crate::rq::RecvQueue;
@@ -101,11 +101,10 @@ pub struct Qp {
     pub(crate) sq_sig_all: bool,
     pub(crate) state: QpState,
     pub(crate) attr: QpAttr,
-    /// SQ ring; `sq[0]` has absolute index `sq_head`.
-    pub(crate) sq: VecDeque<SqEntry>,
+    /// SQ entries, by absolute WQE index.
+    pub(crate) sq: SqRing,
     /// Gather lists, inline data and UD destinations of the SQ's WQEs.
     pub(crate) sq_side: SqSide,
-    pub(crate) sq_head: u64,
     pub(crate) rq: RecvQueue,
     pub(crate) req: ReqState,
     pub(crate) comp: CompState,
@@ -150,9 +149,8 @@ impl Qp {
             sq_sig_all: false,
             state: QpState::Reset,
             attr,
-            sq: VecDeque::with_capacity(caps.max_send_wr as usize),
+            sq: SqRing::new(caps.max_send_wr),
             sq_side: SqSide::new(&caps, qp_type),
-            sq_head: 0,
             rq: RecvQueue::with_capacity(caps.max_recv_wr as usize),
             req: ReqState::default(),
             comp: CompState::default(),
@@ -389,7 +387,7 @@ impl Qp {
     fn reset(&mut self) {
         let (qpn, ty, pd, caps, srq, sig, port_mtu, cc) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all, self.port_mtu, self.cc);
         // Reuse the allocations.
-        let mut sq = core::mem::take(&mut self.sq);
+        let mut sq = core::mem::replace(&mut self.sq, SqRing::new(0));
         let mut rq = core::mem::take(&mut self.rq);
         let mut cqes = core::mem::take(&mut self.cqes);
         let mut events = core::mem::take(&mut self.events);
@@ -425,7 +423,6 @@ impl Qp {
 
     fn flush(&mut self) {
         while let Some(e) = self.sq.pop_front() {
-            self.sq_head += 1;
             if e.credit {
                 self.req.release_rd_atomic();
             }
@@ -434,7 +431,7 @@ impl Qp {
             self.stats.completion(WcStatus::WrFlushErr);
             self.cqes.push_back((CqSide::Send, c));
         }
-        self.req.flushed_to(self.sq_head);
+        self.req.flushed_to(self.sq.head());
         // The RQ's current WQE is its head: flushed first, in order.
         while let Some(wr_id) = self.rq.pop() {
             self.stats.completion(WcStatus::WrFlushErr);
@@ -496,7 +493,7 @@ impl Qp {
         };
         let idx = self.sq_end();
         self.sq_side.store(idx, wqe, inline);
-        self.sq.push_back(SqEntry {
+        self.sq.push(SqEntry {
             wr_id: wqe.wr_id,
             op: wqe.op,
             flags: wqe.flags,
@@ -604,16 +601,15 @@ impl Qp {
 
     /// Absolute index one past the last posted WQE.
     pub(crate) fn sq_end(&self) -> u64 {
-        self.sq_head + self.sq.len() as u64
+        self.sq.end()
     }
     #[inline]
     pub(crate) fn entry(&self, idx: u64) -> &SqEntry {
-        &self.sq[(idx - self.sq_head) as usize]
+        self.sq.get(idx)
     }
     #[inline]
     pub(crate) fn entry_mut(&mut self, idx: u64) -> &mut SqEntry {
-        let h = self.sq_head;
-        &mut self.sq[(idx - h) as usize]
+        self.sq.get_mut(idx)
     }
 
     /// Set the final status of WQE `idx` (first status wins) and release its credit.
@@ -641,7 +637,6 @@ impl Qp {
             // Only the fields the CQE needs (not a copy of the whole entry).
             let (wr_id, op, len, signaled) = (e.wr_id, e.op, e.len, e.signaled());
             self.sq.pop_front();
-            self.sq_head += 1;
             if st != WcStatus::Success || signaled || self.sq_sig_all {
                 let mut c = Cqe::new(wr_id, st, wc_opcode(&op), self.qpn);
                 if st == WcStatus::Success {
@@ -659,7 +654,7 @@ impl Qp {
             }
         }
         // A cumulative ACK may retire WQEs the (rewound) network cursor had not reached yet.
-        self.req.retired_to(self.sq_head);
+        self.req.retired_to(self.sq.head());
         self.check_sq_drained();
     }
 

@@ -144,7 +144,7 @@ impl Qp {
                 if self.state == QpState::Sqd {
                     return None;
                 }
-                if matches!(op, SendOp::LocalInv { .. }) && idx != self.sq_head {
+                if matches!(op, SendOp::LocalInv { .. }) && idx != self.sq.head() {
                     // Mandatory LIF: every earlier WQE must have completed.
                     return None;
                 }
