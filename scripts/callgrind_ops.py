@@ -5,7 +5,8 @@ usage: callgrind_ops.py MEASURED OPS IDLE IDLE_PASSES PASSES [--top N]
 
 MEASURED is the lcore thread's dump over the measured run (OPS send WQEs), IDLE the dump of the
 same lcore with the bench client connected and idle (IDLE_PASSES empty passes); PASSES is the
-number of empty passes inside the measured run. Prints JSON:
+number of empty passes inside the measured run. With several lcores MEASURED and IDLE are
+comma-separated lists of their dumps, summed (the pass counts are then all lcores' together). Prints JSON:
 
   per_op      instructions per operation in the functions that run only for work (frames,
               WQEs, ACKs, completions): exact, the same from run to run;
@@ -25,7 +26,7 @@ import sys
 # Functions of the lcore loop itself: they run every pass, with or without work.
 LOOP = re.compile(
     r"Lcore<L>::run$|Lcore<L>>::(receive|transmit|flush_tx|doorbells|deliver_completions|drain_srqs)$"
-    r"|rx_burst|tx_burst|::kick$|try_recv|Idle::idle|^0x[0-9a-f]+$|Engine<X>::(handle_timeout|drain_pending)$"
+    r"|rx_burst|tx_burst|::kick$|try_recv|ArrayQueue<T>::pop$|Idle::idle|^0x[0-9a-f]+$|Engine<X>::(handle_timeout|drain_pending)$"
     r"|clock::|__tls_get_addr")
 
 
@@ -65,7 +66,11 @@ def main():
     measured, ops, idle, idle_passes, passes = args[0], int(args[1]), args[2], int(args[3]), int(args[4])
     if ops <= 0 or idle_passes <= 0:
         sys.exit("callgrind_ops: no operations or no idle passes measured")
-    m, i = self_costs(measured), self_costs(idle)
+    m, i = collections.Counter(), collections.Counter()
+    for path in measured.split(","):
+        m.update(self_costs(path))
+    for path in idle.split(","):
+        i.update(self_costs(path))
     per_op = {fn: c for fn, c in m.items() if fn and not LOOP.search(fn)}
     loop = sum(c for fn, c in m.items() if fn and LOOP.search(fn))
     loop -= sum(c for fn, c in i.items() if fn and LOOP.search(fn)) * passes / idle_passes

@@ -2,7 +2,7 @@
 # Instructions per operation of the lcore, counted by callgrind: a figure this VM's 2x timing
 # swings cannot move, for comparing two builds of the data path.
 #
-#   ./scripts/instructions.sh [SERVICE_BIN [CLIENT_BIN]] > out.json
+#   ./scripts/instructions.sh [--handoff] [SERVICE_BIN [CLIENT_BIN]] > out.json
 #
 # For each point (8 B WRITE and SEND, inline; 64 KiB WRITE) the service (SERVICE_BIN serve on
 # the embedded loopback, busy idle) runs under callgrind and CLIENT_BIN's native harness drives
@@ -11,22 +11,42 @@
 # (scripts/callgrind_ops.py explains the fields). CLIENT_BIN defaults to SERVICE_BIN; another
 # build's service can be driven by this one's client while the shared-memory ABI is the same.
 # Valgrind has no AVX-512: the CRC kernels measured are the PCLMUL ones. ~1 minute per point.
+#
+# --handoff: the same points on two lcores with the harness's sides in two clients
+# (`bench --two-clients`), so the sides' QPs live on different lcores and every frame arrives
+# on the lcore that does not own its QP and is handed over. The figures are the two lcores'
+# instructions together, per operation ("lcores": 2): less the one-lcore figures, the cost of
+# the hand-offs. The empty-pass calibration assumes both lcores' empty passes cost the same.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+LCORES=1
+DUR=3
+if [ "${1:-}" = --handoff ]; then LCORES=2; DUR=15; shift; fi   # valgrind runs one thread at a time: two busy lcores need longer for as many operations
 SVC_BIN=${1:-target/release/pmrxe}
 CLI_BIN=${2:-$SVC_BIN}
 command -v valgrind >/dev/null || { echo "instructions: valgrind is not installed (scripts/setup.sh)" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/pmrxe-instr.XXXXXX)
 export PMRXE_SOCKET=$WORK/pmrxe.sock
 VG=
-cleanup() { [ -n "$VG" ] && kill -TERM "$VG" 2>/dev/null && wait "$VG" 2>/dev/null; rm -rf "$WORK"; }
+cleanup() { [ -n "$VG" ] && kill -TERM "$VG" 2>/dev/null && wait "$VG" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 sed 's/^idle = .*/idle = { mode = "busy" }/' configs/loopback.toml >"$WORK/busy.toml"
+HARNESS=()
+if [ "$LCORES" = 2 ]; then
+  # The second lcore shares CPU 0 with the main core: under valgrind threads run one at a time.
+  sed -i -e 's/^cores = \[1\]/cores = [1, 0]/' -e 's/^main_core = 0/main_core = 0\nallow_main_core = true/' "$WORK/busy.toml"
+  grep -q '^cores = \[1, 0\]' "$WORK/busy.toml" || { echo "instructions: configs/loopback.toml layout changed" >&2; exit 1; }
+  HARNESS=(--two-clients)
+fi
 
-counters() {
-  "$CLI_BIN" stats --json | python3 -c 'import json,sys; c=json.load(sys.stdin)["lcores"][0]["counters"]; print(c["sq_wqes"], c["busy_iterations"], c["idle_iterations"])'
+counters() { # send WQEs, busy passes, empty passes: all lcores together
+  "$CLI_BIN" stats --json | python3 -c 'import json,sys; ls=json.load(sys.stdin)["lcores"]; print(*(sum(l["counters"][k] for l in ls) for k in ("sq_wqes", "busy_iterations", "idle_iterations")))'
 }
-lcore_dump() { grep -l 'pmrxe_runtime::lcore::' "$1"/cg.out.* 2>/dev/null | head -1 | grep .; }
+lcore_dump() { # the lcore threads' dumps in directory $1, comma separated, once all are there
+  local d
+  d=$(grep -l 'pmrxe_runtime::lcore::Lcore<L>::run' "$1"/cg.out.* 2>/dev/null | sort)
+  [ "$(echo "$d" | grep -c .)" = "$LCORES" ] && echo "$d" | paste -sd,
+}
 wait_for() { # what, seconds, command...: poll the command until it succeeds or time runs out
   local what=$1 t=$2; shift 2
   for _ in $(seq $((t * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -40,8 +60,8 @@ point() { # name, bench arguments...
     "$SVC_BIN" serve --config "$WORK/busy.toml" >"$WORK/serve.log" 2>&1 &
   VG=$!
   wait_for "the service's socket" 120 test -S "$PMRXE_SOCKET" || { cat "$WORK/serve.log" >&2; return 1; }
-  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 1 "$@" >/dev/null 2>&1   # warm-up
-  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 3 --settle 5 "$@" >"$WORK/bench.log" 2>&1 &
+  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration 1 "${HARNESS[@]}" "$@" >/dev/null 2>&1   # warm-up
+  "$CLI_BIN" bench --socket "$PMRXE_SOCKET" --suite quick --duration "$DUR" --settle 5 "${HARNESS[@]}" "$@" >"$WORK/bench.log" 2>&1 &
   local b=$!
   wait_for "the harness to settle" 120 grep -q '^settling' "$WORK/bench.log" || return 1
   local c0 c1 c2
@@ -58,9 +78,9 @@ point() { # name, bench arguments...
   m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
   [ -n "$m" ] && [ -n "$i" ] || { echo "instructions: $name: no lcore dump" >&2; return 1; }
   python3 scripts/callgrind_ops.py "$m" $((c2[0] - c1[0])) "$i" $((c1[2] - c0[2])) $((c2[2] - c1[2])) |
-    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); d['idle_passes_per_op']=round(($((c2[2] - c1[2])))/max(d['ops'],1),2); print(json.dumps(d))"
+    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['lcores']=$LCORES; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); d['idle_passes_per_op']=round(($((c2[2] - c1[2])))/max(d['ops'],1),2); print(json.dumps(d))"
 }
 
 point "WRITE 8" --only rate --ops write --rate-sizes 8
-point "SEND 8" --only rate --ops send --rate-sizes 8
-point "WRITE 64K" --only bw --ops write --sizes 64K
+[ -n "${ONE:-}" ] || point "SEND 8" --only rate --ops send --rate-sizes 8
+[ -n "${ONE:-}" ] || point "WRITE 64K" --only bw --ops write --sizes 64K

@@ -88,6 +88,13 @@ pub struct BenchArgs {
     /// as a ratio to the 1-QP figure of the same run.
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 16, 64])]
     pub qps: Vec<u32>,
+    /// Open side 1 (the target: its PD, memory, CQs and QPs) through a second client
+    /// connection. The service places each client on one lcore, round-robin, so with two or
+    /// more lcores the sides live on different lcores and every frame arrives on the lcore that
+    /// does not own its QP: it is parsed up to its QP there and handed over (the hand-off's
+    /// cost is what this measures, e.g. under scripts/instructions.sh).
+    #[arg(long)]
+    pub two_clients: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -196,7 +203,9 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     };
     out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
     let ctx = connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?;
-    let h = Harness::new(&ctx, &plan)?;
+    let target = if args.two_clients { connect_retry(&socket, service.as_mut(), Duration::from_secs(30))? } else { ctx.clone() };
+    out["two_clients"] = json!(args.two_clients);
+    let h = Harness::new([&ctx, &target], &plan)?;
     out["service"]["path_mtu"] = json!(256u32 << h.path_mtu.saturating_sub(1));
     out["service"]["devices"] = json!([ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name]);
     println!("pmrxe bench ({}): {} <-> {}, path MTU {}, driver on CPU {}, {:.2} s per point",
@@ -467,7 +476,8 @@ fn lcore_work(ctx: &Context) -> Option<(u64, u64)> {
 }
 
 struct Harness {
-    ctx: Context,
+    /// The client each side's objects belong to (one client twice, or two: `--two-clients`).
+    ctx: [Context; 2],
     sides: [Side; 2],
     dev: [u32; 2],
     path_mtu: u32,
@@ -477,7 +487,8 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(ctx: &Context, plan: &Plan) -> io::Result<Harness> {
+    fn new(ctxs: [&Context; 2], plan: &Plan) -> io::Result<Harness> {
+        let ctx = ctxs[0];
         let find = |name: &str, fallback: u32| ctx.device_index(name).unwrap_or(fallback);
         let dev = [find("pmrxe0", 0), find("pmrxe1", 1)];
         if ctx.devices().len() < 2 {
@@ -492,18 +503,18 @@ impl Harness {
         opts.cap.max_inline_data = d0.attr.max_inline_data.min(64);
         let most_qps = plan.qps.iter().copied().max().unwrap_or(1) as usize;
         let buf_len = plan.sizes.iter().copied().max().unwrap_or(4096).max(1 << 16).max(QPS_SIZE * most_qps);
-        let mk = |d: u32| -> io::Result<Side> {
+        let mk = |ctx: &Context, d: u32| -> io::Result<Side> {
             let pd = Pd::alloc(ctx, d)?;
             let buf = Buffer::new(ctx, buf_len)?;
             let mr = Mr::register(&pd, &buf, native::access::ALL)?;
             Ok(Side { mr, buf, pd })
         };
-        let sides = [mk(dev[0])?, mk(dev[1])?];
-        Ok(Harness { ctx: ctx.clone(), sides, dev, path_mtu, rd_atomic, opts, buf_len })
+        let sides = [mk(ctxs[0], dev[0])?, mk(ctxs[1], dev[1])?];
+        Ok(Harness { ctx: [ctxs[0].clone(), ctxs[1].clone()], sides, dev, path_mtu, rd_atomic, opts, buf_len })
     }
 
     fn connect(&self) -> io::Result<Conn> {
-        let cq = |i: usize| Cq::create(&self.ctx, self.dev[i], CQ_DEPTH.min(self.ctx.devices()[self.dev[i] as usize].attr.max_cqe));
+        let cq = |i: usize| Cq::create(&self.ctx[i], self.dev[i], CQ_DEPTH.min(self.ctx[i].devices()[self.dev[i] as usize].attr.max_cqe));
         let scq = [cq(0)?, cq(1)?];
         let rcq = [cq(0)?, cq(1)?];
         let qa = Qp::create(&self.sides[0].pd, &scq[0], &rcq[0], self.opts)?;

@@ -637,9 +637,26 @@ fn gid_to_ip(gid: &[u8; 16], v6: bool) -> IpAddr {
 /// packet). On error `headers` and `out` hold no meaning.
 #[inline]
 pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>) -> Result<()> {
+    parse_frame_routed(frame, headers, out, |_| true).map(|_| ())
+}
+
+/// [`parse_frame_into`] with a routing decision before the transport headers are parsed and
+/// before any ICRC work: once the Ethernet, IP and UDP headers and the lengths have been
+/// checked, `here(dest_qp)` (BTH.DestQP) says whether this receiver consumes the frame. If not,
+/// the parse stops there and returns `Ok(false)` with `headers` and `out` untouched and no
+/// byte hashed: the receiver that owns the QP parses the frame again, checks everything else
+/// and verifies the ICRC once, there.
+#[inline]
+pub fn parse_frame_routed<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>, here: impl FnOnce(u32) -> bool) -> Result<bool> {
     let o = outer(frame)?;
     let span = &frame[o.ip..o.ip_end - ICRC_LEN];
     let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
+    // A body too short for a BTH is left to `parse_into` to refuse.
+    if let [_, _, _, _, _, q0, q1, q2, ..] = *body {
+        if !here(u32::from_be_bytes([0, q0, q1, q2])) {
+            return Ok(false);
+        }
+    }
     let hlen = headers.parse_into(body)?;
     let payload = payload_of(headers, body, hlen)?;
     let payload_off = o.bth_offset + hlen - o.udp_off;
@@ -653,7 +670,7 @@ pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out
     out.flow_label = o.flow_label;
     out.udp_sport = o.udp_sport;
     out.payload = payload;
-    Ok(())
+    Ok(true)
 }
 
 /// Build a complete frame into `buf`: headers, payload, zero pad, ICRC. The BTH pad count

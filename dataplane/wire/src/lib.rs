@@ -82,7 +82,7 @@ pub use cnp::{build_cnp_frame, parse_cnp_frame, CnpFrame, Repr as CnpRepr};
 pub use headers::TransportHeaders;
 pub use frame::{
     build_frame, build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, seal_frame,
-    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_with,
+    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_routed, parse_frame_with,
     udp_sport, L3Info, ParseOptions, RoceFrame, RxFrame,
 };
 pub use pcap::{read_pcap, PcapReader, PcapRecord, PcapWriter};
