@@ -17,6 +17,9 @@
 # on the lcore that does not own its QP and is handed over. The figures are the two lcores'
 # instructions together, per operation ("lcores": 2): less the one-lcore figures, the cost of
 # the hand-offs. The empty-pass calibration assumes both lcores' empty passes cost the same.
+#
+# Environment: ONE=1 measures only the first point (8 B WRITE); KEEP=1 keeps the work directory
+# with the callgrind dumps (its path is in the dumps' names; per-function or per-line study).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LCORES=1

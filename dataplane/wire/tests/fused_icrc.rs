@@ -10,7 +10,7 @@ use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
     build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, frame_len, pad_for,
-    parse_frame, parse_frame_deferred, parse_frame_into, seal_frame, Error, Qpn, RxFrame, TransportHeaders,
+    parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_routed, seal_frame, Error, Qpn, RxFrame, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -113,6 +113,53 @@ proptest! {
             }
             (Err(e), Err(g)) => prop_assert_eq!(e, g),
             (a, b) => prop_assert!(false, "parse_frame {:?} vs deferred {:?}", a.err(), b.err()),
+        }
+    }
+
+    /// A receiver that routes (`parse_frame_routed`) sees every frame the full parse accepts
+    /// with its BTH.DestQP, and when it declines the frame nothing else is parsed: headers and
+    /// frame stay as they were. When it keeps the frame the result is `parse_frame_into`'s.
+    /// A frame refused before routing is refused for the same reason as by the full parse.
+    #[test]
+    fn routed_parse_routes_on_dest_qp_before_anything_else(seed: u64, op in 0..ALL.len(), ipv6: bool, at: usize, bit in 0u8..8, corrupt: bool) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (h, p) = random_headers(&mut rng, ALL[op]);
+        let l3 = random_l3(&mut rng, ipv6, Qpn::new(3), h.bth.dest_qp);
+        let mut f = build_frame_vec(&l3, &h, &p).unwrap();
+        if corrupt {
+            let i = at % f.len();
+            f[i] ^= 1 << bit;
+        }
+        let (mut hdr, mut r) = (TransportHeaders::BLANK, RxFrame::BLANK);
+        let mut seen = None;
+        let declined = parse_frame_routed(&f, &mut hdr, &mut r, |q| {
+            seen = Some(q);
+            false
+        });
+        let (mut hdr2, mut r2) = (TransportHeaders::BLANK, RxFrame::BLANK);
+        let full = parse_frame_into(&f, &mut hdr2, &mut r2);
+        match (&declined, &full) {
+            (Ok(false), _) => {
+                prop_assert_eq!(hdr, TransportHeaders::BLANK);
+                prop_assert_eq!(r.payload, RxFrame::BLANK.payload);
+                if full.is_ok() {
+                    prop_assert_eq!(seen, Some(u32::from(hdr2.bth.dest_qp)));
+                }
+            }
+            (Err(e), Err(g)) => {
+                prop_assert_eq!(e, g);
+                prop_assert!(seen.is_none(), "refused after routing: {:?}", e);
+            }
+            (a, b) => prop_assert!(false, "routed {:?} vs into {:?}", a, b),
+        }
+        let (mut hdr3, mut r3) = (TransportHeaders::BLANK, RxFrame::BLANK);
+        match (parse_frame_routed(&f, &mut hdr3, &mut r3, |_| true), full) {
+            (Ok(true), Ok(())) => {
+                prop_assert_eq!(hdr3, hdr2);
+                prop_assert_eq!((r3.payload, r3.check, r3.udp_sport), (r2.payload, r2.check, r2.udp_sport));
+            }
+            (Err(e), Err(g)) => prop_assert_eq!(e, g),
+            (a, b) => prop_assert!(false, "routed {:?} vs into {:?}", a, b),
         }
     }
 }
