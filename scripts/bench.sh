@@ -16,6 +16,7 @@
 # 4. a profile of the service's lcore under ib_write_bw 64 KiB (perf record -e cpu-clock -g);
 # 6. instructions per operation of the lcore under callgrind (scripts/instructions.sh): 8 B
 #    WRITE/SEND, 64 KiB WRITE; exact counts, for comparing builds on a VM whose timings swing 2x;
+#    and 8 B WRITE on two lcores with every frame handed over (--handoff): the hand-off's cost;
 # 5. before/after: the native harness of a baseline commit (BENCH_BASELINE, default f3cbeca:
 #    the figures issue 15 started from) built in a worktree under target/bench-baseline, run
 #    interleaved with this commit's (rounds alternate, so both see the same machine): 8 B
@@ -138,6 +139,8 @@ fi
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   log "instructions per operation: scripts/instructions.sh (callgrind, ~2 minutes)"
   ./scripts/instructions.sh "$BIN" >"$OUT/instructions.jsonl" 2>"$OUT/instructions.err" || log "instructions: failed (see $OUT/instructions.err)"
+  log "instructions per operation: 8 B WRITE handed over between two lcores (--handoff, ~1 minute)"
+  ONE=1 ./scripts/instructions.sh --handoff "$BIN" >"$OUT/instructions-handoff.jsonl" 2>>"$OUT/instructions.err" || log "instructions: hand-off point failed"
   if [ -n "${BENCH_INSTR_BASE:-}" ] && [ -x "$BENCH_INSTR_BASE" ]; then
     log "instructions per operation: baseline service $BENCH_INSTR_BASE"
     ./scripts/instructions.sh "$BENCH_INSTR_BASE" "$BIN" >"$OUT/instructions-base.jsonl" 2>>"$OUT/instructions.err" || log "instructions: baseline failed"

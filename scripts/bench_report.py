@@ -628,6 +628,18 @@ if instr:
         w("")
         w(f"Baseline service: `{machine.get('instructions_baseline', '?')}`, driven by this commit's harness.")
     w("")
+    hand = jsonl("instructions-handoff.jsonl").get("WRITE 8")
+    one = instr.get("WRITE 8")
+    if hand and one:
+        w(f"**Hand-offs** (`scripts/instructions.sh --handoff`): two lcores, the harness's sides in two clients")
+        w("(`pmrxe bench --two-clients`), so each side's QP lives on its own lcore and every frame arrives on")
+        w("the lcore that does not own its QP: that lcore checks the outer headers, routes on BTH.DestQP and")
+        w("passes the buffer to the owner's inbox; the owner parses it and verifies its ICRC, once.")
+        w(f"8 B WRITE: {hand['per_op']} instructions per op in the work functions of both lcores together,")
+        w(f"against {one['per_op']} on one lcore: **{hand['per_op'] - one['per_op']} per op** for the hand-offs")
+        w("(about one handed-over frame per op: the request, and an ACK every ~32). The loop's share is not")
+        w("compared: with two busy lcores valgrind runs mostly empty passes, and that estimate is noise.")
+        w("")
     for name in ("WRITE 8", "WRITE 64K"):
         d = instr.get(name)
         if d and d.get("top"):
