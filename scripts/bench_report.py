@@ -698,6 +698,7 @@ w("taskset -c 0 pmrxe run -- ib_write_lat -d pmrxe{0,1} -F -s 8 -n 1000 [127.0.0
 w("taskset -c 0 pmrxe run -- ib_send_lat -d pmrxe{0,1} -F -s 8 -e -n 20000 [127.0.0.1]")
 w("perf record -e cpu-clock -F 2000 -g -p $(pidof pmrxe serve) -- sleep 6    # during ib_write_bw -s 65536")
 w("./scripts/instructions.sh [SERVICE_BIN [CLIENT_BIN]]   # callgrind: lcore instructions per operation")
+w("ONE=1 ./scripts/instructions.sh --handoff [SERVICE_BIN]   # 8 B WRITE on two lcores, every frame handed over (bench --two-clients)")
 w("qperf & qperf -t 3 -m SIZE 127.0.0.1 tcp_bw; qperf -t 3 -m 8 127.0.0.1 tcp_lat")
 w("iperf3 -s -1 & iperf3 -c 127.0.0.1 -l 64K -t 3 -J")
 w("UCX_TLS=tcp,self UCX_NET_DEVICES=lo ucx_perftest -p 13338 & ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s SIZE -n 5000")
