@@ -31,7 +31,13 @@ command -v valgrind >/dev/null || { echo "instructions: valgrind is not installe
 WORK=$(mktemp -d /tmp/pmrxe-instr.XXXXXX)
 export PMRXE_SOCKET=$WORK/pmrxe.sock
 VG=
-cleanup() { [ -n "$VG" ] && kill -TERM "$VG" 2>/dev/null && wait "$VG" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
+stop_vg() { # the service under valgrind: TERM, then KILL if it has not gone within 10 s
+  [ -n "$VG" ] || return 0
+  kill -TERM "$VG" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$VG" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$VG" 2>/dev/null; wait "$VG" 2>/dev/null; VG=
+}
+cleanup() { stop_vg; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 sed 's/^idle = .*/idle = { mode = "busy" }/' configs/loopback.toml >"$WORK/busy.toml"
 HARNESS=()
@@ -76,7 +82,7 @@ point() { # name, bench arguments...
   wait $b || { echo "instructions: $name: bench failed" >&2; cat "$WORK/bench.log" >&2; return 1; }
   c2=($(counters)); callgrind_control -d "$VG" >/dev/null 2>&1
   wait_for "the measured dump" 60 lcore_dump "$WORK" || return 1
-  kill -TERM "$VG" 2>/dev/null; wait "$VG" 2>/dev/null; VG=
+  stop_vg
   local m i
   m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
   [ -n "$m" ] && [ -n "$i" ] || { echo "instructions: $name: no lcore dump" >&2; return 1; }
