@@ -637,8 +637,9 @@ if instr:
         w("passes the buffer to the owner's inbox; the owner parses it and verifies its ICRC, once.")
         w(f"8 B WRITE: {hand['per_op']} instructions per op in the work functions of both lcores together,")
         w(f"against {one['per_op']} on one lcore: **{hand['per_op'] - one['per_op']} per op** for the hand-offs")
-        w("(about one handed-over frame per op: the request, and an ACK every ~32). The loop's share is not")
-        w("compared: with two busy lcores valgrind runs mostly empty passes, and that estimate is noise.")
+        w(f"({hand.get('frames_per_op', '?')} frames per op on two lcores, {one.get('frames_per_op', '?')} on one: the ACKs coalesce")
+        w("less, so part of the difference is extra ACKs). The loop's share is not compared: with two busy")
+        w("lcores valgrind runs mostly empty passes, and that estimate is noise.")
         w("")
     for name in ("WRITE 8", "WRITE 64K"):
         d = instr.get(name)

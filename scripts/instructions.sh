@@ -48,8 +48,8 @@ if [ "$LCORES" = 2 ]; then
   HARNESS=(--two-clients)
 fi
 
-counters() { # send WQEs, busy passes, empty passes: all lcores together
-  "$CLI_BIN" stats --json | python3 -c 'import json,sys; ls=json.load(sys.stdin)["lcores"]; print(*(sum(l["counters"][k] for l in ls) for k in ("sq_wqes", "busy_iterations", "idle_iterations")))'
+counters() { # send WQEs, busy passes, empty passes, frames received: all lcores together
+  "$CLI_BIN" stats --json | python3 -c 'import json,sys; ls=json.load(sys.stdin)["lcores"]; print(*(sum(l["counters"][k] for l in ls) for k in ("sq_wqes", "busy_iterations", "idle_iterations", "rx_packets")))'
 }
 lcore_dump() { # the lcore threads' dumps in directory $1, comma separated, once all are there
   local d
@@ -87,7 +87,7 @@ point() { # name, bench arguments...
   m=$(lcore_dump "$WORK"); i=$(lcore_dump "$WORK/idle")
   [ -n "$m" ] && [ -n "$i" ] || { echo "instructions: $name: no lcore dump" >&2; return 1; }
   python3 scripts/callgrind_ops.py "$m" $((c2[0] - c1[0])) "$i" $((c1[2] - c0[2])) $((c2[2] - c1[2])) |
-    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['lcores']=$LCORES; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); d['idle_passes_per_op']=round(($((c2[2] - c1[2])))/max(d['ops'],1),2); print(json.dumps(d))"
+    python3 -c "import json,sys; d=json.load(sys.stdin); d['point']='$name'; d['lcores']=$LCORES; d['busy_passes_per_op']=round(($((c2[1] - c1[1])))/max(d['ops'],1),4); d['idle_passes_per_op']=round(($((c2[2] - c1[2])))/max(d['ops'],1),2); d['frames_per_op']=round(($((c2[3] - c1[3])))/max(d['ops'],1),3); print(json.dumps(d))"
 }
 
 point "WRITE 8" --only rate --ops write --rate-sizes 8
