@@ -91,8 +91,9 @@ pub struct BenchArgs {
     /// Open side 1 (the target: its PD, memory, CQs and QPs) through a second client
     /// connection. The service places each client on one lcore, round-robin, so with two or
     /// more lcores the sides live on different lcores and every frame arrives on the lcore that
-    /// does not own its QP: it is parsed up to its QP there and handed over (the hand-off's
-    /// cost is what this measures, e.g. under scripts/instructions.sh).
+    /// does not own its QP: that lcore checks its outer headers, routes it on BTH.DestQP and
+    /// hands it over (the hand-off's cost is what this measures: scripts/instructions.sh
+    /// --handoff).
     #[arg(long)]
     pub two_clients: bool,
 }

@@ -157,7 +157,7 @@ impl Qp {
         let mut progress = false;
         let mut idx = self.sq.head();
         while idx < self.sq_end() {
-            // By reference: an SQ entry is hundreds of bytes, an ACK must not copy them.
+            // By reference: an ACK copies no SQ entries (about a hundred bytes each).
             let e = self.entry(idx);
             if e.done.is_some() {
                 idx += 1;
