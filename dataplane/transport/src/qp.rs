@@ -501,14 +501,9 @@ impl Qp {
             rkey: wqe.rkey,
             num_sge: if inline { 0 } else { wqe.num_sge as u8 },
             len,
-            first_psn: Psn::new(0),
             npsn,
-            started: false,
-            tx_pkt: 0,
-            read_req_out: false,
-            rcvd: 0,
-            credit: false,
-            done: None,
+            // Not started: no PSNs, no packets, no credit, no status.
+            ..SqEntry::NOT_STARTED
         });
         if self.state == QpState::Err {
             self.flush();

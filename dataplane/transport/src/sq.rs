@@ -46,8 +46,8 @@ pub(crate) struct SqEntry {
 const _: () = assert!(core::mem::size_of::<SqEntry>() <= 128);
 
 impl SqEntry {
-    /// What an unused slot holds.
-    const BLANK: SqEntry = SqEntry {
+    /// What an unused slot holds; its progress fields are those of a WQE just posted.
+    pub(crate) const NOT_STARTED: SqEntry = SqEntry {
         wr_id: 0,
         op: SendOp::Send,
         flags: SendFlags(0),
@@ -94,7 +94,7 @@ pub(crate) struct SqRing {
 impl SqRing {
     pub(crate) fn new(depth: u32) -> SqRing {
         let slots = (depth.max(1) as usize).next_power_of_two();
-        SqRing { entries: vec![SqEntry::BLANK; slots].into_boxed_slice(), mask: slots as u64 - 1, head: 0, end: 0 }
+        SqRing { entries: vec![SqEntry::NOT_STARTED; slots].into_boxed_slice(), mask: slots as u64 - 1, head: 0, end: 0 }
     }
     /// Absolute index of the oldest WQE.
     #[inline]
