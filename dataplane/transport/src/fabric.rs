@@ -181,12 +181,12 @@ impl Fabric {
             let now = self.now;
             let node = &mut self.nodes[i];
             let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { continue };
-            crate::sim::assert_connected_path(&node.engine, &t);
+            let av = crate::sim::path_of(&node.engine, &t);
             any = true;
             let node_ip = node.ip;
-            let dst = self.nodes.iter().position(|n| n.gid() == t.av.dgid);
-            let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&t.av.dgid[12..16]).expect("4 bytes"));
-            let tclass = if self.p.ect { ecn::with_ecn(t.av.traffic_class, ecn::ECT0) } else { t.av.traffic_class };
+            let dst = self.nodes.iter().position(|n| n.gid() == av.dgid);
+            let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&av.dgid[12..16]).expect("4 bytes"));
+            let tclass = if self.p.ect { ecn::with_ecn(av.traffic_class, ecn::ECT0) } else { av.traffic_class };
             let l3 = L3Info {
                 src_mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
                 dst_mac: MacAddr([2, 0, 0, 0, 0, dst.unwrap_or(255) as u8]),
@@ -194,8 +194,8 @@ impl Fabric {
                 dst_ip: IpAddr::V4(dst_ip),
                 tclass,
                 ttl: 64,
-                flow_label: t.av.flow_label,
-                udp_sport: udp_sport(t.av.flow_label, t.src_qpn, t.dest_qpn),
+                flow_label: av.flow_label,
+                udp_sport: udp_sport(av.flow_label, t.src_qpn, t.dest_qpn),
                 ip_id: 0,
             };
             let n = emit_frame_headers(&mut self.buf, &l3, t.len).expect("frame headers");

@@ -69,17 +69,16 @@ pub enum AsyncEvent {
 pub struct Transmit {
     /// Bytes written: BTH + extension headers + payload + pad (no ICRC).
     pub len: usize,
-    /// Path: the QP's primary path (RC/UC) or the WQE's address handle (UD).
-    pub av: AddressVector,
+    /// Path: `None` for the QP's connected path as it stands (`ah_attr` to `dest_qp_num`:
+    /// every RC/UC request and every response; [`Qp::transmit_av`] gives it), a UD WQE's
+    /// address handle or a CNP's path (its own traffic class) otherwise. The connected path is
+    /// not copied into every packet's `Transmit`, and the lcore reuses one path lookup for a
+    /// burst's packets on it.
+    pub av: Option<AddressVector>,
     /// Destination QPN.
     pub dest_qpn: u32,
     /// Our QPN.
     pub src_qpn: u32,
-    /// `av` and `dest_qpn` are the QP's connected path as it stands (`ah_attr` to
-    /// `dest_qp_num`): every RC/UC request and every response. Not for a UD WQE's address
-    /// handle, nor a CNP (its own traffic class). Packets on the connected path within one
-    /// transmit burst share one path lookup.
-    pub connected: bool,
     /// CRC-32 of the `len` bytes written, as the ICRC covers them (BTH byte 4 masked), folded
     /// while a long payload was copied: give it to `pmrxe_wire::finish_frame_with_tail_crc`,
     /// which hashes only the IP/UDP prefix. `None` for a short packet (at most
@@ -252,7 +251,7 @@ impl Qp {
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        Some(Transmit { len, av, dest_qpn: dest, src_qpn: self.qpn, connected: false, tail_crc: None })
+        Some(Transmit { len, av: Some(av), dest_qpn: dest, src_qpn: self.qpn, tail_crc: None })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
@@ -684,16 +683,23 @@ impl Qp {
     /// The address vector and destination QPN of the packet `poll_transmit` would write next
     /// (the runtime resolves the path before the QP's send state advances). `None` when the
     /// next WQE is a local operation or there is nothing to send.
-    pub fn next_path(&self) -> Option<(AddressVector, u32)> {
-        let connected = (self.attr.ah_attr, self.attr.dest_qp_num);
+    pub fn next_path(&self) -> Option<(&AddressVector, u32)> {
+        let connected = (&self.attr.ah_attr, self.attr.dest_qp_num);
         if self.resp.has_output() || self.cnp_pending {
             return Some(connected);
         }
         if self.qp_type == QpType::Ud {
             let i = self.req.net_cursor();
-            return if i < self.sq_end() { self.sq_side.ud(i).map(|u| (u.av, u.remote_qpn)) } else { None };
+            return if i < self.sq_end() { self.sq_side.ud(i).map(|u| (&u.av, u.remote_qpn)) } else { None };
         }
         Some(connected)
+    }
+
+    /// The path of packet `t` this QP wrote: its own address vector, or the QP's connected
+    /// path.
+    #[inline]
+    pub fn transmit_av<'a>(&'a self, t: &'a Transmit) -> &'a AddressVector {
+        t.av.as_ref().unwrap_or(&self.attr.ah_attr)
     }
 
     /// Does this QP have something to send right now (responder output or requester work)?

@@ -238,8 +238,8 @@ impl Qp {
         let wire_ty = self.qp_type.wire();
         let ud = if self.qp_type == QpType::Ud { self.sq_side.ud(idx) } else { None };
         let (dest_qpn, av) = match ud {
-            Some(ud) => (ud.remote_qpn, ud.av),
-            _ => (self.attr.dest_qp_num, self.attr.ah_attr),
+            Some(ud) => (ud.remote_qpn, Some(ud.av)),
+            _ => (self.attr.dest_qp_num, None),
         };
         let k = e.tx_pkt;
         let psn = e.first_psn.wrapping_add(k);
@@ -394,6 +394,6 @@ impl Qp {
                 }
             }
         }
-        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, connected: ud.is_none(), tail_crc })
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
     }
 }

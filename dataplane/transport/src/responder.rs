@@ -764,8 +764,8 @@ impl Qp {
             let o = *self.resp.out.front()?;
             let dest = self.attr.dest_qp_num;
             let msn = Msn::new(self.resp.msn);
-            let (av, me) = (self.attr.ah_attr, self.qpn);
-            let tx = |(len, tail_crc)| Transmit { len, av, dest_qpn: dest, src_qpn: me, connected: true, tail_crc };
+            let me = self.qpn;
+            let tx = |(len, tail_crc)| Transmit { len, av: None, dest_qpn: dest, src_qpn: me, tail_crc };
             match o {
                 Out::Ack { psn, syndrome } => {
                     self.resp.out.pop_front();

@@ -21,6 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cq::{CqSide, Cqe};
 use crate::engine::Engine;
+use crate::AddressVector;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, Qp, Transmit};
 use crate::timers::Instant;
@@ -141,13 +142,9 @@ impl Node {
     }
 }
 
-/// The lcore reuses one path lookup for a burst's `connected` packets ([`Transmit::connected`]):
-/// every simulated packet checks that the flag means what it says.
-pub(crate) fn assert_connected_path<X>(engine: &Engine<X>, t: &Transmit) {
-    if t.connected {
-        let a = engine.qp(t.src_qpn).expect("the sender exists").query();
-        assert_eq!((t.av, t.dest_qpn), (a.ah_attr, a.dest_qp_num), "a `connected` packet off the QP's connected path");
-    }
+/// The path a node's packet `t` takes: its own address vector, or its QP's connected path.
+pub(crate) fn path_of<X>(engine: &Engine<X>, t: &Transmit) -> AddressVector {
+    *engine.qp(t.src_qpn).expect("the sender exists").transmit_av(t)
 }
 
 /// IPv4-mapped GID of `ip`.
@@ -241,24 +238,23 @@ impl Sim {
         let hl = frame_header_len(false);
         while sent < self.max_burst {
             let now = self.now;
-            let (node_ip, t) = {
+            let (node_ip, av, t) = {
                 let node = &mut self.nodes[i];
                 let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { break };
-                assert_connected_path(&node.engine, &t);
-                (node.ip, t)
+                (node.ip, path_of(&node.engine, &t), t)
             };
             sent += 1;
-            let dst = self.node_of(&t.av.dgid);
-            let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&t.av.dgid[12..16]).expect("4 bytes"));
+            let dst = self.node_of(&av.dgid);
+            let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&av.dgid[12..16]).expect("4 bytes"));
             let l3 = L3Info {
                 src_mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
                 dst_mac: MacAddr([2, 0, 0, 0, 0, dst.unwrap_or(255) as u8]),
                 src_ip: IpAddr::V4(node_ip),
                 dst_ip: IpAddr::V4(dst_ip),
-                tclass: t.av.traffic_class,
-                ttl: t.av.hop_limit.max(1),
-                flow_label: t.av.flow_label,
-                udp_sport: udp_sport(t.av.flow_label, t.src_qpn, t.dest_qpn),
+                tclass: av.traffic_class,
+                ttl: av.hop_limit.max(1),
+                flow_label: av.flow_label,
+                udp_sport: udp_sport(av.flow_label, t.src_qpn, t.dest_qpn),
                 ip_id: 0,
             };
             let n = emit_frame_headers(&mut self.buf, &l3, t.len).expect("frame headers");

@@ -198,8 +198,8 @@ impl SqSide {
         &self.inline[at..at + n.min(self.inline_stride)]
     }
     /// UD destination of WQE `idx`.
-    pub(crate) fn ud(&self, idx: u64) -> Option<UdDest> {
-        self.ud.get(self.slot(idx)).copied().flatten()
+    pub(crate) fn ud(&self, idx: u64) -> Option<&UdDest> {
+        self.ud.get(self.slot(idx)).and_then(Option::as_ref)
     }
     /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot.
     pub(crate) fn store(&mut self, idx: u64, w: &SendWqe, inline: bool) {

@@ -29,7 +29,7 @@ impl<L: Port> Lcore<L> {
             // The next packet's path must be resolved before the QP's send state advances
             // (a UC/UD packet built for an unknown MAC would be lost yet reported sent).
             if let Some((av, dest)) = qp.next_path() {
-                if path_for(&mut s.path, port, &self.neigh, &av, qp.qpn(), dest, now).is_none() {
+                if path_for(&mut s.path, port, &self.neigh, av, qp.qpn(), dest, now).is_none() {
                     let held = *s.hold_since.get_or_insert(now);
                     if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
                         bump(&self.stats.tx_neigh_hold, 1);
@@ -231,14 +231,15 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
         if buf[0] == wire::cnp::OPCODE.0 {
             bump(&ctx.stats.tx_cnp, 1);
         }
-        let cached = if t.connected && connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, ctx.neigh, &t.av, t.src_qpn, t.dest_qpn, ctx.now) };
+        let connected = t.av.is_none();
+        let cached = if connected && connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, ctx.neigh, qp.transmit_av(t), t.src_qpn, t.dest_qpn, ctx.now) };
         let Some(path) = cached else {
             bump(&ctx.stats.tx_no_neighbor, 1);
-            *unresolved = Some((s.dev, gid_to_ip(&t.av.dgid)));
+            *unresolved = Some((s.dev, gid_to_ip(&qp.transmit_av(t).dgid)));
             connected_checked = false;
             continue; // the engine's retransmission recovers once ARP/ND resolves
         };
-        connected_checked = t.connected;
+        connected_checked = connected;
         let local = path.local;
         let Some(header) = path.header(t.len) else {
             bump(&ctx.stats.tx_build_errors, 1);
