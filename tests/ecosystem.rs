@@ -195,10 +195,9 @@ fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
     // the application: `cq_readerr: Work Request Flushed Error`, exit 125, after the 100
     // verified round trips. It needs the server to lag (a starved CPU: 5 times in 70 runs
     // with the server niced onto the lcore's CPU, and no QP went to ERR in any of them); the
-    // same can happen on a NIC. It is
-    // tolerated only in that exact form, and only if pmrxe itself flushed nothing (no QP went
-    // to ERR: `cqes_flushed` 0), which tells it from a data path that flushed a WR it had
-    // already acknowledged.
+    // same can happen on a NIC. It is tolerated only in that exact form, and only if pmrxe
+    // itself flushed nothing (no QP went to ERR: `cqes_flushed` 0), which tells it from a data
+    // path that flushed a WR it had already acknowledged.
     let rxm_teardown = !out.server.ok()
         && out.client.ok()
         && out.server.output.contains("cq_readerr: Work Request Flushed Error")
