@@ -3,7 +3,7 @@
 //! client could not legitimately have posted.
 use pmrxe_abi::{send_flags, wr_opcode, ShmCqe, ShmRecvWqe, ShmSendWqe, MAX_RECV_SGE};
 use pmrxe_mem::{Access, Key, Sge};
-use pmrxe_transport::{AddressVector, Cqe, RecvWqe, SendFlags, SendOp, SendWqe, UdDest, MAX_INLINE, MAX_SGE};
+use pmrxe_transport::{AddressVector, Cqe, RecvWqe, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Why a client WQE was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,11 +18,26 @@ pub enum WqeError {
     BadAh(u32),
 }
 
-/// Convert a client send WQE into `out`, the lcore's reusable scratch WQE: only the used
-/// SGEs and inline bytes are written (`num_sge`/`inline_len` bound what is read), so a post
-/// costs what the client posted, not a 512-byte clear. `ah` resolves UD address handles.
-pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool, out: &mut SendWqe) -> Result<(), WqeError> {
-    let op = match w.opcode {
+/// A client send WQE (the lcore's copy of a ring entry) as the engine reads it: checked once
+/// when made ([`ShmSendWr::new`]: opcode, gather-list and inline lengths, UD address handle),
+/// then read field by field by `Qp::post_send`, which copies what it keeps into the SQ. No
+/// `SendWqe` is built in between (its 512 bytes, and the engine's wide reads of an opcode just
+/// written with a narrow store, cost more than the WQE's own fields).
+pub struct ShmSendWr<'a> {
+    w: &'a ShmSendWqe,
+    /// The flags the engine sees (INLINE dropped for a local operation).
+    flags: u32,
+    /// Gather entries (0 for inline and local operations).
+    num_sge: u32,
+    /// Inline bytes (0 unless an inline, non-local WQE; at most `MAX_INLINE`).
+    inline_len: u32,
+    ud: Option<UdDest>,
+}
+
+/// The engine opcode of a client opcode (`None`: unknown or unsupported).
+#[inline]
+fn send_op(w: &ShmSendWqe) -> Option<SendOp> {
+    Some(match w.opcode {
         wr_opcode::SEND => SendOp::Send,
         wr_opcode::SEND_WITH_IMM => SendOp::SendImm(w.imm_or_inv),
         wr_opcode::SEND_WITH_INV => SendOp::SendInv(w.imm_or_inv),
@@ -47,41 +62,94 @@ pub fn send_wqe(w: &ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud
             len: w.length,
             access: Access(w.access),
         },
-        other => return Err(WqeError::BadOpcode(other)),
-    };
-    out.wr_id = w.wr_id;
-    out.op = op;
-    out.num_sge = 0;
-    out.inline_len = 0;
-    out.ud = None;
-    out.flags = SendFlags(w.send_flags & (send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE));
-    out.remote_addr = w.remote_addr;
-    out.rkey = w.rkey;
-    if out.op.is_local() {
-        out.flags = SendFlags(out.flags.0 & !send_flags::INLINE);
-    } else if w.send_flags & send_flags::INLINE != 0 {
-        let n = w.inline_len as usize;
-        if n > MAX_INLINE || n > w.data.len() {
-            return Err(WqeError::InlineTooLong(w.inline_len));
+        _ => return None,
+    })
+}
+
+/// Local operations (REG_MR, LOCAL_INV, BIND_MW) by client opcode.
+fn is_local_opcode(op: u32) -> bool {
+    matches!(op, wr_opcode::LOCAL_INV | wr_opcode::PMRXE_REG_MR | wr_opcode::BIND_MW)
+}
+
+impl<'a> ShmSendWr<'a> {
+    /// Check `w` (`ah` resolves UD address handles; `is_ud`: the QP is UD).
+    #[inline]
+    pub fn new(w: &'a ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool) -> Result<Self, WqeError> {
+        if send_op(w).is_none() {
+            return Err(WqeError::BadOpcode(w.opcode));
         }
-        pmrxe_crc::copy_short(&mut out.inline[..n], &w.data[..n]);
-        out.inline_len = n;
-    } else {
-        let n = w.num_sge as usize;
-        if n > MAX_SGE {
-            return Err(WqeError::TooManySge(w.num_sge));
+        let local = is_local_opcode(w.opcode);
+        let mut flags = w.send_flags & (send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE);
+        let (mut num_sge, mut inline_len) = (0, 0);
+        if local {
+            // A local operation carries no payload: INLINE means nothing for it.
+            flags &= !send_flags::INLINE;
+        } else if flags & send_flags::INLINE != 0 {
+            let n = w.inline_len as usize;
+            if n > MAX_INLINE || n > w.data.len() {
+                return Err(WqeError::InlineTooLong(w.inline_len));
+            }
+            inline_len = w.inline_len;
+        } else {
+            if w.num_sge as usize > MAX_SGE {
+                return Err(WqeError::TooManySge(w.num_sge));
+            }
+            num_sge = w.num_sge;
         }
-        for i in 0..n {
-            let s = w.sge(i);
-            out.sges[i] = Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) };
-        }
-        out.num_sge = n;
+        let ud = if is_ud && !local {
+            let av = ah(w.ah).ok_or(WqeError::BadAh(w.ah))?;
+            Some(UdDest { av, remote_qpn: w.remote_qpn & 0xFF_FFFF, remote_qkey: w.remote_qkey })
+        } else {
+            None
+        };
+        Ok(ShmSendWr { w, flags, num_sge, inline_len, ud })
     }
-    if is_ud && !out.op.is_local() {
-        let av = ah(w.ah).ok_or(WqeError::BadAh(w.ah))?;
-        out.ud = Some(UdDest { av, remote_qpn: w.remote_qpn & 0xFF_FFFF, remote_qkey: w.remote_qkey });
+}
+
+impl SendWr for ShmSendWr<'_> {
+    #[inline]
+    fn wr_id(&self) -> u64 {
+        self.w.wr_id
     }
-    Ok(())
+    #[inline]
+    fn op(&self) -> SendOp {
+        // Checked by `new`; the copy it checked cannot have changed (it is the lcore's).
+        send_op(self.w).unwrap_or(SendOp::Send)
+    }
+    #[inline]
+    fn flags(&self) -> SendFlags {
+        SendFlags(self.flags)
+    }
+    #[inline]
+    fn remote_addr(&self) -> u64 {
+        self.w.remote_addr
+    }
+    #[inline]
+    fn rkey(&self) -> u32 {
+        self.w.rkey
+    }
+    #[inline]
+    fn num_sge(&self) -> usize {
+        self.num_sge as usize
+    }
+    #[inline]
+    fn sge(&self, i: usize) -> Sge {
+        let s = self.w.sge(i);
+        Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) }
+    }
+    #[inline]
+    fn inline_len(&self) -> usize {
+        self.inline_len as usize
+    }
+    #[inline]
+    fn inline(&self) -> &[u8] {
+        // `new` checked the length against both bounds.
+        &self.w.data[..(self.inline_len as usize).min(MAX_INLINE)]
+    }
+    #[inline]
+    fn ud(&self) -> Option<UdDest> {
+        self.ud
+    }
 }
 
 /// Convert a client receive WQE.
@@ -129,23 +197,28 @@ mod tests {
         let mut w = ShmSendWqe { wr_id: 7, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 2, remote_addr: 0x1000, rkey: 0x1234, ..Default::default() };
         w.set_sge(0, ShmSge { addr: 10, length: 20, lkey: 30 });
         w.set_sge(1, ShmSge { addr: 40, length: 50, lkey: 60 });
-        let mut s = SendWqe::new(0, SendOp::Send);
-        send_wqe(&w, |_| None, false, &mut s).unwrap();
-        assert_eq!(s.op, SendOp::Write);
-        assert_eq!(s.sg_list(), &[Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }]);
-        assert!(s.signaled());
+        let s = ShmSendWr::new(&w, |_| None, false).unwrap();
+        assert_eq!((s.wr_id(), s.op(), s.remote_addr(), s.rkey()), (7, SendOp::Write, 0x1000, 0x1234));
+        assert_eq!((0..s.num_sge()).map(|i| s.sge(i)).collect::<Vec<_>>(), [Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }]);
+        assert_eq!(s.flags(), SendFlags::SIGNALED);
+        assert_eq!((s.inline_len(), s.inline()), (0, &[][..]), "a gather WQE has no inline payload");
         w.num_sge = 99;
-        assert_eq!(send_wqe(&w, |_| None, false, &mut s).unwrap_err(), WqeError::TooManySge(99));
+        assert_eq!(ShmSendWr::new(&w, |_| None, false).err(), Some(WqeError::TooManySge(99)));
         w.opcode = 0xdead;
-        assert_eq!(send_wqe(&w, |_| None, false, &mut s).unwrap_err(), WqeError::BadOpcode(0xdead));
-        let mut i = ShmSendWqe { opcode: wr_opcode::SEND, send_flags: send_flags::INLINE, inline_len: 5, ..Default::default() };
+        assert_eq!(ShmSendWr::new(&w, |_| None, false).err(), Some(WqeError::BadOpcode(0xdead)));
+        let mut i = ShmSendWqe { opcode: wr_opcode::SEND, send_flags: send_flags::INLINE, inline_len: 5, num_sge: 3, ..Default::default() };
         i.data[..5].copy_from_slice(b"hello");
-        send_wqe(&i, |_| None, false, &mut s).unwrap();
-        assert_eq!(&s.inline[..s.inline_len], b"hello");
-        assert!(s.sg_list().is_empty(), "the previous conversion's SGEs do not leak into this one");
+        let s = ShmSendWr::new(&i, |_| None, false).unwrap();
+        assert_eq!((s.inline_len(), s.inline()), (5, &b"hello"[..]));
+        assert_eq!(s.num_sge(), 0, "an inline WQE has no gather list, whatever num_sge says");
         i.inline_len = 100_000;
-        assert!(matches!(send_wqe(&i, |_| None, false, &mut s), Err(WqeError::InlineTooLong(_))));
+        assert!(matches!(ShmSendWr::new(&i, |_| None, false), Err(WqeError::InlineTooLong(_))));
         let ud = ShmSendWqe { opcode: wr_opcode::SEND, ah: 5, ..Default::default() };
-        assert_eq!(send_wqe(&ud, |_| None, true, &mut s).unwrap_err(), WqeError::BadAh(5));
+        assert_eq!(ShmSendWr::new(&ud, |_| None, true).err(), Some(WqeError::BadAh(5)));
+        // A local operation: no payload, INLINE dropped, no address handle needed on UD.
+        let inv = ShmSendWqe { opcode: wr_opcode::LOCAL_INV, imm_or_inv: 0x4242, send_flags: send_flags::INLINE | send_flags::FENCE, inline_len: 9, num_sge: 2, ..Default::default() };
+        let s = ShmSendWr::new(&inv, |_| None, true).unwrap();
+        assert_eq!(s.op(), SendOp::LocalInv { key: Key(0x4242) });
+        assert_eq!((s.flags(), s.num_sge(), s.inline_len(), s.ud()), (SendFlags::FENCE, 0, 0, None));
     }
 }

@@ -19,7 +19,7 @@ use crate::sq::{SqEntry, SqRing, SqSide};
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
 use crate::rq::RecvQueue;
-use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWqe, MAX_INLINE, MAX_SGE};
+use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWr, MAX_INLINE, MAX_SGE};
 
 /// `post_send`/`post_recv` failure (the WR is returned as `bad_wr`; no CQE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -444,7 +444,7 @@ impl Qp {
 
     /// `ibv_post_send`. Validation failures return an error and produce no CQE
     /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed.
-    pub fn post_send(&mut self, now: Instant, wqe: &SendWqe) -> Result<(), PostError> {
+    pub fn post_send<W: SendWr + ?Sized>(&mut self, now: Instant, wqe: &W) -> Result<(), PostError> {
         let _ = now;
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
@@ -453,7 +453,7 @@ impl Qp {
         if self.sq.len() >= self.caps.max_send_wr as usize {
             return Err(PostError::QueueFull);
         }
-        let op = &wqe.op;
+        let op = wqe.op();
         let ok_for_type = match self.qp_type {
             QpType::Rc => true,
             QpType::Uc => matches!(op, SendOp::Send | SendOp::SendImm(_) | SendOp::Write | SendOp::WriteImm(_))
@@ -463,22 +463,31 @@ impl Qp {
         if !ok_for_type {
             return Err(PostError::BadOpcode);
         }
-        if wqe.num_sge > self.caps.max_send_sge as usize || wqe.num_sge > MAX_SGE {
+        let num_sge = wqe.num_sge();
+        if num_sge > self.caps.max_send_sge as usize || num_sge > MAX_SGE {
             return Err(PostError::TooManySge);
         }
-        let inline = wqe.flags.contains(SendFlags::INLINE);
+        let flags = wqe.flags();
+        let inline = flags.contains(SendFlags::INLINE);
+        let inline_len = wqe.inline_len();
         if inline
-            && (op.is_local() || op.is_rd_atomic() || wqe.inline_len > self.caps.max_inline_data as usize || wqe.inline_len > MAX_INLINE) {
+            && (op.is_local() || op.is_rd_atomic() || inline_len > self.caps.max_inline_data as usize || inline_len > MAX_INLINE) {
                 return Err(PostError::BadInline);
             }
-        let len = wqe.payload_len();
+        // Payload length: the inline length, or the sum of the gather entries; local ops: 0.
+        let len = match () {
+            _ if op.is_local() => 0,
+            _ if inline => inline_len as u64,
+            _ => (0..num_sge).map(|i| u64::from(wqe.sge(i).len)).sum(),
+        };
         if len > 1 << 31 {
             return Err(PostError::TooLong);
         }
-        if op.is_atomic() && (len != 8 || wqe.remote_addr & 7 != 0) {
+        let remote_addr = wqe.remote_addr();
+        if op.is_atomic() && (len != 8 || remote_addr & 7 != 0) {
             return Err(PostError::BadAtomic);
         }
-        if self.qp_type == QpType::Ud && wqe.ud.is_none() {
+        if self.qp_type == QpType::Ud && wqe.ud().is_none() {
             return Err(PostError::NoDestination);
         }
         let npsn = match op {
@@ -493,12 +502,12 @@ impl Qp {
         let idx = self.sq_end();
         self.sq_side.store(idx, wqe, inline);
         self.sq.push(SqEntry {
-            wr_id: wqe.wr_id,
-            op: wqe.op,
-            flags: wqe.flags,
-            remote_addr: wqe.remote_addr,
-            rkey: wqe.rkey,
-            num_sge: if inline { 0 } else { wqe.num_sge as u8 },
+            wr_id: wqe.wr_id(),
+            op,
+            flags,
+            remote_addr,
+            rkey: wqe.rkey(),
+            num_sge: if inline { 0 } else { num_sge as u8 },
             len,
             npsn,
             // Not started: no PSNs, no packets, no credit, no status.

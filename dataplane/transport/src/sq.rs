@@ -5,7 +5,7 @@ use pmrxe_wire::Psn;
 
 use crate::attr::{QpCaps, QpType};
 use crate::cq::WcStatus;
-use crate::wqe::{SendFlags, SendOp, SendWqe, UdDest};
+use crate::wqe::{SendFlags, SendOp, SendWr, UdDest};
 
 /// One SQ slot: the compact part of the WQE and its progress (about a hundred bytes, not the
 /// 512 B of a [`SendWqe`]). The gather list, inline data and UD destination live in the QP's
@@ -201,18 +201,24 @@ impl SqSide {
     pub(crate) fn ud(&self, idx: u64) -> Option<&UdDest> {
         self.ud.get(self.slot(idx)).and_then(Option::as_ref)
     }
-    /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot.
-    pub(crate) fn store(&mut self, idx: u64, w: &SendWqe, inline: bool) {
+    /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot:
+    /// its inline bytes or its gather list, and on a UD QP its destination.
+    pub(crate) fn store<W: SendWr + ?Sized>(&mut self, idx: u64, w: &W, inline: bool) {
         let s = self.slot(idx);
         if inline {
+            let b = w.inline();
             let at = s * self.inline_stride;
-            pmrxe_crc::copy_short(&mut self.inline[at..at + w.inline_len], &w.inline[..w.inline_len]);
+            pmrxe_crc::copy_short(&mut self.inline[at..at + b.len()], b);
         } else {
             let at = s * self.sge_stride;
-            self.sges[at..at + w.num_sge].copy_from_slice(w.sg_list());
+            let n = w.num_sge();
+            for (i, d) in self.sges[at..at + n].iter_mut().enumerate() {
+                *d = w.sge(i);
+            }
         }
+        // Only a UD QP has the array.
         if let Some(u) = self.ud.get_mut(s) {
-            *u = w.ud;
+            *u = w.ud();
         }
     }
 }

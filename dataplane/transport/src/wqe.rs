@@ -139,6 +139,77 @@ pub struct UdDest {
     pub remote_qkey: u32,
 }
 
+/// What [`Qp::post_send`](crate::Qp::post_send) reads from a send work request, field by
+/// field: a [`SendWqe`], or a view of a WQE kept in another layout (the runtime reads a
+/// client's ring entry through one, so a post does not build a 512-byte `SendWqe` first and
+/// the engine does not read back, in wide loads, an opcode just written with a narrow store).
+/// Whatever implements it, `post_send` is the one place a send WQE is checked against the QP.
+pub trait SendWr {
+    /// Consumer's id, returned in the CQE.
+    fn wr_id(&self) -> u64;
+    /// What to do.
+    fn op(&self) -> SendOp;
+    /// Flags.
+    fn flags(&self) -> SendFlags;
+    /// Remote address for WRITE/READ/atomics.
+    fn remote_addr(&self) -> u64;
+    /// Remote key for WRITE/READ/atomics.
+    fn rkey(&self) -> u32;
+    /// Number of gather entries (may exceed [`MAX_SGE`]: `post_send` refuses that).
+    fn num_sge(&self) -> usize;
+    /// Gather entry `i` (`i < num_sge().min(MAX_SGE)`).
+    fn sge(&self, i: usize) -> Sge;
+    /// Inline payload length (may exceed [`MAX_INLINE`]: `post_send` refuses that).
+    fn inline_len(&self) -> usize;
+    /// The inline payload, `inline_len()` bytes when that is at most [`MAX_INLINE`].
+    fn inline(&self) -> &[u8];
+    /// UD destination.
+    fn ud(&self) -> Option<UdDest>;
+}
+
+impl SendWr for SendWqe {
+    #[inline]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline]
+    fn op(&self) -> SendOp {
+        self.op
+    }
+    #[inline]
+    fn flags(&self) -> SendFlags {
+        self.flags
+    }
+    #[inline]
+    fn remote_addr(&self) -> u64 {
+        self.remote_addr
+    }
+    #[inline]
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    #[inline]
+    fn num_sge(&self) -> usize {
+        self.num_sge
+    }
+    #[inline]
+    fn sge(&self, i: usize) -> Sge {
+        self.sges[i]
+    }
+    #[inline]
+    fn inline_len(&self) -> usize {
+        self.inline_len
+    }
+    #[inline]
+    fn inline(&self) -> &[u8] {
+        &self.inline[..self.inline_len.min(MAX_INLINE)]
+    }
+    #[inline]
+    fn ud(&self) -> Option<UdDest> {
+        self.ud
+    }
+}
+
 /// A send work request. `Copy`, fixed size: the SQ ring holds these by value.
 #[derive(Clone, Copy, Debug)]
 pub struct SendWqe {

@@ -106,9 +106,9 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
             Ok(true) => {
                 any = true;
                 let w = &scratch.shm_send;
-                match convert::send_wqe(w, |h| ahs.get(&h).copied(), s.is_ud, &mut scratch.send) {
-                    Ok(()) => {
-                        if let Err(e) = qp.post_send(now, &scratch.send) {
+                match convert::ShmSendWr::new(w, |h| ahs.get(&h).copied(), s.is_ud) {
+                    Ok(wr) => {
+                        if let Err(e) = qp.post_send(now, &wr) {
                             if e == pmrxe_transport::PostError::QueueFull {
                                 s.backlog = true;
                                 break; // retry when completions free space

@@ -36,7 +36,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, SendOp, SendWqe, Srq, SrqAttr};
+use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -57,12 +57,11 @@ mod rx;
 mod tx;
 
 /// The lcore's scratch WQEs: a client's ring entry is copied into `shm_*` (head and live tail
-/// only, `Consumer::peek_into`: the untrusted bytes are read once) and a send WQE converted
-/// into `send` before `post_send` copies what it keeps.
+/// only, `Consumer::peek_into`: the untrusted bytes are read once); `post_send` reads a send
+/// WQE from there (`convert::ShmSendWr`) and copies what it keeps.
 struct Scratch {
     shm_send: ShmSendWqe,
     shm_recv: ShmRecvWqe,
-    send: SendWqe,
 }
 
 /// Frames per burst.
@@ -495,7 +494,7 @@ impl<L: Port> Lcore<L> {
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
-            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default(), send: SendWqe::new(0, SendOp::Send) }),
+            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default() }),
             neigh,
             stats: stats.clone(),
             drops: drops.clone(),
