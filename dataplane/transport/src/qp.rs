@@ -474,11 +474,16 @@ impl Qp {
             && (op.is_local() || op.is_rd_atomic() || inline_len > self.caps.max_inline_data as usize || inline_len > MAX_INLINE) {
                 return Err(PostError::BadInline);
             }
+        // The out-of-line parts go into the free slot at the queue's end now (they count only
+        // once the entry is pushed below), so each gather entry is read once: `store` sums
+        // their lengths as it copies them.
+        let idx = self.sq_end();
+        let gathered = self.sq_side.store(idx, wqe, inline);
         // Payload length: the inline length, or the sum of the gather entries; local ops: 0.
         let len = match () {
             _ if op.is_local() => 0,
             _ if inline => inline_len as u64,
-            _ => (0..num_sge).map(|i| u64::from(wqe.sge(i).len)).sum(),
+            _ => gathered,
         };
         if len > 1 << 31 {
             return Err(PostError::TooLong);
@@ -487,7 +492,7 @@ impl Qp {
         if op.is_atomic() && (len != 8 || remote_addr & 7 != 0) {
             return Err(PostError::BadAtomic);
         }
-        if self.qp_type == QpType::Ud && wqe.ud().is_none() {
+        if self.qp_type == QpType::Ud && self.sq_side.ud(idx).is_none() {
             return Err(PostError::NoDestination);
         }
         let npsn = match op {
@@ -499,8 +504,6 @@ impl Qp {
                 (((len + (1u64 << shift) - 1) >> shift) as u32).max(1)
             }
         };
-        let idx = self.sq_end();
-        self.sq_side.store(idx, wqe, inline);
         self.sq.push(SqEntry {
             wr_id: wqe.wr_id(),
             op,

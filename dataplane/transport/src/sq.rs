@@ -202,9 +202,12 @@ impl SqSide {
         self.ud.get(self.slot(idx)).and_then(Option::as_ref)
     }
     /// Store the out-of-line parts of `w` (validated against the caps) at WQE `idx`'s slot:
-    /// its inline bytes or its gather list, and on a UD QP its destination.
-    pub(crate) fn store<W: SendWr + ?Sized>(&mut self, idx: u64, w: &W, inline: bool) {
+    /// its inline bytes or its gather list, and on a UD QP its destination. Returns the sum of
+    /// the gather entries' lengths (0 for inline).
+    #[inline]
+    pub(crate) fn store<W: SendWr + ?Sized>(&mut self, idx: u64, w: &W, inline: bool) -> u64 {
         let s = self.slot(idx);
+        let mut gathered = 0;
         if inline {
             let b = w.inline();
             let at = s * self.inline_stride;
@@ -214,12 +217,14 @@ impl SqSide {
             let n = w.num_sge();
             for (i, d) in self.sges[at..at + n].iter_mut().enumerate() {
                 *d = w.sge(i);
+                gathered += u64::from(d.len);
             }
         }
         // Only a UD QP has the array.
         if let Some(u) = self.ud.get_mut(s) {
             *u = w.ud();
         }
+        gathered
     }
 }
 
