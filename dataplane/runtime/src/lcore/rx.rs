@@ -14,11 +14,20 @@ impl<L: Port> Lcore<L> {
                 any = true;
                 std::mem::swap(&mut self.ports[pi].lo, &mut lo);
                 bump(&self.stats.rx_loopback, lo.len() as u64);
+                // Consumed frames go back to the pool a burst at a time, as received ones do.
+                let mut spent: ArrayVec<L::Buf, BURST> = ArrayVec::new();
                 for buf in lo.drain(..) {
-                    if let Some(owner) = self.on_frame(pi, now, buf.data(), true) {
-                        self.hand_over(owner, pi, buf);
+                    match self.on_frame(pi, now, buf.data(), true) {
+                        Some(owner) => self.hand_over(owner, pi, buf),
+                        None => {
+                            if spent.is_full() {
+                                <L::Buf as PacketBuf>::free_all(&mut spent);
+                            }
+                            spent.push(buf);
+                        }
                     }
                 }
+                <L::Buf as PacketBuf>::free_all(&mut spent);
             }
             // Up to RX_BURSTS bursts per port and pass, while they come back full: a pass may
             // queue TX_QUEUE frames per port for transmit, so receiving only one burst let a
