@@ -68,7 +68,8 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
-    // The ICRC's masks of an IPv4 header (ToS, TTL, checksum), its UDP checksum and BTH byte 4 after them.
+    // The ICRC's masks of an IPv4 header (ToS, TTL, checksum), its UDP checksum and BTH byte 4
+    // after them.
     const MASK: Mask = [0xFF << 8 | 0xFF << 64 | 0xFFFF << 80, 0xFFFF << 80, 0xFF, 0];
     let mut g = c.benchmark_group("header");
     let src = Buf::new(128, 14);
