@@ -253,7 +253,7 @@ impl<'a> MrRef<'a> {
     }
 
     /// Visit the process addresses backing `[iova, iova+len)` in order: `f(addr, done, n)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn walk(
         &self,
         iova: u64,
