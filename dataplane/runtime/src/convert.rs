@@ -3,7 +3,7 @@
 //! client could not legitimately have posted.
 use pmrxe_abi::{send_flags, wr_opcode, ShmCqe, ShmRecvWqe, ShmSendWqe, MAX_RECV_SGE};
 use pmrxe_mem::{Access, Key, Sge};
-use pmrxe_transport::{AddressVector, Cqe, RecvWqe, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
+use pmrxe_transport::{AddressVector, Cqe, RecvWqe, RecvWr, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Why a client WQE was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,18 +152,50 @@ impl SendWr for ShmSendWr<'_> {
     }
 }
 
-/// Convert a client receive WQE.
+/// A client's receive WQE (the lcore's copy of its ring slot) as the engine reads it: checked
+/// when made ([`ShmRecvWr::new`]: the scatter count), then read field by field by
+/// `Qp::post_recv`, which copies what it keeps into the receive queue. No `RecvWqe` is built
+/// in between.
+pub struct ShmRecvWr<'a> {
+    w: &'a ShmRecvWqe,
+}
+
+impl<'a> ShmRecvWr<'a> {
+    /// Check `w`.
+    #[inline]
+    pub fn new(w: &'a ShmRecvWqe) -> Result<Self, WqeError> {
+        if w.num_sge as usize > MAX_RECV_SGE.min(MAX_SGE) {
+            return Err(WqeError::TooManySge(w.num_sge));
+        }
+        Ok(ShmRecvWr { w })
+    }
+}
+
+impl RecvWr for ShmRecvWr<'_> {
+    #[inline]
+    fn wr_id(&self) -> u64 {
+        self.w.wr_id
+    }
+    #[inline]
+    fn num_sge(&self) -> usize {
+        self.w.num_sge as usize
+    }
+    #[inline]
+    fn sge(&self, i: usize) -> Sge {
+        let s = self.w.sge[i];
+        Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) }
+    }
+}
+
+/// Convert a client receive WQE into an owned one (for an SRQ, whose WQEs move to the QP a
+/// message arrives on).
 pub fn recv_wqe(w: &ShmRecvWqe) -> Result<RecvWqe, WqeError> {
-    let n = w.num_sge as usize;
-    if n > MAX_RECV_SGE.min(MAX_SGE) {
-        return Err(WqeError::TooManySge(w.num_sge));
+    let v = ShmRecvWr::new(w)?;
+    let mut out = RecvWqe::new(v.wr_id());
+    for i in 0..v.num_sge() {
+        out.sges[i] = v.sge(i);
     }
-    let mut out = RecvWqe::new(w.wr_id);
-    for i in 0..n {
-        let s = w.sge[i];
-        out.sges[i] = Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) };
-    }
-    out.num_sge = n;
+    out.num_sge = v.num_sge();
     Ok(out)
 }
 
@@ -220,5 +252,26 @@ mod tests {
         let s = ShmSendWr::new(&inv, |_| None, true).unwrap();
         assert_eq!(s.op(), SendOp::LocalInv { key: Key(0x4242) });
         assert_eq!((s.flags(), s.num_sge(), s.inline_len(), s.ud()), (SendFlags::FENCE, 0, 0, None));
+    }
+
+    /// A receive WQE read in place (QP receive queues) and converted to an owned one (SRQs):
+    /// the same fields either way, and the same refusal of too long a scatter list.
+    #[test]
+    fn recv_with_sges_reads_in_place_and_too_many_are_rejected() {
+        let mut w = ShmRecvWqe { wr_id: 9, num_sge: 2, ..Default::default() };
+        w.sge[0] = ShmSge { addr: 10, length: 20, lkey: 30 };
+        w.sge[1] = ShmSge { addr: 40, length: 50, lkey: 60 };
+        w.sge[2] = ShmSge { addr: 1, length: 1, lkey: 1 }; // past num_sge: not read
+        let want = [Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }];
+        let v = ShmRecvWr::new(&w).unwrap();
+        assert_eq!((v.wr_id(), v.num_sge()), (9, 2));
+        assert_eq!((0..v.num_sge()).map(|i| v.sge(i)).collect::<Vec<_>>(), want);
+        let owned = recv_wqe(&w).unwrap();
+        assert_eq!((owned.wr_id, owned.sg_list()), (9, &want[..]));
+        w.num_sge = (MAX_RECV_SGE.min(MAX_SGE) + 1) as u32;
+        assert_eq!(ShmRecvWr::new(&w).err(), Some(WqeError::TooManySge(w.num_sge)));
+        assert_eq!(recv_wqe(&w).err(), Some(WqeError::TooManySge(w.num_sge)));
+        w.num_sge = 0;
+        assert_eq!(ShmRecvWr::new(&w).map(|v| v.num_sge()).ok(), Some(0), "a zero-length receive is valid");
     }
 }

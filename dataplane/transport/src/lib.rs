@@ -67,4 +67,4 @@ pub use qp::{AsyncEvent, PostError, Qp, Transmit};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;
 pub use timers::{Instant, Timer};
-pub use wqe::{RecvWqe, SendFlags, SendOp, SendWqe, SendWr, UdDest, MAX_INLINE, MAX_SGE};
+pub use wqe::{RecvWqe, RecvWr, SendFlags, SendOp, SendWqe, SendWr, UdDest, MAX_INLINE, MAX_SGE};

@@ -19,7 +19,7 @@ use crate::sq::{SqEntry, SqRing, SqSide};
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
 use crate::rq::RecvQueue;
-use crate::wqe::{RecvWqe, SendFlags, SendOp, SendWr, MAX_INLINE, MAX_SGE};
+use crate::wqe::{RecvWr, SendFlags, SendOp, SendWr, MAX_INLINE, MAX_SGE};
 
 /// `post_send`/`post_recv` failure (the WR is returned as `bad_wr`; no CQE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -523,14 +523,15 @@ impl Qp {
     }
 
     /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR.
-    pub fn post_recv(&mut self, wqe: &RecvWqe) -> Result<(), PostError> {
+    pub fn post_recv<W: RecvWr + ?Sized>(&mut self, wqe: &W) -> Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::InvalidState);
         }
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState);
         }
-        if wqe.num_sge > self.caps.max_recv_sge as usize || wqe.num_sge > MAX_SGE {
+        let n = wqe.num_sge();
+        if n > self.caps.max_recv_sge as usize || n > MAX_SGE {
             return Err(PostError::TooManySge);
         }
         if self.rq.len() >= self.caps.max_recv_wr as usize || !self.rq.push(wqe) {

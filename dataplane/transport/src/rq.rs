@@ -1,12 +1,13 @@
 //! The receive queue of a QP without an SRQ: a ring of receive WQEs, written once when posted
-//! and read in place while a message fills them (no whole-WQE copies on post or consumption;
-//! a `RecvWqe` is 144 bytes, which the compiler copies with a `memcpy` call).
+//! and read in place while a message fills them (no whole-WQE copies on post or consumption:
+//! a post copies the used fields from whatever [`RecvWr`] it is given; a `RecvWqe` is 144
+//! bytes, which the compiler copies with a `memcpy` call).
 //!
 //! The WQE a message is filling (the head, once [`RecvQueue::start`]ed) keeps its slot, and
 //! counts against the queue's capacity, until the message completes or the queue is flushed:
 //! as in hardware, where the completion frees the slot.
 
-use crate::wqe::{RecvWqe, MAX_SGE};
+use crate::wqe::{RecvWqe, RecvWr, MAX_SGE};
 
 /// A QP's receive queue (see the module doc). The default has no slots (holds nothing).
 #[derive(Debug, Default)]
@@ -42,21 +43,20 @@ impl RecvQueue {
     }
 
     /// Append a copy of `w`'s used fields; false (nothing changed) if the queue is full.
-    pub(crate) fn push(&mut self, w: &RecvWqe) -> bool {
+    #[inline]
+    pub(crate) fn push<W: RecvWr + ?Sized>(&mut self, w: &W) -> bool {
         if self.len == self.slots.len() {
             return false;
         }
-        let n = w.num_sge.min(MAX_SGE);
+        let n = w.num_sge().min(MAX_SGE);
         // head < slots and len < slots here: one conditional subtraction, not a division.
         let i = wrap(self.head + self.len, self.slots.len());
         let s = &mut self.slots[i];
-        s.wr_id = w.wr_id;
+        s.wr_id = w.wr_id();
         s.num_sge = n;
-        if n == 1 {
-            // The usual receive: one entry, one 16-byte move (a slice copy is a memcpy call).
-            s.sges[0] = w.sges[0];
-        } else {
-            s.sges[..n].copy_from_slice(&w.sges[..n]);
+        // Entry by entry (the usual receive has one: one 16-byte move, no memcpy call).
+        for (k, d) in s.sges[..n].iter_mut().enumerate() {
+            *d = w.sge(k);
         }
         self.len += 1;
         true

@@ -306,6 +306,33 @@ impl SendWqe {
     }
 }
 
+/// What [`Qp::post_recv`](crate::Qp::post_recv) reads from a receive work request: a
+/// [`RecvWqe`], or a view of one kept in another layout (the runtime reads a client's ring
+/// entry through one, so a post does not build a 144-byte `RecvWqe` to copy from).
+pub trait RecvWr {
+    /// Consumer's id, returned in the CQE.
+    fn wr_id(&self) -> u64;
+    /// Number of scatter entries (may exceed [`MAX_SGE`]: `post_recv` refuses that).
+    fn num_sge(&self) -> usize;
+    /// Scatter entry `i` (`i < num_sge().min(MAX_SGE)`).
+    fn sge(&self, i: usize) -> Sge;
+}
+
+impl RecvWr for RecvWqe {
+    #[inline]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline]
+    fn num_sge(&self) -> usize {
+        self.num_sge
+    }
+    #[inline]
+    fn sge(&self, i: usize) -> Sge {
+        self.sges[i]
+    }
+}
+
 /// A receive work request.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWqe {

@@ -150,7 +150,7 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
             match rq.peek_into(&mut scratch.shm_recv) {
                 Ok(true) => {
                     any = true;
-                    match convert::recv_wqe(&scratch.shm_recv) {
+                    match convert::ShmRecvWr::new(&scratch.shm_recv) {
                         Ok(r) => {
                             if qp.post_recv(&r).is_err() {
                                 s.backlog = true;
