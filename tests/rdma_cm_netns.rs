@@ -25,12 +25,7 @@ fn port(i: u16) -> String {
 
 /// A server on service `a` (until it listens), then its client on service `b`; each bounded.
 fn across(a: &Service, b: &Service, server: &[&str], client: &[&str]) -> PairOutput {
-    let t0 = Instant::now();
-    let so = a.dir.join(&format!("{}-{}.server.out", server[0], t0.elapsed().as_nanos()));
-    let mut s = spawn_cm_server(a, server, &so);
-    let c = run_verbs(b, client, T);
-    let st = wait_timeout(&mut s, T.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
-    PairOutput { server: ProgOutput { cmdline: server.join(" "), status: st, output: read_to_string_lossy(&so) }, client: c }
+    run_cm_pair_across(a, b, server, client, T)
 }
 
 fn nothing_left(a: &Service, b: &Service, what: &str) {

@@ -688,12 +688,56 @@ pub fn spawn_cm_server(svc: &Service, args: &[&str], out: &Path) -> Child {
 /// An rdma_cm server/client pair: the server first (until it listens), then the client; each
 /// bounded by `limit`.
 pub fn run_cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
-    let t0 = Instant::now();
-    let so = svc.dir.join(&format!("cm{}.server.out", SEQ.fetch_add(1, Ordering::Relaxed)));
-    let mut s = spawn_cm_server(svc, server, &so);
-    let c = run_verbs(svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
-    let ss = wait_timeout(&mut s, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
-    PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c }
+    run_cm_pair_across(svc, svc, server, client, limit)
+}
+
+/// REQs the CM of `svc` rejected because nothing listened (`cm.ports[*].rej_no_listener`).
+pub fn cm_rej_no_listener(svc: &Service) -> u64 {
+    svc.stats_json()["cm"]["ports"].as_array().map_or(0, |ps| ps.iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum())
+}
+
+/// [`run_cm_pair`] with the server on `server_svc` and the client on `client_svc`.
+///
+/// perftest's `-R` (Debian's 4.5-0.17) connects twice: a control connection, then, after a
+/// parameter exchange over it, the data connections. Its server destroys the control listener
+/// and only then creates, binds and listens on the data one, while the client connects as soon
+/// as the exchange is done: a client that is faster than the server gets its data REQ rejected
+/// ("invalid service ID": nothing listens), and that perftest then crashes while its server
+/// waits forever. A kernel RoCE device rejects the same way; upstream perftest fixed it in the
+/// client (`rdma_cm_client_connection` retries "in case the server is not ready"). So a perftest
+/// pair is run again (at most twice more) when, and only when, its client reports exactly that
+/// rejection and the server's CM counted a REQ with no listener meanwhile.
+pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
+    let perftest = server.first().is_some_and(|p| p.starts_with("ib_"));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let t0 = Instant::now();
+        let listening = cm_listeners(server_svc);
+        let rejected = cm_rej_no_listener(server_svc);
+        let so = server_svc.dir.join(&format!("cm{}.server.out", SEQ.fetch_add(1, Ordering::Relaxed)));
+        let mut s = spawn_cm_server(server_svc, server, &so);
+        let c = run_verbs(client_svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
+        let raced = perftest
+            && attempt < 3
+            && !c.ok()
+            && c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8")
+            && cm_rej_no_listener(server_svc) > rejected;
+        if raced {
+            eprintln!("perftest -R: the data REQ beat the server's listen (attempt {attempt}, REJECTED no listener); running the pair again");
+            let _ = s.kill();
+            let _ = s.wait();
+            // Its listener goes when the service has seen the client go.
+            let t1 = Instant::now();
+            while cm_listeners(server_svc) > listening {
+                assert!(t1.elapsed() < Duration::from_secs(10), "the killed perftest server's listener outlived it");
+                std::thread::sleep(Duration::from_millis(20)); // poll interval of a bounded condition wait
+            }
+            continue;
+        }
+        let ss = wait_timeout(&mut s, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
+        return PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c };
+    }
 }
 
 /// Two network namespaces joined by a veth (`scripts/netns.sh`), names unique per test process
