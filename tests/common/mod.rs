@@ -691,9 +691,12 @@ pub fn run_cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Durat
     run_cm_pair_across(svc, svc, server, client, limit)
 }
 
-/// REQs the CM of `svc` rejected because nothing listened (`cm.ports[*].rej_no_listener`).
-pub fn cm_rej_no_listener(svc: &Service) -> u64 {
-    svc.stats_json()["cm"]["ports"].as_array().map_or(0, |ps| ps.iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum())
+/// The CM's listeners and the REQs it rejected because nothing listened
+/// (`cm.ports[*].rej_no_listener`), from one `pmrxe stats`.
+pub fn cm_listeners_and_no_listener_rejects(svc: &Service) -> (u64, u64) {
+    let j = svc.stats_json();
+    let rejected = j["cm"]["ports"].as_array().map_or(0, |ps| ps.iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum());
+    (j["cm"]["listeners"].as_u64().unwrap_or(0), rejected)
 }
 
 /// [`run_cm_pair`] with the server on `server_svc` and the client on `client_svc`.
@@ -713,8 +716,7 @@ pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[
     loop {
         attempt += 1;
         let t0 = Instant::now();
-        let listening = cm_listeners(server_svc);
-        let rejected = cm_rej_no_listener(server_svc);
+        let (listening, rejected) = cm_listeners_and_no_listener_rejects(server_svc);
         let so = server_svc.dir.join(&format!("cm{}.server.out", SEQ.fetch_add(1, Ordering::Relaxed)));
         let mut s = spawn_cm_server(server_svc, server, &so);
         let c = run_verbs(client_svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
@@ -722,7 +724,7 @@ pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[
             && attempt < 3
             && !c.ok()
             && c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8")
-            && cm_rej_no_listener(server_svc) > rejected;
+            && cm_listeners_and_no_listener_rejects(server_svc).1 > rejected;
         if raced {
             eprintln!("perftest -R: the data REQ beat the server's listen (attempt {attempt}, REJECTED no listener); running the pair again");
             let _ = s.kill();

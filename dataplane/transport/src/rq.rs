@@ -1,7 +1,7 @@
 //! The receive queue of a QP without an SRQ: a ring of receive WQEs, written once when posted
-//! and read in place while a message fills them (no whole-WQE copies on post or consumption:
-//! a post copies the used fields from whatever [`RecvWr`] it is given; a `RecvWqe` is 144
-//! bytes, which the compiler copies with a `memcpy` call).
+//! and read in place while a message fills them: a post copies only the used fields from
+//! whatever [`RecvWr`] it is given, and nothing copies a whole 144-byte `RecvWqe` (the
+//! compiler does that with a `memcpy` call).
 //!
 //! The WQE a message is filling (the head, once [`RecvQueue::start`]ed) keeps its slot, and
 //! counts against the queue's capacity, until the message completes or the queue is flushed:
