@@ -15,8 +15,9 @@ use crate::MemError;
 
 impl MrRef<'_> {
     /// [`copy_out`](MrRef::copy_out) folding the bytes into `crc` (zlib convention); returns
-    /// the new CRC.
-    #[inline]
+    /// the new CRC. Always inlined: the data path calls it with the window just looked up or
+    /// resumed, kept in registers instead of passed as a 64-byte `MrRef` through memory.
+    #[inline(always)]
     pub fn copy_out_crc(&self, iova: u64, dst: &mut [u8], crc: u32) -> Result<u32, MemError> {
         let k = Kernel::best();
         let d = dst.as_mut_ptr();
@@ -30,8 +31,9 @@ impl MrRef<'_> {
         Ok(c)
     }
 
-    /// [`copy_in`](MrRef::copy_in) folding the bytes into `crc`; returns the new CRC.
-    #[inline]
+    /// [`copy_in`](MrRef::copy_in) folding the bytes into `crc`; returns the new CRC (always
+    /// inlined, as `copy_out_crc`).
+    #[inline(always)]
     pub fn copy_in_crc(&self, iova: u64, src: &[u8], crc: u32) -> Result<u32, MemError> {
         let k = Kernel::best();
         let s = src.as_ptr();

@@ -36,6 +36,20 @@
 //! location, with acquire/release only (no store-load ordering), so the loom models check it
 //! exactly.
 //!
+//! # Carried translations
+//! A reader may keep a validated window past its quiescent points (a [`Translation`]: the
+//! responder carries one across the packets of a WRITE) only while the value it announces is
+//! still the one it held at the lookup, `L`. An invalidation whose state change the lookup did
+//! not see takes a `target > L`: had the reader read `gp >= target` before the lookup, that
+//! read would have read from the invalidation's `fetch_add` (or a later RMW), and the state
+//! change would happen-before the lookup. So the invalidation cannot return before the reader
+//! announces `>= target`, or is seen offline; either way the reader's value has changed by the
+//! time it resumes a translation: `quiescent` returns the new `gp`, and coming back online
+//! re-reads `gp` after its swap (see [`Epochs::online`]). A translation is therefore resumed
+//! only while `last == L`: one compare, no shared load.
+//!
+//! [`Translation`]: crate::Translation
+//!
 //! # Invalidation on an lcore
 //! A LOCAL_INV or SEND_WITH_INV executed *by* an lcore must not wait for that lcore's own
 //! quiescent point (it is between packets, holding nothing, but it would never announce while
@@ -86,11 +100,23 @@ impl Epochs {
     }
 
     /// Come online (an RMW: see the module protocol); returns the value announced.
+    ///
+    /// `gp` is read again after the swap and announced if it moved: the first read may be
+    /// older than a grace period whose scan skipped this reader while it was offline (the scan's
+    /// RMW came before our swap, which reads from it, so the second read sees that grace
+    /// period's `fetch_add`). Lookups need no more than the swap, but a reader's carried
+    /// translations (`Translation`) are valid only while the value it announces stays the one
+    /// they were stamped with, so that value must cover every grace period that skipped it.
     #[inline(never)]
     pub(crate) fn online(&self, i: u32) -> u64 {
+        let slot = &self.slots[i as usize].0;
         let g = self.gp.0.load(Ordering::Acquire);
-        self.slots[i as usize].0.swap(g, Ordering::AcqRel);
-        g
+        slot.swap(g, Ordering::AcqRel);
+        let now = self.gp.0.load(Ordering::Acquire);
+        if now != g {
+            slot.swap(now, Ordering::AcqRel);
+        }
+        now
     }
 
     /// Go offline: copies made so far happen-before any `synchronize` that reads the 0.

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::access::{Access, Key, PdHandle};
-use crate::table::{MemTable, MrRef};
+use crate::table::{MemTable, MrRef, Translation};
 use crate::MemError;
 
 /// Key translation and the executed memory operations, as the transport uses them.
@@ -27,6 +27,19 @@ pub trait MemAccess {
     /// See [`MemTable::exec_bind_mw`].
     #[allow(clippy::too_many_arguments)]
     fn exec_bind_mw(&self, qp_pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
+    /// [`lookup`](Self::lookup) of `[iova, iova + len)`, returned as a [`Translation`] that the
+    /// later packets of the same message [`resume`](Self::resume). The table's counted lookups
+    /// cannot be carried (a count held across packets would stall invalidation): their
+    /// translation looks the key up again on every resume.
+    fn lookup_carried(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<Translation, MemError> {
+        Ok(self.lookup(key, pd, qpn, iova, len, need)?.carry(key, pd, qpn, need, 0))
+    }
+    /// `t`'s window for `[iova, iova + len)`: without a lookup while `t` is still valid and
+    /// covers the range (an lcore's reader), else by looking `t`'s key up again with its PD, QP
+    /// and rights (which then reports what an invalidated key gets).
+    fn resume(&self, t: &Translation, iova: u64, len: u64) -> Result<MrRef<'_>, MemError> {
+        t.lookup_again(self, iova, len)
+    }
 }
 
 impl MemAccess for MemTable {
@@ -133,6 +146,12 @@ impl Reader {
         }
     }
 
+    /// Would [`resume`](MemAccess::resume) return `t`'s window for `[iova, iova + len)`
+    /// without a lookup now? (Diagnostics and tests.)
+    pub fn is_current(&self, t: &Translation, iova: u64, len: u64) -> bool {
+        self.last.get() != 0 && self.table.resume_epoch(&self.live, self.last.get(), t, iova, len).is_some()
+    }
+
     /// Is the reader online?
     pub fn is_online(&self) -> bool {
         self.last.get() != 0
@@ -175,6 +194,25 @@ impl MemAccess for Reader {
     }
     fn exec_bind_mw(&self, qp_pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.control(|t| t.exec_bind_mw(qp_pd, qpn, mw, new_key, mr, addr, len, access))
+    }
+    /// Stamped with the grace period this reader announces (`epoch.rs`, "Carried
+    /// translations").
+    fn lookup_carried(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<Translation, MemError> {
+        let r = Reader::lookup(self, key, pd, qpn, iova, len, need)?;
+        Ok(r.carry(key, pd, qpn, need, self.last.get()))
+    }
+    /// One compare of the stamp with the grace period this reader announces, and the range.
+    /// An offline reader comes online first, as for a lookup: the translation survives that if
+    /// no grace period has begun since its lookup (`Epochs::online`).
+    #[inline(always)]
+    fn resume(&self, t: &Translation, iova: u64, len: u64) -> Result<MrRef<'_>, MemError> {
+        if self.last.get() == 0 {
+            self.go_online();
+        }
+        match self.table.resume_epoch(&self.live, self.last.get(), t, iova, len) {
+            Some(r) => Ok(r),
+            None => t.lookup_again(self, iova, len),
+        }
     }
 }
 

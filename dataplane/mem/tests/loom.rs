@@ -285,3 +285,71 @@ fn loom_epoch_two_lcores_invalidate_each_others_mr() {
         b.join().unwrap();
     });
 }
+
+/// A translation carried past the reader's quiescent point (the responder carries one across
+/// a WRITE's packets): once `exec_local_inv` returns, it is never resumed. (Registering the
+/// key again at once would leave the slot word as it was at the lookup; the stamp does not
+/// look at the word. That case is deterministic: `semantics.rs`,
+/// `carried_translation_is_not_resumed_after_local_inv_and_reregistration`.)
+///
+/// Verified to catch: `resume` without its stamp compare (both carried-translation models
+/// fail).
+#[test]
+fn loom_epoch_carried_translation_ends_with_invalidation() {
+    loom::model(|| {
+        let (t, k, iova, _r) = table_with_mrs(1);
+        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let done = Arc::new(AtomicBool::new(false));
+        let lcore = {
+            let (t, done) = (t.clone(), done.clone());
+            thread::spawn(move || {
+                let mut r = t.reader().unwrap();
+                let Ok(tr) = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ) else { return };
+                r.quiescent();
+                if let Ok(m) = r.resume(&tr, iova, 8) {
+                    assert!(!done.load(Ordering::SeqCst), "carried translation resumed after invalidate returned");
+                    m.copy_out(iova, &mut [0; 8]).unwrap();
+                    assert!(!done.load(Ordering::SeqCst), "copy through a carried translation ran after invalidate returned");
+                }
+                r.quiescent();
+            })
+        };
+        t.exec_local_inv(PD, k).unwrap();
+        done.store(true, Ordering::SeqCst);
+        lcore.join().unwrap();
+    });
+}
+
+/// The same with the reader parked (offline) between the lookup and the resume: the
+/// invalidation's scan may skip it, so coming back online must announce a grace period that
+/// covers the invalidation, or the stale translation would be resumed.
+///
+/// Verified to catch: `Epochs::online` without its second read of `gp` ("carried translation
+/// resumed after invalidate returned": the first read may be older than the scan that skipped
+/// the reader).
+#[test]
+fn loom_epoch_carried_translation_survives_parking_only_without_invalidation() {
+    loom::model(|| {
+        let (t, k, iova, _r) = table_with_mrs(1);
+        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let mut r = t.reader().unwrap();
+        let tr = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap();
+        r.offline();
+        let done = Arc::new(AtomicBool::new(false));
+        let lcore = {
+            let done = done.clone();
+            thread::spawn(move || {
+                if let Ok(m) = r.resume(&tr, iova, 8) {
+                    assert!(!done.load(Ordering::SeqCst), "carried translation resumed after invalidate returned");
+                    m.copy_out(iova, &mut [0; 8]).unwrap();
+                    assert!(!done.load(Ordering::SeqCst), "copy through a carried translation ran after invalidate returned");
+                }
+                r.quiescent();
+                r.offline();
+            })
+        };
+        t.exec_local_inv(PD, k).unwrap();
+        done.store(true, Ordering::SeqCst);
+        lcore.join().unwrap();
+    });
+}

@@ -1271,3 +1271,89 @@ fn reader_control_operation_with_a_live_reference_panics() {
     let _m = reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
     let _ = reader.exec_local_inv(PD, k);
 }
+
+// ---- Carried translations (an lcore's responder, across a message's packets) -------------
+
+/// A translation carried by an epoch reader is resumed without a lookup across quiescent
+/// points and parking while no invalidation has begun, and copies through the same window.
+/// Outside its window, or once an invalidation of any key of the table has begun
+/// (conservative), `resume` looks the key up again with the lookup's own PD, QP and rights.
+#[test]
+fn carried_translation_resumes_until_any_invalidation() {
+    use std::sync::Arc;
+    let t = Arc::new(table());
+    let r = aligned(4 * PG, PG);
+    r.write(100, b"carried!").unwrap();
+    let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
+    let other = valid_fmr(&t, &aligned(PG, PG), 1, 0, ALL_RW);
+    let io = iova(&t, k);
+    let mut reader = t.reader().unwrap();
+    let tr = reader.lookup_carried(k, PD, QPN, io, 2 * PG as u64, Access::REMOTE_WRITE).unwrap();
+    assert_eq!(tr.key(), k);
+    reader.quiescent();
+    assert!(reader.is_current(&tr, io + 100, 8));
+    let mut got = [0u8; 8];
+    reader.resume(&tr, io + 100, 8).unwrap().copy_out(io + 100, &mut got).unwrap();
+    assert_eq!(&got, b"carried!");
+    // Outside the window validated: looked up again (the MR is larger, so that succeeds)...
+    assert!(!reader.is_current(&tr, io + 2 * PG as u64 - 4, 8));
+    assert!(reader.resume(&tr, io + 2 * PG as u64 - 4, 8).is_ok());
+    // ...and past the MR it fails as a lookup does.
+    assert_eq!(reader.resume(&tr, io + 4 * PG as u64 - 4, 8).unwrap_err(), MemError::OutOfRange);
+    reader.offline();
+    assert!(reader.resume(&tr, io, 8).is_ok());
+    assert!(reader.is_current(&tr, io, 8), "parking alone does not end it");
+    reader.offline();
+    // Another MR's deregistration: a grace period begins, every carried translation ends.
+    t.dereg_mr(other).unwrap();
+    reader.resume(&tr, io, 8).unwrap();
+    assert!(!reader.is_current(&tr, io, 8));
+    // A fresh lookup carries again.
+    let tr2 = reader.lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap();
+    reader.quiescent();
+    assert!(reader.is_current(&tr2, io, 8));
+}
+
+/// LOCAL_INV, a new mapping, then REG_MR with the same key leaves the slot word as it was at
+/// the lookup; the carried translation must still end (the reader's grace period moved, not
+/// the word): a resume writes through the new registration's mapping, not the old one.
+#[test]
+fn carried_translation_is_not_resumed_after_local_inv_and_reregistration() {
+    use std::sync::Arc;
+    let t = Arc::new(table());
+    let (old, new) = (aligned(PG, PG), aligned(PG, PG));
+    let k = fmr(&t, &old, 1, 0).inc();
+    t.exec_reg_mr(PD, k, ALL_RW, None, None).unwrap();
+    let io = iova(&t, k);
+    let mut reader = t.reader().unwrap();
+    let tr = reader.lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap();
+    reader.quiescent();
+    let word = t.slot_state(k);
+    // Through the reader (an lcore executing the WRs): it goes offline for each.
+    reader.exec_local_inv(PD, k).unwrap();
+    assert_eq!(t.map_mr_sg(k, &[SgEntry { region: &new, offset: 0, len: PG }], 0, PG as u64).unwrap(), 1);
+    reader.exec_reg_mr_for(PD, k, k, ALL_RW, Some(io), None).unwrap();
+    assert_eq!(t.slot_state(k), word, "the slot word repeats");
+    assert!(!reader.is_current(&tr, io, 8), "a translation of the old registration is current");
+    let before = read(&old, 0, 8);
+    reader.resume(&tr, io, 8).unwrap().copy_in(io, b"new map!").unwrap();
+    assert_eq!(read(&new, 0, 8), b"new map!");
+    assert_eq!(read(&old, 0, 8), before, "written through the old registration's mapping");
+}
+
+/// Counted lookups (the table, any thread) are never carried: a count held across packets
+/// would hold invalidations up. Their translation looks the key up on every resume, with the
+/// lookup's own rights.
+#[test]
+fn counted_lookups_are_not_carried() {
+    let t = std::sync::Arc::new(table());
+    let r = aligned(PG, PG);
+    let k = valid_fmr(&t, &r, 1, 0, ALL_RW);
+    let io = iova(&t, k);
+    let tr = MemAccess::lookup_carried(&*t, k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap();
+    let reader = t.reader().unwrap();
+    assert!(!reader.is_current(&tr, io, 8));
+    assert!(MemAccess::resume(&*t, &tr, io, 8).is_ok());
+    t.exec_local_inv(PD, k).unwrap();
+    assert_eq!(MemAccess::resume(&*t, &tr, io, 8).unwrap_err(), MemError::NotValid);
+}

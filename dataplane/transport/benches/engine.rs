@@ -19,8 +19,8 @@ fn setup(len: usize) -> (Sim, Sge, u64, u32, Region, Region) {
     let acc = Access(1 | 2 | 4 | 8);
     let ra = Region::zeroed(len.max(64));
     let rb = Region::zeroed(len.max(64));
-    let ka = sim.nodes[A].mem.reg_mr(1, ra.clone(), ra.addr(), acc).unwrap();
-    let kb = sim.nodes[B].mem.reg_mr(1, rb.clone(), rb.addr(), acc).unwrap();
+    let ka = sim.nodes[A].mem.table().reg_mr(1, ra.clone(), ra.addr(), acc).unwrap();
+    let kb = sim.nodes[B].mem.table().reg_mr(1, rb.clone(), rb.addr(), acc).unwrap();
     (sim, Sge { addr: ra.addr(), len: len as u32, lkey: ka }, rb.addr(), kb.0, ra, rb)
 }
 
@@ -45,12 +45,12 @@ fn small(c: &mut Criterion) {
         let (mut sim, sge, rb, _rk, _a, b) = setup(8);
         let _ = rb;
         bch.iter(|| {
-            let k = sim.nodes[B].mem.reg_mr(1, b.clone(), b.addr(), Access(1)).unwrap();
+            let k = sim.nodes[B].mem.table().reg_mr(1, b.clone(), b.addr(), Access(1)).unwrap();
             for i in 0..n {
                 sim.nodes[B].engine.post_recv(2, &RecvWqe::new(i as u64).sge(Sge { addr: b.addr(), len: 8, lkey: k })).unwrap();
             }
             run_ops(&mut sim, n, &|i| SendWqe::new(i, SendOp::Send).sge(sge));
-            sim.nodes[B].mem.dereg_mr(k).unwrap();
+            sim.nodes[B].mem.table().dereg_mr(k).unwrap();
         })
     });
     g.bench_function("write", |bch| {

@@ -18,8 +18,8 @@ pub(crate) enum Payload<'a> {
     Gather { sges: &'a [pmrxe_mem::Sge], offset: u64, len: usize },
     /// Inline bytes.
     Bytes(&'a [u8]),
-    /// Read through an rkey (READ responses): QPN, rkey, va, len.
-    Remote { rkey: u32, va: u64, len: usize },
+    /// Read through the window a READ request was validated with (READ responses): va, len.
+    Remote { tr: &'a pmrxe_mem::Translation, va: u64, len: usize },
 }
 
 /// Write `hdr` + payload + pad into `buf`; returns the length and, for a long payload, the tail
@@ -54,7 +54,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
             Payload::None => {}
             Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
             Payload::Bytes(b) => pmrxe_crc::copy_short(&mut buf[hlen..hlen + b.len()], b),
-            Payload::Remote { rkey, va, len } => mem.read_remote(pd, qpn, rkey, va, &mut buf[hlen..hlen + len])?,
+            Payload::Remote { tr, va, len } => mem.read_carried(tr, va, &mut buf[hlen..hlen + len])?,
         }
         zero_pad(&mut buf[hlen + plen..total]);
         return Ok(Some((total, None)));
@@ -66,7 +66,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         Payload::None => 0,
         Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], 0)?,
         Payload::Bytes(b) => pmrxe_crc::copy_and_crc(0, &mut buf[hlen..hlen + b.len()], b),
-        Payload::Remote { rkey, va, len } => mem.read_remote_crc(pd, qpn, rkey, va, &mut buf[hlen..hlen + len], 0)?,
+        Payload::Remote { tr, va, len } => mem.read_carried_crc(tr, va, &mut buf[hlen..hlen + len], 0)?,
     };
     let body = if pad > 0 {
         zero_pad(&mut buf[hlen + plen..total]);

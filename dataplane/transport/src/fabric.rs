@@ -14,12 +14,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
-use pmrxe_mem::MemTable;
 use pmrxe_wire::{ecn, emit_frame_headers, finish_frame, frame_header_len, parse_cnp_frame, parse_frame, udp_sport, Error, Ipv4Packet, L3Info, MacAddr, ICRC_LEN};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine::Engine;
 use crate::packet::RxPacket;
 use crate::sim::Node;
 use crate::timers::Instant;
@@ -112,14 +110,7 @@ impl Fabric {
     /// `senders` + 1 hosts (10.0.0.1 is the receiver), seeded.
     pub fn new(senders: usize, p: FabricParams, seed: u64) -> Self {
         let nodes = (0..=senders)
-            .map(|i| Node {
-                engine: Engine::new(),
-                mem: MemTable::new(Default::default()),
-                ip: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
-                cqes: VecDeque::new(),
-                events: VecDeque::new(),
-                rx_parse_drops: 0,
-            })
+            .map(|i| Node::new(Ipv4Addr::new(10, 0, 0, i as u8 + 1)))
             .collect();
         Fabric {
             now: Instant(0),
@@ -296,6 +287,14 @@ impl Fabric {
     /// One step: hosts with a free NIC send, then time advances to the next event (frame,
     /// NIC free, timer) and everything due is processed. `false` when nothing is left.
     pub fn step(&mut self) -> bool {
+        let more = self.step_inner();
+        for n in &mut self.nodes {
+            n.end_step();
+        }
+        more
+    }
+
+    fn step_inner(&mut self) -> bool {
         self.transmit();
         self.collect();
         let next_ev = self.events.peek().map(|Reverse((t, ..))| *t);

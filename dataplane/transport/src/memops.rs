@@ -7,7 +7,7 @@
 //! (counted lookups: the simulator, tests) and an lcore's `pmrxe_mem::Reader` (epoch lookups,
 //! no atomic read-modify-write: production).
 
-use pmrxe_mem::{Access, Key, MemAccess, MemError, PdHandle, Sge};
+use pmrxe_mem::{Access, Key, MemAccess, MemError, PdHandle, Sge, Translation};
 
 /// An atomic operation at the responder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +35,18 @@ pub trait MemOps {
     /// Copy `data` to bytes `[offset, ..)` of the message described by `sges` (needs
     /// LOCAL_WRITE on every MR touched).
     fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
-    /// Check that `rkey` grants `need` on `[va, va + len)` for QP `qpn` in `pd`.
-    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemError>;
-    /// Remote write of `data` at `va` through `rkey`.
+    /// Check that `rkey` grants `need` on `[va, va + len)` for QP `qpn` in `pd`; the check,
+    /// carried to the message's packets (`*_carried`).
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<Translation, MemError>;
+    /// Remote write of `data` at `va` through `rkey` (a single-packet message).
     fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError>;
-    /// Remote read into `out` from `va` through `rkey`.
-    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError>;
+    /// Remote write of `data` at `va` inside a window [`check_remote`](MemOps::check_remote)
+    /// validated for REMOTE_WRITE: without a lookup while `t` is valid (an lcore), else by
+    /// looking its key up again.
+    fn write_carried(&self, t: &Translation, va: u64, data: &[u8]) -> Result<(), MemError>;
+    /// Remote read into `out` from `va` inside a window validated for REMOTE_READ (as
+    /// [`write_carried`](MemOps::write_carried)).
+    fn read_carried(&self, t: &Translation, va: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Remote atomic on the 8 bytes at `va` through `rkey`; returns the original value.
     fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
     /// Invalidation requested by a SEND with invalidate (IETH).
@@ -77,10 +83,14 @@ pub trait MemOps {
         self.write_remote(pd, qpn, rkey, va, data)?;
         Ok(pmrxe_crc::crc_update(crc, data))
     }
-    /// [`read_remote`](MemOps::read_remote) folding the bytes into `crc`.
-    #[allow(clippy::too_many_arguments)]
-    fn read_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
-        self.read_remote(pd, qpn, rkey, va, out)?;
+    /// [`write_carried`](MemOps::write_carried) folding the bytes into `crc`.
+    fn write_carried_crc(&self, t: &Translation, va: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        self.write_carried(t, va, data)?;
+        Ok(pmrxe_crc::crc_update(crc, data))
+    }
+    /// [`read_carried`](MemOps::read_carried) folding the bytes into `crc`.
+    fn read_carried_crc(&self, t: &Translation, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.read_carried(t, va, out)?;
         Ok(pmrxe_crc::crc_update(crc, out))
     }
 }
@@ -92,14 +102,17 @@ impl<T: MemAccess> MemOps for T {
     fn scatter(&self, pd: PdHandle, qpn: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
         pmrxe_mem::scatter(self, pd, qpn, sges, offset, data)
     }
-    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), MemError> {
-        self.lookup(Key(rkey), pd, qpn, va, len, need).map(|_| ())
+    fn check_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, len: u64, need: Access) -> Result<Translation, MemError> {
+        self.lookup_carried(Key(rkey), pd, qpn, va, len, need)
     }
     fn write_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
         self.lookup(Key(rkey), pd, qpn, va, data.len() as u64, Access::REMOTE_WRITE)?.copy_in(va, data)
     }
-    fn read_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
-        self.lookup(Key(rkey), pd, qpn, va, out.len() as u64, Access::REMOTE_READ)?.copy_out(va, out)
+    fn write_carried(&self, t: &Translation, va: u64, data: &[u8]) -> Result<(), MemError> {
+        self.resume(t, va, data.len() as u64)?.copy_in(va, data)
+    }
+    fn read_carried(&self, t: &Translation, va: u64, out: &mut [u8]) -> Result<(), MemError> {
+        self.resume(t, va, out.len() as u64)?.copy_out(va, out)
     }
     fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         let r = self.lookup(Key(rkey), pd, qpn, va, 8, Access::REMOTE_ATOMIC)?;
@@ -129,7 +142,10 @@ impl<T: MemAccess> MemOps for T {
     fn write_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
         self.lookup(Key(rkey), pd, qpn, va, data.len() as u64, Access::REMOTE_WRITE)?.copy_in_crc(va, data, crc)
     }
-    fn read_remote_crc(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
-        self.lookup(Key(rkey), pd, qpn, va, out.len() as u64, Access::REMOTE_READ)?.copy_out_crc(va, out, crc)
+    fn write_carried_crc(&self, t: &Translation, va: u64, data: &[u8], crc: u32) -> Result<u32, MemError> {
+        self.resume(t, va, data.len() as u64)?.copy_in_crc(va, data, crc)
+    }
+    fn read_carried_crc(&self, t: &Translation, va: u64, out: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.resume(t, va, out.len() as u64)?.copy_out_crc(va, out, crc)
     }
 }

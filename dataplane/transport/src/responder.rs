@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use pmrxe_wire::{next_opcode, AethRepr, IcrcCheck, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
-use pmrxe_mem::{Access, MemError};
+use pmrxe_mem::{Access, MemError, Translation};
 
 use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 use crate::memops::{AtomicOp, MemOps};
@@ -90,6 +90,9 @@ struct Resource {
     va: u64,
     len: u64,
     orig: u64,
+    /// READ of `len > 0`: the window validated for `[va, va + len)`, carried to its response
+    /// packets.
+    tr: Option<Translation>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +106,8 @@ enum Out {
 enum InMsg {
     None,
     Send,
+    /// A WRITE being placed: `[va, va + len)` through `rkey`, `off` bytes so far (the
+    /// translation validated at FIRST is `RespState::write_tr`).
     Write { rkey: u32, va: u64, len: u64, off: u64 },
     /// UC: drop until the next FIRST/ONLY.
     Drop,
@@ -115,6 +120,11 @@ pub(crate) struct RespState {
     msn: u32,
     nak_sent: bool,
     in_msg: InMsg,
+    /// The window a WRITE's FIRST packet validated, carried across the message's packets
+    /// while the lcore's reader allows (`pmrxe_mem::Translation`); `None` (or a stale one)
+    /// means a lookup per packet. Set by every FIRST/ONLY but the ONLY placed by its one
+    /// lookup, read only while `in_msg` is the WRITE it was set for.
+    write_tr: Option<Translation>,
     /// The SRQ receive WQE a message is filling (taken by copy; a QP's own RQ keeps its
     /// current WQE in its slot, `rq.rs`).
     recv: Option<RecvWqe>,
@@ -133,6 +143,7 @@ impl RespState {
             msn: 0,
             nak_sent: false,
             in_msg: InMsg::None,
+            write_tr: None,
             recv: None,
             recv_off: 0,
             res: vec![None; 1],
@@ -584,6 +595,7 @@ impl Qp {
                 }
             }
             OpKind::Write => {
+                let mut placed_whole = false;
                 if info.pos.is_start() {
                     let r = h.reth.ok_or(RespError::InvalidRequest)?;
                     let len = u64::from(r.len);
@@ -593,9 +605,9 @@ impl Qp {
                     // A WRITE ONLY without immediate whose payload is the whole message: the
                     // placement below validates exactly [va, va + len) with the same access
                     // (one MR lookup instead of two). Anything else is checked here first.
-                    let placed_whole = info.pos == MsgPos::Only && !info.imm && plen as u64 == len;
+                    placed_whole = info.pos == MsgPos::Only && !info.imm && plen as u64 == len;
                     if len > 0 && !placed_whole {
-                        mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_WRITE).map_err(mem_to_resp)?;
+                        self.resp.write_tr = Some(mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_WRITE).map_err(mem_to_resp)?);
                     }
                     self.resp.in_msg = InMsg::Write { rkey: r.rkey, va: r.va, len, off: 0 };
                 }
@@ -610,17 +622,29 @@ impl Qp {
                 }
                 if plen > 0 {
                     let at = va.checked_add(off).ok_or(RespError::RemoteAccess)?;
-                    match deferred {
-                        None => mem.write_remote(self.pd, self.qpn, rkey, at, pkt.payload()).map_err(mem_to_resp)?,
-                        Some(c) => {
-                            // Verify while placing: the bytes land in [va + off, va + end), inside
-                            // the range validated at FIRST that the message's remaining packets
-                            // (retransmissions included) rewrite, so a mismatch changes nothing the
-                            // consumer may rely on (docs/reliability.md, "ICRC and placement").
-                            let crc = mem.write_remote_crc(self.pd, self.qpn, rkey, at, pkt.payload(), c.seed()).map_err(mem_to_resp)?;
-                            if !c.matches(crc) {
-                                return Err(Exec::BadIcrc);
-                            }
+                    let data = pkt.payload();
+                    let crc = if placed_whole {
+                        // Verified before placing (an ONLY's RETH is untrusted).
+                        match deferred {
+                            None => mem.write_remote(self.pd, self.qpn, rkey, at, data).map(|()| None),
+                            Some(c) => mem.write_remote_crc(self.pd, self.qpn, rkey, at, data, c.seed()).map(|crc| Some((c, crc))),
+                        }
+                    } else {
+                        // Every other packet continues the window its FIRST validated (set
+                        // above: `len > 0` whenever there is payload).
+                        let t = self.resp.write_tr.as_ref().ok_or(RespError::InvalidRequest)?;
+                        match deferred {
+                            None => mem.write_carried(t, at, data).map(|()| None),
+                            Some(c) => mem.write_carried_crc(t, at, data, c.seed()).map(|crc| Some((c, crc))),
+                        }
+                    };
+                    // Verified while placing: the bytes land in [va + off, va + end), inside the
+                    // range validated at FIRST that the message's remaining packets
+                    // (retransmissions included) rewrite, so a mismatch changes nothing the
+                    // consumer may rely on (docs/reliability.md, "ICRC and placement").
+                    if let Some((c, crc)) = crc.map_err(mem_to_resp)? {
+                        if !c.matches(crc) {
+                            return Err(Exec::BadIcrc);
                         }
                     }
                     self.stats.resp_bytes_written += plen as u64;
@@ -651,9 +675,11 @@ impl Qp {
                 if len > 1 << 31 || self.attr.max_dest_rd_atomic == 0 {
                     return Err(RespError::InvalidRequest.into());
                 }
-                if len > 0 {
-                    mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ).map_err(mem_to_resp)?;
-                }
+                let tr = if len > 0 {
+                    Some(mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ).map_err(mem_to_resp)?)
+                } else {
+                    None
+                };
                 let npkts = (len.div_ceil(mtu as u64) as u32).max(1);
                 let slot = self.alloc_res(Resource {
                     kind: ResKind::Read,
@@ -664,6 +690,7 @@ impl Qp {
                     va: r.va,
                     len,
                     orig: 0,
+                    tr,
                 });
                 let gen = self.resp.res[slot].map_or(0, |r| r.gen);
                 self.resp.push(Out::Read { slot, gen, next: p, sfirst: p });
@@ -683,7 +710,7 @@ impl Qp {
                 };
                 let orig = mem.atomic_remote(self.pd, self.qpn, a.rkey, a.va, op).map_err(mem_to_resp)?;
                 self.stats.resp_bytes_written += 8;
-                self.alloc_res(Resource { kind: ResKind::Atomic, gen: 0, first: p, last: p, rkey: a.rkey, va: a.va, len: 8, orig });
+                self.alloc_res(Resource { kind: ResKind::Atomic, gen: 0, first: p, last: p, rkey: a.rkey, va: a.va, len: 8, orig, tr: None });
                 self.resp.push(Out::AtomicAck { psn: p, orig });
                 self.resp.msn = self.resp.msn.wrapping_add(1);
                 self.resp.epsn = p.wrapping_add(1);
@@ -809,10 +836,9 @@ impl Qp {
                     if pos != MsgPos::Middle {
                         hdr.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
                     }
-                    let payload = if plen > 0 {
-                        Payload::Remote { rkey: res.rkey, va: res.va.wrapping_add(off), len: plen }
-                    } else {
-                        Payload::None
+                    let payload = match &res.tr {
+                        Some(tr) if plen > 0 => Payload::Remote { tr, va: res.va.wrapping_add(off), len: plen },
+                        _ => Payload::None,
                     };
                     match build(mem, self.pd, self.qpn, hdr, payload, buf) {
                         Ok(Some(built)) => {

@@ -15,7 +15,9 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
 use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
-use pmrxe_mem::MemTable;
+use std::sync::Arc;
+
+use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -102,8 +104,10 @@ type Filter = Box<dyn FnMut(&PacketInfo) -> Option<Fault>>;
 pub struct Node {
     /// Its QPs and SRQs.
     pub engine: Engine,
-    /// Its memory table.
-    pub mem: MemTable,
+    /// Its memory table, through an epoch reader as an lcore reaches it (the engine's lookups
+    /// and carried translations take the production path). The reader is offline between
+    /// steps, so a test may call the table's own control methods (`mem.table()`) there.
+    pub mem: Reader,
     /// Its IPv4 address (GID = IPv4-mapped).
     pub ip: Ipv4Addr,
     /// Completions collected by `drive` (QPN, side, CQE), in delivery order.
@@ -115,6 +119,18 @@ pub struct Node {
 }
 
 impl Node {
+    /// A host at `ip` with an empty engine and memory table.
+    pub fn new(ip: Ipv4Addr) -> Self {
+        let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), rx_parse_drops: 0 }
+    }
+
+    /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
+    /// from the test between steps do not wait for it.
+    pub(crate) fn end_step(&mut self) {
+        self.mem.offline();
+    }
+
     /// The node's GID (IPv4-mapped IPv6).
     pub fn gid(&self) -> [u8; 16] {
         gid_of(self.ip)
@@ -193,14 +209,7 @@ impl Sim {
     /// `n` nodes, seeded RNG, 1 µs latency.
     pub fn new(n: usize, seed: u64) -> Self {
         let nodes = (0..n)
-            .map(|i| Node {
-                engine: Engine::new(),
-                mem: MemTable::new(Default::default()),
-                ip: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
-                cqes: VecDeque::new(),
-                events: VecDeque::new(),
-                rx_parse_drops: 0,
-            })
+            .map(|i| Node::new(Ipv4Addr::new(10, 0, 0, i as u8 + 1)))
             .collect();
         Sim {
             now: Instant(0),
@@ -378,6 +387,14 @@ impl Sim {
     /// One step: transmit everything ready, then advance the clock to the next delivery or
     /// timer and process it. Returns `false` when nothing is left to do.
     pub fn step(&mut self) -> bool {
+        let more = self.step_inner();
+        for n in &mut self.nodes {
+            n.end_step();
+        }
+        more
+    }
+
+    fn step_inner(&mut self) -> bool {
         self.kick_all();
         for i in 0..self.nodes.len() {
             self.transmit_node(i);

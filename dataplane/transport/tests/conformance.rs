@@ -26,7 +26,7 @@ fn stats(sim: &Sim, node: usize, qpn: u32) -> pmrxe_transport::QpStats {
     sim.nodes[node].qp(qpn).stats().clone()
 }
 fn mr_state(sim: &Sim, node: usize, key: Key) -> MrState {
-    sim.nodes[node].mem.query(key).expect("mr").state
+    sim.nodes[node].mem.table().query(key).expect("mr").state
 }
 /// FMR X on A, registered with key byte +1 and `access`; returns (X, key).
 fn fmr_valid(sim: &mut Sim, pages: usize, first_off: usize, access: Access) -> (Fmr, Key) {
@@ -106,10 +106,10 @@ fn a4_reg_mr_key_index_mismatch_is_loc_qp_op_err() {
 #[test]
 fn a5_reg_mr_from_other_pd_is_loc_qp_op_err() {
     let mut sim = pair();
-    let key = sim.nodes[A].mem.alloc_mr(2, 16).unwrap();
+    let key = sim.nodes[A].mem.table().alloc_mr(2, 16).unwrap();
     let region = Region::zeroed(3 * 4096);
     let off = ((4096 - region.addr() % 4096) % 4096) as usize;
-    sim.nodes[A].mem.map_mr_sg(key, &[SgEntry { region: &region, offset: off, len: 4096 }], 0, 4096).unwrap();
+    sim.nodes[A].mem.table().map_mr_sg(key, &[SgEntry { region: &region, offset: off, len: 4096 }], 0, 4096).unwrap();
     post(&mut sim, A, QA, reg_mr(1, key, key.inc(), LW));
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::LocQpOpErr]);
@@ -144,7 +144,7 @@ fn a8_local_inv_with_bound_type2_mw_is_loc_qp_op_err() {
     let mut sim = pair();
     let (x, k) = fmr_valid(&mut sim, 4, 0, LW | RW | RR | Access::MW_BIND);
     let iova = x.iova(&sim, A);
-    let mw = sim.nodes[A].mem.alloc_mw(PD, MwType::Type2).unwrap();
+    let mw = sim.nodes[A].mem.table().alloc_mw(PD, MwType::Type2).unwrap();
     let bind = SendOp::BindMw { mw, new_key: mw.inc(), mr: k, addr: iova, len: 4096, access: RW | RR };
     post(&mut sim, A, QA, SendWqe::new(1, bind).flags(sig()));
     post(&mut sim, A, QA, local_inv(2, k));
@@ -189,7 +189,7 @@ fn a11_remap_while_valid_uses_staging() {
     // Stage new pages while X is VALID.
     let r2 = Region::zeroed(3 * 4096);
     let off2 = ((4096 - r2.addr() % 4096) % 4096) as usize;
-    sim.nodes[A].mem.map_mr_sg(k1, &[SgEntry { region: &r2, offset: off2, len: 4096 }], 0, 4096).unwrap();
+    sim.nodes[A].mem.table().map_mr_sg(k1, &[SgEntry { region: &r2, offset: off2, len: 4096 }], 0, 4096).unwrap();
     post(&mut sim, B, QB, write(1, &b, 0, 32, iova, k1.0));
     drive(&mut sim);
     assert_eq!(x.read(0, 32), vec![0xAA; 32], "k1 writes land in the old pages");
@@ -198,7 +198,7 @@ fn a11_remap_while_valid_uses_staging() {
     post(&mut sim, A, QA, reg_mr(3, k1, k2, LW | RW));
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 2]);
-    let iova2 = sim.nodes[A].mem.query(k2).unwrap().next_iova;
+    let iova2 = sim.nodes[A].mem.table().query(k2).unwrap().next_iova;
     b.write(0, &[0xBB; 32]);
     post(&mut sim, B, QB, write(4, &b, 0, 32, iova2, k2.0));
     drive(&mut sim);
@@ -235,7 +235,7 @@ fn a13_range_violations_nak_remote_access() {
         let mut sim = pair();
         let (x, k) = fmr_valid(&mut sim, 1, 0, LW | RW | RR);
         let iova = x.iova(&sim, A);
-        let len = sim.nodes[A].mem.query(k).unwrap().next_length;
+        let len = sim.nodes[A].mem.table().query(k).unwrap().next_length;
         let b = reg(&sim, B, 8192, ALL);
         let w = match case {
             0 => write(1, &b, 0, 10, iova + len - 9, k.0),
@@ -568,7 +568,7 @@ fn d2_retry_does_not_replay_bind_mw() {
     let mut sim = pair();
     let (x, k) = fmr_valid(&mut sim, 1, 0, LW | RW | RR | Access::MW_BIND);
     let iova = x.iova(&sim, A);
-    let mw = sim.nodes[A].mem.alloc_mw(PD, MwType::Type2).unwrap();
+    let mw = sim.nodes[A].mem.table().alloc_mw(PD, MwType::Type2).unwrap();
     let wk = mw.inc();
     let a = reg(&sim, A, 8192, ALL);
     let b = reg(&sim, B, 8192, ALL);
@@ -1004,11 +1004,47 @@ fn e12_nak_mid_read_response_ends_in_error() {
     let iova = x.iova(&sim, B);
     post(&mut sim, A, QA, read(2, &a, 0, 8192, iova, k.0));
     sim.drive_until(STEPS, |s| s.trace.iter().filter(|p| p.from == B && p.opcode.info().is_some_and(|i| i.kind == pmrxe_wire::OpKind::ReadResponse)).count() >= 3);
-    sim.nodes[B].mem.exec_local_inv(PD, k).unwrap();
+    sim.nodes[B].mem.table().exec_local_inv(PD, k).unwrap();
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::RemAccessErr]);
     let s = stats(&sim, A, QA);
     assert!(s.retries <= 1, "no retry loop: {s:?}");
+}
+
+/// E12 for a WRITE: B invalidates the target MR after 3 of an 8-packet WRITE's packets are
+/// placed. The responder carries the translation validated at FIRST across the message's
+/// packets (`pmrxe_mem::Translation`); the invalidation must end that: the 4th packet is
+/// checked again, NAKed 0x62, and nothing lands past the packets placed before it.
+#[test]
+fn e12_invalidate_mid_write_message_naks_the_rest() {
+    let mut sim = pair();
+    sim.max_burst = 1;
+    let a = reg(&sim, A, 8192, ALL);
+    a.write(0, &pattern(8192, 5));
+    let x = fmr(&sim, B, 2, 0);
+    let k = x.key.inc();
+    post(&mut sim, B, QB, reg_mr(1, x.key, k, LW | RW));
+    drive(&mut sim);
+    let iova = x.iova(&sim, B);
+    // The WRITE's packets from the 4th on arrive 1 ms late: the invalidation lands between.
+    let mut n = 0;
+    sim.add_filter(move |p| {
+        let write = p.from == A && p.opcode.info().is_some_and(|i| i.kind == pmrxe_wire::OpKind::Write);
+        n += usize::from(write);
+        (write && n > 3).then_some(Fault::Delay(MS))
+    });
+    post(&mut sim, A, QA, write(2, &a, 0, 8192, iova, k.0));
+    assert!(sim.drive_until(STEPS, |s| stats(s, B, QB).resp_bytes_written >= 3 * 1024));
+    let placed = stats(&sim, B, QB).resp_bytes_written as usize;
+    assert!(placed < 8192, "the whole message landed before the invalidation: {placed}");
+    sim.nodes[B].mem.table().exec_local_inv(PD, k).unwrap();
+    drive(&mut sim);
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::RemAccessErr]);
+    assert_eq!(stats(&sim, B, QB).resp_bytes_written as usize, placed, "a packet was placed after the invalidation");
+    assert_eq!(x.read(0, placed), pattern(8192, 5)[..placed].to_vec());
+    assert!(x.read(placed, 8192 - placed).iter().all(|&b| b == 0), "bytes past the invalidation point landed");
+    assert!(stats(&sim, B, QB).rkey_violations >= 1);
+    assert_eq!(st(&sim, B, QB), QpState::Err);
 }
 
 // ---------------------------------------------------------------- F. Wire format
@@ -1246,7 +1282,7 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
     sim.connect(A, qa2, B, qb2, &PairParams::default());
     let (x, k) = fmr_valid(&mut sim, 1, 0, LW | RW | RR | Access::MW_BIND);
     let iova = x.iova(&sim, A);
-    let mw = sim.nodes[A].mem.alloc_mw(PD, MwType::Type2).unwrap();
+    let mw = sim.nodes[A].mem.table().alloc_mw(PD, MwType::Type2).unwrap();
     let (k1, k2) = (mw.inc(), mw.inc().inc());
     let bind = |id, mw, new_key| SendWqe::new(id, SendOp::BindMw { mw, new_key, mr: k, addr: iova, len: 4096, access: RW | RR }).flags(sig());
     post(&mut sim, A, QA, bind(1, mw, k1));

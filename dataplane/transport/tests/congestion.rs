@@ -61,9 +61,9 @@ fn setup(n: usize, on: bool, seed: u64, msgs: u32, len: u32) -> (Fabric, Vec<Flo
         b.set_congestion(cc(on));
         f.nodes[0].engine.add_qp(b);
         let src = Region::zeroed(len as usize);
-        let src_key = f.nodes[s].mem.reg_mr(p.pd, src.clone(), src.addr(), Access(1)).unwrap().0;
+        let src_key = f.nodes[s].mem.table().reg_mr(p.pd, src.clone(), src.addr(), Access(1)).unwrap().0;
         let dst = Region::zeroed(len as usize);
-        let dst_rkey = f.nodes[0].mem.reg_mr(p.pd, dst.clone(), dst.addr(), Access(1 | 2)).unwrap().0;
+        let dst_rkey = f.nodes[0].mem.table().reg_mr(p.pd, dst.clone(), dst.addr(), Access(1 | 2)).unwrap().0;
         let mut fl = Flow { src, src_key, dst_addr: dst.addr(), dst_rkey, posted: 0 };
         for _ in 0..msgs {
             post(&mut f, s, &mut fl, len);

@@ -66,7 +66,7 @@ fn run(seed: u64, ops: usize) {
             let rd_src = reg(&sim, B, READ_AREA + 64, ALL);
             rd_src.write(0, &pattern(READ_AREA, 0x55 ^ i as u8));
             let fmr = fmr(&sim, A, 1, 0);
-            let mw = sim.nodes[A].mem.alloc_mw(PD, MwType::Type2).unwrap();
+            let mw = sim.nodes[A].mem.table().alloc_mw(PD, MwType::Type2).unwrap();
             PairState {
                 qa: 0x100 + i,
                 qb: 0x200 + i,
@@ -157,7 +157,7 @@ fn run(seed: u64, ops: usize) {
                 sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::RegMr { mr: ps.fmr_key, key: nk, access: Access::LOCAL_WRITE | Access::REMOTE_WRITE, iova: None, length: None }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::RegMr));
                 wr += 1;
-                let iova = sim.nodes[A].mem.query(ps.fmr_key).unwrap().next_iova;
+                let iova = sim.nodes[A].mem.table().query(ps.fmr_key).unwrap().next_iova;
                 let d = rng.gen_range(0..WRITE_AREA - 256);
                 ps.model[d..d + 256].copy_from_slice(&ps.fmr.read(0, 256));
                 sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::Write).sge(Sge { addr: iova, len: 256, lkey: nk }).remote(ps.dst.addr + d as u64, ps.dst.rkey()).flags(sig())).unwrap();
@@ -176,7 +176,7 @@ fn run(seed: u64, ops: usize) {
                 eng.post_send(ps.qa, now, SendWqe::new(wr, SendOp::RegMr { mr: ps.fmr_key, key: nk, access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND, iova: None, length: None }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::RegMr));
                 wr += 1;
-                let iova = sim.nodes[A].mem.query(ps.fmr_key).unwrap().next_iova;
+                let iova = sim.nodes[A].mem.table().query(ps.fmr_key).unwrap().next_iova;
                 let wk = ps.mw.inc();
                 sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::BindMw { mw: ps.mw, new_key: wk, mr: nk, addr: iova, len: 4096, access: Access::REMOTE_WRITE }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::BindMw));

@@ -211,6 +211,68 @@ impl Drop for Hold<'_> {
     }
 }
 
+/// A lookup carried past the packet it was made for (the responder carries one across the
+/// packets of a WRITE and of a READ response): the lookup's parameters (key, PD, QP, rights)
+/// and the window it validated, stamped with the grace period its epoch reader had announced.
+/// [`MemAccess::resume`](crate::MemAccess::resume) returns the window again without a lookup
+/// while that reader still announces the same grace period, i.e. while no invalidation of any
+/// key of the table can have completed since (`epoch.rs`, "Carried translations"); otherwise
+/// it looks the key up again with the same parameters. A stamp of 0 never resumes (the
+/// table's counted lookups, and an empty window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Translation {
+    key: Key,
+    pd: PdHandle,
+    qpn: u32,
+    need: Access,
+    stamp: u64,
+    start: u64,
+    end: u64,
+    add: u64,
+    mr_iova: u64,
+    base: u64,
+    shift: u32,
+}
+
+impl Translation {
+    /// The key it was looked up with.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The lookup again, for `[iova, iova + len)` (`resume`'s fallback).
+    #[inline]
+    pub(crate) fn lookup_again<'a, M: crate::MemAccess + ?Sized>(&self, m: &'a M, iova: u64, len: u64) -> Result<MrRef<'a>, MemError> {
+        m.lookup(self.key, self.pd, self.qpn, iova, len, self.need)
+    }
+}
+
+impl MemTable {
+    /// `t`'s window again, for `[iova, iova + len)` inside it, if the reader whose live count
+    /// is `live` still announces `last == t.stamp` (a nonzero stamp: the reader is online).
+    #[inline(always)]
+    pub(crate) fn resume_epoch<'a>(&'a self, live: &'a Cell<u32>, last: u64, t: &Translation, iova: u64, len: u64) -> Option<MrRef<'a>> {
+        if t.stamp != last {
+            return None;
+        }
+        let end = iova.checked_add(len)?;
+        if len == 0 || iova < t.start || end > t.end {
+            return None;
+        }
+        live.set(live.get() + 1);
+        Some(MrRef {
+            table: self,
+            _hold: Hold::Epoch(live),
+            start: iova,
+            end,
+            add: t.add,
+            mr_iova: t.mr_iova,
+            shift: t.shift,
+            base: t.base,
+        })
+    }
+}
+
 /// A validated window `[start, end)` of a key's address space. While it lives, the key cannot
 /// finish being invalidated, so copies through it are copies through a VALID translation.
 pub struct MrRef<'a> {
@@ -250,6 +312,25 @@ impl<'a> MrRef<'a> {
     /// The validated window.
     pub fn range(&self) -> (u64, u64) {
         (self.start, self.end)
+    }
+
+    /// This window as a [`Translation`] of a lookup with these parameters, stamped `stamp`
+    /// (0 for a counted or empty reference: never resumed).
+    pub(crate) fn carry(&self, key: Key, pd: PdHandle, qpn: u32, need: Access, stamp: u64) -> Translation {
+        let stamp = if matches!(self._hold, Hold::Epoch(_)) { stamp } else { 0 };
+        Translation {
+            key,
+            pd,
+            qpn,
+            need,
+            stamp,
+            start: self.start,
+            end: self.end,
+            add: self.add,
+            mr_iova: self.mr_iova,
+            base: self.base,
+            shift: self.shift,
+        }
     }
 
     /// Visit the process addresses backing `[iova, iova+len)` in order: `f(addr, done, n)`.

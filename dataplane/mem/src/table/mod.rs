@@ -64,7 +64,7 @@ use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::MemError;
 use slot::{block_and_drain, unpack, Arena, MrSlot, MwSlot};
 
-pub use lookup::MrRef;
+pub use lookup::{MrRef, Translation};
 
 /// First MW index: MR indexes are `1 .. MW_INDEX_BASE`, MW indexes `MW_INDEX_BASE ..` (as rxe).
 pub const MW_INDEX_BASE: u32 = 1 << 19;

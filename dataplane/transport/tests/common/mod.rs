@@ -48,7 +48,7 @@ pub const ALL: Access = Access(1 | 2 | 4 | 8 | 16);
 pub fn reg(sim: &Sim, node: usize, len: usize, access: Access) -> Buf {
     let region = Region::zeroed(len);
     let addr = region.addr();
-    let key = sim.nodes[node].mem.reg_mr(PD, region.clone(), addr, access).expect("reg_mr");
+    let key = sim.nodes[node].mem.table().reg_mr(PD, region.clone(), addr, access).expect("reg_mr");
     Buf { region, key, addr, len }
 }
 
@@ -68,7 +68,7 @@ pub struct Fmr {
 pub fn fmr(sim: &Sim, node: usize, pages: usize, first_off: usize) -> Fmr {
     let region = Region::zeroed((pages + 2) * 4096);
     let base_off = (4096 - (region.addr() % 4096) as usize) % 4096;
-    let mem = &sim.nodes[node].mem;
+    let mem = sim.nodes[node].mem.table();
     let key = mem.alloc_mr(PD, 16).expect("alloc_mr");
     let sg = [SgEntry { region: &region, offset: base_off + first_off, len: pages * 4096 - first_off }];
     let n = mem.map_mr_sg(key, &sg, 0, 4096).expect("map_mr_sg");
@@ -78,7 +78,7 @@ pub fn fmr(sim: &Sim, node: usize, pages: usize, first_off: usize) -> Fmr {
 
 impl Fmr {
     pub fn iova(&self, sim: &Sim, node: usize) -> u64 {
-        sim.nodes[node].mem.query(self.key).expect("mr").next_iova
+        sim.nodes[node].mem.table().query(self.key).expect("mr").next_iova
     }
     pub fn read(&self, off_from_page0: usize, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
