@@ -38,7 +38,7 @@
 //!
 //! # Carried translations
 //! A reader may keep a validated window past its quiescent points (a [`Translation`]: the
-//! responder carries one across the packets of a WRITE) only while the value it announces is
+//! responder carries one across the packets of a WRITE and of a READ response) only while the value it announces is
 //! still the one it held at the lookup, `L`. An invalidation whose state change the lookup did
 //! not see takes a `target > L`: had the reader read `gp >= target` before the lookup, that
 //! read would have read from the invalidation's `fetch_add` (or a later RMW), and the state

@@ -121,9 +121,9 @@ pub(crate) struct RespState {
     nak_sent: bool,
     in_msg: InMsg,
     /// The window a WRITE's FIRST packet validated, carried across the message's packets
-    /// while the lcore's reader allows (`pmrxe_mem::Translation`); `None` (or a stale one)
-    /// means a lookup per packet. Set by every FIRST/ONLY but the ONLY placed by its one
-    /// lookup, read only while `in_msg` is the WRITE it was set for.
+    /// (`pmrxe_mem::Translation`: placed without a lookup while the lcore's reader allows, else
+    /// its key is looked up again). Set by every FIRST/ONLY with a length but the ONLY placed by
+    /// its one lookup; read only while `in_msg` is the WRITE it was set for.
     write_tr: Option<Translation>,
     /// The SRQ receive WQE a message is filling (taken by copy; a QP's own RQ keeps its
     /// current WQE in its slot, `rq.rs`).

@@ -1,5 +1,5 @@
 //! A deterministic simulated wire (quinn-proto's `Pair`, smoltcp's fault injector): nodes
-//! (an [`Engine`] and a `MemTable` each) joined by a link with latency; a virtual clock; a
+//! (an [`Engine`] and a `MemTable` behind an epoch `Reader` each, as on an lcore) joined by a link with latency; a virtual clock; a
 //! seeded RNG that drops, delays, duplicates, reorders and corrupts packets by rate; and
 //! filters that hit specific packets (by PSN, opcode, direction ...).
 //!
@@ -13,10 +13,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
-
-use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use std::sync::Arc;
 
+use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
