@@ -1,7 +1,8 @@
 //! A deterministic simulated wire (quinn-proto's `Pair`, smoltcp's fault injector): nodes
-//! (an [`Engine`] and a `MemTable` behind an epoch `Reader` each, as on an lcore) joined by a link with latency; a virtual clock; a
-//! seeded RNG that drops, delays, duplicates, reorders and corrupts packets by rate; and
-//! filters that hit specific packets (by PSN, opcode, direction ...).
+//! (an [`Engine`] and a `MemTable` behind an epoch `Reader` each, as on an lcore) joined by a
+//! link with latency; a virtual clock; a seeded RNG that drops, delays, duplicates, reorders
+//! and corrupts packets by rate; and filters that hit specific packets (by PSN, opcode,
+//! direction ...).
 //!
 //! Packets cross as real bytes: Ethernet/IPv4/UDP headers and the ICRC are written with
 //! `pmrxe_wire` (`emit_frame_headers` + `finish_frame_with_tail_crc`, the ICRC from the CRC the
