@@ -42,6 +42,34 @@ fn table_with_mrs(n: usize) -> (MemTable, Vec<Key>, Vec<u64>, Region) {
     (t, keys, iovas, r)
 }
 
+/// One MR in a table shared the way the service shares it (`std::sync::Arc`: readers are
+/// registered through `MemTable::reader`).
+fn epoch_table() -> (std::sync::Arc<MemTable>, Key, u64, Region) {
+    let (t, k, iova, r) = table_with_mrs(1);
+    (std::sync::Arc::new(t), k[0], iova[0], r)
+}
+
+/// Copy through `m`, checking that the invalidation has not returned (`done`) before the copy
+/// starts or while it runs.
+fn copy_before_invalidate_returns(m: MrRef<'_>, iova: u64, done: &AtomicBool) {
+    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
+    m.copy_out(iova, &mut [0; 8]).unwrap();
+    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
+}
+
+/// Run `lcore` on a thread of its own while this thread executes a LOCAL_INV of `k`, then
+/// raises the flag `lcore` is given (for `copy_before_invalidate_returns`).
+fn race_local_inv(t: &MemTable, k: Key, lcore: impl FnOnce(Arc<AtomicBool>) + Send + 'static) {
+    let done = Arc::new(AtomicBool::new(false));
+    let h = {
+        let done = done.clone();
+        thread::spawn(move || lcore(done))
+    };
+    t.exec_local_inv(PD, k).unwrap();
+    done.store(true, Ordering::SeqCst);
+    h.join().unwrap();
+}
+
 /// After `exec_local_inv` returns, no copy through the old state can still be running.
 #[test]
 fn loom_local_inv_waits_for_copy() {
@@ -192,24 +220,15 @@ fn loom_failed_lookup_racing_reregister_keeps_the_count() {
 #[test]
 fn loom_epoch_local_inv_waits_for_reader_quiescent_point() {
     loom::model(|| {
-        let (t, k, iova, _r) = table_with_mrs(1);
-        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
-        let done = Arc::new(AtomicBool::new(false));
-        let lcore = {
-            let (t, done) = (t.clone(), done.clone());
-            thread::spawn(move || {
-                let mut r = t.reader().unwrap();
-                if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
-                    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
-                    m.copy_out(iova, &mut [0; 8]).unwrap();
-                    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
-                }
-                r.quiescent();
-            })
-        };
-        t.exec_local_inv(PD, k).unwrap();
-        done.store(true, Ordering::SeqCst);
-        lcore.join().unwrap();
+        let (t, k, iova, _r) = epoch_table();
+        let t2 = t.clone();
+        race_local_inv(&t, k, move |done| {
+            let mut r = t2.reader().unwrap();
+            if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
+                copy_before_invalidate_returns(m, iova, &done);
+            }
+            r.quiescent();
+        });
     });
 }
 
@@ -219,28 +238,18 @@ fn loom_epoch_local_inv_waits_for_reader_quiescent_point() {
 #[test]
 fn loom_epoch_reader_offline_then_online_races_invalidate() {
     loom::model(|| {
-        let (t, k, iova, _r) = table_with_mrs(1);
-        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let (t, k, iova, _r) = epoch_table();
         let mut r = t.reader().unwrap();
         // Online before the invalidation starts, then parked.
         r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap().copy_out(iova, &mut [0; 8]).unwrap();
         r.offline();
-        let done = Arc::new(AtomicBool::new(false));
-        let lcore = {
-            let done = done.clone();
-            thread::spawn(move || {
-                if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
-                    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
-                    m.copy_out(iova, &mut [0; 8]).unwrap();
-                    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
-                }
-                r.quiescent();
-                r.offline();
-            })
-        };
-        t.exec_local_inv(PD, k).unwrap();
-        done.store(true, Ordering::SeqCst);
-        lcore.join().unwrap();
+        race_local_inv(&t, k, move |done| {
+            if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
+                copy_before_invalidate_returns(m, iova, &done);
+            }
+            r.quiescent();
+            r.offline();
+        });
     });
 }
 
@@ -297,26 +306,17 @@ fn loom_epoch_two_lcores_invalidate_each_others_mr() {
 #[test]
 fn loom_epoch_carried_translation_ends_with_invalidation() {
     loom::model(|| {
-        let (t, k, iova, _r) = table_with_mrs(1);
-        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
-        let done = Arc::new(AtomicBool::new(false));
-        let lcore = {
-            let (t, done) = (t.clone(), done.clone());
-            thread::spawn(move || {
-                let mut r = t.reader().unwrap();
-                let Ok(tr) = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ) else { return };
-                r.quiescent();
-                if let Ok(m) = r.resume(&tr, iova, 8) {
-                    assert!(!done.load(Ordering::SeqCst), "carried translation resumed after invalidate returned");
-                    m.copy_out(iova, &mut [0; 8]).unwrap();
-                    assert!(!done.load(Ordering::SeqCst), "copy through a carried translation ran after invalidate returned");
-                }
-                r.quiescent();
-            })
-        };
-        t.exec_local_inv(PD, k).unwrap();
-        done.store(true, Ordering::SeqCst);
-        lcore.join().unwrap();
+        let (t, k, iova, _r) = epoch_table();
+        let t2 = t.clone();
+        race_local_inv(&t, k, move |done| {
+            let mut r = t2.reader().unwrap();
+            let Ok(tr) = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ) else { return };
+            r.quiescent();
+            if let Ok(m) = r.resume(&tr, iova, 8) {
+                copy_before_invalidate_returns(m, iova, &done);
+            }
+            r.quiescent();
+        });
     });
 }
 
@@ -324,32 +324,21 @@ fn loom_epoch_carried_translation_ends_with_invalidation() {
 /// invalidation's scan may skip it, so coming back online must announce a grace period that
 /// covers the invalidation, or the stale translation would be resumed.
 ///
-/// Verified to catch: `Epochs::online` without its second read of `gp` ("carried translation
-/// resumed after invalidate returned": the first read may be older than the scan that skipped
-/// the reader).
+/// Verified to catch: `Epochs::online` without its second read of `gp` ("copy ran after
+/// invalidate returned": the first read may be older than the scan that skipped the reader).
 #[test]
 fn loom_epoch_carried_translation_survives_parking_only_without_invalidation() {
     loom::model(|| {
-        let (t, k, iova, _r) = table_with_mrs(1);
-        let (t, k, iova) = (std::sync::Arc::new(t), k[0], iova[0]);
+        let (t, k, iova, _r) = epoch_table();
         let mut r = t.reader().unwrap();
         let tr = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap();
         r.offline();
-        let done = Arc::new(AtomicBool::new(false));
-        let lcore = {
-            let done = done.clone();
-            thread::spawn(move || {
-                if let Ok(m) = r.resume(&tr, iova, 8) {
-                    assert!(!done.load(Ordering::SeqCst), "carried translation resumed after invalidate returned");
-                    m.copy_out(iova, &mut [0; 8]).unwrap();
-                    assert!(!done.load(Ordering::SeqCst), "copy through a carried translation ran after invalidate returned");
-                }
-                r.quiescent();
-                r.offline();
-            })
-        };
-        t.exec_local_inv(PD, k).unwrap();
-        done.store(true, Ordering::SeqCst);
-        lcore.join().unwrap();
+        race_local_inv(&t, k, move |done| {
+            if let Ok(m) = r.resume(&tr, iova, 8) {
+                copy_before_invalidate_returns(m, iova, &done);
+            }
+            r.quiescent();
+            r.offline();
+        });
     });
 }
