@@ -692,7 +692,7 @@ impl Qp {
                     orig: 0,
                     tr,
                 });
-                let gen = self.resp.res[slot].map_or(0, |r| r.gen);
+                let gen = self.resp.res[slot].as_ref().map_or(0, |r| r.gen);
                 self.resp.push(Out::Read { slot, gen, next: p, sfirst: p });
                 self.resp.msn = self.resp.msn.wrapping_add(1);
                 self.resp.epsn = p.wrapping_add(npkts);
@@ -815,7 +815,9 @@ impl Qp {
                     return Some(tx(len));
                 }
                 Out::Read { slot, gen, next, sfirst } => {
-                    let res = match self.resp.res.get(slot).copied().flatten() {
+                    // By reference: the resource (with its carried translation) is not copied
+                    // per response packet.
+                    let res = match self.resp.res.get(slot).and_then(Option::as_ref) {
                         Some(r) if r.gen == gen && self.state != QpState::Err => r,
                         _ => {
                             self.resp.out.pop_front();
