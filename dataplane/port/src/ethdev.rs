@@ -648,6 +648,10 @@ impl PacketBuf for Mbuf {
         Mbuf::adj(self, len)
     }
     #[inline]
+    fn open_aligned(&mut self, at: usize, keep: usize) -> Option<&mut [u8]> {
+        Mbuf::open_aligned(self, at, keep)
+    }
+    #[inline]
     fn free_all<const N: usize>(bufs: &mut ArrayVec<Mbuf, N>) {
         let n = bufs.len();
         if n == 0 {

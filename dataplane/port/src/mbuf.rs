@@ -191,10 +191,44 @@ impl Mbuf {
         (m.nb_segs == 1 && m.next.is_null()).then_some(m)
     }
 
+    /// [`PacketBuf::open_aligned`](crate::PacketBuf::open_aligned) for a fresh one-segment
+    /// mbuf: three stores to its header, no call into the C shim.
+    #[inline]
+    pub fn open_aligned(&mut self, at: usize, keep: usize) -> Option<&mut [u8]> {
+        let m = self.single_mut()?;
+        if m.data_len != 0 {
+            return None;
+        }
+        let base = m.buf_addr.cast::<u8>();
+        let mut start = usize::from(m.data_off);
+        let back = (base as usize).wrapping_add(start + at) & 63;
+        if start >= keep + back {
+            start -= back;
+        }
+        let len = usize::from(m.buf_len).checked_sub(start)?;
+        // Both fit in u16: they are at most buf_len.
+        m.data_off = start as u16;
+        m.data_len = len as u16;
+        m.pkt_len = len as u32;
+        // SAFETY: [start, start + len) = [start, buf_len) lies inside the data room of an mbuf
+        // we own; &mut self makes the access exclusive.
+        Some(unsafe { std::slice::from_raw_parts_mut(base.add(start), len) })
+    }
+
     /// Removes `len` bytes from the head. `false` (and no change) if `len > len()`.
     #[inline]
     pub fn adj(&mut self, len: usize) -> bool {
         let Ok(l) = u16::try_from(len) else { return false };
+        if let Some(m) = self.single_mut() {
+            // As `rte_pktmbuf_adj` does for one segment, without the call into the C shim.
+            if l > m.data_len {
+                return false;
+            }
+            m.data_off += l;
+            m.data_len -= l;
+            m.pkt_len -= u32::from(l);
+            return true;
+        }
         // SAFETY: we own the mbuf; DPDK checks the length and returns NULL if too long.
         unsafe { !sys::pmrxe_pktmbuf_adj(self.raw.as_ptr(), l).is_null() }
     }

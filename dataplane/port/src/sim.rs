@@ -177,6 +177,24 @@ mod tests {
     }
 
     #[test]
+    fn simbuf_open_aligned() {
+        // 200 bytes, data at 128: opening puts data byte 12 on a cache line by moving the
+        // start back at most 63 bytes, keeping at least 62 bytes of headroom and all the
+        // tailroom.
+        let mut b = SimBuf::with_capacity(328, 128);
+        let d = b.open_aligned(12, 62).expect("empty buffer");
+        assert_eq!((d.as_ptr() as usize + 12) % 64, 0);
+        let head = b.headroom();
+        assert!((62..=128).contains(&head) && 128 - head < 64);
+        assert_eq!((b.len(), b.tailroom()), (328 - head, 0));
+        assert!(b.open_aligned(12, 62).is_none(), "not empty");
+        // A headroom that cannot spare the move: the start stays.
+        let mut c = SimBuf::with_capacity(100, 4);
+        assert_eq!(c.open_aligned(12, 62).map(|d| d.len()), Some(96));
+        assert_eq!(c.headroom(), 4);
+    }
+
+    #[test]
     fn full_link_returns_unsent_in_order() {
         let (mut a, mut b) = SimPort::pair(1500, 4);
         let mut burst: Burst<SimBuf> = Burst::new();

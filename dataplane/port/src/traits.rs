@@ -62,6 +62,24 @@ pub trait PacketBuf: Send {
         }
         Some(self.data_mut())
     }
+    /// Open an empty buffer for writing a frame in place: move the start of its data back
+    /// (at most 63 bytes, into the headroom) so that data byte `at` lies on a 64-byte
+    /// boundary, unless that would leave less than `keep` bytes of headroom (then the start
+    /// stays); then make all of its room the data and return it (the caller trims or resizes
+    /// it to the frame). The tailroom is never shortened. `None` (no change) if the buffer is
+    /// not empty.
+    #[inline]
+    fn open_aligned(&mut self, at: usize, keep: usize) -> Option<&mut [u8]> {
+        if !self.is_empty() {
+            return None;
+        }
+        let back = (self.data().as_ptr() as usize).wrapping_add(at) & 63;
+        if back != 0 && self.headroom() >= keep + back {
+            let _ = self.prepend(back);
+        }
+        let room = self.tailroom() + self.len();
+        self.resize(room)
+    }
     /// Free every buffer in `bufs` (leaving it empty). The same as `bufs.clear()`; DPDK mbufs
     /// return to their pool in one bulk operation instead of one put per buffer.
     fn free_all<const N: usize>(bufs: &mut ArrayVec<Self, N>)

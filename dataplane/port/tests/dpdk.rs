@@ -149,6 +149,21 @@ fn child_ring(cfg: &Config) {
     assert_eq!((m.headroom(), m.len(), m.pkt_len()), (0, 96 + room + hr, 96 + room + hr));
     assert!(m.trim(room + hr));
     assert_eq!(m.pkt_len(), 96);
+    // open_aligned: a fresh mbuf opens with data byte 12 on a cache line, its start moved back
+    // into the headroom (never past `keep`), all of its room as data; a non-empty one is
+    // refused; one whose headroom cannot spare the move opens where it starts.
+    let mut f: Mbuf = pool.alloc().expect("mbuf");
+    let (head0, room0) = (f.headroom(), f.tailroom());
+    let n = f.open_aligned(12, 62).map(|d| (d.as_ptr() as usize + 12) % 64);
+    assert_eq!(n, Some(0));
+    assert!(f.headroom() >= 62 && f.headroom() <= head0 && head0 - f.headroom() < 64);
+    assert_eq!((f.tailroom(), f.len(), f.pkt_len()), (0, room0 + head0 - f.headroom(), room0 + head0 - f.headroom()));
+    assert!(f.open_aligned(12, 62).is_none(), "not empty");
+    assert!(f.trim(f.len()));
+    let at = f.headroom();
+    assert_eq!(f.open_aligned(12, at).map(|d| d.len()), Some(room0 + head0 - at), "no headroom to spare: start stays");
+    assert_eq!(f.headroom(), at);
+    drop(f);
     let raw = m.into_raw();
     // SAFETY: `raw` came from into_raw just above and is owned by nobody else.
     let m = unsafe { Mbuf::from_raw(raw) };

@@ -177,6 +177,9 @@ impl<L: Port> Lcore<L> {
     }
 }
 
+/// The longest Eth/IP/UDP header a packet is given (IPv6).
+const MAX_OUTER_LEN: usize = wire::eth::HEADER_LEN + wire::ipv6::HEADER_LEN + wire::udp::HEADER_LEN;
+
 /// What a QP's transmit burst reads from the lcore besides its QP, slot and port.
 struct BurstCtx<'a> {
     mem: &'a Reader,
@@ -213,8 +216,13 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
             bump(&ctx.stats.tx_alloc_failures, 1);
             break;
         };
-        let cap = b.capacity();
-        let Some(buf) = b.resize(cap) else { break };
+        // The payload of a packet with a bare BTH (the MIDDLE and LAST packets of a long
+        // message: the bulk of its bytes) starts on a cache line, so its copy stores whole
+        // lines (the kernel's 4 KiB copy runs 10 % faster into aligned destinations than at
+        // DPDK's default offset, 128 + 12), and a looped-back frame is read aligned too. The
+        // headroom keeps room for the Eth/IPv6/UDP headers prepended below.
+        let Some(buf) = b.open_aligned(wire::bth::HEADER_LEN, MAX_OUTER_LEN) else { break };
+        let cap = buf.len();
         // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
         // prepended into the headroom afterwards, so the payload is written once.
         let room = cap.saturating_sub(wire::ICRC_LEN);
