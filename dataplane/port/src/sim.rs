@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn simbuf_open_aligned() {
-        // 200 bytes, data at 128: opening puts data byte 12 on a cache line by moving the
+        // 328 bytes, data at 128: opening puts data byte 12 on a cache line by moving the
         // start back at most 63 bytes, keeping at least 62 bytes of headroom and all the
         // tailroom.
         let mut b = SimBuf::with_capacity(328, 128);
