@@ -706,10 +706,13 @@ pub fn cm_listeners_and_no_listener_rejects(svc: &Service) -> (u64, u64) {
 /// and only then creates, binds and listens on the data one, while the client connects as soon
 /// as the exchange is done: a client that is faster than the server gets its data REQ rejected
 /// ("invalid service ID": nothing listens), and that perftest then crashes while its server
-/// waits forever. A kernel RoCE device rejects the same way; upstream perftest fixed it in the
-/// client (`rdma_cm_client_connection` retries "in case the server is not ready"). So a perftest
-/// pair is run again (at most twice more) when, and only when, its client reports exactly that
-/// rejection and the server's CM counted a REQ with no listener meanwhile.
+/// waits forever. With `-c UD` the data connection is a SIDR exchange, and the same race ends
+/// in a SIDR REP with status UNSUPPORTED, which librdmacm reports as
+/// `RDMA_CM_EVENT_UNREACHABLE` with status 1. A kernel RoCE device rejects the same way;
+/// upstream perftest fixed it in the client (`rdma_cm_client_connection` retries "in case the
+/// server is not ready"). So a perftest pair is run again (at most twice more) when, and only
+/// when, its client reports exactly one of those two rejections and the server's CM counted a
+/// REQ or SIDR REQ with no listener meanwhile.
 pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
     let perftest = server.first().is_some_and(|p| p.starts_with("ib_"));
     let mut attempt = 0;
@@ -723,10 +726,10 @@ pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[
         let raced = perftest
             && attempt < 3
             && !c.ok()
-            && c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8")
+            && (c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8") || c.output.contains("RDMA_CM_EVENT_UNREACHABLE; error: 1."))
             && cm_listeners_and_no_listener_rejects(server_svc).1 > rejected;
         if raced {
-            eprintln!("perftest -R: the data REQ beat the server's listen (attempt {attempt}, REJECTED no listener); running the pair again");
+            eprintln!("perftest -R: the data REQ or SIDR REQ beat the server's listen (attempt {attempt}, refused: no listener); running the pair again");
             let _ = s.kill();
             let _ = s.wait();
             // Its listener goes when the service has seen the client go.
