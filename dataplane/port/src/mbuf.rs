@@ -219,16 +219,6 @@ impl Mbuf {
     #[inline]
     pub fn adj(&mut self, len: usize) -> bool {
         let Ok(l) = u16::try_from(len) else { return false };
-        if let Some(m) = self.single_mut() {
-            // As `rte_pktmbuf_adj` does for one segment, without the call into the C shim.
-            if l > m.data_len {
-                return false;
-            }
-            m.data_off += l;
-            m.data_len -= l;
-            m.pkt_len -= u32::from(l);
-            return true;
-        }
         // SAFETY: we own the mbuf; DPDK checks the length and returns NULL if too long.
         unsafe { !sys::pmrxe_pktmbuf_adj(self.raw.as_ptr(), l).is_null() }
     }
