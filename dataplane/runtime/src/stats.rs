@@ -44,6 +44,9 @@ counters! {
         /// Frames a port sent to its own address (same-device traffic), looped back inside the
         /// device instead of leaving on the wire.
         rx_loopback,
+        /// RoCE frames parsed by header prediction: a MIDDLE packet whose headers equal those
+        /// of its QP's last fully parsed MIDDLE but for the PSN and AckReq.
+        rx_predicted,
         /// Frames transmitted.
         tx_packets,
         /// Bytes transmitted.

@@ -266,6 +266,11 @@ impl<X> Engine<X> {
     pub fn ext_at(&self, slot: u32) -> Option<&X> {
         self.entries.get(slot as usize)?.as_deref().map(|e| &e.ext)
     }
+    /// [`Engine::ext_at`], mutable (the QP is not re-filed: the attachment is the caller's).
+    #[inline]
+    pub fn ext_at_mut(&mut self, slot: u32) -> Option<&mut X> {
+        self.entries.get_mut(slot as usize)?.as_deref_mut().map(|e| &mut e.ext)
+    }
     /// [`Engine::qp`] by slot.
     #[inline]
     pub fn qp_at(&self, slot: u32) -> Option<&Qp> {

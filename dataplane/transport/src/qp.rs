@@ -122,6 +122,9 @@ pub struct Qp {
     /// Notification point: when the last CNP was queued, and whether one waits to be sent.
     pub(crate) np_last_cnp: Option<Instant>,
     pub(crate) cnp_pending: bool,
+    /// Header prediction's fast path for WRITE MIDDLE packets is on (always, but in the test
+    /// that runs it against the general path: [`Qp::set_fast_paths`]).
+    pub(crate) fast_paths: bool,
 }
 
 impl Qp {
@@ -164,7 +167,14 @@ impl Qp {
             dcqcn: None,
             np_last_cnp: None,
             cnp_pending: false,
+            fast_paths: true,
         })
+    }
+
+    /// Turn the receive fast path (a predicted WRITE MIDDLE handled in one step) off or on.
+    /// Behaviour is the same either way; the switch exists so a test can check that.
+    pub fn set_fast_paths(&mut self, on: bool) {
+        self.fast_paths = on;
     }
 
     /// The active MTU of the QP's port (`ibv_port_attr.active_mtu`), given by whoever creates

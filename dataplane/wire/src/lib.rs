@@ -51,6 +51,7 @@ pub mod ecn;
 
 pub mod headers;
 pub mod frame;
+pub mod predict;
 pub mod pcap;
 pub mod sample;
 
@@ -80,6 +81,7 @@ pub use icrc::{icrc, IcrcCheck, ICRC_LEN};
 pub use cnp::{build_cnp_frame, parse_cnp_frame, CnpFrame, Repr as CnpRepr};
 
 pub use headers::TransportHeaders;
+pub use predict::RxPrediction;
 pub use frame::{
     build_frame, build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, seal_frame,
     frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_routed, parse_frame_with,

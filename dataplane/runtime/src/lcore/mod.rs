@@ -208,6 +208,9 @@ struct QpSlot {
     path: Option<PathCache>,
     /// Since when the QP's next packet has been held for an unresolved neighbour.
     hold_since: Option<Instant>,
+    /// The header of the last MIDDLE packet received for this QP that took the full parse:
+    /// its successors are parsed by prediction (see `Lcore::on_frame`).
+    rx_predict: Option<wire::RxPrediction>,
 }
 
 /// A QP's resolved path: valid while the address vector, destination QPN and the neighbour

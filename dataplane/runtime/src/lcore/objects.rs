@@ -239,6 +239,7 @@ impl<L: Port> Lcore<L> {
             backlog_listed: false,
             path: None,
             hold_since: None,
+            rx_predict: None,
         };
         self.engine.insert(s.qp, slot).map_err(|e| e.to_string())?;
         if let Some(x) = srq.and_then(|n| self.srqs.get_mut(&n)) {

@@ -109,7 +109,15 @@ impl<L: Port> Lcore<L> {
         let me = self.index;
         let engine = &self.engine;
         let mut to = None;
-        let parsed = wire::parse_frame_routed(data, &mut pkt.hdr, &mut pkt.frame, |qpn| {
+        // Header prediction first: a MIDDLE packet whose headers equal its QP's last MIDDLE's
+        // but for the PSN and AckReq gets what the full parse would have written (the same
+        // checks follow).
+        let predicted = self.predict(pi, data, &mut pkt);
+        let parsed = if predicted {
+            bump(&self.stats.rx_predicted, 1);
+            Ok(true)
+        } else {
+            wire::parse_frame_routed(data, &mut pkt.hdr, &mut pkt.frame, |qpn| {
             if let Some(h) = handoff {
                 let owner = h.owner(qpn);
                 if owner != me % h.lcores() && qpn != 1 && engine.slot(qpn).is_none() {
@@ -118,7 +126,8 @@ impl<L: Port> Lcore<L> {
                 }
             }
             true
-        });
+            })
+        };
         match parsed {
             Ok(false) => to,
             Ok(true) => {
@@ -173,6 +182,12 @@ impl<L: Port> Lcore<L> {
                 }
                 if self.engine.handle_packet_at(now, at, &pkt, &*self.mem) {
                     self.count_bad_icrc();
+                } else if !predicted && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
+                    // A MIDDLE packet that took the full parse (the first of a message, or one
+                    // whose headers changed): its successors are predicted from it.
+                    if let Some(s) = self.engine.ext_at_mut(at) {
+                        s.rx_predict = wire::RxPrediction::record(data);
+                    }
                 }
                 None
             }
@@ -196,6 +211,19 @@ impl<L: Port> Lcore<L> {
                 bump(&self.drops.by_reason[e.index()], 1);
                 None
             }
+        }
+    }
+
+    /// Header prediction (`wire::RxPrediction`): if `data` is for a QP of this lcore on port
+    /// `pi` whose recorded MIDDLE header it matches, write what the full parse would into
+    /// `pkt` and return true. Nothing is looked at but the frame's head and the QP's record.
+    #[inline]
+    fn predict<'a>(&self, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> bool {
+        let Some(qpn) = wire::RxPrediction::dest_qp(data) else { return false };
+        let slot = self.engine.slot(qpn).and_then(|at| self.engine.ext_at(at));
+        match slot.and_then(|s| s.rx_predict.as_ref().filter(|_| s.dev == pi)) {
+            Some(p) => p.parse_into(data, &mut pkt.hdr, &mut pkt.frame),
+            None => false,
         }
     }
 
