@@ -113,7 +113,7 @@ impl<L: Port> Lcore<L> {
         // but for the PSN and AckReq gets what the full parse would have written (the same
         // checks follow).
         let predicted = self.predict(pi, data, &mut pkt);
-        let parsed = if predicted {
+        let parsed = if predicted.is_some() {
             bump(&self.stats.rx_predicted, 1);
             Ok(true)
         } else {
@@ -157,7 +157,7 @@ impl<L: Port> Lcore<L> {
                     }
                     return None;
                 }
-                let Some((at, slot)) = self.engine.slot(qpn).and_then(|at| Some((at, self.engine.ext_at(at)?))) else {
+                let Some((at, slot)) = predicted.or_else(|| self.engine.slot(qpn)).and_then(|at| Some((at, self.engine.ext_at(at)?))) else {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return None;
                 };
@@ -182,7 +182,7 @@ impl<L: Port> Lcore<L> {
                 }
                 if self.engine.handle_packet_at(now, at, &pkt, &*self.mem) {
                     self.count_bad_icrc();
-                } else if !predicted && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
+                } else if predicted.is_none() && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
                     // A MIDDLE packet that took the full parse (the first of a message, or one
                     // whose headers changed): its successors are predicted from it.
                     if let Some(s) = self.engine.ext_at_mut(at) {
@@ -216,15 +216,14 @@ impl<L: Port> Lcore<L> {
 
     /// Header prediction (`wire::RxPrediction`): if `data` is for a QP of this lcore on port
     /// `pi` whose recorded MIDDLE header it matches, write what the full parse would into
-    /// `pkt` and return true. Nothing is looked at but the frame's head and the QP's record.
+    /// `pkt` and return the QP's engine slot. Nothing is looked at but the frame's head and
+    /// the QP's record.
     #[inline]
-    fn predict<'a>(&self, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> bool {
-        let Some(qpn) = wire::RxPrediction::dest_qp(data) else { return false };
-        let slot = self.engine.slot(qpn).and_then(|at| self.engine.ext_at(at));
-        match slot.and_then(|s| s.rx_predict.as_ref().filter(|_| s.dev == pi)) {
-            Some(p) => p.parse_into(data, &mut pkt.hdr, &mut pkt.frame),
-            None => false,
-        }
+    fn predict<'a>(&self, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
+        let at = self.engine.slot(wire::RxPrediction::dest_qp(data)?)?;
+        let s = self.engine.ext_at(at)?;
+        let p = s.rx_predict.as_ref().filter(|_| s.dev == pi)?;
+        p.parse_into(data, &mut pkt.hdr, &mut pkt.frame).then_some(at)
     }
 
     /// A request that consumes a receive WQE arrived for `qpn`: if its receive queue (or SRQ)
