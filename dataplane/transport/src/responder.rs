@@ -286,9 +286,15 @@ impl Qp {
     /// the check. `tests/fast_path.rs` runs both paths over the same packet streams.
     #[inline]
     fn write_middle_predicted<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
-        if !self.fast_paths {
-            return false;
-        }
+        // RC and UC WRITE MIDDLE share their low five opcode bits: every other packet (an 8 B
+        // WRITE's ONLY, an ACK) leaves at this first compare, and the rest is out of line (the
+        // small-packet path keeps its code compact).
+        pkt.hdr.bth.opcode.0 & 0x1F == Opcode::RC_RDMA_WRITE_MIDDLE.0 && self.fast_paths && self.write_middle_fast(now, pkt, mem)
+    }
+
+    /// [`Qp::write_middle_predicted`] past its first compare.
+    #[inline(never)]
+    fn write_middle_fast<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
         let h = &pkt.hdr;
         let want = match self.qp_type {
             QpType::Rc => Opcode::RC_RDMA_WRITE_MIDDLE,

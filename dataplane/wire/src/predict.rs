@@ -113,9 +113,10 @@ impl RxPrediction {
         })
     }
 
-    /// The destination QP of a frame as a prediction would read it: from the BTH of an
-    /// untagged IPv4 (no options) or IPv6 frame; `None` for anything else. Only a key to find
-    /// the QP's prediction with: [`parse_into`](RxPrediction::parse_into) decides.
+    /// The destination QP of a frame a prediction could match: an untagged IPv4 (no options)
+    /// or IPv6 frame whose BTH opcode is a MIDDLE one; `None` for anything else (most small
+    /// packets: one compare each). Only a key to find the QP's prediction with:
+    /// [`parse_into`](RxPrediction::parse_into) decides.
     #[inline]
     pub fn dest_qp(frame: &[u8]) -> Option<u32> {
         let bth = match frame.get(12..15)? {
@@ -123,8 +124,8 @@ impl RxPrediction {
             [0x86, 0xDD, _] => 14 + 40 + 8,
             _ => return None,
         };
-        match frame.get(bth + 5..bth + 8)? {
-            [a, b, c] => Some(u32::from_be_bytes([0, *a, *b, *c])),
+        match frame.get(bth..bth + 8)? {
+            [op, _, _, _, _, a, b, c] if crate::Opcode(*op).info().is_some_and(|i| i.pos == crate::MsgPos::Middle) => Some(u32::from_be_bytes([0, *a, *b, *c])),
             _ => None,
         }
     }
@@ -248,6 +249,8 @@ mod tests {
             for (psn, ack) in [(6, false), (7, true), (0xFF_FFFF, false)] {
                 let f = frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, psn, ack, &p);
                 assert_eq!(RxPrediction::dest_qp(&f), Some(0x11));
+                let only = frame(v6, Opcode::RC_SEND_ONLY, psn, ack, &p);
+                assert_eq!(RxPrediction::dest_qp(&only), None, "not a MIDDLE: no lookup");
                 let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
                 let mut o = RxFrame::BLANK;
                 assert!(r.parse_into(&f, &mut h, &mut o), "v6 {v6} psn {psn}");

@@ -210,7 +210,8 @@ struct QpSlot {
     hold_since: Option<Instant>,
     /// The header of the last MIDDLE packet received for this QP that took the full parse:
     /// its successors are parsed by prediction (see `Lcore::on_frame`).
-    rx_predict: Option<wire::RxPrediction>,
+    /// (Boxed: 400 bytes inline would spread the slot's hot fields over more cache lines.)
+    rx_predict: Option<Box<wire::RxPrediction>>,
 }
 
 /// A QP's resolved path: valid while the address vector, destination QPN and the neighbour
@@ -449,6 +450,9 @@ pub struct Lcore<L: Port> {
     neigh_wait: Vec<u32>,
     /// Neighbour-table generation `neigh_wait` was last re-examined at, and when.
     neigh_wait_seen: (u64, Instant),
+    /// QPs of this lcore with a receive prediction recorded (`QpSlot::rx_predict`): while
+    /// there are none, frames do not look for one.
+    predicting: usize,
     /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
     gsi: Option<Arc<GsiPipe>>,
     /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
@@ -515,6 +519,7 @@ impl<L: Port> Lcore<L> {
             deferred: Vec::with_capacity(MAX_QPS_PER_LCORE),
             neigh_wait: Vec::with_capacity(MAX_QPS_PER_LCORE),
             neigh_wait_seen: (0, Instant(0)),
+            predicting: 0,
             gsi: None,
             gsi_psn: 0,
         };

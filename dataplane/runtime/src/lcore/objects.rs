@@ -256,6 +256,9 @@ impl<L: Port> Lcore<L> {
 
     pub(super) fn remove_qp(&mut self, qpn: u32) -> bool {
         let Some((qp, slot)) = self.engine.remove(qpn) else { return false };
+        if slot.rx_predict.is_some() {
+            self.predicting -= 1;
+        }
         for cq in [slot.send_cq, slot.recv_cq] {
             if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);

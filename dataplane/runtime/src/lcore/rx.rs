@@ -118,14 +118,14 @@ impl<L: Port> Lcore<L> {
             Ok(true)
         } else {
             wire::parse_frame_routed(data, &mut pkt.hdr, &mut pkt.frame, |qpn| {
-            if let Some(h) = handoff {
-                let owner = h.owner(qpn);
-                if owner != me % h.lcores() && qpn != 1 && engine.slot(qpn).is_none() {
-                    to = Some(owner);
-                    return false;
+                if let Some(h) = handoff {
+                    let owner = h.owner(qpn);
+                    if owner != me % h.lcores() && qpn != 1 && engine.slot(qpn).is_none() {
+                        to = Some(owner);
+                        return false;
+                    }
                 }
-            }
-            true
+                true
             })
         };
         match parsed {
@@ -185,8 +185,18 @@ impl<L: Port> Lcore<L> {
                 } else if predicted.is_none() && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
                     // A MIDDLE packet that took the full parse (the first of a message, or one
                     // whose headers changed): its successors are predicted from it.
+                    // (The box is allocated once per QP and then rewritten in place.)
                     if let Some(s) = self.engine.ext_at_mut(at) {
-                        s.rx_predict = wire::RxPrediction::record(data);
+                        let had = s.rx_predict.is_some();
+                        match (wire::RxPrediction::record(data), &mut s.rx_predict) {
+                            (Some(r), Some(b)) => **b = r,
+                            (r, p) => *p = r.map(Box::new),
+                        }
+                        match (had, s.rx_predict.is_some()) {
+                            (false, true) => self.predicting += 1,
+                            (true, false) => self.predicting -= 1,
+                            _ => {}
+                        }
                     }
                 }
                 None
@@ -220,7 +230,18 @@ impl<L: Port> Lcore<L> {
     /// the QP's record.
     #[inline]
     fn predict<'a>(&self, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
-        let at = self.engine.slot(wire::RxPrediction::dest_qp(data)?)?;
+        if self.predicting == 0 {
+            return None;
+        }
+        let qpn = wire::RxPrediction::dest_qp(data)?;
+        self.predict_for(qpn, pi, data, pkt)
+    }
+
+    /// [`Lcore::predict`] for a frame whose BTH names a MIDDLE packet for `qpn` (out of line:
+    /// small packets never get here).
+    #[inline(never)]
+    fn predict_for<'a>(&self, qpn: u32, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
+        let at = self.engine.slot(qpn)?;
         let s = self.engine.ext_at(at)?;
         let p = s.rx_predict.as_ref().filter(|_| s.dev == pi)?;
         p.parse_into(data, &mut pkt.hdr, &mut pkt.frame).then_some(at)
