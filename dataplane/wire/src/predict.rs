@@ -8,7 +8,7 @@
 //!
 //! Equivalence is the contract: whenever [`RxPrediction::parse_into`] returns true, the full
 //! parse of the same frame returns `Ok(true)` with the same headers and the same [`RxFrame`]
-//! (a property test below). A frame the prediction
+//! (tests below, and a property test in `tests/frames.rs`). A frame the prediction
 //! does not match is simply parsed in full.
 //!
 //! Fields a sender may change per packet, not compared:
@@ -77,7 +77,9 @@ impl RxPrediction {
         }
         let o = outer(frame).ok()?;
         let head_end = o.bth_offset + bth::HEADER_LEN;
-        if head_end > HEAD || frame.len() > usize::from(u16::MAX) {
+        // (A frame shorter than the compared head — a MIDDLE with a few bytes of payload, which
+        // the parse accepts and the responder refuses — is not recorded.)
+        if head_end > HEAD || frame.len() < HEAD || frame.len() > usize::from(u16::MAX) {
             return None;
         }
         // Recomputed from the layout, as the full parse found it.
@@ -178,7 +180,6 @@ impl RxPrediction {
 mod tests {
     use super::*;
     use crate::{build_frame_vec, BthRepr, L3Info, MacAddr, Opcode, Qpn};
-    use proptest::prelude::*;
     use std::net::IpAddr;
 
     fn l3(v6: bool, tclass: u8, sport: u16) -> L3Info {
@@ -234,6 +235,10 @@ mod tests {
         assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).is_some());
         assert!(RxPrediction::record(&frame(true, Opcode::RC_SEND_MIDDLE, 5, false, &p)).is_some());
         assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_LAST, 5, false, &p[..100])).is_none());
+        // A MIDDLE shorter than the compared head (the parse accepts it; the responder will not).
+        assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p[..4])).is_none());
+        // (Over IPv6 the same packet's frame is 82 bytes: it holds the head and is recorded.)
+        assert!(RxPrediction::record(&frame(true, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p[..4])).is_some());
         assert!(RxPrediction::record(&frame(false, Opcode::RC_SEND_ONLY, 5, false, &p)).is_none());
         let mut bad = frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p);
         bad[23] = 6; // IP protocol TCP: the full parse refuses it
@@ -274,14 +279,14 @@ mod tests {
     /// change is in a field the prediction does not compare (IPv4 identification and checksum,
     /// UDP checksum, AckReq, PSN, the payload), and then parsed in full to the same result.
     #[test]
+    #[cfg_attr(miri, ignore)] // 1280 frames built and parsed: slow under Miri, no unsafe code
     fn every_bit_of_the_compared_header_is_compared() {
         for v6 in [false, true] {
             let p: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
             let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).unwrap();
             let (udp, bth) = if v6 { (54, 62) } else { (34, 42) };
             let free = |at: usize, bit: u8| {
-                (!v6 && (18..20).contains(&at))
-                    || (!v6 && (24..26).contains(&at))
+                (!v6 && ((18..20).contains(&at) || (24..26).contains(&at)))
                     || (udp + 6..udp + 8).contains(&at)
                     || (at == bth + 8 && bit == 7)
                     || (bth + 9..bth + 12).contains(&at)
@@ -300,42 +305,6 @@ mod tests {
                         assert!(same(&(h, o), &whole), "v6 {v6}: byte {at} bit {bit}");
                     }
                 }
-            }
-        }
-    }
-
-    proptest! {
-        /// The contract: a frame the prediction accepts parses, in full, to the same result.
-        /// Frames are a recorded packet's successors (new PSN, AckReq, IP identification and
-        /// checksums, payload) with up to three bytes anywhere changed.
-        #[test]
-        fn a_predicted_frame_parses_in_full_to_the_same_result(
-            v6: bool, psn: u32, ack: bool, id: u16, sum: u16,
-            edits in proptest::collection::vec((0usize..200, any::<u8>()), 0..4),
-        ) {
-            let p: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
-            let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).unwrap();
-            let mut f = frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, psn & 0xFF_FFFF, ack, &p);
-            if !v6 {
-                f[18..20].copy_from_slice(&id.to_be_bytes());
-                f[24..26].copy_from_slice(&sum.to_be_bytes());
-            }
-            let udp = if v6 { 54 } else { 34 };
-            f[udp + 6..udp + 8].copy_from_slice(&sum.to_be_bytes());
-            let untouched = edits.is_empty();
-            for (at, b) in edits {
-                f[at] ^= b;
-            }
-            let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
-            let mut o = RxFrame::BLANK;
-            let hit = r.parse_into(&f, &mut h, &mut o);
-            if untouched {
-                prop_assert!(hit, "a plain successor is predicted");
-            }
-            if hit {
-                let whole = full(&f);
-                prop_assert!(whole.is_some(), "predicted, but the full parse refuses it");
-                prop_assert!(same(&(h, o), &whole.unwrap()));
             }
         }
     }

@@ -5,8 +5,8 @@ use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
     build_frame_vec, emit_frame_headers, finish_frame, frame_header_len, icrc, next_opcode, pad_for,
-    parse_frame, parse_frame_with, udp_sport, AethRepr, BthRepr, Error, L3Info, MacAddr, Msn,
-    MsgPos, OpKind, Opcode, ParseOptions, Psn, QpType, Qpn, RethRepr, Syndrome, TransportHeaders,
+    parse_frame, parse_frame_routed, parse_frame_with, udp_sport, AethRepr, BthRepr, Error, L3Info, MacAddr, Msn,
+    MsgPos, OpKind, Opcode, ParseOptions, Psn, QpType, Qpn, RethRepr, RxFrame, RxPrediction, Syndrome, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -152,6 +152,72 @@ proptest! {
         prop_assert!(s >= 0xC000);
         prop_assert_eq!(s, udp_sport(fl, a, b));
         if fl == 0 { prop_assert_eq!(s, udp_sport(0, b, a)); }
+    }
+}
+
+/// The full parse of `f` (`parse_frame_routed`, consuming every frame), if it accepts it.
+fn routed(f: &[u8]) -> Option<(TransportHeaders, RxFrame<'_>)> {
+    let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+    let mut o = RxFrame::BLANK;
+    parse_frame_routed(f, &mut h, &mut o, |_| true).ok()?.then_some((h, o))
+}
+
+/// The MIDDLE opcodes header prediction records (bare BTH, full payload).
+const MIDDLES: [Opcode; 5] =
+    [Opcode::RC_SEND_MIDDLE, Opcode::RC_RDMA_WRITE_MIDDLE, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, Opcode::UC_SEND_MIDDLE, Opcode::UC_RDMA_WRITE_MIDDLE];
+
+proptest! {
+    /// Header prediction's contract (`RxPrediction`): a frame it accepts parses in full to the
+    /// same headers and frame fields (the payload by position and length, the ICRC check).
+    /// The recorded frame is a random MIDDLE packet (opcode, addresses, traffic class, flow
+    /// label, ports, P_Key, QPN); the frames offered are its successors (new PSN, AckReq, IPv4
+    /// identification and checksums, payload bytes) with up to three bytes anywhere changed,
+    /// which the prediction must accept when no byte was changed.
+    #[test]
+    fn predicted_frames_parse_in_full_to_the_same_result(
+        seed: u64, op in 0..MIDDLES.len(), ipv6: bool, psn: u32, ack: bool, id: u16, sum: u16,
+        edits in prop::collection::vec((0usize..120, 1u8..), 0..4),
+    ) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let (h, p) = random_headers(&mut rng, MIDDLES[op]);
+        let l3 = random_l3(&mut rng, ipv6, Qpn::new(7), h.bth.dest_qp);
+        let r = RxPrediction::record(&build_frame_vec(&l3, &h, &p).unwrap());
+        // (A MIDDLE shorter than the 80 bytes compared is not recorded.)
+        let Some(r) = r else { return Ok(()) };
+        prop_assert_eq!(r.qpn(), h.bth.dest_qp.value());
+        let mut h2 = h;
+        h2.bth.psn = Psn::new(psn);
+        h2.bth.ack_req = ack;
+        let p2: Vec<u8> = p.iter().map(|b| b.wrapping_add(1)).collect();
+        let mut f = build_frame_vec(&L3Info { ip_id: id, ..l3 }, &h2, &p2).unwrap();
+        if !ipv6 {
+            f[ETH + 10..ETH + 12].copy_from_slice(&sum.to_be_bytes());
+        }
+        let u = udp_off(ipv6);
+        f[u + 6..u + 8].copy_from_slice(&sum.to_be_bytes());
+        let untouched = edits.is_empty();
+        for (at, x) in edits {
+            if let Some(b) = f.get_mut(at) {
+                *b ^= x;
+            }
+        }
+        let mut hp = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+        let mut op_ = RxFrame::BLANK;
+        let hit = r.parse_into(&f, &mut hp, &mut op_);
+        if untouched {
+            prop_assert!(hit, "a plain successor is predicted");
+        }
+        if hit {
+            let whole = routed(&f);
+            prop_assert!(whole.is_some(), "predicted, but the full parse refuses it");
+            let (hw, ow) = whole.unwrap();
+            prop_assert_eq!(hp, hw);
+            prop_assert_eq!(
+                (op_.src_mac, op_.src_gid, op_.dst_gid, op_.v6, op_.tclass, op_.ttl, op_.flow_label, op_.udp_sport, op_.check),
+                (ow.src_mac, ow.src_gid, ow.dst_gid, ow.v6, ow.tclass, ow.ttl, ow.flow_label, ow.udp_sport, ow.check)
+            );
+            prop_assert!(std::ptr::eq(op_.payload, ow.payload));
+        }
     }
 }
 
