@@ -1,11 +1,13 @@
 //! Fuzz `parse_frame` (and the header/neighbour parsers it hands off to): must never
-//! panic; anything it accepts must re-serialise to a frame that parses the same way.
+//! panic; anything it accepts must re-serialise to a frame that parses the same way. Header
+//! prediction too: a prediction recorded from the input predicts the input itself, with the
+//! full parse's result.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use pmrxe_wire::{
-    build_frame_vec, parse_arp_frame, parse_frame, parse_frame_with, parse_nd_frame, L3Info,
-    ParseOptions, TransportHeaders,
+    build_frame_vec, parse_arp_frame, parse_frame, parse_frame_routed, parse_frame_with, parse_nd_frame, BthRepr, L3Info,
+    Opcode, ParseOptions, Psn, Qpn, RxFrame, RxPrediction, TransportHeaders,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -13,6 +15,17 @@ fuzz_target!(|data: &[u8]| {
     let _ = parse_arp_frame(data);
     let _ = parse_nd_frame(data);
     let _ = parse_frame_with(data, &ParseOptions { verify_icrc: false });
+    let _ = RxPrediction::dest_qp(data);
+    if let Some(r) = RxPrediction::record(data) {
+        let blank = || TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+        let (mut h, mut o) = (blank(), RxFrame::BLANK);
+        assert!(r.parse_into(data, &mut h, &mut o), "a recorded frame predicts itself");
+        let (mut hf, mut of) = (blank(), RxFrame::BLANK);
+        assert_eq!(parse_frame_routed(data, &mut hf, &mut of, |_| true), Ok(true));
+        assert_eq!(h, hf);
+        assert_eq!((o.src_gid, o.dst_gid, o.tclass, o.udp_sport, o.check), (of.src_gid, of.dst_gid, of.tclass, of.udp_sport, of.check));
+        assert!(std::ptr::eq(o.payload, of.payload));
+    }
     if let Ok(f) = parse_frame(data) {
         let l3 = L3Info {
             src_mac: f.src_mac,
