@@ -35,6 +35,14 @@ fn complete(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, cq: &mut Consume
     panic!("no completion: {:?}", h.stats.snapshot())
 }
 
+/// Post WRITE `wr_id` (as [`post_write`]) and poll until it completes successfully.
+fn write_ok(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, r: &mut Rig, wr_id: u64, src_off: u64, dst_off: u64, now: &mut u64) {
+    post_write(r, wr_id, src_off, dst_off);
+    lc.poll_once(Instant(*now));
+    let c = complete(lc, h, &mut r.cq_rings[0].1, now);
+    assert_eq!((c.wr_id, c.status), (wr_id, 0));
+}
+
 #[test]
 fn write_middle_packets_are_predicted_and_placed() {
     let common::Pair { mut lc, h, mem, ips, .. } = common::lcore_pair(common::jumbo_buf);
@@ -42,18 +50,12 @@ fn write_middle_packets_are_predicted_and_placed() {
     let mut r = rig(&mut lc, &h, &mem, ips, &p, bring_up, None);
     let mut now = 1_000u64;
 
-    post_write(&mut r, 5, 0, 0);
-    lc.poll_once(Instant(now));
-    let c = complete(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
-    assert_eq!((c.wr_id, c.status), (5, 0));
+    write_ok(&mut lc, &h, &mut r, 5, 0, 0, &mut now);
     // FIRST and the first MIDDLE parsed in full (that MIDDLE recorded), 13 MIDDLE predicted,
     // LAST in full.
     assert_eq!(h.stats.snapshot().rx_predicted, 13);
 
-    post_write(&mut r, 6, 65536, 65536);
-    lc.poll_once(Instant(now));
-    let c = complete(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
-    assert_eq!((c.wr_id, c.status), (6, 0));
+    write_ok(&mut lc, &h, &mut r, 6, 65536, 65536, &mut now);
     // The next message's MIDDLEs match the record from the first one: all 14 predicted.
     assert_eq!(h.stats.snapshot().rx_predicted, 27);
     let mut b = vec![0u8; 3 * 65536];
@@ -69,10 +71,7 @@ fn a_corrupted_predicted_middle_is_dropped_and_retransmitted() {
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, timeout: 8, ..PairParams::default() };
     let mut r = rig(&mut lc, &h, &mem, ips, &p, bring_up, None);
     let mut now = 1_000u64;
-    post_write(&mut r, 5, 0, 0);
-    lc.poll_once(Instant(now));
-    let c = complete(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
-    assert_eq!((c.wr_id, c.status), (5, 0));
+    write_ok(&mut lc, &h, &mut r, 5, 0, 0, &mut now);
     let before = h.stats.snapshot();
 
     // The second WRITE's 8th packet (a MIDDLE the record predicts) loses a payload bit.
@@ -124,9 +123,6 @@ fn a_short_middle_packet_is_not_recorded_and_the_lcore_goes_on() {
     lc.poll_once(Instant(now));
     assert_eq!(h.stats.snapshot().rx_packets, 1, "the frame was received");
 
-    post_write(&mut r, 5, 0, 0);
-    lc.poll_once(Instant(now));
-    let c = complete(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
-    assert_eq!((c.wr_id, c.status), (5, 0));
+    write_ok(&mut lc, &h, &mut r, 5, 0, 0, &mut now);
     assert_eq!(h.stats.snapshot().rx_predicted, 13);
 }
