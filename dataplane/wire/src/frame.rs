@@ -540,7 +540,7 @@ fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
 /// are `h`, after the pad rules: IBA 9.7.7, payload + pad is a whole number of 4-byte words,
 /// FIRST/MIDDLE carry full-MTU payloads and so never a pad, opcodes without payload have none.
 #[inline]
-pub(crate) fn payload_of<'a>(h: &TransportHeaders, body: &'a [u8], hlen: usize) -> Result<&'a [u8]> {
+fn payload_of<'a>(h: &TransportHeaders, body: &'a [u8], hlen: usize) -> Result<&'a [u8]> {
     let info = h.bth.opcode.info().ok_or(Error::UnknownOpcode(h.bth.opcode.0))?;
     let rest = body.len() - hlen; // payload + pad
     let pad = usize::from(h.bth.pad);

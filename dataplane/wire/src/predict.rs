@@ -19,7 +19,7 @@
 //! Everything else is compared: a CE mark, another source port or flow label, another
 //! opcode, P_Key or destination QP, a VLAN or length change all make the frame take the
 //! full parse.
-use crate::frame::{outer, payload_of, RxFrame};
+use crate::frame::{outer, RxFrame};
 use crate::icrc::{IcrcCheck, ICRC_LEN};
 use crate::{bth, Psn, TransportHeaders};
 
@@ -82,9 +82,7 @@ impl RxPrediction {
         if head_end > HEAD || frame.len() < HEAD || frame.len() > usize::from(u16::MAX) {
             return None;
         }
-        // Recomputed from the layout, as the full parse found it.
-        let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
-        let payload = payload_of(&headers, body, bth::HEADER_LEN).ok()?;
+        // The payload follows the bare BTH; its length is the full parse's.
         let payload_at = o.bth_offset + bth::HEADER_LEN;
         let mut m = [0xFFu8; HEAD];
         m[head_end..].fill(0);
@@ -109,7 +107,7 @@ impl RxPrediction {
             bth: o.bth_offset as u16,
             payload: payload_at as u16,
             ip_end: o.ip_end as u16,
-            payload_len: payload.len() as u16,
+            payload_len: out.payload.len() as u16,
             headers,
             frame: RxFrame { payload: &[], check: IcrcCheck::BLANK, ..out },
         })

@@ -187,15 +187,17 @@ impl<L: Port> Lcore<L> {
                     // whose headers changed): its successors are predicted from it.
                     // (The box is allocated once per QP and then rewritten in place.)
                     if let Some(s) = self.engine.ext_at_mut(at) {
-                        let had = s.rx_predict.is_some();
                         match (wire::RxPrediction::record(data), &mut s.rx_predict) {
                             (Some(r), Some(b)) => **b = r,
-                            (r, p) => *p = r.map(Box::new),
-                        }
-                        match (had, s.rx_predict.is_some()) {
-                            (false, true) => self.predicting += 1,
-                            (true, false) => self.predicting -= 1,
-                            _ => {}
+                            (Some(r), none) => {
+                                *none = Some(Box::new(r));
+                                self.predicting += 1;
+                            }
+                            (None, p) => {
+                                if p.take().is_some() {
+                                    self.predicting -= 1;
+                                }
+                            }
                         }
                     }
                 }
