@@ -4,8 +4,7 @@
 //! actually sends for a 64 KiB RDMA WRITE, which must then complete with its bytes placed.
 mod common;
 
-use common::{client_page, lock, rig, Rig};
-use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmSendWqe, ShmSge};
+use common::{lock, poll_completion, post_write_64k, rig};
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
 use pmrxe_wire::{parse_frame, Opcode};
@@ -14,13 +13,8 @@ use pmrxe_wire::{parse_frame, Opcode};
 fn write_middle_and_last_payloads_start_on_a_cache_line_and_the_write_completes() {
     let common::Pair { mut lc, h, mem, ips, to_dev1, .. } = common::lcore_pair(common::jumbo_buf);
     let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
-    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, ips, &p, bring_up, None);
-    let cpage = client_page(&page);
-
-    let mut w = ShmSendWqe { wr_id: 5, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000, rkey: rkey.0, ..Default::default() };
-    w.set_sge(0, ShmSge { addr: 0x10_0000, length: 65536, lkey: lkey.0 });
-    sqs[0].1.push(w).unwrap();
-    cpage.ring(Doorbell { lcore: 0, slot: 0 });
+    let mut r = rig(&mut lc, &h, &mem, ips, &p, bring_up, None);
+    post_write_64k(&mut r, 5, 0, 0);
     let mut now = 1_000u64;
     lc.poll_once(Instant(now));
 
@@ -41,18 +35,9 @@ fn write_middle_and_last_payloads_start_on_a_cache_line_and_the_write_completes(
     assert_eq!((aligned, others), (15, vec![Opcode::RC_RDMA_WRITE_FIRST]), "the 64 KiB WRITE's packets, sent in one pass");
 
     // Delivered, acknowledged, completed; the bytes landed.
-    let mut done = None;
-    for _ in 0..100 {
-        now += 2_000;
-        lc.poll_once(Instant(now));
-        if let Some(c) = cq_rings[0].1.pop().unwrap() {
-            done = Some(c);
-            break;
-        }
-    }
-    let c = done.unwrap_or_else(|| panic!("the WRITE completed: {:?}", h.stats.snapshot()));
+    let c = poll_completion(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
     assert_eq!((c.wr_id, c.status), (5, 0));
     let mut b = vec![0u8; 65536];
-    dst.read(0, &mut b).unwrap();
+    r.dst.read(0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0xab), "all 64 KiB placed");
 }

@@ -5,41 +5,18 @@
 //! corrupted on the wire is dropped for its ICRC, and the retransmission completes the WRITE.
 mod common;
 
-use common::{client_page, lock, rig, Rig};
-use pmrxe_abi::{send_flags, wr_opcode, Doorbell, ShmCqe, ShmSendWqe, ShmSge};
+use common::{lock, poll_completion, post_write_64k, rig, Rig};
 use pmrxe_port::{PacketBuf, SimBuf};
-use pmrxe_abi::ring::Consumer;
 use pmrxe_runtime::lcore::{Lcore, LcoreHandle};
 use pmrxe_transport::sim::{bring_up, PairParams};
 use pmrxe_transport::{Instant, PathMtu};
 use pmrxe_wire::{build_frame_vec, parse_frame, BthRepr, L3Info, MacAddr, Opcode, Psn, Qpn, TransportHeaders};
 
-/// Post a signaled 64 KiB WRITE (`wr_id`) from the source MR's `src_off` to the destination's
-/// `dst_off` on QP 0x11 and ring; one pass puts it on device 0's wire.
-fn post_write(r: &mut Rig, wr_id: u64, src_off: u64, dst_off: u64) {
-    let mut w = ShmSendWqe { wr_id, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + dst_off, rkey: r.rkey.0, ..Default::default() };
-    w.set_sge(0, ShmSge { addr: 0x10_0000 + src_off, length: 65536, lkey: r.lkey.0 });
-    r.sqs[0].1.push(w).unwrap();
-    client_page(&r.page).ring(Doorbell { lcore: 0, slot: 0 });
-}
-
-/// Poll until QP 0x11's CQ has a completion (at most 200 passes, 2 µs apart); returns it.
-fn complete(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, cq: &mut Consumer<ShmCqe>, now: &mut u64) -> ShmCqe {
-    for _ in 0..200 {
-        *now += 2_000;
-        lc.poll_once(Instant(*now));
-        if let Some(c) = cq.pop().unwrap() {
-            return c;
-        }
-    }
-    panic!("no completion: {:?}", h.stats.snapshot())
-}
-
-/// Post WRITE `wr_id` (as [`post_write`]) and poll until it completes successfully.
+/// Post WRITE `wr_id` (as [`post_write_64k`]) and poll until it completes successfully.
 fn write_ok(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, r: &mut Rig, wr_id: u64, src_off: u64, dst_off: u64, now: &mut u64) {
-    post_write(r, wr_id, src_off, dst_off);
+    post_write_64k(r, wr_id, src_off, dst_off);
     lc.poll_once(Instant(*now));
-    let c = complete(lc, h, &mut r.cq_rings[0].1, now);
+    let c = poll_completion(lc, h, &mut r.cq_rings[0].1, now);
     assert_eq!((c.wr_id, c.status), (wr_id, 0));
 }
 
@@ -75,7 +52,7 @@ fn a_corrupted_predicted_middle_is_dropped_and_retransmitted() {
     let before = h.stats.snapshot();
 
     // The second WRITE's 8th packet (a MIDDLE the record predicts) loses a payload bit.
-    post_write(&mut r, 6, 0, 65536);
+    post_write_64k(&mut r, 6, 0, 65536);
     lc.poll_once(Instant(now));
     {
         let mut wire = lock(&to_dev1);
@@ -85,7 +62,7 @@ fn a_corrupted_predicted_middle_is_dropped_and_retransmitted() {
         let at = f.len() - 100;
         f[at] ^= 0x10;
     }
-    let c = complete(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
+    let c = poll_completion(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);
     assert_eq!((c.wr_id, c.status), (6, 0), "the retransmission completed the WRITE");
     let after = h.stats.snapshot();
     assert_eq!(after.rx_icrc_errors - before.rx_icrc_errors, 1, "the corrupted frame dropped for its ICRC");

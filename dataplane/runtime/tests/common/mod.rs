@@ -137,6 +137,28 @@ pub fn send_8_bytes<L: Port>(lc: &mut Lcore<L>, page: &ClientPage, sq: &mut Prod
     assert_eq!(lock(to_dev1).len(), 1, "the SEND is on the wire");
 }
 
+/// QP 0x11 posts a signaled 64 KiB RDMA WRITE (`wr_id`) from the source MR's `src_off` to the
+/// destination MR's `dst_off` and rings; the next lcore pass puts it on device 0's wire.
+pub fn post_write_64k(r: &mut Rig, wr_id: u64, src_off: u64, dst_off: u64) {
+    let mut w = ShmSendWqe { wr_id, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + dst_off, rkey: r.rkey.0, ..Default::default() };
+    w.set_sge(0, ShmSge { addr: 0x10_0000 + src_off, length: 65536, lkey: r.lkey.0 });
+    r.sqs[0].1.push(w).unwrap();
+    client_page(&r.page).ring(Doorbell { lcore: 0, slot: 0 });
+}
+
+/// Poll `lc` until `cq` has a completion (at most 200 passes, `now` advanced 2 µs before each);
+/// returns it, or panics with the lcore's counters.
+pub fn poll_completion<L: Port>(lc: &mut Lcore<L>, h: &LcoreHandle, cq: &mut Consumer<ShmCqe>, now: &mut u64) -> ShmCqe {
+    for _ in 0..200 {
+        *now += 2_000;
+        lc.poll_once(Instant(*now));
+        if let Some(c) = cq.pop().unwrap() {
+            return c;
+        }
+    }
+    panic!("no completion: {:?}", h.stats.snapshot())
+}
+
 /// An lcore serving two devices (0: 198.18.0.1, 1: 198.18.0.2, MTU 9000, busy idle mode) on
 /// [`QueuePort`]s wired back to back: what device 0 sends, device 1 receives, and the reverse.
 pub struct Pair {
