@@ -3,6 +3,7 @@
 //! first one its QP parsed in full are parsed by prediction, the next message's from its first
 //! MIDDLE on; the bytes land, the WRITEs complete. A predicted frame whose payload was
 //! corrupted on the wire is dropped for its ICRC, and the retransmission completes the WRITE.
+//! On the sending side every MIDDLE packet is built by the requester's transmit fast path.
 mod common;
 
 use common::{lock, poll_completion, post_write_64k, rig, Rig};
@@ -20,6 +21,14 @@ fn write_ok(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, r: &mut Rig, wr_
     assert_eq!((c.wr_id, c.status), (wr_id, 0));
 }
 
+/// QP `qpn`'s counters, from the lcore.
+fn qp_stats(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, now: u64, qpn: u32) -> pmrxe_transport::QpStats {
+    let (tx, rx) = crossbeam::channel::bounded(1);
+    h.cmds.send(pmrxe_runtime::lcore::Cmd::QpStats { done: tx }).unwrap();
+    lc.poll_once(Instant(now));
+    rx.recv().unwrap().into_iter().find(|(q, _)| *q == qpn).expect("the QP").1
+}
+
 #[test]
 fn write_middle_packets_are_predicted_and_placed() {
     let common::Pair { mut lc, h, mem, ips, .. } = common::lcore_pair(common::jumbo_buf);
@@ -31,10 +40,14 @@ fn write_middle_packets_are_predicted_and_placed() {
     // FIRST and the first MIDDLE parsed in full (that MIDDLE recorded), 13 MIDDLE predicted,
     // LAST in full.
     assert_eq!(h.stats.snapshot().rx_predicted, 13);
+    // The sender built all 14 MIDDLEs by its fast path, the FIRST and LAST by the general one.
+    let s = qp_stats(&mut lc, &h, now, 0x11);
+    assert_eq!((s.tx_packets, s.tx_fast_path, s.retransmits), (16, 14, 0));
 
     write_ok(&mut lc, &h, &mut r, 6, 65536, 65536, &mut now);
     // The next message's MIDDLEs match the record from the first one: all 14 predicted.
     assert_eq!(h.stats.snapshot().rx_predicted, 27);
+    assert_eq!(qp_stats(&mut lc, &h, now, 0x11).tx_fast_path, 28);
     let mut b = vec![0u8; 3 * 65536];
     r.dst.read(0, &mut b).unwrap();
     assert!(b[..131072].iter().all(|&x| x == 0xab), "both WRITEs' bytes placed");

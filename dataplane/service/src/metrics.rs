@@ -228,6 +228,7 @@ fn qp_help(k: &str) -> &'static str {
         "tx_packets" => "Request packets sent by the QP (first transmissions and retransmissions).",
         "tx_bytes" => "Payload bytes sent by the QP.",
         "rx_packets" => "Packets handled by the QP.",
+        "tx_fast_path" => "MIDDLE packets the requester built in one step (fast path).",
         "rx_fast_path" => "WRITE MIDDLE packets the responder took in one step (fast path).",
         "retransmits" => "Packets retransmitted by go-back-N.",
         "retransmit_bytes" => "Payload bytes retransmitted by go-back-N.",

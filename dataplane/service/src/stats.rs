@@ -65,7 +65,7 @@ fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
     json!({
         "qpn": qpn,
         "tx_packets": s.tx_packets, "tx_bytes": s.tx_bytes, "rx_packets": s.rx_packets,
-        "rx_fast_path": s.rx_fast_path,
+        "tx_fast_path": s.tx_fast_path, "rx_fast_path": s.rx_fast_path,
         "retransmits": s.retransmits, "retries": s.retries, "timeouts": s.timeouts, "backoff_ns": s.backoff_ns,
         "seq_naks_sent": s.seq_naks_sent, "seq_naks_received": s.seq_naks_received,
         "rnr_naks_sent": s.rnr_naks_sent, "rnr_naks_received": s.rnr_naks_received,

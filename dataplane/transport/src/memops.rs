@@ -44,9 +44,15 @@ pub trait MemOps {
     /// validated for REMOTE_WRITE: without a lookup while `t` is valid (an lcore), else by
     /// looking its key up again.
     fn write_carried(&self, t: &Translation, va: u64, data: &[u8]) -> Result<(), MemError>;
-    /// Remote read into `out` from `va` inside a window validated for REMOTE_READ (as
-    /// [`write_carried`](MemOps::write_carried)).
+    /// Read into `out` from `va` inside a window validated for reading (as
+    /// [`write_carried`](MemOps::write_carried)): by [`check_remote`](MemOps::check_remote)
+    /// for REMOTE_READ (READ responses), or by [`check_local`](MemOps::check_local) (the
+    /// requester's gather of a long message).
     fn read_carried(&self, t: &Translation, va: u64, out: &mut [u8]) -> Result<(), MemError>;
+    /// Check that `lkey` covers `[addr, addr + len)` for QP `qpn` in `pd` as a gather does (no
+    /// special access); the check, carried to the message's packets
+    /// ([`read_carried_crc`](MemOps::read_carried_crc)).
+    fn check_local(&self, pd: PdHandle, qpn: u32, lkey: Key, addr: u64, len: u64) -> Result<Translation, MemError>;
     /// Remote atomic on the 8 bytes at `va` through `rkey`; returns the original value.
     fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
     /// Invalidation requested by a SEND with invalidate (IETH).
@@ -113,6 +119,9 @@ impl<T: MemAccess> MemOps for T {
     }
     fn read_carried(&self, t: &Translation, va: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.resume(t, va, out.len() as u64)?.copy_out(va, out)
+    }
+    fn check_local(&self, pd: PdHandle, qpn: u32, lkey: Key, addr: u64, len: u64) -> Result<Translation, MemError> {
+        self.lookup_carried(lkey, pd, qpn, addr, len, Access::EMPTY)
     }
     fn atomic_remote(&self, pd: PdHandle, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         let r = self.lookup(Key(rkey), pd, qpn, va, 8, Access::REMOTE_ATOMIC)?;

@@ -122,8 +122,9 @@ pub struct Qp {
     /// Notification point: when the last CNP was queued, and whether one waits to be sent.
     pub(crate) np_last_cnp: Option<Instant>,
     pub(crate) cnp_pending: bool,
-    /// Header prediction's fast path for WRITE MIDDLE packets is on (always, but in the test
-    /// that runs it against the general path: [`Qp::set_fast_paths`]).
+    /// Header prediction's fast paths are on: the responder's for WRITE MIDDLE packets, the
+    /// requester's for the MIDDLE packets it sends (always, but in the test that runs them
+    /// against the general paths: [`Qp::set_fast_paths`]).
     pub(crate) fast_paths: bool,
 }
 
@@ -171,8 +172,9 @@ impl Qp {
         })
     }
 
-    /// Turn the receive fast path (a predicted WRITE MIDDLE handled in one step) off or on.
-    /// Behaviour is the same either way; the switch exists so a test can check that.
+    /// Turn the fast paths (a predicted WRITE MIDDLE handled in one step; a MIDDLE packet of a
+    /// message in progress built in one step) off or on. Behaviour is the same either way; the
+    /// switch exists so a test can check that.
     pub fn set_fast_paths(&mut self, on: bool) {
         self.fast_paths = on;
     }

@@ -17,7 +17,9 @@
 //! Packets are a pure function of (WQE, packet index): the gather offset is
 //! `index × PMTU`, so a retransmission rebuilds exactly the packet (rxe problem 8).
 
-use pmrxe_wire::{next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
+use pmrxe_crc::CrcShift;
+use pmrxe_mem::Translation;
+use pmrxe_wire::{bth as wire_bth, next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
 
 use crate::builder::{bth, build, Payload};
 use crate::cq::WcStatus;
@@ -53,6 +55,25 @@ pub(crate) struct ReqState {
     stop_at: Option<u64>,
     /// Packets sent since the last AckReq.
     noack_pkts: u32,
+    /// The carried gather of the WQE whose MIDDLE packets the fast path sends.
+    stream: Option<TxStream>,
+}
+
+/// Transmit header prediction's state: the source range of the WQE whose MIDDLE packets
+/// [`Qp::transmit_middle`] builds, and the translation of its lkey, looked up once for the
+/// whole range instead of once per packet. Keyed by the WQE's absolute index, which no other
+/// WQE of the QP has (a reset, which starts the indices again, clears it with the rest of the
+/// requester's state).
+#[derive(Clone, Copy, Debug)]
+struct TxStream {
+    idx: u64,
+    /// The payload length of its MIDDLE packets (the PMTU), and the CRC shift that appends
+    /// that many bytes to the BTH's CRC.
+    plen: usize,
+    shift: CrcShift,
+    /// `None`: the range did not validate as a whole; the general path gathers packet by
+    /// packet and reports the error at the packet that meets it.
+    tr: Option<Translation>,
 }
 
 /// What the other roles may ask of the requester's state. Only this module writes its fields;
@@ -81,6 +102,20 @@ impl ReqState {
     /// A READ/atomic WQE finished or was flushed: its credit comes back.
     pub(crate) fn release_rd_atomic(&mut self) {
         self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+    }
+    /// Does the RC packet at `psn` ask for an ACK (`acked`: the completer's next expected
+    /// PSN; `window`: the PSN window now)? `last`: it ends its message (or is a READ or atomic
+    /// request, which always asks). Counts the packets since the last AckReq.
+    fn wants_ack(&mut self, psn: Psn, acked: Psn, window: i32, last: bool) -> bool {
+        self.noack_pkts += 1;
+        // In back-off the probe window ends mid-message: its last packet asks for the ACK
+        // that ends the back-off.
+        let probe_end = window < MAX_UNACKED_PSNS && psn.wrapping_add(1).distance(acked) >= window;
+        let ask = last || self.noack_pkts >= MAX_PKT_PER_ACK || probe_end;
+        if ask {
+            self.noack_pkts = 0;
+        }
+        ask
     }
     /// Go-back-N (completer): transmit again from WQE `idx`.
     pub(crate) fn rewind_to(&mut self, idx: u64) {
@@ -233,6 +268,14 @@ impl Qp {
 
     /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
     fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Transmit> {
+        // A MIDDLE packet (neither the first nor the last of its message) takes the fast path;
+        // an 8 B message's only packet leaves at this compare.
+        let (k, npsn) = (self.entry(idx).tx_pkt, self.entry(idx).npsn);
+        if k > 0 && k + 1 < npsn && self.fast_paths {
+            if let Some(t) = self.transmit_middle(now, mem, idx, buf) {
+                return t;
+            }
+        }
         let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
@@ -310,17 +353,8 @@ impl Qp {
             }
         };
         let mut hdr = hdr;
-        if self.qp_type == QpType::Rc {
-            self.req.noack_pkts += 1;
-            // In back-off the probe window ends mid-message: its last packet asks for the ACK
-            // that ends the back-off.
-            let probe_end = window < MAX_UNACKED_PSNS && psn.wrapping_add(1).distance(self.comp.psn()) >= window;
-            if last || self.req.noack_pkts >= MAX_PKT_PER_ACK || probe_end {
-                hdr.bth.ack_req = true;
-            }
-            if hdr.bth.ack_req {
-                self.req.noack_pkts = 0;
-            }
+        if self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, last || hdr.bth.ack_req) {
+            hdr.bth.ack_req = true;
         }
         let plen = match &payload {
             Payload::Gather { len, .. } => *len,
@@ -334,10 +368,7 @@ impl Qp {
                 return None;
             }
             Err(_) => {
-                // Local protection error while gathering (IBTA / mlx5 status; rxe reports
-                // LOC_QP_OP_ERR). Reported in order once earlier WQEs complete.
-                self.finish_wqe(idx, WcStatus::LocProtErr);
-                self.retire();
+                self.gather_failed(idx);
                 return None;
             }
         };
@@ -357,12 +388,92 @@ impl Qp {
         if all_sent {
             self.req.net_cursor = idx + 1;
         }
-        self.stats.tx_packets += 1;
-        self.stats.tx_bytes += plen as u64;
         let end_psn = match op {
             SendOp::Read => e.last_psn().wrapping_add(1),
             _ => psn.wrapping_add(1),
         };
+        self.packet_sent(now, idx, psn, end_psn, plen, len, all_sent);
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
+    }
+
+    /// Transmit header prediction: the MIDDLE packet `tx_pkt` of started WQE `idx` — a WRITE or
+    /// SEND of one SGE, not inline, on RC or UC — built in one step. Its headers are a bare
+    /// BTH that differs from the previous packet's only in PSN and AckReq, its payload a full
+    /// PMTU gathered through the translation of the WQE's lkey carried from its first MIDDLE
+    /// (a load and a compare instead of a lookup per packet; the stamp ends it at the next
+    /// grace period, after which each packet looks the key up again). Returns `None`, having
+    /// changed nothing, for any other packet or when that range does not validate as a whole;
+    /// the general path then builds it. Otherwise its result, with the general path's effects:
+    /// the same bytes, PSN window, AckReq, counters, DCQCN charge and timers, and for a gather
+    /// that fails (the MR went away), the same LOC_PROT_ERR. `tests/fast_path.rs` runs both
+    /// paths over the same traffic.
+    #[inline(never)]
+    fn transmit_middle<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Option<Transmit>> {
+        let e = self.entry(idx);
+        let (op, k, first_psn, num_sge, inline) = (e.op, e.tx_pkt, e.first_psn, e.num_sge, e.flags.contains(SendFlags::INLINE));
+        let kind = match op {
+            SendOp::Write | SendOp::WriteImm(_) => OpKind::Write,
+            SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => OpKind::Send,
+            _ => return None,
+        };
+        if num_sge != 1 || inline || self.qp_type == QpType::Ud {
+            return None;
+        }
+        let sge = *self.sq_side.sges(idx, 1).first()?;
+        let plen = self.mtu() as usize;
+        let len = wire_bth::HEADER_LEN + plen;
+        if buf.len() < len {
+            return None;
+        }
+        let (tr, shift) = match self.req.stream {
+            Some(s) if s.idx == idx && s.plen == plen => (s.tr, s.shift),
+            _ => {
+                let tr = mem.check_local(self.pd, self.qpn, sge.lkey, sge.addr, u64::from(sge.len)).ok();
+                let shift = CrcShift::new(plen as u64);
+                self.req.stream = Some(TxStream { idx, plen, shift, tr });
+                (tr, shift)
+            }
+        };
+        let tr = tr?;
+        let opcode = next_opcode(self.qp_type.wire(), kind, MsgPos::Middle, false, false)?;
+        // From here on, the general path's steps in its order.
+        let psn = first_psn.wrapping_add(k);
+        let window = self.unacked_window();
+        if self.qp_type == QpType::Rc && psn.distance(self.comp.psn()) >= window {
+            return Some(None);
+        }
+        let mut h = bth(opcode, self.attr.dest_qp_num, psn);
+        h.ack_req = self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, false);
+        let (head, body) = buf[..len].split_at_mut(wire_bth::HEADER_LEN);
+        h.emit_bytes(head.try_into().ok()?);
+        let off = u64::from(k) * plen as u64;
+        let Ok(body_crc) = mem.read_carried_crc(&tr, sge.addr + off, body, 0) else {
+            self.gather_failed(idx);
+            return Some(None);
+        };
+        let tail_crc = shift.combine(pmrxe_wire::icrc::transport_crc(head), body_crc);
+        self.entry_mut(idx).tx_pkt += 1;
+        self.stats.tx_fast_path += 1;
+        self.packet_sent(now, idx, psn, psn.wrapping_add(1), plen, len, false);
+        Some(Some(Transmit { len, av: None, dest_qpn: self.attr.dest_qp_num, src_qpn: self.qpn, tail_crc: Some(tail_crc) }))
+    }
+
+    /// A local protection error while gathering (IBTA / mlx5 status; rxe reports
+    /// LOC_QP_OP_ERR), reported in order once earlier WQEs complete.
+    fn gather_failed(&mut self, idx: u64) {
+        self.finish_wqe(idx, WcStatus::LocProtErr);
+        self.retire();
+    }
+
+    /// The packet of WQE `idx` at `psn` left (`plen` payload bytes, `len` transport bytes;
+    /// `end_psn` one past the last PSN it covers; `all_sent`: the WQE has no packet left): the
+    /// counters, the highest PSN sent, the DCQCN charge, the retransmission timer (RC), or the
+    /// completion of an unreliable WQE.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn packet_sent(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool) {
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += plen as u64;
         if psn.distance(self.req.max_sent) < 0 {
             self.stats.retransmits += 1;
             self.stats.retransmit_bytes += plen as u64;
@@ -394,6 +505,5 @@ impl Qp {
                 }
             }
         }
-        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
     }
 }

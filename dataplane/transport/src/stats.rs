@@ -15,6 +15,9 @@ pub struct QpStats {
     /// Of those, WRITE MIDDLE packets the responder took in one step (its fast path for a
     /// write in progress at the expected PSN).
     pub rx_fast_path: u64,
+    /// Of `tx_packets`, MIDDLE packets the requester built in one step (its fast path for a
+    /// message in progress).
+    pub tx_fast_path: u64,
     /// Packets retransmitted by go-back-N.
     pub retransmits: u64,
     /// Payload bytes retransmitted by go-back-N.
@@ -95,7 +98,7 @@ impl QpStats {
     pub fn add(&mut self, o: &QpStats) {
         macro_rules! sum { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
         sum!(
-            tx_packets, tx_bytes, rx_packets, rx_fast_path, retransmits, retransmit_bytes, ecn_ce_received,
+            tx_packets, tx_bytes, tx_fast_path, rx_packets, rx_fast_path, retransmits, retransmit_bytes, ecn_ce_received,
             cnp_sent, cnp_received, cc_rate_decreases, cc_rate_mbps, retries, timeouts, backoff_ns, seq_naks_sent,
             seq_naks_received, rnr_naks_sent, rnr_naks_received, err_naks_sent,
             err_naks_received, acks_sent, acks_received, read_responses_sent, duplicates,

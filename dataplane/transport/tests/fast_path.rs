@@ -1,12 +1,14 @@
-//! The responder's fast path for WRITE MIDDLE packets (header prediction, `Qp::handle_packet`)
-//! against the general path: the same seeded traffic — RC and UC WRITEs of one to twenty
+//! The fast paths of header prediction against the general paths: the responder's for WRITE
+//! MIDDLE packets (`Qp::handle_packet`) and the requester's for the MIDDLE packets it sends
+//! (`Qp::transmit_wqe`). The same seeded traffic — RC and UC WRITEs of one to ninety-six
 //! packets, WRITE with immediate and SEND between them, over a link that drops, duplicates,
 //! reorders and corrupts, with the target MR deregistered in the middle of the stream on some
-//! seeds — runs once with the fast path and once without. Everything observable must be the
-//! same: every completion (id, status, opcode, length, immediate), every QP's counters (but the
-//! fast path's own), QP states, the bytes in memory, and the simulated clock at the end. The
-//! fast path must also have taken packets. A crafted MIDDLE that would run past its message's
-//! length (a non-conforming sender) is refused alike.
+//! seeds and a source MR in the middle of a WRITE on others — runs once with the fast paths and
+//! once without. Everything observable must be the same: every completion (id, status, opcode,
+//! length, immediate), every QP's counters (but the fast paths' own), QP states, the bytes in
+//! memory, and the simulated clock at the end. Both fast paths must also have taken packets.
+//! A crafted MIDDLE that would run past its message's length (a non-conforming sender) is
+//! refused alike.
 mod common;
 use common::*;
 use pmrxe_transport::sim::{Impairments, PairParams, Sim};
@@ -35,8 +37,12 @@ struct Run {
     outcome: Outcome,
     /// WRITE MIDDLE packets the responders took by the fast path.
     fast: u64,
+    /// MIDDLE packets the requesters built by theirs.
+    tx_fast: u64,
     /// The target MR was deregistered while messages were in flight.
     deregistered: bool,
+    /// A source MR was deregistered in the middle of a WRITE, which then failed.
+    src_failed: bool,
 }
 
 fn run(seed: u64, fast: bool) -> Run {
@@ -66,6 +72,10 @@ fn run(seed: u64, fast: bool) -> Run {
     }
     let deregister_at = (seed % 3 == 2).then(|| rng.gen_range(20..120));
     let mut deregistered = false;
+    // On other seeds a source MR goes away in the middle of a WRITE (the requester's carried
+    // gather ends), late in the run: the pair's remaining WQEs fail or flush.
+    let deregister_src_at = (seed % 3 == 1).then(|| rng.gen_range(130..150));
+    let mut src_deregistered: Option<u64> = None;
     let mut recv_n = 0u64;
     for wr in 0..160u64 {
         if deregister_at == Some(wr) {
@@ -91,6 +101,25 @@ fn run(seed: u64, fast: bool) -> Run {
             sim.nodes[B].mem.table().dereg_mr(dst.key).expect("dereg_mr");
             sim.clear_filters();
             deregistered = true;
+        }
+        if deregister_src_at == Some(wr) {
+            // A 16 KiB WRITE leaves one packet per step; once two of its MIDDLE packets are
+            // out, its source MR is deregistered. The pair's next packet meets it.
+            let pi = (seed as usize / 3) % PAIRS.len();
+            let (qa, _, _) = PAIRS[pi];
+            let (src, dst, _) = &bufs[pi];
+            drive(&mut sim);
+            let now = sim.now;
+            let w = SendWqe::new(2000 + wr, SendOp::Write).sge(src.sge(0, 16 * 1024)).remote(dst.addr, dst.rkey());
+            if sim.nodes[A].engine.post_send(qa, now, w.flags(sig())).is_ok() {
+                let burst = core::mem::replace(&mut sim.max_burst, 1);
+                // (Counted alike with and without the fast path: the FIRST and two MIDDLEs.)
+                let start = sim.nodes[A].qp(qa).stats().tx_packets;
+                sim.drive_until(STEPS, |s| s.nodes[A].qp(qa).stats().tx_packets >= start + 3);
+                sim.max_burst = burst;
+            }
+            sim.nodes[A].mem.table().dereg_mr(src.key).expect("dereg_mr");
+            src_deregistered = Some(2000 + wr);
         }
         let pi = rng.gen_range(0..PAIRS.len());
         let (qa, qb, _) = PAIRS[pi];
@@ -128,6 +157,7 @@ fn run(seed: u64, fast: bool) -> Run {
     let mut stats = vec![];
     let mut states = vec![];
     let mut fast_packets = 0;
+    let mut tx_fast = 0;
     for &(qa, qb, _) in &PAIRS {
         for (node, q) in [(A, qa), (B, qb)] {
             for side in [CqSide::Send, CqSide::Recv] {
@@ -138,30 +168,40 @@ fn run(seed: u64, fast: bool) -> Run {
             let qp = sim.nodes[node].qp(q);
             let mut s = qp.stats().clone();
             fast_packets += s.rx_fast_path;
+            tx_fast += s.tx_fast_path;
             s.rx_fast_path = 0;
+            s.tx_fast_path = 0;
             stats.push(format!("{node}/{q:#x}: {s:?}"));
             states.push(format!("{node}/{q:#x}: {:?}", qp.state()));
         }
     }
     let memory = bufs.iter().flat_map(|(_, d, r)| [d.read(0, AREA), r.read(0, r.len)]).collect();
-    Run { outcome: Outcome { cqes, stats, states, memory, end: sim.now.0 }, fast: fast_packets, deregistered }
+    let src_failed = src_deregistered.is_some_and(|id| cqes.iter().any(|c| c.contains(&format!(": {id} LocProtErr"))));
+    Run { outcome: Outcome { cqes, stats, states, memory, end: sim.now.0 }, fast: fast_packets, tx_fast, deregistered, src_failed }
 }
 
 #[test]
 fn write_middle_fast_path_changes_nothing_observable() {
     let mut fast_total = 0;
     let mut deregistered = 0;
+    let mut src_failed = 0;
+    let mut tx_fast_total = 0;
     for seed in 0..12 {
         let with = run(seed, true);
         let without = run(seed, false);
-        assert_eq!(without.fast, 0, "seed {seed}: the general-path run took the fast path");
-        assert!(with.fast > 0, "seed {seed}: no packet took the fast path");
+        assert_eq!(without.fast + without.tx_fast, 0, "seed {seed}: the general-path run took a fast path");
+        assert!(with.fast > 0, "seed {seed}: no packet took the receive fast path");
+        assert!(with.tx_fast > 0, "seed {seed}: no packet took the transmit fast path");
         assert!(with.outcome.cqes.len() >= 160, "seed {seed}: completions missing");
         assert_eq!(with.outcome, without.outcome, "seed {seed}: the fast path changed what happens");
         fast_total += with.fast;
         deregistered += u64::from(with.deregistered);
+        src_failed += u64::from(with.src_failed);
+        tx_fast_total += with.tx_fast;
     }
     assert!(deregistered >= 3);
+    assert!(src_failed >= 3, "only {src_failed} WRITEs met their source's deregistration");
+    assert!(tx_fast_total > 1000, "only {tx_fast_total} packets took the transmit fast path");
     assert!(fast_total > 1000, "only {fast_total} packets took the fast path");
 }
 
