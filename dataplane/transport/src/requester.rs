@@ -268,15 +268,14 @@ impl Qp {
 
     /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
     fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Transmit> {
+        let e = *self.entry(idx);
         // A MIDDLE packet (neither the first nor the last of its message) takes the fast path;
         // an 8 B message's only packet leaves at this compare.
-        let (k, npsn) = (self.entry(idx).tx_pkt, self.entry(idx).npsn);
-        if k > 0 && k + 1 < npsn && self.fast_paths {
+        if e.tx_pkt > 0 && e.tx_pkt + 1 < e.npsn && self.fast_paths {
             if let Some(t) = self.transmit_middle(now, mem, idx, buf) {
                 return t;
             }
         }
-        let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
         let ud = if self.qp_type == QpType::Ud { self.sq_side.ud(idx) } else { None };
