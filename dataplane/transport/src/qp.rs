@@ -13,7 +13,7 @@ use crate::attr::{transition_masks, AddressVector, AttrMask, CreateError, Modify
 use crate::completer::CompState;
 use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
 use crate::dcqcn::{CcConfig, Dcqcn};
-use crate::requester::ReqState;
+use crate::requester::{ReqState, TxStream};
 use crate::responder::RespState;
 use crate::sq::{SqEntry, SqRing, SqSide};
 use crate::stats::QpStats;
@@ -126,6 +126,8 @@ pub struct Qp {
     /// requester's for the MIDDLE packets it sends (always, but in the test that runs them
     /// against the general paths: [`Qp::set_fast_paths`]).
     pub(crate) fast_paths: bool,
+    /// The requester's carried gather for the MIDDLE packets of the WQE it is sending.
+    pub(crate) tx_stream: TxStream,
 }
 
 impl Qp {
@@ -169,6 +171,7 @@ impl Qp {
             np_last_cnp: None,
             cnp_pending: false,
             fast_paths: true,
+            tx_stream: TxStream::none(),
         })
     }
 

@@ -227,8 +227,10 @@ impl Repr {
     }
 
     /// Emit into exactly 12 bytes, as three big-endian words (one store each, not seven
-    /// field setters: the transmit path writes a BTH per packet).
-    #[inline]
+    /// field setters: the transmit path writes a BTH per packet). Always inlined: called, it
+    /// read the `Repr` its caller had just stored field by field in wider loads, which wait
+    /// for the store buffer to drain (behind a frame's payload, on the transmit path).
+    #[inline(always)]
     pub fn emit_bytes(&self, b: &mut [u8; HEADER_LEN]) {
         let bit = |v: bool, m: u8| if v { u32::from(m) } else { 0 };
         let flags = bit(self.solicited, field::SE)
