@@ -61,7 +61,7 @@ pub(crate) struct ReqState {
 /// [`Qp::transmit_middle`] builds, and the translation of its lkey, looked up once for the
 /// whole range instead of once per packet. Keyed by the WQE's absolute index, which no other
 /// WQE of the QP has (a reset, which starts the indices again, clears it with the rest of the
-/// requester's state). A field of the QP of its own (`Qp::tx_stream`), not of [`ReqState`]:
+/// QP's state). A field of the QP of its own (`Qp::tx_stream`), not of [`ReqState`]:
 /// there its hundred bytes pushed the state every packet reads onto more cache lines, and 8 B
 /// SENDs, which never use it, ran 2 % slower.
 #[derive(Clone, Copy, Debug)]
@@ -211,7 +211,7 @@ impl Qp {
                 continue;
             }
             // A later packet of a started WQE may be a MIDDLE one: the fast path's. (A small
-            // message's only packet is its first: it does not reach this call.)
+            // message's only packet is its first; retransmitted, it leaves at the first check.)
             if !first_time && self.fast_paths {
                 if let Some(t) = self.transmit_middle(now, mem, idx, buf) {
                     return t;

@@ -1,6 +1,6 @@
 //! The fast paths of header prediction against the general paths: the responder's for WRITE
 //! MIDDLE packets (`Qp::handle_packet`) and the requester's for the MIDDLE packets it sends
-//! (`Qp::transmit_wqe`). The same seeded traffic — RC and UC WRITEs of one to ninety-six
+//! (`Qp::poll_transmit`). The same seeded traffic — RC and UC WRITEs of one to ninety-six
 //! packets, WRITE with immediate and SEND between them, over a link that drops, duplicates,
 //! reorders and corrupts, with the target MR deregistered in the middle of the stream on some
 //! seeds and a source MR in the middle of a WRITE on others — runs once with the fast paths and
