@@ -74,3 +74,23 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
     let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60));
     assert!(out.ok() && out.output.contains("bind again on QP2: success"), "{}", out.describe());
 }
+
+/// CQ overflow through the shim (`tests/cq_overflow.c`): more signaled WRITEs than the send CQ
+/// holds, nothing polled. The CQ reports IBV_EVENT_CQ_ERR, the QP goes to ERROR, and once the
+/// consumer polls, every WR completes exactly once and in order (SUCCESS, then WR_FLUSH_ERR):
+/// the completions the full CQ refused waited in their QP, in order, behind the ones the
+/// engine had already staged into the ring.
+#[test]
+fn cq_overflow_reports_cq_err_and_loses_no_completion() {
+    let cc = require_tool("cc");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let prog = svc.dir.join("cq_overflow");
+    let src = repo_root().join("tests/cq_overflow.c");
+    let o = std::process::Command::new(cc).arg("-O1").arg("-Wall").arg("-o").arg(&prog).arg(&src).arg("-libverbs").output().unwrap();
+    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60));
+    assert!(out.ok() && out.output.contains("every WR completed once, in order"), "{}", out.describe());
+    let stats = svc.stats_json();
+    assert!(stats["lcores"][0]["counters"]["cq_full"].as_u64().is_some_and(|n| n >= 1), "cq_full counted: {stats}");
+}

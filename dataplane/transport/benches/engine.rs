@@ -28,7 +28,7 @@ fn run_ops(sim: &mut Sim, n: usize, mk: &dyn Fn(u64) -> SendWqe) {
     let now = sim.now;
     for i in 0..n {
         let flags = if i + 1 == n { pmrxe_transport::SendFlags::SIGNALED } else { pmrxe_transport::SendFlags::NONE };
-        sim.nodes[A].engine.post_send(1, now, mk(i as u64).flags(flags)).unwrap();
+        sim.nodes[A].post_send(1, now, mk(i as u64).flags(flags)).unwrap();
     }
     sim.drive(10_000_000).unwrap();
     while sim.nodes[A].engine.poll_completion().is_some() {}
@@ -47,7 +47,7 @@ fn small(c: &mut Criterion) {
         bch.iter(|| {
             let k = sim.nodes[B].mem.table().reg_mr(1, b.clone(), b.addr(), Access(1)).unwrap();
             for i in 0..n {
-                sim.nodes[B].engine.post_recv(2, &RecvWqe::new(i as u64).sge(Sge { addr: b.addr(), len: 8, lkey: k })).unwrap();
+                sim.nodes[B].post_recv(2, &RecvWqe::new(i as u64).sge(Sge { addr: b.addr(), len: 8, lkey: k })).unwrap();
             }
             run_ops(&mut sim, n, &|i| SendWqe::new(i, SendOp::Send).sge(sge));
             sim.nodes[B].mem.table().dereg_mr(k).unwrap();

@@ -26,7 +26,7 @@
 
 use pmrxe_wire::{IcrcCheck, MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHeaders};
 
-use crate::cq::WcStatus;
+use crate::cq::{CompletionSink, WcStatus};
 use crate::memops::MemOps;
 use crate::attr::{QpAttr, QpState};
 use crate::qp::Qp;
@@ -240,7 +240,7 @@ impl Qp {
         self.rearm_retransmit(now);
     }
 
-    fn fail_at(&mut self, p: Psn, st: WcStatus) {
+    fn fail_at(&mut self, p: Psn, st: WcStatus, cq: &mut dyn CompletionSink) {
         let idx = self.wqe_with_psn(p).or_else(|| {
             (self.sq.head()..self.sq_end()).find(|&i| {
                 let e = self.entry(i);
@@ -251,21 +251,21 @@ impl Qp {
             self.finish_wqe(i, st);
         }
         self.timers.stop(Timer::Retransmit);
-        self.retire();
+        self.retire(cq);
     }
 
     /// Sequence-error style retry (NAK 0x60, implicit NAK, out-of-order READ response).
-    fn retry_or_fail(&mut self, now: Instant, p: Psn) {
+    fn retry_or_fail(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) {
         if self.comp.retry.take() {
             self.retry_from(now, p);
         } else {
             self.stats.retry_exceeded += 1;
-            self.fail_at(p, WcStatus::RetryExcErr);
+            self.fail_at(p, WcStatus::RetryExcErr, cq);
         }
     }
 
     /// Local ACK timer fired.
-    pub(crate) fn on_retransmit_timeout(&mut self, now: Instant) {
+    pub(crate) fn on_retransmit_timeout(&mut self, now: Instant, cq: &mut dyn CompletionSink) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || !self.outstanding() {
             return;
         }
@@ -282,7 +282,7 @@ impl Qp {
         } else {
             self.stats.retry_exceeded += 1;
             self.end_backoff(now);
-            self.fail_at(p, WcStatus::RetryExcErr);
+            self.fail_at(p, WcStatus::RetryExcErr, cq);
         }
     }
 
@@ -298,7 +298,7 @@ impl Qp {
     /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester. `deferred`:
     /// an ICRC check still to make (only for READ response MIDDLE, see
     /// `may_place_before_icrc`); returns false if it failed (the packet then had no effect).
-    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>) -> bool {
+    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.stats.dropped += 1;
             return true;
@@ -311,7 +311,7 @@ impl Qp {
             return true;
         }
         if let OpKind::ReadResponse = info.kind {
-            return self.on_read_response(now, hdr, info.pos, payload, mem, deferred);
+            return self.on_read_response(now, hdr, payload, mem, deferred, cq);
         }
         debug_assert!(deferred.is_none(), "only READ responses are checked while placed");
         match info.kind {
@@ -320,14 +320,14 @@ impl Qp {
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => {
                         self.stats.acks_received += 1;
-                        self.process_ack(now, p);
+                        self.process_ack(now, p, cq);
                     }
                     Syndrome::RnrNak { timer } => {
                         self.stats.rnr_naks_received += 1;
                         if p.distance(self.comp.psn) < 0 {
                             return true;
                         }
-                        self.process_ack(now, p.wrapping_sub(1));
+                        self.process_ack(now, p.wrapping_sub(1), cq);
                         if self.state == QpState::Err {
                             return true;
                         }
@@ -337,7 +337,7 @@ impl Qp {
                             self.timers.set(Timer::RnrWait, now.add_ns(rnr_delay_ns(timer)));
                         } else {
                             self.stats.rnr_retry_exceeded += 1;
-                            self.fail_at(p, WcStatus::RnrRetryExcErr);
+                            self.fail_at(p, WcStatus::RnrRetryExcErr, cq);
                         }
                     }
                     Syndrome::Nak(code) => {
@@ -345,7 +345,7 @@ impl Qp {
                             self.stats.dropped += 1;
                             return true;
                         }
-                        let progress = matches!(self.ack_through_and_apply(now, p.wrapping_sub(1)), Some(true));
+                        let progress = matches!(self.ack_through_and_apply(now, p.wrapping_sub(1), cq), Some(true));
                         if self.state == QpState::Err {
                             return true;
                         }
@@ -355,7 +355,7 @@ impl Qp {
                                 if self.comp.started_retry && !progress {
                                     return true;
                                 }
-                                self.retry_or_fail(now, p);
+                                self.retry_or_fail(now, p, cq);
                             }
                             other => {
                                 self.stats.err_naks_received += 1;
@@ -364,7 +364,7 @@ impl Qp {
                                     NakCode::RemoteAccess => WcStatus::RemAccessErr,
                                     _ => WcStatus::RemOpErr,
                                 };
-                                self.fail_at(p, st);
+                                self.fail_at(p, st, cq);
                             }
                         }
                     }
@@ -382,7 +382,7 @@ impl Qp {
                     self.stats.dropped += 1;
                     return true;
                 }
-                if self.ack_through_and_apply(now, p.wrapping_sub(1)).is_none() {
+                if self.ack_through_and_apply(now, p.wrapping_sub(1), cq).is_none() {
                     return true;
                 }
                 let bytes = ack.orig.to_le_bytes();
@@ -395,7 +395,7 @@ impl Qp {
                     self.comp.psn = p.wrapping_add(1);
                 }
                 self.on_progress(now);
-                self.retire();
+                self.retire(cq);
             }
             _ => self.stats.dropped += 1,
         }
@@ -404,30 +404,32 @@ impl Qp {
 
     /// ACK processing shared by ACK/NAK/atomic ACK. Returns `None` if an implicit NAK started
     /// a retry (the caller stops), else whether progress was made.
-    fn ack_through_and_apply(&mut self, now: Instant, p: Psn) -> Option<bool> {
+    fn ack_through_and_apply(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) -> Option<bool> {
         match self.ack_through(p) {
             AckOutcome::Progress(progress) => {
                 if progress {
                     self.on_progress(now);
                 }
-                self.retire();
+                self.retire(cq);
                 Some(progress)
             }
             AckOutcome::ImplicitNak(from) => {
-                self.retire();
+                self.retire(cq);
                 if !self.comp.started_retry {
-                    self.retry_or_fail(now, from);
+                    self.retry_or_fail(now, from, cq);
                 }
                 None
             }
         }
     }
 
-    fn process_ack(&mut self, now: Instant, p: Psn) {
-        let _ = self.ack_through_and_apply(now, p);
+    fn process_ack(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) {
+        let _ = self.ack_through_and_apply(now, p, cq);
     }
 
-    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, pos: MsgPos, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>) -> bool {
+    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
+        // (The caller looked the opcode up: a READ response.)
+        let pos = hdr.bth.opcode.info().map_or(MsgPos::Only, |i| i.pos);
         // Under a deferred check, anything but placing the payload (or dropping) waits for it.
         let verified = |deferred: Option<IcrcCheck>| deferred.is_none_or(|c| c.verify(payload));
         let p = hdr.bth.psn;
@@ -441,12 +443,12 @@ impl Qp {
                 return false;
             }
             // READ response for a non-READ WQE (§4.2 FATAL_ERR).
-            self.fail_at(p, WcStatus::FatalErr);
+            self.fail_at(p, WcStatus::FatalErr, cq);
             return true;
         }
         // The response implies every earlier request was executed. (No AETH under a deferred
         // check: MIDDLE only.)
-        if hdr.aeth.is_some() && self.ack_through_and_apply(now, e.first_psn.wrapping_sub(1)).is_none() {
+        if hdr.aeth.is_some() && self.ack_through_and_apply(now, e.first_psn.wrapping_sub(1), cq).is_none() {
             return true;
         }
         if self.state == QpState::Err {
@@ -461,7 +463,7 @@ impl Qp {
                     return false;
                 }
                 // A response was lost: re-request from the first missing PSN (D5).
-                self.retry_or_fail(now, expected);
+                self.retry_or_fail(now, expected, cq);
             } else {
                 self.stats.dropped += 1;
             }
@@ -496,7 +498,7 @@ impl Qp {
                         return false;
                     }
                     self.finish_wqe(idx, WcStatus::LocProtErr);
-                    self.retire();
+                    self.retire(cq);
                     return true;
                 }
             }
@@ -508,7 +510,7 @@ impl Qp {
             self.finish_wqe(idx, WcStatus::Success);
         }
         self.on_progress(now);
-        self.retire();
+        self.retire(cq);
         true
     }
 }

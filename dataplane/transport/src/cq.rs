@@ -159,3 +159,54 @@ impl Cqe {
         }
     }
 }
+
+/// Where a QP's completions go the moment it produces them: for the runtime, straight into the
+/// consumer's shared CQ ring (staged there, published once per lcore iteration); for the
+/// simulator, its list. Every QP call that can complete something takes one.
+///
+/// A completion the sink cannot take (its CQ is full) stays in the QP, in order: later
+/// completions queue behind it until [`crate::Qp::drain_completions`] moves them. The sink must
+/// not call back into the QP.
+pub trait CompletionSink {
+    /// Take `c` for the QP's `side` CQ; false if that CQ has no room for it now.
+    fn complete(&mut self, side: CqSide, c: &Cqe) -> bool;
+}
+
+/// Keeps every completion in the QP ([`crate::Qp::poll_completion`] hands them out): for tests
+/// that drive a bare QP, and for calls that cannot complete anything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Deferred;
+
+impl CompletionSink for Deferred {
+    fn complete(&mut self, _side: CqSide, _c: &Cqe) -> bool {
+        false
+    }
+}
+
+/// An embedder's completion handling for the QPs of an [`crate::Engine`]: like a
+/// [`CompletionSink`], given the attachment of the QP that completed (which names its CQs).
+pub trait Completions<X> {
+    /// Take `c` for `side` of the QP whose attachment is `ext`; false if that CQ is full.
+    fn complete(&mut self, ext: &X, side: CqSide, c: &Cqe) -> bool;
+}
+
+/// A [`Completions`] bound to one QP's attachment: the sink passed to that QP's calls.
+pub struct Bound<'a, C: ?Sized, X> {
+    /// The embedder's completion handling.
+    pub out: &'a mut C,
+    /// The attachment of the QP being called.
+    pub ext: &'a X,
+}
+
+impl<C: ?Sized, X> core::fmt::Debug for Bound<'_, C, X> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Bound")
+    }
+}
+
+impl<C: Completions<X> + ?Sized, X> CompletionSink for Bound<'_, C, X> {
+    #[inline]
+    fn complete(&mut self, side: CqSide, c: &Cqe) -> bool {
+        self.out.complete(self.ext, side, c)
+    }
+}

@@ -8,8 +8,9 @@
 //!   no hashing. Whoever allocates QPNs picks one whose slot is free ([`QpnLayout`]).
 //! * **Work lists, not scans.** A QP is on the *ready* list while it has something to send
 //!   (doorbell, received packet, expired timer put it there; round-robin, FIFO), on the
-//!   *pending* list while it holds completions or async events, and in the *timer queue* while
-//!   it has a deadline. Every operation that goes through the engine re-files the QP
+//!   *pending* list while it holds async events or completions its CQ refused (the rest went
+//!   to the embedder's [`Completions`] the moment they were produced), and in the *timer
+//!   queue* while it has a deadline. Every operation that goes through the engine re-files the QP
 //!   ([`Engine::kick`]), so one iteration costs in proportion to the events, not to the QPs.
 //! * **Lazy timers.** The timer queue is a binary heap holding at most one live deadline per
 //!   QP (`armed`): a QP is re-armed only when its deadline moves *earlier* (an ACK moving the
@@ -22,7 +23,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::cq::{CqSide, Cqe};
+use crate::cq::{Bound, Completions, CqSide, Cqe};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
@@ -352,33 +353,35 @@ impl<X> Engine<X> {
     }
 
     /// Post a send WR to `qpn`.
-    pub fn post_send(&mut self, qpn: u32, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
+    pub fn post_send<C: Completions<X> + ?Sized>(&mut self, qpn: u32, now: Instant, wqe: SendWqe, cq: &mut C) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
-        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_send(now, &wqe);
+        let e = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?;
+        let r = e.qp.post_send(now, &wqe, &mut Bound { out: cq, ext: &e.ext });
         self.touch(s);
         r
     }
     /// Post a receive WR to `qpn`.
-    pub fn post_recv(&mut self, qpn: u32, wqe: &RecvWqe) -> Result<(), PostError> {
+    pub fn post_recv<C: Completions<X> + ?Sized>(&mut self, qpn: u32, wqe: &RecvWqe, cq: &mut C) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
-        let r = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?.qp.post_recv(wqe);
+        let e = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?;
+        let r = e.qp.post_recv(wqe, &mut Bound { out: cq, ext: &e.ext });
         self.touch(s);
         r
     }
 
     /// Dispatch a parsed packet by its destination QPN. Returns true if the QP dropped it for a
     /// bad ICRC (a deferred check that failed; counted in the QP's `icrc_errors`).
-    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
+    pub fn handle_packet<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
         let Some(s) = self.slot_of(pkt.hdr.bth.dest_qp.value()) else {
             self.unknown_qpn += 1;
             return false;
         };
-        self.handle_packet_at(now, s as u32, pkt, mem)
+        self.handle_packet_at(now, s as u32, pkt, mem, cq)
     }
 
     /// [`Engine::handle_packet`] for the QP in `slot`, [`Engine::slot`] of the packet's
     /// destination QPN.
-    pub fn handle_packet_at<M: MemOps + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M) -> bool {
+    pub fn handle_packet_at<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
         let s = slot as usize;
         let Some(e) = self.entries.get_mut(s).and_then(|e| e.as_deref_mut()) else {
             self.unknown_qpn += 1;
@@ -387,7 +390,7 @@ impl<X> Engine<X> {
         debug_assert_eq!(e.qp.qpn(), pkt.hdr.bth.dest_qp.value(), "a packet handed to another QP's slot");
         let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
         let before = e.qp.stats().icrc_errors;
-        e.qp.handle_packet(now, pkt, mem, srq);
+        e.qp.handle_packet(now, pkt, mem, srq, &mut Bound { out: cq, ext: &e.ext });
         let bad_icrc = e.qp.stats().icrc_errors != before;
         self.touch(s);
         bad_icrc
@@ -406,7 +409,7 @@ impl<X> Engine<X> {
     }
 
     /// Service the timers that expired by `now`; returns whether any QP had one.
-    pub fn handle_timeout<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M) -> bool {
+    pub fn handle_timeout<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut C) -> bool {
         let mut any = false;
         while let Some(&Reverse((t, s, qpn))) = self.timers.peek() {
             if t > now {
@@ -419,7 +422,7 @@ impl<X> Engine<X> {
             }
             e.armed = None;
             if e.qp.poll_timeout().is_some_and(|d| d <= now) {
-                e.qp.handle_timeout(now, mem);
+                e.qp.handle_timeout(now, mem, &mut Bound { out: cq, ext: &e.ext });
                 any = true;
             }
             self.touch(s as usize);
@@ -434,11 +437,11 @@ impl<X> Engine<X> {
     }
 
     /// Next packet from any ready QP (round-robin, one packet per visit).
-    pub fn poll_transmit<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+    pub fn poll_transmit<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         while let Some(s) = self.ready.pop_front() {
             let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             e.ready = false;
-            let t = e.qp.poll_transmit(now, mem, buf);
+            let t = e.qp.poll_transmit(now, mem, buf, &mut Bound { out: cq, ext: &e.ext });
             self.refile(s as usize, t.is_some());
             if t.is_some() {
                 return t;
@@ -507,8 +510,9 @@ impl<X> Engine<X> {
         true
     }
 
-    /// Next completion of any QP (the simulator's interface; the runtime uses
-    /// [`Engine::drain_pending`]).
+    /// Next completion any QP kept: refused by its sink, or produced by a call made on the QP
+    /// directly with the [`crate::cq::Deferred`] sink (the simulator collects them after each
+    /// step; the runtime retries them through [`Engine::drain_pending`]).
     pub fn poll_completion(&mut self) -> Option<(u32, CqSide, Cqe)> {
         let mut i = 0;
         while i < self.pending.len() {

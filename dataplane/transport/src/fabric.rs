@@ -171,7 +171,7 @@ impl Fabric {
             }
             let now = self.now;
             let node = &mut self.nodes[i];
-            let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { continue };
+            let Some(t) = node.poll_transmit(now, &mut self.buf[hl..]) else { continue };
             let av = crate::sim::path_of(&node.engine, &t);
             any = true;
             let node_ip = node.ip;
@@ -263,7 +263,7 @@ impl Fabric {
         let node = &mut self.nodes[dst];
         match parse_frame(frame) {
             Ok(f) => {
-                node.engine.handle_packet(now, &RxPacket::of_frame(&f, None), &node.mem);
+                node.handle_packet(now, &RxPacket::of_frame(&f, None));
             }
             Err(Error::UnknownOpcode(0x81)) => match parse_cnp_frame(frame) {
                 Ok(c) => node.engine.handle_cnp(now, c.cnp.dest_qp.value()),
@@ -275,12 +275,7 @@ impl Fabric {
 
     fn collect(&mut self) {
         for n in &mut self.nodes {
-            while let Some(c) = n.engine.poll_completion() {
-                n.cqes.push_back(c);
-            }
-            while let Some(e) = n.engine.poll_event() {
-                n.events.push_back(e);
-            }
+            n.collect();
         }
     }
 
@@ -319,7 +314,7 @@ impl Fabric {
         }
         let now = self.now;
         for n in &mut self.nodes {
-            n.engine.handle_timeout(now, &n.mem);
+            n.handle_timeout(now);
         }
         self.collect();
         true

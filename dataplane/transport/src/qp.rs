@@ -11,7 +11,7 @@ use pmrxe_wire::Psn;
 
 use crate::attr::{transition_masks, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, MAX_QP_WR, MAX_RD_ATOMIC};
 use crate::completer::CompState;
-use crate::cq::{CqSide, Cqe, WcOpcode, WcStatus};
+use crate::cq::{CompletionSink, CqSide, Cqe, WcOpcode, WcStatus};
 use crate::dcqcn::{CcConfig, Dcqcn};
 use crate::requester::{ReqState, TxStream};
 use crate::responder::RespState;
@@ -311,8 +311,8 @@ impl Qp {
 
     /// `ibv_modify_qp`: checks the transition and the attribute mask against the IBTA table
     /// ([`transition_masks`]), validates values, then applies. Entering ERR flushes both
-    /// queues; entering RESET clears everything.
-    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
+    /// queues (the flushed completions go to `cq`); entering RESET clears everything.
+    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask, cq: &mut dyn CompletionSink) -> Result<(), ModifyError> {
         let cur = self.state;
         if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
             // IBA 11.2.4.2 allows CUR_STATE only to confirm the state (or SQE/RTS recovery).
@@ -386,7 +386,7 @@ impl Qp {
         if next != cur {
             match next {
                 QpState::Reset => self.reset(),
-                QpState::Err => self.enter_error(),
+                QpState::Err => self.enter_error(cq),
                 QpState::Sqd => {
                     self.state = QpState::Sqd;
                     self.sqd_notified = false;
@@ -421,21 +421,21 @@ impl Qp {
 
     /// Move to ERR and flush: every WQE still on the SQ or RQ completes with WR_FLUSH_ERR
     /// (IBA 10.7.3.1). Nothing executes after this.
-    pub(crate) fn enter_error(&mut self) {
+    pub(crate) fn enter_error(&mut self, cq: &mut dyn CompletionSink) {
         if self.state == QpState::Err {
-            self.flush();
+            self.flush(cq);
             return;
         }
         self.state = QpState::Err;
         self.timers.clear();
         self.resp.on_error();
-        self.flush();
+        self.flush(cq);
         if self.srq.is_some() {
             self.events.push_back(AsyncEvent::LastWqeReached);
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, cq: &mut dyn CompletionSink) {
         while let Some(e) = self.sq.pop_front() {
             if e.credit {
                 self.req.release_rd_atomic();
@@ -443,23 +443,23 @@ impl Qp {
             let mut c = Cqe::new(e.wr_id, WcStatus::WrFlushErr, wc_opcode(&e.op), self.qpn);
             c.byte_len = 0;
             self.stats.completion(WcStatus::WrFlushErr);
-            self.cqes.push_back((CqSide::Send, c));
+            self.complete(cq, CqSide::Send, c);
         }
         self.req.flushed_to(self.sq.head());
         // The RQ's current WQE is its head: flushed first, in order.
         while let Some(wr_id) = self.rq.pop() {
             self.stats.completion(WcStatus::WrFlushErr);
-            self.cqes.push_back((CqSide::Recv, Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
+            self.complete(cq, CqSide::Recv, Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
         }
         if let Some(r) = self.resp.take_current_recv() {
             self.stats.completion(WcStatus::WrFlushErr);
-            self.cqes.push_back((CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn)));
+            self.complete(cq, CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
         }
     }
 
     /// `ibv_post_send`. Validation failures return an error and produce no CQE
-    /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed.
-    pub fn post_send<W: SendWr + ?Sized>(&mut self, now: Instant, wqe: &W) -> Result<(), PostError> {
+    /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed (its completion to `cq`).
+    pub fn post_send<W: SendWr + ?Sized>(&mut self, now: Instant, wqe: &W, cq: &mut dyn CompletionSink) -> Result<(), PostError> {
         let _ = now;
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
@@ -532,13 +532,14 @@ impl Qp {
             ..SqEntry::NOT_STARTED
         });
         if self.state == QpState::Err {
-            self.flush();
+            self.flush(cq);
         }
         Ok(())
     }
 
-    /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR.
-    pub fn post_recv<W: RecvWr + ?Sized>(&mut self, wqe: &W) -> Result<(), PostError> {
+    /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR (its completion
+    /// to `cq`).
+    pub fn post_recv<W: RecvWr + ?Sized>(&mut self, wqe: &W, cq: &mut dyn CompletionSink) -> Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::InvalidState);
         }
@@ -553,7 +554,7 @@ impl Qp {
             return Err(PostError::QueueFull);
         }
         if self.state == QpState::Err {
-            self.flush();
+            self.flush(cq);
         }
         Ok(())
     }
@@ -569,7 +570,27 @@ impl Qp {
         self.srq.is_none() && !self.rq.has_next() && self.rq.current().is_none()
     }
 
-    /// Next completion, in order per side.
+    /// Hand `c` to `cq`, or keep it (in order) if `cq` is full or completions already wait.
+    #[inline]
+    pub(crate) fn complete(&mut self, cq: &mut dyn CompletionSink, side: CqSide, c: Cqe) {
+        if !(self.cqes.is_empty() && cq.complete(side, &c)) {
+            self.cqes.push_back((side, c));
+        }
+    }
+
+    /// Move the completions this QP kept (its CQ was full, or the sink [`crate::cq::Deferred`])
+    /// to `cq`, in order, until it refuses one. Returns whether any are still kept.
+    pub fn drain_completions(&mut self, cq: &mut dyn CompletionSink) -> bool {
+        while let Some((side, c)) = self.cqes.front() {
+            if !cq.complete(*side, c) {
+                return true;
+            }
+            self.cqes.pop_front();
+        }
+        false
+    }
+
+    /// Next completion the QP kept, in order per side.
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<(CqSide, Cqe)> {
         self.cqes.pop_front()
@@ -593,14 +614,14 @@ impl Qp {
         self.timers.next_timeout()
     }
 
-    /// Service every expired timer.
-    pub fn handle_timeout<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M) {
+    /// Service every expired timer (completions of a failed retry to `cq`).
+    pub fn handle_timeout<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut dyn CompletionSink) {
         let _ = mem;
         for t in Timer::ALL {
             if self.timers.is_expired(t, now) {
                 self.timers.stop(t);
                 match t {
-                    Timer::Retransmit => self.on_retransmit_timeout(now),
+                    Timer::Retransmit => self.on_retransmit_timeout(now, cq),
                     Timer::RnrWait => self.on_rnr_timer(now),
                     // The pacer's deadline passed: the requester may send again.
                     Timer::Pacing => {}
@@ -653,7 +674,7 @@ impl Qp {
 
     /// Retire finished WQEs from the head in SQ order, producing CQEs (always for errors,
     /// IBA 10.7.3.1). A failed WQE moves the QP to ERR and flushes the rest.
-    pub(crate) fn retire(&mut self) {
+    pub(crate) fn retire(&mut self, cq: &mut dyn CompletionSink) {
         while let Some(e) = self.sq.front() {
             let Some(st) = e.done else { break };
             // Only the fields the CQE needs (not a copy of the whole entry).
@@ -668,10 +689,10 @@ impl Qp {
                     };
                 }
                 self.stats.completion(st);
-                self.cqes.push_back((CqSide::Send, c));
+                self.complete(cq, CqSide::Send, c);
             }
             if st != WcStatus::Success {
-                self.enter_error();
+                self.enter_error(cq);
                 return;
             }
         }
@@ -696,16 +717,17 @@ impl Qp {
 
     /// Write the next packet into `buf` (BTH + extension headers + payload + pad; no ICRC, no
     /// L2/L3/L4). Responder output (ACK/NAK, READ responses, atomic ACKs) goes first, then
-    /// requester packets. Local operations execute here when the SQ walk reaches them.
+    /// requester packets. Local operations execute here when the SQ walk reaches them; what
+    /// completes (a local operation, a UC/UD send, a failed gather) goes to `cq`.
     #[must_use]
-    pub fn poll_transmit<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+    pub fn poll_transmit<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
         if let Some(t) = self.poll_cnp(buf) {
             return Some(t);
         }
-        if let Some(t) = self.poll_response(mem, buf) {
+        if let Some(t) = self.poll_response(mem, buf, cq) {
             return Some(t);
         }
-        self.poll_request(now, mem, buf)
+        self.poll_request(now, mem, buf, cq)
     }
 
     /// The address vector and destination QPN of the packet `poll_transmit` would write next
@@ -762,6 +784,7 @@ pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cq::Deferred;
 
     fn rc() -> Qp {
         Qp::new(17, QpType::Rc, 1, QpCaps::default(), None).unwrap()
@@ -772,10 +795,10 @@ mod tests {
         let mut q = rc();
         let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
         assert_eq!(
-            q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX),
+            q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX, &mut Deferred),
             Err(ModifyError::MissingAttributes(AttrMask::PORT | AttrMask::ACCESS_FLAGS))
         );
-        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
         assert_eq!(q.state(), QpState::Init);
     }
 
@@ -783,21 +806,21 @@ mod tests {
     fn init_to_rts_is_invalid_and_extra_bits_rejected() {
         let mut q = rc();
         let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
-        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
         let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
-        assert!(matches!(q.modify(&a, AttrMask::STATE), Err(ModifyError::InvalidTransition { .. })));
+        assert!(matches!(q.modify(&a, AttrMask::STATE, &mut Deferred), Err(ModifyError::InvalidTransition { .. })));
         let a = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
         let need = AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         assert_eq!(
-            q.modify(&a, AttrMask::STATE | need | AttrMask::SQ_PSN),
+            q.modify(&a, AttrMask::STATE | need | AttrMask::SQ_PSN, &mut Deferred),
             Err(ModifyError::InvalidAttributes(AttrMask::SQ_PSN))
         );
-        q.modify(&a, AttrMask::STATE | need).unwrap();
+        q.modify(&a, AttrMask::STATE | need, &mut Deferred).unwrap();
         let a = QpAttr { qp_state: QpState::Rts, timeout: 32, ..QpAttr::default() };
         let need = AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN | AttrMask::MAX_QP_RD_ATOMIC;
-        assert_eq!(q.modify(&a, AttrMask::STATE | need), Err(ModifyError::InvalidValue("timeout > 31")));
+        assert_eq!(q.modify(&a, AttrMask::STATE | need, &mut Deferred), Err(ModifyError::InvalidValue("timeout > 31")));
         let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
-        q.modify(&a, AttrMask::STATE | need).unwrap();
+        q.modify(&a, AttrMask::STATE | need, &mut Deferred).unwrap();
         assert_eq!(q.query().qp_state, QpState::Rts);
     }
 
@@ -805,12 +828,56 @@ mod tests {
     fn ud_transitions() {
         let mut q = Qp::new(5, QpType::Ud, 1, QpCaps::default(), None).unwrap();
         let a = QpAttr { qp_state: QpState::Init, qkey: 0x1111, ..QpAttr::default() };
-        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY).unwrap();
-        q.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE).unwrap();
-        q.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN, &mut Deferred).unwrap();
         assert_eq!(q.query().qkey, 0x1111);
-        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE).unwrap();
-        q.modify(&QpAttr { qp_state: QpState::Reset, ..a }, AttrMask::STATE).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Reset, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
         assert_eq!(q.state(), QpState::Reset);
+    }
+
+    /// A CQ with room for `room` more completions (what the runtime's shared ring does).
+    struct Room(usize, Vec<(CqSide, u64)>);
+    impl CompletionSink for Room {
+        fn complete(&mut self, side: CqSide, c: &Cqe) -> bool {
+            if self.0 == 0 {
+                return false;
+            }
+            self.0 -= 1;
+            self.1.push((side, c.wr_id));
+            true
+        }
+    }
+
+    /// A completion the sink refuses stays in the QP, and every later one queues behind it
+    /// (even when the sink would take it): the consumer sees them in order once it makes room.
+    #[test]
+    fn refused_completions_wait_in_order_behind_the_first() {
+        let caps = QpCaps { max_send_wr: 4, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        let mut q = Qp::new(9, QpType::Rc, 1, caps, None).unwrap();
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
+        for i in 0..5 {
+            q.post_recv(&crate::wqe::RecvWqe::new(i), &mut Deferred).unwrap();
+        }
+        assert!(!q.has_output(), "posting completes nothing");
+        // Into ERR: five flushed receives, the CQ has room for two.
+        let mut cq = Room(2, Vec::new());
+        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE, &mut cq).unwrap();
+        assert_eq!(cq.1, vec![(CqSide::Recv, 0), (CqSide::Recv, 1)]);
+        assert!(q.has_output(), "three kept");
+        // A post in ERR completes at once (flushed), but only behind the kept ones.
+        cq.0 = 10;
+        q.post_recv(&crate::wqe::RecvWqe::new(5), &mut cq).unwrap();
+        assert_eq!(cq.1.len(), 2, "a new completion does not overtake kept ones");
+        // Room for one more: one moves, the rest stay.
+        cq.0 = 1;
+        assert!(q.drain_completions(&mut cq), "some still kept");
+        cq.0 = 10;
+        assert!(!q.drain_completions(&mut cq), "all moved");
+        assert_eq!(cq.1.iter().map(|&(_, w)| w).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
+        assert!(!q.has_output());
+        assert_eq!(q.stats().completions[WcStatus::WrFlushErr as usize], 6, "each counted once, when produced");
     }
 }

@@ -22,7 +22,7 @@ use pmrxe_mem::Translation;
 use pmrxe_wire::{bth as wire_bth, next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
 
 use crate::builder::{bth, build, Payload};
-use crate::cq::WcStatus;
+use crate::cq::{CompletionSink, WcStatus};
 use crate::memops::MemOps;
 use crate::attr::{QpState, QpType};
 use crate::qp::{Qp, Transmit};
@@ -147,7 +147,7 @@ impl ReqState {
 
 impl Qp {
     /// Requester half of `poll_transmit`.
-    pub(crate) fn poll_request<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+    pub(crate) fn poll_request<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
         loop {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                 return None;
@@ -202,7 +202,7 @@ impl Qp {
                 self.req.exec_cursor = idx + 1;
                 self.req.net_cursor = idx + 1;
                 self.finish_wqe(idx, st);
-                self.retire();
+                self.retire(cq);
                 continue;
             }
             if done.is_some() {
@@ -213,7 +213,7 @@ impl Qp {
             // A later packet of a started WQE may be a MIDDLE one: the fast path's. (A small
             // message's only packet is its first; retransmitted, it leaves at the first check.)
             if !first_time && self.fast_paths {
-                if let Some(t) = self.transmit_middle(now, mem, idx, buf) {
+                if let Some(t) = self.transmit_middle(now, mem, idx, buf, cq) {
                     return t;
                 }
             }
@@ -240,7 +240,7 @@ impl Qp {
                     let e = self.entry_mut(idx);
                     e.started = true;
                     self.finish_wqe(idx, WcStatus::LocLenErr);
-                    self.retire();
+                    self.retire(cq);
                     continue;
                 }
                 let p = self.req.next_psn;
@@ -256,7 +256,7 @@ impl Qp {
                 self.req.next_psn = p.wrapping_add(npsn);
                 self.req.exec_cursor = idx + 1;
             }
-            return self.transmit_wqe(now, mem, idx, buf);
+            return self.transmit_wqe(now, mem, idx, buf, cq);
         }
     }
 
@@ -282,7 +282,7 @@ impl Qp {
     }
 
     /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
-    fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Transmit> {
+    fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
         let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
@@ -375,7 +375,7 @@ impl Qp {
                 return None;
             }
             Err(_) => {
-                self.gather_failed(idx);
+                self.gather_failed(idx, cq);
                 return None;
             }
         };
@@ -399,7 +399,7 @@ impl Qp {
             SendOp::Read => e.last_psn().wrapping_add(1),
             _ => psn.wrapping_add(1),
         };
-        self.packet_sent(now, idx, psn, end_psn, plen, len, all_sent);
+        self.packet_sent(now, idx, psn, end_psn, plen, len, all_sent, cq);
         Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
     }
 
@@ -422,7 +422,7 @@ impl Qp {
     /// in cache): a tenth of the lcore's time at 64 KiB. The BTH is written from registers
     /// for the same reason (`BthRepr::emit_bytes` inlined).
     #[inline(always)]
-    fn transmit_middle<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8]) -> Option<Option<Transmit>> {
+    fn transmit_middle<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Option<Transmit>> {
         let e = self.entry(idx);
         let (op, k, first_psn, num_sge, inline) = (e.op, e.tx_pkt, e.first_psn, e.num_sge, e.flags.contains(SendFlags::INLINE));
         let kind = match op {
@@ -458,21 +458,21 @@ impl Qp {
         h.emit_bytes(head.try_into().ok()?);
         let off = u64::from(k) * plen as u64;
         let Ok(body_crc) = mem.read_carried_crc(&tr, sge.addr + off, body, 0) else {
-            self.gather_failed(idx);
+            self.gather_failed(idx, cq);
             return Some(None);
         };
         let tail_crc = shift.combine(pmrxe_wire::icrc::transport_crc(head), body_crc);
         self.entry_mut(idx).tx_pkt += 1;
         self.stats.tx_fast_path += 1;
-        self.packet_sent(now, idx, psn, psn.wrapping_add(1), plen, len, false);
+        self.packet_sent(now, idx, psn, psn.wrapping_add(1), plen, len, false, cq);
         Some(Some(Transmit { len, av: None, dest_qpn: self.attr.dest_qp_num, src_qpn: self.qpn, tail_crc: Some(tail_crc) }))
     }
 
     /// A local protection error while gathering (IBTA / mlx5 status; rxe reports
     /// LOC_QP_OP_ERR), reported in order once earlier WQEs complete.
-    fn gather_failed(&mut self, idx: u64) {
+    fn gather_failed(&mut self, idx: u64, cq: &mut dyn CompletionSink) {
         self.finish_wqe(idx, WcStatus::LocProtErr);
-        self.retire();
+        self.retire(cq);
     }
 
     /// The packet of WQE `idx` at `psn` left (`plen` payload bytes, `len` transport bytes;
@@ -481,7 +481,7 @@ impl Qp {
     /// completion of an unreliable WQE.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn packet_sent(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool) {
+    fn packet_sent(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool, cq: &mut dyn CompletionSink) {
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += plen as u64;
         if psn.distance(self.req.max_sent) < 0 {
@@ -511,7 +511,7 @@ impl Qp {
                     // Unreliable: complete when the last packet is handed to the wire.
                     self.comp.acknowledged_to(self.req.next_psn);
                     self.finish_wqe(idx, WcStatus::Success);
-                    self.retire();
+                    self.retire(cq);
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use pmrxe_wire::{next_opcode, AethRepr, IcrcCheck, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
 use pmrxe_mem::{Access, MemError, Translation};
 
-use crate::cq::{CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
+use crate::cq::{CompletionSink, CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 use crate::memops::{AtomicOp, MemOps};
 use crate::packet::RxPacket;
 use crate::attr::{QpState, QpType};
@@ -215,7 +215,7 @@ impl Qp {
     /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
     /// land where the rest of the message will write them anyway): see docs/reliability.md,
     /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
-    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
+    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut dyn CompletionSink) {
         self.stats.rx_packets += 1;
         if self.write_middle_predicted(now, pkt, mem) {
             return;
@@ -251,13 +251,13 @@ impl Qp {
         }
         let icrc_ok = if info.is_response() {
             if self.qp_type == QpType::Rc {
-                self.on_response(now, &pkt.hdr, pkt.payload(), mem, deferred)
+                self.on_response(now, &pkt.hdr, pkt.payload(), mem, deferred, cq)
             } else {
                 self.stats.dropped += 1;
                 true
             }
         } else {
-            self.on_request_packet(pkt, mem, srq, deferred)
+            self.on_request_packet(pkt, mem, srq, deferred, cq)
         };
         if !icrc_ok {
             self.stats.icrc_errors += 1;
@@ -367,7 +367,7 @@ impl Qp {
 
     /// The request half of `handle_packet` (after the ICRC gate); returns false if a deferred
     /// ICRC check failed (the packet then had no effect).
-    fn on_request_packet<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>) -> bool {
+    fn on_request_packet<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
         match self.state {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
             _ => {
@@ -383,14 +383,14 @@ impl Qp {
             }
         }
         if self.qp_type == QpType::Ud {
-            self.on_ud_request(pkt, mem, srq);
+            self.on_ud_request(pkt, mem, srq, cq);
             true
         } else {
-            self.on_request(pkt, mem, srq, deferred)
+            self.on_request(pkt, mem, srq, deferred, cq)
         }
     }
 
-    fn on_ud_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>) {
+    fn on_ud_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut dyn CompletionSink) {
         let Some(deth) = pkt.hdr.deth else { return };
         if deth.qkey != self.attr.qkey || pkt.payload().len() > self.mtu() as usize {
             self.stats.dropped += 1;
@@ -425,7 +425,7 @@ impl Qp {
         }
         self.stats.resp_bytes_written += pkt.payload().len() as u64;
         self.stats.completion(c.status);
-        self.cqes.push_back((CqSide::Recv, c));
+        self.complete(cq, CqSide::Recv, c);
     }
 
     /// Take the next receive WQE as the current one (a no-op returning true if one is
@@ -481,7 +481,7 @@ impl Qp {
 
     /// Returns false if a deferred ICRC check failed: the packet then changed nothing (the
     /// bytes it placed lie in the range the rest of the message rewrites).
-    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>) -> bool {
+    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked by caller");
         let p = h.bth.psn;
@@ -520,7 +520,7 @@ impl Qp {
             }
             self.resp.epsn = p;
         }
-        let r = match self.execute(pkt, mem, &mut srq, deferred) {
+        let r = match self.execute(pkt, mem, &mut srq, deferred, cq) {
             Ok(()) => Ok(()),
             // Under a deferred check, an error acts on the packet only once the check passed
             // (a second pass, on error paths only).
@@ -565,14 +565,14 @@ impl Qp {
                         self.end_recv();
                         let st = e.wc_status();
                         self.stats.completion(st);
-                        self.cqes.push_back((CqSide::Recv, Cqe::new(wr_id, st, WcOpcode::Recv, self.qpn)));
+                        self.complete(cq, CqSide::Recv, Cqe::new(wr_id, st, WcOpcode::Recv, self.qpn));
                     }
                     None => self.events.push_back(match e {
                         RespError::RemoteAccess => AsyncEvent::QpAccessError,
                         _ => AsyncEvent::QpRequestError,
                     }),
                 }
-                self.enter_error();
+                self.enter_error(cq);
                 self.stats.err_naks_sent += 1;
                 let t = self.attr.min_rnr_timer;
                 self.resp.push(Out::Ack { psn: p, syndrome: e.nak(t) });
@@ -584,7 +584,7 @@ impl Qp {
     /// Execute the in-sequence request packet `pkt`. With a `deferred` ICRC check (only for the
     /// packets `may_place_before_icrc` admits) the payload is placed while checked, and a
     /// mismatch returns `Exec::BadIcrc` before any other state changed.
-    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>) -> Result<(), Exec> {
+    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> Result<(), Exec> {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked");
         let p = h.bth.psn;
@@ -663,7 +663,7 @@ impl Qp {
                     self.resp.in_msg = InMsg::None;
                     self.resp.msn = self.resp.msn.wrapping_add(1);
                     self.stats.completion(WcStatus::Success);
-                    self.cqes.push_back((CqSide::Recv, c));
+                    self.complete(cq, CqSide::Recv, c);
                 } else {
                     self.resp.in_msg = InMsg::Send;
                 }
@@ -737,7 +737,7 @@ impl Qp {
                         c.imm_data = h.imm;
                         c.wc_flags |= WcFlags::WITH_IMM;
                         self.stats.completion(WcStatus::Success);
-                        self.cqes.push_back((CqSide::Recv, c));
+                        self.complete(cq, CqSide::Recv, c);
                     }
                 } else {
                     self.resp.in_msg = InMsg::Write { rkey, va, len, off: end };
@@ -860,7 +860,7 @@ impl Qp {
     }
 
     /// Responder half of `poll_transmit`.
-    pub(crate) fn poll_response<M: MemOps + ?Sized>(&mut self, mem: &M, buf: &mut [u8]) -> Option<Transmit> {
+    pub(crate) fn poll_response<M: MemOps + ?Sized>(&mut self, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
         loop {
             let o = *self.resp.out.front()?;
             let dest = self.attr.dest_qp_num;
@@ -933,7 +933,7 @@ impl Qp {
                             self.stats.rkey_violations += 1;
                             self.stats.err_naks_sent += 1;
                             self.events.push_back(AsyncEvent::QpAccessError);
-                            self.enter_error();
+                            self.enter_error(cq);
                             self.resp.out.clear();
                             let mut hdr = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, dest, next));
                             hdr.aeth = Some(AethRepr { syndrome: Syndrome::Nak(NakCode::RemoteAccess), msn });

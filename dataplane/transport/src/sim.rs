@@ -21,11 +21,12 @@ use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cq::{CqSide, Cqe};
+use crate::cq::{Completions, CqSide, Cqe, Deferred};
 use crate::engine::Engine;
 use crate::AddressVector;
 use crate::packet::RxPacket;
-use crate::qp::{AsyncEvent, Qp, Transmit};
+use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
+use crate::wqe::{RecvWqe, SendWqe};
 use crate::timers::Instant;
 
 /// What happens to one packet.
@@ -99,6 +100,15 @@ pub struct Impairments {
 
 type Filter = Box<dyn FnMut(&PacketInfo) -> Option<Fault>>;
 
+/// The simulator's CQ: every completion joins its node's log the moment the QP produces it (a
+/// CQ that never fills), as the lcore's sink stages it into the consumer's ring.
+impl<X> Completions<X> for VecDeque<(u32, CqSide, Cqe)> {
+    fn complete(&mut self, _ext: &X, side: CqSide, c: &Cqe) -> bool {
+        self.push_back((c.qp_num, side, *c));
+        true
+    }
+}
+
 /// One host on the simulated link.
 #[derive(Debug)]
 pub struct Node {
@@ -142,6 +152,36 @@ impl Node {
     /// A QP, mutably.
     pub fn qp_mut(&mut self, qpn: u32) -> &mut Qp {
         self.engine.qp_mut(qpn).expect("no such QP")
+    }
+    /// Post a send WR to `qpn` (its completions join [`Node::cqes`]).
+    pub fn post_send(&mut self, qpn: u32, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
+        self.engine.post_send(qpn, now, wqe, &mut self.cqes)
+    }
+    /// Post a receive WR to `qpn` (its completions join [`Node::cqes`]).
+    pub fn post_recv(&mut self, qpn: u32, wqe: &RecvWqe) -> Result<(), PostError> {
+        self.engine.post_recv(qpn, wqe, &mut self.cqes)
+    }
+    /// Hand a packet to the QP it is for (see [`Engine::handle_packet`]).
+    pub fn handle_packet(&mut self, now: Instant, pkt: &RxPacket<'_>) -> bool {
+        self.engine.handle_packet(now, pkt, &self.mem, &mut self.cqes)
+    }
+    /// Next packet of any ready QP (see [`Engine::poll_transmit`]).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.engine.poll_transmit(now, &self.mem, buf, &mut self.cqes)
+    }
+    /// Service the expired timers (see [`Engine::handle_timeout`]).
+    pub fn handle_timeout(&mut self, now: Instant) -> bool {
+        self.engine.handle_timeout(now, &self.mem, &mut self.cqes)
+    }
+    /// Completions and events the QPs kept (completions of calls made on a QP directly, with
+    /// the [`crate::cq::Deferred`] sink) join the logs.
+    pub fn collect(&mut self) {
+        while let Some(c) = self.engine.poll_completion() {
+            self.cqes.push_back(c);
+        }
+        while let Some(e) = self.engine.poll_event() {
+            self.events.push_back(e);
+        }
     }
     /// Completions of `qpn` on `side` collected so far (removed from the log).
     pub fn take_cqes(&mut self, qpn: u32, side: CqSide) -> Vec<Cqe> {
@@ -249,7 +289,7 @@ impl Sim {
             let now = self.now;
             let (node_ip, av, t) = {
                 let node = &mut self.nodes[i];
-                let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf[hl..]) else { break };
+                let Some(t) = node.poll_transmit(now, &mut self.buf[hl..]) else { break };
                 (node.ip, path_of(&node.engine, &t), t)
             };
             sent += 1;
@@ -352,12 +392,7 @@ impl Sim {
 
     fn collect(&mut self) {
         for n in &mut self.nodes {
-            while let Some(c) = n.engine.poll_completion() {
-                n.cqes.push_back(c);
-            }
-            while let Some(e) = n.engine.poll_event() {
-                n.events.push_back(e);
-            }
+            n.collect();
         }
     }
 
@@ -370,7 +405,7 @@ impl Sim {
             node.rx_parse_drops += 1;
             return;
         };
-        node.engine.handle_packet(now, &RxPacket::of_frame(&f, Some(check)), &node.mem);
+        node.handle_packet(now, &RxPacket::of_frame(&f, Some(check)));
     }
 
     /// Make every QP of every node that has work eligible to send (after posting directly
@@ -419,7 +454,7 @@ impl Sim {
         }
         let now = self.now;
         for n in &mut self.nodes {
-            n.engine.handle_timeout(now, &n.mem);
+            n.handle_timeout(now);
         }
         self.collect();
         true
@@ -556,18 +591,18 @@ pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
         crate::QpType::Ud => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
         _ => M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
     };
-    qp.modify(&a, init).expect("INIT");
+    qp.modify(&a, init, &mut Deferred).expect("INIT");
     let rtr = match ty {
         crate::QpType::Ud => M::STATE,
         crate::QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
         crate::QpType::Rc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
     };
-    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, rtr).expect("RTR");
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, rtr, &mut Deferred).expect("RTR");
     let rts = match ty {
         crate::QpType::Rc => M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
         _ => M::STATE | M::SQ_PSN,
     };
-    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, rts).expect("RTS");
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, rts, &mut Deferred).expect("RTS");
     if ty == crate::QpType::Ud {
         // A UD QP's path MTU is the port's active MTU.
         qp.set_port_mtu(p.mtu);

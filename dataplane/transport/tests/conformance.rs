@@ -938,7 +938,7 @@ fn e_nak_storm_restarts_go_back_n_once_per_round_trip() {
     for _ in 0..50 {
         let now = sim.now;
         let n = &mut sim.nodes[A];
-        n.engine.handle_packet(now, &RxPacket::new(nak, &[]), &n.mem);
+        n.handle_packet(now, &RxPacket::new(nak, &[]));
     }
     drive(&mut sim);
     assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success]);
@@ -963,10 +963,10 @@ fn raw_to_b(sim: &mut Sim, hdr: TransportHeaders, payload: &[u8]) -> Vec<Transpo
     let now = sim.now;
     let node = &mut sim.nodes[B];
     let pkt = RxPacket::new(hdr, payload);
-    node.engine.handle_packet(now, &pkt, &node.mem);
+    node.handle_packet(now, &pkt);
     let mut out = vec![];
     let mut buf = vec![0u8; 4096];
-    while let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut buf) {
+    while let Some(t) = node.poll_transmit(now, &mut buf) {
         out.push(TransportHeaders::parse(&buf[..t.len]).unwrap().0);
     }
     out
@@ -983,7 +983,7 @@ fn e11_misaligned_atomic() {
     let b = reg(&sim, B, 64, ALL);
     // Requester side: rejected at post time (as rxe), no CQE.
     let w = SendWqe::new(1, SendOp::FetchAdd { add: 1 }).sge(a.sge(0, 8)).remote(b.addr + 4, b.rkey()).flags(sig());
-    assert_eq!(sim.nodes[A].engine.post_send(QA, Instant(0), w), Err(pmrxe_transport::PostError::BadAtomic));
+    assert_eq!(sim.nodes[A].post_send(QA, Instant(0), w), Err(pmrxe_transport::PostError::BadAtomic));
     // Responder side: NAK 0x61.
     let mut h = TransportHeaders::new(bth(Opcode::RC_FETCH_ADD, 100));
     h.atomic_eth = Some(AtomicEthRepr { va: b.addr + 4, rkey: b.rkey(), swap_add: 1, compare: 0 });

@@ -81,7 +81,7 @@ fn post(f: &mut Fabric, s: usize, fl: &mut Flow, len: u32) {
         .flags(SendFlags::SIGNALED);
     fl.posted += 1;
     let now = f.now;
-    f.nodes[s].engine.post_send(sender_qpn(s), now, w).unwrap();
+    f.nodes[s].post_send(sender_qpn(s), now, w).unwrap();
 }
 
 fn delivered(f: &Fabric, s: usize) -> u64 {

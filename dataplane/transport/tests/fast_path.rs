@@ -86,7 +86,7 @@ fn run(seed: u64, fast: bool) -> Run {
             let before = sim.nodes[B].qp(PAIRS[0].1).stats().resp_bytes_written;
             let now = sim.now;
             let w = SendWqe::new(1000 + wr, SendOp::Write).sge(src.sge(0, 16 * 1024)).remote(dst.addr, dst.rkey());
-            if sim.nodes[A].engine.post_send(PAIRS[0].0, now, w.flags(sig())).is_ok() {
+            if sim.nodes[A].post_send(PAIRS[0].0, now, w.flags(sig())).is_ok() {
                 // Its packets after the first MIDDLE arrive 1 ms late: the deregistration
                 // lands between.
                 let mut n = 0;
@@ -111,7 +111,7 @@ fn run(seed: u64, fast: bool) -> Run {
             drive(&mut sim);
             let now = sim.now;
             let w = SendWqe::new(2000 + wr, SendOp::Write).sge(src.sge(0, 16 * 1024)).remote(dst.addr, dst.rkey());
-            if sim.nodes[A].engine.post_send(qa, now, w.flags(sig())).is_ok() {
+            if sim.nodes[A].post_send(qa, now, w.flags(sig())).is_ok() {
                 let burst = core::mem::replace(&mut sim.max_burst, 1);
                 // (Counted alike with and without the fast path: the FIRST and two MIDDLEs.)
                 let start = sim.nodes[A].qp(qa).stats().tx_packets;
@@ -130,7 +130,7 @@ fn run(seed: u64, fast: bool) -> Run {
         let d = rng.gen_range(0..AREA - len);
         let post_recv = |sim: &mut Sim, n: &mut u64, cap: u32| {
             let slot = (*n % 64) * RECV_SLOT as u64;
-            sim.nodes[B].engine.post_recv(qb, &RecvWqe::new(*n).sge(rbuf.sge(slot, cap))).unwrap();
+            sim.nodes[B].post_recv(qb, &RecvWqe::new(*n).sge(rbuf.sge(slot, cap))).unwrap();
             *n += 1;
         };
         let w = match kind {
@@ -147,7 +147,7 @@ fn run(seed: u64, fast: bool) -> Run {
         };
         let now = sim.now;
         // A QP in error refuses nothing here: its WQEs complete flushed.
-        let _ = sim.nodes[A].engine.post_send(qa, now, w.flags(sig()));
+        let _ = sim.nodes[A].post_send(qa, now, w.flags(sig()));
         for _ in 0..rng.gen_range(0..40) {
             sim.step();
         }
@@ -246,7 +246,7 @@ fn crafted(fast: bool, how: Craft, packets: &[(u32, usize, u8)]) -> (Crafted, u6
         let qp = sim.nodes[B].qp_mut(QB);
         let mut attr = qp.query();
         attr.qp_access_flags = 0;
-        qp.modify(&attr, AttrMask::ACCESS_FLAGS).expect("modify access flags in RTS");
+        qp.modify(&attr, AttrMask::ACCESS_FLAGS, &mut pmrxe_transport::Deferred).expect("modify access flags in RTS");
     }
     let l3 = L3Info {
         src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
@@ -265,7 +265,7 @@ fn crafted(fast: bool, how: Craft, packets: &[(u32, usize, u8)]) -> (Crafted, u6
         let (f, check) = parse_frame_deferred(&frame).unwrap();
         let now = sim.now;
         let node = &mut sim.nodes[B];
-        node.engine.handle_packet(now, &RxPacket::of_frame(&f, Some(check)), &node.mem);
+        node.handle_packet(now, &RxPacket::of_frame(&f, Some(check)));
     }
     sim.clear_filters();
     drive(&mut sim);

@@ -105,7 +105,7 @@ fn run(seed: u64, ops: usize) {
                 ps.expect.push((wr, WcOpcode::RdmaWrite));
                 let op = if kind == 1 { SendOp::WriteImm(wr as u32) } else { SendOp::Write };
                 if kind == 1 {
-                    sim.nodes[B].engine.post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, 0, 0)).unwrap();
+                    sim.nodes[B].post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, 0, 0)).unwrap();
                     recv_n += 1;
                     ps.recv_expect.push(vec![]);
                 }
@@ -115,7 +115,7 @@ fn run(seed: u64, ops: usize) {
                 let len = rng.gen_range(0..=RECV_SLOT);
                 let so = rng.gen_range(0..WRITE_AREA - len);
                 let slot = (recv_n % 1024) as usize;
-                sim.nodes[B].engine.post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, (slot * RECV_SLOT) as u64, RECV_SLOT as u32)).unwrap();
+                sim.nodes[B].post_recv(ps.qb, &recv(recv_n, &ps.recv_buf, (slot * RECV_SLOT) as u64, RECV_SLOT as u32)).unwrap();
                 recv_n += 1;
                 ps.recv_expect.push(ps.src.read(so, len));
                 ps.expect.push((wr, WcOpcode::Send));
@@ -154,13 +154,13 @@ fn run(seed: u64, ops: usize) {
                 // REG_MR → WRITE from the FMR → LOCAL_INV.
                 let nk = ps.fmr_key.inc();
                 let now = sim.now;
-                sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::RegMr { mr: ps.fmr_key, key: nk, access: Access::LOCAL_WRITE | Access::REMOTE_WRITE, iova: None, length: None }).flags(sig())).unwrap();
+                sim.nodes[A].post_send(ps.qa, now, SendWqe::new(wr, SendOp::RegMr { mr: ps.fmr_key, key: nk, access: Access::LOCAL_WRITE | Access::REMOTE_WRITE, iova: None, length: None }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::RegMr));
                 wr += 1;
                 let iova = sim.nodes[A].mem.table().query(ps.fmr_key).unwrap().next_iova;
                 let d = rng.gen_range(0..WRITE_AREA - 256);
                 ps.model[d..d + 256].copy_from_slice(&ps.fmr.read(0, 256));
-                sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::Write).sge(Sge { addr: iova, len: 256, lkey: nk }).remote(ps.dst.addr + d as u64, ps.dst.rkey()).flags(sig())).unwrap();
+                sim.nodes[A].post_send(ps.qa, now, SendWqe::new(wr, SendOp::Write).sge(Sge { addr: iova, len: 256, lkey: nk }).remote(ps.dst.addr + d as u64, ps.dst.rkey()).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::RdmaWrite));
                 wr += 1;
                 ps.fmr_key = nk;
@@ -172,16 +172,16 @@ fn run(seed: u64, ops: usize) {
                 // BIND_MW (type 2) on the FMR requires it VALID: REG_MR, BIND, LOCAL_INV(MW), LOCAL_INV(MR).
                 let nk = ps.fmr_key.inc();
                 let now = sim.now;
-                let eng = &mut sim.nodes[A].engine;
+                let eng = &mut sim.nodes[A];
                 eng.post_send(ps.qa, now, SendWqe::new(wr, SendOp::RegMr { mr: ps.fmr_key, key: nk, access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND, iova: None, length: None }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::RegMr));
                 wr += 1;
                 let iova = sim.nodes[A].mem.table().query(ps.fmr_key).unwrap().next_iova;
                 let wk = ps.mw.inc();
-                sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::BindMw { mw: ps.mw, new_key: wk, mr: nk, addr: iova, len: 4096, access: Access::REMOTE_WRITE }).flags(sig())).unwrap();
+                sim.nodes[A].post_send(ps.qa, now, SendWqe::new(wr, SendOp::BindMw { mw: ps.mw, new_key: wk, mr: nk, addr: iova, len: 4096, access: Access::REMOTE_WRITE }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::BindMw));
                 wr += 1;
-                sim.nodes[A].engine.post_send(ps.qa, now, SendWqe::new(wr, SendOp::LocalInv { key: wk }).flags(sig())).unwrap();
+                sim.nodes[A].post_send(ps.qa, now, SendWqe::new(wr, SendOp::LocalInv { key: wk }).flags(sig())).unwrap();
                 ps.expect.push((wr, WcOpcode::LocalInv));
                 wr += 1;
                 ps.mw = wk;
@@ -195,7 +195,7 @@ fn run(seed: u64, ops: usize) {
             ps.local_ops += 0;
         }
         let now = sim.now;
-        sim.nodes[A].engine.post_send(ps.qa, now, w).unwrap();
+        sim.nodes[A].post_send(ps.qa, now, w).unwrap();
         // Drive a little between posts so queues stay moving, fully every 50 ops.
         if rng.gen_range(0..50) == 0 {
             sim.drive(STEPS).expect("livelock");

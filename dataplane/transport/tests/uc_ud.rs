@@ -88,9 +88,9 @@ fn ud_qp_on_port(qpn: u32, port_mtu: PathMtu) -> Qp {
     let mut qp = Qp::new(qpn, QpType::Ud, PD, p.caps, None).expect("create QP");
     qp.set_port_mtu(port_mtu);
     let a = QpAttr { qp_state: QpState::Init, qkey: 0x1111_1111, port_num: 1, ..QpAttr::default() };
-    qp.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY).expect("INIT");
-    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE).expect("RTR");
-    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN).expect("RTS");
+    qp.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY, &mut pmrxe_transport::Deferred).expect("INIT");
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE, &mut pmrxe_transport::Deferred).expect("RTR");
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN, &mut pmrxe_transport::Deferred).expect("RTS");
     qp
 }
 
@@ -126,7 +126,7 @@ fn ud_send_uses_port_mtu() {
     assert_eq!(sent.len(), 1, "one UD_SEND_ONLY packet");
     // The port MTU survives RESET (the QP is re-created inside the engine).
     let qp = sim.nodes[A].engine.qp_mut(QA).expect("QP");
-    qp.modify(&QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE).expect("RESET");
+    qp.modify(&QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE, &mut pmrxe_transport::Deferred).expect("RESET");
     assert_eq!(qp.query().path_mtu, PathMtu::Mtu4096);
 }
 

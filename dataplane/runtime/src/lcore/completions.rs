@@ -1,48 +1,122 @@
-//! Completions: engine CQEs and asynchronous events into the clients' shared CQ rings (one
-//! fence per iteration for all CQs written), and completion events for armed CQs.
+//! Completions: the engine's CQEs staged in place into the clients' shared CQ rings as they
+//! are produced (one publish per CQ and one fence per iteration for all CQs written), CQ
+//! overflow, asynchronous events, and completion events for armed CQs.
 use super::*;
 
+/// Where one QP's completions go: the indices of its CQs in `Lcore::cqs`, and the retired
+/// count of its own receive ring (none on an SRQ).
+#[derive(Clone, Copy)]
+pub(super) struct CqRoute<'a> {
+    send: usize,
+    recv: usize,
+    rq_retired: Option<&'a AtomicU32>,
+}
+
+impl<'a> CqRoute<'a> {
+    /// The route of the QP whose slot holds these fields (taken field by field, so the caller
+    /// may hold the slot's rings mutably meanwhile).
+    pub(super) fn new(seg: &'a Segment, send_cq: usize, recv_cq: usize, own_rq: bool) -> Self {
+        CqRoute { send: send_cq, recv: recv_cq, rq_retired: own_rq.then(|| &qp_shared(seg).rq_retired) }
+    }
+    pub(super) fn of(s: &'a QpSlot) -> Self {
+        CqRoute::new(&s._seg, s.send_cq, s.recv_cq, s.rq.is_some())
+    }
+}
+
+/// The lcore's completion sink: each CQE the engine produces is staged straight into its CQ's
+/// shared ring (the CQ is marked for the one publish of the iteration); a full CQ refuses it,
+/// the QP keeps it, and [`Lcore::deliver_completions`] handles the overflow.
+pub(super) struct CqWriter<'a> {
+    cqs: &'a mut [Option<CqSlot>],
+    dirty: &'a mut Vec<usize>,
+    stats: &'a LcoreStats,
+    /// The CQ that last refused a completion.
+    full: Option<usize>,
+}
+
+impl<'a> CqWriter<'a> {
+    pub(super) fn new(cqs: &'a mut [Option<CqSlot>], dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
+        CqWriter { cqs, dirty, stats, full: None }
+    }
+
+    /// The sink for calls into the QP routed by `to`.
+    pub(super) fn sink<'w>(&'w mut self, to: CqRoute<'w>) -> QpSink<'w, 'a> {
+        QpSink { w: self, to }
+    }
+
+    #[inline]
+    fn stage(&mut self, to: &CqRoute<'_>, side: CqSide, c: &Cqe) -> bool {
+        let ci = if side == CqSide::Send { to.send } else { to.recv };
+        // A CQ outlives the QPs that use it (RemoveCq refuses while referenced).
+        let Some(cq) = self.cqs.get_mut(ci).and_then(Option::as_mut) else { return true };
+        if cq.ring.stage(convert::cqe(c)).is_err() {
+            // Full, or a consumer index the client corrupted: either way no room.
+            self.full = Some(ci);
+            return false;
+        }
+        if side == CqSide::Recv {
+            if let Some(r) = to.rq_retired {
+                // The receive WQE's ring slot is free for the client again.
+                r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+            }
+        }
+        if !cq.fresh {
+            cq.fresh = true;
+            if self.dirty.len() < self.dirty.capacity() {
+                self.dirty.push(ci);
+            }
+        }
+        bump(&self.stats.cqes, 1);
+        if c.status == pmrxe_transport::WcStatus::WrFlushErr {
+            bump(&self.stats.cqes_flushed, 1);
+        }
+        true
+    }
+}
+
+impl Completions<QpSlot> for CqWriter<'_> {
+    #[inline]
+    fn complete(&mut self, s: &QpSlot, side: CqSide, c: &Cqe) -> bool {
+        self.stage(&CqRoute::of(s), side, c)
+    }
+}
+
+/// [`CqWriter`] bound to one QP: the sink its calls take.
+pub(super) struct QpSink<'w, 'a> {
+    w: &'w mut CqWriter<'a>,
+    to: CqRoute<'w>,
+}
+
+impl CompletionSink for QpSink<'_, '_> {
+    #[inline]
+    fn complete(&mut self, side: CqSide, c: &Cqe) -> bool {
+        self.w.stage(&self.to, side, c)
+    }
+}
+
 impl<L: Port> Lcore<L> {
+    /// The end of an iteration's completion work. QPs that kept completions (their CQ was
+    /// full) retry them; a CQ still full is an overflow: the CQ reports IBV_EVENT_CQ_ERR once
+    /// and the QP goes to ERROR (IBTA), its completions kept until the consumer makes room, so
+    /// nothing is lost. Asynchronous events go to their clients. Then every CQ written this
+    /// iteration (here or, mostly, while the engine worked) is published.
     pub(super) fn deliver_completions(&mut self, _now: Instant) -> bool {
-        let (cqs, dirty, clients, stats) = (&mut self.cqs, &mut self.dirty_cqs, &self.clients, &*self.stats);
+        let (clients, stats) = (&self.clients, &*self.stats);
+        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
         let mut any = self.engine.drain_pending(|qp, s| {
-            loop {
-                let next = s.stash.take().or_else(|| qp.poll_completion());
-                let Some((side, c)) = next else { break };
-                let ci = if side == CqSide::Send { s.send_cq } else { s.recv_cq };
-                let Some(cq) = cqs[ci].as_mut() else { break };
-                match cq.ring.stage(convert::cqe(&c)) {
-                    Ok(()) => {
-                        if side == CqSide::Recv {
-                            s.retire_recv();
-                        }
-                        if !cq.fresh {
-                            cq.fresh = true;
-                            if dirty.len() < dirty.capacity() {
-                                dirty.push(ci);
-                            }
-                        }
-                        bump(&stats.cqes, 1);
-                        if c.status == pmrxe_transport::WcStatus::WrFlushErr {
-                            bump(&stats.cqes_flushed, 1);
+            w.full = None;
+            let kept = qp.drain_completions(&mut w.sink(CqRoute::of(s)));
+            if let (true, Some(ci)) = (kept, w.full) {
+                bump(&stats.cq_full, 1);
+                if let Some(cq) = w.cqs[ci].as_ref() {
+                    if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
+                        if let Some(cl) = clients.iter().find(|cl| cl.id == s.client) {
+                            cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
                         }
                     }
-                    Err(PushError::Full(_)) | Err(PushError::Corrupt(_)) => {
-                        // CQ overflow (IBTA: the CQ is in error and its QPs go to ERROR). The
-                        // completion is kept and delivered once the consumer makes room, so
-                        // nothing is lost; the application hears IBV_EVENT_CQ_ERR once.
-                        s.stash = Some((side, c));
-                        bump(&stats.cq_full, 1);
-                        if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
-                            if let Some(cl) = clients.iter().find(|cl| cl.id == s.client) {
-                                cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
-                            }
-                        }
-                        if qp.state() != pmrxe_transport::QpState::Err {
-                            fatal(qp);
-                        }
-                        break;
-                    }
+                }
+                if qp.state() != pmrxe_transport::QpState::Err {
+                    fatal(qp, &mut w.sink(CqRoute::of(s)));
                 }
             }
             while let Some(ev) = qp.poll_event() {
@@ -54,8 +128,8 @@ impl<L: Port> Lcore<L> {
                     c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
                 }
             }
-            // Keep a QP whose completion waits for CQ room on the pending list.
-            s.stash.is_some()
+            // Keep a QP whose completions wait for CQ room on the pending list.
+            kept
         });
         if self.dirty_cqs.is_empty() {
             return any;

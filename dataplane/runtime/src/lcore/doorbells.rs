@@ -60,9 +60,10 @@ impl<L: Port> Lcore<L> {
     /// the engine's queue takes goes on the backlog list, retried every iteration.
     pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
         let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.scratch);
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
         self.engine
             .with(qpn, |qp, s| {
-                let any = drain_qp_rings(qp, s, ahs, stats, scratch, now);
+                let any = drain_qp_rings(qp, s, ahs, stats, scratch, &mut cq, now);
                 if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
                     s.backlog_listed = true;
                     backlog.push(qpn);
@@ -97,10 +98,10 @@ impl<L: Port> Lcore<L> {
 
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
-fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, now: Instant) -> bool {
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>, now: Instant) -> bool {
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
-    let mut any = drain_rq(qp, s, stats, scratch);
+    let mut any = drain_rq(qp, s, stats, scratch, cq);
     loop {
         match s.sq.peek_into(&mut scratch.shm_send) {
             Ok(true) => {
@@ -108,18 +109,18 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
                 let w = &scratch.shm_send;
                 match convert::ShmSendWr::new(w, |h| ahs.get(&h).copied(), s.is_ud) {
                     Ok(wr) => {
-                        if let Err(e) = qp.post_send(now, &wr) {
+                        if let Err(e) = qp.post_send(now, &wr, &mut cq.sink(CqRoute::of(s))) {
                             if e == pmrxe_transport::PostError::QueueFull {
                                 s.backlog = true;
                                 break; // retry when completions free space
                             }
                             bump(&stats.bad_wqes, 1);
-                            fatal(qp);
+                            fatal(qp, &mut cq.sink(CqRoute::of(s)));
                         }
                     }
                     Err(_) => {
                         bump(&stats.bad_wqes, 1);
-                        fatal(qp);
+                        fatal(qp, &mut cq.sink(CqRoute::of(s)));
                     }
                 }
                 s.sq.advance();
@@ -131,7 +132,7 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
             Ok(false) => break,
             Err(_) => {
                 bump(&stats.ring_corrupt, 1);
-                fatal(qp);
+                fatal(qp, &mut cq.sink(CqRoute::of(s)));
                 break;
             }
         }
@@ -143,8 +144,9 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
 /// Move a QP's new receive WQEs from its ring into its receive queue (a full queue sets the
 /// slot's backlog flag). Also called when a request arrives that needs a receive WQE the queue
 /// lacks ([`Lcore::pull_recv_wqes`]).
-pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch) -> bool {
+pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>) -> bool {
     let mut any = false;
+    let to = CqRoute::new(&s._seg, s.send_cq, s.recv_cq, s.rq.is_some());
     if let Some(rq) = s.rq.as_mut() {
         loop {
             match rq.peek_into(&mut scratch.shm_recv) {
@@ -152,14 +154,14 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
                     any = true;
                     match convert::ShmRecvWr::new(&scratch.shm_recv) {
                         Ok(r) => {
-                            if qp.post_recv(&r).is_err() {
+                            if qp.post_recv(&r, &mut cq.sink(to)).is_err() {
                                 s.backlog = true;
                                 break; // full: leave it in the ring, retry next iteration
                             }
                         }
                         Err(_) => {
                             bump(&stats.bad_wqes, 1);
-                            fatal(qp);
+                            fatal(qp, &mut cq.sink(to));
                         }
                     }
                     rq.advance();
@@ -168,7 +170,7 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
                 Ok(false) => break,
                 Err(_) => {
                     bump(&stats.ring_corrupt, 1);
-                    fatal(qp);
+                    fatal(qp, &mut cq.sink(to));
                     break;
                 }
             }

@@ -26,17 +26,17 @@
 //! `tx.rs` (4, 5, 7) and `completions.rs` (6).
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
-use pmrxe_abi::ring::{Consumer, Producer, PushError};
+use pmrxe_abi::ring::{Consumer, Producer};
 use pmrxe_abi::{
     ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
+use pmrxe_transport::{AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -50,6 +50,7 @@ use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
 
 mod completions;
+use completions::{CqRoute, CqWriter};
 mod doorbells;
 mod neighbours;
 mod objects;
@@ -198,7 +199,6 @@ struct QpSlot {
     send_cq: usize,
     /// Index of the receive CQ in `Lcore::cqs`.
     recv_cq: usize,
-    stash: Option<(CqSide, Cqe)>,
     is_ud: bool,
     /// WQEs are waiting in a ring because the engine queue was full.
     backlog: bool,
@@ -566,7 +566,8 @@ impl<L: Port> Lcore<L> {
         }
         // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
         let now = self.clock.now();
-        self.engine.for_each_mut(|qp, _| fatal(qp));
+        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        self.engine.for_each_mut(|qp, s| fatal(qp, &mut w.sink(CqRoute::of(s))));
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
@@ -602,26 +603,22 @@ impl<L: Port> Lcore<L> {
 
 }
 
+/// The shared header of a QP segment.
+fn qp_shared(seg: &Segment) -> &QpShared {
+    // SAFETY: a QP segment starts with a QpShared header (QpSegmentLayout::HEADER bytes,
+    // 64-aligned at the segment start), all atomics; the caller's Arc keeps it mapped.
+    unsafe { &*(seg.as_ptr() as *const QpShared) }
+}
+
 impl QpSlot {
     fn shared(&self) -> &QpShared {
-        // SAFETY: a QP segment starts with a QpShared header (QpSegmentLayout::HEADER bytes,
-        // 64-aligned at the segment start), all atomics; the Arc keeps it mapped.
-        unsafe { &*(self._seg.as_ptr() as *const QpShared) }
-    }
-
-    /// A receive WQE of the QP's own RQ completed: count it retired (the client frees its slot).
-    fn retire_recv(&self) {
-        if self.rq.is_some() {
-            let r = &self.shared().rq_retired;
-            r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
-        }
+        qp_shared(&self._seg)
     }
 
     /// The QP went to RESET: the engine emptied its queues; WQEs still in the rings are
-    /// discarded too (IBTA: a reset QP's queues are empty), a completion waiting for CQ room
-    /// is dropped, and every receive WQE ever posted counts as retired.
+    /// discarded too (IBTA: a reset QP's queues are empty; completions it kept waiting for CQ
+    /// room went with its queues), and every receive WQE ever posted counts as retired.
     fn reset_rings(&mut self) {
-        self.stash = None;
         self.backlog = false;
         let _ = self.sq.discard_all();
         if let Some(rq) = self.rq.as_mut() {
@@ -641,9 +638,9 @@ pub fn qpn_layout(lcores: usize) -> QpnLayout {
     QpnLayout { lcores: lcores.max(1) as u32, slots: MAX_QPS_PER_LCORE as u32 }
 }
 
-fn fatal(qp: &mut Qp) {
+fn fatal(qp: &mut Qp, cq: &mut dyn CompletionSink) {
     let a = QpAttr { qp_state: pmrxe_transport::QpState::Err, ..QpAttr::default() };
-    let _ = qp.modify(&a, AttrMask::STATE);
+    let _ = qp.modify(&a, AttrMask::STATE, cq);
 }
 
 /// `enum ibv_event_type` code of an engine event.

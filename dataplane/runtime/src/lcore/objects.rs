@@ -110,10 +110,11 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(self.add_qp(*setup));
             }
             Cmd::ModifyQp { qpn, attr, mask, done } => {
+                let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
                 let r = self
                     .engine
                     .with(qpn, |qp, s| {
-                        let r = qp.modify(&attr, mask).map_err(|_| libc::EINVAL);
+                        let r = qp.modify(&attr, mask, &mut w.sink(CqRoute::of(s))).map_err(|_| libc::EINVAL);
                         if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
                             s.reset_rings();
                         }
@@ -233,7 +234,6 @@ impl<L: Port> Lcore<L> {
             rq,
             send_cq,
             recv_cq,
-            stash: None,
             is_ud,
             backlog: false,
             backlog_listed: false,

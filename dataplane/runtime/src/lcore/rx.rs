@@ -180,7 +180,8 @@ impl<L: Port> Lcore<L> {
                 if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
                     self.pull_recv_wqes(qpn, at);
                 }
-                if self.engine.handle_packet_at(now, at, &pkt, &*self.mem) {
+                let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+                if self.engine.handle_packet_at(now, at, &pkt, &*self.mem, &mut cq) {
                     self.count_bad_icrc();
                 } else if predicted.is_none() && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
                     // A MIDDLE packet that took the full parse (the first of a message, or one
@@ -271,8 +272,9 @@ impl<L: Port> Lcore<L> {
             return;
         }
         let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
         self.engine.with(qpn, |qp, s| {
-            super::doorbells::drain_rq(qp, s, stats, scratch);
+            super::doorbells::drain_rq(qp, s, stats, scratch, &mut cq);
             if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
                 s.backlog_listed = true;
                 backlog.push(qpn);

@@ -5,7 +5,8 @@ use super::*;
 
 impl<L: Port> Lcore<L> {
     pub(super) fn timers(&mut self, now: Instant) -> bool {
-        self.engine.handle_timeout(now, &*self.mem)
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        self.engine.handle_timeout(now, &*self.mem, &mut cq)
     }
 
     /// Serve the engine's ready list: each ready QP sends up to a burst into its port's
@@ -18,6 +19,7 @@ impl<L: Port> Lcore<L> {
         self.recheck_neigh_wait(now);
         let mut unresolved: Option<(usize, IpAddr)> = None;
         let mut deferred = core::mem::take(&mut self.deferred);
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
         for _ in 0..self.engine.ready_len() {
             let Some(slot) = self.engine.pop_ready() else { break };
             let Some((qp, s)) = self.engine.entry(slot) else { continue };
@@ -44,7 +46,7 @@ impl<L: Port> Lcore<L> {
                 }
             }
             let ctx = BurstCtx { mem: &self.mem, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), now };
-            let (sent, progressed) = send_burst(qp, s, port, &ctx, &mut unresolved);
+            let (sent, progressed) = send_burst(qp, s, port, &ctx, &mut cq, &mut unresolved);
             any |= sent;
             self.engine.requeue(slot, progressed);
         }
@@ -196,7 +198,7 @@ struct BurstCtx<'a> {
 /// Out of line (one call per QP burst): profiles and `scripts/instructions.sh` see the
 /// per-packet work here, apart from the pass that polls.
 #[inline(never)]
-fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx: &BurstCtx<'_>, unresolved: &mut Option<(usize, IpAddr)>) -> (bool, bool) {
+fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx: &BurstCtx<'_>, cq: &mut CqWriter<'_>, unresolved: &mut Option<(usize, IpAddr)>) -> (bool, bool) {
     let mut built_any = false;
     let mut budget = BURST;
     // Stays true unless the QP itself had nothing to send (then it leaves the ready
@@ -229,7 +231,7 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
         // Read in place: moving the returned value out copied it in wide words right
         // after poll_transmit wrote it field by field (a store-forwarding stall, a third
         // of this function's time at 8 B).
-        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room]);
+        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room], &mut cq.sink(CqRoute::of(s)));
         let Some(t) = &sent else {
             port.give_back(b);
             progressed = budget + 1 < BURST;

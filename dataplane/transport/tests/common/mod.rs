@@ -100,11 +100,11 @@ pub fn pair_with(p: &PairParams, seed: u64) -> Sim {
 
 pub fn post(sim: &mut Sim, node: usize, qpn: u32, w: SendWqe) {
     let now = sim.now;
-    sim.nodes[node].engine.post_send(qpn, now, w).expect("post_send");
+    sim.nodes[node].post_send(qpn, now, w).expect("post_send");
 }
 
 pub fn post_recv(sim: &mut Sim, node: usize, qpn: u32, w: RecvWqe) {
-    sim.nodes[node].engine.post_recv(qpn, &w).expect("post_recv");
+    sim.nodes[node].post_recv(qpn, &w).expect("post_recv");
 }
 
 pub fn send_cqes(sim: &mut Sim, node: usize, qpn: u32) -> Vec<Cqe> {
