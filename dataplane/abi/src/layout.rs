@@ -185,6 +185,27 @@ pub struct ShmCqe {
 // SAFETY: repr(C) of integers.
 unsafe impl Pod for ShmCqe {}
 
+impl ShmCqe {
+    /// The completion as its eight little-endian 64-bit words, in slot order (what
+    /// [`crate::ring::Producer::stage_words`] stores, one word at a time, straight from
+    /// registers). Reserved bytes are zero.
+    #[inline]
+    pub fn to_words(&self) -> [u64; 8] {
+        const { assert!(cfg!(target_endian = "little")) };
+        let w = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
+        [
+            self.wr_id,
+            w(self.status, self.opcode),
+            w(self.vendor_err, self.byte_len),
+            w(self.imm_or_inv, self.qp_num),
+            w(self.src_qp, self.wc_flags),
+            u64::from(self.pkey_index) | u64::from(self.slid) << 16 | u64::from(self.sl) << 32 | u64::from(self.dlid_path_bits) << 40,
+            0,
+            0,
+        ]
+    }
+}
+
 const _: () = assert!(core::mem::size_of::<ShmSendWqe>() == 352);
 const _: () = assert!(core::mem::size_of::<ShmRecvWqe>() == 144);
 const _: () = assert!(core::mem::size_of::<ShmCqe>() == 64);
@@ -391,5 +412,36 @@ mod tests {
         assert_eq!(l.total_len % 4096, 0);
         let c = CqSegmentLayout::new(256);
         assert!(c.ring_offset as usize >= core::mem::size_of::<CqNotify>());
+    }
+}
+
+#[cfg(test)]
+mod cqe_words_tests {
+    use super::*;
+
+    /// The words are the struct's bytes: every field distinct, reserved bytes zero.
+    #[test]
+    fn cqe_words_are_the_struct_layout() {
+        let c = ShmCqe {
+            wr_id: 0x0102_0304_0506_0708,
+            status: 0x1112_1314,
+            opcode: 0x2122_2324,
+            vendor_err: 0x3132_3334,
+            byte_len: 0x4142_4344,
+            imm_or_inv: 0x5152_5354,
+            qp_num: 0x6162_6364,
+            src_qp: 0x7172_7374,
+            wc_flags: 0x8182_8384,
+            pkey_index: 0x9192,
+            slid: 0xa1a2,
+            sl: 0xb1,
+            dlid_path_bits: 0xc1,
+            _reserved: [0; 18],
+        };
+        let mut bytes = [0u8; 64];
+        // SAFETY: ShmCqe is 64 bytes of plain integers (Pod).
+        unsafe { core::ptr::copy_nonoverlapping((&c as *const ShmCqe).cast::<u8>(), bytes.as_mut_ptr(), 64) };
+        let from_words: Vec<u8> = c.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(from_words, bytes.to_vec());
     }
 }

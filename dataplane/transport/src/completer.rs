@@ -240,7 +240,7 @@ impl Qp {
         self.rearm_retransmit(now);
     }
 
-    fn fail_at(&mut self, p: Psn, st: WcStatus, cq: &mut dyn CompletionSink) {
+    fn fail_at<C: CompletionSink + ?Sized>(&mut self, p: Psn, st: WcStatus, cq: &mut C) {
         let idx = self.wqe_with_psn(p).or_else(|| {
             (self.sq.head()..self.sq_end()).find(|&i| {
                 let e = self.entry(i);
@@ -255,7 +255,7 @@ impl Qp {
     }
 
     /// Sequence-error style retry (NAK 0x60, implicit NAK, out-of-order READ response).
-    fn retry_or_fail(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) {
+    fn retry_or_fail<C: CompletionSink + ?Sized>(&mut self, now: Instant, p: Psn, cq: &mut C) {
         if self.comp.retry.take() {
             self.retry_from(now, p);
         } else {
@@ -265,7 +265,7 @@ impl Qp {
     }
 
     /// Local ACK timer fired.
-    pub(crate) fn on_retransmit_timeout(&mut self, now: Instant, cq: &mut dyn CompletionSink) {
+    pub(crate) fn on_retransmit_timeout<C: CompletionSink + ?Sized>(&mut self, now: Instant, cq: &mut C) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || !self.outstanding() {
             return;
         }
@@ -298,7 +298,7 @@ impl Qp {
     /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester. `deferred`:
     /// an ICRC check still to make (only for READ response MIDDLE, see
     /// `may_place_before_icrc`); returns false if it failed (the packet then had no effect).
-    pub(crate) fn on_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
+    pub(crate) fn on_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.stats.dropped += 1;
             return true;
@@ -404,7 +404,7 @@ impl Qp {
 
     /// ACK processing shared by ACK/NAK/atomic ACK. Returns `None` if an implicit NAK started
     /// a retry (the caller stops), else whether progress was made.
-    fn ack_through_and_apply(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) -> Option<bool> {
+    fn ack_through_and_apply<C: CompletionSink + ?Sized>(&mut self, now: Instant, p: Psn, cq: &mut C) -> Option<bool> {
         match self.ack_through(p) {
             AckOutcome::Progress(progress) => {
                 if progress {
@@ -423,11 +423,11 @@ impl Qp {
         }
     }
 
-    fn process_ack(&mut self, now: Instant, p: Psn, cq: &mut dyn CompletionSink) {
+    fn process_ack<C: CompletionSink + ?Sized>(&mut self, now: Instant, p: Psn, cq: &mut C) {
         let _ = self.ack_through_and_apply(now, p, cq);
     }
 
-    fn on_read_response<M: MemOps + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
+    fn on_read_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         // (The caller looked the opcode up: a READ response.)
         let pos = hdr.bth.opcode.info().map_or(MsgPos::Only, |i| i.pos);
         // Under a deferred check, anything but placing the payload (or dropping) waits for it.

@@ -312,7 +312,7 @@ impl Qp {
     /// `ibv_modify_qp`: checks the transition and the attribute mask against the IBTA table
     /// ([`transition_masks`]), validates values, then applies. Entering ERR flushes both
     /// queues (the flushed completions go to `cq`); entering RESET clears everything.
-    pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask, cq: &mut dyn CompletionSink) -> Result<(), ModifyError> {
+    pub fn modify<C: CompletionSink + ?Sized>(&mut self, attr: &QpAttr, mask: AttrMask, cq: &mut C) -> Result<(), ModifyError> {
         let cur = self.state;
         if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
             // IBA 11.2.4.2 allows CUR_STATE only to confirm the state (or SQE/RTS recovery).
@@ -421,7 +421,7 @@ impl Qp {
 
     /// Move to ERR and flush: every WQE still on the SQ or RQ completes with WR_FLUSH_ERR
     /// (IBA 10.7.3.1). Nothing executes after this.
-    pub(crate) fn enter_error(&mut self, cq: &mut dyn CompletionSink) {
+    pub(crate) fn enter_error<C: CompletionSink + ?Sized>(&mut self, cq: &mut C) {
         if self.state == QpState::Err {
             self.flush(cq);
             return;
@@ -435,7 +435,7 @@ impl Qp {
         }
     }
 
-    fn flush(&mut self, cq: &mut dyn CompletionSink) {
+    fn flush<C: CompletionSink + ?Sized>(&mut self, cq: &mut C) {
         while let Some(e) = self.sq.pop_front() {
             if e.credit {
                 self.req.release_rd_atomic();
@@ -459,7 +459,7 @@ impl Qp {
 
     /// `ibv_post_send`. Validation failures return an error and produce no CQE
     /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed (its completion to `cq`).
-    pub fn post_send<W: SendWr + ?Sized>(&mut self, now: Instant, wqe: &W, cq: &mut dyn CompletionSink) -> Result<(), PostError> {
+    pub fn post_send<W: SendWr + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, wqe: &W, cq: &mut C) -> Result<(), PostError> {
         let _ = now;
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
@@ -539,7 +539,7 @@ impl Qp {
 
     /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR (its completion
     /// to `cq`).
-    pub fn post_recv<W: RecvWr + ?Sized>(&mut self, wqe: &W, cq: &mut dyn CompletionSink) -> Result<(), PostError> {
+    pub fn post_recv<W: RecvWr + ?Sized, C: CompletionSink + ?Sized>(&mut self, wqe: &W, cq: &mut C) -> Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::InvalidState);
         }
@@ -572,7 +572,7 @@ impl Qp {
 
     /// Hand `c` to `cq`, or keep it (in order) if `cq` is full or completions already wait.
     #[inline]
-    pub(crate) fn complete(&mut self, cq: &mut dyn CompletionSink, side: CqSide, c: Cqe) {
+    pub(crate) fn complete<C: CompletionSink + ?Sized>(&mut self, cq: &mut C, side: CqSide, c: Cqe) {
         if !(self.cqes.is_empty() && cq.complete(side, &c)) {
             self.cqes.push_back((side, c));
         }
@@ -580,7 +580,7 @@ impl Qp {
 
     /// Move the completions this QP kept (its CQ was full, or the sink [`crate::cq::Deferred`])
     /// to `cq`, in order, until it refuses one. Returns whether any are still kept.
-    pub fn drain_completions(&mut self, cq: &mut dyn CompletionSink) -> bool {
+    pub fn drain_completions<C: CompletionSink + ?Sized>(&mut self, cq: &mut C) -> bool {
         while let Some((side, c)) = self.cqes.front() {
             if !cq.complete(*side, c) {
                 return true;
@@ -615,7 +615,7 @@ impl Qp {
     }
 
     /// Service every expired timer (completions of a failed retry to `cq`).
-    pub fn handle_timeout<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut dyn CompletionSink) {
+    pub fn handle_timeout<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut C) {
         let _ = mem;
         for t in Timer::ALL {
             if self.timers.is_expired(t, now) {
@@ -674,7 +674,7 @@ impl Qp {
 
     /// Retire finished WQEs from the head in SQ order, producing CQEs (always for errors,
     /// IBA 10.7.3.1). A failed WQE moves the QP to ERR and flushes the rest.
-    pub(crate) fn retire(&mut self, cq: &mut dyn CompletionSink) {
+    pub(crate) fn retire<C: CompletionSink + ?Sized>(&mut self, cq: &mut C) {
         while let Some(e) = self.sq.front() {
             let Some(st) = e.done else { break };
             // Only the fields the CQE needs (not a copy of the whole entry).
@@ -720,7 +720,7 @@ impl Qp {
     /// requester packets. Local operations execute here when the SQ walk reaches them; what
     /// completes (a local operation, a UC/UD send, a failed gather) goes to `cq`.
     #[must_use]
-    pub fn poll_transmit<M: crate::MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
+    pub fn poll_transmit<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         if let Some(t) = self.poll_cnp(buf) {
             return Some(t);
         }

@@ -147,7 +147,7 @@ impl ReqState {
 
 impl Qp {
     /// Requester half of `poll_transmit`.
-    pub(crate) fn poll_request<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
+    pub(crate) fn poll_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         loop {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                 return None;
@@ -282,7 +282,7 @@ impl Qp {
     }
 
     /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
-    fn transmit_wqe<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
+    fn transmit_wqe<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
@@ -422,7 +422,7 @@ impl Qp {
     /// in cache): a tenth of the lcore's time at 64 KiB. The BTH is written from registers
     /// for the same reason (`BthRepr::emit_bytes` inlined).
     #[inline(always)]
-    fn transmit_middle<M: MemOps + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Option<Transmit>> {
+    fn transmit_middle<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut C) -> Option<Option<Transmit>> {
         let e = self.entry(idx);
         let (op, k, first_psn, num_sge, inline) = (e.op, e.tx_pkt, e.first_psn, e.num_sge, e.flags.contains(SendFlags::INLINE));
         let kind = match op {
@@ -470,7 +470,7 @@ impl Qp {
 
     /// A local protection error while gathering (IBTA / mlx5 status; rxe reports
     /// LOC_QP_OP_ERR), reported in order once earlier WQEs complete.
-    fn gather_failed(&mut self, idx: u64, cq: &mut dyn CompletionSink) {
+    fn gather_failed<C: CompletionSink + ?Sized>(&mut self, idx: u64, cq: &mut C) {
         self.finish_wqe(idx, WcStatus::LocProtErr);
         self.retire(cq);
     }
@@ -481,7 +481,7 @@ impl Qp {
     /// completion of an unreliable WQE.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn packet_sent(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool, cq: &mut dyn CompletionSink) {
+    fn packet_sent<C: CompletionSink + ?Sized>(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool, cq: &mut C) {
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += plen as u64;
         if psn.distance(self.req.max_sent) < 0 {

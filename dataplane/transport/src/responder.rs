@@ -215,7 +215,7 @@ impl Qp {
     /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
     /// land where the rest of the message will write them anyway): see docs/reliability.md,
     /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
-    pub fn handle_packet<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut dyn CompletionSink) {
+    pub fn handle_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut C) {
         self.stats.rx_packets += 1;
         if self.write_middle_predicted(now, pkt, mem) {
             return;
@@ -367,7 +367,7 @@ impl Qp {
 
     /// The request half of `handle_packet` (after the ICRC gate); returns false if a deferred
     /// ICRC check failed (the packet then had no effect).
-    fn on_request_packet<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
+    fn on_request_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         match self.state {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
             _ => {
@@ -390,7 +390,7 @@ impl Qp {
         }
     }
 
-    fn on_ud_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut dyn CompletionSink) {
+    fn on_ud_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut C) {
         let Some(deth) = pkt.hdr.deth else { return };
         if deth.qkey != self.attr.qkey || pkt.payload().len() > self.mtu() as usize {
             self.stats.dropped += 1;
@@ -481,7 +481,7 @@ impl Qp {
 
     /// Returns false if a deferred ICRC check failed: the packet then changed nothing (the
     /// bytes it placed lie in the range the rest of the message rewrites).
-    fn on_request<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> bool {
+    fn on_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked by caller");
         let p = h.bth.psn;
@@ -584,7 +584,7 @@ impl Qp {
     /// Execute the in-sequence request packet `pkt`. With a `deferred` ICRC check (only for the
     /// packets `may_place_before_icrc` admits) the payload is placed while checked, and a
     /// mismatch returns `Exec::BadIcrc` before any other state changed.
-    fn execute<M: MemOps + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut dyn CompletionSink) -> Result<(), Exec> {
+    fn execute<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> Result<(), Exec> {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked");
         let p = h.bth.psn;
@@ -860,7 +860,7 @@ impl Qp {
     }
 
     /// Responder half of `poll_transmit`.
-    pub(crate) fn poll_response<M: MemOps + ?Sized>(&mut self, mem: &M, buf: &mut [u8], cq: &mut dyn CompletionSink) -> Option<Transmit> {
+    pub(crate) fn poll_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         loop {
             let o = *self.resp.out.front()?;
             let dest = self.attr.dest_qp_num;

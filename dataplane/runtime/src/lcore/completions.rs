@@ -2,63 +2,63 @@
 //! are produced (one publish per CQ and one fence per iteration for all CQs written), CQ
 //! overflow, asynchronous events, and completion events for armed CQs.
 use super::*;
+use pmrxe_transport::Bound;
 
-/// Where one QP's completions go: the indices of its CQs in `Lcore::cqs`, and the retired
-/// count of its own receive ring (none on an SRQ).
-#[derive(Clone, Copy)]
-pub(super) struct CqRoute<'a> {
-    send: usize,
-    recv: usize,
-    rq_retired: Option<&'a AtomicU32>,
-}
-
-impl<'a> CqRoute<'a> {
-    /// The route of the QP whose slot holds these fields (taken field by field, so the caller
-    /// may hold the slot's rings mutably meanwhile).
-    pub(super) fn new(seg: &'a Segment, send_cq: usize, recv_cq: usize, own_rq: bool) -> Self {
-        CqRoute { send: send_cq, recv: recv_cq, rq_retired: own_rq.then(|| &qp_shared(seg).rq_retired) }
-    }
-    pub(super) fn of(s: &'a QpSlot) -> Self {
-        CqRoute::new(&s._seg, s.send_cq, s.recv_cq, s.rq.is_some())
-    }
+/// Where a QP's completions go: its CQs, and the retired count of its own receive ring. (A
+/// part of the QP's slot of its own, so a sink can read it while the lcore holds the slot's
+/// rings.)
+pub(super) struct CqTarget {
+    /// The QP's shared segment: its header holds the receive ring's retired count; the Arc
+    /// keeps it mapped.
+    pub(super) seg: Arc<Segment>,
+    /// Index of the send CQ in `Lcore::cqs`.
+    pub(super) send: usize,
+    /// Index of the receive CQ in `Lcore::cqs`.
+    pub(super) recv: usize,
+    /// The QP has a receive ring of its own (not an SRQ).
+    pub(super) own_rq: bool,
 }
 
 /// The lcore's completion sink: each CQE the engine produces is staged straight into its CQ's
 /// shared ring (the CQ is marked for the one publish of the iteration); a full CQ refuses it,
 /// the QP keeps it, and [`Lcore::deliver_completions`] handles the overflow.
 pub(super) struct CqWriter<'a> {
-    cqs: &'a mut [Option<CqSlot>],
+    cqs: &'a mut Vec<Option<CqSlot>>,
     dirty: &'a mut Vec<usize>,
     stats: &'a LcoreStats,
-    /// The CQ that last refused a completion.
-    full: Option<usize>,
+    /// The CQ that last refused a completion (`NONE`: none did).
+    full: usize,
 }
 
 impl<'a> CqWriter<'a> {
-    pub(super) fn new(cqs: &'a mut [Option<CqSlot>], dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
-        CqWriter { cqs, dirty, stats, full: None }
+    const NONE: usize = usize::MAX;
+
+    pub(super) fn new(cqs: &'a mut Vec<Option<CqSlot>>, dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
+        CqWriter { cqs, dirty, stats, full: Self::NONE }
     }
 
-    /// The sink for calls into the QP routed by `to`.
-    pub(super) fn sink<'w>(&'w mut self, to: CqRoute<'w>) -> QpSink<'w, 'a> {
-        QpSink { w: self, to }
-    }
-
+    /// The sink for calls into the QP whose completions go to `to`.
     #[inline]
-    fn stage(&mut self, to: &CqRoute<'_>, side: CqSide, c: &Cqe) -> bool {
+    pub(super) fn sink<'w>(&'w mut self, to: &'w CqTarget) -> Bound<'w, Self, CqTarget> {
+        Bound { out: self, ext: to }
+    }
+}
+
+impl Completions<CqTarget> for CqWriter<'_> {
+    #[inline]
+    fn complete(&mut self, to: &CqTarget, side: CqSide, c: &Cqe) -> bool {
         let ci = if side == CqSide::Send { to.send } else { to.recv };
         // A CQ outlives the QPs that use it (RemoveCq refuses while referenced).
         let Some(cq) = self.cqs.get_mut(ci).and_then(Option::as_mut) else { return true };
-        if cq.ring.stage(convert::cqe(c)).is_err() {
+        if cq.ring.stage_words(convert::cqe(c).to_words()).is_err() {
             // Full, or a consumer index the client corrupted: either way no room.
-            self.full = Some(ci);
+            self.full = ci;
             return false;
         }
-        if side == CqSide::Recv {
-            if let Some(r) = to.rq_retired {
-                // The receive WQE's ring slot is free for the client again.
-                r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
-            }
+        if side == CqSide::Recv && to.own_rq {
+            // The receive WQE's ring slot is free for the client again.
+            let r = &qp_shared(&to.seg).rq_retired;
+            r.store(r.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         }
         if !cq.fresh {
             cq.fresh = true;
@@ -74,23 +74,11 @@ impl<'a> CqWriter<'a> {
     }
 }
 
+/// The engine's calls name the QP by its slot.
 impl Completions<QpSlot> for CqWriter<'_> {
     #[inline]
     fn complete(&mut self, s: &QpSlot, side: CqSide, c: &Cqe) -> bool {
-        self.stage(&CqRoute::of(s), side, c)
-    }
-}
-
-/// [`CqWriter`] bound to one QP: the sink its calls take.
-pub(super) struct QpSink<'w, 'a> {
-    w: &'w mut CqWriter<'a>,
-    to: CqRoute<'w>,
-}
-
-impl CompletionSink for QpSink<'_, '_> {
-    #[inline]
-    fn complete(&mut self, side: CqSide, c: &Cqe) -> bool {
-        self.w.stage(&self.to, side, c)
+        Completions::<CqTarget>::complete(self, &s.cq, side, c)
     }
 }
 
@@ -104,11 +92,12 @@ impl<L: Port> Lcore<L> {
         let (clients, stats) = (&self.clients, &*self.stats);
         let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
         let mut any = self.engine.drain_pending(|qp, s| {
-            w.full = None;
-            let kept = qp.drain_completions(&mut w.sink(CqRoute::of(s)));
-            if let (true, Some(ci)) = (kept, w.full) {
+            w.full = CqWriter::NONE;
+            let kept = qp.drain_completions(&mut w.sink(&s.cq));
+            let ci = w.full;
+            if kept && ci != CqWriter::NONE {
                 bump(&stats.cq_full, 1);
-                if let Some(cq) = w.cqs[ci].as_ref() {
+                if let Some(cq) = w.cqs.get(ci).and_then(Option::as_ref) {
                     if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
                         if let Some(cl) = clients.iter().find(|cl| cl.id == s.client) {
                             cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
@@ -116,7 +105,7 @@ impl<L: Port> Lcore<L> {
                     }
                 }
                 if qp.state() != pmrxe_transport::QpState::Err {
-                    fatal(qp, &mut w.sink(CqRoute::of(s)));
+                    fatal(qp, &mut w.sink(&s.cq));
                 }
             }
             while let Some(ev) = qp.poll_event() {

@@ -109,18 +109,18 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
                 let w = &scratch.shm_send;
                 match convert::ShmSendWr::new(w, |h| ahs.get(&h).copied(), s.is_ud) {
                     Ok(wr) => {
-                        if let Err(e) = qp.post_send(now, &wr, &mut cq.sink(CqRoute::of(s))) {
+                        if let Err(e) = qp.post_send(now, &wr, &mut cq.sink(&s.cq)) {
                             if e == pmrxe_transport::PostError::QueueFull {
                                 s.backlog = true;
                                 break; // retry when completions free space
                             }
                             bump(&stats.bad_wqes, 1);
-                            fatal(qp, &mut cq.sink(CqRoute::of(s)));
+                            fatal(qp, &mut cq.sink(&s.cq));
                         }
                     }
                     Err(_) => {
                         bump(&stats.bad_wqes, 1);
-                        fatal(qp, &mut cq.sink(CqRoute::of(s)));
+                        fatal(qp, &mut cq.sink(&s.cq));
                     }
                 }
                 s.sq.advance();
@@ -132,7 +132,7 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
             Ok(false) => break,
             Err(_) => {
                 bump(&stats.ring_corrupt, 1);
-                fatal(qp, &mut cq.sink(CqRoute::of(s)));
+                fatal(qp, &mut cq.sink(&s.cq));
                 break;
             }
         }
@@ -146,7 +146,6 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
 /// lacks ([`Lcore::pull_recv_wqes`]).
 pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>) -> bool {
     let mut any = false;
-    let to = CqRoute::new(&s._seg, s.send_cq, s.recv_cq, s.rq.is_some());
     if let Some(rq) = s.rq.as_mut() {
         loop {
             match rq.peek_into(&mut scratch.shm_recv) {
@@ -154,14 +153,14 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
                     any = true;
                     match convert::ShmRecvWr::new(&scratch.shm_recv) {
                         Ok(r) => {
-                            if qp.post_recv(&r, &mut cq.sink(to)).is_err() {
+                            if qp.post_recv(&r, &mut cq.sink(&s.cq)).is_err() {
                                 s.backlog = true;
                                 break; // full: leave it in the ring, retry next iteration
                             }
                         }
                         Err(_) => {
                             bump(&stats.bad_wqes, 1);
-                            fatal(qp, &mut cq.sink(to));
+                            fatal(qp, &mut cq.sink(&s.cq));
                         }
                     }
                     rq.advance();
@@ -170,7 +169,7 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
                 Ok(false) => break,
                 Err(_) => {
                     bump(&stats.ring_corrupt, 1);
-                    fatal(qp, &mut cq.sink(to));
+                    fatal(qp, &mut cq.sink(&s.cq));
                     break;
                 }
             }

@@ -26,7 +26,7 @@
 //! `tx.rs` (4, 5, 7) and `completions.rs` (6).
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
@@ -50,7 +50,7 @@ use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
 
 mod completions;
-use completions::{CqRoute, CqWriter};
+use completions::{CqTarget, CqWriter};
 mod doorbells;
 mod neighbours;
 mod objects;
@@ -192,13 +192,10 @@ struct SrqSlot {
 struct QpSlot {
     client: u32,
     dev: usize,
-    _seg: Arc<Segment>,
     sq: Consumer<ShmSendWqe>,
     rq: Option<Consumer<ShmRecvWqe>>,
-    /// Index of the send CQ in `Lcore::cqs`.
-    send_cq: usize,
-    /// Index of the receive CQ in `Lcore::cqs`.
-    recv_cq: usize,
+    /// Its CQs (and its shared segment).
+    cq: CqTarget,
     is_ud: bool,
     /// WQEs are waiting in a ring because the engine queue was full.
     backlog: bool,
@@ -567,7 +564,7 @@ impl<L: Port> Lcore<L> {
         // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
         let now = self.clock.now();
         let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        self.engine.for_each_mut(|qp, s| fatal(qp, &mut w.sink(CqRoute::of(s))));
+        self.engine.for_each_mut(|qp, s| fatal(qp, &mut w.sink(&s.cq)));
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
@@ -612,7 +609,7 @@ fn qp_shared(seg: &Segment) -> &QpShared {
 
 impl QpSlot {
     fn shared(&self) -> &QpShared {
-        qp_shared(&self._seg)
+        qp_shared(&self.cq.seg)
     }
 
     /// The QP went to RESET: the engine emptied its queues; WQEs still in the rings are

@@ -114,7 +114,7 @@ impl<L: Port> Lcore<L> {
                 let r = self
                     .engine
                     .with(qpn, |qp, s| {
-                        let r = qp.modify(&attr, mask, &mut w.sink(CqRoute::of(s))).map_err(|_| libc::EINVAL);
+                        let r = qp.modify(&attr, mask, &mut w.sink(&s.cq)).map_err(|_| libc::EINVAL);
                         if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
                             s.reset_rings();
                         }
@@ -229,11 +229,9 @@ impl<L: Port> Lcore<L> {
         let slot = QpSlot {
             client: s.client,
             dev,
-            _seg: s.seg,
+            cq: CqTarget { seg: s.seg, send: send_cq, recv: recv_cq, own_rq: rq.is_some() },
             sq,
             rq,
-            send_cq,
-            recv_cq,
             is_ud,
             backlog: false,
             backlog_listed: false,
@@ -259,7 +257,7 @@ impl<L: Port> Lcore<L> {
         if slot.rx_predict.is_some() {
             self.predicting -= 1;
         }
-        for cq in [slot.send_cq, slot.recv_cq] {
+        for cq in [slot.cq.send, slot.cq.recv] {
             if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);
             }

@@ -212,6 +212,8 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
     // that path use it as it is (nothing the check reads — the QP's attributes, the neighbour
     // table — changes inside a burst).
     let mut connected_checked = false;
+    // Completions (a UC/UD send, a local operation, a failed gather) go straight to the QP's CQs.
+    let mut sink = cq.sink(&s.cq);
     while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
         budget -= 1;
         let Some(mut b) = port.alloc() else {
@@ -231,7 +233,7 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
         // Read in place: moving the returned value out copied it in wide words right
         // after poll_transmit wrote it field by field (a store-forwarding stall, a third
         // of this function's time at 8 B).
-        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room], &mut cq.sink(CqRoute::of(s)));
+        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room], &mut sink);
         let Some(t) = &sent else {
             port.give_back(b);
             progressed = budget + 1 < BURST;
