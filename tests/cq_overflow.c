@@ -1,42 +1,21 @@
 /* CQ overflow through libibverbs. QP1 (send CQ: a small CQ of cq->cqe entries) posts more
  * signaled 8-byte RDMA WRITEs to QP2 than that CQ holds, without polling. pmrxe's policy
- * (docs/verbs-coverage.md): the overflowing CQ reports IBV_EVENT_CQ_ERR once, the QP that overflowed it
- * goes to ERROR, and nothing is lost: once the consumer polls, every WR completes exactly
+ * (docs/verbs-coverage.md): the overflowing CQ reports IBV_EVENT_CQ_ERR once, the QP that
+ * overflowed it goes to ERROR, and nothing is lost: once the consumer polls, every WR completes exactly
  * once, in posting order, SUCCESS and then WR_FLUSH_ERR. Device argv[1]; QP1 and QP2 are RC
  * QPs on it connected to each other. Prints one line per step; exit 0 only if every step
  * behaves. */
-#include <infiniband/verbs.h>
+#define PROG "cq_overflow"
+#include "rc_util.h"
 #include <poll.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq) {
     struct ibv_qp_init_attr a = { .send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
         .cap = { .max_send_wr = 128, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
     struct ibv_qp *q = ibv_create_qp(pd, &a);
-    if (!q) { perror("ibv_create_qp"); exit(12); }
-    struct ibv_qp_attr x = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-    if (ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) { perror("INIT"); exit(12); }
+    if (!q) DIE("ibv_create_qp");
     return q;
-}
-
-static void connect_to(struct ibv_context *ctx, struct ibv_qp *q, uint32_t peer) {
-    union ibv_gid gid;
-    if (ibv_query_gid(ctx, 1, 1, &gid)) { perror("ibv_query_gid"); exit(12); }
-    struct ibv_qp_attr x = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = peer,
-        .max_dest_rd_atomic = 1, .min_rnr_timer = 12 };
-    x.ah_attr.is_global = 1;
-    x.ah_attr.grh.dgid = gid;
-    x.ah_attr.grh.sgid_index = 1;
-    x.ah_attr.grh.hop_limit = 1;
-    x.ah_attr.port_num = 1;
-    if (ibv_modify_qp(q, &x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
-                                 | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) { perror("RTR"); exit(12); }
-    struct ibv_qp_attr y = { .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1 };
-    if (ibv_modify_qp(q, &y, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN
-                                 | IBV_QP_MAX_QP_RD_ATOMIC)) { perror("RTS"); exit(12); }
 }
 
 static double since(const struct timespec *t0) {
@@ -47,11 +26,8 @@ static double since(const struct timespec *t0) {
 
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: %s DEVICE\n", argv[0]); return 2; }
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    struct ibv_context *ctx = NULL;
-    for (int i = 0; list && list[i]; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), argv[1])) ctx = ibv_open_device(list[i]);
-    if (!ctx) { printf("no device %s\n", argv[1]); return 12; }
+    struct ibv_context *ctx = open_dev(argv[1]);
+    if (!ctx) DIE("cannot open %s", argv[1]);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     char *buf = calloc(1, 8192);
     struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -59,8 +35,10 @@ int main(int argc, char **argv) {
     struct ibv_cq *big = ibv_create_cq(ctx, 256, NULL, NULL, 0);
     if (!pd || !mr || !small || !big) { perror("setup"); return 12; }
     struct ibv_qp *q1 = make_qp(pd, small, big), *q2 = make_qp(pd, big, big);
-    connect_to(ctx, q1, q2->qp_num);
-    connect_to(ctx, q2, q1->qp_num);
+    union ibv_gid gid;
+    if (ibv_query_gid(ctx, 1, 1, &gid)) DIE("ibv_query_gid");
+    connect_qp(q1, q2->qp_num, &gid, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE);
+    connect_qp(q2, q1->qp_num, &gid, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE);
     int n = small->cqe + 16;
     if (n > 128) { printf("CQ of %d entries: too large for this test\n", small->cqe); return 12; }
     printf("small CQ holds %d; posting %d signaled WRITEs\n", small->cqe, n);
@@ -110,5 +88,8 @@ int main(int argc, char **argv) {
     printf("completions: %d of %d (%d SUCCESS, then %d WR_FLUSH_ERR), %d more\n", got, n, ok, flushed, more);
     if (got != n || more != 0 || ok < small->cqe) return 19;
     printf("every WR completed once, in order\n");
+    if (ibv_destroy_qp(q1) || ibv_destroy_qp(q2) || ibv_dereg_mr(mr) || ibv_destroy_cq(small)) DIE("teardown");
+    close_side(big, pd, ctx);
+    free(buf);
     return 0;
 }

@@ -1,6 +1,6 @@
 /* Shared by the C test programs that set RC QPs up by hand (tests/many_qp_write.c,
  * tests/shared_mr.c): open a device by name, and RESET -> INIT -> RTR -> RTS towards a peer QP
- * on a RoCE GID (index 1: the IPv4-mapped GID) with perftest's timeouts. Define PROG (the
+ * on a RoCE GID (index 1: the IPv4-mapped GID) with perftest's timeouts; also tests/cq_overflow.c. Define PROG (the
  * program's name for messages) before including. close_side() tears one device's objects down. */
 #ifndef PMRXE_TESTS_RC_UTIL_H
 #define PMRXE_TESTS_RC_UTIL_H
@@ -12,13 +12,6 @@
 
 #ifndef PROG
 #error "define PROG before including rc_util.h"
-/* Destroy one side's CQ and PD and close its device (after its QPs and MRs are gone). */
-static void close_side(struct ibv_cq *cq, struct ibv_pd *pd, struct ibv_context *c) {
-	ibv_destroy_cq(cq);
-	ibv_dealloc_pd(pd);
-	ibv_close_device(c);
-}
-
 #endif
 
 #define DIE(...) do { fprintf(stderr, PROG ": " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)

@@ -64,14 +64,9 @@ fn ib_send_bw_ud_default_size() {
 /// MW_BIND_ERR ("memory management operation error").
 #[test]
 fn mw2_invalidated_can_be_rebound_from_another_qp() {
-    let cc = require_tool("cc");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let prog = svc.dir.join("mw2_rebind");
-    let src = repo_root().join("tests/mw2_rebind.c");
-    let o = std::process::Command::new(cc).arg("-O1").arg("-Wall").arg("-o").arg(&prog).arg(&src).arg("-libverbs").output().unwrap();
-    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
-    let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60));
+    let out = run_c_program(&svc, "mw2_rebind");
     assert!(out.ok() && out.output.contains("bind again on QP2: success"), "{}", out.describe());
 }
 
@@ -82,15 +77,17 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
 /// engine had already staged into the ring.
 #[test]
 fn cq_overflow_reports_cq_err_and_loses_no_completion() {
-    let cc = require_tool("cc");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let prog = svc.dir.join("cq_overflow");
-    let src = repo_root().join("tests/cq_overflow.c");
-    let o = std::process::Command::new(cc).arg("-O1").arg("-Wall").arg("-o").arg(&prog).arg(&src).arg("-libverbs").output().unwrap();
-    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
-    let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60));
+    let out = run_c_program(&svc, "cq_overflow");
     assert!(out.ok() && out.output.contains("every WR completed once, in order"), "{}", out.describe());
     let stats = svc.stats_json();
     assert!(stats["lcores"][0]["counters"]["cq_full"].as_u64().is_some_and(|n| n >= 1), "cq_full counted: {stats}");
+}
+
+/// Compile `tests/NAME.c` (libibverbs) and run it on pmrxe0 of `svc`.
+fn run_c_program(svc: &Service, name: &str) -> ProgOutput {
+    let prog = svc.dir.join(name);
+    compile_c(&format!("tests/{name}.c"), &prog, &require_tool("cc"), &["-libverbs"]);
+    run_verbs(svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60))
 }

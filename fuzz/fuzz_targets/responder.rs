@@ -10,7 +10,8 @@
 use libfuzzer_sys::fuzz_target;
 use pmrxe_mem::{Access, MemLimits, MemTable, Region, Sge};
 use pmrxe_transport::sim::{bring_up, gid_of, PairParams};
-use pmrxe_transport::{Engine, Instant, Qp, QpType, RecvWqe, RxPacket};
+use pmrxe_transport::{CqSide, Cqe, Engine, Instant, Qp, QpType, RecvWqe, RxPacket};
+use std::collections::VecDeque;
 use pmrxe_wire::{Psn, Qpn, TransportHeaders};
 
 const QPN: u32 = 0x11;
@@ -27,9 +28,11 @@ fuzz_target!(|data: &[u8]| {
     bring_up(&mut qp, PEER, gid_of([10, 0, 0, 2].into()), &p);
     let mut eng = Engine::new();
     eng.add_qp(qp);
+    // The QP's CQ (the simulator's: every completion is kept, in order).
+    let mut cq: VecDeque<(u32, CqSide, Cqe)> = VecDeque::new();
     for i in 0..4u64 {
         let s = Sge { addr: mr.addr() + i * 2048, len: 2048, lkey: key };
-        let _ = eng.post_recv(QPN, &RecvWqe::new(i).sge(s));
+        let _ = eng.post_recv(QPN, &RecvWqe::new(i).sge(s), &mut cq);
     }
     let mut now = Instant(1_000_000);
     let mut out = vec![0u8; 10_000];
@@ -66,9 +69,9 @@ fuzz_target!(|data: &[u8]| {
         let mut pkt = RxPacket::new(hdr, payload);
         pkt.frame.src_gid = gid_of([10, 0, 0, 2].into());
         pkt.frame.dst_gid = gid_of([10, 0, 0, 1].into());
-        eng.handle_packet(now, &pkt, &mem);
+        eng.handle_packet(now, &pkt, &mem, &mut cq);
         for _ in 0..64 {
-            if eng.poll_transmit(now, &mem, &mut out).is_none() {
+            if eng.poll_transmit(now, &mem, &mut out, &mut cq).is_none() {
                 break;
             }
         }
@@ -76,4 +79,11 @@ fuzz_target!(|data: &[u8]| {
     let mut b = vec![0u8; 4096];
     other.read(0, &mut b).expect("read");
     assert!(b.iter().all(|&x| x == 0), "memory of another PD was written");
+    // Each of the four receive WQEs completes at most once, in posting order; nothing else
+    // completes (the QP posted no send WQE).
+    let ids: Vec<u64> = cq.iter().map(|(q, side, c)| {
+        assert_eq!((*q, *side), (QPN, CqSide::Recv), "a completion of another QP or side");
+        c.wr_id
+    }).collect();
+    assert!(ids.len() <= 4 && ids.iter().enumerate().all(|(i, &w)| w == i as u64), "receive completions {ids:?}");
 });

@@ -109,6 +109,8 @@ pub struct Qp {
     pub(crate) comp: CompState,
     pub(crate) resp: RespState,
     pub(crate) timers: TimerTable,
+    /// Completions kept in order: refused by a full CQ, or produced by a call given the
+    /// [`crate::cq::Deferred`] sink. (Every other completion went to its sink when produced.)
     pub(crate) cqes: VecDeque<(CqSide, Cqe)>,
     pub(crate) events: VecDeque<AsyncEvent>,
     pub(crate) stats: QpStats,

@@ -120,7 +120,9 @@ pub struct Node {
     pub mem: Reader,
     /// Its IPv4 address (GID = IPv4-mapped).
     pub ip: Ipv4Addr,
-    /// Completions collected by `drive` (QPN, side, CQE), in delivery order.
+    /// The node's CQ: (QPN, side, CQE) in the order the QPs produced them (the engine's calls
+    /// made through the node write here directly; completions of calls on a QP itself join at
+    /// the end of the step).
     pub cqes: VecDeque<(u32, CqSide, Cqe)>,
     /// Events collected by `drive`.
     pub events: VecDeque<(u32, AsyncEvent)>,

@@ -494,7 +494,10 @@ impl<L: Port> Lcore<L> {
             engine: Engine::with_layout(QpnLayout { lcores: 1, slots: MAX_QPS_PER_LCORE as u32 }, 0),
             cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
             cq_index: HashMap::with_capacity(MAX_QPS_PER_LCORE),
-            dirty_cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
+            // Every CQ written in one iteration is a send or receive CQ of one of this lcore's
+            // QPs: at most two per QP, so the list never refuses one (a CQ left off it would
+            // not be published).
+            dirty_cqs: Vec::with_capacity(2 * MAX_QPS_PER_LCORE),
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
