@@ -1,7 +1,8 @@
 //! Completion queue entries (`ibv_wc` semantics, numeric values from libibverbs `verbs.h`).
 //!
-//! The QP produces CQEs in order on two logical queues ([`CqSide::Send`], [`CqSide::Recv`]);
-//! the runtime copies them into the consumer's CQ rings (several QPs may share one CQ).
+//! The QP produces CQEs in order on two logical queues ([`CqSide::Send`], [`CqSide::Recv`])
+//! and hands each to a [`CompletionSink`] the moment it is produced: the runtime's writes it in
+//! place into the consumer's CQ ring (several QPs may share one CQ).
 
 /// Which CQ of the QP a completion belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -486,8 +486,8 @@ impl<X> Engine<X> {
         }
     }
 
-    /// Visit every QP holding completions or async events; `f` returns true to keep the QP
-    /// on the pending list (e.g. its CQ is full) for the next call.
+    /// Visit every QP holding async events or completions its CQ refused; `f` returns true to
+    /// keep the QP on the pending list (e.g. its CQ is still full) for the next call.
     pub fn drain_pending(&mut self, mut f: impl FnMut(&mut Qp, &mut X) -> bool) -> bool {
         if self.pending.is_empty() {
             return false;

@@ -564,7 +564,8 @@ impl<L: Port> Lcore<L> {
                 }
             }
         }
-        // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR, then deliver CQEs.
+        // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR (written into the CQ
+        // rings as they are produced), then publish them.
         let now = self.clock.now();
         let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
         self.engine.for_each_mut(|qp, s| fatal(qp, &mut w.sink(&s.cq)));
