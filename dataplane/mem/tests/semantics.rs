@@ -1357,3 +1357,54 @@ fn counted_lookups_are_not_carried() {
     t.exec_local_inv(PD, k).unwrap();
     assert_eq!(MemAccess::resume(&*t, &tr, io, 8).unwrap_err(), MemError::NotValid);
 }
+
+// ---- Revocation by the service (issue 37: a client's memory faulted under an lcore) -------
+
+#[test]
+fn revoked_user_mr_refuses_every_access_until_dereg() {
+    let t = table();
+    let r = aligned(2 * PG, PG);
+    let k = t.reg_mr(PD, r.clone(), 0x1000, ALL_RW).unwrap();
+    assert!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
+    assert_eq!(t.revoke_mr(k), Ok(PD));
+    assert!(t.is_revoked(k));
+    assert_eq!(t.query(k).unwrap().state, MrState::Free);
+    for need in [Access::EMPTY, Access::LOCAL_WRITE, Access::REMOTE_WRITE, Access::REMOTE_READ] {
+        assert_eq!(t.lookup(k, PD, QPN, 0x1000, 8, need).unwrap_err(), MemError::NotValid, "{need:?}");
+    }
+    // Revoking twice is harmless; deregistration still works and frees the slot.
+    assert_eq!(t.revoke_mr(k), Ok(PD));
+    t.dereg_mr(k).unwrap();
+    assert!(!t.is_revoked(k));
+    assert_eq!(t.revoke_mr(k), Err(MemError::NoSuchKey));
+    // A new MR in the same slot is not revoked.
+    let k2 = t.reg_mr(PD, r, 0x1000, ALL_RW).unwrap();
+    assert_eq!(k2.index(), k.index());
+    assert!(t.lookup(k2, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
+}
+
+#[test]
+fn revoked_fast_reg_mr_cannot_be_reregistered_and_its_windows_are_blocked() {
+    let t = table();
+    let r = aligned(4 * PG, PG);
+    let k = valid_fmr(&t, &r, 4, 0, ALL_RW | Access::MW_BIND);
+    let io = iova(&t, k);
+    let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
+    t.exec_bind_mw(PD, QPN, mw, mw.inc(), k, io, 64, Access::REMOTE_READ).unwrap();
+    assert!(t.lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ).is_ok());
+    assert_eq!(t.revoke_mr(k), Ok(PD));
+    assert_eq!(t.lookup(k, PD, QPN, io, 8, Access::EMPTY).unwrap_err(), MemError::NotValid);
+    assert_eq!(t.lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotValid);
+    // The window was unbound, so the client's usual teardown works (LOCAL_INV of the window
+    // and of the MR); REG_MR (a revalidation would make the MR valid again) is refused.
+    assert_eq!(t.query(k).unwrap().mw_bound, 0);
+    t.exec_local_inv(PD, mw.inc()).unwrap();
+    t.exec_local_inv(PD, k).unwrap();
+    assert_eq!(t.exec_reg_mr(PD, k.inc(), ALL_RW, None, None), Err(MemError::NotValid));
+    assert_eq!(t.lookup(k.inc(), PD, QPN, io, 8, Access::EMPTY).unwrap_err(), MemError::KeyMismatch);
+    // A new bind to it fails too.
+    let mw2 = t.alloc_mw(PD, MwType::Type2).unwrap();
+    assert!(t.exec_bind_mw(PD, QPN, mw2, mw2.inc(), k, io, 64, Access::REMOTE_READ).is_err());
+    t.dealloc_mw(mw).unwrap();
+    t.dereg_mr(k).unwrap();
+}

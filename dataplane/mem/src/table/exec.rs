@@ -29,6 +29,9 @@ impl MemTable {
         let slot = self.mr_slot(wr_key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
         ctl.check_fast_reg()?;
+        if ctl.revoked {
+            return Err(MemError::NotValid);
+        }
         let (state, _) = unpack(slot.word.load(Ordering::SeqCst));
         if state != MrState::Free {
             return Err(MemError::NotFree);

@@ -61,6 +61,7 @@ impl MemTable {
             shift: 0,
         });
         ctl.staged = None;
+        ctl.revoked = false;
         ctl.active_buf = 0;
         ctl.owners[0].clear();
         ctl.owners[0].push(region.owner().clone());
@@ -93,6 +94,7 @@ impl MemTable {
         slot.base.store(region.addr(), Ordering::Relaxed);
         ctl.pd = pd;
         ctl.access = access;
+        ctl.revoked = false;
         ctl.active = Some(Meta { iova, length: len, mapped: len, shift: 0 });
         let old = std::mem::replace(&mut ctl.owners[0], vec![region.owner().clone()]);
         // Preserve the reference count: a failed lookup may hold a transient reference.
@@ -131,6 +133,7 @@ impl MemTable {
         ctl.active_buf = 0;
         ctl.active = None;
         ctl.staged = None;
+        ctl.revoked = false;
         for o in ctl.owners.iter_mut() {
             o.clear();
             o.reserve(max_num_sg as usize);
@@ -219,6 +222,51 @@ impl MemTable {
         Ok(())
     }
 
+    /// Revoke the MR named by `key`'s index on the service's behalf (its memory faulted under
+    /// an lcore: issue 37), like a LOCAL_INV the client cannot undo: the MR goes FREE, so every
+    /// later local access through its keys fails (LOC_PROT_ERR) and every remote one is NAKed
+    /// (remote access error); REG_MR refuses it from now on; memory windows bound to it are
+    /// blocked and unbound (their translation is the MR's). Returns once no copy through the old state
+    /// is in flight (as LOCAL_INV: counted references drained, every lcore past a quiescent
+    /// point). Deregistration works as usual afterwards. Returns the MR's PD.
+    ///
+    /// Must not be called by a thread whose [`Reader`](crate::Reader) is online.
+    pub fn revoke_mr(&self, key: Key) -> Result<PdHandle, MemError> {
+        let index = key.index();
+        let slot = self.mr_slot(index).ok_or(MemError::NoSuchKey)?;
+        let pd = {
+            let mut ctl = lock(&slot.ctl);
+            if ctl.kind.is_none() || matches!(ctl.kind, Some(MrKind::Mw(_))) {
+                return Err(MemError::NoSuchKey);
+            }
+            ctl.revoked = true;
+            let (state, k) = super::slot::unpack(slot.word.load(Ordering::SeqCst));
+            if state == MrState::Valid {
+                self.block(&slot.word, MrState::Free, k);
+            }
+            ctl.pd
+        };
+        // Windows bound to it (lock order MW ctl → MR ctl: the MR's lock is released). A bind
+        // after the block above fails (the MR is not VALID), so none is missed.
+        // They are unbound (as an invalidation does), so the MR can be deregistered.
+        for mw in self.mws.iter() {
+            let mut ctl = lock(&mw.ctl);
+            if ctl.bound_mr == Some(index) {
+                let (state, k) = super::slot::unpack(mw.word.load(Ordering::SeqCst));
+                if state == MrState::Valid {
+                    self.block(&mw.word, MrState::Free, k);
+                }
+                self.unbind_locked(&mut ctl);
+            }
+        }
+        Ok(pd)
+    }
+
+    /// Whether the MR named by `key`'s index was revoked ([`revoke_mr`](Self::revoke_mr)).
+    pub fn is_revoked(&self, key: Key) -> bool {
+        self.mr_slot(key.index()).is_some_and(|s| lock(&s.ctl).revoked)
+    }
+
     /// `ibv_dereg_mr`: any state → gone; refused while MWs are bound. Waits for in-flight copies.
     pub fn dereg_mr(&self, key: Key) -> Result<(), MemError> {
         let index = key.index();
@@ -237,6 +285,7 @@ impl MemTable {
         ctl.kind = None;
         ctl.active = None;
         ctl.staged = None;
+        ctl.revoked = false;
         let owners = std::mem::take(&mut ctl.owners);
         drop(ctl);
         drop(owners); // may unmap: outside the slot lock

@@ -47,6 +47,9 @@ pub(super) struct MrCtl {
     pub(super) staged_is_remap: bool,
     /// Owners of the memory each buffer's pages point into (capacity reserved at alloc).
     pub(super) owners: [Vec<Arc<dyn Backing>>; 2],
+    /// Revoked by the service ([`MemTable::revoke_mr`](super::MemTable::revoke_mr)): REG_MR
+    /// refuses it until it is deregistered (a user MR: until `rereg_mr` gives it new memory).
+    pub(super) revoked: bool,
 }
 
 impl MrCtl {
