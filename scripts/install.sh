@@ -70,6 +70,12 @@ if [ "$DRY" = 0 ] && [ "$(id -u)" -ne 0 ] && [ "$PREFIX" = /usr/local ]; then
   echo "install.sh: must run as root (or use --prefix DIR, --dry-run)" >&2; exit 1
 fi
 
+# The group whose members may use the devices (service.group, default pmrxe): created once,
+# never changed afterwards. Add users with `usermod -aG pmrxe USER` (they log in again).
+if ! getent group pmrxe >/dev/null; then
+  run groupadd --system pmrxe
+fi
+
 # Binary and shim. `pmrxe run` finds the shim next to the binary or in ../lib.
 run install -D -m 0755 "$BIN_DIR/pmrxe" "$PREFIX/bin/pmrxe"
 run install -D -m 0755 "$BIN_DIR/libpmrxe_verbs.so" "$PREFIX/lib/libpmrxe_verbs.so"

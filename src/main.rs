@@ -63,9 +63,14 @@ enum Cmd {
         /// Stop after N frames (0 = until interrupted).
         #[arg(long, short = 'c', default_value_t = 0)]
         count: u64,
-        /// Only frames of this QP number (either direction).
+        /// Only frames of this QP number (either direction). Users other than root and the
+        /// service user must name one of their own QPs: whole-port capture is root's.
         #[arg(long)]
         qp: Option<u32>,
+        /// Replace an existing output file (it is never followed if it is a symbolic link;
+        /// without --force an existing file is an error). The file is created mode 0600.
+        #[arg(long)]
+        force: bool,
         /// Control socket (default: $PMRXE_SOCKET, else /run/pmrxe/pmrxe.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -129,7 +134,7 @@ fn main() -> ExitCode {
         Cmd::Serve { config, metrics } => cmd::serve::run(config, metrics),
         Cmd::Run { socket, program } => cmd::run::run(socket, program),
         Cmd::Stats { json, watch, socket } => cmd::stats::run(json, watch, socket),
-        Cmd::Capture { out, count, qp, socket } => cmd::stats::capture(out, count, qp, socket),
+        Cmd::Capture { out, count, qp, force, socket } => cmd::stats::capture(out, count, qp, force, socket),
         Cmd::Wire { cmd: WireCmd::Sample { out, seed } } => cmd::wire::sample(out, seed),
         Cmd::PortTest { config, frames } => cmd::port_test::run(config, frames),
         Cmd::Config { cmd: ConfigCmd::Check { file } } => cmd::config::check(file),

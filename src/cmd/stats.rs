@@ -33,7 +33,33 @@ pub fn run(json: bool, watch: Option<f64>, socket_path: Option<PathBuf>) -> Exit
     }
 }
 
-pub fn capture(out: PathBuf, count: u64, qp: Option<u32>, socket_path: Option<PathBuf>) -> ExitCode {
+/// Create the capture file: a new file of mode 0600 (captures hold payloads), never through a
+/// symbolic link and never over an existing file (`O_EXCL|O_NOFOLLOW`) — a root `pmrxe
+/// capture` must not be turned into a write to a file someone else chose. `force` removes an
+/// existing entry first (the link itself, never its target).
+fn create_capture_file(out: &std::path::Path, force: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if force {
+        match std::fs::remove_file(out) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(out).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            std::io::Error::new(e.kind(), "the file exists (pass --force to replace it)")
+        } else {
+            e
+        }
+    })
+}
+
+pub fn capture(out: PathBuf, count: u64, qp: Option<u32>, force: bool, socket_path: Option<PathBuf>) -> ExitCode {
+    let file = match create_capture_file(&out, force) {
+        Ok(f) => f,
+        Err(e) => return super::fail(&format!("creating {}", out.display()), e),
+    };
     let path = socket(socket_path);
     let c = match connect(&path) {
         Ok(c) => c,
@@ -43,17 +69,18 @@ pub fn capture(out: PathBuf, count: u64, qp: Option<u32>, socket_path: Option<Pa
         Ok(p) => p,
         Err(e) => return super::fail("pipe", std::io::Error::from(e)),
     };
-    match c.call(&Request::Capture { count, qpn: qp }, &[wr.as_raw_fd()]) {
-        Ok((Response::Ok, _)) => {}
-        Ok((Response::Err { msg, .. }, _)) => return super::fail("capture", msg),
-        Ok((other, _)) => return super::fail("capture", format!("unexpected reply {other:?}")),
-        Err(e) => return super::fail("capture", e),
+    let refused = match c.call(&Request::Capture { count, qpn: qp }, &[wr.as_raw_fd()]) {
+        Ok((Response::Ok, _)) => None,
+        Ok((Response::Err { msg, .. }, _)) => Some(msg),
+        Ok((other, _)) => Some(format!("unexpected reply {other:?}")),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(why) = refused {
+        drop(file);
+        let _ = std::fs::remove_file(&out); // ours: created new above
+        return super::fail("capture", why);
     }
     drop(wr);
-    let file = match std::fs::File::create(&out) {
-        Ok(f) => f,
-        Err(e) => return super::fail(&format!("creating {}", out.display()), e),
-    };
     match pmrxe_service::stats::copy_stream(std::fs::File::from(rd), std::io::BufWriter::new(file)) {
         Ok(n) => {
             eprintln!("pmrxe: capture: {n} bytes written to {}", out.display());

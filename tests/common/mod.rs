@@ -451,6 +451,17 @@ pub fn pmrxe_at(socket: &Path) -> Command {
     c
 }
 
+/// [`pmrxe_at`] run as `user` when given: `setpriv` switches to that user's uid, gid and
+/// groups (no capabilities: what a login of that user has) and execs `pmrxe`, so the child's
+/// pid is the program's; HOME points at a directory anyone may use.
+pub fn pmrxe_as(socket: &Path, user: Option<&str>) -> Command {
+    let Some(u) = user else { return pmrxe_at(socket) };
+    let mut c = Command::new(require_tool("setpriv"));
+    c.args(["--reuid", u, "--regid", u, "--init-groups", "--"]).arg(pmrxe_bin());
+    c.env("PMRXE_SOCKET", socket).env("HOME", "/tmp").stdin(Stdio::null());
+    c
+}
+
 /// Start `pmrxe run -- ARGS` against `svc` with output to `out` (stdout+stderr).
 pub fn spawn_verbs(svc: &Service, args: &[&str], out: &Path) -> Child {
     spawn_verbs_at(&svc.socket, args, out)
@@ -458,8 +469,13 @@ pub fn spawn_verbs(svc: &Service, args: &[&str], out: &Path) -> Child {
 
 /// [`spawn_verbs`] for the service at `socket` (from a thread that does not hold the [`Service`]).
 pub fn spawn_verbs_at(socket: &Path, args: &[&str], out: &Path) -> Child {
+    spawn_verbs_as(socket, None, args, out)
+}
+
+/// [`spawn_verbs_at`] as `user` ([`pmrxe_as`]).
+pub fn spawn_verbs_as(socket: &Path, user: Option<&str>, args: &[&str], out: &Path) -> Child {
     let f = File::create(out).expect("output file");
-    pmrxe_at(socket)
+    pmrxe_as(socket, user)
         .arg("run")
         .arg("--")
         .args(args)
@@ -510,11 +526,24 @@ pub fn run_pair_on(
     port: u16,
     limit: Duration,
 ) -> PairOutput {
+    run_pair_as(server_svc, server, client_svc, client, None, port, limit)
+}
+
+/// [`run_pair_on`] with both programs run as `user` ([`pmrxe_as`]).
+pub fn run_pair_as(
+    server_svc: &Service,
+    server: &[&str],
+    client_svc: &Service,
+    client: &[&str],
+    user: Option<&str>,
+    port: u16,
+    limit: Duration,
+) -> PairOutput {
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let so = server_svc.dir.join(&format!("pair{n}.server.out"));
     let co = client_svc.dir.join(&format!("pair{n}.client.out"));
     let t0 = Instant::now();
-    let mut s = spawn_verbs(server_svc, server, &so);
+    let mut s = spawn_verbs_as(&server_svc.socket, user, server, &so);
     // `pmrxe run` execs the program: the pid is the verbs server itself.
     let mut early = None;
     loop {
@@ -534,7 +563,7 @@ pub fn run_pair_on(
         let server_out = ProgOutput { cmdline: server.join(" "), status: Some(st), output: read_to_string_lossy(&so) };
         panic!("the verbs server exited before listening on port {port}: {}", server_out.describe());
     }
-    let mut c = spawn_verbs(client_svc, client, &co);
+    let mut c = spawn_verbs_as(&client_svc.socket, user, client, &co);
     let cs = wait_timeout(&mut c, limit);
     let left = limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5));
     let ss = wait_timeout(&mut s, left);

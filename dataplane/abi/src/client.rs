@@ -43,6 +43,12 @@ pub enum Error {
     Abi { service: u32 },
     /// A shared ring failed validation.
     Ring(RingError),
+    /// The socket or the process behind it is not to be trusted (why).
+    Untrusted(String),
+    /// The socket's permissions refuse this user (the message says what to do).
+    Denied(String),
+    /// A round trip took longer than [`call_timeout`] (which request).
+    Timeout(&'static str),
 }
 
 impl Error {
@@ -54,6 +60,8 @@ impl Error {
             Error::Closed => libc::ECONNRESET,
             Error::Service { errno, .. } => *errno,
             Error::Protocol(_) | Error::Abi { .. } | Error::Ring(_) => libc::EPROTO,
+            Error::Untrusted(_) | Error::Denied(_) => libc::EACCES,
+            Error::Timeout(_) => libc::ETIMEDOUT,
         }
     }
 }
@@ -67,6 +75,8 @@ impl std::fmt::Display for Error {
             Error::Protocol(what) => write!(f, "pmrxe: unexpected reply to {what}"),
             Error::Abi { service } => write!(f, "service ABI {service}, ours {ABI_VERSION}"),
             Error::Ring(e) => e.fmt(f),
+            Error::Untrusted(why) | Error::Denied(why) => f.write_str(why),
+            Error::Timeout(what) => write!(f, "the service did not answer {what} within {:?} (PMRXE_CALL_TIMEOUT_MS)", call_timeout()),
         }
     }
 }
@@ -93,6 +103,8 @@ impl From<Error> for io::Error {
             Error::Service { errno, .. } => io::Error::from_raw_os_error(errno).kind(),
             Error::Protocol(_) | Error::Ring(_) => io::ErrorKind::InvalidData,
             Error::Abi { .. } => io::ErrorKind::Unsupported,
+            Error::Untrusted(_) | Error::Denied(_) => io::ErrorKind::PermissionDenied,
+            Error::Timeout(_) => io::ErrorKind::TimedOut,
         };
         io::Error::new(kind, e.to_string())
     }
@@ -124,19 +136,79 @@ pub struct Channel {
     sock: OwnedFd,
     /// Serialises request/response pairs and holds the receive buffer.
     buf: Mutex<Vec<u8>>,
+    /// A round trip timed out: replies may be out of step, so no further call is made.
+    broken: AtomicBool,
+}
+
+/// How long one control round trip may take before it fails with [`Error::Timeout`]:
+/// `PMRXE_CALL_TIMEOUT_MS`, default 30 s (a registration of many gigabytes populates its
+/// pages inside the call).
+pub fn call_timeout() -> std::time::Duration {
+    let ms = std::env::var("PMRXE_CALL_TIMEOUT_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(30_000);
+    std::time::Duration::from_millis(ms)
+}
+
+/// The uid a trusted service may run as besides root and the client's own: the user named by
+/// `PMRXE_SERVICE_USER`, else a `pmrxe` user if the host has one.
+pub fn service_uid() -> Option<u32> {
+    let name = std::env::var("PMRXE_SERVICE_USER").unwrap_or_else(|_| "pmrxe".into());
+    ctrl::user_uid(&name)
 }
 
 impl Channel {
-    /// Connect to the service's socket at `path` (no `Hello`).
+    /// Connect to the service's socket at `path` (no `Hello`), authenticating the service:
+    /// the socket's directory must not be writable by others nor belong to a stranger
+    /// ([`ctrl::untrusted_socket_dir`]), and the process that listens must run as root, as
+    /// this user, or as the service user ([`service_uid`]) — checked with `SO_PEERCRED` — so an
+    /// unprivileged user's own `pmrxe serve` can never receive another user's memory. Every
+    /// round trip then has a timeout ([`call_timeout`]).
     pub fn connect(path: &Path) -> Result<Channel> {
-        Ok(Channel { sock: ctrl::seqpacket_connect(path).map_err(Error::Connect)?, buf: Mutex::new(Vec::new()) })
+        let me = rustix::process::getuid().as_raw();
+        let service = service_uid();
+        if let Some(why) = ctrl::untrusted_socket_dir(path, me, service) {
+            return Err(Error::Untrusted(format!("refusing the control socket {}: {why}", path.display())));
+        }
+        let sock = ctrl::seqpacket_connect(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => {
+                // The socket's group is the one that admits users (service.group).
+                use std::os::unix::fs::MetadataExt;
+                let group = std::fs::metadata(path).ok().and_then(|m| ctrl::group_name(m.gid())).unwrap_or_else(|| "pmrxe".into());
+                Error::Denied(format!(
+                    "permission denied (not in group {group}): {} admits root and the members of group {group}; ask the operator to add you (usermod -aG {group} USER)",
+                    path.display()
+                ))
+            }
+            _ => Error::Connect(e),
+        })?;
+        let (_, uid, _) = ctrl::peer_cred(&sock)?;
+        if uid != 0 && uid != me && Some(uid) != service {
+            return Err(Error::Untrusted(format!(
+                "refusing the service at {}: it runs as uid {uid}, neither root, you nor the service user",
+                path.display()
+            )));
+        }
+        ctrl::set_timeouts(&sock, call_timeout())?;
+        Ok(Channel { sock, buf: Mutex::new(Vec::new()), broken: AtomicBool::new(false) })
     }
 
-    /// One request/response round trip, the response as it came.
+    /// One request/response round trip, the response as it came. A round trip that exceeds
+    /// [`call_timeout`] fails with [`Error::Timeout`] and leaves the channel unusable (a late
+    /// reply would answer the next request).
     pub fn call(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>)> {
         let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
-        ctrl::send_msg(self.sock.as_raw_fd(), &ctrl::encode(req)?, fds)?;
-        let got = ctrl::recv_msg(self.sock.as_raw_fd(), &mut buf)?.ok_or(Error::Closed)?;
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        let timed_out = |e: io::Error| {
+            if matches!(e.raw_os_error(), Some(libc::EAGAIN)) {
+                self.broken.store(true, Ordering::Relaxed);
+                Error::Timeout(request_name(req))
+            } else {
+                Error::Io(e)
+            }
+        };
+        ctrl::send_msg(self.sock.as_raw_fd(), &ctrl::encode(req)?, fds).map_err(timed_out)?;
+        let got = ctrl::recv_msg(self.sock.as_raw_fd(), &mut buf).map_err(timed_out)?.ok_or(Error::Closed)?;
         Ok((ctrl::decode(&buf)?, got))
     }
 
@@ -468,7 +540,7 @@ mod tests {
         // A socketpair stands in for the service: it answers one request with Err (errno 0 is
         // normalised to EIO) and the next with Ok.
         let (a, b) = ctrl::seqpacket_pair().unwrap();
-        let chan = Channel { sock: a, buf: Mutex::new(Vec::new()) };
+        let chan = Channel { sock: a, buf: Mutex::new(Vec::new()), broken: AtomicBool::new(false) };
         let server = std::thread::spawn(move || {
             let mut buf = Vec::new();
             for resp in [Response::Err { errno: 0, msg: "nope".into() }, Response::Ok] {

@@ -518,6 +518,103 @@ pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
     Ok((cred.pid, cred.uid, cred.gid))
 }
 
+/// `SO_PEERGROUPS` (Linux 4.13; generic/x86 value — the libc crate does not export it here).
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The peer's supplementary groups at `connect` time (`SO_PEERGROUPS`), as the kernel recorded
+/// them: what a group-based admission must check (the primary gid alone misses `usermod -aG`).
+pub fn peer_groups(sock: &impl AsRawFd) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: `groups` is a writable buffer of `len` bytes; the kernel writes at most `len`
+        // bytes and sets `len` to the size it needs (ERANGE when the buffer is too small).
+        let r = unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len) };
+        if r == 0 {
+            groups.truncate(len as usize / 4);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || len as usize <= groups.len() * 4 || len > 1 << 20 {
+            return Err(e);
+        }
+        groups.resize(len as usize / 4, 0);
+    }
+}
+
+/// Why a client must not trust the control socket at `path`: its directory is writable by
+/// users other than its owner (anyone could replace the socket with their own service), or is
+/// owned by someone other than root, the client itself or `service_uid`. `None`: trusted.
+pub fn untrusted_socket_dir(path: &std::path::Path, my_uid: u32, service_uid: Option<u32>) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let md = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot inspect its directory {}: {e}", dir.display())),
+    };
+    if md.mode() & 0o022 != 0 {
+        return Some(format!(
+            "its directory {} is writable by others (mode {:o}): anyone could put their own service there",
+            dir.display(),
+            md.mode() & 0o7777
+        ));
+    }
+    let owner = md.uid();
+    if owner != 0 && owner != my_uid && Some(owner) != service_uid {
+        return Some(format!("its directory {} belongs to uid {owner}, neither root, you nor the service user", dir.display()));
+    }
+    None
+}
+
+/// Set send and receive timeouts on a socket (`SO_SNDTIMEO`/`SO_RCVTIMEO`): a call that
+/// exceeds them fails with `EAGAIN` instead of blocking forever.
+pub fn set_timeouts(sock: &impl rustix::fd::AsFd, t: std::time::Duration) -> io::Result<()> {
+    net::sockopt::set_socket_timeout(sock, net::sockopt::Timeout::Recv, Some(t))?;
+    net::sockopt::set_socket_timeout(sock, net::sockopt::Timeout::Send, Some(t))?;
+    Ok(())
+}
+
+/// The uid of user `name` (`getpwnam_r`), if the host has one.
+pub fn user_uid(name: &str) -> Option<u32> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: zeroed passwd is a valid out-parameter; `buf` is writable for its length.
+    let mut pw: libc::passwd = unsafe { core::mem::zeroed() };
+    let mut out: *mut libc::passwd = core::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the result points into `pw`/`buf`.
+    let r = unsafe { libc::getpwnam_r(cname.as_ptr(), &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    (r == 0 && !out.is_null()).then_some(pw.pw_uid)
+}
+
+/// The gid of group `name` (`getgrnam_r`), if the host has one.
+pub fn group_gid(name: &str) -> Option<u32> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: zeroed group is a valid out-parameter; `buf` is writable for its length.
+    let mut gr: libc::group = unsafe { core::mem::zeroed() };
+    let mut out: *mut libc::group = core::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the result points into `gr`/`buf`.
+    let r = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    (r == 0 && !out.is_null()).then_some(gr.gr_gid)
+}
+
+/// The name of group `gid` (`getgrgid_r`), if the host has one.
+pub fn group_name(gid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: zeroed group is a valid out-parameter; `buf` is writable for its length.
+    let mut gr: libc::group = unsafe { core::mem::zeroed() };
+    let mut out: *mut libc::group = core::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; on success `gr_name` points into `buf`, a
+    // NUL-terminated string read before `buf` goes.
+    unsafe {
+        let r = libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut out);
+        (r == 0 && !out.is_null()).then(|| std::ffi::CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned())
+    }
+}
+
 /// Resolve the control socket path: `$PMRXE_SOCKET`, else `default`.
 pub fn socket_path(default: &str) -> std::path::PathBuf {
     std::env::var_os("PMRXE_SOCKET").map(Into::into).unwrap_or_else(|| default.into())

@@ -112,7 +112,7 @@ fn ce_marks_become_cnps_that_cut_the_senders_rate() {
     h.cmds.send(Cmd::QpStats { done: tx }).unwrap();
     lc.poll_once(Instant(now));
     let qs = rx.recv().unwrap();
-    let st = |qpn| qs.iter().find(|(q, _)| *q == qpn).unwrap().1.clone();
+    let st = |qpn| qs.iter().find(|(q, _, _)| *q == qpn).unwrap().2.clone();
     let (snd, rcv) = (st(0x11), st(0x12));
     println!("sender: cnp_received {} decreases {} rate {} Mb/s; receiver: ecn_ce {} cnp_sent {}", snd.cnp_received, snd.cc_rate_decreases, snd.cc_rate_mbps, rcv.ecn_ce_received, rcv.cnp_sent);
     assert_eq!(snd.cnp_received, s.rx_cnp);

@@ -26,7 +26,7 @@ fn qp_stats(lc: &mut Lcore<common::QueuePort>, h: &LcoreHandle, now: u64, qpn: u
     let (tx, rx) = crossbeam::channel::bounded(1);
     h.cmds.send(pmrxe_runtime::lcore::Cmd::QpStats { done: tx }).unwrap();
     lc.poll_once(Instant(now));
-    rx.recv().unwrap().into_iter().find(|(q, _)| *q == qpn).expect("the QP").1
+    rx.recv().unwrap().into_iter().find(|(q, _, _)| *q == qpn).expect("the QP").2
 }
 
 #[test]

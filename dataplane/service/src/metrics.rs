@@ -1,7 +1,8 @@
 //! Prometheus endpoint: `GET /metrics` on `service.metrics` (or `pmrxe serve --metrics`).
 //!
-//! A deliberately tiny HTTP/1.1 server on its own thread (`pmrxe-metrics`): one connection at
-//! a time, `Connection: close`, a 2 s read/write timeout per client. It is never on the fast
+//! A deliberately tiny HTTP/1.1 server on its own thread (`pmrxe-metrics`): each scrape on a
+//! short-lived thread (at most 8 at once; more get 503), `Connection: close`, 2 s for the
+//! whole exchange, so a slow or stalled scraper delays nobody else. It is never on the fast
 //! path: a scrape renders the same snapshot as `pmrxe stats --json` ([`StatsSource::render`])
 //! — relaxed loads of the lcore counters plus one `QpStats` command per lcore — and turns it
 //! into the Prometheus text exposition format (version 0.0.4). Every numeric counter that
@@ -19,9 +20,10 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -36,16 +38,38 @@ pub fn spawn(addr: SocketAddr, stats: Arc<dyn StatsSource>) -> std::io::Result<(
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     let h = std::thread::Builder::new().name("pmrxe-metrics".into()).spawn(move || {
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut backoff = Duration::from_millis(1);
         for conn in listener.incoming() {
             match conn {
                 Ok(s) => {
-                    if let Err(e) = handle(s, &*stats) {
-                        tracing::debug!("metrics client: {e}");
+                    backoff = Duration::from_millis(1);
+                    // Each scrape on its own thread, at most MAX_CONNS at once, each bounded by
+                    // DEADLINE overall: a client that sends its request a byte at a time (or
+                    // never reads the answer) delays nobody else.
+                    if busy.load(Ordering::Relaxed) >= MAX_CONNS {
+                        let mut s = s;
+                        let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                        let _ = respond(&mut s, "503 Service Unavailable", "text/plain", b"too many scrapes at once\n", false);
+                        continue;
+                    }
+                    busy.fetch_add(1, Ordering::Relaxed);
+                    let (busy2, stats2) = (busy.clone(), stats.clone());
+                    let spawned = std::thread::Builder::new().name("pmrxe-scrape".into()).spawn(move || {
+                        if let Err(e) = handle(s, &*stats2) {
+                            tracing::debug!("metrics client: {e}");
+                        }
+                        busy2.fetch_sub(1, Ordering::Relaxed);
+                    });
+                    if spawned.is_err() {
+                        busy.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
                 Err(e) => {
-                    tracing::warn!("metrics accept: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
+                    // EMFILE and the like: back off (never spin), say it at debug level only.
+                    tracing::debug!("metrics accept: {e}");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
         }
@@ -54,13 +78,20 @@ pub fn spawn(addr: SocketAddr, stats: Arc<dyn StatsSource>) -> std::io::Result<(
     Ok((local, h))
 }
 
+/// Scrapes served at once.
+const MAX_CONNS: usize = 8;
+/// The whole exchange with one scraper (request head in, answer out).
+const DEADLINE: Duration = Duration::from_secs(2);
+
 fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let t0 = Instant::now();
+    let left = || DEADLINE.checked_sub(t0.elapsed()).filter(|d| !d.is_zero()).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "scrape deadline"));
+    s.set_write_timeout(Some(DEADLINE))?;
     // Read the request head (up to the blank line, at most 8 KiB); bodies are ignored.
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        s.set_read_timeout(Some(left()?))?;
         let n = s.read(&mut chunk)?;
         if n == 0 {
             break;
@@ -70,6 +101,7 @@ fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
             return respond(&mut s, "431 Request Header Fields Too Large", "text/plain", b"request head too large\n", false);
         }
     }
+    s.set_write_timeout(Some(left()?))?;
     let head = String::from_utf8_lossy(&buf);
     let mut parts = head.lines().next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -107,7 +139,7 @@ fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8], head_only:
 
 /// Render the service's counters in the Prometheus text format.
 pub fn render(stats: &dyn StatsSource) -> String {
-    let v: Value = serde_json::from_str(&stats.render(true)).unwrap_or(Value::Null);
+    let v: Value = serde_json::from_str(&stats.render(true, crate::access::Viewer::Admin)).unwrap_or(Value::Null);
     from_stats_json(&v)
 }
 
@@ -355,7 +387,7 @@ mod tests {
 
     struct Fake;
     impl StatsSource for Fake {
-        fn render(&self, _json: bool) -> String {
+        fn render(&self, _json: bool, _viewer: crate::access::Viewer) -> String {
             json!({
                 "uptime_s": 1.5, "devices": ["pmrxe0", "pmrxe1"], "clients": [{"id": 1, "pid": 2, "program": "x"}],
                 "lcores": [{"index": 0, "load": 0.25,

@@ -11,10 +11,26 @@ use pmrxe_port::FaultCounters;
 use pmrxe_runtime::lcore::{Cmd, LcoreHandle, Tap};
 use serde_json::json;
 
+use crate::access::Viewer;
+
 /// Something that can render the service's counters.
 pub trait StatsSource: Send + Sync {
-    /// Text table or JSON.
-    fn render(&self, json: bool) -> String;
+    /// Text table or JSON, as `viewer` may see it (an administrator sees every client; any
+    /// other user only the clients and QPs of their own uid, plus service-wide totals).
+    fn render(&self, json: bool, viewer: Viewer) -> String;
+}
+
+/// One connected client as `pmrxe stats` lists it.
+#[derive(Clone, Debug)]
+pub struct ClientInfo {
+    /// Client id (the session's handle).
+    pub id: u32,
+    /// Process id (0: in a pid namespace the service cannot see).
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+    /// argv[0] as the client reported it.
+    pub program: String,
 }
 
 /// Counters from the lcores, their ports and QPs.
@@ -29,10 +45,12 @@ pub struct ServiceStats {
     pub capture: Arc<Capture>,
     /// Fault injectors (config `[faults]`; empty without): one per port and lcore.
     pub faults: Vec<FaultSource>,
-    /// Connected clients (id → pid, program).
-    pub clients: Arc<dyn Fn() -> Vec<(u32, i32, String)> + Send + Sync>,
+    /// Connected clients.
+    pub clients: Arc<dyn Fn() -> Vec<ClientInfo> + Send + Sync>,
     /// The connection manager thread (rdma_cm ids, channels, connections per port).
     pub cm: Option<crate::cm::CmHandle>,
+    /// Limits in use and refusals ([`crate::limits`]).
+    pub limits: Option<Arc<crate::limits::Budget>>,
 }
 
 fn cm_json(s: &crate::cm::CmSnapshot) -> serde_json::Value {
@@ -83,10 +101,14 @@ fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
 }
 
 impl StatsSource for ServiceStats {
-    fn render(&self, as_json: bool) -> String {
+    fn render(&self, as_json: bool, viewer: Viewer) -> String {
+        let clients: Vec<ClientInfo> = (self.clients)().into_iter().filter(|c| viewer.sees(c.uid)).collect();
         let mut lcores = Vec::new();
         for lc in &self.lcores {
-            let qps = lc.call(|tx| Cmd::QpStats { done: tx }).unwrap_or_default();
+            let mut qps = lc.call(|tx| Cmd::QpStats { done: tx }).unwrap_or_default();
+            if viewer != Viewer::Admin {
+                qps.retain(|(_, client, _)| clients.iter().any(|c| c.id == *client));
+            }
             let snap = lc.stats.snapshot();
             // Busy time over the service's uptime: an idle iteration is far shorter than a busy
             // one, so the share of busy iterations understated a saturated lcore (67 %).
@@ -97,13 +119,13 @@ impl StatsSource for ServiceStats {
                 "load": load,
                 "counters": serde_json::to_value(&snap).unwrap_or_default(),
                 "drops_by_reason": lc.drops.snapshot().into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
-                "qps": qps.iter().map(|(q, s)| qp_json(*q, s)).collect::<Vec<_>>(),
+                "qps": qps.iter().map(|(q, _, s)| qp_json(*q, s)).collect::<Vec<_>>(),
             }));
         }
         let v = json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "devices": self.devices,
-            "clients": (self.clients)().into_iter().map(|(id, pid, p)| json!({"id": id, "pid": pid, "program": p})).collect::<Vec<_>>(),
+            "clients": clients.iter().map(|c| json!({"id": c.id, "pid": c.pid, "uid": c.uid, "program": c.program})).collect::<Vec<_>>(),
             "lcores": lcores,
             "capture": { "active": self.capture.active(), "frames": self.capture.frames.load(Ordering::Relaxed), "dropped": self.capture.dropped.load(Ordering::Relaxed) },
             "faults": self.faults.iter().map(|f| {
@@ -112,6 +134,7 @@ impl StatsSource for ServiceStats {
                     "duplicated": s.duplicated, "reordered": s.reordered, "corrupted": s.corrupted})
             }).collect::<Vec<_>>(),
             "cm": self.cm.as_ref().and_then(|h| h.snapshot(Duration::from_secs(2))).map(|s| cm_json(&s)),
+            "limits": self.limits.as_ref().map(|l| l.json(&|id| clients.iter().any(|c| c.id == id))),
         });
         if as_json {
             return serde_json::to_string_pretty(&v).unwrap_or_default();
@@ -150,6 +173,9 @@ impl StatsSource for ServiceStats {
                     q["seq_naks_received"], q["rnr_naks_sent"], q["rnr_naks_received"], q["duplicates"], q["rkey_violations"]
                 ));
             }
+        }
+        if let Some(l) = &self.limits {
+            out.push_str(&l.text());
         }
         out
     }

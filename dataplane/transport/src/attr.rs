@@ -111,6 +111,11 @@ pub const MAX_QP_WR: u32 = 16384;
 /// Largest `max_rd_atomic` / `max_dest_rd_atomic`.
 pub const MAX_RD_ATOMIC: u8 = 128;
 
+/// The Q_Key bit that makes a Q_Key privileged (IBTA 10.2.5): a UD work request whose Q_Key
+/// has it set sends the QP's own Q_Key instead, and only a client with CAP_NET_RAW may give a
+/// QP such a Q_Key (the kernel's `IB_QP_SET_QKEY` rule). GSI's Q_Key 0x80010000 is one.
+pub const PRIVILEGED_QKEY_BIT: u32 = 0x8000_0000;
+
 /// QP attributes (`struct ibv_qp_attr`, the fields RoCE uses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpAttr {

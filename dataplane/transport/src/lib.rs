@@ -62,7 +62,7 @@ pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
-pub use attr::{AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType};
+pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType};
 pub use qp::{AsyncEvent, PostError, Qp, Transmit};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;

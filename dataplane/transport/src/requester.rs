@@ -24,7 +24,7 @@ use pmrxe_wire::{bth as wire_bth, next_opcode, AtomicEthRepr, DethRepr, MsgPos, 
 use crate::builder::{bth, build, Payload};
 use crate::cq::{CompletionSink, WcStatus};
 use crate::memops::MemOps;
-use crate::attr::{QpState, QpType};
+use crate::attr::{QpState, QpType, PRIVILEGED_QKEY_BIT};
 use crate::qp::{Qp, Transmit};
 use crate::timers::{local_ack_timeout_ns, Instant, Timer};
 use crate::wqe::{SendFlags, SendOp};
@@ -347,7 +347,11 @@ impl Qp {
                     h.reth = Some(RethRepr { va: e.remote_addr, rkey: e.rkey, len: e.len as u32 });
                 }
                 if let Some(ud) = ud {
-                    h.deth = Some(DethRepr { qkey: ud.remote_qkey, src_qp: Qpn::new(self.qpn) });
+                    // IBTA 10.2.5 / C10-15: a WR Q_Key with its most significant bit set is not
+                    // sent; the QP's own Q_Key is (which only a privileged client may make
+                    // privileged: the service refuses such a QKEY in modify_qp otherwise).
+                    let qkey = if ud.remote_qkey & PRIVILEGED_QKEY_BIT != 0 { self.attr.qkey } else { ud.remote_qkey };
+                    h.deth = Some(DethRepr { qkey, src_qp: Qpn::new(self.qpn) });
                 }
                 let off = u64::from(k) * u64::from(mtu);
                 let len = (e.len - off.min(e.len)).min(u64::from(mtu)) as usize;

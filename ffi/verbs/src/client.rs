@@ -35,6 +35,9 @@ impl From<Error> for Errno {
 static CLIENT: OnceLock<&'static Client> = OnceLock::new();
 /// Serialises connection attempts (a failed attempt leaves `CLIENT` empty for the next one).
 static CONNECTING: Mutex<()> = Mutex::new(());
+/// Why the last connection attempt failed, when the client core said it in words (refused by
+/// the service, an untrusted socket, a timeout): printed once instead of the bare errno.
+static CONNECT_ERROR: Mutex<Option<String>> = Mutex::new(None);
 
 /// The process's connection, connecting on first use.
 pub fn client() -> Res<&'static Client> {
@@ -53,8 +56,14 @@ pub fn client() -> Res<&'static Client> {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 let path = ctrl::socket_path(ctrl::DEFAULT_SOCKET);
-                let why = std::io::Error::from_raw_os_error(e.0);
-                eprintln!("pmrxe: no pmrxe devices: cannot reach the service at {} ({why}); start `pmrxe serve` or set PMRXE_SOCKET", path.display());
+                match CONNECT_ERROR.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    // Permission, trust or timeout: the core's own sentence says what to do.
+                    Some(msg) => eprintln!("pmrxe: no pmrxe devices: {msg}"),
+                    None => {
+                        let why = std::io::Error::from_raw_os_error(e.0);
+                        eprintln!("pmrxe: no pmrxe devices: cannot reach the service at {} ({why}); start `pmrxe serve` or set PMRXE_SOCKET", path.display());
+                    }
+                }
             });
             return Err(e);
         }
@@ -79,6 +88,9 @@ impl Client {
         let conn = Connection::connect(&path, program).map_err(|e| {
             if let (Error::Connect(_), true) = (&e, debug()) {
                 eprintln!("pmrxe-verbs: cannot connect to the service at {}: errno {}", path.display(), e.errno());
+            }
+            if matches!(e, Error::Untrusted(_) | Error::Denied(_) | Error::Timeout(_) | Error::Service { .. }) {
+                *CONNECT_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             }
             Errno::from(e)
         })?;

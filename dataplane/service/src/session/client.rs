@@ -12,6 +12,7 @@ use pmrxe_runtime::lcore::Cmd;
 use pmrxe_runtime::shm::{EventFd, Segment};
 
 use super::{err, Reply, Session};
+use crate::access::Viewer;
 
 impl Session {
     pub(super) fn hello(&mut self, abi_version: u32, program: String, pid: i32) -> Reply {
@@ -43,7 +44,7 @@ impl Session {
         for lc in &sh.lcores {
             let _ = lc.cmds.send(Cmd::AddClient { client: self.id, page: page.clone(), events: etx.clone(), events_fd: Some(events_fd.clone()) });
         }
-        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).insert(self.id, (pid, program));
+        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).insert(self.id, crate::stats::ClientInfo { id: self.id, pid, uid: self.uid, program });
         let fd = page.fd().as_raw_fd();
         let efd = events_fd.fd().as_raw_fd();
         self.events_fd = Some(events_fd);
@@ -56,10 +57,31 @@ impl Session {
     pub(super) fn capture(&mut self, count: u64, qpn: Option<u32>, fds: Vec<OwnedFd>) -> Reply {
         let sh = self.shared.clone();
         let Some(fd) = fds.into_iter().next() else { return (err(libc::EINVAL, "capture needs an output fd"), vec![]) };
+        // Frames carry payloads: a user other than root and the service's may capture only
+        // the frames of a QP of their own (sent by it or addressed to it).
+        if let Viewer::User(uid) = self.viewer {
+            let Some(q) = qpn else {
+                return (err(libc::EPERM, "capturing a whole port is for root: name one of your QPs with --qp"), vec![]);
+            };
+            if !self.qp_of_user(q, uid) {
+                return (err(libc::EPERM, &format!("QP {q:#x} is not one of yours")), vec![]);
+            }
+        }
         match sh.capture.start(fd, count, qpn) {
             Ok(()) => (Response::Ok, vec![]),
             Err(e) => (err(libc::EBUSY, &e), vec![]),
         }
+    }
+
+    /// Does QP `qpn` belong to a client of user `uid`? (Asks the lcores who owns it.)
+    fn qp_of_user(&self, qpn: u32, uid: u32) -> bool {
+        let sh = &self.shared;
+        let owner = sh.lcores.iter().find_map(|lc| {
+            let qps = lc.call(|tx| Cmd::QpStats { done: tx }).unwrap_or_default();
+            qps.into_iter().find(|(q, _, _)| *q == qpn).map(|(_, client, _)| client)
+        });
+        let clients = sh.clients.lock().unwrap_or_else(|e| e.into_inner());
+        owner.and_then(|c| clients.get(&c)).is_some_and(|c| c.uid == uid)
     }
 
     /// rdma_cm (issue 14): the connection-manager thread (crate::cm) owns ids, channels and QP1;
