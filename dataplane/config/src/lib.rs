@@ -14,7 +14,8 @@
 //! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc,
 //!               vendor_id, vendor_part_id, ecn, congestion = { cnp_interval_us, ... }
 //! [[neighbors]] ip, mac
-//! [limits]     max_qp, max_cq, ... (defaults in Limits::default)
+//! [limits]     max_qp, max_cq, ..., max_clients (defaults in Limits::default)
+//! [limits.per_client] max_qp, max_cq, ..., max_fds (default: fair shares, Limits::client_cap)
 //! [faults]     loss, duplicate, reorder, corrupt, seed (optional)
 //! ```
 #![deny(unsafe_code)]
@@ -390,6 +391,121 @@ pub struct Limits {
 /// Default `[limits] max_cqe`: 2^22 - 1 entries, as ConnectX-4..7 report.
 pub const MAX_CQE_DEFAULT: u32 = (1 << 22) - 1;
 
+    /// Clients connected at once (service-wide). A connection beyond it is closed at once;
+    /// each connected client costs the service three fds (socket, client page, event fd).
+    pub max_clients: u32,
+    /// `[limits.per_client]`: what one client may hold, so that one client cannot starve
+    /// the others (see [`PerClientLimits`]).
+    pub per_client: PerClientLimits,
+}
+
+/// `[limits.per_client]`: caps on one client's objects, each on each device (`max_fds`: over
+/// the whole service). Unset: a fair share, [`Limits::client_cap`]. A client at its cap gets
+/// `EAGAIN` (as the kernel's rdma cgroup answers at `rdma.max`); a device at its `[limits]`
+/// limit answers `ENOMEM`, as a NIC whose table is full.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PerClientLimits {
+    /// QPs per client per device (default: half of `max_qp`, at most half an lcore's QP table).
+    pub max_qp: Option<u32>,
+    /// CQs per client per device (default: half of `max_cq`).
+    pub max_cq: Option<u32>,
+    /// MRs per client per device (default: half of `max_mr`).
+    pub max_mr: Option<u32>,
+    /// MWs per client per device (default: half of `max_mw`).
+    pub max_mw: Option<u32>,
+    /// SRQs per client per device (default: half of `max_srq`).
+    pub max_srq: Option<u32>,
+    /// PDs per client per device (default: half of `max_pd`).
+    pub max_pd: Option<u32>,
+    /// AHs per client per device (default: half of `max_ah`).
+    pub max_ah: Option<u32>,
+    /// File descriptors the service holds for one client's CQ/QP/SRQ rings, completion
+    /// channels and registered segments (default: a quarter of the service's fd budget, at
+    /// most 4096, computed at start from RLIMIT_NOFILE).
+    pub max_fds: Option<u32>,
+}
+
+/// The objects `[limits]` counts per device (and `[limits.per_client]` per client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    /// Protection domains.
+    Pd,
+    /// Completion queues.
+    Cq,
+    /// Queue pairs.
+    Qp,
+    /// Shared receive queues.
+    Srq,
+    /// Memory regions.
+    Mr,
+    /// Memory windows.
+    Mw,
+    /// Address handles.
+    Ah,
+}
+
+impl LimitKind {
+    /// Every kind, in a fixed order (arrays of counters are indexed by `kind as usize`).
+    pub const ALL: [LimitKind; 7] = [LimitKind::Pd, LimitKind::Cq, LimitKind::Qp, LimitKind::Srq, LimitKind::Mr, LimitKind::Mw, LimitKind::Ah];
+
+    /// The `[limits]` key (`max_<name>`) and stats name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitKind::Pd => "pd",
+            LimitKind::Cq => "cq",
+            LimitKind::Qp => "qp",
+            LimitKind::Srq => "srq",
+            LimitKind::Mr => "mr",
+            LimitKind::Mw => "mw",
+            LimitKind::Ah => "ah",
+        }
+    }
+}
+
+/// QP slots of one poll-mode lcore (`pmrxe_runtime::lcore::MAX_QPS_PER_LCORE`, asserted equal
+/// in the service): a client's QPs all live on one lcore, so its fair share is taken from here.
+pub const LCORE_QP_SLOTS: u32 = 4096;
+
+/// Largest per-client fd cap the service picks by itself ([`PerClientLimits::max_fds`]).
+pub const DEFAULT_CLIENT_FDS: u32 = 4096;
+
+impl Limits {
+    /// The device-wide limit of `kind` (per device), as `ibv_query_device` reports it.
+    pub fn device_max(&self, kind: LimitKind) -> u32 {
+        match kind {
+            LimitKind::Pd => self.max_pd,
+            LimitKind::Cq => self.max_cq,
+            LimitKind::Qp => self.max_qp,
+            LimitKind::Srq => self.max_srq,
+            LimitKind::Mr => self.max_mr,
+            LimitKind::Mw => self.max_mw,
+            LimitKind::Ah => self.max_ah,
+        }
+    }
+
+    /// One client's cap on `kind` per device: `[limits.per_client]` if set, else a fair share:
+    /// half the device limit (at least 1); for QPs also at most half an lcore's QP table.
+    pub fn client_cap(&self, kind: LimitKind) -> u32 {
+        let p = &self.per_client;
+        let set = match kind {
+            LimitKind::Pd => p.max_pd,
+            LimitKind::Cq => p.max_cq,
+            LimitKind::Qp => p.max_qp,
+            LimitKind::Srq => p.max_srq,
+            LimitKind::Mr => p.max_mr,
+            LimitKind::Mw => p.max_mw,
+            LimitKind::Ah => p.max_ah,
+        };
+        set.unwrap_or_else(|| {
+            let half = (self.device_max(kind) / 2).max(1);
+            if kind == LimitKind::Qp {
+                half.min(LCORE_QP_SLOTS / 2)
+            } else {
+                half
+            }
+        })
+    }
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -414,6 +530,8 @@ impl Default for Limits {
 }
 
 /// `[faults]`: seeded fault injection applied to every port (for tests and demos).
+            max_clients: 256,
+            per_client: PerClientLimits::default(),
 #[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultConfig {

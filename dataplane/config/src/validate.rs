@@ -368,6 +368,37 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     if l.max_rd_atomic > 255 {
         return Err(inv("limits.max_rd_atomic", format!("{} exceeds 255", l.max_rd_atomic)));
     }
+    let devices = cfg.ports.len().max(1) as u64;
+    // Every lcore may hold QPs of every device (one lcore per device, or clients spread over
+    // lcores that share the ports), so all devices' QPs must fit the lcores' QP tables.
+    let lcores = cfg.lcores.cores.len().max(1) as u64;
+    if u64::from(l.max_qp) * devices > lcores * u64::from(crate::LCORE_QP_SLOTS) {
+        return Err(inv(
+            "limits.max_qp",
+            format!("{} on each of {devices} devices exceeds the {} QP slots of {lcores} lcores", l.max_qp, lcores * u64::from(crate::LCORE_QP_SLOTS)),
+        ));
+    }
+    // One MR table serves every device; its indexes stop below the MW index base (2^19).
+    if u64::from(l.max_mr) * devices >= 1 << 19 {
+        return Err(inv("limits.max_mr", format!("{} on each of {devices} devices exceeds the 524287 slots of the MR table", l.max_mr)));
+    }
+    if u64::from(l.max_mw) * devices >= 1 << 23 {
+        return Err(inv("limits.max_mw", format!("{} on each of {devices} devices exceeds the MW index space", l.max_mw)));
+    }
+    if !(1..=65536).contains(&l.max_clients) {
+        return Err(inv("limits.max_clients", format!("{} is outside 1..=65536", l.max_clients)));
+    }
+    for kind in crate::LimitKind::ALL {
+        let (cap, max) = (l.client_cap(kind), l.device_max(kind));
+        if cap == 0 || cap > max {
+            return Err(inv(format!("limits.per_client.max_{}", kind.name()), format!("{cap} is outside 1..=limits.max_{} ({max})", kind.name())));
+        }
+    }
+    if let Some(f) = l.per_client.max_fds {
+        if !(16..=1 << 20).contains(&f) {
+            return Err(inv("limits.per_client.max_fds", format!("{f} is outside 16..=1048576")));
+        }
+    }
 
     // [faults]
     if let Some(fc) = &cfg.faults {

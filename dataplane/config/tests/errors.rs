@@ -235,6 +235,26 @@ fn limits_rules() {
 }
 
 #[test]
+fn per_client_limits() {
+    use pmrxe_config::LimitKind;
+    let l = pmrxe_config::Limits::default();
+    assert_eq!(l.client_cap(LimitKind::Qp), 512, "half the device's 1024");
+    assert_eq!(l.client_cap(LimitKind::Mr), 2048);
+    let big = pmrxe_config::Limits { max_qp: 8192, ..l.clone() };
+    assert_eq!(big.client_cap(LimitKind::Qp), 2048, "at most half an lcore's QP table");
+    let c = pmrxe_config::Config::parse_unvalidated(&format!("{DEFAULT_LOOPBACK}\n[limits]\nmax_qp = 8\n[limits.per_client]\nmax_qp = 3\n")).unwrap();
+    assert_eq!(c.limits.client_cap(LimitKind::Qp), 3);
+    let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits]\nmax_qp = 8\n[limits.per_client]\nmax_qp = 9\n"));
+    assert_eq!(s, "config error: limits.per_client.max_qp: 9 is outside 1..=limits.max_qp (8)");
+    let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits.per_client]\nmax_fds = 2\n"));
+    assert_eq!(s, "config error: limits.per_client.max_fds: 2 is outside 16..=1048576");
+    let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits.per_client]\nmax_qps = 2\n"));
+    assert!(s.contains("unknown key 'max_qps'"), "{s}");
+    let s = err(&format!("{DEFAULT_LOOPBACK}\n[limits]\nmax_qp = 3000\n"));
+    assert_eq!(s, "config error: limits.max_qp: 3000 on each of 2 devices exceeds the 4096 QP slots of 1 lcores");
+}
+
+#[test]
 fn bad_file_prefix_and_memory() {
     let s = err(&loopback_with("in_memory = false", "file_prefix = \"a b\""));
     assert!(s.starts_with("config error: eal.file_prefix: invalid prefix \"a b\""), "{s}");

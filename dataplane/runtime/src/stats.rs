@@ -108,6 +108,8 @@ counters! {
         handoff_drops,
         /// Control commands handled.
         commands,
+        /// Address handles held by this lcore for its clients (a gauge, not a counter).
+        address_handles,
         /// Frames for QP1 (CM MADs) passed to the connection manager.
         cm_rx,
         /// CM MADs sent from QP1.

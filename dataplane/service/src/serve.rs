@@ -43,6 +43,9 @@ pub enum ServeError {
     /// Signals.
     #[error("signal setup: {0}")]
     Signal(std::io::Error),
+    /// The fd limit cannot cover the configured limits (one line with the numbers).
+    #[error("{0}")]
+    Limits(String),
     /// The metrics endpoint (`service.metrics`).
     #[error("metrics endpoint {0}: {1}")]
     Metrics(std::net::SocketAddr, std::io::Error),
@@ -69,9 +72,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     }
     let ports = pmrxe_port::open_ports(&port_cfg, &eal)?;
+    // RLIMIT_NOFILE sized from the limits, once EAL and the ports hold their fds: every
+    // CQ/QP/SRQ ring, channel and segment costs the service one (crate::limits).
+    let fd_plan = crate::limits::size_fd_limit(&cfg.limits, cfg.ports.len()).map_err(ServeError::Limits)?;
+    // One MR table for every device; each device's share is enforced by crate::limits.
+    let n_dev = cfg.ports.len().max(1) as u32;
     let mem = Arc::new(MemTable::new(MemLimits {
-        max_mr: cfg.limits.max_mr,
-        max_mw: cfg.limits.max_mw,
+        max_mr: cfg.limits.max_mr.saturating_mul(n_dev),
+        max_mw: cfg.limits.max_mw.saturating_mul(n_dev),
         max_fast_reg_pages: cfg.limits.max_fast_reg_pages,
         max_mr_size: cfg.limits.max_mr_size,
         // One epoch reader per lcore.
@@ -188,6 +196,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     let listener = bind_socket(&sock_path)?;
     // `pmrxe stats` lists the sessions' own client table (`Shared::clients`, filled at Hello and
     // emptied when a client goes): the stats closure reaches it through a weak reference.
+    let budget = Arc::new(crate::limits::Budget::new(cfg.limits.clone(), devices.iter().map(|d| d.name.clone()).collect(), fd_plan));
     let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| Shared {
         devices: devices.clone(),
         device_lcore,
@@ -212,7 +221,9 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                 })
             },
             cm: Some(cm.clone()),
+            limits: Some(budget.clone()),
         }),
+        limits: budget,
         capture,
         cm: Some(cm),
     });
@@ -232,18 +243,47 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     // Accept clients until a signal arrives (the listener is non-blocking; the control thread
     // sleeps between polls — it is never on the fast path).
     listener.set_nonblocking(true).map_err(|e| ServeError::Socket { path: sock_path.clone(), source: e })?;
+    // A failing accept (EMFILE, ENFILE, ENOBUFS...) backs off, 5 ms doubling to 100 ms, and is
+    // logged at most once per limits::WARN_PERIOD with the count suppressed: a client flood
+    // must not spin the control thread or flood the log (counted: limits.accept_errors).
+    const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
+    let mut backoff = ACCEPT_BACKOFF.0;
+    let limits = shared.limits.clone();
     let sig = loop {
         if let Some(s) = pending_signal(&sigs) {
             break s;
         }
         match listener.accept() {
             Ok((s, _)) => {
+                backoff = ACCEPT_BACKOFF.0;
+                if !limits.connect() {
+                    if let Some(n) = limits.refused_client_warn.hit() {
+                        tracing::warn!(suppressed = n, max_clients = cfg.limits.max_clients, "closing a new connection: [limits] max_clients are connected");
+                    }
+                    continue;
+                }
                 let _ = s.set_nonblocking(false);
                 let sh = shared.clone();
-                let _ = std::thread::Builder::new().name("pmrxe-client".into()).spawn(move || session::run(sh, s));
+                let spawned = std::thread::Builder::new().name("pmrxe-client".into()).spawn(move || {
+                    let limits = sh.limits.clone();
+                    session::run(sh, s);
+                    limits.disconnected();
+                });
+                if let Err(e) = spawned {
+                    limits.disconnected();
+                    if let Some(n) = limits.accept_errors.hit() {
+                        tracing::warn!(suppressed = n, "no thread for a new client: {e}");
+                    }
+                }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => tracing::warn!("accept: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_BACKOFF.0),
+            Err(e) => {
+                if let Some(n) = limits.accept_errors.hit() {
+                    tracing::warn!(suppressed = n, "accept: {e}; backing off (repeats are counted in pmrxe stats: limits.accept_errors)");
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+            }
         }
         if threads.iter().any(|t| t.is_finished()) {
             tracing::error!("an lcore thread exited unexpectedly; stopping");

@@ -98,7 +98,7 @@ impl<L: Port> Lcore<L> {
 
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
-fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>, now: Instant) -> bool {
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<(u32, u32), AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>, now: Instant) -> bool {
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
     let mut any = drain_rq(qp, s, stats, scratch, cq);
@@ -107,7 +107,8 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<u32, AddressVector>
             Ok(true) => {
                 any = true;
                 let w = &scratch.shm_send;
-                match convert::ShmSendWr::new(w, |h| ahs.get(&h).copied(), s.is_ud) {
+                let client = s.client;
+                match convert::ShmSendWr::new(w, |h| ahs.get(&(client, h)).copied(), s.is_ud) {
                     Ok(wr) => {
                         if let Err(e) = qp.post_send(now, &wr, &mut cq.sink(&s.cq)) {
                             if e == pmrxe_transport::PostError::QueueFull {

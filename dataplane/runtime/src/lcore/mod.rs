@@ -160,10 +160,11 @@ pub enum Cmd {
     QueryQp { qpn: u32, done: Sender<Option<QpAttr>> },
     /// ibv_destroy_qp.
     DestroyQp { qpn: u32, done: Sender<Result<(), i32>> },
-    /// An address handle for UD WQEs.
-    AddAh { ah: u32, av: AddressVector },
+    /// An address handle of `client` for its UD WQEs (looked up by (client, ah): a post names
+    /// only its own client's handles). `RemoveClient` drops the client's handles.
+    AddAh { client: u32, ah: u32, av: AddressVector },
     /// Drop an address handle.
-    RemoveAh { ah: u32 },
+    RemoveAh { client: u32, ah: u32 },
     /// Per-QP statistics.
     QpStats { done: Sender<Vec<(u32, pmrxe_transport::QpStats)>> },
     /// A shared receive queue and its ring.
@@ -418,7 +419,8 @@ pub struct Lcore<L: Port> {
     dirty_cqs: Vec<usize>,
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
-    ahs: HashMap<u32, AddressVector>,
+    /// Address handles by (client, handle).
+    ahs: HashMap<(u32, u32), AddressVector>,
     /// Where ring entries are copied and converted (reused: no per-post clears or moves).
     scratch: Box<Scratch>,
     neigh: Neighbors,

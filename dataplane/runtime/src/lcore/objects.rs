@@ -39,6 +39,11 @@ impl<L: Port> Lcore<L> {
                         let _ = self.grave.send(Box::new((x, self.engine.remove_srq(k))));
                     }
                 }
+                self.ahs.retain(|&(c, _), _| c != client);
+                if self.ahs.capacity() > 4 * self.ahs.len().max(1024) {
+                    self.ahs.shrink_to(2 * self.ahs.len().max(1024));
+                }
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
                 if let Some(i) = self.clients.iter().position(|c| c.id == client) {
                     let c = self.clients.swap_remove(i);
                     let _ = self.grave.send(Box::new(c));
@@ -131,11 +136,13 @@ impl<L: Port> Lcore<L> {
                 let r = if self.remove_qp(qpn) { Ok(()) } else { Err(libc::EINVAL) };
                 let _ = done.send(r);
             }
-            Cmd::AddAh { ah, av } => {
-                self.ahs.insert(ah, av);
+            Cmd::AddAh { client, ah, av } => {
+                self.ahs.insert((client, ah), av);
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
             }
-            Cmd::RemoveAh { ah } => {
-                self.ahs.remove(&ah);
+            Cmd::RemoveAh { client, ah } => {
+                self.ahs.remove(&(client, ah));
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
             }
             Cmd::AddSrq { srq, client, seg, layout, db_slot, done } => {
                 let r = (|| {

@@ -9,16 +9,24 @@ use pmrxe_abi::{CqSegmentLayout, ShmCqe};
 use pmrxe_runtime::lcore::Cmd;
 use pmrxe_runtime::shm::{EventFd, Segment};
 
+use pmrxe_config::LimitKind;
+
 use super::{drop_after_send, err, Reply, Session};
+use crate::limits::Obj;
 
 impl Session {
     pub(super) fn create_comp_channel(&mut self) -> Reply {
         let sh = self.shared.clone();
+        let r = match self.reserve(Obj::Channel, 0) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         match EventFd::new() {
             Ok(e) => {
                 let ch = sh.handle();
                 let fd = e.fd().as_raw_fd();
                 self.objs.channels.insert(ch, Arc::new(e));
+                self.commit(r, ch.into());
                 (Response::CompChannel { channel: ch }, vec![fd])
             }
             Err(e) => (err(libc::EMFILE, &e.to_string()), vec![]),
@@ -27,7 +35,10 @@ impl Session {
 
     pub(super) fn destroy_comp_channel(&mut self, channel: u32) -> Reply {
         match self.objs.channels.remove(&channel) {
-            Some(_) => (Response::Ok, vec![]),
+            Some(_) => {
+                self.release(Obj::Channel, channel.into());
+                (Response::Ok, vec![])
+            }
             None => (err(libc::EINVAL, "no such channel"), vec![]),
         }
     }
@@ -50,6 +61,10 @@ impl Session {
                 None => return (err(libc::EINVAL, "no such completion channel"), vec![]),
             },
         };
+        let reservation = match self.reserve(Obj::Kind(LimitKind::Cq), device) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         // At least MIN_CQ_RING entries, so ibv_resize_cq can grow a small CQ in place.
         let cap = (cqe + 1).max(MIN_CQ_RING).next_power_of_two();
         let layout = CqSegmentLayout::new(cap);
@@ -70,6 +85,7 @@ impl Session {
             return (err(libc::EINVAL, &e), vec![]);
         }
         self.objs.cqs.insert(cq, lc);
+        self.commit(reservation, cq.into());
         // `seg` stays alive in the lcore; `fd` is valid until the reply is sent (we hold `seg`).
         let resp = (Response::Cq { cq, cqe: cap - 1, layout }, vec![fd]);
         drop_after_send(seg);
@@ -94,6 +110,7 @@ impl Session {
         match r {
             Ok(()) => {
                 self.objs.cqs.remove(&cq);
+                self.release(Obj::Kind(LimitKind::Cq), cq.into());
                 (Response::Ok, vec![])
             }
             Err(e) => (err(e, "CQ busy or unknown"), vec![]),

@@ -50,6 +50,8 @@ pub struct Shared {
     /// The connection manager (rdma_cm), if the service runs one.
     pub cm: Option<crate::cm::CmHandle>,
 }
+    /// Device limits, per-client caps and the fd budget ([`crate::limits`]).
+    pub limits: Arc<crate::limits::Budget>,
 
 impl Shared {
     fn handle(&self) -> u32 {
@@ -132,6 +134,8 @@ struct Objects {
 pub fn run(shared: Arc<Shared>, sock: UnixStream) {
     let (pid, uid, _) = ctrl::peer_cred(&sock).unwrap_or((-1, u32::MAX, u32::MAX));
     let me = rustix::process::getuid().as_raw();
+    /// What this client holds against the limits (given back when dropped).
+    usage: crate::limits::Usage,
     if uid != me && uid != 0 {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;
@@ -248,9 +252,9 @@ impl Session {
             | Request::CmDestroyId { .. }) => self.cm(req),
             Request::ResizeCq { cq, cqe } => self.resize_cq(cq, cqe),
             Request::DestroyCq { cq } => self.destroy_cq(cq),
-            Request::AddSegment { seg, base, len } => self.add_segment(seg, base, len, fds),
-            Request::AddSharedSegment { seg, base, len, offset } => self.add_shared_segment(seg, base, len, offset, fds),
-            Request::ReleaseSegment { seg } => self.release_segment(seg),
+            Request::AddSegment { seg, base, len } => self.counted_segment(seg, true, |s| s.add_segment(seg, base, len, fds)),
+            Request::AddSharedSegment { seg, base, len, offset } => self.counted_segment(seg, true, |s| s.add_shared_segment(seg, base, len, offset, fds)),
+            Request::ReleaseSegment { seg } => self.counted_segment(seg, false, |s| s.release_segment(seg)),
             Request::RegMr { pd, addr, len, iova, access, pieces } => self.reg_mr(pd, addr, len, iova, access, &pieces),
             Request::ReregMr { key, pd, addr, len, iova, access, pieces } => self.rereg_mr(key, pd, addr, len, iova, access, &pieces),
             Request::DeregMr { key } => self.dereg_mr(key),
@@ -263,6 +267,7 @@ impl Session {
             }
             Request::ModifyQp { qpn, attr, mask } => self.modify_qp(qpn, attr, mask),
             Request::QueryQp { qpn } => self.query_qp(qpn),
+mod usage;
             Request::DestroyQp { qpn } => self.destroy_qp(qpn),
             Request::CreateSrq { device, pd, max_wr, max_sge, srq_limit } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
             Request::ModifySrq { srq, max_wr: _, srq_limit, mask } => self.modify_srq(srq, srq_limit, mask),

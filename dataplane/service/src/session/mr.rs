@@ -6,10 +6,17 @@ use pmrxe_abi::ctrl::{self, Response};
 use pmrxe_mem::{Access, Key, Region, SgEntry};
 use pmrxe_runtime::shm::MrMapping;
 
+use pmrxe_config::LimitKind;
+
 use super::{err, Reply, Session};
+use crate::limits::Obj;
 
 impl Session {
     pub(super) fn reg_mr(&mut self, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: &[ctrl::Piece]) -> Reply {
+        let reservation = match self.reserve_on_pd(LimitKind::Mr, pd) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         let region = match self.mr_region(pd, addr, len, pieces) {
             Ok(r) => r,
             Err(msg) => return (err(libc::EINVAL, &msg), vec![]),
@@ -17,6 +24,7 @@ impl Session {
         match self.shared.mem.reg_mr(pd, region, iova, Access(access)) {
             Ok(k) => {
                 self.objs.mrs.insert(k.0, pd);
+                self.commit(reservation, k.0.into());
                 (Response::Mr { key: k.0 }, vec![])
             }
             Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),
@@ -88,7 +96,10 @@ impl Session {
             return (err(libc::EINVAL, "no such MR"), vec![]);
         }
         match sh.mem.dereg_mr(Key(key)) {
-            Ok(()) => (Response::Ok, vec![]),
+            Ok(()) => {
+                self.release(Obj::Kind(LimitKind::Mr), key.into());
+                (Response::Ok, vec![])
+            }
             Err(e) => {
                 self.objs.mrs.insert(key, 0);
                 (err(libc::EBUSY, &e.to_string()), vec![])
@@ -98,12 +109,14 @@ impl Session {
 
     pub(super) fn alloc_mr(&mut self, pd: u32, max_num_sg: u32) -> Reply {
         let sh = self.shared.clone();
-        if !self.objs.pds.contains_key(&pd) {
-            return (err(libc::EINVAL, "no such PD"), vec![]);
-        }
+        let reservation = match self.reserve_on_pd(LimitKind::Mr, pd) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         match sh.mem.alloc_mr(pd, max_num_sg) {
             Ok(k) => {
                 self.objs.mrs.insert(k.0, pd);
+                self.commit(reservation, k.0.into());
                 (Response::Mr { key: k.0 }, vec![])
             }
             Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),

@@ -2,7 +2,10 @@
 
 use pmrxe_abi::ctrl::Response;
 
+use pmrxe_config::LimitKind;
+
 use super::{err, Reply, Session};
+use crate::limits::Obj;
 
 impl Session {
     pub(super) fn alloc_pd(&mut self, device: u32) -> Reply {
@@ -10,8 +13,13 @@ impl Session {
         if device as usize >= sh.devices.len() {
             return (err(libc::ENODEV, "no such device"), vec![]);
         }
+        let r = match self.reserve(Obj::Kind(LimitKind::Pd), device) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         let pd = sh.handle();
         self.objs.pds.insert(pd, device);
+        self.commit(r, pd.into());
         (Response::Pd { pd }, vec![])
     }
 
@@ -21,7 +29,10 @@ impl Session {
             return (err(libc::EBUSY, "PD still has MRs/MWs"), vec![]);
         }
         match self.objs.pds.remove(&pd) {
-            Some(_) => (Response::Ok, vec![]),
+            Some(_) => {
+                self.release(Obj::Kind(LimitKind::Pd), pd.into());
+                (Response::Ok, vec![])
+            }
             None => (err(libc::EINVAL, "no such PD"), vec![]),
         }
     }

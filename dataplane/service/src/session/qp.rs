@@ -11,7 +11,10 @@ use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::{AttrMask, Qp, QpAttr, QpCaps, QpType};
 
 use super::attr::{from_engine_attr, mtu, to_engine_attr};
+use pmrxe_config::LimitKind;
+
 use super::{drop_after_send, err, QpRec, Reply, Session};
+use crate::limits::Obj;
 
 impl Session {
     #[allow(clippy::too_many_arguments)]
@@ -50,6 +53,10 @@ impl Session {
             max_inline_data: cap.max_inline_data,
         };
         let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many QPs for this client"), vec![]) };
+        let reservation = match self.reserve(Obj::Kind(LimitKind::Qp), device) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         let rq_cap = if srq.is_some() { 0 } else { caps.max_recv_wr.next_power_of_two() };
         let layout = QpSegmentLayout::new(caps.max_send_wr.next_power_of_two(), rq_cap);
         let seg = match Segment::create("pmrxe-qp", layout.total_len as usize) {
@@ -88,6 +95,7 @@ impl Session {
         self.objs.db_used[slot] = true;
         let out_cap = QpCap { max_inline_data: caps.max_inline_data, ..cap };
         self.objs.qps.insert(qpn, QpRec { lcore: lc, init_cap: out_cap, db_slot: slot as u16 });
+        self.commit(reservation, qpn.into());
         let resp = (Response::Qp { qpn, cap: out_cap, layout, doorbell: Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 } }, vec![fd]);
         drop_after_send(seg);
         resp
@@ -123,6 +131,7 @@ impl Session {
         let r: Result<(), i32> = lcore_call!(sh.lcores[lc], DestroyQp { qpn: qpn });
         self.objs.qps.remove(&qpn);
         self.objs.db_used[slot as usize] = false;
+        self.release(Obj::Kind(LimitKind::Qp), qpn.into());
         match r {
             Ok(()) => (Response::Ok, vec![]),
             Err(e) => (err(e, "destroy_qp"), vec![]),

@@ -10,7 +10,10 @@ use pmrxe_runtime::lcore::Cmd;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::{Srq, SrqAttr};
 
+use pmrxe_config::LimitKind;
+
 use super::{err, Reply, Session, SrqRec};
+use crate::limits::Obj;
 
 impl Session {
     pub(super) fn create_srq(&mut self, device: u32, pd: u32, max_wr: u32, max_sge: u32, srq_limit: u32) -> Reply {
@@ -23,6 +26,10 @@ impl Session {
         if max_wr == 0 || max_wr > d.max_srq_wr || max_sge > d.max_srq_sge {
             return (err(libc::EINVAL, "SRQ attributes exceed the device limits"), vec![]);
         }
+        let reservation = match self.reserve(Obj::Kind(LimitKind::Srq), device) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
         let srqn = sh.handle();
         let srq = match Srq::new(srqn, SrqAttr { max_wr, max_sge: max_sge.max(1), srq_limit }) {
             Ok(s) => s,
@@ -47,6 +54,7 @@ impl Session {
         }
         self.objs.db_used[slot] = true;
         self.objs.srqs.insert(srqn, SrqRec { lcore: lc, db_slot: slot as u16 });
+        self.commit(reservation, srqn.into());
         let db = Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 };
         (Response::Srq { srq: srqn, max_wr: layout.capacity, max_sge: max_sge.max(1), layout, doorbell: db }, vec![fd])
     }
@@ -85,6 +93,7 @@ impl Session {
             Ok(()) => {
                 self.objs.srqs.remove(&srq);
                 self.objs.db_used[slot as usize] = false;
+                self.release(Obj::Kind(LimitKind::Srq), srq.into());
                 (Response::Ok, vec![])
             }
             Err(e) => (err(e, "SRQ busy or unknown"), vec![]),
