@@ -110,7 +110,23 @@ fn a_group_member_runs_verbs_programs_and_an_outsider_is_refused() {
     let cfg_dir = TempDir::new("secacc-cfg");
     let svc = start_with_group(&users, &cfg_dir, None);
 
-    // Outside the group: refused at once with the reason, not a hang.
+    // Outside the group: refused at once with the reason, not a hang; and a refused user
+    // hammering the socket costs nobody else anything (and no log lines).
+    let bystander = Bystander::start(&svc, port_for(216), 3000);
+    for _ in 0..50 {
+        let o = pmrxe_as(&svc.socket, Some(&users.outsider)).arg("stats").output().unwrap();
+        assert!(!o.status.success());
+    }
+    // The same with the socket opened to everyone (a misconfigured mode): the service's own
+    // SO_PEERGROUPS check refuses, with the reason, and logs nothing per attempt.
+    std::fs::set_permissions(&svc.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    for i in 0..50 {
+        let o = pmrxe_as(&svc.socket, Some(&users.outsider)).arg("stats").output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && (i > 0 || err.contains(&format!("not in group {}", users.group))), "{err}");
+    }
+    std::fs::set_permissions(&svc.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+    bystander.check(&svc, T, 100);
     let t0 = Instant::now();
     let o = run_as(&svc, &users.outsider, &["ibv_devinfo"], &[], Duration::from_secs(30));
     assert!(o.status.is_some(), "ibv_devinfo of an outsider hung: {}", o.describe());
@@ -337,6 +353,7 @@ fn no_privileged_q_key_without_cap_net_raw() {
     let svc = start_with_group(&users, &cfg_dir, None);
     let prog = svc.dir.join("sec_qkey");
     compile_c("tests/sec_qkey.c", &prog, &require_tool("cc"), &["-libverbs"]);
+    let bystander = Bystander::start(&svc, port_for(215), 3000);
     let rx_mads = |j: &serde_json::Value| j["cm"]["ports"].as_array().unwrap().iter().map(|p| p["rx_mads"].as_u64().unwrap()).sum::<u64>();
     let unknown = |j: &serde_json::Value| j["lcores"].as_array().unwrap().iter().map(|l| l["counters"]["rx_unknown_qp"].as_u64().unwrap_or(0)).sum::<u64>();
     let before = svc.stats_json();
@@ -351,6 +368,7 @@ fn no_privileged_q_key_without_cap_net_raw() {
     let after = svc.stats_json();
     assert_eq!(rx_mads(&after), rx_mads(&before), "the CM received a MAD from a client's UD QP");
     assert!(unknown(&after) >= unknown(&before) + 2, "the forged sends were not dropped at QP1");
+    bystander.check(&svc, T, 200);
 }
 
 #[test]

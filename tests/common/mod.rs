@@ -962,3 +962,42 @@ pub fn qperf_value(out: &str, key: &str) -> Option<f64> {
     })
 }
 
+
+/// An innocent client pair for the security tests: an ibv_rc_pingpong pair (pmrxe0 <-> pmrxe1,
+/// `iters` round trips) started before an attack and checked after it: the pair must complete
+/// with its own data checks, `pmrxe stats` must answer within a second, and the service log
+/// must stay bounded.
+pub struct Bystander {
+    server: Child,
+    client: Child,
+    so: PathBuf,
+    co: PathBuf,
+}
+
+impl Bystander {
+    /// Start the pair on `svc` with out-of-band TCP port `port` (it is running when this returns).
+    pub fn start(svc: &Service, port: u16, iters: u32) -> Bystander {
+        let (p, n) = (port.to_string(), iters.to_string());
+        let so = svc.dir.join(&format!("bystander{port}.server.out"));
+        let co = svc.dir.join(&format!("bystander{port}.client.out"));
+        let server = spawn_verbs(svc, &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", &n, "-p", &p], &so);
+        wait_until(Duration::from_secs(20), "the bystander's server listens", || listens_on(server.id(), port));
+        let client = spawn_verbs(svc, &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", &n, "-p", &p, "127.0.0.1"], &co);
+        Bystander { server, client, so, co }
+    }
+
+    /// After the attack: the pair completes (within `limit`), stats answer within 1 s, the log
+    /// has fewer than `max_log_lines` lines.
+    pub fn check(mut self, svc: &Service, limit: Duration, max_log_lines: usize) {
+        let t0 = Instant::now();
+        let o = svc.pmrxe().arg("stats").output().expect("pmrxe stats");
+        assert!(o.status.success() && t0.elapsed() < Duration::from_secs(1), "pmrxe stats took {:?} after the attack", t0.elapsed());
+        let cs = wait_timeout(&mut self.client, limit);
+        let ss = wait_timeout(&mut self.server, Duration::from_secs(10));
+        let (c, s) = (read_to_string_lossy(&self.co), read_to_string_lossy(&self.so));
+        assert!(cs.is_some_and(|st| st.success()) && ss.is_some_and(|st| st.success()), "the bystander pair failed:\nclient {cs:?}: {}\nserver {ss:?}: {}", tail(&c, 10), tail(&s, 10));
+        assert!(c.contains("iters in"), "bystander client output: {}", tail(&c, 10));
+        let lines = svc.log_text().lines().count();
+        assert!(lines < max_log_lines, "service log has {lines} lines (bounded: < {max_log_lines})");
+    }
+}
