@@ -5,9 +5,12 @@
 //! decides (`/proc/self/maps`, [`crate::vma`]):
 //!
 //! * **Already shareable** — a `MAP_SHARED` mapping of a file: hugetlbfs, memfd, SysV SHM
-//!   (`/SYSV…`), a regular file, shared anonymous memory. The file itself goes to the service
+//!   (`/SYSV…`), a tmpfs file, shared anonymous memory. The file itself goes to the service
 //!   (`AddSharedSegment`, with the file offset): no copy, the same pages, huge pages stay huge
 //!   in the service's mapping. The segment is the whole mapping (clipped to its neighbours).
+//!   A shared mapping of a file on any other filesystem (FUSE, NFS, a disk) is refused with
+//!   EFAULT and a message on stderr, as the kernel refuses to pin it (issue 37: a page fault
+//!   there could block the service's data plane).
 //! * **Private** (anonymous, heap, stack, private file mappings): we create a memfd, copy the
 //!   current bytes into it, and `mremap` its mapping over the application's pages
 //!   (`MREMAP_FIXED` replaces the old private pages atomically). The application's pointer
@@ -159,7 +162,13 @@ impl Segments {
             None
         };
         let (base, len) = if let Some(fd) = backing {
-            // Already shareable: hand over the file, no copy.
+            // Already shareable: hand over the file, no copy — if its pages can never block or
+            // vanish under the service (issue 37); otherwise refuse, as the kernel refuses to
+            // pin such a mapping, rather than copy (that would break the sharing).
+            if let Err(why) = crate::vma::registrable(&fd) {
+                eprintln!("pmrxe-verbs: ibv_reg_mr: cannot register {:#x}..{:#x} ({}): {why} (EFAULT)", first.start, first.end, first.path);
+                return Err(Errno(libc::EFAULT));
+            }
             let page = crate::vma::fd_page_size(&fd)?;
             let (lo, hi) = (first.start.max(prev_end), first.end.min(next_base));
             if lo % page != 0 || hi % page != 0 {

@@ -83,6 +83,41 @@ pub fn read(lo: u64, hi: u64) -> Res<Vec<Vma>> {
     Ok(prev)
 }
 
+/// `statfs.f_type` of tmpfs/shmem (memfds, SysV SHM, shared anonymous memory, /dev/shm).
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+
+/// Whether the service accepts memory backed by `fd` (issue 37): shmem and hugetlbfs files
+/// only, whose pages never make a page fault wait for I/O or another process. Anything else
+/// (FUSE, NFS, ext4/xfs/btrfs/overlay files ...) is refused, as the kernel refuses a
+/// long-term pin of such a mapping since 6.5 (EFAULT). `Err`: a sentence naming the
+/// filesystem. The service checks again (`AddSharedSegment`); checking here gives the
+/// application the reason without a round trip.
+pub fn registrable(fd: &OwnedFd) -> Result<(), String> {
+    // SAFETY: fstatfs into a zeroed buffer.
+    let mut sfs: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: valid fd and out pointer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
+        return Err(format!("fstatfs on the backing file failed: {}", std::io::Error::last_os_error()));
+    }
+    let magic = sfs.f_type as u32;
+    let name = match magic {
+        TMPFS_MAGIC | HUGETLBFS_MAGIC => return Ok(()),
+        0xef53 => "ext2/ext3/ext4",
+        0x5846_5342 => "xfs",
+        0x9123_683e => "btrfs",
+        0x794c_7630 => "overlayfs",
+        0x6573_5546 => "FUSE",
+        0x6969 => "NFS",
+        0xff53_4d42 | 0xfe53_4d42 => "CIFS/SMB",
+        0x0102_1997 => "9p",
+        0x8584_58f6 => "ramfs",
+        _ => "an unsupported filesystem",
+    };
+    Err(format!(
+        "it is a shared mapping of a file on {name} (filesystem magic {magic:#x}); only anonymous memory, memfd/tmpfs/shmem and hugetlbfs files can be registered"
+    ))
+}
+
 /// The page size the kernel maps `fd` with: the huge page size for hugetlbfs, else 4096.
 pub fn fd_page_size(fd: &OwnedFd) -> Res<u64> {
     // SAFETY: fstatfs into a zeroed buffer.

@@ -41,6 +41,8 @@ impl Session {
         };
         let (etx, erx) = bounded(256);
         self.events = Some(erx);
+        // Before the lcores see the page: a fault in this client's segments is blamed on it.
+        super::fault::client_started(self.id, self.fd, &etx, &events_fd, &page, &sh.mem);
         for lc in &sh.lcores {
             let _ = lc.cmds.send(Cmd::AddClient { client: self.id, page: page.clone(), events: etx.clone(), events_fd: Some(events_fd.clone()) });
         }

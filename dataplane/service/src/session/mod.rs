@@ -214,6 +214,7 @@ mod ah;
 mod attr;
 mod client;
 mod cq;
+pub mod fault;
 mod mr;
 mod mw;
 mod pd;

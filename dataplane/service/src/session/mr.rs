@@ -17,12 +17,13 @@ impl Session {
             Ok(r) => r,
             Err(reply) => return reply,
         };
-        let region = match self.mr_region(pd, addr, len, pieces) {
+        let (region, tag) = match self.mr_region(pd, addr, len, pieces) {
             Ok(r) => r,
-            Err(msg) => return (err(libc::EINVAL, &msg), vec![]),
+            Err((errno, msg)) => return (err(errno, &msg), vec![]),
         };
         match self.shared.mem.reg_mr(pd, region, iova, Access(access)) {
             Ok(k) => {
+                super::fault::watch_mr(self.id, k.0, Some(tag));
                 self.objs.mrs.insert(k.0, pd);
                 self.commit(reservation, k.0.into());
                 (Response::Mr { key: k.0 }, vec![])
@@ -37,12 +38,13 @@ impl Session {
         if !self.objs.mrs.contains_key(&key) {
             return (err(libc::EINVAL, "no such MR"), vec![]);
         }
-        let region = match self.mr_region(pd, addr, len, pieces) {
+        let (region, tag) = match self.mr_region(pd, addr, len, pieces) {
             Ok(r) => r,
-            Err(msg) => return (err(libc::EINVAL, &msg), vec![]),
+            Err((errno, msg)) => return (err(errno, &msg), vec![]),
         };
         match self.shared.mem.rereg_mr(pmrxe_mem::Key(key), pd, region, iova, Access(access)) {
             Ok(()) => {
+                super::fault::watch_mr(self.id, key, Some(tag));
                 self.objs.mrs.insert(key, pd);
                 (Response::Mr { key }, vec![])
             }
@@ -52,42 +54,56 @@ impl Session {
     }
 
     /// The service's single map of a client registration `addr..addr+len` of PD `pd` from the
-    /// segment pieces covering its pages. `Err`: why the request is invalid (answered EINVAL).
-    pub(super) fn mr_region(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<Region, String> {
+    /// segment pieces covering its pages, and the tag of its fault guards (issue 37: a fault
+    /// rescued in it revokes the MR, `fault`). `Err`: the errno (EINVAL for an invalid
+    /// request, EFAULT for memory that cannot be populated) and why.
+    pub(super) fn mr_region(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<(Region, u64), (i32, String)> {
+        self.mr_region_inner(pd, addr, len, pieces).map_err(|e| match e {
+            RegionError::Invalid(m) => (libc::EINVAL, m),
+            RegionError::Fault(m) => (libc::EFAULT, m),
+        })
+    }
+
+    fn mr_region_inner(&mut self, pd: u32, addr: u64, len: u64, pieces: &[ctrl::Piece]) -> Result<(Region, u64), RegionError> {
         if !self.objs.pds.contains_key(&pd) {
-            return Err("no such PD".to_string());
+            return Err(RegionError::Invalid("no such PD".to_string()));
         }
         if len == 0 {
-            return Err("zero-length MR".to_string());
+            return Err(RegionError::Invalid("zero-length MR".to_string()));
         }
-        let Some(end) = addr.checked_add(len) else { return Err("range wraps".to_string()) };
+        let Some(end) = addr.checked_add(len) else { return Err(RegionError::Invalid("range wraps".to_string())) };
         let a0 = addr & !4095;
         let a1 = match end.checked_add(4095) {
             Some(e) => e & !4095,
-            None => return Err("range wraps".to_string()),
+            None => return Err(RegionError::Invalid("range wraps".to_string())),
         };
         let mut parts = Vec::with_capacity(pieces.len());
         let mut total = 0u64;
         for p in pieces {
-            let Some(s) = self.objs.segs.get(&p.seg) else { return Err("unknown segment".to_string()) };
+            let Some(s) = self.objs.segs.get(&p.seg) else { return Err(RegionError::Invalid("unknown segment".to_string())) };
             if p.seg_offset.checked_add(p.len).is_none_or(|e| e > s.len) {
-                return Err("piece outside its segment".to_string());
+                return Err(RegionError::Invalid("piece outside its segment".to_string()));
             }
             total = total.saturating_add(p.len);
             parts.push(s.piece(p.seg_offset, p.len));
         }
         if total != a1 - a0 {
-            return Err("pieces do not cover the registration".to_string());
+            return Err(RegionError::Invalid("pieces do not cover the registration".to_string()));
         }
         let map = match MrMapping::assemble_at(a0, &parts) {
             Ok(m) => Arc::new(m),
-            Err(e) => return Err(e.to_string()),
+            // Populating failed: a page that cannot be had (the kernel's pin says EFAULT).
+            Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => return Err(RegionError::Fault(e.to_string())),
+            Err(e) => return Err(RegionError::Invalid(e.to_string())),
         };
+        // Tagged before the MR exists: a fault rescued from now on is blamed on it.
+        let tag = super::fault::new_mr_tag();
+        map.set_tag(tag);
         let ptr = map.as_ptr();
         // SAFETY: `map` covers [a0, a1) of the client's pages; the MR is [addr, addr+len) inside
         // it; the Arc keeps the mapping alive as long as the region; only raw copies touch it.
         let region = unsafe { Region::new(map, ptr.add((addr - a0) as usize), len as usize) };
-        Ok(region)
+        Ok((region, tag))
     }
 
     pub(super) fn dereg_mr(&mut self, key: u32) -> Reply {
@@ -97,6 +113,7 @@ impl Session {
         }
         match sh.mem.dereg_mr(Key(key)) {
             Ok(()) => {
+                super::fault::forget_mr(key);
                 self.release(Obj::Kind(LimitKind::Mr), key.into());
                 (Response::Ok, vec![])
             }
@@ -115,6 +132,7 @@ impl Session {
         };
         match sh.mem.alloc_mr(pd, max_num_sg) {
             Ok(k) => {
+                super::fault::watch_mr(self.id, k.0, None);
                 self.objs.mrs.insert(k.0, pd);
                 self.commit(reservation, k.0.into());
                 (Response::Mr { key: k.0 }, vec![])
@@ -140,6 +158,8 @@ impl Session {
             if s.region.is_none() {
                 match MrMapping::assemble_at(s.base, &[s.piece(0, s.len)]) {
                     Ok(m) => {
+                        // A fault in it revokes this client's fast-reg MRs (fault.rs).
+                        m.set_tag(super::fault::segment_tag(self.id));
                         let (ptr, len) = (m.as_ptr(), m.len());
                         // SAFETY: `m` maps the whole segment [ptr, ptr+len); the Arc keeps it
                         // mapped as long as the region; only raw copies touch it.
@@ -167,4 +187,12 @@ impl Session {
             Err(e) => (err(libc::EINVAL, &e.to_string()), vec![]),
         }
     }
+}
+
+/// Why a registration's map could not be made.
+enum RegionError {
+    /// The request is wrong (EINVAL).
+    Invalid(String),
+    /// The memory cannot be populated (EFAULT, as a failed pin).
+    Fault(String),
 }

@@ -1,5 +1,11 @@
 //! Client memory segments: sealed memfds (AddSegment) and files already shared as they are
 //! (AddSharedSegment); MRs map their pages.
+//!
+//! Only memory whose pages cannot block or vanish for good under an lcore is accepted
+//! (`shm::client_memory_page`: shmem — memfds, tmpfs, SysV SHM, shared anonymous memory — and
+//! hugetlbfs); a file on FUSE, NFS or a disk filesystem is refused with EFAULT and a message
+//! naming the filesystem, as the kernel refuses a long-term pin of such a mapping. The check
+//! comes first, before anything else asks the file's filesystem a question.
 
 use rustix::fs::{FileType, OFlags, SealFlags};
 use std::os::fd::{AsFd, OwnedFd};
@@ -12,6 +18,10 @@ use super::{err, Reply, SegRec, Session};
 impl Session {
     pub(super) fn add_segment(&mut self, seg: u64, base: u64, len: u64, fds: Vec<OwnedFd>) -> Reply {
         let Some(fd) = fds.into_iter().next() else { return (err(libc::EINVAL, "AddSegment needs an fd"), vec![]) };
+        let page = match shm::client_memory_page(fd.as_fd()) {
+            Ok(p) => p,
+            Err(why) => return (err(libc::EFAULT, &why), vec![]),
+        };
         if len == 0 || !base.is_multiple_of(4096) || !len.is_multiple_of(4096) || self.objs.segs.contains_key(&seg) {
             return (err(libc::EINVAL, "bad segment"), vec![]);
         }
@@ -25,10 +35,6 @@ impl Session {
         if !sealed {
             return (err(libc::EPERM, "segment must be a memfd sealable against shrinking (MFD_ALLOW_SEALING)"), vec![]);
         }
-        let page = match shm::file_page_size(fd.as_fd()) {
-            Ok(p) => p,
-            Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
-        };
         if !base.is_multiple_of(page) || !len.is_multiple_of(page) {
             return (err(libc::EINVAL, "huge-page segment not aligned to its page size"), vec![]);
         }
@@ -37,9 +43,14 @@ impl Session {
     }
 
     /// `AddSharedSegment`: a file that already backs a shared mapping of the client, mapped as
-    /// it is (no seal: the client keeps using it; a shrink is survived by the SIGBUS guard).
+    /// it is (no seal: the client keeps using it; a shrink is survived by the SIGBUS guard and
+    /// revokes the MRs over it).
     pub(super) fn add_shared_segment(&mut self, seg: u64, base: u64, len: u64, offset: u64, fds: Vec<OwnedFd>) -> Reply {
         let Some(fd) = fds.into_iter().next() else { return (err(libc::EINVAL, "AddSharedSegment needs an fd"), vec![]) };
+        let page = match shm::client_memory_page(fd.as_fd()) {
+            Ok(p) => p,
+            Err(why) => return (err(libc::EFAULT, &why), vec![]),
+        };
         if len == 0 || !base.is_multiple_of(4096) || !len.is_multiple_of(4096) || !offset.is_multiple_of(4096) || self.objs.segs.contains_key(&seg) {
             return (err(libc::EINVAL, "bad segment"), vec![]);
         }
@@ -56,10 +67,6 @@ impl Session {
         if rustix::fs::fcntl_getfl(&fd).map_or(true, |fl| fl & OFlags::ACCMODE != OFlags::RDWR) {
             return (err(libc::EACCES, "shared segment fd must be open read-write"), vec![]);
         }
-        let page = match shm::file_page_size(fd.as_fd()) {
-            Ok(p) => p,
-            Err(e) => return (err(libc::EINVAL, &e.to_string()), vec![]),
-        };
         if !base.is_multiple_of(page) || !len.is_multiple_of(page) || !offset.is_multiple_of(page) {
             return (err(libc::EINVAL, "shared segment not aligned to its file's page size"), vec![]);
         }
