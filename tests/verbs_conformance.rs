@@ -85,6 +85,18 @@ fn cq_overflow_reports_cq_err_and_loses_no_completion() {
     assert!(stats["lcores"][0]["counters"]["cq_full"].as_u64().is_some_and(|n| n >= 1), "cq_full counted: {stats}");
 }
 
+/// Inline capacity is sized from the send WQE's SGE space (`tests/inline_sizing.c`), as rxe and
+/// mlx5 do: a QP created with `max_inline_data = 0` and one SGE reports ≥ 16 bytes back and
+/// takes a 16-byte IBV_SEND_INLINE SEND (librdmacm programs rely on it); beyond the reported
+/// capacity an inline post is EINVAL.
+#[test]
+fn inline_capacity_comes_from_the_sge_space() {
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let out = run_c_program(&svc, "inline_sizing");
+    assert!(out.ok() && out.output.contains("OK inline_sizing") && out.output.contains("reported max_inline_data 16"), "{}", out.describe());
+}
+
 /// Compile `tests/NAME.c` (libibverbs) and run it on pmrxe0 of `svc`.
 fn run_c_program(svc: &Service, name: &str) -> ProgOutput {
     let prog = svc.dir.join(name);

@@ -50,7 +50,10 @@ impl Session {
             max_recv_wr: cap.max_recv_wr.max(1),
             max_send_sge: cap.max_send_sge.max(1),
             max_recv_sge: cap.max_recv_sge.max(1),
-            max_inline_data: cap.max_inline_data,
+            // Inline data is sized from the send WQE's SGE space too, as rxe and mlx5 do
+            // (at least max_send_sge × 16 bytes, reported back in cap.max_inline_data):
+            // librdmacm programs post small IBV_SEND_INLINE messages on QPs created with 0.
+            max_inline_data: cap.max_inline_data.max(cap.max_send_sge.max(1).saturating_mul(16)).min(d.max_inline_data),
         };
         let Some(slot) = self.objs.db_used.iter().position(|u| !u) else { return (err(libc::ENOMEM, "too many QPs for this client"), vec![]) };
         let reservation = match self.reserve(Obj::Kind(LimitKind::Qp), device) {
@@ -104,6 +107,11 @@ impl Session {
     pub(super) fn modify_qp(&mut self, qpn: u32, attr: AbiQpAttr, mask: u32) -> Reply {
         let sh = self.shared.clone();
         let Some(q) = self.objs.qps.get(&qpn) else { return (err(libc::EINVAL, "no such QP"), vec![]) };
+        // A privileged Q_Key (MSB set, GSI's among them) needs CAP_NET_RAW, as in the kernel
+        // (uverbs' modify_qp, IB_QP_SET_QKEY): otherwise any user could send as the CM.
+        if mask & pmrxe_transport::AttrMask::QKEY.0 != 0 && attr.qkey & pmrxe_transport::PRIVILEGED_QKEY_BIT != 0 && !self.net_raw {
+            return (err(libc::EPERM, "a privileged Q_Key (most significant bit set) needs CAP_NET_RAW"), vec![]);
+        }
         let a = Box::new(to_engine_attr(&attr));
         let r: Result<(), i32> = lcore_call!(sh.lcores[q.lcore], ModifyQp { qpn: qpn, attr: a, mask: AttrMask(mask) });
         match r {
