@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
 
 	if (!strcmp(kind, "memfd") || !strcmp(kind, "memfd_huge") || !strcmp(kind, "file")) {
 		int fd;
-		char path[] = "/tmp/pmrxe-shared-mr-XXXXXX";
+		char path[] = "/dev/shm/pmrxe-shared-mr-XXXXXX"; /* tmpfs: a disk file is refused (issue 37) */
 		if (!strcmp(kind, "file")) {
 			fd = mkstemp(path);
 			unlink(path);
