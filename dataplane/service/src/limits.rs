@@ -561,3 +561,94 @@ mod tests {
         assert_eq!(r.total.load(Ordering::Relaxed), 1001);
     }
 }
+
+/// Most bytes of a `pmrxe stats` reply body: one control message (`ctrl::MAX_MSG`) less room
+/// for its envelope. A reply that does not fit would end the stats client's connection.
+pub const STATS_BUDGET: usize = pmrxe_abi::ctrl::MAX_MSG - 4096;
+
+/// A `pmrxe stats` reply (`json` or text, as rendered) within [`STATS_BUDGET`]: unchanged if
+/// it fits, else [`fit_json`] / [`fit_text`]. The metrics endpoint keeps the full rendering.
+pub fn fit_stats(json: bool, s: String) -> String {
+    if s.len() <= STATS_BUDGET {
+        return s;
+    }
+    if json {
+        match serde_json::from_str(&s) {
+            Ok(v) => fit_json(v),
+            Err(_) => fit_text(s),
+        }
+    } else {
+        fit_text(s)
+    }
+}
+
+/// Render `v` as the JSON of `pmrxe stats --json` within [`STATS_BUDGET`]: pretty if it fits,
+/// else compact, else without the per-QP lists (`qps_omitted` per lcore), else without the
+/// per-client lists too (`omitted` says what went). Many QPs or clients (an attacker's
+/// thousands) must not make the stats unanswerable.
+pub fn fit_json(mut v: serde_json::Value) -> String {
+    let pretty = serde_json::to_string_pretty(&v).unwrap_or_default();
+    if pretty.len() <= STATS_BUDGET {
+        return pretty;
+    }
+    let mut omitted = Vec::new();
+    let compact = serde_json::to_string(&v).unwrap_or_default();
+    if compact.len() <= STATS_BUDGET {
+        return compact;
+    }
+    if let Some(lcores) = v.get_mut("lcores").and_then(|l| l.as_array_mut()) {
+        for l in lcores {
+            let n = l.get("qps").and_then(|q| q.as_array()).map_or(0, Vec::len);
+            l["qps"] = json!([]);
+            l["qps_omitted"] = json!(n);
+        }
+        omitted.push("lcores[].qps");
+    }
+    v["omitted"] = json!(omitted);
+    let s = serde_json::to_string(&v).unwrap_or_default();
+    if s.len() <= STATS_BUDGET {
+        return s;
+    }
+    if let Some(pc) = v.get_mut("limits").and_then(|l| l.get_mut("per_client")) {
+        *pc = json!([]);
+        omitted.push("limits.per_client");
+    }
+    if let Some(c) = v.get_mut("clients") {
+        *c = json!([]);
+        omitted.push("clients");
+    }
+    v["omitted"] = json!(omitted);
+    serde_json::to_string(&v).unwrap_or_default()
+}
+
+/// The text form of `pmrxe stats` within [`STATS_BUDGET`] (cut at a line, saying so).
+pub fn fit_text(mut s: String) -> String {
+    if s.len() <= STATS_BUDGET {
+        return s;
+    }
+    let mut cut = STATS_BUDGET - 80;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let end = s[..cut].rfind('\n').map_or(0, |i| i + 1);
+    s.truncate(end);
+    s.push_str("... (truncated: use pmrxe stats --json)\n");
+    s
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::*;
+
+    #[test]
+    fn stats_of_thousands_of_qps_fit_one_message() {
+        let qps: Vec<_> = (0..5000).map(|i| json!({"qpn": i, "tx_packets": 1, "rx_packets": 2, "name": "x".repeat(40)})).collect();
+        let v = json!({"lcores": [{"index": 0, "qps": qps}], "clients": [], "limits": {"per_client": []}});
+        let s = fit_json(v);
+        assert!(s.len() <= STATS_BUDGET);
+        let back: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(back["lcores"][0]["qps_omitted"], 5000);
+        let t = fit_text("line\n".repeat(100_000));
+        assert!(t.len() <= STATS_BUDGET && t.ends_with("(truncated: use pmrxe stats --json)\n"));
+    }
+}

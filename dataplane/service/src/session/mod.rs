@@ -229,7 +229,8 @@ impl Session {
     fn request(&mut self, req: Request, fds: Vec<OwnedFd>, pid: i32) -> Reply {
         match req {
             Request::Hello { abi_version, program, .. } => self.hello(abi_version, program, pid),
-            Request::Stats { json } => (Response::Stats(self.shared.stats.render(json)), vec![]),
+            // Within one control message, however many QPs and clients there are.
+            Request::Stats { json } => (Response::Stats(crate::limits::fit_stats(json, self.shared.stats.render(json))), vec![]),
             Request::Capture { count, qpn } => self.capture(count, qpn, fds),
             Request::AllocPd { device } => self.alloc_pd(device),
             Request::DeallocPd { pd } => self.dealloc_pd(pd),
