@@ -138,7 +138,8 @@ fn shared_memory_registers_as_is() {
 
 /// Shared memory cannot be sealed: a client that shrinks its registered memfd and then makes
 /// the service write there (RDMA WRITE from another QP) must not kill the service (SIGBUS in
-/// the lcore); the WRITE completes into scratch pages and the service keeps serving.
+/// the lcore); the first packet lands in scratch pages, the service revokes the MR (issue 37:
+/// the rest of the WRITE may be NAKed with a remote access error) and keeps serving.
 #[test]
 fn shrunk_shared_file_does_not_kill_the_service() {
     require_root();
