@@ -210,6 +210,8 @@ pub struct Budget {
     pub refused_client_warn: RateLimited,
     /// Client-triggered warnings of the sessions (rate-limited together).
     pub session_warn: RateLimited,
+    /// The "client gone" line (a client may connect and go in a loop): one per second.
+    pub client_gone_log: RateLimited,
 }
 
 impl Budget {
@@ -231,6 +233,7 @@ impl Budget {
             accept_errors: RateLimited::new(WARN_PERIOD),
             refused_client_warn: RateLimited::new(WARN_PERIOD),
             session_warn: RateLimited::new(WARN_PERIOD),
+            client_gone_log: RateLimited::new(Duration::from_secs(1)),
         }
     }
 

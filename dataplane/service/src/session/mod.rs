@@ -293,7 +293,11 @@ mod usage;
         for lc in &sh.lcores {
             match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {
                 Ok(()) | Err(pmrxe_runtime::call::CallError::Stopping) => {}
-                Err(e) => tracing::warn!(client = self.id, "removing the client's objects from lcore {}: {e}", lc.index),
+                Err(e) => {
+                    if let Some(n) = sh.limits.session_warn.hit() {
+                        tracing::warn!(client = self.id, suppressed = n, "removing the client's objects from lcore {}: {e}", lc.index);
+                    }
+                }
             }
         }
         for (&k, _) in self.objs.mws.iter() {
@@ -301,11 +305,16 @@ mod usage;
         }
         for (&k, _) in self.objs.mrs.iter() {
             if let Err(e) = sh.mem.dereg_mr(Key(k)) {
-                tracing::warn!(client = self.id, key = k, "dereg on disconnect: {e}");
+                if let Some(n) = sh.limits.session_warn.hit() {
+                    tracing::warn!(client = self.id, key = k, suppressed = n, "dereg on disconnect: {e}");
+                }
             }
         }
         sh.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
-        tracing::info!(client = self.id, qps = self.objs.qps.len(), mrs = self.objs.mrs.len(), "client gone; its objects are released");
+        // A client can connect and go in a loop: at most one line per second (limits::Budget).
+        if let Some(n) = sh.limits.client_gone_log.hit() {
+            tracing::info!(client = self.id, qps = self.objs.qps.len(), mrs = self.objs.mrs.len(), suppressed = n, "client gone; its objects are released");
+        }
     }
 }
 
