@@ -486,6 +486,12 @@ for s in sorted(memcpy):
     w(f"| memcpy, one core, {size_name(s)} | {f(memcpy[s])} GB/s | `pmrxe bench --memcpy` (copy between two buffers, driver on CPU 0) |")
 if crc:
     w(f"| fused copy+CRC kernel ({crc.get('kernel')}), one core, 4 KiB frames | {f(crc.get('fused_gb_per_s'))} GB/s | `pmrxe bench --crc` (`pmrxe_crc::copy_and_crc` from a page-aligned message into frame buffers at the payload offset, its own loads/stores, no memcpy; best of 25 interleaved rounds) |")
+    by_kernel = crc.get("fused_by_kernel_gb_per_s") or {}
+    cal = crc.get("calibration") or {}
+    if by_kernel:
+        chosen = f"chosen by calibration: {cal.get('chosen')}" + (f", forced by PMRXE_CRC_KERNEL" if cal.get("forced") else "") if cal else "widest available"
+        lacking = f"; kernels this CPU lacks: {', '.join(crc['kernels_not_on_this_cpu']) or 'none'}" if "kernels_not_on_this_cpu" in crc else ""
+        w(f"| fused copy+CRC, every kernel this CPU has, 4 KiB | {', '.join(f'{k} {f(x)}' for k, x in by_kernel.items())} GB/s | `pmrxe bench --crc` ({chosen}{lacking}) |")
     w(f"| crc32fast, one core, 4 KiB | {f(crc.get('crc32fast_gb_per_s'))} GB/s | `pmrxe bench --crc` (CRC only, no copy) |")
     w(f"| memcpy, one core, 4 KiB frames | {f(crc.get('memcpy_gb_per_s'))} GB/s | `pmrxe bench --crc` (glibc memcpy, same buffers; memcpy then crc32fast: {f(crc.get('memcpy_then_crc32fast_gb_per_s'))} GB/s) |")
     w(f"| loopback ceiling = fused ÷ 2 | {f(ceiling)} GB/s | one lcore, one pass per byte per side |")

@@ -14,7 +14,8 @@
 //! One driver thread plays both sides (the passive side of WRITE/READ does nothing; for SEND
 //! it re-posts receives; for ping-pong it answers), so the driver needs one core and the
 //! service the other. `--memcpy` measures the single-core memcpy limit at the same sizes;
-//! `--crc` the byte-work limits at 4 KiB frames (the fused copy+CRC kernel, crc32fast, memcpy).
+//! `--crc` the byte-work limits at 4 KiB frames (every fused copy+CRC kernel, the one
+//! calibration picks, crc32fast, memcpy) and at the smaller `--crc-frames`.
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -60,10 +61,15 @@ pub struct BenchArgs {
     #[arg(long)]
     pub memcpy: bool,
     /// Only measure the byte-work limits of one core at 4 KiB frames: the fused copy+CRC kernel
-    /// (each one this CPU has), crc32fast, memcpy (no service). The loopback ceiling is the fused
-    /// kernel's figure ÷ 2 (one lcore makes one pass per side).
+    /// (each one this CPU has, side by side, and the one `pmrxe_crc::Kernel::calibrate` picks,
+    /// which is installed as the best), crc32fast, memcpy (no service). The loopback ceiling is
+    /// the chosen kernel's figure ÷ 2 (one lcore makes one pass per side).
     #[arg(long)]
     pub crc: bool,
+    /// With `--crc`: frame sizes measured besides 4 KiB (comma separated, bytes, at most 4096;
+    /// an empty value for none).
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 256, 1024])]
+    pub crc_frames: Vec<usize>,
     /// Use a running service at this socket instead of spawning one.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -183,7 +189,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         out["driver_cpu"] = Value::Null;
     }
     if args.crc {
-        let c = crc_limits(plan.dur);
+        let c = crc_limits(plan.dur, &args.crc_frames);
         print_crc(&c);
         out["crc"] = c;
         return write_json(args, &out);
@@ -768,16 +774,43 @@ fn memcpy_limits(sizes: &[usize], dur: Duration) -> Vec<Value> {
 // ---------------------------------------------------------------------------------------------
 // Byte-work limits at frame size: what one lcore's passes over the payload can reach.
 
-/// 4 KiB payloads as the data path moves them: sources are the consecutive 4 KiB pieces of a
+/// The byte-work limits: first [`pmrxe_crc::Kernel::calibrate`] at 4 KiB (40 ms) picks the
+/// kernel and installs it as the best (as the service does at start; `PMRXE_CRC_KERNEL` still
+/// forces one), then [`crc_point`] at 4 KiB, whose figures are the top-level keys (the chosen
+/// kernel's as `fused_gb_per_s`, every kernel's under `fused_by_kernel_gb_per_s`), and at each of
+/// `frames` (under `by_frame`, the 4 KiB point included).
+fn crc_limits(dur: Duration, frames: &[usize]) -> Value {
+    const FRAME: usize = 4096;
+    let cal = pmrxe_crc::Kernel::calibrate(FRAME, Duration::from_millis(40));
+    let chosen = cal.install();
+    let mut main = crc_point(FRAME, dur, chosen);
+    let mut by_frame: Vec<Value> = frames.iter().filter(|&&f| f > 0 && f < FRAME).map(|&f| crc_point(f, dur, chosen)).collect();
+    by_frame.push(main.clone());
+    let available: Vec<&str> = pmrxe_crc::Kernel::available().map(|k| k.name()).collect();
+    let lacking: Vec<&str> = pmrxe_crc::Kernel::all_names().iter().copied().filter(|n| !available.contains(n)).collect();
+    main["calibration"] = json!({
+        "frame": cal.frame,
+        "budget_ms": 40,
+        "gb_per_s": cal.gb_per_s.iter().map(|(k, g)| (k.name().to_string(), json!(g))).collect::<serde_json::Map<_, _>>(),
+        "fastest": cal.fastest.name(),
+        "forced": cal.forced.map(|k| k.name()),
+        "chosen": chosen.name(),
+    });
+    main["kernels_available"] = json!(available);
+    main["kernels_not_on_this_cpu"] = json!(lacking);
+    main["by_frame"] = Value::Array(by_frame);
+    main
+}
+
+/// `frame`-byte payloads as the data path moves them: sources are the consecutive pieces of a
 /// 256 KiB message (page-aligned, like a registered buffer), destinations the payload offsets
 /// of 32 frame buffers 9 KiB apart (where the transmit path puts the payload of a MIDDLE or
 /// LAST packet, the bulk of a long message: on a cache line, 128 bytes into the buffer; see
 /// `PacketBuf::open_aligned`), so the figures include the alignment and the cache footprint of
 /// the real copies. The variants run interleaved in 25 short rounds; each figure is the best
 /// round (what one undisturbed core does: the machine may be shared) with the median beside it.
-/// GB/s of payload.
-fn crc_limits(dur: Duration) -> Value {
-    const FRAME: usize = 4096;
+/// GB/s of payload. `best` is the kernel whose figures are `fused_gb_per_s` and `crc_only_gb_per_s`.
+fn crc_point(frame: usize, dur: Duration, best: pmrxe_crc::Kernel) -> Value {
     const MSG: usize = 256 * 1024;
     const BUFS: usize = 32;
     const STRIDE: usize = 9216;
@@ -792,16 +825,16 @@ fn crc_limits(dur: Duration) -> Value {
     let mut dst = vec![0u8; BUFS * STRIDE + 64];
     let d0 = (64 - dst.as_ptr() as usize % 64) % 64;
     let slice = dur / ROUNDS;
-    let best = pmrxe_crc::Kernel::best();
-    let mut ops: Vec<(String, Op)> = pmrxe_crc::Kernel::available()
-        .map(|k| (format!("fused/{}", k.name()), Box::new(move |s: &[u8], d: &mut [u8]| k.copy_and_crc(0, d, s)) as Op))
-        .collect();
-    ops.push(("crc_only".into(), Box::new(move |s, _| best.crc_update(0, s))));
+    let mut ops: Vec<(String, Op)> = Vec::new();
+    for k in pmrxe_crc::Kernel::available() {
+        ops.push((format!("fused/{}", k.name()), Box::new(move |s: &[u8], d: &mut [u8]| k.copy_and_crc(0, d, s))));
+        ops.push((format!("crc/{}", k.name()), Box::new(move |s: &[u8], _: &mut [u8]| k.crc_update(0, s))));
+    }
     ops.push(("crc32fast".into(), Box::new(|s, _| crc32fast::hash(s))));
     // glibc's memcpy itself (`copy_from_slice` may be inlined for a constant length).
-    ops.push(("memcpy".into(), Box::new(|s, d| {
-        // SAFETY: `s` and `d` are distinct slices of FRAME bytes each.
-        unsafe { std::ptr::copy_nonoverlapping(std::hint::black_box(s.as_ptr()), d.as_mut_ptr(), FRAME) };
+    ops.push(("memcpy".into(), Box::new(move |s, d| {
+        // SAFETY: `s` and `d` are distinct slices of `frame` bytes each.
+        unsafe { std::ptr::copy_nonoverlapping(std::hint::black_box(s.as_ptr()), d.as_mut_ptr(), frame) };
         u32::from(d[0])
     })));
     ops.push(("memcpy_then_crc32fast".into(), Box::new(|s, d| {
@@ -816,13 +849,13 @@ fn crc_limits(dur: Duration) -> Value {
             let t0 = Instant::now();
             while t0.elapsed() < slice {
                 for k in 0..BUFS * 4 {
-                    let s = &src[s0 + (k * FRAME) % MSG..][..FRAME];
-                    let d = &mut dst[d0 + (k % BUFS) * STRIDE + OFF..][..FRAME];
+                    let s = &src[s0 + (k * frame) % MSG..][..frame];
+                    let d = &mut dst[d0 + (k % BUFS) * STRIDE + OFF..][..frame];
                     acc ^= f(std::hint::black_box(s), d);
                 }
                 n += BUFS * 4;
             }
-            samples[i].push((n * FRAME) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            samples[i].push((n * frame) as f64 / t0.elapsed().as_secs_f64() / 1e9);
         }
     }
     std::hint::black_box(acc);
@@ -832,43 +865,75 @@ fn crc_limits(dur: Duration) -> Value {
         (v[v.len() - 1], v[v.len() / 2])
     };
     let by = |name: &str| ops.iter().position(|(n, _)| n == name).map(stat).unwrap_or((0.0, 0.0));
-    let mut kernels = serde_json::Map::new();
+    let (mut fused_by, mut fused_med_by, mut crc_by) = (serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new());
     for (i, (n, _)) in ops.iter().enumerate() {
         if let Some(k) = n.strip_prefix("fused/") {
-            kernels.insert(k.to_string(), json!(stat(i).0));
+            fused_by.insert(k.to_string(), json!(stat(i).0));
+            fused_med_by.insert(k.to_string(), json!(stat(i).1));
+        } else if let Some(k) = n.strip_prefix("crc/") {
+            crc_by.insert(k.to_string(), json!(stat(i).0));
         }
     }
     let (fused, fused_med) = by(&format!("fused/{}", best.name()));
     json!({
-        "frame": FRAME,
+        "frame": frame,
         "kernel": best.name(),
         "rounds": ROUNDS,
         "fused_gb_per_s": fused,
         "fused_median_gb_per_s": fused_med,
-        "fused_by_kernel_gb_per_s": kernels,
-        "crc_only_gb_per_s": by("crc_only").0,
+        "fused_by_kernel_gb_per_s": fused_by,
+        "fused_median_by_kernel_gb_per_s": fused_med_by,
+        "crc_only_gb_per_s": by(&format!("crc/{}", best.name())).0,
+        "crc_only_by_kernel_gb_per_s": crc_by,
         "crc32fast_gb_per_s": by("crc32fast").0,
         "crc32fast_median_gb_per_s": by("crc32fast").1,
         "memcpy_gb_per_s": by("memcpy").0,
         "memcpy_median_gb_per_s": by("memcpy").1,
         "memcpy_then_crc32fast_gb_per_s": by("memcpy_then_crc32fast").0,
+        "memcpy_then_crc32fast_median_gb_per_s": by("memcpy_then_crc32fast").1,
         "loopback_ceiling_gb_per_s": fused / 2.0,
     })
 }
 
 fn print_crc(v: &Value) {
-    let g = |k: &str| v[k].as_f64().unwrap_or(0.0);
-    println!("byte-work limits, one core, {} B frames (GB/s of payload)", v["frame"]);
-    println!("  best of {} interleaved rounds (median in brackets)", v["rounds"]);
-    println!("  fused copy+CRC ({:<8}) {:>8.2}  ({:.2})", v["kernel"].as_str().unwrap_or("?"), g("fused_gb_per_s"), g("fused_median_gb_per_s"));
-    for (k, x) in v["fused_by_kernel_gb_per_s"].as_object().into_iter().flatten() {
-        println!("    kernel {:<16} {:>8.2}", k, x.as_f64().unwrap_or(0.0));
+    let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let cal = &v["calibration"];
+    println!("CRC kernels built: {}; on this CPU: {}", pmrxe_crc::Kernel::all_names().join(" "), v["kernels_available"].as_array().into_iter().flatten().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
+    print!("calibration at {} B ({} ms), copy_and_crc GB/s:", cal["frame"], cal["budget_ms"]);
+    for (k, x) in cal["gb_per_s"].as_object().into_iter().flatten() {
+        print!("  {k} {:.2}", x.as_f64().unwrap_or(0.0));
     }
-    println!("  CRC only (same kernel)    {:>8.2}", g("crc_only_gb_per_s"));
-    println!("  crc32fast                 {:>8.2}  ({:.2})", g("crc32fast_gb_per_s"), g("crc32fast_median_gb_per_s"));
-    println!("  memcpy                    {:>8.2}  ({:.2})", g("memcpy_gb_per_s"), g("memcpy_median_gb_per_s"));
-    println!("  memcpy, then crc32fast    {:>8.2}", g("memcpy_then_crc32fast_gb_per_s"));
-    println!("  loopback ceiling (fused / 2) {:>5.2}", g("loopback_ceiling_gb_per_s"));
+    println!();
+    println!("  fastest {}; chosen {}{}", cal["fastest"].as_str().unwrap_or("?"), cal["chosen"].as_str().unwrap_or("?"), match cal["forced"].as_str() {
+        Some(f) => format!(" (forced by PMRXE_CRC_KERNEL={f})"),
+        None => String::new(),
+    });
+    println!("byte-work limits, one core (GB/s of payload), best of {} interleaved rounds (median in brackets)", v["rounds"]);
+    let points: Vec<&Value> = v["by_frame"].as_array().map(|a| a.iter().collect()).unwrap_or_else(|| vec![v]);
+    print!("  {:<28}", "frame (bytes)");
+    for p in &points {
+        print!(" {:>16}", p["frame"].as_u64().unwrap_or(0));
+    }
+    println!();
+    let row = |label: &str, f: &dyn Fn(&Value) -> String| {
+        print!("  {label:<28}");
+        for p in &points {
+            print!(" {:>16}", f(p));
+        }
+        println!();
+    };
+    let pair = |a: f64, b: f64| format!("{a:.2} ({b:.2})");
+    for k in v["fused_by_kernel_gb_per_s"].as_object().into_iter().flatten().map(|(k, _)| k) {
+        let mark = if Some(k.as_str()) == v["kernel"].as_str() { "*" } else { " " };
+        row(&format!("fused copy+CRC {k}{mark}"), &|p| pair(g(&p["fused_by_kernel_gb_per_s"], k), g(&p["fused_median_by_kernel_gb_per_s"], k)));
+    }
+    for k in v["crc_only_by_kernel_gb_per_s"].as_object().into_iter().flatten().map(|(k, _)| k) {
+        row(&format!("CRC only {k}"), &|p| format!("{:.2}", g(&p["crc_only_by_kernel_gb_per_s"], k)));
+    }
+    row("crc32fast", &|p| pair(g(p, "crc32fast_gb_per_s"), g(p, "crc32fast_median_gb_per_s")));
+    row("memcpy", &|p| pair(g(p, "memcpy_gb_per_s"), g(p, "memcpy_median_gb_per_s")));
+    row("memcpy, then crc32fast", &|p| pair(g(p, "memcpy_then_crc32fast_gb_per_s"), g(p, "memcpy_then_crc32fast_median_gb_per_s")));
+    println!("  (* the chosen kernel) fused at 4 KiB ({}) {:.2}; loopback ceiling (fused / 2) {:.2}", v["kernel"].as_str().unwrap_or("?"), g(v, "fused_gb_per_s"), g(v, "loopback_ceiling_gb_per_s"));
 }
 
 fn print_memcpy(v: &[Value]) {

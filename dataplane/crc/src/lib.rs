@@ -16,11 +16,36 @@
 //! and `crc_update(crc_update(0, a), b)` is the CRC of `a ‖ b`.
 //!
 //! # Kernels and dispatch
-//! Three implementations, each usable on its own through [`Kernel`] (the tests check every one
-//! the CPU has): [`Kernel::AVX512`] (AVX-512 + VPCLMULQDQ: four 512-bit accumulators, 256 bytes
-//! per iteration), [`Kernel::PCLMUL`] (four 128-bit accumulators) and the portable
-//! slicing-by-8 kernel. The free functions use [`Kernel::best`], detected once per process
-//! (`PMRXE_CRC_KERNEL=portable|pclmul|avx512` forces a slower one, for measurements).
+//! Four implementations (tiers), each usable on its own through [`Kernel`], all bit-identical
+//! (the tests check every one the CPU has against crc32fast and report those it lacks, see
+//! [`Kernel::all_names`]):
+//!
+//! | name       | needs                                   | accumulators            | per step  |
+//! |------------|-----------------------------------------|-------------------------|-----------|
+//! | `avx512`   | AVX512F/BW/VL, VPCLMULQDQ (+ `pclmul`'s) | four 512-bit            | 256 bytes |
+//! | `avx2`     | AVX2, VPCLMULQDQ (+ `pclmul`'s)          | four 256-bit            | 128 bytes |
+//! | `pclmul`   | PCLMULQDQ, SSE4.1, SSSE3                 | eight 128-bit (four < 128 B) | 128 bytes |
+//! | `portable` | —                                       | slicing-by-8 tables     | 8 bytes   |
+//!
+//! `avx512` hands inputs shorter than 256 bytes to `pclmul`, `avx2` those shorter than 128, and
+//! every x86 kernel masks with `pclmul` ([`crc_update_masked`] hashes headers of at most a few
+//! dozen bytes). With a copy, each block is stored from the register it is folded from, so the
+//! copy rides on the loads the CRC makes anyway: where the multiplier is the bound (every x86
+//! CPU so far) the fused kernel runs at the speed of the CRC alone.
+//!
+//! On AMD Zen 3 (no AVX-512) `avx2` is the fastest: its multiplier issues one VPCLMULQDQ every
+//! two cycles whether 128 or 256 bits wide, so `pclmul` is bound at half `avx2`'s speed (about
+//! 11 against 22 GB/s at 4 KiB; eight 128-bit accumulators instead of four change nothing there,
+//! they pay on CPUs whose multiplier is pipelined one per cycle).
+//!
+//! The free functions ([`copy_and_crc`], [`crc_update`], [`crc_update_masked`]) use
+//! [`Kernel::best`]: one relaxed atomic load picks the kernel per call. Until something installs
+//! a choice it is the widest kernel the CPU has, detected on first use. Width is not speed on
+//! every CPU (a wide multiplier may issue no faster than a narrow one), so a process can measure
+//! instead: [`Kernel::calibrate`] times each available kernel's `copy_and_crc` at a frame size
+//! for a few milliseconds and [`Calibration::install`] makes the fastest the process-wide best.
+//! `PMRXE_CRC_KERNEL=portable|pclmul|avx2|avx512` (a kernel this CPU has) overrides both the
+//! detection and any installed choice ([`Kernel::forced`]), for measurements.
 //!
 //! # Safety
 //! The only `unsafe` is in the SIMD kernels (intrinsics behind runtime feature detection), the
@@ -35,6 +60,7 @@ mod portable;
 mod x86;
 
 use core::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 pub use copy::{copy_short, copy_short_raw, SHORT_MAX};
 
@@ -49,10 +75,14 @@ enum Kind {
     #[cfg(target_arch = "x86_64")]
     Pclmul = 2,
     #[cfg(target_arch = "x86_64")]
-    Avx512 = 3,
+    Avx2 = 3,
+    #[cfg(target_arch = "x86_64")]
+    Avx512 = 4,
 }
 
-/// Which kernel [`Kernel::best`] returns: 0 until detected.
+/// Which kernel [`Kernel::best`] returns (its `Kind` as a number): 0 until detected or set.
+/// Every nonzero value names a kernel this CPU can run (only `detect` and `set_best` store, and
+/// both store kernels that exist); on x86-64, 2 and above imply `pclmul`'s features.
 static BEST: AtomicU8 = AtomicU8::new(0);
 
 impl Kernel {
@@ -68,6 +98,18 @@ impl Kernel {
                 && std::is_x86_feature_detected!("ssse3")
             {
                 return Some(Kernel(Kind::Pclmul));
+            }
+        }
+        None
+    }
+
+    /// The AVX2 + VPCLMULQDQ kernel (256-bit accumulators), if this CPU has AVX2 and
+    /// VPCLMULQDQ (and what [`Kernel::pclmul`] needs). No AVX-512 needed.
+    pub fn avx2() -> Option<Kernel> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Self::pclmul().is_some() && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("vpclmulqdq") {
+                return Some(Kernel(Kind::Avx2));
             }
         }
         None
@@ -90,9 +132,23 @@ impl Kernel {
         None
     }
 
-    /// Every kernel this CPU can run, slowest first.
+    /// Every kernel this CPU can run, narrowest first (the last is the default best).
     pub fn available() -> impl Iterator<Item = Kernel> {
-        [Some(Self::PORTABLE), Self::pclmul(), Self::avx512()].into_iter().flatten()
+        [Some(Self::PORTABLE), Self::pclmul(), Self::avx2(), Self::avx512()].into_iter().flatten()
+    }
+
+    /// The names of every kernel built for this architecture, narrowest first, whether or not
+    /// this CPU can run them (compare with [`available`](Kernel::available) to report the
+    /// kernels a test run could not exercise).
+    pub fn all_names() -> &'static [&'static str] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            &["portable", "pclmul", "avx2", "avx512"]
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            &["portable"]
+        }
     }
 
     /// A kernel by [`name`](Kernel::name), if this CPU can run it.
@@ -100,7 +156,9 @@ impl Kernel {
         Self::available().find(|k| k.name() == name)
     }
 
-    /// The fastest kernel this CPU has (detected once; `PMRXE_CRC_KERNEL` may name a slower one).
+    /// The kernel the free functions use: the one [`set_best`](Kernel::set_best) (or
+    /// [`Calibration::install`]) installed, else the widest this CPU has (detected on first
+    /// use); in both cases the one `PMRXE_CRC_KERNEL` forces, if it names one this CPU has.
     #[inline]
     pub fn best() -> Kernel {
         match BEST.load(Ordering::Relaxed) {
@@ -108,25 +166,102 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             2 => Kernel(Kind::Pclmul),
             #[cfg(target_arch = "x86_64")]
-            3 => Kernel(Kind::Avx512),
+            3 => Kernel(Kind::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            4 => Kernel(Kind::Avx512),
             _ => Self::detect(),
         }
     }
 
     #[cold]
     fn detect() -> Kernel {
-        let forced = std::env::var("PMRXE_CRC_KERNEL").ok().and_then(|n| Self::by_name(&n));
-        let k = forced.or_else(|| Self::available().last()).unwrap_or(Self::PORTABLE);
+        let k = Self::forced().or_else(|| Self::available().last()).unwrap_or(Self::PORTABLE);
         BEST.store(k.0 as u8, Ordering::Relaxed);
         k
     }
 
-    /// `"portable"`, `"pclmul"` or `"avx512"`.
+    /// The kernel `PMRXE_CRC_KERNEL` names, if it names one this CPU has (a name it lacks, or
+    /// an unknown one, is ignored: `None`). Read from the environment at each call.
+    pub fn forced() -> Option<Kernel> {
+        std::env::var("PMRXE_CRC_KERNEL").ok().and_then(|n| Self::by_name(n.trim()))
+    }
+
+    /// Make `k` the process-wide [`best`](Kernel::best) kernel, unless `PMRXE_CRC_KERNEL`
+    /// forces another (the forced kernel wins). Returns the kernel now in effect. Calls running
+    /// concurrently on other threads may still use the previous kernel for a moment: every
+    /// kernel gives the same CRC, so this only moves speed.
+    pub fn set_best(k: Kernel) -> Kernel {
+        let k = Self::forced().unwrap_or(k);
+        BEST.store(k.0 as u8, Ordering::Relaxed);
+        k
+    }
+
+    /// Time each available kernel's [`copy_and_crc`](Kernel::copy_and_crc) on `frame`-byte
+    /// inputs for about `budget` in all (interleaved rounds, each kernel's best round kept: a
+    /// shared machine's interruptions only lower some rounds) and pick the fastest. The
+    /// source is page-aligned and the destination on a cache line, 128 bytes into its buffer
+    /// (as the transmit path's payloads). Installs nothing: see [`Calibration::install`]. A
+    /// budget of 10–50 ms is plenty at frame sizes (thousands of calls per kernel).
+    ///
+    /// The fastest wins outright except that a wider kernel within 3 % of a narrower one's
+    /// figure is preferred (the default order, kept against timing noise).
+    pub fn calibrate(frame: usize, budget: Duration) -> Calibration {
+        const ROUNDS: u32 = 8;
+        let kernels: Vec<Kernel> = Self::available().collect();
+        let src: Vec<u8> = (0..frame + 4096).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect();
+        let s0 = (4096 - src.as_ptr() as usize % 4096) % 4096;
+        let src = &src[s0..s0 + frame];
+        let mut dbuf = vec![0u8; frame + 256];
+        let d0 = (64 - dbuf.as_ptr() as usize % 64) % 64 + 128;
+        let dst = &mut dbuf[d0..d0 + frame];
+        // Calls between clock reads: about 64 KiB of bytes.
+        let batch = (65536 / frame.max(1)).max(1);
+        let slice = budget / (ROUNDS * kernels.len() as u32);
+        let mut best = vec![0f64; kernels.len()];
+        let mut acc = 0u32;
+        for &k in &kernels {
+            acc ^= k.copy_and_crc(0, dst, src); // warm the code and the buffers
+        }
+        for _ in 0..ROUNDS {
+            for (j, &k) in kernels.iter().enumerate() {
+                let t0 = Instant::now();
+                let mut n = 0usize;
+                loop {
+                    for _ in 0..batch {
+                        acc ^= k.copy_and_crc(0, dst, core::hint::black_box(src));
+                    }
+                    n += batch;
+                    if t0.elapsed() >= slice {
+                        break;
+                    }
+                }
+                let gbps = (n * frame) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+                best[j] = best[j].max(gbps);
+            }
+        }
+        core::hint::black_box(acc);
+        let mut fastest = 0;
+        for j in 1..kernels.len() {
+            if best[j] >= best[fastest] * 0.97 {
+                fastest = j;
+            }
+        }
+        Calibration {
+            frame,
+            gb_per_s: kernels.iter().copied().zip(best).collect(),
+            fastest: kernels[fastest],
+            forced: Self::forced(),
+        }
+    }
+
+    /// `"portable"`, `"pclmul"`, `"avx2"` or `"avx512"`.
     pub fn name(self) -> &'static str {
         match self.0 {
             Kind::Portable => "portable",
             #[cfg(target_arch = "x86_64")]
             Kind::Pclmul => "pclmul",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2 => "avx2",
             #[cfg(target_arch = "x86_64")]
             Kind::Avx512 => "avx512",
         }
@@ -139,16 +274,16 @@ impl Kernel {
         unsafe { self.run::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) }
     }
 
-    /// [`crc_update_masked`] with this kernel (the AVX-512 one masks with its PCLMUL part:
-    /// masked inputs are headers, shorter than where its wide lanes pay off).
+    /// [`crc_update_masked`] with this kernel (the AVX2 and AVX-512 ones mask with their
+    /// PCLMUL part: masked inputs are headers, shorter than where wide lanes pay off).
     pub fn crc_update_masked(self, crc: u32, data: &[u8], mask: &Mask) -> u32 {
         match self.0 {
             // SAFETY: `data` is readable for its length.
             Kind::Portable => unsafe { portable::masked(crc, data.as_ptr(), data.len(), mask) },
-            // SAFETY: a `Kernel(Pclmul)` or `Kernel(Avx512)` exists only if `pclmul()` detected
-            // the features; `data` is readable for its length.
+            // SAFETY: a `Kernel(Pclmul)`, `Kernel(Avx2)` or `Kernel(Avx512)` exists only if
+            // `pclmul()` detected the features; `data` is readable for its length.
             #[cfg(target_arch = "x86_64")]
-            Kind::Pclmul | Kind::Avx512 => unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) },
+            Kind::Pclmul | Kind::Avx2 | Kind::Avx512 => unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) },
         }
     }
 
@@ -196,10 +331,52 @@ impl Kernel {
             // SAFETY: a `Kernel(Pclmul)` exists only if `pclmul()` detected the features.
             #[cfg(target_arch = "x86_64")]
             Kind::Pclmul => unsafe { x86::pclmul::<COPY>(crc, dst, src, len) },
+            // SAFETY: a `Kernel(Avx2)` exists only if `avx2()` detected the features.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2 => unsafe { x86::avx2::<COPY>(crc, dst, src, len) },
             // SAFETY: a `Kernel(Avx512)` exists only if `avx512()` detected the features.
             #[cfg(target_arch = "x86_64")]
             Kind::Avx512 => unsafe { x86::avx512::<COPY>(crc, dst, src, len) },
         }
+    }
+}
+
+/// What [`Kernel::calibrate`] measured: each available kernel's `copy_and_crc` speed at one
+/// frame size, the fastest, and the kernel `PMRXE_CRC_KERNEL` forces if any.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// The input length timed, in bytes.
+    pub frame: usize,
+    /// Each available kernel with its best round in GB/s (1e9 bytes of payload per second),
+    /// in [`Kernel::available`] order.
+    pub gb_per_s: Vec<(Kernel, f64)>,
+    /// The fastest kernel by the figures.
+    pub fastest: Kernel,
+    /// The kernel `PMRXE_CRC_KERNEL` forces at calibration time (it wins over `fastest`).
+    pub forced: Option<Kernel>,
+}
+
+impl Calibration {
+    /// The kernel [`install`](Calibration::install) makes the best: the forced one, else the
+    /// fastest.
+    pub fn chosen(&self) -> Kernel {
+        self.forced.unwrap_or(self.fastest)
+    }
+
+    /// Whether the choice was forced by `PMRXE_CRC_KERNEL` rather than measured.
+    pub fn is_forced(&self) -> bool {
+        self.forced.is_some()
+    }
+
+    /// The figure measured for `k`, if it was available.
+    pub fn gb_per_s_of(&self, k: Kernel) -> Option<f64> {
+        self.gb_per_s.iter().find(|(x, _)| *x == k).map(|&(_, g)| g)
+    }
+
+    /// Make the choice the process-wide [`Kernel::best`] ([`Kernel::set_best`]: a kernel
+    /// `PMRXE_CRC_KERNEL` forces still wins); returns the kernel now in effect.
+    pub fn install(&self) -> Kernel {
+        Kernel::set_best(self.chosen())
     }
 }
 
@@ -216,8 +393,8 @@ pub(crate) const NO_MASK: Mask = [0; 4];
 pub fn crc_update_masked(crc: u32, data: &[u8], mask: &Mask) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if BEST.load(Ordering::Relaxed) >= 2 {
-        // SAFETY: BEST holds 2 or 3 only after `pclmul()` detected PCLMULQDQ, SSE4.1 and
-        // SSSE3; `data` is readable for its length.
+        // SAFETY: BEST holds 2..=4 only for kernels whose detection includes `pclmul()`'s
+        // (PCLMULQDQ, SSE4.1 and SSSE3); `data` is readable for its length.
         return unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) };
     }
     Kernel::best().crc_update_masked(crc, data, mask)
@@ -230,10 +407,13 @@ pub fn crc_update(crc: u32, data: &[u8]) -> u32 {
     // updates, the frames' headers, paid a stack frame here for the detection path).
     #[cfg(target_arch = "x86_64")]
     match BEST.load(Ordering::Relaxed) {
-        // SAFETY: BEST holds 3 only after `avx512()` detected its features; `data` is readable
-        // for its length and, without COPY, the destination is never accessed.
-        3 => return unsafe { x86::avx512::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
-        // SAFETY: as above, with `pclmul()`.
+        // SAFETY: BEST holds 4 only for a `Kernel(Avx512)`, which exists only after `avx512()`
+        // detected its features; `data` is readable for its length and, without COPY, the
+        // destination is never accessed.
+        4 => return unsafe { x86::avx512::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
+        // SAFETY: as above, with 3 and `avx2()`.
+        3 => return unsafe { x86::avx2::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
+        // SAFETY: as above, with 2 and `pclmul()`.
         2 => return unsafe { x86::pclmul::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
         _ => {}
     }
@@ -310,5 +490,26 @@ mod test {
         }
         assert_eq!(Kernel::by_name("portable"), Some(Kernel::PORTABLE));
         assert_eq!(Kernel::by_name("nonsense"), None);
+    }
+
+    #[test]
+    fn names_list_every_kernel_built() {
+        assert_eq!(Kernel::all_names()[0], "portable");
+        for k in Kernel::available() {
+            assert!(Kernel::all_names().contains(&k.name()), "{}", k.name());
+        }
+        // Each name once, and the available kernels in the same order.
+        let avail: Vec<&str> = Kernel::available().map(Kernel::name).collect();
+        let in_order: Vec<&str> = Kernel::all_names().iter().copied().filter(|n| avail.contains(n)).collect();
+        assert_eq!(avail, in_order);
+    }
+
+    #[test]
+    fn calibration_measures_every_available_kernel() {
+        // Installs nothing: `best` stays as other tests of this process expect.
+        let cal = Kernel::calibrate(512, std::time::Duration::from_millis(4));
+        assert_eq!(cal.gb_per_s.len(), Kernel::available().count());
+        assert!(cal.gb_per_s_of(cal.fastest).is_some());
+        assert_eq!(cal.frame, 512);
     }
 }
