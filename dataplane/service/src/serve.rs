@@ -1,7 +1,7 @@
 //! `pmrxe serve`: start-up, the accept loop and clean shutdown.
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,10 +56,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     ignore_sigpipe();
     let sigs = block_signals().map_err(ServeError::Signal)?;
     let sock_path = cfg.socket_path();
-    // Refuse early if a live service already owns the socket.
-    if UnixStream::connect(&sock_path).is_ok() {
-        return Err(ServeError::InUse(sock_path));
+    // Refuse early if a live service already owns the socket (probed with the socket type
+    // services listen with), and before EAL if clients could not trust its directory.
+    probe_socket(&sock_path)?;
+    let access = crate::access::Access::new(rustix::process::getuid().as_raw(), &cfg.service.group);
+    if access.group.is_none() {
+        tracing::warn!(group = %cfg.service.group, "no such group on this host: only root and the service's user may use pmrxe (scripts/install.sh creates it)");
     }
+    let crc = calibrate_crc(&cfg);
     let eal = Eal::init(&EalConfig::from_config(&cfg))?;
     let nl = cfg.lcores.cores.len().max(1);
     // Several lcores: each gets its own RX/TX queue pair on every port (QPs are spread per
@@ -193,7 +197,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         }
     };
 
-    let listener = bind_socket(&sock_path)?;
+    let (listener, sock_id) = bind_socket(&sock_path, &access)?;
     // `pmrxe stats` lists the sessions' own client table (`Shared::clients`, filled at Hello and
     // emptied when a client goes): the stats closure reaches it through a weak reference.
     let budget = Arc::new(crate::limits::Budget::new(cfg.limits.clone(), devices.iter().map(|d| d.name.clone()).collect(), fd_plan));
@@ -216,16 +220,19 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                 let w = weak.clone();
                 Arc::new(move || {
                     w.upgrade().map_or_else(Vec::new, |sh| {
-                        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, v.0, v.1.clone())).collect()
+                        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
                     })
                 })
             },
             cm: Some(cm.clone()),
             limits: Some(budget.clone()),
+            crc: Some(crc),
         }),
         limits: budget,
         capture,
         cm: Some(cm),
+        access,
+        refused: Default::default(),
     });
     // Prometheus endpoint (crate::metrics): its own thread, renders the same snapshot as `pmrxe stats`.
     if let Some(addr) = cfg.service.metrics {
@@ -234,7 +241,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             for t in threads {
                 let _ = t.join();
             }
-            let _ = std::fs::remove_file(&sock_path);
+            remove_own_socket(&sock_path, sock_id);
             return Err(ServeError::Metrics(addr, e));
         }
     }
@@ -296,26 +303,91 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     for t in threads {
         let _ = t.join();
     }
-    let _ = std::fs::remove_file(&sock_path);
+    remove_own_socket(&sock_path, sock_id);
     drop(dev_nodes);
     drop(shared);
     drop(eal);
     Ok(())
 }
 
-fn bind_socket(path: &Path) -> Result<UnixListener, ServeError> {
+/// Choose the fused copy+ICRC kernel by measurement (issue 41): time every kernel this CPU
+/// has for a few milliseconds at the largest RoCE payload the ports' MTUs allow, install the
+/// fastest (or the one `PMRXE_CRC_KERNEL` forces) before any lcore runs, and log the figures.
+fn calibrate_crc(cfg: &Config) -> pmrxe_crc::Calibration {
+    // The largest IBTA path MTU (256..4096) that fits the Ethernet MTU with the RoCEv2
+    // headers (IPv6 40 + UDP 8 + BTH 12 + RETH 16 + ICRC 4 < 80).
+    let eth = cfg.ports.iter().map(|p| usize::from(p.mtu)).max().unwrap_or(1500);
+    let frame = [4096, 2048, 1024, 512, 256].into_iter().find(|&m| m + 80 <= eth).unwrap_or(256);
+    let cal = pmrxe_crc::Kernel::calibrate(frame, Duration::from_millis(30));
+    let k = cal.install();
+    let figures: Vec<String> = cal.gb_per_s.iter().map(|(k, g)| format!("{} {g:.1}", k.name())).collect();
+    if let Some(bad) = std::env::var("PMRXE_CRC_KERNEL").ok().filter(|n| cal.forced.is_none() && !n.is_empty()) {
+        let have: Vec<&str> = pmrxe_crc::Kernel::available().map(|k| k.name()).collect();
+        tracing::warn!("PMRXE_CRC_KERNEL={bad}: no such kernel on this CPU (have {}); measuring instead", have.join(", "));
+    }
+    tracing::info!(kernel = k.name(), forced = cal.is_forced(), frame, "ICRC kernel chosen; GB/s at {frame} B: {}", figures.join(", "));
+    cal
+}
+
+/// Fail with `InUse` if a service answers at `path`, and with a clear error if anything but
+/// "nobody listens" (ENOENT, ECONNREFUSED) stops the probe: a socket we cannot probe is never
+/// replaced. Also refuses a directory others may write: every client would refuse it
+/// (`pmrxe_abi::ctrl::untrusted_socket_dir`).
+fn probe_socket(path: &Path) -> Result<(), ServeError> {
     let err = |source| ServeError::Socket { path: path.to_path_buf(), source };
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(err)?;
+    match pmrxe_abi::ctrl::seqpacket_connect(path) {
+        Ok(_) => return Err(ServeError::InUse(path.to_path_buf())),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ECONNREFUSED)) => {}
+        Err(e) => return Err(err(std::io::Error::new(e.kind(), format!("cannot tell whether a service listens there ({e}); not replacing it")))),
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(md) = std::fs::metadata(dir) {
+            if md.mode() & 0o022 != 0 {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("its directory {} is writable by others (mode {:o}); clients refuse such a socket: use a directory only the service's user can write, e.g. /run/pmrxe", dir.display(), md.mode() & 0o7777),
+                )));
+            }
         }
     }
-    // A stale socket (nobody answered above) is replaced.
+    Ok(())
+}
+
+/// Bind the control socket: `service-user:group` mode 0660 (the group's members and root may
+/// connect), in a directory made 0750 with the group when the service creates it. Returns the
+/// socket's (device, inode), so the service removes it at stop only if it is still its own.
+fn bind_socket(path: &Path, access: &crate::access::Access) -> Result<(UnixListener, (u64, u64)), ServeError> {
+    use std::os::unix::fs::MetadataExt;
+    let err = |source| ServeError::Socket { path: path.to_path_buf(), source };
+    let gid = access.group.map(rustix::fs::Gid::from_raw);
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).map_err(err)?;
+            if gid.is_some() {
+                rustix::fs::chown(dir, None, gid).map_err(|e| err(e.into()))?;
+            }
+        }
+    }
+    // A stale socket (nobody answered the probe) is replaced.
     let _ = std::fs::remove_file(path);
     // SOCK_SEQPACKET: std has no constructor, so bind with libc and wrap.
     let fd = seqpacket_listener(path).map_err(err)?;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660));
-    Ok(fd)
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    if gid.is_some() {
+        rustix::fs::chown(path, None, gid).map_err(|e| err(e.into()))?;
+    }
+    let md = std::fs::metadata(path).map_err(err)?;
+    Ok((fd, (md.dev(), md.ino())))
+}
+
+/// Remove the control socket at stop, unless another service has since put its own there.
+fn remove_own_socket(path: &Path, id: (u64, u64)) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 fn seqpacket_listener(path: &Path) -> std::io::Result<UnixListener> {

@@ -51,6 +51,8 @@ pub struct ServiceStats {
     pub cm: Option<crate::cm::CmHandle>,
     /// Limits in use and refusals ([`crate::limits`]).
     pub limits: Option<Arc<crate::limits::Budget>>,
+    /// The ICRC kernel measurement made at start (the chosen kernel and every kernel's figure).
+    pub crc: Option<pmrxe_crc::Calibration>,
 }
 
 fn cm_json(s: &crate::cm::CmSnapshot) -> serde_json::Value {
@@ -134,6 +136,12 @@ impl StatsSource for ServiceStats {
                     "duplicated": s.duplicated, "reordered": s.reordered, "corrupted": s.corrupted})
             }).collect::<Vec<_>>(),
             "cm": self.cm.as_ref().and_then(|h| h.snapshot(Duration::from_secs(2))).map(|s| cm_json(&s)),
+            "crc": self.crc.as_ref().map(|c| json!({
+                "kernel": c.chosen().name(),
+                "forced": c.is_forced(),
+                "frame": c.frame,
+                "gb_per_s": c.gb_per_s.iter().map(|(k, g)| (k.name().to_string(), json!(g))).collect::<serde_json::Map<_, _>>(),
+            })),
             "limits": self.limits.as_ref().map(|l| l.json(&|id| clients.iter().any(|c| c.id == id))),
         });
         if as_json {
@@ -141,6 +149,16 @@ impl StatsSource for ServiceStats {
         }
         let mut out = String::new();
         out.push_str(&format!("pmrxe: up {:.1} s, devices {}\n", v["uptime_s"].as_f64().unwrap_or(0.0), self.devices.join(", ")));
+        if let Some(c) = &self.crc {
+            let figures: Vec<String> = c.gb_per_s.iter().map(|(k, g)| format!("{} {g:.1}", k.name())).collect();
+            out.push_str(&format!(
+                "icrc kernel {}{} (GB/s at {} B, measured at start: {})\n",
+                c.chosen().name(),
+                if c.is_forced() { ", forced by PMRXE_CRC_KERNEL" } else { "" },
+                c.frame,
+                figures.join(", ")
+            ));
+        }
         let c = &v["cm"];
         if c.is_object() {
             out.push_str(&format!(
