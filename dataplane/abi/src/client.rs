@@ -208,7 +208,7 @@ impl Channel {
             }
         };
         ctrl::send_msg(self.sock.as_raw_fd(), &ctrl::encode(req)?, fds).map_err(timed_out)?;
-        let got = ctrl::recv_msg(self.sock.as_raw_fd(), &mut buf).map_err(timed_out)?.ok_or(Error::Closed)?;
+        let got = ctrl::recv_msg_fds(self.sock.as_raw_fd(), &mut buf, ctrl::MAX_REPLY_FDS).map_err(timed_out)?.ok_or(Error::Closed)?;
         Ok((ctrl::decode(&buf)?, got))
     }
 
@@ -311,6 +311,9 @@ pub struct Connection {
     page: Mapping,
     /// The service's async-event eventfd (non-blocking, signalled for every queued event).
     pub events_fd: OwnedFd,
+    /// The lcores' wake-up eventfds, by lcore index: a doorbell whose row says the lcore
+    /// sleeps is followed by one write to its fd ([`Connection::ring`]).
+    wake_fds: Vec<OwnedFd>,
     pub client_id: u32,
     pub devices: Vec<DeviceInfo>,
     /// Set once the service is known to be gone (orderly stop or crash).
@@ -334,7 +337,8 @@ impl Connection {
         let page_fd = fds.next().ok_or(Error::Protocol("Hello (no client page)"))?;
         let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
         let events_fd = fds.next().ok_or(Error::Protocol("Hello (no event fd)"))?;
-        let c = Connection { chan, page, events_fd, client_id, devices, dead: AtomicBool::new(false), idle_polls: AtomicU32::new(0) };
+        let wake_fds = fds.collect();
+        let c = Connection { chan, page, events_fd, wake_fds, client_id, devices, dead: AtomicBool::new(false), idle_polls: AtomicU32::new(0) };
         if c.page().magic != CLIENT_PAGE_MAGIC {
             return Err(Error::Protocol("Hello (client page magic)"));
         }
@@ -361,10 +365,22 @@ impl Connection {
         unsafe { &*self.page.ptr().cast::<ClientPage>() }
     }
 
-    /// Ring a queue's doorbell (one `fetch_or`, release).
+    /// Ring a queue's doorbell (two `fetch_or`s, a fence and a load), and wake its lcore with
+    /// one eventfd write only if the lcore said it sleeps ([`ClientPage::ring`]): no system
+    /// call while it is awake.
     #[inline]
     pub fn ring(&self, db: Doorbell) {
-        self.page().ring(db);
+        if self.page().ring(db) {
+            self.wake(db.lcore as usize);
+        }
+    }
+
+    #[cold]
+    fn wake(&self, lcore: usize) {
+        if let Some(fd) = self.wake_fds.get(lcore) {
+            // Non-blocking eventfd: a full counter (never in practice) already means "awake".
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
     }
 
     /// Publish what is staged in `prod` (one release store) and ring `db`.

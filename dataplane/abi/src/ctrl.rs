@@ -22,8 +22,11 @@ use crate::layout::{CqSegmentLayout, Doorbell, QpSegmentLayout, SrqSegmentLayout
 
 /// Largest control message (bytes).
 pub const MAX_MSG: usize = 64 * 1024;
-/// Largest number of fds passed with one message.
+/// Largest number of fds passed with one request (what the service accepts).
 pub const MAX_FDS: usize = 4;
+/// Largest number of fds passed with one reply: `Hello` carries the client page, the
+/// async-event eventfd and one wake-up eventfd per lcore.
+pub const MAX_REPLY_FDS: usize = 2 + crate::layout::MAX_LCORES;
 
 /// Device attributes reported by `ibv_query_device` (subset the service fills honestly).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -406,19 +409,26 @@ pub(crate) fn with_borrowed<R>(fds: &[RawFd], f: impl FnOnce(&[BorrowedFd<'_>]) 
     f(&borrowed)
 }
 
-/// The control-message buffer of one datagram: 64 bytes, room for up to 12 fds (a peer that
-/// sends more gets `MSG_CTRUNC`), aligned for `cmsghdr` so none of it is lost to alignment.
+/// Bytes of control message for `n` fds (`CMSG_SPACE`: a 16-byte header, 4 bytes per fd,
+/// rounded up to 8).
+const fn cmsg_space(n: usize) -> usize {
+    (16 + 4 * n + 7) & !7
+}
+
+/// The control-message buffer of one datagram, room for [`MAX_REPLY_FDS`] fds, aligned for
+/// `cmsghdr` so none of it is lost to alignment. A receiver offers only the part for the fds
+/// it accepts (a peer that sends more gets `MSG_CTRUNC`).
 #[repr(C, align(8))]
-struct CmsgBuf([MaybeUninit<u8>; 64]);
+struct CmsgBuf([MaybeUninit<u8>; cmsg_space(MAX_REPLY_FDS)]);
 
 /// Send one message with optional fds over a SEQPACKET socket.
 pub fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    if bytes.len() > MAX_MSG || fds.len() > MAX_FDS {
+    if bytes.len() > MAX_MSG || fds.len() > MAX_REPLY_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
     }
     with_borrowed(&[sock], |sock| {
         with_borrowed(fds, |fds| {
-            let mut space = CmsgBuf([MaybeUninit::uninit(); 64]);
+            let mut space = CmsgBuf([MaybeUninit::uninit(); cmsg_space(MAX_REPLY_FDS)]);
             let mut control = SendAncillaryBuffer::new(&mut space.0);
             if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
@@ -434,12 +444,19 @@ pub fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     })
 }
 
-/// Receive one message and its fds. `Ok(None)` on orderly shutdown by the peer.
+/// Receive one request and its fds (at most [`MAX_FDS`]). `Ok(None)` on orderly shutdown by
+/// the peer.
 pub fn recv_msg(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd>>> {
+    recv_msg_fds(sock, buf, MAX_FDS)
+}
+
+/// Receive one message and up to `max_fds` fds (at most [`MAX_REPLY_FDS`]; more is an error).
+/// `Ok(None)` on orderly shutdown by the peer.
+pub fn recv_msg_fds(sock: RawFd, buf: &mut Vec<u8>, max_fds: usize) -> io::Result<Option<Vec<OwnedFd>>> {
     buf.resize(MAX_MSG, 0);
     with_borrowed(&[sock], |sock| {
-        let mut space = CmsgBuf([MaybeUninit::uninit(); 64]);
-        let mut control = RecvAncillaryBuffer::new(&mut space.0);
+        let mut space = CmsgBuf([MaybeUninit::uninit(); cmsg_space(MAX_REPLY_FDS)]);
+        let mut control = RecvAncillaryBuffer::new(&mut space.0[..cmsg_space(max_fds.min(MAX_REPLY_FDS))]);
         let got = loop {
             match net::recvmsg(sock[0], &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
                 Ok(got) => break got,
@@ -664,13 +681,12 @@ mod tests {
             assert_eq!(fstat(f).unwrap().st_size as u64, (i as u64 + 1) * 4096, "fd {i} out of order");
             assert!(rustix::io::fcntl_getfd(f).unwrap().contains(rustix::io::FdFlags::CLOEXEC), "received fds are close-on-exec");
         }
-        // Our side refuses more than MAX_FDS and bad descriptors before any system call.
-        let err = send_msg(s0.as_raw_fd(), b"x", &[raw[0]; MAX_FDS + 1]).unwrap_err();
+        // Our side refuses more than MAX_REPLY_FDS and bad descriptors before any system call.
+        let err = send_msg(s0.as_raw_fd(), b"x", &[raw[0]; MAX_REPLY_FDS + 1]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert_eq!(send_msg(s0.as_raw_fd(), b"x", &[-1]).unwrap_err().raw_os_error(), Some(libc::EBADF));
         assert_eq!(recv_msg(-1, &mut buf).unwrap_err().raw_os_error(), Some(libc::EBADF));
-        // A hostile peer that sends more fds than the control buffer holds (64 bytes, 12 fds):
-        // an error (the kernel truncated the list); the fds that did arrive drop with it.
+        // A hostile peer that sends more fds than a request may carry (MAX_FDS): an error (the kernel truncated the list); the fds that did arrive drop with it.
         let many = [mem[0].as_fd(); 16];
         let mut big = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(16))];
         let mut control = SendAncillaryBuffer::new(&mut big);

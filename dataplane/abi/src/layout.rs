@@ -7,8 +7,9 @@ use crate::ring::{ring_bytes, Pod, Prefixed};
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// Protocol/ABI version; the control handshake refuses a mismatch. (3: one padded doorbell
-/// row per lcore, 64 lcores.)
-pub const ABI_VERSION: u32 = 3;
+/// row per lcore, 64 lcores; 4: the need-wakeup flag in each row and the lcores' wake-up
+/// eventfds at Hello.)
+pub const ABI_VERSION: u32 = 4;
 
 /// Maximum scatter/gather entries in a send WQE.
 pub const MAX_SEND_SGE: usize = 16;
@@ -298,7 +299,14 @@ pub struct DoorbellRow {
     /// Bit `w` set = doorbell word `w` may be non-zero: one load tells the lcore whether this
     /// client rang anything at all.
     pub summary: AtomicU64,
-    pub _pad: [u64; 7],
+    /// Need-wakeup flag (as AF_XDP's `XDP_USE_NEED_WAKEUP` and io_uring SQPOLL's
+    /// `IORING_SQ_NEED_WAKEUP`): non-zero while the lcore sleeps (or is about to) and wants a
+    /// signal on its wake-up eventfd after a doorbell. Written by the lcore; the client clears
+    /// it when it signals (so one poster makes the call, not every one). See
+    /// [`ClientPage::ring`] for the ordering.
+    pub sleeping: AtomicU32,
+    pub _pad0: u32,
+    pub _pad: [u64; 6],
     /// Bit `slot % 64` of word `slot / 64`: a queue with doorbell `slot` has new WQEs.
     pub words: [AtomicU64; DOORBELL_WORDS],
 }
@@ -340,18 +348,68 @@ impl ClientPage {
         &self.rows[lcore]
     }
 
-    /// Ring a doorbell (client side). The service hands out doorbells of its lcores only
-    /// (`lcore < MAX_LCORES`); anything else rings nothing.
-    pub fn ring(&self, db: Doorbell) {
+    /// Ring a doorbell (client side). Returns true when the lcore sleeps and the caller must
+    /// signal its wake-up eventfd (once; [`crate::client::Connection::ring`] does).
+    ///
+    /// The need-wakeup protocol is a Dekker pair. Client: doorbell bits (release RMWs), then
+    /// a SeqCst fence, then a load of `sleeping`. Lcore ([`DoorbellRow::sleep_begin`] side):
+    /// store `sleeping = 1`, a SeqCst fence, then one more look at every summary word (and
+    /// everything else it polls). Both fences are in the fences' total order: if the lcore's
+    /// fence is first, the client's load sees `sleeping = 1` and signals; if the client's is
+    /// first, the lcore's look sees the doorbell and does not sleep. Either way no WQE waits
+    /// for a sleeping lcore. While the lcore is awake the post path costs the fence and one
+    /// load of a line the client just wrote (`summary` shares it): no system call.
+    /// (`dataplane/abi/tests/loom.rs` checks this.)
+    #[inline]
+    pub fn ring(&self, db: Doorbell) -> bool {
         let Some(row) = self.rows.get(db.lcore as usize) else {
             debug_assert!(false, "doorbell of lcore {} >= MAX_LCORES", db.lcore);
-            return;
+            return false;
         };
-        let slot = db.slot as usize % DOORBELL_SLOTS;
-        row.words[slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
+        row.ring(db.slot as usize)
+    }
+}
+
+/// Lcore side, between announcing a sleep ([`DoorbellRow::sleep_begin`] on every client's
+/// row) and the last look at the doorbells: the lcore's half of the Dekker pair.
+#[inline]
+pub fn sleep_fence() {
+    crate::sync::fence(crate::sync::Ordering::SeqCst);
+}
+
+impl DoorbellRow {
+    /// Ring doorbell `slot` of this row (client side; see [`ClientPage::ring`]). Returns true
+    /// when the caller must wake the lcore.
+    #[inline]
+    pub fn ring(&self, slot: usize) -> bool {
+        let slot = slot % DOORBELL_SLOTS;
+        self.words[slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
         // After the doorbell bit: an lcore that clears the summary and then reads the word
         // sees the bit, or sees the summary bit again on its next pass.
-        row.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
+        self.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
+        self.needs_wake()
+    }
+
+    /// Client side, after its doorbell stores: does the lcore sleep? Claims the wake-up (clears
+    /// the flag) so that only one of several posters makes the system call.
+    #[inline]
+    pub fn needs_wake(&self) -> bool {
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+        self.sleeping.load(crate::sync::Ordering::Relaxed) != 0 && self.sleeping.swap(0, crate::sync::Ordering::Relaxed) != 0
+    }
+
+    /// Lcore side: announce a sleep. The caller must then call [`sleep_fence`], look at
+    /// `summary` (and everything else it waits for) once more, and sleep only if that look
+    /// found nothing.
+    #[inline]
+    pub fn sleep_begin(&self) {
+        self.sleeping.store(1, crate::sync::Ordering::Relaxed);
+    }
+
+    /// Lcore side: awake again (posts need no signal).
+    #[inline]
+    pub fn sleep_end(&self) {
+        self.sleeping.store(0, crate::sync::Ordering::Relaxed);
     }
 }
 

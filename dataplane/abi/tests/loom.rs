@@ -1,4 +1,5 @@
-//! Loom models of the shared-memory SPSC ring (`src/ring.rs`).
+//! Loom models of the shared-memory SPSC ring (`src/ring.rs`) and of the doorbells'
+//! need-wakeup protocol (`src/layout.rs`, `DoorbellRow::ring` / `sleep_begin`).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p pmrxe-abi --release --test loom`
 //! (optionally `LOOM_MAX_PREEMPTIONS=3`). Without `--cfg loom` this file is empty.
@@ -158,5 +159,82 @@ fn loom_full_and_empty_boundaries() {
         assert_eq!(p.free().unwrap(), CAP);
         drop((p, c));
         drop(seg);
+    });
+}
+
+// ---- need-wakeup: a client posting into a sleeping lcore -----------------------------------
+
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use loom::sync::{Arc, Notify};
+use pmrxe_abi::{sleep_fence, DoorbellRow, DOORBELL_WORDS};
+
+fn row() -> DoorbellRow {
+    DoorbellRow {
+        summary: AtomicU64::new(0),
+        sleeping: AtomicU32::new(0),
+        _pad0: 0,
+        _pad: [0; 6],
+        words: std::array::from_fn(|_| AtomicU64::new(0)),
+    }
+}
+
+/// (c) One client posts two WQEs (ring tail store, then `DoorbellRow::ring`, then one wake-up
+/// when it says the lcore sleeps); one lcore polls its doorbells and, finding none, announces
+/// a sleep (`sleep_begin`, `sleep_fence`), looks once more, and blocks on its "eventfd" (a
+/// loom `Notify`: a signal given before the wait is kept, as an eventfd's counter is) until
+/// signalled. The lcore must see both WQEs: a lost wake-up leaves it blocked forever, which
+/// loom reports as a deadlock.
+///
+/// Verified to fail when weakened: with `sleep_fence` removed (or the client's fence in
+/// `needs_wake`), loom finds the interleaving where the client reads `sleeping = 0` and the
+/// lcore's last look misses the doorbell: "deadlock".
+#[test]
+fn loom_need_wakeup_never_loses_a_post() {
+    loom::model(|| {
+        let row = Arc::new(row());
+        let tail = Arc::new(AtomicU64::new(0));
+        let efd = Arc::new(Notify::new());
+        let client = {
+            let (row, tail, efd) = (row.clone(), tail.clone(), efd.clone());
+            thread::spawn(move || {
+                let mut wakes = 0;
+                for n in 1..=2u64 {
+                    tail.store(n, Ordering::Release); // the WQE is published
+                    if row.ring(3) {
+                        efd.notify();
+                        wakes += 1;
+                    }
+                }
+                wakes
+            })
+        };
+        let mut seen = 0u64;
+        let mut sleeps = 0;
+        loop {
+            if row.summary.swap(0, Ordering::Acquire) != 0 {
+                for w in 0..DOORBELL_WORDS {
+                    row.words[w].swap(0, Ordering::Acquire);
+                }
+                seen = tail.load(Ordering::Acquire);
+            }
+            if seen == 2 {
+                break;
+            }
+            // Idle: announce the sleep, then the last look.
+            row.sleep_begin();
+            sleep_fence();
+            if row.summary.load(Ordering::Relaxed) != 0 {
+                row.sleep_end();
+                continue;
+            }
+            efd.wait();
+            sleeps += 1;
+            row.sleep_end();
+        }
+        let wakes = client.join().unwrap();
+        assert_eq!(seen, 2);
+        // Every sleep was ended by a wake-up (no spurious one is modelled), and no post made
+        // more calls than there were posts.
+        assert!(sleeps <= wakes && wakes <= 2);
     });
 }

@@ -8,7 +8,7 @@
 //! documented in `configs/README.md` and on the types below.
 //!
 //! ```toml
-//! [service]    socket, log, idle = { mode, spin_iterations, max_sleep_us }, metrics
+//! [service]    socket, log, idle = { mode, spin_us, spin_iterations, max_sleep_us }, metrics
 //! [eal]        hugepages, memory_mb, file_prefix, in_memory, extra_args, log_level
 //! [lcores]     cores = [1], main_core = 0
 //! [[ports]]    name, kind, devargs, peer, mac, ipv4, ipv6, mtu, rx_queues, tx_queues, rx_desc, tx_desc,
@@ -91,17 +91,22 @@ impl Default for ServiceConfig {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IdleConfig {
-    /// `backoff` (spin, then sleep with exponential back-off) or `busy` (never sleep).
+    /// `wait` (spin `spin_us` after the last work, then block until there is work: the
+    /// default), `backoff` (spin, then sleep with exponential back-off) or `busy` (never sleep).
     pub mode: IdleMode,
     /// Empty iterations spent spinning before the first sleep (backoff mode).
     pub spin_iterations: u32,
-    /// Longest sleep between polls, in microseconds (backoff mode).
+    /// Longest sleep between polls, in microseconds (backoff mode; in wait mode, the longest
+    /// sleep of an lcore with a port that cannot wake it: neither a queue fd nor a ring pair).
     pub max_sleep_us: u32,
 }
 
 impl Default for IdleConfig {
     fn default() -> Self {
-        IdleConfig { mode: IdleMode::Backoff, spin_iterations: 1000, max_sleep_us: 200 }
+        IdleConfig { mode: IdleMode::Wait, spin_iterations: 1000, max_sleep_us: 200, spin_us: 100 }
+    /// Wait mode: microseconds of empty iterations spent spinning after the last work before
+    /// the lcore blocks (a ping-pong's gaps must fit in it, or every message pays a wake-up).
+    pub spin_us: u32,
     }
 }
 
@@ -114,6 +119,10 @@ pub enum IdleMode {
     /// Poll forever without sleeping (benchmarks, dedicated cores).
     Busy,
 }
+    /// Spin `spin_us`, then block until there is work: frames (epoll on the ports' queue fds),
+    /// a client post (need-wakeup flag in the client page), a control command or the next QP
+    /// timer (the default: shared machines, cloud hosts).
+    Wait,
 
 /// `[eal]`: DPDK Environment Abstraction Layer options.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]

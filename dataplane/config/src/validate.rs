@@ -122,6 +122,9 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
             format!("{} is above the 1000000 us maximum", cfg.service.idle.max_sleep_us),
         ));
     }
+    if cfg.service.idle.spin_us > 1_000_000 {
+        return Err(inv("service.idle.spin_us", format!("{} is above the 1000000 us maximum", cfg.service.idle.spin_us)));
+    }
 
     // [eal]
     let eal = &cfg.eal;
@@ -172,7 +175,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         ));
     }
     if lc.allow_shared_cores && cfg.service.idle.mode == crate::IdleMode::Busy {
-        return Err(inv("lcores.allow_shared_cores", "lcores sharing a CPU need idle back-off (service.idle.mode = \"backoff\"); busy-polling lcores would starve each other"));
+        return Err(inv("lcores.allow_shared_cores", "lcores sharing a CPU need an idle mode that sleeps (service.idle.mode = \"wait\" or \"backoff\"); busy-polling lcores would starve each other"));
     }
     let mut seen = HashSet::new();
     for (i, &c) in lc.cores.iter().enumerate() {

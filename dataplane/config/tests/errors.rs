@@ -38,7 +38,7 @@ fn loopback_parses() {
     assert_eq!(c.ports[1].ipv4.unwrap().to_string(), "198.18.0.2/24");
     assert!(!c.eal.hugepages);
     assert_eq!(c.lcores.cores, vec![1]);
-    assert_eq!(c.service.idle.mode, IdleMode::Backoff);
+    assert_eq!(c.service.idle.mode, IdleMode::Wait);
     assert_eq!(c.neighbors.len(), 2);
     assert!(c.faults.is_none());
     assert_eq!(c.limits, pmrxe_config::Limits::default());
@@ -211,8 +211,8 @@ fn lcores_at_most_max_and_shared_cpus_need_the_flag_and_backoff() {
     let s = err(&loopback_with("cores = [1]", &many(2)));
     assert_eq!(s, "config error: lcores.cores[1]: CPU 1 listed twice (set lcores.allow_shared_cores to run several lcores on one CPU)");
     // Shared CPUs with busy polling would starve each other.
-    let s = err(&shared(8).replace("mode = \"backoff\"", "mode = \"busy\""));
-    assert!(s.starts_with("config error: lcores.allow_shared_cores: lcores sharing a CPU need idle back-off"), "{s}");
+    let s = err(&shared(8).replace("mode = \"wait\"", "mode = \"busy\""));
+    assert!(s.starts_with("config error: lcores.allow_shared_cores: lcores sharing a CPU need an idle mode that sleeps"), "{s}");
 }
 
 #[test]

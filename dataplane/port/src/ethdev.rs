@@ -137,6 +137,8 @@ struct PortInner {
     /// The af_packet PMD's sockets of this port (see [`EthPort::kick`]); empty for other
     /// drivers. Owned by the PMD, open until the port is closed in [`PortInner`]'s drop.
     kick_fds: Vec<RawFd>,
+    /// What wakes an idle lcore for this port's frames ([`crate::Port::rx_wake`]).
+    rx_wake: crate::RxWake,
     _rings: Option<Arc<RingSet>>,
     _eal: Eal,
 }
@@ -386,6 +388,25 @@ impl EthPort {
         }
         let kick_fds = if cstr_eq(info.driver_name, "net_af_packet") { af_packet_sockets(info.if_index) } else { Vec::new() };
         tracing::debug!(port = %name, sockets = ?kick_fds, "af_packet sockets to kick");
+        // What wakes an lcore in `wait` mode. DPDK 22.11's af_packet and af_xdp PMDs have no Rx
+        // interrupts (no rx_queue_intr_enable; `rte_eth_dev_rx_intr_ctl_q_get_fd` has nothing
+        // to return), but their sockets poll readable when frames wait: af_packet's
+        // (packet_poll looks at the mmapped RX ring) and af_xdp's (xsk_poll: RX ring not
+        // empty). A net_ring pair is fed only by lcores of this process, which wake the
+        // receiver themselves.
+        let rx_wake = if cstr_eq(info.driver_name, "net_ring") {
+            crate::RxWake::Local
+        } else if cstr_eq(info.driver_name, "net_af_packet") && !kick_fds.is_empty() {
+            crate::RxWake::Fds(kick_fds.clone())
+        } else if cstr_eq(info.driver_name, "net_af_xdp") {
+            match af_xdp_sockets() {
+                f if f.is_empty() => crate::RxWake::Poll,
+                f => crate::RxWake::Fds(f),
+            }
+        } else {
+            crate::RxWake::Poll
+        };
+        tracing::debug!(port = %name, ?rx_wake, "idle wake-up source");
         let inner = Arc::new(PortInner {
             port_id: id,
             name: name.clone(),
@@ -396,6 +417,7 @@ impl EthPort {
             tx_claimed: (0..s.tx_queues).map(|_| AtomicBool::new(false)).collect(),
             pool: pool.clone(),
             kick_fds,
+            rx_wake,
             _rings: rings,
             _eal: eal.clone(),
         });
@@ -563,6 +585,28 @@ impl EthPort {
     }
 }
 
+/// The AF_XDP sockets of this process (the af_xdp PMD's, made when its queues were set up).
+/// An XDP socket does not say which interface it is bound to (no getsockname), so a process
+/// with several af_xdp ports lists all of them for each: an lcore then wakes for another
+/// port's frames too (a spurious wake-up, never a missed one).
+fn af_xdp_sockets() -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse::<RawFd>().ok()?;
+            let link = std::fs::read_link(e.path()).ok()?;
+            link.to_str()?.starts_with("socket:[").then_some(())?;
+            // SAFETY: an fd of this process listed a moment ago, borrowed for one getsockopt
+            // (a stale or reused number only fails or answers for another socket).
+            let b = unsafe { BorrowedFd::borrow_raw(fd) };
+            (rustix::net::sockopt::socket_domain(b).ok()? == rustix::net::AddressFamily::XDP).then_some(fd)
+        })
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
 fn cstr_eq(p: *const c_char, want: &str) -> bool {
     if p.is_null() {
         return false;
@@ -690,6 +734,9 @@ impl Port for EthPort {
     }
     fn kick(&mut self) -> bool {
         EthPort::kick(self)
+    }
+    fn rx_wake(&self) -> crate::RxWake {
+        self.inner.rx_wake.clone()
     }
 }
 

@@ -161,6 +161,11 @@ impl<P: Port> Port for FaultyPort<P> {
     fn kick(&mut self) -> bool {
         self.inner.kick()
     }
+    /// The inner port's: a frame held back for reordering or left in `overflow` comes out on
+    /// the next receive pass, which an lcore makes before it sleeps.
+    fn rx_wake(&self) -> crate::RxWake {
+        self.inner.rx_wake()
+    }
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<P::Buf, N>) -> usize {
         let mut n = 0;
         while !out.is_full() {

@@ -34,4 +34,4 @@ pub use mbuf::Mbuf;
 pub use mempool::{Mempool, MBUF_HEADROOM};
 pub use port_test::PortTestReport;
 pub use sim::{SimBuf, SimPort};
-pub use traits::{ArrayVec, Burst, MacAddr, PacketBuf, Port, BURST};
+pub use traits::{ArrayVec, Burst, MacAddr, PacketBuf, Port, RxWake, BURST};

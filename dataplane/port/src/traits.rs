@@ -136,4 +136,22 @@ pub trait Port: Send {
     fn kick(&mut self) -> bool {
         false
     }
+    /// How an idle lcore learns that frames arrived on this port (`idle.mode = "wait"`).
+    /// Default: nothing tells ([`RxWake::Poll`]).
+    fn rx_wake(&self) -> RxWake {
+        RxWake::Poll
+    }
+}
+
+/// How an idle lcore in `wait` mode learns that frames arrived on a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RxWake {
+    /// These fds turn readable (epoll) when frames wait in the port's receive queue (the
+    /// af_packet and af_xdp PMDs' sockets).
+    Fds(Vec<std::os::fd::RawFd>),
+    /// Only lcores of this process put frames on its receive queue (a net_ring pair): the
+    /// sender wakes the receiving lcore itself.
+    Local,
+    /// Nothing tells: an lcore with such a port sleeps at most `max_sleep_us`.
+    Poll,
 }

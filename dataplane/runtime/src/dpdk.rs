@@ -96,6 +96,9 @@ impl Port for DpdkLink {
             Inner::Faulty(f) => f.kick(),
         }
     }
+    fn rx_wake(&self) -> pmrxe_port::RxWake {
+        self.port().rx_wake()
+    }
 }
 
 impl Drop for DpdkLink {

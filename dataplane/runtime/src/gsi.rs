@@ -57,6 +57,9 @@ pub struct GsiPipe {
     pub tx: Vec<ArrayQueue<GsiOut>>,
     /// The CM thread, once it runs: unparked after every frame queued on `rx`.
     waker: std::sync::OnceLock<std::thread::Thread>,
+    /// The lcores' wakers (registered by `Lcore::set_gsi`): a MAD queued on `tx[i]` wakes
+    /// lcore `i` if it sleeps (`idle.mode = "wait"`).
+    lcore_wakers: Vec<std::sync::OnceLock<std::sync::Arc<crate::idle::Waker>>>,
 }
 
 impl GsiPipe {
@@ -66,12 +69,34 @@ impl GsiPipe {
             rx: ArrayQueue::new(GSI_QUEUE_DEPTH),
             tx: (0..lcores.max(1)).map(|_| ArrayQueue::new(GSI_QUEUE_DEPTH)).collect(),
             waker: std::sync::OnceLock::new(),
+            lcore_wakers: (0..lcores.max(1)).map(|_| std::sync::OnceLock::new()).collect(),
         })
     }
 
     /// The thread that consumes `rx` (the CM thread registers itself once).
     pub fn set_waker(&self, t: std::thread::Thread) {
         let _ = self.waker.set(t);
+    }
+
+    /// Lcore `i`'s waker (once, before it runs).
+    pub fn set_lcore_waker(&self, i: usize, w: std::sync::Arc<crate::idle::Waker>) {
+        if let Some(slot) = self.lcore_wakers.get(i) {
+            let _ = slot.set(w);
+        }
+    }
+
+    /// Queue a MAD for lcore `lcore` to send (the first lcore's queue if there is no such
+    /// lcore) and wake it if it sleeps. Full → `false` (dropped; the CM retransmits).
+    pub fn push_tx(&self, lcore: usize, out: GsiOut) -> bool {
+        let i = if lcore < self.tx.len() { lcore } else { 0 };
+        let Some(q) = self.tx.get(i) else { return false };
+        if q.push(out).is_err() {
+            return false;
+        }
+        if let Some(w) = self.lcore_wakers.get(i).and_then(|w| w.get()) {
+            w.wake_if_sleeping();
+        }
+        true
     }
 
     /// Queue a received frame for the CM and wake its thread (`Thread::unpark`: an atomic

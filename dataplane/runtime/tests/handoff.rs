@@ -58,7 +58,7 @@ fn frames_for_another_lcores_qp_are_handed_over_and_writes_complete() {
     let (a0, b0) = SimPort::pair(9000, 4096);
     let (a1, b1) = SimPort::pair(9000, 4096);
     let mem = Arc::new(MemTable::new(MemLimits::default()));
-    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Backoff, spin_iterations: 500, max_sleep_us: 50 };
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Backoff, spin_iterations: 500, max_sleep_us: 50, ..Default::default() };
     let stop = Arc::new(AtomicBool::new(false));
     let neigh = [(ip0, mac0), (ip1, mac1)];
     let (mut l0, h0) = Lcore::new(0, vec![(a0, dev(0)), (b0, dev(1))], mem.clone(), &neigh, idle.clone(), stop.clone(), None);

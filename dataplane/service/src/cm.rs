@@ -565,8 +565,7 @@ impl CmCore {
         for (pi, t) in self.take_transmits() {
             let cfg = &self.ports[pi].cfg;
             let out = GsiOut { device: cfg.device, path: t.path, mad: *t.mad };
-            let q = pipe.tx.get(cfg.lcore).or_else(|| pipe.tx.first());
-            if q.is_none_or(|q| q.push(out).is_err()) {
+            if !pipe.push_tx(cfg.lcore, out) {
                 self.stats.tx_dropped += 1;
             }
         }

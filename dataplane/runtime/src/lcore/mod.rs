@@ -16,9 +16,10 @@
 //!
 //! The loop makes no system call, takes no lock and allocates nothing on this path: all
 //! vectors are reserved up front and only used within capacity, rings are shared memory,
-//! the clock is the TSC (or the vDSO). The exceptions are explicit and counted: idle sleeps (back-off
-//! mode, only after an empty iteration), the eventfd write for a CQ the application armed,
-//! and replies to control commands. Each iteration is a quiescent point for MR reclamation:
+//! the clock is the TSC (or the vDSO). The exceptions are explicit and counted: idle sleeps
+//! (wait and back-off modes, only after empty iterations: see `sleep.rs`), the eventfd write
+//! for a CQ the application armed, the wake-up of a sleeping peer lcore (wait mode, several
+//! lcores), and replies to control commands. Each iteration is a quiescent point for MR reclamation:
 //! no `MrRef` outlives the call that took it.
 //!
 //! This file holds the lcore's state and loop; each step lives in its own file:
@@ -43,7 +44,7 @@ use crate::call::CallError;
 use crate::clock::Clock;
 use crate::convert;
 use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
-use crate::idle::Idle;
+use crate::idle::{Idle, Waker};
 use pmrxe_port::{ArrayVec, PacketBuf, Port};
 use crate::neigh::{gid_to_ip, Neighbors};
 use crate::shm::{EventFd, Segment};
@@ -55,6 +56,7 @@ mod doorbells;
 mod neighbours;
 mod objects;
 mod rx;
+mod sleep;
 mod tx;
 
 /// The lcore's scratch WQEs: a client's ring entry is copied into `shm_*` (head and live tail
@@ -99,12 +101,19 @@ pub struct DeviceConfig {
 /// encoded in its QPN (`qpn % lcores`), so routing needs no shared table.
 pub struct Handoff<B> {
     inbox: Vec<crossbeam::queue::ArrayQueue<(usize, B)>>,
+    /// The lcores' wakers (each registers its own in `Lcore::set_handoff`): an lcore in wait
+    /// mode that handed frames over, or sent frames on a ring pair another lcore receives,
+    /// wakes the ones that sleep.
+    wakers: Vec<std::sync::OnceLock<Arc<Waker>>>,
 }
 
 impl<B> Handoff<B> {
     /// Inboxes for `lcores` lcores, `depth` frames each (allocated here, never on the fast path).
     pub fn new(lcores: usize, depth: usize) -> Arc<Handoff<B>> {
-        Arc::new(Handoff { inbox: (0..lcores).map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1))).collect() })
+        Arc::new(Handoff {
+            inbox: (0..lcores).map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1))).collect(),
+            wakers: (0..lcores).map(|_| std::sync::OnceLock::new()).collect(),
+        })
     }
     /// Number of lcores.
     pub fn lcores(&self) -> usize {
@@ -350,11 +359,32 @@ impl<L: Port> PortSlot<L> {
     }
 }
 
+/// The sending side of an lcore's command queue: every command also signals the lcore's
+/// wake-up eventfd, so an lcore asleep in `wait` mode takes it at once (a system call on the
+/// control path only; an lcore that is awake finds the eventfd readable at its next sleep
+/// and goes round once more).
+#[derive(Clone)]
+pub struct CmdSender {
+    tx: Sender<Cmd>,
+    waker: Arc<Waker>,
+}
+
+impl CmdSender {
+    /// Queue a command and wake the lcore.
+    pub fn send(&self, cmd: Cmd) -> Result<(), crossbeam::channel::SendError<Cmd>> {
+        self.tx.send(cmd)?;
+        self.waker.wake();
+        Ok(())
+    }
+}
+
 /// Handles the control thread keeps for an lcore.
 #[derive(Clone)]
 pub struct LcoreHandle {
     /// Command queue.
-    pub cmds: Sender<Cmd>,
+    pub cmds: CmdSender,
+    /// The lcore's wake-up eventfd (given to clients at Hello; signalled to stop it).
+    pub waker: Arc<Waker>,
     /// Counters.
     pub stats: Arc<LcoreStats>,
     /// Parser drops by reason.
@@ -428,6 +458,11 @@ pub struct Lcore<L: Port> {
     drops: Arc<DropStats>,
     clock: Clock,
     idle: Idle,
+    /// This lcore's wake-up eventfd and sleep flag (wait mode).
+    waker: Arc<Waker>,
+    /// Wait mode: some port cannot wake the lcore (no fd, not a ring pair): sleeps are bounded
+    /// by `max_sleep_us`.
+    wake_blind: bool,
     stop: Arc<AtomicBool>,
     tap: Option<Box<dyn Tap>>,
     grave: Sender<Box<dyn Send>>,
@@ -475,6 +510,7 @@ impl<L: Port> Lcore<L> {
     ) -> (Lcore<L>, LcoreHandle) {
         let (tx, rx) = crossbeam::channel::unbounded();
         let (grave, grave_rx) = crossbeam::channel::unbounded();
+        let waker = Arc::new(Waker::new().expect("lcore wake-up eventfd"));
         let stats = Arc::new(LcoreStats::default());
         let drops = Arc::new(DropStats::default());
         let mut neigh = Neighbors::new();
@@ -509,6 +545,8 @@ impl<L: Port> Lcore<L> {
             drops: drops.clone(),
             clock: Clock::new(),
             idle: Idle::new(idle),
+            waker: waker.clone(),
+            wake_blind: false,
             stop,
             tap,
             grave,
@@ -526,7 +564,7 @@ impl<L: Port> Lcore<L> {
             gsi_psn: 0,
         };
         let stop = lc.stop.clone();
-        (lc, LcoreHandle { cmds: tx, stats, drops, index, graveyard: grave_rx, stop })
+        (lc, LcoreHandle { cmds: CmdSender { tx, waker: waker.clone() }, waker, stats, drops, index, graveyard: grave_rx, stop })
     }
 
     /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over
@@ -534,17 +572,27 @@ impl<L: Port> Lcore<L> {
     pub fn set_handoff(&mut self, h: Arc<Handoff<L::Buf>>) {
         // QPNs of this lcore are `qpn % lcores == index`; the engine's slab follows.
         self.engine = Engine::with_layout(qpn_layout(h.lcores()), self.index);
+        if let Some(w) = h.wakers.get(self.index) {
+            let _ = w.set(self.waker.clone());
+        }
         self.handoff = Some(h);
     }
 
     /// Carry QP1 (CM MADs) to and from the connection manager through `pipe`. Must be called
     /// before `run`.
     pub fn set_gsi(&mut self, pipe: Arc<GsiPipe>) {
+        pipe.set_lcore_waker(self.index, self.waker.clone());
         self.gsi = Some(pipe);
     }
 
     /// Run until the stop flag is set.
     pub fn run(&mut self) {
+        let wait = self.idle.mode() == pmrxe_config::IdleMode::Wait;
+        if wait {
+            self.arm_wait();
+        }
+        // Wait mode with several lcores: peers may sleep while this one feeds them.
+        let peers = wait && self.handoff.is_some();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             let work = self.poll_once(now);
@@ -552,6 +600,14 @@ impl<L: Port> Lcore<L> {
                 bump(&self.stats.busy_iterations, 1);
                 bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
                 self.idle.work();
+                if peers {
+                    self.wake_peers();
+                }
+            } else if wait {
+                bump(&self.stats.idle_iterations, 1);
+                if self.idle.spun_out() && self.sleep() {
+                    bump(&self.stats.idle_sleeps, 1);
+                }
             } else {
                 bump(&self.stats.idle_iterations, 1);
                 // The next timer bounds a sleep; only worth computing when we may sleep.

@@ -53,7 +53,11 @@ impl Session {
         // The lcores hold the page from now on; `page` keeps the fd valid until the reply is sent.
         // Second fd: the async-event eventfd (the shim's `async_fd`).
         let resp = Response::Hello { abi_version: ABI_VERSION, client_id: self.id, devices: sh.devices.clone() };
-        (resp, vec![fd, efd])
+        // Then one wake-up eventfd per lcore, by index: the shim signals one after a doorbell
+        // whose row says the lcore sleeps (`idle.mode = "wait"`).
+        let mut fds = vec![fd, efd];
+        fds.extend(sh.lcores.iter().map(|l| l.waker.fd().as_raw_fd()));
+        (resp, fds)
     }
 
     pub(super) fn capture(&mut self, count: u64, qpn: Option<u32>, fds: Vec<OwnedFd>) -> Reply {
