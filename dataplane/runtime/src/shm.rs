@@ -870,6 +870,8 @@ mod tests {
 
     #[test]
     fn guard_table_grows_past_one_chunk() {
+        // Unmapped fake ranges: no other test may fault meanwhile.
+        let _g = FAULT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         // More live guards than one chunk holds (the old table's fixed limit was 4096).
         let n = GUARD_CHUNK + 10;
         let guards: Vec<FaultGuard> = (0..n).map(|i| FaultGuard::new(0x1000_0000 + i * 4096, 4096, 4096, i as u64).unwrap()).collect();
