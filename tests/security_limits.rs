@@ -349,3 +349,101 @@ fn a_hard_fd_limit_below_the_limits_refuses_to_start() {
     assert!(hits[0].contains("max_qp 1024") && hits[0].contains("2 devices"), "{}", hits[0]);
     let _ = std::io::stderr().flush();
 }
+
+fn call(c: &pmrxe_service::client::Client, req: pmrxe_abi::ctrl::Request) -> (pmrxe_abi::ctrl::Response, Vec<OwnedFd>) {
+    c.call(&req, &[]).unwrap_or_else(|e| panic!("{req:?}: {e}"))
+}
+
+fn map_fd(fd: &OwnedFd, len: usize) -> *mut u8 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a shared mapping of a segment fd the service handed us, `len` bytes long.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+    assert_ne!(p, libc::MAP_FAILED, "mmap");
+    p.cast()
+}
+
+/// A UD send naming another client's AH handle fails (the lcore looks AHs up under the
+/// posting QP's client): the WQE completes in error and is counted, while the same post
+/// with the client's own AH succeeds.
+#[test]
+fn a_ud_post_naming_another_clients_ah_fails() {
+    use pmrxe_abi::ctrl::{AhAttr, QpAttr, QpCap, Request, Response};
+    use pmrxe_abi::ring::{Consumer, Producer};
+    use pmrxe_abi::{send_flags, wr_opcode, ClientPage, ShmCqe, ShmSendWqe, ABI_VERSION, CLIENT_PAGE_LEN};
+    use pmrxe_service::client::Client;
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let hello = |c: &Client| call(c, Request::Hello { abi_version: ABI_VERSION, pid: std::process::id(), program: "ah-probe".into() }).1;
+    let gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1];
+    let attr = AhAttr { is_global: true, sgid_index: 1, hop_limit: 64, port_num: 1, dgid: gid, ..Default::default() };
+    let pd_of = |c: &Client| match call(c, Request::AllocPd { device: 0 }).0 {
+        Response::Pd { pd } => pd,
+        r => panic!("AllocPd: {r:?}"),
+    };
+    let ah_of = |c: &Client, pd: u32| match call(c, Request::CreateAh { pd, attr }).0 {
+        Response::Ah { ah } => ah,
+        r => panic!("CreateAh: {r:?}"),
+    };
+    // Client A: an AH, nothing else.
+    let a = Client::connect(&svc.socket).unwrap();
+    hello(&a);
+    let ah_a = ah_of(&a, pd_of(&a));
+    // Client B: a UD QP in RTS, its CQ and its own AH.
+    let b = Client::connect(&svc.socket).unwrap();
+    let pfds = hello(&b);
+    let page = map_fd(&pfds[0], CLIENT_PAGE_LEN as usize) as *const ClientPage;
+    let pd = pd_of(&b);
+    let ah_b = ah_of(&b, pd);
+    let (r, cfds) = call(&b, Request::CreateCq { device: 0, cqe: 64, channel: None });
+    let Response::Cq { cq, layout: cl, .. } = r else { panic!("CreateCq: {r:?}") };
+    let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+    let (r, qfds) = call(&b, Request::CreateQp { device: 0, pd, qp_type: 4, send_cq: cq, recv_cq: cq, srq: None, cap, sq_sig_all: true });
+    let Response::Qp { qpn, layout: ql, doorbell, .. } = r else { panic!("CreateQp: {r:?}") };
+    let qkey = 0x1111;
+    for (attr, mask) in [
+        (QpAttr { qp_state: 1, port_num: 1, qkey, ..Default::default() }, 1 | 16 | 32 | 64),
+        (QpAttr { qp_state: 2, ..Default::default() }, 1),
+        (QpAttr { qp_state: 3, ..Default::default() }, 1 | 65536),
+    ] {
+        assert_eq!(call(&b, Request::ModifyQp { qpn, attr, mask }).0, Response::Ok);
+    }
+    let qseg = map_fd(&qfds[0], ql.total_len as usize);
+    let cseg = map_fd(&cfds[0], cl.total_len as usize);
+    // SAFETY: the service laid both segments out as `ql`/`cl` say and initialised the rings.
+    let (mut sq, mut cqr) = unsafe {
+        (
+            Producer::<ShmSendWqe>::attach(qseg.add(ql.sq_offset as usize), (ql.rq_offset - ql.sq_offset) as usize, ql.sq_capacity).unwrap(),
+            Consumer::<ShmCqe>::attach(cseg.add(cl.ring_offset as usize), (cl.total_len - cl.ring_offset) as usize, cl.capacity).unwrap(),
+        )
+    };
+    let bad_wqes = || -> u64 { svc.stats_json()["lcores"].as_array().unwrap().iter().map(|l| l["counters"]["bad_wqes"].as_u64().unwrap()).sum() };
+    let mut post = |wr_id: u64, ah: u32, wait: Duration| -> Option<ShmCqe> {
+        let w = ShmSendWqe { wr_id, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED | send_flags::INLINE, inline_len: 8, length: 8, ah, remote_qpn: qpn, remote_qkey: qkey, ..Default::default() };
+        assert!(sq.push(w).is_ok(), "SQ full");
+        // SAFETY: `page` maps the client page the service handed us.
+        unsafe { (*page).ring(doorbell) };
+        let t0 = Instant::now();
+        while t0.elapsed() < wait {
+            if let Some(c) = cqr.pop().unwrap() {
+                return Some(c);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    };
+    let qp_state = || match call(&b, Request::QueryQp { qpn }).0 {
+        Response::QpAttr { attr, .. } => attr.qp_state,
+        r => panic!("QueryQp: {r:?}"),
+    };
+    let before = bad_wqes();
+    let own = post(1, ah_b, Duration::from_secs(10)).expect("a completion for the send with the client's own AH");
+    assert_eq!((own.wr_id, own.status), (1, 0), "a send with the client's own AH succeeds: {own:?}");
+    assert_eq!(bad_wqes(), before);
+    assert_eq!(qp_state(), 3, "RTS");
+    // The same send naming client A's AH: refused as a bad WQE (never sent), the QP to ERROR.
+    let foreign = post(2, ah_a, Duration::from_secs(2));
+    assert!(foreign.is_none_or(|c| c.status != 0), "a send naming another client's AH must not succeed: {foreign:?}");
+    wait_until(Duration::from_secs(5), "the foreign AH counted as a bad WQE", || bad_wqes() == before + 1);
+    assert_eq!(qp_state(), 6, "the QP that named a foreign AH is in ERROR");
+    drop((a, b));
+}

@@ -91,7 +91,9 @@ impl Session {
             let r: Result<(), String> = lcore_call!(sh.lcores[lc], AddQp { setup: setup });
             match r {
                 Ok(()) => break qpn,
-                Err(e) if e == pmrxe_transport::AddError::SlotTaken.to_string() && tries < 64 => tries += 1,
+                // Every slot is tried before giving up: long-lived QPs can fill a run of
+                // slots longer than any fixed number of tries while the table has room.
+                Err(e) if e == pmrxe_transport::AddError::SlotTaken.to_string() && tries < pmrxe_runtime::lcore::MAX_QPS_PER_LCORE => tries += 1,
                 Err(e) => return (err(if tries > 0 { libc::ENOMEM } else { libc::EINVAL }, &e), vec![]),
             }
         };
