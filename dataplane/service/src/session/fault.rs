@@ -327,6 +327,48 @@ mod tests {
         assert_eq!(a & !ID_MASK, TAG_MR);
     }
 
+    /// A registered client on one end of a socket pair (the other end is the "client").
+    fn client(id: u32) -> (Arc<MemTable>, crossbeam::channel::Receiver<AsyncEvent>, Arc<EventFd>, std::os::unix::net::UnixStream, Segment) {
+        let mem = Arc::new(MemTable::new(pmrxe_mem::MemLimits { max_mr: 16, max_mw: 16, page_slots: 1024, ..Default::default() }));
+        let (tx, rx) = crossbeam::channel::bounded(4);
+        let efd = Arc::new(EventFd::new().unwrap());
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let page = Segment::create("page", 4096).unwrap();
+        client_started(id, std::os::fd::AsRawFd::as_raw_fd(&ours), &tx, &efd, &page, &mem);
+        drop(ours); // the registry holds its own dup
+        (mem, rx, efd, theirs, page)
+    }
+
+    #[test]
+    fn a_faulted_mr_is_revoked_and_its_client_told() {
+        let (mem, rx, _efd, _sock, _page) = client(900_001);
+        let key = mem.reg_mr(5, pmrxe_mem::Region::zeroed(8192), 0x1000, pmrxe_mem::Access::LOCAL_WRITE).unwrap();
+        let tag = new_mr_tag();
+        watch_mr(900_001, key.0, Some(tag));
+        let a = decide(&mut registry(), tag);
+        act(a, &mut RateLimit { start: Instant::now(), shown: 0, suppressed: 0 });
+        assert!(mem.is_revoked(key));
+        assert_eq!(rx.try_recv(), Ok(AsyncEvent { event_type: EVENT_MR_REVOKED, element: key.0 }));
+        assert_eq!(client_faults(900_001), 1);
+        // Deregistered: a late fault of its mapping is nobody's.
+        forget_mr(key.0);
+        assert!(matches!(decide(&mut registry(), tag), Action::Nobody(_)));
+    }
+
+    #[test]
+    fn a_fault_in_a_service_segment_disconnects_its_client() {
+        let (_mem, _rx, _efd, mut sock, page) = client(900_002);
+        // The client page was tagged with its client.
+        let a = decide(&mut registry(), client_tag(900_002));
+        assert!(matches!(a, Action::Disconnect { client: 900_002, .. }));
+        act(a, &mut RateLimit { start: Instant::now(), shown: 0, suppressed: 0 });
+        // The client sees its connection end.
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 8];
+        assert_eq!(std::io::Read::read(&mut sock, &mut b).unwrap(), 0, "the client's socket was not shut down");
+        drop(page);
+    }
+
     #[test]
     fn a_fault_nobody_owns_is_only_counted() {
         let mut r = Registry::default();
