@@ -3,7 +3,7 @@
 //! writing and reading raw frames with an AF_PACKET socket on the other end in `pmrxe-cc-b`.
 //!
 //! 1. The service's RC requests leave ECN-capable: ECT(0) in the IP TOS.
-//! 2. A CNP built like the ConnectX-4 Lx vector of `shared/acceptance/lib/icrc_check.py`
+//! 2. A CNP built like the ConnectX-4 Lx vector of `scripts/lib/icrc_check.py`
 //!    (DSCP 48 + ECT(0), UDP source port 0, BECN, 16 reserved bytes, hardware ICRC layout),
 //!    addressed to the service's QP, cuts that QP's DCQCN rate: `pmrxe stats --json` shows the
 //!    CNP received (per QP and per lcore) and the rate below line rate.
@@ -161,30 +161,21 @@ fn cnp_and_ecn_on_the_wire() {
     assert_eq!(captured.len(), 3, "WRITE in, ACK and CNP out: opcodes {ops:02x?}");
     assert!(ops.contains(&0x81), "pmrxe capture shows the CNP: opcodes {ops:02x?}");
     assert!(captured.iter().any(|f| f.as_slice() == cnp_out.as_slice()), "the captured CNP is the frame that went on the wire");
-    let tshark = std::process::Command::new("tshark").args(["-r"]).arg(&cap_pcap).args(["-Y", "_ws.malformed || _ws.expert.severity >= error", "-T", "fields", "-e", "frame.number"]).output();
-    if let Ok(o) = tshark {
-        assert!(o.status.success(), "tshark: {}", String::from_utf8_lossy(&o.stderr));
-        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "", "tshark: no malformed frames in the capture");
-    }
+    let o = std::process::Command::new(require_tool("tshark")).args(["-r"]).arg(&cap_pcap).args(["-Y", "_ws.malformed || _ws.expert.severity >= error", "-T", "fields", "-e", "frame.number"]).output().expect("run tshark");
+    assert!(o.status.success(), "tshark: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "", "tshark: no malformed frames in the capture");
 
-    let checker = repo_root().join("../shared/acceptance/lib/icrc_check.py");
-    if !checker.exists() {
-        eprintln!("SKIP icrc_check.py: {} not found", checker.display());
-        return;
-    }
-    let o = std::process::Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&cap_pcap).output().expect("python3");
-    let text = String::from_utf8_lossy(&o.stdout);
+    let (ok, text) = icrc_check(&cap_pcap, &["-v", "--strict-pad", "--check-ip-csum"]);
     println!("pmrxe capture:\n{text}");
-    assert!(o.status.success() && text.contains("checked 3 packets, 0 bad ICRC, 0 malformed") && text.contains("CNP"), "icrc_check on the capture: {text}");
+    assert!(ok && text.contains("checked 3 packets, 0 bad ICRC, 0 malformed") && text.contains("CNP"), "icrc_check on the capture: {text}");
     let pcap = dir.path().join("cnp.pcap");
     let mut wtr = pmrxe_wire::PcapWriter::new(std::fs::File::create(&pcap).unwrap(), false).unwrap();
     wtr.write_frame(Duration::from_secs(1_700_000_000), cnp_out).unwrap();
     wtr.write_frame(Duration::from_secs(1_700_000_001), &cnp[..n]).unwrap();
     wtr.flush().unwrap();
     drop(wtr);
-    let o = std::process::Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&pcap).output().expect("python3");
-    let text = String::from_utf8_lossy(&o.stdout);
+    let (ok, text) = icrc_check(&pcap, &["-v", "--strict-pad", "--check-ip-csum"]);
     println!("{text}");
-    assert!(o.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(ok, "icrc_check: {text}");
     assert!(text.contains("checked 2 packets, 0 bad ICRC, 0 malformed"), "{text}");
 }

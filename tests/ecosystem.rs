@@ -2,8 +2,7 @@
 //! Debian UCX (ucx_info, ucx_perftest), Open MPI over UCX, libfabric's verbs provider, and the
 //! verbs behaviour they rely on (async_fd readiness, /dev/infiniband device nodes).
 //!
-//! A test skips (with a message) only when its Debian package is not installed
-//! (scripts/setup.sh installs them all).
+//! A missing tool fails the test, naming its Debian package (scripts/setup.sh installs them all).
 mod common;
 
 use common::*;
@@ -42,7 +41,7 @@ fn threads_blocked_in_event_calls_can_be_cancelled() {
 
 #[test]
 fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
-    let Some(ucx_info) = optional_tool("ucx_info", "ucx-utils") else { return };
+    let ucx_info = require_tool("ucx_info");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     // The service provides UCX's /dev/infiniband/<dev_name> probe itself.
@@ -66,7 +65,7 @@ fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
 /// `ucx_perftest` server on pmrxe0, client on pmrxe1, over rc_verbs; returns the client's
 /// "Final:" row (iterations, 50%ile, avg, overall latency (us), avg/overall MB/s, msg/s).
 fn ucx_perftest(svc: &Service, test: &str, size: &str, iters: &str, port: u16) -> Vec<f64> {
-    let bin = optional_tool("ucx_perftest", "ucx-utils").expect("checked by the caller");
+    let bin = require_tool("ucx_perftest");
     let bin = bin.to_str().unwrap();
     let p = port.to_string();
     let senv = ucx_env("pmrxe0");
@@ -90,9 +89,7 @@ fn ucx_perftest(svc: &Service, test: &str, size: &str, iters: &str, port: u16) -
 
 #[test]
 fn ucx_perftest_tag_bw_and_tag_lat_over_rc_verbs() {
-    if optional_tool("ucx_perftest", "ucx-utils").is_none() {
-        return;
-    }
+    require_tool("ucx_perftest");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let bw = ucx_perftest(&svc, "tag_bw", "65536", "2000", port_for(140));
@@ -108,7 +105,7 @@ fn ucx_perftest_tag_bw_and_tag_lat_over_rc_verbs() {
 
 #[test]
 fn mpi_pingpong_and_allreduce_over_ucx() {
-    let (Some(mpicc), Some(mpirun)) = (optional_tool("mpicc", "libopenmpi-dev"), optional_tool("mpirun", "openmpi-bin")) else { return };
+    let (mpicc, mpirun) = (require_tool("mpicc"), require_tool("mpirun"));
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("mpi_pingpong");
@@ -136,7 +133,7 @@ fn mpi_pingpong_and_allreduce_over_ucx() {
 
 #[test]
 fn fi_info_lists_the_verbs_devices() {
-    let Some(fi_info) = optional_tool("fi_info", "libfabric-bin") else { return };
+    let fi_info = require_tool("fi_info");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let o = run_verbs(&svc, &[fi_info.to_str().unwrap(), "-p", "verbs"], Duration::from_secs(60));
@@ -165,7 +162,7 @@ fn fi_pingpong(svc: &Service, bin: &str, env: &[&str], ep: &str, port: u16) -> P
 
 #[test]
 fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
-    let Some(bin) = optional_tool("fi_pingpong", "libfabric-bin") else { return };
+    let bin = require_tool("fi_pingpong");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &[], "msg", port_for(142));
@@ -183,7 +180,7 @@ fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
 /// ConnectX does; it reported 65536 and fi_enable failed with -22 unless FI_UNIVERSE_SIZE=16).
 #[test]
 fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
-    let Some(bin) = optional_tool("fi_pingpong", "libfabric-bin") else { return };
+    let bin = require_tool("fi_pingpong");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &["FI_LOG_LEVEL=warn"], "rdm", port_for(143));

@@ -289,7 +289,7 @@ fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
 /// crosses the veth; UCX wires up through Open MPI's PMIx (kernel sockets).
 #[test]
 fn mpi_pingpong_and_allreduce_between_two_namespaces() {
-    let (Some(mpicc), Some(mpirun)) = (optional_tool("mpicc", "libopenmpi-dev"), optional_tool("mpirun", "openmpi-bin")) else { return };
+    let (mpicc, mpirun) = (require_tool("mpicc"), require_tool("mpirun"));
     let _l = heavy_lock();
     let ns = NetnsPair::up("rm");
     let dir = TempDir::new("cm-netns-mpi");

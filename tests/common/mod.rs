@@ -10,8 +10,10 @@
 //!   timeout, outputs captured.
 //! * [`heavy_lock`]: an flock on `/tmp/pmrxe-itest.lock` that serialises the tests that start
 //!   a service (2-core machine, cargo runs tests in parallel, and each service pins CPU 1).
-//! * [`require_tool`]: a missing binary fails the test with a message naming
-//!   `scripts/setup.sh`.
+//! * [`require_tool`]: a missing binary fails the test with a message naming its Debian package
+//!   and `scripts/setup.sh` (which installs every one of them: CI never skips a test for a
+//!   missing tool);
+//! * [`icrc_check`]: the project's independent ICRC checker, `scripts/lib/icrc_check.py`.
 #![allow(dead_code)]
 
 use std::fs::File;
@@ -46,15 +48,43 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `name` on PATH, or `None` after a SKIPPED line naming its Debian package (scripts/setup.sh
-/// installs every one of them; the skip is for running single tests on other machines).
-pub fn optional_tool(name: &str, package: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("SKIPPED: `{name}` is not installed (Debian package {package}; scripts/setup.sh installs it)");
-    }
-    found
+/// The Debian package of each program the tests spawn (scripts/setup.sh installs them all).
+const TOOL_PACKAGES: &[(&str, &str)] = &[
+    ("cc", "gcc"),
+    ("ibv_", "ibverbs-utils"),
+    ("ib_", "perftest"),
+    ("run_perftest_loopback", "perftest"),
+    ("rping", "rdmacm-utils"),
+    ("ucmatose", "rdmacm-utils"),
+    ("udaddy", "rdmacm-utils"),
+    ("rdma_server", "rdmacm-utils"),
+    ("rstream", "rdmacm-utils"),
+    ("cmtime", "rdmacm-utils"),
+    ("mckey", "rdmacm-utils"),
+    ("qperf", "qperf"),
+    ("ucx_", "ucx-utils"),
+    ("fi_", "libfabric-bin"),
+    ("mpicc", "libopenmpi-dev"),
+    ("mpirun", "openmpi-bin"),
+    ("tshark", "tshark"),
+    ("python3", "python3"),
+    ("ip", "iproute2"),
+    ("tc", "iproute2"),
+    ("strace", "strace"),
+    ("setpriv", "util-linux"),
+    ("userdel", "passwd"),
+    ("groupdel", "passwd"),
+    ("useradd", "passwd"),
+    ("groupadd", "passwd"),
+    ("systemd-analyze", "systemd"),
+];
+
+/// The Debian package that provides `name` (exact name, or a prefix such as `ibv_`).
+fn tool_package(name: &str) -> &'static str {
+    TOOL_PACKAGES
+        .iter()
+        .find(|(t, _)| *t == name || (t.ends_with('_') && name.starts_with(t)))
+        .map_or("(see scripts/setup.sh)", |(_, p)| p)
 }
 
 /// Compile the C program `src` (relative to the repository) into `out` with `compiler` (`cc`,
@@ -64,7 +94,8 @@ pub fn compile_c(src: &str, out: &Path, compiler: &Path, libs: &[&str]) {
     assert!(o.status.success(), "{} {src}: {}", compiler.display(), String::from_utf8_lossy(&o.stderr));
 }
 
-/// Absolute path of a program in PATH, or a test failure naming scripts/setup.sh.
+/// Absolute path of a program in PATH, or a test failure naming its Debian package and
+/// scripts/setup.sh.
 pub fn require_tool(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path).chain(["/usr/sbin".into(), "/sbin".into()]) {
@@ -73,7 +104,18 @@ pub fn require_tool(name: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("required program `{name}` is not installed (run scripts/setup.sh, which installs ibverbs-utils, perftest, tshark, strace and iproute2)");
+    panic!("required program `{name}` is not installed: Debian package {} (scripts/setup.sh installs it)", tool_package(name));
+}
+
+/// Run the project's own ICRC and header checker (`scripts/lib/icrc_check.py`, Python standard
+/// library only, independent of pmrxe's code) on `pcap` with `args` (`-v`, `--strict-pad`,
+/// `--check-ip-csum`); returns (exit status 0, stdout + stderr). Fails the test if python3 or
+/// the checker is missing.
+pub fn icrc_check(pcap: &Path, args: &[&str]) -> (bool, String) {
+    let checker = repo_root().join("scripts/lib/icrc_check.py");
+    assert!(checker.is_file(), "the ICRC checker {} is missing from the repository", checker.display());
+    let o = Command::new(require_tool("python3")).arg(&checker).args(args).arg(pcap).output().expect("run python3");
+    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
 }
 
 /// Fail unless running as root (namespaces, strace of another process, /var/run/dpdk).

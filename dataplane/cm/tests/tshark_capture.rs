@@ -1,8 +1,9 @@
 //! The wire check of issue 14: a capture of connect/accept/RTU/disconnect, a reject, an MRA and
 //! a SIDR exchange, built by the CM on the simulated wire, must decode in the real tshark as
 //! InfiniBand CM with no malformed packet, carry the service ID and private-data addresses the
-//! kernel CMA would send, and pass the independent ICRC checker. Skips (with a message) when
-//! tshark or python3 is absent.
+//! kernel CMA would send, and pass the project's independent ICRC checker
+//! (scripts/lib/icrc_check.py). Fails, naming the Debian package, when tshark or python3 is
+//! absent (scripts/setup.sh installs both).
 
 mod common;
 use common::*;
@@ -18,8 +19,10 @@ use pmrxe_wire::PcapWriter;
 
 const UDP_SID: u64 = 0x0000_0000_0111_1C06;
 
-fn have(cmd: &str) -> bool {
-    Command::new(cmd).arg("--version").output().is_ok_and(|o| o.status.success())
+/// Fail the test unless `cmd` runs (scripts/setup.sh installs Debian's `package`).
+fn require(cmd: &str, package: &str) {
+    let ok = Command::new(cmd).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(ok, "`{cmd}` is not installed: install Debian's `{package}` package (scripts/setup.sh does)");
 }
 
 fn capture() -> Vec<Vec<u8>> {
@@ -92,50 +95,42 @@ fn capture_decodes_in_tshark_with_kernel_cma_values_and_valid_icrcs() {
         assert!(attrs.contains(&a), "capture lacks attribute {a:#06x}: {attrs:x?}");
     }
 
-    if !have("tshark") {
-        eprintln!("SKIP tshark check: tshark not installed (capture at {})", path.display());
-    } else {
-        let out = Command::new("tshark")
-            .args(["-r"]).arg(&path)
-            .args(["-T", "fields", "-E", "separator=|", "-e", "infiniband.mad.mgmtclass", "-e", "infiniband.mad.attributeid",
-                "-e", "infiniband.cm.req.serviceid", "-e", "infiniband.cm.req.ip_cm.sip4", "-e", "infiniband.cm.req.ip_cm.dip4",
-                "-e", "infiniband.cm.req.ip_cm.sport", "-e", "infiniband.cm.req.localqpn", "-e", "infiniband.cm.req.prim_localgid_ipv4",
-                "-e", "infiniband.cm.req.prim_remotegid_ipv4", "-e", "infiniband.cm.req.prim_locallid", "-e", "infiniband.cm.rej.reason",
-                "-e", "infiniband.cm.rep.localqpn", "-e", "_ws.malformed", "-e", "_ws.expert.severity"])
-            .output()
-            .expect("run tshark");
-        assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8(out.stdout).unwrap();
-        let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('|').collect()).collect();
-        eprintln!("{text}");
-        assert_eq!(rows.len(), frames.len());
-        for (i, r) in rows.iter().enumerate() {
-            assert_eq!(r[0], "0x07", "frame {} not a CM MAD: {r:?}", i + 1);
-            assert_eq!(u16::from_str_radix(r[1].trim_start_matches("0x"), 16).unwrap(), attrs[i], "frame {}", i + 1);
-            assert!(r[12].is_empty(), "frame {} malformed: {r:?}", i + 1);
-        }
-        let reqs: Vec<&Vec<&str>> = rows.iter().filter(|r| r[1] == "0x0010").collect();
-        let first = reqs[0];
-        assert_eq!(first[2], "0x0000000001061c06", "RDMA_PS_TCP port 7174");
-        assert_eq!((first[3], first[4]), ("10.0.0.1", "10.0.0.2"), "cma_hdr addresses");
-        assert_eq!(first[5], "0xc123", "cma_hdr source port");
-        assert_eq!(first[6], "0x000011");
-        assert_eq!((first[7], first[8]), ("10.0.0.1", "10.0.0.2"), "IPv4-mapped primary GIDs");
-        assert_eq!(first[9], "65535", "permissive LID 0xFFFF on a routed RoCEv2 path");
-        let rej_reasons: Vec<&str> = rows.iter().filter(|r| r[1] == "0x0012").map(|r| r[10]).collect();
-        assert!(rej_reasons.contains(&"0x001c") && rej_reasons.contains(&"0x0008"), "consumer reject 28 and no-listener 8: {rej_reasons:?}");
-        assert!(rows.iter().any(|r| r[1] == "0x0013" && r[11] == "0x001001"), "REP carries the accepted QPN");
+    require("tshark", "tshark");
+    let out = Command::new("tshark")
+        .args(["-r"]).arg(&path)
+        .args(["-T", "fields", "-E", "separator=|", "-e", "infiniband.mad.mgmtclass", "-e", "infiniband.mad.attributeid",
+            "-e", "infiniband.cm.req.serviceid", "-e", "infiniband.cm.req.ip_cm.sip4", "-e", "infiniband.cm.req.ip_cm.dip4",
+            "-e", "infiniband.cm.req.ip_cm.sport", "-e", "infiniband.cm.req.localqpn", "-e", "infiniband.cm.req.prim_localgid_ipv4",
+            "-e", "infiniband.cm.req.prim_remotegid_ipv4", "-e", "infiniband.cm.req.prim_locallid", "-e", "infiniband.cm.rej.reason",
+            "-e", "infiniband.cm.rep.localqpn", "-e", "_ws.malformed", "-e", "_ws.expert.severity"])
+        .output()
+        .expect("run tshark");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('|').collect()).collect();
+    eprintln!("{text}");
+    assert_eq!(rows.len(), frames.len());
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[0], "0x07", "frame {} not a CM MAD: {r:?}", i + 1);
+        assert_eq!(u16::from_str_radix(r[1].trim_start_matches("0x"), 16).unwrap(), attrs[i], "frame {}", i + 1);
+        assert!(r[12].is_empty(), "frame {} malformed: {r:?}", i + 1);
     }
+    let reqs: Vec<&Vec<&str>> = rows.iter().filter(|r| r[1] == "0x0010").collect();
+    let first = reqs[0];
+    assert_eq!(first[2], "0x0000000001061c06", "RDMA_PS_TCP port 7174");
+    assert_eq!((first[3], first[4]), ("10.0.0.1", "10.0.0.2"), "cma_hdr addresses");
+    assert_eq!(first[5], "0xc123", "cma_hdr source port");
+    assert_eq!(first[6], "0x000011");
+    assert_eq!((first[7], first[8]), ("10.0.0.1", "10.0.0.2"), "IPv4-mapped primary GIDs");
+    assert_eq!(first[9], "65535", "permissive LID 0xFFFF on a routed RoCEv2 path");
+    let rej_reasons: Vec<&str> = rows.iter().filter(|r| r[1] == "0x0012").map(|r| r[10]).collect();
+    assert!(rej_reasons.contains(&"0x001c") && rej_reasons.contains(&"0x0008"), "consumer reject 28 and no-listener 8: {rej_reasons:?}");
+    assert!(rows.iter().any(|r| r[1] == "0x0013" && r[11] == "0x001001"), "REP carries the accepted QPN");
 
-    if !have("python3") {
-        eprintln!("SKIP ICRC check: python3 not installed");
-        return;
-    }
-    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/acceptance/lib/icrc_check.py");
-    if !checker.exists() {
-        eprintln!("SKIP ICRC check: {} not found", checker.display());
-        return;
-    }
+    // The project's independent ICRC checker (Python standard library only).
+    require("python3", "python3");
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/icrc_check.py");
+    assert!(checker.is_file(), "the ICRC checker {} is missing from the repository", checker.display());
     let out = Command::new("python3").arg(&checker).arg("--strict-pad").arg("--check-ip-csum").arg(&path).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&out.stderr));

@@ -1,23 +1,15 @@
-//! A CNP built by pmrxe (IPv4 and IPv6) verifies with the independent checker
-//! `shared/acceptance/lib/icrc_check.py`, next to the ConnectX-4 Lx hardware vector it must match.
+//! A CNP built by pmrxe (IPv4 and IPv6) verifies with the project's independent checker
+//! `scripts/lib/icrc_check.py` (whose self-test holds the ConnectX-4 Lx hardware vector).
 
 mod common;
 
 use std::net::IpAddr;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use pmrxe_wire::{build_cnp_frame, parse_cnp_frame, CnpRepr, L3Info, MacAddr, PcapWriter, Qpn};
 
 #[test]
 fn pmrxe_cnp_passes_icrc_check_py() {
-    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/acceptance/lib/icrc_check.py");
-    let have_python = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !have_python || !checker.exists() {
-        eprintln!("SKIP: python3 or {} missing", checker.display());
-        return;
-    }
     let v4 = L3Info {
         src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
         dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
@@ -37,10 +29,9 @@ fn pmrxe_cnp_passes_icrc_check_py() {
     }
     w.flush().unwrap();
     drop(w);
-    let out = Command::new("python3").arg(&checker).args(["-v", "--strict-pad", "--check-ip-csum"]).arg(&path).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (ok, text) = common::icrc_check(&path, &["-v", "--strict-pad", "--check-ip-csum"]);
     println!("{text}");
-    assert!(out.status.success(), "icrc_check: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(ok, "icrc_check: {text}");
     assert!(text.contains("checked 2 packets, 0 bad ICRC, 0 malformed"), "{text}");
     assert!(text.contains("opcode 0x81 CNP"), "{text}");
     let _ = std::fs::remove_file(&path);

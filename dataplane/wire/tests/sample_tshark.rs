@@ -60,7 +60,7 @@ fn sample_dissects_in_tshark_with_intended_fields() {
         "infiniband.deth.q_key",
         "infiniband.deth.srcqp",
     ];
-    let Some(rows) = common::tshark_fields(&path, &[], &fields) else { return };
+    let rows = common::tshark_fields(&path, &[], &fields);
     assert_eq!(rows.len(), specs.len());
     for (row, s) in rows.iter().zip(&specs) {
         let n = &row["frame.number"];
