@@ -4,7 +4,8 @@
 #   scripts/fuzz.sh [--ci] [--seconds N] [TARGET...]
 #
 # Default: every target (parse_frame, ctrl_decode, responder, crc) for 30 s each. --ci: 15 s
-# each (60 s in all), and a missing nightly toolchain is a skip, not a failure. Uses `cargo fuzz`
+# each (60 s in all). Without a nightly toolchain (scripts/setup.sh checks it) the script FAILS,
+# unless PMRXE_CI_ALLOW_SKIP names the step `fuzz` (scripts/lib/ci.sh). Uses `cargo fuzz`
 # when cargo-fuzz is installed; otherwise builds the same instrumented binaries with
 # `cargo +nightly build` and sanitizer-coverage flags (no network beyond crates.io).
 # New corpus entries go to a scratch directory (the committed seed corpora stay small);
@@ -16,15 +17,16 @@ while [ $# -gt 0 ]; do
   case $1 in
     --ci) ci=1; secs=15 ;;
     --seconds) secs=$2; shift ;;
-    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) targets+=("$1") ;;
   esac
   shift
 done
 [ ${#targets[@]} -gt 0 ] || targets=(parse_frame ctrl_decode responder crc)
+. scripts/lib/ci.sh
 if ! cargo +nightly --version >/dev/null 2>&1; then
-  if [ $ci = 1 ]; then echo "fuzz.sh: no nightly toolchain; skipping fuzzing"; exit 0; fi
-  echo "fuzz.sh: needs a nightly toolchain (rustup toolchain install nightly)" >&2; exit 1
+  ci_cannot_run fuzz "no nightly toolchain (libFuzzer's instrumentation and ASan need -Z flags)" \
+    "rustup toolchain install nightly (or run scripts/setup.sh)"
 fi
 triple=$(rustc -vV | sed -n 's/^host: //p')
 export CARGO_TARGET_DIR=${FUZZ_TARGET_DIR:-$PWD/fuzz/target}

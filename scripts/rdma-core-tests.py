@@ -9,8 +9,9 @@ non-zero when any test did not pass or skip.
 
 Usage: rdma-core-tests.py DIR [--pmrxe BIN] [--dev pmrxe0] [--gid 1] [--timeout S]
                               [--single] [--jobs-filter SUBSTR ...] [--skips-detail]
-DIR holds rdma-core's tests/ (e.g. ../shared/conformance/rdma-core-v44). A service must be
-reachable (PMRXE_SOCKET); scripts/rdma-core-tests.sh starts a private one.
+DIR holds rdma-core's tests/ (scripts/rdma-core-tests.sh prepares it from Debian's rdma-core
+package and checks it is v44's). A service must be reachable (PMRXE_SOCKET);
+scripts/rdma-core-tests.sh starts a private one.
 """
 import argparse
 import os
