@@ -138,14 +138,11 @@ pub fn size_fd_limit(limits: &Limits, devices: usize) -> Result<FdPlan, String> 
             return Err(format!("setrlimit(RLIMIT_NOFILE, {}): {}", plan.soft, std::io::Error::last_os_error()));
         }
     }
-    if plan.soft < plan.want {
-        tracing::info!(
-            soft = plan.soft, hard = plan.hard, need = plan.need, want = plan.want, client_fds = plan.client_fds,
-            "fd limit covers the device limits but not every client at its max_fds: channels and segments share {} fds", plan.object_budget
-        );
-    } else {
-        tracing::debug!(soft = plan.soft, need = plan.need, client_fds = plan.client_fds, "fd limit sized");
-    }
+    // One line with the numbers: what the limits need, what was set, what clients' objects share.
+    tracing::info!(
+        soft = plan.soft, hard = plan.hard, need = plan.need, object_budget = plan.object_budget, client_fds = plan.client_fds,
+        "fd limit sized from [limits]{}", if plan.soft < plan.want { " (not every client can reach its max_fds at once)" } else { "" }
+    );
     Ok(plan)
 }
 
