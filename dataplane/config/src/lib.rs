@@ -99,14 +99,14 @@ pub struct IdleConfig {
     /// Longest sleep between polls, in microseconds (backoff mode; in wait mode, the longest
     /// sleep of an lcore with a port that cannot wake it: neither a queue fd nor a ring pair).
     pub max_sleep_us: u32,
+    /// Wait mode: microseconds of empty iterations spent spinning after the last work before
+    /// the lcore blocks (a ping-pong's gaps must fit in it, or every message pays a wake-up).
+    pub spin_us: u32,
 }
 
 impl Default for IdleConfig {
     fn default() -> Self {
         IdleConfig { mode: IdleMode::Wait, spin_iterations: 1000, max_sleep_us: 200, spin_us: 100 }
-    /// Wait mode: microseconds of empty iterations spent spinning after the last work before
-    /// the lcore blocks (a ping-pong's gaps must fit in it, or every message pays a wake-up).
-    pub spin_us: u32,
     }
 }
 
@@ -114,15 +114,15 @@ impl Default for IdleConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IdleMode {
+    /// Spin `spin_us`, then block until there is work: frames (epoll on the ports' queue fds),
+    /// a client post (need-wakeup flag in the client page), a control command or the next QP
+    /// timer (the default: shared machines, cloud hosts).
+    Wait,
     /// Spin `spin_iterations` times, then sleep up to `max_sleep_us` (tests, shared machines).
     Backoff,
     /// Poll forever without sleeping (benchmarks, dedicated cores).
     Busy,
 }
-    /// Spin `spin_us`, then block until there is work: frames (epoll on the ports' queue fds),
-    /// a client post (need-wakeup flag in the client page), a control command or the next QP
-    /// timer (the default: shared machines, cloud hosts).
-    Wait,
 
 /// `[eal]`: DPDK Environment Abstraction Layer options.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -395,11 +395,6 @@ pub struct Limits {
     pub max_msg_size: u32,
     /// Pages in a fast-registration page list.
     pub max_fast_reg_pages: u32,
-}
-
-/// Default `[limits] max_cqe`: 2^22 - 1 entries, as ConnectX-4..7 report.
-pub const MAX_CQE_DEFAULT: u32 = (1 << 22) - 1;
-
     /// Clients connected at once (service-wide). A connection beyond it is closed at once;
     /// each connected client costs the service three fds (socket, client page, event fd).
     pub max_clients: u32,
@@ -515,6 +510,11 @@ impl Limits {
             }
         })
     }
+}
+
+/// Default `[limits] max_cqe`: 2^22 - 1 entries, as ConnectX-4..7 report.
+pub const MAX_CQE_DEFAULT: u32 = (1 << 22) - 1;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -534,13 +534,13 @@ impl Default for Limits {
             max_mr_size: 1 << 40,
             max_msg_size: 1 << 31,
             max_fast_reg_pages: 512,
+            max_clients: 256,
+            per_client: PerClientLimits::default(),
         }
     }
 }
 
 /// `[faults]`: seeded fault injection applied to every port (for tests and demos).
-            max_clients: 256,
-            per_client: PerClientLimits::default(),
 #[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultConfig {

@@ -49,9 +49,9 @@ pub struct Shared {
     pub capture: Arc<crate::stats::Capture>,
     /// The connection manager (rdma_cm), if the service runs one.
     pub cm: Option<crate::cm::CmHandle>,
-}
     /// Device limits, per-client caps and the fd budget ([`crate::limits`]).
     pub limits: Arc<crate::limits::Budget>,
+}
 
 impl Shared {
     fn handle(&self) -> u32 {
@@ -128,14 +128,14 @@ struct Objects {
     srqs: HashMap<u32, SrqRec>,
     segs: HashMap<u64, SegRec>,
     db_used: Vec<bool>,
+    /// What this client holds against the limits (given back when dropped).
+    usage: crate::limits::Usage,
 }
 
 /// Serve one client until it disconnects.
 pub fn run(shared: Arc<Shared>, sock: UnixStream) {
     let (pid, uid, _) = ctrl::peer_cred(&sock).unwrap_or((-1, u32::MAX, u32::MAX));
     let me = rustix::process::getuid().as_raw();
-    /// What this client holds against the limits (given back when dropped).
-    usage: crate::limits::Usage,
     if uid != me && uid != 0 {
         tracing::warn!(pid, uid, "refusing client of another user");
         return;
@@ -221,6 +221,7 @@ mod pd;
 mod qp;
 mod segment;
 mod srq;
+mod usage;
 
 pub use attr::{from_engine_attr, to_engine_attr};
 
@@ -269,7 +270,6 @@ impl Session {
             }
             Request::ModifyQp { qpn, attr, mask } => self.modify_qp(qpn, attr, mask),
             Request::QueryQp { qpn } => self.query_qp(qpn),
-mod usage;
             Request::DestroyQp { qpn } => self.destroy_qp(qpn),
             Request::CreateSrq { device, pd, max_wr, max_sge, srq_limit } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
             Request::ModifySrq { srq, max_wr: _, srq_limit, mask } => self.modify_srq(srq, srq_limit, mask),
