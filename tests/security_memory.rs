@@ -88,6 +88,11 @@ fn hugetlb_punch_hole_attack_costs_only_the_attackers_mr() {
     // Two attacks, two revocations, each warned about once.
     let log = svc.log_text();
     assert_eq!(log.matches("MR revoked").count(), 2, "{}", tail(&log, 20));
+    // ... and counted where an operator looks.
+    let j = svc.stats_json();
+    assert_eq!(j["memory_faults"]["revoked_mrs"].as_u64(), Some(2), "{}", j["memory_faults"]);
+    assert!(j["memory_faults"]["rescued"].as_u64().unwrap_or(0) >= 2, "{}", j["memory_faults"]);
+    assert!(svc.stats_text().contains("client memory faults: rescued"), "no stats line for the faults");
     assert_alive(&mut svc, "at the end");
 }
 

@@ -337,7 +337,13 @@ pub struct CmEventAck {
 /// RTR/RTS and answers `CmEstablish` before it reports ESTABLISHED (never shown to the user).
 pub const CM_EVENT_CONNECT_RESPONSE: u32 = 0x1000;
 
-/// An asynchronous event (`enum ibv_event_type` values).
+/// pmrxe's own asynchronous event (beyond `enum ibv_event_type`, as vendors' are): the
+/// service revoked an MR because its memory faulted (a client truncated or punched a hole in
+/// the file behind it); `element` is the MR's key (`ibv_async_event.element.port_num`). Every
+/// later use of the MR fails with an access error. `pmrxedv.h`: `PMRXEDV_EVENT_MR_REVOKED`.
+pub const EVENT_MR_REVOKED: u32 = 0x2001;
+
+/// An asynchronous event (`enum ibv_event_type` values, or [`EVENT_MR_REVOKED`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AsyncEvent {
     pub event_type: u32,

@@ -200,9 +200,6 @@ pub struct MapPiece<'a> {
     pub len: u64,
     /// The file's page size ([`file_page_size`]): 4096, or the huge page size.
     pub page: u64,
-    /// Ignored since issue 37: every piece is mapped under a [`FaultGuard`], sealed or not
-    /// (holes can be punched in sealed files). Kept for callers that still set it.
-    pub guard: bool,
 }
 
 /// A contiguous service-side view of a client MR assembled from page-aligned pieces of
@@ -234,7 +231,7 @@ impl MrMapping {
     /// file.
     pub fn assemble(pieces: &[(&OwnedFd, u64, u64)]) -> io::Result<MrMapping> {
         let p: Vec<MapPiece<'_>> =
-            pieces.iter().map(|&(fd, offset, len)| MapPiece { fd, offset, len, page: SMALL_PAGE, guard: false }).collect();
+            pieces.iter().map(|&(fd, offset, len)| MapPiece { fd, offset, len, page: SMALL_PAGE }).collect();
         MrMapping::assemble_at(0, &p)
     }
 
@@ -685,8 +682,8 @@ mod tests {
         // at the huge page end; then a 4 KiB piece of another file.
         let span = 0x7f00_0000_0000 + 3 * 4096;
         let pieces = [
-            MapPiece { fd: &f, offset: H + 3 * 4096, len: H - 3 * 4096, page: H, guard: false },
-            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096, guard: false },
+            MapPiece { fd: &f, offset: H + 3 * 4096, len: H - 3 * 4096, page: H },
+            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096 },
         ];
         let m = MrMapping::assemble_at(span, &pieces).unwrap();
         assert_eq!(m.as_ptr() as u64 % H, span % H, "view not at the client's huge-page phase");
@@ -701,8 +698,8 @@ mod tests {
         assert_eq!(b[0], 0x55);
         // A huge piece that starts inside a huge page is only possible first in the MR.
         let bad = [
-            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096, guard: false },
-            MapPiece { fd: &f, offset: H + 4096, len: 4096, page: H, guard: false },
+            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096 },
+            MapPiece { fd: &f, offset: H + 4096, len: 4096, page: H },
         ];
         assert!(MrMapping::assemble_at(span - 4096, &bad).is_err());
         // ... and its client address must match its file offset modulo the page size.
@@ -713,7 +710,7 @@ mod tests {
     fn shrinking_a_guarded_file_does_not_kill_the_service() {
         let _g = FAULT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = plain_memfd(4 * 4096);
-        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 4 * 4096, page: 4096, guard: true }]).unwrap();
+        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 4 * 4096, page: 4096 }]).unwrap();
         // SAFETY: writes inside the view (file still full size).
         unsafe { m.as_ptr().add(3 * 4096).write(9) };
         // The client shrinks its file: the pages behind the view's tail are gone.
@@ -791,7 +788,7 @@ mod tests {
         let f = pmrxe_abi::client::memfd(c"client-huge", 2 * H as u64, H as u64, true).unwrap();
         assert!(sealed_against_shrink(f.as_fd()));
         assert_eq!(client_memory_page(f.as_fd()), Ok(H as u64));
-        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 2 * H as u64, page: H as u64, guard: false }]).unwrap();
+        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 2 * H as u64, page: H as u64 }]).unwrap();
         const TAG: u64 = 0x5eed_0001;
         m.set_tag(TAG);
         // Populated at registration: both huge pages are taken now.

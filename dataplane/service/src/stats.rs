@@ -124,10 +124,12 @@ impl StatsSource for ServiceStats {
                 "qps": qps.iter().map(|(q, _, s)| qp_json(*q, s)).collect::<Vec<_>>(),
             }));
         }
+        let faults = crate::session::fault::counters();
         let v = json!({
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "devices": self.devices,
-            "clients": clients.iter().map(|c| json!({"id": c.id, "pid": c.pid, "uid": c.uid, "program": c.program})).collect::<Vec<_>>(),
+            "clients": clients.iter().map(|c| json!({"id": c.id, "pid": c.pid, "uid": c.uid, "program": c.program, "memory_faults": crate::session::fault::client_faults(c.id)})).collect::<Vec<_>>(),
+            "memory_faults": {"rescued": faults.rescued, "revoked_mrs": faults.revoked_mrs, "disconnected": faults.disconnected, "unattributed": faults.unattributed},
             "lcores": lcores,
             "capture": { "active": self.capture.active(), "frames": self.capture.frames.load(Ordering::Relaxed), "dropped": self.capture.dropped.load(Ordering::Relaxed) },
             "faults": self.faults.iter().map(|f| {
@@ -149,6 +151,13 @@ impl StatsSource for ServiceStats {
         }
         let mut out = String::new();
         out.push_str(&format!("pmrxe: up {:.1} s, devices {}\n", v["uptime_s"].as_f64().unwrap_or(0.0), self.devices.join(", ")));
+        let f = &v["memory_faults"];
+        if f["rescued"].as_u64().unwrap_or(0) > 0 {
+            out.push_str(&format!(
+                "client memory faults: rescued {} (MRs revoked {}, clients disconnected {}, unattributed {})\n",
+                f["rescued"], f["revoked_mrs"], f["disconnected"], f["unattributed"]
+            ));
+        }
         if let Some(c) = &self.crc {
             let figures: Vec<String> = c.gb_per_s.iter().map(|(k, g)| format!("{} {g:.1}", k.name())).collect();
             out.push_str(&format!(

@@ -31,6 +31,12 @@ extern "C" {
 /* The pmrxe extension opcode carried in the send queue (informational). */
 #define PMRXEDV_WR_REG_MR 0x100
 
+/* An async event pmrxe adds to enum ibv_event_type (ibv_get_async_event): the service revoked
+ * an MR because the memory behind it faulted (its file was truncated or had a hole punched);
+ * event.element.port_num holds the MR's lkey. Every later use of the MR fails with a local
+ * protection or remote access error. Acknowledge it like any other event. */
+#define PMRXEDV_EVENT_MR_REVOKED 0x2001
+
 /* Allocate a fast-registration MR with room for max_num_sg pages. NULL + errno on failure. */
 struct ibv_mr *pmrxedv_alloc_mr(struct ibv_pd *pd, uint32_t max_num_sg);
 

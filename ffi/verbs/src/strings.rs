@@ -29,6 +29,9 @@ pub extern "C" fn ibv_event_type_str(event: c_uint) -> *const c_char {
         b"SRQ limit reached\0", b"last WQE reached\0", b"client reregistration\0", b"GID table change\0",
         b"WQ fatal\0", b"unknown\0", b"unknown\0",
     ];
+    if event == pmrxe_abi::ctrl::EVENT_MR_REVOKED {
+        return s(b"MR revoked: its memory faulted\0");
+    }
     s(T.get(event as usize).copied().unwrap_or(b"unknown\0"))
 }
 

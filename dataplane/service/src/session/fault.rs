@@ -41,10 +41,7 @@ const TAG_MR: u64 = 2 << KIND_SHIFT;
 const TAG_SEG: u64 = 3 << KIND_SHIFT;
 const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
-/// `event_type` of the async event a client gets when the service revoked one of its MRs
-/// because its memory vanished (a pmrxe extension: no `ibv_event_type` says "MR"; the element
-/// is the MR's key, handed out by the shim in `element.port_num`).
-pub const EVENT_MR_REVOKED: u32 = 0x2001;
+pub use pmrxe_abi::ctrl::EVENT_MR_REVOKED;
 
 /// The guard tag of the segments the service creates for `client`.
 pub(super) fn client_tag(client: u32) -> u64 {

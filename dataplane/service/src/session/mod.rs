@@ -23,6 +23,7 @@ use pmrxe_mem::{Key, MemTable, Region};
 use pmrxe_runtime::lcore::{Cmd, LcoreHandle};
 use pmrxe_runtime::shm::{EventFd, MapPiece, Segment};
 
+use crate::access::{Access, Peer, Viewer};
 use crate::stats::StatsSource;
 
 /// What every session shares.
@@ -41,8 +42,8 @@ pub struct Shared {
     pub next_qpn: AtomicU32,
     /// Round-robin counter placing clients on lcores.
     pub next_home: AtomicU32,
-    /// Connected clients: id → (pid, program).
-    pub clients: Mutex<HashMap<u32, (i32, String)>>,
+    /// Connected clients, by id.
+    pub clients: Mutex<HashMap<u32, crate::stats::ClientInfo>>,
     /// Statistics provider.
     pub stats: Arc<dyn StatsSource>,
     /// Capture control.
@@ -51,6 +52,11 @@ pub struct Shared {
     pub cm: Option<crate::cm::CmHandle>,
     /// Device limits, per-client caps and the fd budget ([`crate::limits`]).
     pub limits: Arc<crate::limits::Budget>,
+    /// Who may connect ([`crate::access`]).
+    pub access: Access,
+    /// Peers refused admission (counted, logged at debug level only: a refused user can
+    /// connect in a loop).
+    pub refused: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -94,14 +100,12 @@ struct SegRec {
     offset: u64,
     /// The file's page size (4096, or the huge page size of a hugetlbfs file).
     page: u64,
-    /// Not sealed against shrinking: mapped under a SIGBUS guard.
-    guard: bool,
     region: Option<Region>,
 }
 
 impl SegRec {
     fn piece(&self, seg_offset: u64, len: u64) -> MapPiece<'_> {
-        MapPiece { fd: &self.fd, offset: self.offset + seg_offset, len, page: self.page, guard: self.guard }
+        MapPiece { fd: &self.fd, offset: self.offset + seg_offset, len, page: self.page }
     }
 }
 
@@ -134,13 +138,32 @@ struct Objects {
 
 /// Serve one client until it disconnects.
 pub fn run(shared: Arc<Shared>, sock: UnixStream) {
-    let (pid, uid, _) = ctrl::peer_cred(&sock).unwrap_or((-1, u32::MAX, u32::MAX));
-    let me = rustix::process::getuid().as_raw();
-    if uid != me && uid != 0 {
-        tracing::warn!(pid, uid, "refusing client of another user");
+    let peer = match Peer::of(&sock) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!("control socket peer credentials: {e}");
+            return;
+        }
+    };
+    if let Err(why) = shared.access.admit(&peer) {
+        refuse(&shared, &sock, peer.uid, &why);
         return;
     }
-    let mut s = Session { shared, fd: sock.as_raw_fd(), id: 0, home: 0, events: None, events_fd: None, hold: None, objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() } };
+    let pid = peer.pid;
+    let viewer = if shared.access.is_admin(peer.uid) { Viewer::Admin } else { Viewer::User(peer.uid) };
+    let mut s = Session {
+        shared,
+        fd: sock.as_raw_fd(),
+        id: 0,
+        home: 0,
+        uid: peer.uid,
+        viewer,
+        net_raw: peer.net_raw(),
+        events: None,
+        events_fd: None,
+        hold: None,
+        objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() },
+    };
     let mut buf = Vec::new();
     loop {
         let fds = match ctrl::recv_msg(s.fd, &mut buf) {
@@ -178,6 +201,21 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
     drop(sock);
 }
 
+/// Answer a refused peer's first message with EACCES and why (so the shim prints the reason,
+/// not a reset connection), then close. The wait for that message is bounded: a peer that
+/// never speaks costs this thread at most a few seconds.
+fn refuse(shared: &Shared, sock: &UnixStream, uid: u32, why: &str) {
+    shared.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(uid, "refusing client: {why}");
+    let _ = ctrl::set_timeouts(sock, std::time::Duration::from_secs(5));
+    let mut buf = Vec::new();
+    if let Ok(Some(_fds)) = ctrl::recv_msg(sock.as_raw_fd(), &mut buf) {
+        if let Ok(bytes) = ctrl::encode(&err(libc::EACCES, why)) {
+            let _ = ctrl::send_msg(sock.as_raw_fd(), &bytes, &[]);
+        }
+    }
+}
+
 fn err(errno: i32, msg: &str) -> Response {
     Response::Err { errno, msg: msg.to_string() }
 }
@@ -186,6 +224,12 @@ struct Session {
     shared: Arc<Shared>,
     fd: RawFd,
     id: u32,
+    /// The client's uid (`SO_PEERCRED` at connect).
+    uid: u32,
+    /// What `pmrxe stats` and capture show this client.
+    viewer: Viewer,
+    /// The client holds CAP_NET_RAW (may give a QP a privileged Q_Key).
+    net_raw: bool,
     /// The lcore this client's objects live on when lcores share the ports.
     home: usize,
     events: Option<Receiver<AsyncEvent>>,
@@ -231,7 +275,7 @@ impl Session {
         match req {
             Request::Hello { abi_version, program, .. } => self.hello(abi_version, program, pid),
             // Within one control message, however many QPs and clients there are.
-            Request::Stats { json } => (Response::Stats(crate::limits::fit_stats(json, self.shared.stats.render(json))), vec![]),
+            Request::Stats { json } => (Response::Stats(crate::limits::fit_stats(json, self.shared.stats.render(json, self.viewer))), vec![]),
             Request::Capture { count, qpn } => self.capture(count, qpn, fds),
             Request::AllocPd { device } => self.alloc_pd(device),
             Request::DeallocPd { pd } => self.dealloc_pd(pd),

@@ -38,7 +38,7 @@ impl Session {
         if !base.is_multiple_of(page) || !len.is_multiple_of(page) {
             return (err(libc::EINVAL, "huge-page segment not aligned to its page size"), vec![]);
         }
-        self.objs.segs.insert(seg, SegRec { fd, base, len, offset: 0, page, guard: false, region: None });
+        self.objs.segs.insert(seg, SegRec { fd, base, len, offset: 0, page, region: None });
         (Response::Ok, vec![])
     }
 
@@ -73,8 +73,7 @@ impl Session {
         if (offset + len).div_ceil(page) > (st.st_size as u64).div_ceil(page) {
             return (err(libc::EINVAL, "shared segment beyond the end of its file"), vec![]);
         }
-        let guard = !shm::sealed_against_shrink(fd.as_fd());
-        self.objs.segs.insert(seg, SegRec { fd, base, len, offset, page, guard, region: None });
+        self.objs.segs.insert(seg, SegRec { fd, base, len, offset, page, region: None });
         (Response::Ok, vec![])
     }
 
