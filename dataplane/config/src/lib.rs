@@ -74,6 +74,10 @@ pub struct ServiceConfig {
     pub idle: IdleConfig,
     /// Optional `host:port` for the metrics endpoint.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The group whose members may use the service besides root and the service's own user
+    /// (default `pmrxe`, which `scripts/install.sh` creates). A host without that group admits
+    /// only root and the service user. The socket and its directory get this group.
+    pub group: String,
 }
 
 impl Default for ServiceConfig {
@@ -83,6 +87,7 @@ impl Default for ServiceConfig {
             log: "info".into(),
             idle: IdleConfig::default(),
             metrics: None,
+            group: "pmrxe".into(),
         }
     }
 }
