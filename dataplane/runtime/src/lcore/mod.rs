@@ -174,8 +174,8 @@ pub enum Cmd {
     AddAh { client: u32, ah: u32, av: AddressVector },
     /// Drop an address handle.
     RemoveAh { client: u32, ah: u32 },
-    /// Per-QP statistics.
-    QpStats { done: Sender<Vec<(u32, pmrxe_transport::QpStats)>> },
+    /// Per-QP statistics: (QPN, owning client, counters).
+    QpStats { done: Sender<Vec<(u32, u32, pmrxe_transport::QpStats)>> },
     /// A shared receive queue and its ring.
     AddSrq { srq: Box<Srq>, client: u32, seg: Arc<Segment>, layout: SrqSegmentLayout, db_slot: u16, done: Sender<Result<(), String>> },
     /// ibv_modify_srq (limit only; resizing is not supported).

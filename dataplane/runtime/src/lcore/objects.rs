@@ -196,7 +196,7 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(r);
             }
             Cmd::QpStats { done } => {
-                let v = self.engine.iter().map(|(q, _)| (q.qpn(), q.stats().clone())).collect();
+                let v = self.engine.iter().map(|(q, s)| (q.qpn(), s.client, q.stats().clone())).collect();
                 let _ = done.send(v);
             }
         }
