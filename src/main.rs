@@ -95,7 +95,7 @@ enum Cmd {
         cmd: ConfigCmd,
     },
     /// Native benchmark harness (no shim): message rate, bandwidth and latency on loopback.
-    Bench(cmd::bench::BenchArgs),
+    Bench(Box<cmd::bench::BenchArgs>),
 }
 
 #[derive(Subcommand)]
@@ -142,6 +142,6 @@ fn main() -> ExitCode {
             print!("{}", pmrxe_config::DEFAULT_LOOPBACK);
             ExitCode::SUCCESS
         }
-        Cmd::Bench(args) => cmd::bench::run(args),
+        Cmd::Bench(args) => cmd::bench::run(*args),
     }
 }
