@@ -54,9 +54,17 @@ pub struct BenchArgs {
     /// Latency iterations per test (default: quick 2000, full 100000).
     #[arg(long)]
     pub iters: Option<u64>,
-    /// Which parts: rate, bw, lat (comma separated; default all).
+    /// Which parts: rate, bw, lat, qps (comma separated; default all), and wake (only when
+    /// named): the first 8 B WRITE ping-pong after `--wake-gap-ms` of silence, `--wakes` times
+    /// (what a sleeping lcore costs a first message: run against a service in `wait` mode).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
+    /// Part `wake`: milliseconds of silence before each measured round trip.
+    #[arg(long, default_value_t = 1000)]
+    pub wake_gap_ms: u64,
+    /// Part `wake`: round trips measured (default: quick 5, full 50).
+    #[arg(long)]
+    pub wakes: Option<u64>,
     /// Only measure the single-core memcpy limit at the bandwidth sizes (no service).
     #[arg(long)]
     pub memcpy: bool,
@@ -138,6 +146,8 @@ struct Plan {
     rate_sizes: Vec<usize>,
     /// Part `qps`: the QP counts of the many-QP test (empty: not run).
     qps: Vec<u32>,
+    /// Part `wake`: (round trips, silence before each); `None`: not run.
+    wake: Option<(u64, Duration)>,
 }
 
 fn plan(args: &BenchArgs) -> io::Result<Plan> {
@@ -156,7 +166,10 @@ fn plan(args: &BenchArgs) -> io::Result<Plan> {
     if rate_sizes.iter().any(|&n| n == 0 || n > RATE_MAX_SIZE) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--rate-sizes: each size must be 1..={RATE_MAX_SIZE}")));
     }
-    Ok(Plan { dur, sizes, rate_sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps })
+    let wake = args.only.as_ref().is_some_and(|v| v.iter().any(|x| x == "wake")).then(|| {
+        (args.wakes.unwrap_or(if quick { 5 } else { 50 }).max(1), Duration::from_millis(args.wake_gap_ms.min(60_000)))
+    });
+    Ok(Plan { dur, sizes, rate_sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps, wake })
 }
 
 fn parse_size(s: &str) -> io::Result<usize> {
@@ -282,12 +295,19 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         println!("\nlatency (8 B, one-way = RTT/2, {} iterations)", plan.iters);
         println!("  {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}", "op", "size", "min us", "p50 us", "p99 us", "p99.9 us", "mean us");
         for op in [Op::Write, Op::Send] {
-            let s = h.ping_pong(op, 8, plan.iters)?;
+            let s = h.ping_pong(op, 8, plan.iters, None)?;
             println!("  {:<6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", op.name(), 8, s.min, s.p50, s.p99, s.p999, s.mean);
             lat.push(json!({"op": op.name(), "size": 8, "iters": plan.iters, "min_us": s.min, "p50_us": s.p50, "p99_us": s.p99, "p999_us": s.p999, "mean_us": s.mean, "max_us": s.max}));
         }
     }
     out["latency"] = Value::Array(lat);
+    if let Some((n, gap)) = plan.wake {
+        println!("\nwake-up (8 B WRITE, first round trip after {} ms of silence, one-way = RTT/2, {n} times)", gap.as_millis());
+        println!("  {:>9} {:>9} {:>9} {:>9} {:>9}", "min us", "p50 us", "p99 us", "max us", "mean us");
+        let s = h.ping_pong(Op::Write, 8, n, Some(gap))?;
+        println!("  {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", s.min, s.p50, s.p99, s.max, s.mean);
+        out["wake"] = json!({"op": "write", "size": 8, "wakes": n, "gap_ms": gap.as_millis() as u64, "min_us": s.min, "p50_us": s.p50, "p99_us": s.p99, "max_us": s.max, "mean_us": s.mean});
+    }
     if let Ok(s) = ctx.stats(true) {
         out["service_stats"] = serde_json::from_str(&s).unwrap_or(Value::String(s));
     }
@@ -656,8 +676,10 @@ impl Harness {
         Ok(StreamResult { ops, bytes: ops * size as u64, secs })
     }
 
-    /// `iters` round trips of `size` bytes; returns one-way latency statistics (RTT/2).
-    fn ping_pong(&self, op: Op, size: usize, iters: u64) -> io::Result<LatStats> {
+    /// `iters` round trips of `size` bytes; returns one-way latency statistics (RTT/2). With
+    /// `gap`, each measured round trip follows `gap` of silence (no warm-up: every one is a
+    /// first message to a service that may sleep).
+    fn ping_pong(&self, op: Op, size: usize, iters: u64, gap: Option<Duration>) -> io::Result<LatStats> {
         let mut c = self.connect()?;
         let size = size.clamp(1, self.opts.cap.max_inline_data.max(1) as usize);
         if op == Op::Send {
@@ -665,7 +687,7 @@ impl Harness {
             self.fill_rq(&mut c, 1, size as u32)?;
         }
         const SIG: u64 = 16;
-        let warm = (iters / 10).clamp(10, 10_000);
+        let warm = if gap.is_some() { 1 } else { (iters / 10).clamp(10, 10_000) };
         let mut samples = Vec::with_capacity(iters as usize);
         let mut cqes = vec![ShmCqe::default(); 64];
         let mut outstanding = [0u64; 2];
@@ -676,11 +698,14 @@ impl Harness {
         for s in &self.sides {
             s.buf.write_volatile(last, 0);
         }
-        let t_limit = Instant::now() + Duration::from_secs(60 + iters / 10_000);
+        let t_limit = Instant::now() + Duration::from_secs(60 + iters / 10_000) + gap.unwrap_or_default() * (iters as u32 + 1);
         for i in 0..warm + iters {
             let val = (i % 255 + 1) as u8;
             let mut msg = [0u8; 64];
             msg[..size].fill(val);
+            if let Some(g) = gap {
+                std::thread::sleep(g);
+            }
             let t0 = Instant::now();
             for from in 0..2usize {
                 let to = 1 - from;

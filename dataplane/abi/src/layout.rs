@@ -298,15 +298,11 @@ impl SrqSegmentLayout {
 pub struct DoorbellRow {
     /// Bit `w` set = doorbell word `w` may be non-zero: one load tells the lcore whether this
     /// client rang anything at all.
+    /// Bit [`SUMMARY_SLEEPING`] is the need-wakeup flag (as AF_XDP's `XDP_USE_NEED_WAKEUP`
+    /// and io_uring SQPOLL's `IORING_SQ_NEED_WAKEUP`): set while the lcore sleeps, see
+    /// [`ClientPage::ring`].
     pub summary: AtomicU64,
-    /// Need-wakeup flag (as AF_XDP's `XDP_USE_NEED_WAKEUP` and io_uring SQPOLL's
-    /// `IORING_SQ_NEED_WAKEUP`): non-zero while the lcore sleeps (or is about to) and wants a
-    /// signal on its wake-up eventfd after a doorbell. Written by the lcore; the client clears
-    /// it when it signals (so one poster makes the call, not every one). See
-    /// [`ClientPage::ring`] for the ordering.
-    pub sleeping: AtomicU32,
-    pub _pad0: u32,
-    pub _pad: [u64; 6],
+    pub _pad: [u64; 7],
     /// Bit `slot % 64` of word `slot / 64`: a queue with doorbell `slot` has new WQEs.
     pub words: [AtomicU64; DOORBELL_WORDS],
 }
@@ -351,15 +347,14 @@ impl ClientPage {
     /// Ring a doorbell (client side). Returns true when the lcore sleeps and the caller must
     /// signal its wake-up eventfd (once; [`crate::client::Connection::ring`] does).
     ///
-    /// The need-wakeup protocol is a Dekker pair. Client: doorbell bits (release RMWs), then
-    /// a SeqCst fence, then a load of `sleeping`. Lcore ([`DoorbellRow::sleep_begin`] side):
-    /// store `sleeping = 1`, a SeqCst fence, then one more look at every summary word (and
-    /// everything else it polls). Both fences are in the fences' total order: if the lcore's
-    /// fence is first, the client's load sees `sleeping = 1` and signals; if the client's is
-    /// first, the lcore's look sees the doorbell and does not sleep. Either way no WQE waits
-    /// for a sleeping lcore. While the lcore is awake the post path costs the fence and one
-    /// load of a line the client just wrote (`summary` shares it): no system call.
-    /// (`dataplane/abi/tests/loom.rs` checks this.)
+    /// The need-wakeup flag lives in the summary word itself ([`SUMMARY_SLEEPING`]), so the
+    /// protocol is two read-modify-writes of one location, totally ordered: the client's
+    /// `fetch_or` of its summary bit returns the word as it was; the lcore's `fetch_or` of the
+    /// flag ([`DoorbellRow::sleep_begin`]) returns it too. Whichever comes second sees the
+    /// other: the client sees the flag and wakes the lcore, or the lcore sees the doorbell and
+    /// does not sleep. No fence, no extra load: while the lcore is awake the post path is the
+    /// two `fetch_or`s it always was (the summary's now returns its old value) and a bit test.
+    /// (`dataplane/abi/tests/loom.rs`, `loom_need_wakeup_never_loses_a_post`.)
     #[inline]
     pub fn ring(&self, db: Doorbell) -> bool {
         let Some(row) = self.rows.get(db.lcore as usize) else {
@@ -370,12 +365,10 @@ impl ClientPage {
     }
 }
 
-/// Lcore side, between announcing a sleep ([`DoorbellRow::sleep_begin`] on every client's
-/// row) and the last look at the doorbells: the lcore's half of the Dekker pair.
-#[inline]
-pub fn sleep_fence() {
-    crate::sync::fence(crate::sync::Ordering::SeqCst);
-}
+/// Bit of [`DoorbellRow::summary`] the lcore sets while it sleeps (above the doorbell-word
+/// bits, `DOORBELL_WORDS <= 63`).
+pub const SUMMARY_SLEEPING: u64 = 1 << 63;
+const _: () = assert!(DOORBELL_WORDS < 63);
 
 impl DoorbellRow {
     /// Ring doorbell `slot` of this row (client side; see [`ClientPage::ring`]). Returns true
@@ -386,30 +379,29 @@ impl DoorbellRow {
         self.words[slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
         // After the doorbell bit: an lcore that clears the summary and then reads the word
         // sees the bit, or sees the summary bit again on its next pass.
-        self.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
-        self.needs_wake()
+        let old = self.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
+        old & SUMMARY_SLEEPING != 0 && self.claim_wake()
     }
 
-    /// Client side, after its doorbell stores: does the lcore sleep? Claims the wake-up (clears
-    /// the flag) so that only one of several posters makes the system call.
-    #[inline]
-    pub fn needs_wake(&self) -> bool {
-        crate::sync::fence(crate::sync::Ordering::SeqCst);
-        self.sleeping.load(crate::sync::Ordering::Relaxed) != 0 && self.sleeping.swap(0, crate::sync::Ordering::Relaxed) != 0
+    /// Client side, having seen the flag: claim the wake-up (clear the flag) so that only
+    /// one of several posters makes the system call. True: the caller signals the lcore.
+    #[cold]
+    fn claim_wake(&self) -> bool {
+        self.summary.fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed) & SUMMARY_SLEEPING != 0
     }
 
-    /// Lcore side: announce a sleep. The caller must then call [`sleep_fence`], look at
-    /// `summary` (and everything else it waits for) once more, and sleep only if that look
-    /// found nothing.
+    /// Lcore side: announce a sleep. Returns true if a doorbell is pending (rung since the
+    /// lcore last swapped the summary): then it must not sleep ([`DoorbellRow::sleep_end`],
+    /// and poll). False: any later doorbell sees the flag and signals the lcore's eventfd.
     #[inline]
-    pub fn sleep_begin(&self) {
-        self.sleeping.store(1, crate::sync::Ordering::Relaxed);
+    pub fn sleep_begin(&self) -> bool {
+        self.summary.fetch_or(SUMMARY_SLEEPING, crate::sync::Ordering::AcqRel) & !SUMMARY_SLEEPING != 0
     }
 
     /// Lcore side: awake again (posts need no signal).
     #[inline]
     pub fn sleep_end(&self) {
-        self.sleeping.store(0, crate::sync::Ordering::Relaxed);
+        self.summary.fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed);
     }
 }
 

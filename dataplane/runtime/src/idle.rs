@@ -51,7 +51,7 @@ impl Waker {
 
     /// After publishing work for the lcore (frames in its queue, a MAD): signal it only if it
     /// sleeps. The producer's half of the Dekker pair whose other half is
-    /// [`Waker::sleep_begin`] + `pmrxe_abi::sleep_fence` + the last look: a SeqCst fence, then
+    /// [`Waker::sleep_begin`], a SeqCst fence and the lcore's last look: a SeqCst fence, then
     /// the flag. No system call while the lcore is awake.
     #[inline]
     pub fn wake_if_sleeping(&self) {

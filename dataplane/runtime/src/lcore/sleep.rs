@@ -2,22 +2,28 @@
 //!
 //! After `spin_us` of empty iterations the lcore
 //!
-//! 1. announces the sleep: its own [`Waker`] flag (for peer lcores and the connection
-//!    manager) and the `sleeping` flag of its doorbell row in every client's page;
-//! 2. issues a SeqCst fence (`pmrxe_abi::sleep_fence`);
-//! 3. takes a last look: one whole [`Lcore::poll_once`] (doorbells, commands, receive queues,
-//!    hand-off inbox, QP1 queue, timers); work found → flags cleared, back to polling;
+//! 1. sets its own [`Waker`] flag (for peer lcores and the connection manager) and issues a
+//!    SeqCst fence;
+//! 2. takes a last look: one whole [`Lcore::poll_once`] (doorbells, commands, receive queues,
+//!    hand-off inbox, QP1 queue, timers); work found → flag cleared, back to polling;
+//! 3. sets the need-wakeup bit in the summary word of its doorbell row in every client's page
+//!    (`DoorbellRow::sleep_begin`, a `fetch_or` that returns the word): a doorbell rung since
+//!    the last look → flags cleared, back to polling;
 //! 4. blocks in `epoll_pwait2` on its eventfd and the ports' receive fds, with the next QP
 //!    timer as the timeout (bounded by `max_sleep_us` when a port cannot wake it, while a
 //!    neighbour is unresolved, transmit is deferred or the af_packet PMD holds frames; and by
 //!    1 s in any case);
 //! 5. clears the flags.
 //!
-//! Whoever makes work for the lcore publishes it, issues a SeqCst fence, and loads the flag:
-//! set → one eventfd write (a client: `pmrxe_abi::DoorbellRow::ring`; a peer lcore or the CM:
-//! [`Waker::wake_if_sleeping`]). By the fences' total order either the producer sees the flag
-//! or the lcore's last look sees the work (the loom model in `dataplane/abi/tests/loom.rs`).
-//! Control commands always signal ([`super::CmdSender`]). Frames: the af_packet and af_xdp
+//! Clients: the flag and the doorbells share one word, and both sides change it with a
+//! read-modify-write that returns the old value, so whichever comes second sees the other —
+//! the client's `fetch_or` sees the flag and signals the eventfd once, or the lcore's sees the
+//! doorbell and does not sleep (`pmrxe_abi::DoorbellRow::ring`; the loom model in
+//! `dataplane/abi/tests/loom.rs`). Peer lcores and the CM publish their work (a frame in a
+//! queue, a MAD), issue a SeqCst fence and load the lcore's `Waker` flag
+//! ([`Waker::wake_if_sleeping`]): by the fences' total order either they see the flag or the
+//! lcore's last look (after its own fence) sees the work. Control commands always signal
+//! ([`super::CmdSender`]). Frames: the af_packet and af_xdp
 //! sockets are in the epoll set; a net_ring pair has no fd, but only lcores of this process
 //! put frames on it: this lcore itself (a pass that transmitted had work, so it does not
 //! sleep before receiving them) or a peer lcore, which calls `wake_peers` after every pass
@@ -62,14 +68,19 @@ impl<L: Port> Lcore<L> {
     /// Announce, look once more, block. Returns whether it slept.
     pub(super) fn sleep(&mut self) -> bool {
         self.waker.sleep_begin();
-        for c in &self.clients {
-            c.page().row(self.index).sleep_begin();
-        }
-        pmrxe_abi::sleep_fence();
+        std::sync::atomic::fence(Ordering::SeqCst);
         let now = self.clock.now();
         if self.poll_once(now) {
-            self.sleep_end();
+            self.waker.sleep_end();
             self.idle.work();
+            return false;
+        }
+        let mut rung = false;
+        for c in &self.clients {
+            rung |= c.page().row(self.index).sleep_begin();
+        }
+        if rung {
+            self.sleep_end();
             return false;
         }
         let mut bounded = self.wake_blind || !self.neigh_wait.is_empty() || !self.deferred.is_empty();
