@@ -29,6 +29,9 @@ use serde_json::Value;
 
 use crate::stats::StatsSource;
 
+/// Lcore counters that are levels (exported as gauges without `_total`).
+const LCORE_GAUGES: &[&str] = &["address_handles"];
+
 /// The content type of the Prometheus text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -224,6 +227,7 @@ fn lcore_help(k: &str) -> &'static str {
         "rx_packets" => "Frames received.",
         "rx_bytes" => "Bytes received.",
         "rx_loopback" => "Frames a device sent to its own address, looped back inside the device.",
+        "address_handles" => "Address handles the lcore holds for its clients.",
         "rx_predicted" => "RoCE frames parsed by header prediction (MIDDLE packets like their QP's last one).",
         "tx_packets" => "Frames transmitted.",
         "tx_bytes" => "Bytes transmitted.",
@@ -325,7 +329,12 @@ pub fn from_stats_json(v: &Value) -> String {
         f.sample("pmrxe_lcore_load_ratio", "gauge", "Time spent in iterations that found work / time since the service started.", &[("lcore", &lc)], l["load"].as_f64().unwrap_or(0.0));
         for (k, val) in l["counters"].as_object().into_iter().flatten() {
             if let Some(n) = val.as_u64() {
-                f.sample(&format!("pmrxe_lcore_{}_total", sanitize(k)), "counter", lcore_help(k), &[("lcore", &lc)], n as f64);
+                if LCORE_GAUGES.contains(&k.as_str()) {
+                    // A level, not a count of events.
+                    f.sample(&format!("pmrxe_lcore_{}", sanitize(k)), "gauge", lcore_help(k), &[("lcore", &lc)], n as f64);
+                } else {
+                    f.sample(&format!("pmrxe_lcore_{}_total", sanitize(k)), "counter", lcore_help(k), &[("lcore", &lc)], n as f64);
+                }
             }
         }
         for (reason, val) in l["drops_by_reason"].as_object().into_iter().flatten() {
