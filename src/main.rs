@@ -39,6 +39,11 @@ enum Cmd {
         /// Control socket of the service (default: $PMRXE_SOCKET, else the config default).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Also preload librdmacm's rsockets (librspreload.so, package librdmacm1, or
+        /// $PMRXE_RSPRELOAD) after the shim: the program's TCP sockets become rsockets over
+        /// pmrxe. Its ibv_*/rdma_* calls reach the shim, which comes first.
+        #[arg(long)]
+        rsocket: bool,
         /// Program and its arguments.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         program: Vec<String>,
@@ -132,7 +137,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, metrics } => cmd::serve::run(config, metrics),
-        Cmd::Run { socket, program } => cmd::run::run(socket, program),
+        Cmd::Run { socket, rsocket, program } => cmd::run::run(socket, rsocket, program),
         Cmd::Stats { json, watch, socket } => cmd::stats::run(json, watch, socket),
         Cmd::Capture { out, count, qp, force, socket } => cmd::stats::capture(out, count, qp, force, socket),
         Cmd::Wire { cmd: WireCmd::Sample { out, seed } } => cmd::wire::sample(out, seed),

@@ -77,6 +77,12 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("useradd", "passwd"),
     ("groupadd", "passwd"),
     ("systemd-analyze", "systemd"),
+    ("fio", "fio"),
+    ("iperf", "iperf"),
+    ("sockperf", "sockperf"),
+    ("mpicc.mpich", "libmpich-dev"),
+    ("mpiexec.mpich", "mpich"),
+    ("hpcc", "hpcc"),
 ];
 
 /// The Debian package that provides `name` (exact name, or a prefix such as `ibv_`).
