@@ -47,13 +47,30 @@ impl Peer {
 
     /// Whether the peer holds CAP_NET_RAW in its effective set (what the kernel asks of a
     /// process that gives a QP a privileged Q_Key). Read from `/proc/PID/status`; a peer we
-    /// cannot see (another pid namespace) has it only if it is root.
+    /// cannot see (another pid namespace) has it only if it is root. A capability counts only
+    /// in the service's own user namespace, like the kernel's `capable()`, which checks the
+    /// initial one: the root of a rootless container (`unshare --user --map-root-user`,
+    /// podman) has every capability in its `CapEff` but is an ordinary user to us.
     pub fn net_raw(&self) -> bool {
         if self.pid <= 0 {
             return self.uid == 0;
         }
+        if !same_user_namespace(self.pid) {
+            return false;
+        }
         let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else { return false };
         cap_eff_has(&status, CAP_NET_RAW)
+    }
+}
+
+/// Whether process `pid` lives in our user namespace (its `/proc/PID/ns/user` is ours); false
+/// when it cannot be told (the process is gone, or we may not look).
+fn same_user_namespace(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    match (ns(&format!("/proc/{pid}/ns/user")), ns("/proc/self/ns/user")) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => false,
     }
 }
 

@@ -1,0 +1,160 @@
+//! How pmrxe is deployed around unmodified programs (issue 40; docs/operations.md "Containers").
+//!
+//! * A rootless container (`scripts/container.sh`: its own user, mount, network and pid
+//!   namespaces, an empty root holding only the image's /usr and /etc, the control socket's
+//!   directory, the shim and the /dev/infiniband links) run by an unprivileged member of the
+//!   service's group: ib_write_bw server and client inside it (perftest's TCP exchange on the
+//!   container's own loopback), ib_write_bw -R and rping against a server on the host, data
+//!   checked by rping -V; traffic counted by the host's service.
+//! * Inside the container the host's root shows as the overflow uid: without
+//!   PMRXE_SERVICE_USER=nobody the shim refuses the socket (its directory "belongs to uid
+//!   65534"), which is what the documented line sets.
+//! * The container's root has every capability in its own user namespace but is an ordinary
+//!   user to the service: its UD QP cannot take a privileged Q_Key (EPERM), like the kernel's
+//!   `capable(CAP_NET_RAW)`; root on the host still can.
+//!
+//! Users and groups are created for the test and removed when it ends (pass or fail); the
+//! container's mounts live in its own mount namespace and vanish with it.
+mod common;
+
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(90);
+
+fn sh(prog: &str, args: &[&str]) {
+    let o = Command::new(require_tool(prog)).args(args).output().unwrap_or_else(|e| panic!("{prog}: {e}"));
+    assert!(o.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A group and a user in it, removed on drop.
+struct Member {
+    group: String,
+    user: String,
+}
+
+impl Member {
+    fn create(tag: &str) -> Member {
+        require_root();
+        let id = std::process::id() % 1_000_000;
+        let m = Member { group: format!("pmrxe-dg{tag}{id}"), user: format!("pmrxe-d1{tag}{id}") };
+        sh("groupadd", &[&m.group]);
+        sh("useradd", &["-M", "-U", "-s", "/usr/sbin/nologin", "-G", &m.group, &m.user]);
+        m
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = Command::new(require_tool("userdel")).arg(&self.user).output();
+        let _ = Command::new(require_tool("groupdel")).arg(&self.group).output();
+    }
+}
+
+/// The loopback config with `service.group = group`, written into `dir`.
+fn config_with_group(dir: &Path, group: &str) -> std::path::PathBuf {
+    let o = Command::new(pmrxe_bin()).args(["config", "default"]).output().unwrap();
+    let text = String::from_utf8(o.stdout).unwrap().replacen("[service]\n", &format!("[service]\ngroup = \"{group}\"\n"), 1);
+    let p = dir.join("service.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `scripts/container.sh -- ARGS` as `user`, output to `out`; the container reaches `svc`.
+fn spawn_container(svc: &Service, user: &str, env: &[(&str, &str)], args: &[&str], out: &Path) -> Child {
+    for t in ["unshare", "chroot", "mount", "ip", "setpriv"] {
+        require_tool(t);
+    }
+    let f = std::fs::File::create(out).unwrap();
+    let mut c = Command::new(require_tool("setpriv"));
+    c.args(["--reuid", user, "--regid", user, "--init-groups", "--"])
+        .arg(repo_root().join("scripts/container.sh"))
+        .arg("--socket-dir")
+        .arg(svc.dir.path())
+        .arg("--shim")
+        .arg(shim_path())
+        .arg("--")
+        .args(args)
+        .env("HOME", "/tmp")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().unwrap())
+        .stderr(f);
+    c.spawn().unwrap_or_else(|e| panic!("spawn container.sh {args:?}: {e}"))
+}
+
+fn run_container(svc: &Service, user: &str, args: &[&str], tag: &str) -> ProgOutput {
+    let out = svc.dir.join(&format!("ct-{tag}.out"));
+    let mut c = spawn_container(svc, user, &[], args, &out);
+    let status = wait_timeout(&mut c, T);
+    ProgOutput { cmdline: format!("[container {user}] {}", args.join(" ")), status, output: read_to_string_lossy(&out) }
+}
+
+fn bw_rows(o: &ProgOutput) -> Vec<Vec<f64>> {
+    let rows = perftest_rows(&o.output);
+    assert!(o.ok() && !rows.is_empty() && rows[0][3] > 0.0, "{}", o.describe());
+    rows
+}
+
+#[test]
+fn a_rootless_container_runs_perftest_and_rping_against_the_hosts_service() {
+    for t in ["ib_write_bw", "rping", "cc"] {
+        require_tool(t);
+    }
+    let m = Member::create("c");
+    let _l = heavy_lock();
+    let cfg_dir = TempDir::new("deploy-cfg");
+    let svc = Service::start(Some(&config_with_group(cfg_dir.path(), &m.group)), None);
+    // The socket's directory: root's, not writable by others (what the shim demands); the
+    // member reaches the socket through its group.
+    std::fs::set_permissions(svc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let qkey = svc.dir.join("sec_qkey");
+    compile_c("tests/sec_qkey.c", &qkey, &require_tool("cc"), &["-libverbs"]);
+    let before = sum_counter(&svc.stats_json(), "tx_packets");
+
+    // 1. Both perftest sides in the container: its TCP exchange runs on the container's own lo.
+    let o = run_container(
+        &svc,
+        &m.user,
+        &["sh", "-c", "ib_write_bw -d pmrxe0 -s 65536 -n 2000 & sleep 1; timeout 60 ib_write_bw -d pmrxe1 -s 65536 -n 2000 localhost; rc=$?; wait; exit $rc"],
+        "bw-inside",
+    );
+    let inside = bw_rows(&o)[0][3];
+
+    // 2. Server on the host (as the same member), client in the container, connected by rdma_cm
+    //    (-R): no TCP between the namespaces is needed.
+    let hs = svc.dir.join("host-bw.out");
+    let mut server = spawn_verbs_as(&svc.socket, Some(&m.user), &["ib_write_bw", "-R", "-d", "pmrxe0", "-s", "65536", "-n", "2000"], &hs);
+    wait_until(Duration::from_secs(30), "host ib_write_bw -R listening", || cm_listeners(&svc) >= 1);
+    let o = run_container(&svc, &m.user, &["timeout", "60", "ib_write_bw", "-R", "-d", "pmrxe1", "-s", "65536", "-n", "2000", "198.18.0.1"], "bw-cross");
+    let cross = bw_rows(&o)[0][3];
+    let st = wait_timeout(&mut server, T);
+    assert!(st.is_some_and(|s| s.success()), "host ib_write_bw -R: {}", read_to_string_lossy(&hs));
+
+    // 3. rping with its data check (-V), server on the host, client in the container.
+    let rs = svc.dir.join("host-rping.out");
+    let listeners = cm_listeners(&svc);
+    let mut server = spawn_verbs_as(&svc.socket, Some(&m.user), &["rping", "-s", "-a", "198.18.0.1", "-C", "20", "-V"], &rs);
+    wait_until(Duration::from_secs(30), "host rping listening", || cm_listeners(&svc) > listeners);
+    let o = run_container(&svc, &m.user, &["timeout", "60", "rping", "-c", "-a", "198.18.0.1", "-C", "20", "-V"], "rping");
+    assert!(o.ok(), "{}", o.describe());
+    let st = wait_timeout(&mut server, T);
+    assert!(st.is_some_and(|s| s.success()), "host rping -s: {}", read_to_string_lossy(&rs));
+
+    // 4. The container's root is not privileged to the service.
+    let o = run_container(&svc, &m.user, &["/run/pmrxe/sec_qkey"], "qkey");
+    assert!(o.ok() && o.output.contains(&format!("modify_privileged errno {}", libc::EPERM)), "a rootless container's root set a privileged Q_Key: {}", o.describe());
+    let r = run_verbs(&svc, &[qkey.to_str().unwrap()], Duration::from_secs(30));
+    assert!(r.ok() && r.output.contains("modify_privileged errno 0"), "host root: {}", r.describe());
+
+    // 5. Without PMRXE_SERVICE_USER=nobody the shim refuses the socket, saying why.
+    let o = run_container(&svc, &m.user, &["env", "-u", "PMRXE_SERVICE_USER", "ibv_devices"], "untrusted");
+    assert!(o.output.contains("belongs to uid 65534"), "{}", o.describe());
+
+    let tx = sum_counter(&svc.stats_json(), "tx_packets") - before;
+    assert!(tx > 2 * 2000, "the container's traffic did not go through the service: {tx} frames");
+    eprintln!("container ib_write_bw 64 KiB: both sides inside {inside:.0} MB/s, host server/container client (-R) {cross:.0} MB/s; {tx} frames");
+}
