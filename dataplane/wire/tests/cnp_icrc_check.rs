@@ -36,3 +36,17 @@ fn pmrxe_cnp_passes_icrc_check_py() {
     assert!(text.contains("opcode 0x81 CNP"), "{text}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// The checker itself is right: its self-test (hardware and scapy known-answer vectors, masked
+/// and covered bytes, every malformation it reports, pcap and pcapng) passes.
+#[test]
+fn icrc_check_py_self_test_passes() {
+    let checker = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/icrc_check.py");
+    let out = std::process::Command::new("python3")
+        .arg(&checker)
+        .arg("--selftest")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 ({e}): install Debian's `python3` package (scripts/setup.sh does)"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("selftest: PASSED"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,8 +1,9 @@
 //! End-to-end checks of the shim against a running `pmrxe serve` (loopback config) with the
 //! unmodified Debian tools. Each test starts its own service on a private socket.
 //!
-//! Gated: skipped (with a message) unless the service binary exists — `$PMRXE_BIN`, else
-//! `<workspace>/target/release/pmrxe` — and the tool is installed. The shim under test is the
+//! Needs the service binary — `$PMRXE_BIN`, else `<workspace>/target/release/pmrxe` (built by
+//! `cargo build --release`, as scripts/test.sh does first) — and the Debian tools (scripts/setup.sh
+//! installs them); a missing one fails the test with a message. The shim under test is the
 //! `libpmrxe_verbs.so` cargo built next to this test binary (passed as `PMRXE_SHIM`).
 //! The tests share 2 CPUs with a busy-polling lcore: run them one at a time
 //! (`cargo test -p pmrxe-verbs --test with_service -- --test-threads=1`).
@@ -14,9 +15,10 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
-fn service_bin() -> Option<PathBuf> {
+fn service_bin() -> PathBuf {
     let p = std::env::var_os("PMRXE_BIN").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/release/pmrxe"));
-    p.exists().then_some(p)
+    assert!(p.exists(), "no pmrxe service binary at {} (cargo build --release, or set PMRXE_BIN)", p.display());
+    p
 }
 
 fn shim() -> PathBuf {
@@ -27,8 +29,10 @@ fn shim() -> PathBuf {
     p
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+/// Fail the test unless `tool` is on PATH (Debian's `package`; scripts/setup.sh installs it).
+fn require(tool: &str, package: &str) {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    assert!(found, "`{tool}` is not installed: Debian package {package} (scripts/setup.sh installs it)");
 }
 
 struct Service {
@@ -55,12 +59,9 @@ fn listening(port: u16) -> bool {
 }
 
 impl Service {
-    fn start(tag: &str) -> Option<Service> {
+    fn start(tag: &str) -> Service {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let bin = service_bin().or_else(|| {
-            eprintln!("SKIP: no pmrxe service binary (cargo build --release, or set PMRXE_BIN)");
-            None
-        })?;
+        let bin = service_bin();
         let dir = std::env::temp_dir().join(format!("pmrxe-verbs-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -79,7 +80,7 @@ impl Service {
             assert!(t0.elapsed() < Duration::from_secs(20), "service did not create {}", sock.display());
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(Service { child, sock, dir, bin, _serial: serial })
+        Service { child, sock, dir, bin, _serial: serial }
     }
 
     fn run(&self, args: &[&str], timeout_s: u32) -> Command {
@@ -128,7 +129,8 @@ fn assert_pair_ok(name: &str, (s, c): &(Output, Output)) {
 
 #[test]
 fn ibv_devices_and_devinfo_show_pmrxe_devices_with_roce_v2_gids() {
-    let Some(svc) = Service::start("devinfo") else { return };
+    let svc = Service::start("devinfo");
+    require("ibv_devices", "ibverbs-utils");
     let o = svc.output(&["ibv_devices"]);
     let t = text(&o);
     assert!(o.status.success() && t.contains("pmrxe0") && t.contains("pmrxe1"), "{t}");
@@ -142,10 +144,8 @@ fn ibv_devices_and_devinfo_show_pmrxe_devices_with_roce_v2_gids() {
 
 #[test]
 fn ibv_rc_pingpong_plain_events_and_new_api() {
-    if !have("ibv_rc_pingpong") {
-        return eprintln!("SKIP: ibv_rc_pingpong not installed");
-    }
-    let Some(svc) = Service::start("pingpong") else { return };
+    require("ibv_rc_pingpong", "ibverbs-utils");
+    let svc = Service::start("pingpong");
     for extra in [&[][..], &["-e"][..], &["-N"][..], &["-e", "-N"][..]] {
         let mut s = vec!["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c"];
         s.extend_from_slice(extra);
@@ -160,10 +160,8 @@ fn ibv_rc_pingpong_plain_events_and_new_api() {
 
 #[test]
 fn perftest_write_read_send_bw_and_write_lat() {
-    if !have("ib_write_bw") {
-        return eprintln!("SKIP: perftest not installed");
-    }
-    let Some(svc) = Service::start("perftest") else { return };
+    require("ib_write_bw", "perftest");
+    let svc = Service::start("perftest");
     for t in ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_atomic_bw"] {
         let r = svc.pair(&[t, "-d", "pmrxe0", "-F"], &[t, "-d", "pmrxe1", "-F", "127.0.0.1"]);
         assert_pair_ok(t, &r);
@@ -172,10 +170,8 @@ fn perftest_write_read_send_bw_and_write_lat() {
 
 #[test]
 fn pmrxedv_fastreg_example_sees_exact_rights_and_data() {
-    if !have("cc") {
-        return eprintln!("SKIP: no C compiler");
-    }
-    let Some(svc) = Service::start("fastreg") else { return };
+    require("cc", "gcc");
+    let svc = Service::start("fastreg");
     let lib = shim();
     let out = svc.dir.join("fastreg");
     let ws = workspace();
