@@ -593,6 +593,10 @@ impl<L: Port> Lcore<L> {
         }
         // Wait mode with several lcores: peers may sleep while this one feeds them.
         let peers = wait && self.handoff.is_some();
+        // Wait mode: this lcore's Waker flag is set and the pass about to run is the last look
+        // before it blocks (`sleep.rs`; one `poll_once` call site, so the busy loop's code is
+        // what it was).
+        let mut last_look = false;
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             let work = self.poll_once(now);
@@ -600,13 +604,26 @@ impl<L: Port> Lcore<L> {
                 bump(&self.stats.busy_iterations, 1);
                 bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
                 self.idle.work();
-                if peers {
-                    self.wake_peers();
+                if wait {
+                    if last_look {
+                        last_look = false;
+                        self.waker.sleep_end();
+                    }
+                    if peers {
+                        self.wake_peers();
+                    }
                 }
             } else if wait {
                 bump(&self.stats.idle_iterations, 1);
-                if self.idle.spun_out() && self.sleep() {
-                    bump(&self.stats.idle_sleeps, 1);
+                if last_look {
+                    last_look = false;
+                    if self.sleep() {
+                        bump(&self.stats.idle_sleeps, 1);
+                    }
+                } else if self.idle.spun_out() {
+                    self.waker.sleep_begin();
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    last_look = true;
                 }
             } else {
                 bump(&self.stats.idle_iterations, 1);

@@ -3,9 +3,10 @@
 //! After `spin_us` of empty iterations the lcore
 //!
 //! 1. sets its own [`Waker`] flag (for peer lcores and the connection manager) and issues a
-//!    SeqCst fence;
-//! 2. takes a last look: one whole [`Lcore::poll_once`] (doorbells, commands, receive queues,
-//!    hand-off inbox, QP1 queue, timers); work found → flag cleared, back to polling;
+//!    SeqCst fence (`Lcore::run`);
+//! 2. takes a last look: the loop's next [`Lcore::poll_once`] (doorbells, commands, receive
+//!    queues, hand-off inbox, QP1 queue, timers); work found → flag cleared, back to polling;
+//!    none → [`Lcore::sleep`]:
 //! 3. sets the need-wakeup bit in the summary word of its doorbell row in every client's page
 //!    (`DoorbellRow::sleep_begin`, a `fetch_or` that returns the word): a doorbell rung since
 //!    the last look → flags cleared, back to polling;
@@ -65,16 +66,9 @@ impl<L: Port> Lcore<L> {
         }
     }
 
-    /// Announce, look once more, block. Returns whether it slept.
+    /// After an empty last look (the Waker flag set): announce to the clients, block. Returns
+    /// whether it slept.
     pub(super) fn sleep(&mut self) -> bool {
-        self.waker.sleep_begin();
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let now = self.clock.now();
-        if self.poll_once(now) {
-            self.waker.sleep_end();
-            self.idle.work();
-            return false;
-        }
         let mut rung = false;
         for c in &self.clients {
             rung |= c.page().row(self.index).sleep_begin();
