@@ -434,15 +434,28 @@ fn hpcc_under_open_mpi_over_ucx() {
     assert!(r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4, "{}", tail(&r, 80));
     let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
     assert!(tx >= 1 << 20, "hpcc did not cross pmrxe's ports: {tx} B");
-    let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
-    eprintln!(
-        "FIGURES hpcc N=200 1x2 over UCX rc_verbs: PingPong latency avg {} us, bandwidth avg {} GB/s; RandomRing latency {} us, bandwidth {} GB/s; PTRANS {} GB/s",
-        key("AvgPingPongLatency_usec"),
-        key("AvgPingPongBandwidth_GBytes"),
-        key("RandomlyOrderedRingLatency_usec"),
-        key("RandomlyOrderedRingBandwidth_GBytes"),
-        key("PTRANS_GBs")
-    );
+    let figures = |r: &str| {
+        let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
+        format!(
+            "PingPong latency avg {} us, bandwidth avg {} GB/s; RandomRing latency {} us, bandwidth {} GB/s; PTRANS {} GB/s",
+            key("AvgPingPongLatency_usec"),
+            key("AvgPingPongBandwidth_GBytes"),
+            key("RandomlyOrderedRingLatency_usec"),
+            key("RandomlyOrderedRingBandwidth_GBytes"),
+            key("PTRANS_GBs")
+        )
+    };
+    let rdma = figures(&r);
+    // The same over Open MPI's TCP BTL (kernel, lo), no shim.
+    std::fs::remove_file(svc.dir.join("hpccoutf.txt")).unwrap();
+    let args = [
+        mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--wdir",
+        svc.dir.path().to_str().unwrap(), "-np", "2", h,
+    ];
+    Proc::spawn(&[], &args, &[], &svc.dir.join("hpcc-tcp.out")).finish(Duration::from_secs(240));
+    let t = std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
+    assert!(t.contains("Success=1"), "{}", tail(&t, 80));
+    eprintln!("FIGURES hpcc N=200 1x2, Open MPI over UCX rc_verbs (pmrxe0 <-> pmrxe1): {rdma}; ob1/tcp (lo): {}", figures(&t));
 }
 
 /// mpi4py (Debian's, built against Open MPI) over UCX rc_verbs through pmrxe, and Open MPI's
