@@ -39,7 +39,7 @@ fn top_level_help_lists_every_subcommand() {
 #[test]
 fn every_subcommand_help_exits_0_and_names_its_options() {
     help_mentions(&["serve"], &["--config", "--metrics"]);
-    help_mentions(&["run"], &["--socket", "PROGRAM"]);
+    help_mentions(&["run"], &["--socket", "--rsocket", "PROGRAM"]);
     help_mentions(&["stats"], &["--json", "--watch", "--socket"]);
     help_mentions(&["capture"], &["--out", "--count", "--qp", "--socket"]);
     help_mentions(&["wire"], &["sample"]);
