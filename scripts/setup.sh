@@ -12,14 +12,16 @@
 #   python3-pyverbs + rdma-core (rdma-core's own test suite, /usr/share/doc/rdma-core/tests),
 #   iproute2 (ip, tc), strace, util-linux (setpriv), passwd (userdel, groupdel), systemd
 #   (systemd-analyze), coreutils (timeout), fio, iperf (v2), sockperf, mpich + libmpich-dev
-#   (mpiexec.mpich, mpicc.mpich), hpcc, python3-mpi4py (tests/applications.rs).
+#   (mpiexec.mpich, mpicc.mpich), hpcc, python3-mpi4py (tests/applications.rs), tgt (tgtd,
+#   tgtadm) and libiscsi-bin (iscsi-ls, iscsi-dd: tests/deployments.rs, iSER).
 set -euo pipefail
 
 PKGS=(libdpdk-dev dpdk dpdk-dev libclang-dev pkg-config gcc libc6-dev libibverbs-dev
       ibverbs-utils rdma-core perftest tshark qperf iproute2 strace python3 util-linux passwd
       systemd coreutils python3-matplotlib iperf3 ucx-utils libfabric-bin python3-pyverbs
       rdmacm-utils librdmacm-dev openmpi-bin libopenmpi-dev valgrind
-      fio iperf sockperf mpich libmpich-dev hpcc python3-mpi4py)
+      fio iperf sockperf mpich libmpich-dev hpcc python3-mpi4py
+      tgt libiscsi-bin)
 
 # Nightly miri + rust-src (Miri's sysroot is built from rust-src on first use).
 if ! command -v rustup >/dev/null; then

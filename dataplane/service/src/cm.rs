@@ -196,6 +196,35 @@ fn is_wildcard(a: &CmSockAddr) -> bool {
     sock_ip(a).is_unspecified()
 }
 
+/// A listener that takes requests of both families (an IPv6 id that is not AF-only).
+const FAM_ANY: u8 = 0;
+
+/// Whether a bound id takes only its own address family (`RDMA_OPTION_ID_AFONLY`, else the
+/// kernel's default: IPv4 yes, IPv6 no).
+fn is_afonly(r: &IdRec) -> bool {
+    r.afonly.unwrap_or(!r.src.v6)
+}
+
+/// Which requests a listener takes: 4, 6 or [`FAM_ANY`]. Only an id that asked for AF-only
+/// (`RDMA_OPTION_ID_AFONLY` = 1) is held to its family; any other listener takes both, as
+/// pmrxe always did (the kernel would hold an IPv4 listener to IPv4).
+fn listen_family(r: &IdRec) -> u8 {
+    match (r.afonly, r.src.v6) {
+        (Some(true), false) => 4,
+        (Some(true), true) => 6,
+        _ => FAM_ANY,
+    }
+}
+
+/// The family of a request's address: 4 for IPv4 and IPv4-mapped IPv6, else 6.
+fn ip_family(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => 4,
+        IpAddr::V6(v) if v.to_ipv4_mapped().is_some() => 4,
+        IpAddr::V6(_) => 6,
+    }
+}
+
 /// A call from a session.
 pub enum CmCall {
     /// One `Request::Cm*`; the reply carries an fd for `CmOpenChannel`.
@@ -380,6 +409,9 @@ struct IdRec {
     tos: u8,
     ack_timeout: Option<u8>,
     reuseaddr: bool,
+    /// `RDMA_OPTION_ID_AFONLY` as set; unset, an IPv4 id is AF-only and an IPv6 one is not
+    /// (the kernel's default with `bindv6only = 0`).
+    afonly: Option<bool>,
     peer_req: Option<PeerReq>,
     /// Active RC id: the client reports ESTABLISHED itself after CONNECT_RESPONSE.
     active: bool,
@@ -437,7 +469,8 @@ pub struct CmCore {
     ports: Vec<PortState>,
     ids: HashMap<u32, IdRec>,
     by_conn: HashMap<(usize, ConnId), u32>,
-    listeners: HashMap<(usize, u64), u32>,
+    /// (port, service id, family: [`FAM_ANY`], 4 or 6) → the listening id.
+    listeners: HashMap<(usize, u64, u8), u32>,
     channels: HashMap<u32, Channel>,
     next_handle: u32,
     next_port: u16,
@@ -793,7 +826,8 @@ impl CmCore {
     }
 
     fn new_child(&mut self, pi: usize, sid: u64, cid: ConnId, peer: Gid, hdr: Option<cma::Repr>) -> Result<u32, NoChild> {
-        let &lid = self.listeners.get(&(pi, sid)).ok_or(NoChild::Resources)?;
+        let fam = ip_family(hdr.as_ref().map_or(peer.to_ip(), |h| h.dst_ip));
+        let &lid = self.listeners.get(&(pi, sid, fam)).or_else(|| self.listeners.get(&(pi, sid, FAM_ANY))).ok_or(NoChild::Resources)?;
         let l = self.ids.get(&lid).ok_or(NoChild::Resources)?;
         if l.pending >= l.backlog {
             // Full as far as we know: collect the client's read-acknowledgements first.
@@ -836,6 +870,7 @@ impl CmCore {
             tos: l.tos,
             ack_timeout: l.ack_timeout,
             reuseaddr: false,
+            afonly: None,
             peer_req: None,
             active: false,
             parent: Some(lid),
@@ -948,10 +983,14 @@ impl CmCore {
     }
 
     /// Is (`ps`, `port`) on `device` (None = every device) taken by another id?
-    fn port_taken(&self, me: u32, ps: u16, device: Option<usize>, port: u16) -> bool {
+    /// Is `port` taken for id `me` binding on `device`? `fam`: the family of the address it
+    /// binds and whether it is AF-only; two AF-only ids of different families never clash
+    /// (the kernel's `cma_check_port`).
+    fn port_taken(&self, me: u32, ps: u16, device: Option<usize>, port: u16, fam: Option<(bool, bool)>) -> bool {
         self.ids.iter().any(|(&h, r)| {
             h != me && r.bound && !r.child && r.ps == ps && r.src.port == port && (r.device.is_none() || device.is_none() || r.device == device)
                 && !(r.reuseaddr && r.listen_sid.is_none())
+                && !fam.is_some_and(|(v6, afonly)| afonly && is_afonly(r) && v6 != r.src.v6)
         })
     }
 
@@ -960,7 +999,7 @@ impl CmCore {
         for _ in 0..n {
             let p = self.next_port;
             self.next_port = if p >= *EPHEMERAL.end() { *EPHEMERAL.start() } else { p + 1 };
-            if !self.port_taken(me, ps, device, p) {
+            if !self.port_taken(me, ps, device, p, None) {
                 return Some(p);
             }
         }
@@ -991,7 +1030,8 @@ impl CmCore {
                 None => return Err((libc::EADDRINUSE, "no free port")),
             }
         } else {
-            if self.port_taken(id, ps, device, addr.port) {
+            let afonly = self.ids[&id].afonly.unwrap_or(!addr.v6);
+            if self.port_taken(id, ps, device, addr.port, Some((addr.v6, afonly))) {
                 return Err((libc::EADDRINUSE, "address already in use"));
             }
             addr.port
@@ -1068,6 +1108,7 @@ impl CmCore {
                         tos: 0,
                         ack_timeout: None,
                         reuseaddr: false,
+                        afonly: None,
                         peer_req: None,
                         active: false,
                         parent: None,
@@ -1187,11 +1228,10 @@ impl CmCore {
                         Some(v) => r.reuseaddr = v != 0,
                         None => return fail(libc::EINVAL, "REUSEADDR needs an int"),
                     },
-                    (0, 2) => {
-                        if int().is_none() {
-                            return fail(libc::EINVAL, "AFONLY needs an int");
-                        }
-                    }
+                    (0, 2) => match int() {
+                        Some(v) => r.afonly = Some(v != 0),
+                        None => return fail(libc::EINVAL, "AFONLY needs an int"),
+                    },
                     (0, 3) => match value.first() {
                         Some(&t) => r.ack_timeout = Some(t.min(31)),
                         None => return fail(libc::EINVAL, "ACK_TIMEOUT needs one byte"),
@@ -1289,17 +1329,24 @@ impl CmCore {
             None => (0..self.ports.len()).collect(),
         };
         let backlog = if backlog == 0 || backlog > MAX_BACKLOG { MAX_BACKLOG } else { backlog };
+        let fam = listen_family(r);
         for (k, &pi) in ports.iter().enumerate() {
             // The CM's own bound on requests waiting for an answer is the client's id limit;
             // the listen backlog (unread CONNECT_REQUESTs, as the kernel's ucma) is ours.
-            if self.listeners.contains_key(&(pi, sid)) || self.ports[pi].cm.listen(sid, MAX_IDS_PER_CLIENT).is_err() {
+            // An AF-only IPv4 and an AF-only IPv6 listener share a port (tgt's iSER portals);
+            // the port's CM listens once for both.
+            let others: Vec<u8> = [FAM_ANY, 4, 6].into_iter().filter(|&f| self.listeners.contains_key(&(pi, sid, f))).collect();
+            let clash = others.iter().any(|&f| f == fam || f == FAM_ANY || fam == FAM_ANY);
+            if clash || (others.is_empty() && self.ports[pi].cm.listen(sid, MAX_IDS_PER_CLIENT).is_err()) {
                 for &undo in &ports[..k] {
-                    let _ = self.ports[undo].cm.unlisten(sid);
-                    self.listeners.remove(&(undo, sid));
+                    self.listeners.remove(&(undo, sid, fam));
+                    if ![FAM_ANY, 4, 6].iter().any(|&f| self.listeners.contains_key(&(undo, sid, f))) {
+                        let _ = self.ports[undo].cm.unlisten(sid);
+                    }
                 }
                 return fail(libc::EADDRINUSE, "already listening on this port");
             }
-            self.listeners.insert((pi, sid), id);
+            self.listeners.insert((pi, sid, fam), id);
         }
         let r = self.ids.get_mut(&id).expect("owned");
         r.listen_sid = Some(sid);
@@ -1479,10 +1526,12 @@ impl CmCore {
             self.by_conn.remove(&(pi, cid));
         }
         if let Some(sid) = r.listen_sid {
-            let keys: Vec<(usize, u64)> = self.listeners.iter().filter(|(k, &v)| k.1 == sid && v == id).map(|(k, _)| *k).collect();
+            let keys: Vec<(usize, u64, u8)> = self.listeners.iter().filter(|(k, &v)| k.1 == sid && v == id).map(|(k, _)| *k).collect();
             for k in keys {
-                let _ = self.ports[k.0].cm.unlisten(sid);
                 self.listeners.remove(&k);
+                if ![FAM_ANY, 4, 6].iter().any(|&f| self.listeners.contains_key(&(k.0, sid, f))) {
+                    let _ = self.ports[k.0].cm.unlisten(sid);
+                }
             }
         }
         for c in self.ids.values_mut() {

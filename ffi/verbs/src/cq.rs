@@ -524,8 +524,21 @@ unsafe fn cq_event_step(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq
     // The service bumps `events` before writing the eventfd: an event that misses this scan
     // makes the eventfd readable, so the caller's read returns and we scan again.
     let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
-    scan(&mut st);
+    let fd = ch.efd.as_raw_fd();
+    // A wakeup whose event an earlier call already took from the scan leaves the eventfd
+    // readable with nothing behind it: consume it here (never blocks: see `drain`) and look
+    // again, so the read below waits for a new event instead of swallowing the stale one
+    // and then blocking (tgt's epoll loop hung in this read).
+    if !scan(&mut st) && st.pending.is_empty() && drain(fd) {
+        scan(&mut st);
+    }
     if let Some(p) = st.pending.pop_front() {
+        // The fd is readable exactly while an event waits, as the kernel's event file is
+        // (what poll/epoll users such as tgt rely on): with the last one taken, consume the
+        // wakeups that announced it, then re-arm it for any event that came in meanwhile.
+        if st.pending.is_empty() && drain(fd) && scan(&mut st) {
+            signal(fd);
+        }
         // SAFETY: CQs remove themselves from the lists before being freed.
         let c = unsafe { &*(p as *const ShimCq) };
         // SAFETY: caller-provided out pointers.
@@ -535,7 +548,7 @@ unsafe fn cq_event_step(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq
         }
         return Ok(None);
     }
-    Ok(Some(ch.efd.as_raw_fd()))
+    Ok(Some(fd))
 }
 
 /// Blocks in `read(2)` of the channel's eventfd, a cancellation point as in libibverbs
@@ -563,6 +576,28 @@ pub unsafe extern "C-unwind" fn ibv_get_cq_event(channel: *mut ibv_comp_channel,
             }
         }
     }
+}
+
+/// Consume the eventfd's count if it has one, without blocking; whether it had. Called with
+/// the channel's state locked; a thread blocked in `ibv_get_cq_event`'s own read may take the
+/// count between the poll and the read, and then this read waits for the next event (only
+/// when several threads wait on one channel at once).
+fn drain(fd: c_int) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd; zero timeout.
+    if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLIN == 0 {
+        return false;
+    }
+    let mut v = 0u64;
+    // SAFETY: reading 8 bytes into a local u64.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
+}
+
+/// Make the eventfd readable (one count).
+fn signal(fd: c_int) {
+    let v = 1u64;
+    // SAFETY: writing 8 bytes from a local u64.
+    let _ = unsafe { libc::write(fd, (&v as *const u64).cast(), 8) };
 }
 
 fn scan(st: &mut ChanState) -> bool {
