@@ -42,7 +42,7 @@ step() {
   if [ -n "$why" ]; then
     skipped+=("$name: $why")
   else
-    ran+=("$(printf '%-10s %5d s' "$name" $((SECONDS - s)))")
+    ran+=("$(printf '%-12s %5d s' "$name" $((SECONDS - s)))")
   fi
   echo "test.sh: $name done ($((SECONDS - s)) s, $((SECONDS - t0)) s in all)"
 }
