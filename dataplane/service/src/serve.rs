@@ -299,6 +299,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     };
     tracing::info!(signal = sig, "stopping");
     stop.store(true, Ordering::Release);
+    // An lcore asleep in `idle.mode = "wait"` sees the stop flag once woken (else its next
+    // timeout, up to 1 s).
+    for lc in &shared.lcores {
+        lc.waker.wake();
+    }
     let _ = cm_thread.join();
     for t in threads {
         let _ = t.join();
