@@ -12,6 +12,10 @@
 //! * The container's root has every capability in its own user namespace but is an ordinary
 //!   user to the service: its UD QP cannot take a privileged Q_Key (EPERM), like the kernel's
 //!   `capable(CAP_NET_RAW)`; root on the host still can.
+//! * iSCSI over iSER, all in userspace: tgt's `tgtd` (iser driver, a LUN on a file) and
+//!   libiscsi's initiator, both under `pmrxe run`: `iscsi-inq`, then two sessions of a 64 KiB
+//!   WRITE(10) and two READ(10)s (tests/iser_check.py), every byte checked against the backing
+//!   file; tgtd still answers after both (it waits on the CM and CQ channel fds with epoll).
 //!
 //! Users and groups are created for the test and removed when it ends (pass or fail); the
 //! container's mounts live in its own mount namespace and vanish with it.
