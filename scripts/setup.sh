@@ -13,7 +13,8 @@
 #   iproute2 (ip, tc), strace, util-linux (setpriv), passwd (userdel, groupdel), systemd
 #   (systemd-analyze), coreutils (timeout), fio, iperf (v2), sockperf, mpich + libmpich-dev
 #   (mpiexec.mpich, mpicc.mpich), hpcc, python3-mpi4py (tests/applications.rs), tgt (tgtd,
-#   tgtadm) and libiscsi-bin (iscsi-ls, iscsi-dd: tests/deployments.rs, iSER).
+#   tgtadm) and libiscsi-bin (iscsi-inq; tests/deployments.rs, iSER), slurm-wlm + munge
+#   (slurmctld, slurmd, srun --mpi=pmix, munged: tests/deployments.rs).
 set -euo pipefail
 
 PKGS=(libdpdk-dev dpdk dpdk-dev libclang-dev pkg-config gcc libc6-dev libibverbs-dev
@@ -21,7 +22,7 @@ PKGS=(libdpdk-dev dpdk dpdk-dev libclang-dev pkg-config gcc libc6-dev libibverbs
       systemd coreutils python3-matplotlib iperf3 ucx-utils libfabric-bin python3-pyverbs
       rdmacm-utils librdmacm-dev openmpi-bin libopenmpi-dev valgrind
       fio iperf sockperf mpich libmpich-dev hpcc python3-mpi4py
-      tgt libiscsi-bin)
+      tgt libiscsi-bin slurm-wlm munge)
 
 # Nightly miri + rust-src (Miri's sysroot is built from rust-src on first use).
 if ! command -v rustup >/dev/null; then
