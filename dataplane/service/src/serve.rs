@@ -247,8 +247,9 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     }
     tracing::info!(socket = %sock_path.display(), devices = devices.len(), lcores = nl, "pmrxe serving");
 
-    // Accept clients until a signal arrives (the listener is non-blocking; the control thread
-    // sleeps between polls — it is never on the fast path).
+    // Accept clients until a signal arrives (the listener is non-blocking; between clients the
+    // control thread blocks in poll(2) on the listener and a signalfd — it is never on the fast
+    // path).
     listener.set_nonblocking(true).map_err(|e| ServeError::Socket { path: sock_path.clone(), source: e })?;
     // A failing accept (EMFILE, ENFILE, ENOBUFS...) backs off, 5 ms doubling to 100 ms, and is
     // logged at most once per limits::WARN_PERIOD with the count suppressed: a client flood
@@ -256,6 +257,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
     let mut backoff = ACCEPT_BACKOFF.0;
     let limits = shared.limits.clone();
+    let sigfd = signal_fd(&sigs).map_err(ServeError::Signal)?;
     let sig = loop {
         if let Some(s) = pending_signal(&sigs) {
             break s;
@@ -283,7 +285,10 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                     }
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_BACKOFF.0),
+            // Nothing to accept: block until a client connects or SIGINT/SIGTERM arrives (no
+            // polling interval: an idle service's control thread costs nothing), waking once
+            // a second to see that the lcores are alive.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_for_client_or_signal(&listener, &sigfd, Duration::from_secs(1)),
             Err(e) => {
                 if let Some(n) = limits.accept_errors.hit() {
                     tracing::warn!(suppressed = n, "accept: {e}; backing off (repeats are counted in pmrxe stats: limits.accept_errors)");
@@ -425,6 +430,28 @@ fn block_signals() -> std::io::Result<libc::sigset_t> {
         }
         Ok(set)
     }
+}
+
+/// A non-blocking signalfd for the blocked set: readable while SIGINT/SIGTERM is pending (the
+/// control loop still takes the signal with [`pending_signal`]).
+fn signal_fd(set: &libc::sigset_t) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: signalfd(-1, ...) creates a new fd from a valid sigset; we own the result.
+    let fd = unsafe { libc::signalfd(-1, set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Block until the listener has a connection waiting, a signal is pending, or `limit` passes.
+fn wait_for_client_or_signal(listener: &UnixListener, sigfd: &std::os::fd::OwnedFd, limit: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(sigfd, PollFlags::IN)];
+    let t = Timespec { tv_sec: limit.as_secs() as i64, tv_nsec: i64::from(limit.subsec_nanos()) };
+    // EINTR or an error: the loop looks again (accept, signals) and comes back here.
+    let _ = poll(&mut fds, Some(&t));
 }
 
 fn pending_signal(set: &libc::sigset_t) -> Option<i32> {
