@@ -16,6 +16,9 @@
 //!   libiscsi's initiator, both under `pmrxe run`: `iscsi-inq`, then two sessions of a 64 KiB
 //!   WRITE(10) and two READ(10)s (tests/iser_check.py), every byte checked against the backing
 //!   file; tgtd still answers after both (it waits on the CM and CQ channel fds with epoll).
+//! * Slurm on one node: slurmctld, slurmd and a private munged with a config the test writes;
+//!   `srun --mpi=pmix -n 2` of tests/mpi_pingpong.c, each rank under `pmrxe run` (Open MPI
+//!   over UCX on pmrxe0), data checked by the program.
 //!
 //! Users and groups are created for the test and removed when it ends (pass or fail); the
 //! container's mounts live in its own mount namespace and vanish with it.
@@ -245,14 +248,19 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
     eprintln!("iSER: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames");
 }
 
-/// Children killed (then reaped) on drop: daemons started in the foreground for one test.
+/// Daemons started in the foreground for one test, stopped on drop: SIGTERM first (slurmctld
+/// and slurmd then reap their own helpers, slurmscriptd and slurmstepd, instead of leaving
+/// them to init), SIGKILL after 5 s.
 struct Daemons(Vec<Child>);
 
 impl Drop for Daemons {
     fn drop(&mut self) {
         for c in self.0.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
+            sigterm(c.id());
+            if wait_timeout(c, Duration::from_secs(5)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
     }
 }
