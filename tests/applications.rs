@@ -162,7 +162,7 @@ fn fio_rdma(ss: &Service, cs: &Service, host: &str, src: Option<&str>, verb: &st
     let p = format!("--port={port}");
     let v = format!("--verb={verb}");
     let send = verb == "send";
-    let verify: &[&str] = if send { &["--verify=crc32c"] } else { &[] };
+    let verify: &[&str] = if send { &["--verify=crc32c", "--verify_state_save=0"] } else { &[] };
     let sdepth = if send { "--iodepth=256" } else { "--iodepth=4" };
     let mut server = vec![fio, "--thread", "--name=srv", "--ioengine=rdma", &p, "--rw=read", "--bs=64k", FIO_SIZE, &v, sdepth];
     server.extend(verify);
@@ -226,7 +226,7 @@ fn fio_rdma_send_verify_catches_unverified_data() {
     let svc = Service::start_loopback();
     let p = format!("--port={}", port_for(404));
     let (sp, se) = under(&svc, false);
-    let server = [fio, "--thread", "--name=srv", "--ioengine=rdma", &p, "--rw=read", "--bs=64k", "--size=4m", "--verb=send", "--iodepth=256", "--verify=crc32c"];
+    let server = [fio, "--thread", "--name=srv", "--ioengine=rdma", &p, "--rw=read", "--bs=64k", "--size=4m", "--verb=send", "--iodepth=256", "--verify=crc32c", "--verify_state_save=0"];
     let mut s = Proc::spawn(&sp, &server, &se, &svc.dir.join("fio-neg.server.out"));
     s.wait_for("fio: waiting for connection", Duration::from_secs(30));
     let client = [fio, "--thread", "--name=cli", "--ioengine=rdma", "--hostname=198.18.0.1", &p, "--rw=write", "--bs=64k", "--size=4m", "--verb=send", "--iodepth=4"];
