@@ -83,6 +83,15 @@ const TOOL_PACKAGES: &[(&str, &str)] = &[
     ("mpicc.mpich", "libmpich-dev"),
     ("mpiexec.mpich", "mpich"),
     ("hpcc", "hpcc"),
+    ("tgtd", "tgt"),
+    ("tgtadm", "tgt"),
+    ("iscsi-inq", "libiscsi-bin"),
+    ("slurmctld", "slurm-wlm"),
+    ("slurmd", "slurm-wlm"),
+    ("srun", "slurm-wlm"),
+    ("sinfo", "slurm-wlm"),
+    ("munged", "munge"),
+    ("unshare", "util-linux"),
 ];
 
 /// The Debian package that provides `name` (exact name, or a prefix such as `ibv_`).
