@@ -656,8 +656,9 @@ pub(crate) mod tests {
         // SAFETY: unmapping our own mapping.
         unsafe { libc::munmap(p, len) };
 
-        // A regular file mapped MAP_SHARED (found by path, or through map_files as root).
-        let path = std::env::temp_dir().join(format!("pmrxe-mr-test-{}", std::process::id()));
+        // A tmpfs file mapped MAP_SHARED (found by path, or through map_files as root). A disk
+        // file is refused since issue 37 (tests/security_memory.rs checks that end to end).
+        let path = std::path::Path::new("/dev/shm").join(format!("pmrxe-mr-test-{}", std::process::id()));
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
         file.set_len(len as u64 + 123).unwrap(); // the last page is partial
         // SAFETY: fresh shared mapping of our file.
