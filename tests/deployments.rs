@@ -126,7 +126,7 @@ fn a_rootless_container_runs_perftest_and_rping_against_the_hosts_service() {
     let o = run_container(
         &svc,
         &m.user,
-        &["sh", "-c", "ib_write_bw -d pmrxe0 -s 65536 -n 2000 & sleep 1; timeout 60 ib_write_bw -d pmrxe1 -s 65536 -n 2000 localhost; rc=$?; wait; exit $rc"],
+        &["sh", "-c", "ib_write_bw -d pmrxe0 -s 65536 -n 2000 & i=0; until grep -q ':4853 .* 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i+1)); done; timeout 60 ib_write_bw -d pmrxe1 -s 65536 -n 2000 localhost; rc=$?; wait; exit $rc"],
         "bw-inside",
     );
     let inside = bw_rows(&o)[0][3];
