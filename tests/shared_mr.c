@@ -90,16 +90,8 @@ int main(int argc, char **argv) {
 	struct ibv_mr *src = ibv_reg_mr(pd1, src_buf, len, IBV_ACCESS_LOCAL_WRITE);
 	if (!src) DIE("src ibv_reg_mr failed");
 
-	struct ibv_qp_init_attr qa = {.send_cq = cq0, .recv_cq = cq0, .qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-	struct ibv_qp *q0 = ibv_create_qp(pd0, &qa);
-	qa.send_cq = qa.recv_cq = cq1;
-	struct ibv_qp *q1 = ibv_create_qp(pd1, &qa);
-	if (!q0 || !q1) DIE("create qp");
-	union ibv_gid g0, g1;
-	if (ibv_query_gid(c0, 1, 1, &g0) || ibv_query_gid(c1, 1, 1, &g1)) DIE("query gid");
-	connect_qp(q0, q1->qp_num, &g1, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-	connect_qp(q1, q0->qp_num, &g0, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	struct ibv_qp *q0, *q1;
+	rc_pair(c0, pd0, cq0, c1, pd1, cq1, 4, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, &q0, &q1);
 
 	struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = (uint32_t)len, .lkey = src->lkey};
 	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
