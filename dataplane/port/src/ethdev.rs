@@ -590,17 +590,24 @@ impl EthPort {
 /// with several af_xdp ports lists all of them for each: an lcore then wakes for another
 /// port's frames too (a spurious wake-up, never a missed one).
 fn af_xdp_sockets() -> Vec<RawFd> {
+    socket_fds(|fd, _| {
+        // SAFETY: an fd of this process listed a moment ago, borrowed for one getsockopt
+        // (a stale or reused number only fails or answers for another socket).
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::net::sockopt::socket_domain(b).is_ok_and(|d| d == rustix::net::AddressFamily::XDP)
+    })
+}
+
+/// The socket fds of this process (from /proc/self/fd) that `keep(fd, inode)` accepts, sorted.
+fn socket_fds(mut keep: impl FnMut(RawFd, &str) -> bool) -> Vec<RawFd> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let mut fds: Vec<RawFd> = dir
         .flatten()
         .filter_map(|e| {
             let fd = e.file_name().to_str()?.parse::<RawFd>().ok()?;
             let link = std::fs::read_link(e.path()).ok()?;
-            link.to_str()?.starts_with("socket:[").then_some(())?;
-            // SAFETY: an fd of this process listed a moment ago, borrowed for one getsockopt
-            // (a stale or reused number only fails or answers for another socket).
-            let b = unsafe { BorrowedFd::borrow_raw(fd) };
-            (rustix::net::sockopt::socket_domain(b).ok()? == rustix::net::AddressFamily::XDP).then_some(fd)
+            let ino = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string();
+            keep(fd, &ino).then_some(fd)
         })
         .collect();
     fds.sort_unstable();
@@ -629,18 +636,7 @@ fn af_packet_sockets(if_index: u32) -> Vec<RawFd> {
             (f.len() >= 9 && f[4].parse::<u32>().ok() == Some(if_index)).then(|| f[8].to_string())
         })
         .collect();
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    let mut fds: Vec<RawFd> = dir
-        .flatten()
-        .filter_map(|e| {
-            let fd = e.file_name().to_str()?.parse::<RawFd>().ok()?;
-            let link = std::fs::read_link(e.path()).ok()?;
-            let ino = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string();
-            inodes.contains(&ino).then_some(fd)
-        })
-        .collect();
-    fds.sort_unstable();
-    fds
+    socket_fds(|_, ino| inodes.iter().any(|i| i == ino))
 }
 
 impl Drop for EthPort {
