@@ -78,11 +78,11 @@ fn spawn_container(svc: &Service, user: &str, env: &[(&str, &str)], args: &[&str
     let f = std::fs::File::create(out).unwrap();
     let mut c = Command::new(require_tool("setpriv"));
     c.args(["--reuid", user, "--regid", user, "--init-groups", "--"])
-        .arg(repo_root().join("scripts/container.sh"))
+        .arg(for_all_users().join("container.sh"))
         .arg("--socket-dir")
         .arg(svc.dir.path())
         .arg("--shim")
-        .arg(shim_path())
+        .arg(for_all_users().join("libpmrxe_verbs.so"))
         .arg("--")
         .args(args)
         .env("HOME", "/tmp")

@@ -514,7 +514,7 @@ pub fn pmrxe_at(socket: &Path) -> Command {
 pub fn pmrxe_as(socket: &Path, user: Option<&str>) -> Command {
     let Some(u) = user else { return pmrxe_at(socket) };
     let mut c = Command::new(require_tool("setpriv"));
-    c.args(["--reuid", u, "--regid", u, "--init-groups", "--"]).arg(pmrxe_bin());
+    c.args(["--reuid", u, "--regid", u, "--init-groups", "--"]).arg(for_all_users().join("pmrxe"));
     c.env("PMRXE_SOCKET", socket).env("HOME", "/tmp").stdin(Stdio::null());
     c
 }
@@ -1057,4 +1057,27 @@ impl Bystander {
         let lines = svc.log_text().lines().count();
         assert!(lines < max_log_lines, "service log has {lines} lines (bounded: < {max_log_lines})");
     }
+}
+
+/// A directory in /tmp (0755) with the pmrxe binary, the shim next to it and
+/// scripts/container.sh, for programs run as other users: a clean checkout may sit in a
+/// directory only root can enter (`mktemp -d` makes 0700). Hard links where the filesystem
+/// allows, else copies; made once per test process.
+pub fn for_all_users() -> &'static Path {
+    use std::os::unix::fs::PermissionsExt;
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("pmrxe-it-bin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("create the shared binary directory");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (src, name) in [(pmrxe_bin(), "pmrxe"), (shim_path(), "libpmrxe_verbs.so"), (repo_root().join("scripts/container.sh"), "container.sh")] {
+            let dst = d.join(name);
+            if std::fs::hard_link(&src, &dst).is_err() {
+                std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
+            }
+            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        d
+    })
 }
