@@ -20,6 +20,13 @@
 //!   `srun --mpi=pmix -n 2` of tests/mpi_pingpong.c, each rank under `pmrxe run` (Open MPI
 //!   over UCX on pmrxe0), data checked by the program.
 //!
+//! * Two nodes (`TwoNodes`: two network namespaces, pmrxe's veth with a service in each, and a
+//!   second veth with kernel IPv4 for the launchers' own TCP, as a cluster's management
+//!   network): Open MPI's `mpirun --hostfile` starting the remote rank through an rsh agent
+//!   that enters the other namespace, each rank on its own node's service (`PMRXE_SOCKET`
+//!   from the node's environment); data checked by the program, frames counted by both
+//!   services, beside the same job over Open MPI's TCP BTL on the management veth.
+//!
 //! Users and groups are created for the test and removed when it ends (pass or fail); the
 //! container's mounts live in its own mount namespace and vanish with it.
 mod common;
@@ -355,4 +362,139 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
     assert!(wqes >= 1000 && lb >= 1000, "the MPI traffic did not go through pmrxe: sq_wqes {wqes} rx_loopback {lb}");
     eprintln!("slurm srun --mpi=pmix -n 2: {}", text.lines().filter(|l| l.starts_with("pingpong")).collect::<Vec<_>>().join("; "));
     drop(daemons);
+}
+
+/// Node addresses on the management veth (kernel IPv4; pmrxe's veth carries 10.77.0.x).
+const MGMT_A: &str = "10.78.0.1";
+const MGMT_B: &str = "10.78.0.2";
+
+/// Two nodes on one machine: network namespaces `ns.a` and `ns.b` joined by pmrxe's veth
+/// (scripts/netns.sh; service `a` on 10.77.0.1, `b` on 10.77.0.2) and by a second veth with
+/// kernel addresses MGMT_A / MGMT_B, over which launchers (Open MPI's orted, slurmd, PMIx)
+/// talk TCP as they would on a cluster's management network. Fields drop in order: the
+/// services stop before the namespaces (and both veths) go.
+struct TwoNodes {
+    a: Service,
+    b: Service,
+    ns: NetnsPair,
+    dir: TempDir,
+}
+
+impl TwoNodes {
+    fn up(tag: &str) -> TwoNodes {
+        let ns = NetnsPair::up(tag);
+        let dir = TempDir::new(&format!("nodes-{tag}"));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let id = std::process::id() % 100_000;
+        let (ma, mb) = (format!("pxm{tag}{id}a"), format!("pxm{tag}{id}b"));
+        // Created inside `a` with its peer in `b`: nothing is ever left in the root namespace.
+        sh("ip", &["-n", &ns.a, "link", "add", &ma, "type", "veth", "peer", "name", &mb, "netns", &ns.b]);
+        for (n, dev, ip) in [(&ns.a, &ma, MGMT_A), (&ns.b, &mb, MGMT_B)] {
+            sh("ip", &["-n", n, "addr", "add", &format!("{ip}/24"), "dev", dev]);
+            sh("ip", &["-n", n, "link", "set", dev, "up"]);
+        }
+        let (a, b) = ns.services(&dir);
+        TwoNodes { a, b, ns, dir }
+    }
+
+    /// (namespace, service) of the node at management address `ip`.
+    fn node(&self, ip: &str) -> (&str, &Service) {
+        if ip == MGMT_A {
+            (&self.ns.a, &self.a)
+        } else {
+            (&self.ns.b, &self.b)
+        }
+    }
+
+    /// `tx_bytes` of each service's port.
+    fn sent(&self) -> (u64, u64) {
+        (sum_counter(&self.a.stats_json(), "tx_bytes"), sum_counter(&self.b.stats_json(), "tx_bytes"))
+    }
+}
+
+/// tests/mpi_pingpong.c's rows: (1 B half round trip in us, 1 MiB MB/s).
+fn mpi_figures(out: &str) -> (f64, f64) {
+    let row = |size: &str| {
+        let l = out.lines().find(|l| l.starts_with("pingpong") && l.contains(&format!(" {size} B:"))).unwrap_or_else(|| panic!("no {size} B row:\n{out}"));
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w[3].parse::<f64>().unwrap(), w[w.len() - 2].parse::<f64>().unwrap())
+    };
+    (row("1").0, row("1048576").1)
+}
+
+/// Ping-pong iterations per size in the two-node jobs: 20 x 1 MiB each way keeps a job within
+/// seconds on a loaded 2-vCPU machine and is still 20 MiB on each node's port.
+const NODE_ITERS: &str = "20";
+
+/// `cmd` with its output in `dir/name`, bounded by `limit`; returns (exit status, output).
+fn run_logged(cmd: &mut Command, dir: &Path, name: &str, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
+    let out = dir.join(name);
+    let f = std::fs::File::create(&out).unwrap();
+    let mut c = cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let st = wait_timeout(&mut c, limit);
+    (st, read_to_string_lossy(&out))
+}
+
+/// Open MPI's `mpirun --hostfile` across two nodes: mpirun runs on node A (in its namespace,
+/// with node A's `PMRXE_SOCKET`), rank 0 beside it; rank 1 is started on node B through
+/// `--mca plm_rsh_agent`, a script the test writes that does what ssh would: enter node B
+/// (`ip netns exec`) with node B's environment (its `PMRXE_SOCKET`) and run orted there. Each
+/// rank runs `pmrxe run -- mpi_pingpong`, so it reaches its own node's service; orted, PMIx
+/// and UCX's address exchange use the management veth. Data checked by the program; each
+/// service must have sent the 1 MiB messages (a rank on the wrong service would loop back
+/// inside one device and leave the other at 0). The same job over the TCP BTL on the
+/// management veth gives the figure beside it.
+#[test]
+fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
+    let (mpicc, mpirun) = (require_tool("mpicc"), require_tool("mpirun"));
+    require_tool("ip");
+    let _l = heavy_lock();
+    let n = TwoNodes::up("mh");
+    let prog = n.dir.join("mpi_pingpong");
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    let hosts = n.dir.join("hostfile");
+    std::fs::write(&hosts, format!("{MGMT_A} slots=1\n{MGMT_B} slots=1\n")).unwrap();
+    let agent = n.dir.join("netns-rsh");
+    let node_case = |ip: &str| {
+        let (ns, svc) = n.node(ip);
+        format!("  {ip}) ns={ns} sock={} ;;\n", svc.socket.display())
+    };
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n# Open MPI's rsh launcher runs: AGENT HOST COMMAND...; enter HOST's namespace with its environment.\n\
+             while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done\nhost=$1; shift\ncase $host in\n{}{}  *) echo \"netns-rsh: no node $host\" >&2; exit 1 ;;\nesac\n\
+             exec ip netns exec \"$ns\" env PMRXE_SOCKET=\"$sock\" sh -c \"$*\"\n",
+            node_case(MGMT_A),
+            node_case(MGMT_B)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mpirun_on_a = |mca: &[&str], app: &str, name: &str| {
+        let mut c = Command::new(require_tool("ip"));
+        c.args(["netns", "exec", &n.ns.a]).arg(&mpirun).args(["--allow-run-as-root", "--hostfile"]).arg(&hosts);
+        c.args(["--mca", "plm_rsh_agent"]).arg(&agent).args(["--mca", "oob_tcp_if_include", "10.78.0.0/24"]).args(mca);
+        c.args(["-np", "2", "sh", "-c", app]).env("PMRXE_SOCKET", &n.a.socket);
+        run_logged(&mut c, n.dir.path(), name, Duration::from_secs(120))
+    };
+    let (a0, b0) = n.sent();
+    let app = format!("echo \"rank $OMPI_COMM_WORLD_RANK netns $(ip netns identify $$)\"; exec {} run -- {} {NODE_ITERS}", pmrxe_bin().display(), prog.display());
+    let (st, o) = mpirun_on_a(
+        &["--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "-x", "UCX_NET_DEVICES=pmrxe0:1"],
+        &app,
+        "mpirun.out",
+    );
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "mpirun: {st:?}\n{}", tail(&o, 40));
+    for (rank, ns) in [(0, &n.ns.a), (1, &n.ns.b)] {
+        assert!(o.contains(&format!("rank {rank} netns {ns}\n")), "rank {rank} did not run in {ns}:\n{o}");
+    }
+    let (da, db) = n.sent();
+    let (da, db) = (da - a0, db - b0);
+    assert!(da >= 20 << 20 && db >= 20 << 20, "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}");
+    let (lat, bw) = mpi_figures(&o);
+    let (st, t) = mpirun_on_a(&["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "10.78.0.0/24"], &format!("exec {} {NODE_ITERS}", prog.display()), "mpirun-tcp.out");
+    assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "mpirun over TCP: {st:?}\n{}", tail(&t, 40));
+    let (tlat, tbw) = mpi_figures(&t);
+    eprintln!("FIGURES Open MPI 4.1.4 mpirun --hostfile, two namespaces, UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
 }
