@@ -46,6 +46,20 @@ impl PortSpace {
     pub const TCP: PortSpace = PortSpace(0x0106);
     /// `RDMA_PS_UDP` (UD, resolved with SIDR).
     pub const UDP: PortSpace = PortSpace(0x0111);
+    /// Every port space a client may create an id in.
+    pub const ALL: [PortSpace; 4] = [PortSpace::TCP, PortSpace::UDP, PortSpace::IB, PortSpace::IPOIB];
+}
+
+/// A number that is no `enum rdma_ucm_port_space` (a client's `rdma_create_id` argument).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UnknownPortSpace(pub u16);
+
+/// Checked construction: only [`PortSpace::ALL`].
+impl TryFrom<u16> for PortSpace {
+    type Error = UnknownPortSpace;
+    fn try_from(v: u16) -> core::result::Result<PortSpace, UnknownPortSpace> {
+        PortSpace::ALL.into_iter().find(|p| p.0 == v).ok_or(UnknownPortSpace(v))
+    }
 }
 
 /// The service ID the kernel CMA uses for `port` in `ps` (`rdma_get_service_id`).
@@ -207,6 +221,11 @@ mod test {
         assert_eq!(service_id(PortSpace::UDP, 7174), 0x0000_0000_0111_1C06);
         assert_eq!(service_id(PortSpace::IB, 1), 0x0000_0000_013F_0001);
         assert_eq!(service_id(PortSpace::TCP, 0) & !PS_MASK, 0);
+        assert_eq!(PortSpace::try_from(0x0106), Ok(PortSpace::TCP));
+        assert_eq!(PortSpace::try_from(0x0002), Ok(PortSpace::IPOIB));
+        for bad in [0, 0x0107, 0xFFFF] {
+            assert_eq!(PortSpace::try_from(bad), Err(UnknownPortSpace(bad)));
+        }
         assert_eq!(service_id(PortSpace::TCP, 0) & 0xFFFF_FFFF_FF00_0000, IP_PREFIX);
         assert_eq!(parse_service_id(0x0000_0000_0106_1C06), Some((PortSpace::TCP, 7174)));
         assert_eq!(parse_service_id(0x1000), None);

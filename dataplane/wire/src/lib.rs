@@ -59,7 +59,7 @@ pub mod field;
 pub(crate) use field::{rd16, rd32, rd64, wr16, wr32, wr64, Field};
 
 pub use error::{Error, Result};
-pub use psn::{Msn, Psn};
+pub use psn::{Msn, Not24Bits, Psn};
 pub use qpn::{PKey, Qpn};
 pub use opcode::{next_opcode, ExtSet, MsgPos, OpInfo, OpKind, Opcode, QpType};
 

@@ -9,6 +9,19 @@ use core::ops::{Add, AddAssign, Sub};
 /// The mask of a 24-bit field. The only place such a mask is spelled (with `qpn.rs`).
 pub(crate) const MASK24: u32 = 0x00FF_FFFF;
 
+/// A value that does not fit a 24-bit field (a PSN, MSN or QPN a peer or a client gave with
+/// high bits set): the checked constructions (`TryFrom<u32>`) refuse it instead of truncating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Not24Bits(pub u32);
+
+impl fmt::Display for Not24Bits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x} does not fit 24 bits", self.0)
+    }
+}
+
+impl std::error::Error for Not24Bits {}
+
 /// Read a 24-bit big-endian value. `b` must be 3 bytes long.
 #[inline]
 pub(crate) fn read_be24(b: &[u8]) -> u32 {
@@ -88,6 +101,14 @@ macro_rules! seq24 {
         impl From<$name> for u32 {
             fn from(v: $name) -> u32 { v.0 }
         }
+        /// Checked construction: a value with any of bits 24..32 set is refused.
+        impl TryFrom<u32> for $name {
+            type Error = Not24Bits;
+            #[inline]
+            fn try_from(v: u32) -> Result<Self, Not24Bits> {
+                if v & !MASK24 == 0 { Ok($name(v)) } else { Err(Not24Bits(v)) }
+            }
+        }
     };
 }
 
@@ -116,6 +137,14 @@ mod test {
         assert_eq!(Psn::new(5).wrapping_sub(6), Psn::MAX);
         assert_eq!(Psn::new(0x0123_4567).value(), 0x23_4567);
         assert_eq!(Psn::from_be24(&Psn::new(0xABCDEF).to_be24()), Psn::new(0xABCDEF));
+    }
+
+    #[test]
+    fn checked_construction_refuses_high_bits() {
+        assert_eq!(Psn::try_from(0xFF_FFFF), Ok(Psn::MAX));
+        assert_eq!(Psn::try_from(0x100_0000), Err(Not24Bits(0x100_0000)));
+        assert_eq!(Msn::try_from(u32::MAX), Err(Not24Bits(u32::MAX)));
+        assert_eq!(Psn::try_from(7).map(Psn::value), Ok(7));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Queue pair numbers ([`Qpn`], 24 bits) and partition keys ([`PKey`], 16 bits).
 
-use crate::psn::{read_be24, MASK24};
+use crate::psn::{read_be24, Not24Bits, MASK24};
 use core::fmt;
 
 /// Queue pair number (24 bits).
@@ -49,6 +49,19 @@ impl From<Qpn> for u32 {
         v.0
     }
 }
+/// Checked construction (a QPN a client names): a value with any of bits 24..32 set is
+/// refused, where [`Qpn::new`] would truncate it to another QP's number.
+impl TryFrom<u32> for Qpn {
+    type Error = Not24Bits;
+    #[inline]
+    fn try_from(v: u32) -> Result<Qpn, Not24Bits> {
+        if v & !MASK24 == 0 {
+            Ok(Qpn(v))
+        } else {
+            Err(Not24Bits(v))
+        }
+    }
+}
 
 /// Partition key (16 bits; bit 15 = full membership).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -74,5 +87,18 @@ impl Default for PKey {
 impl fmt::Debug for PKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PKey({:#06x})", self.0)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn checked_construction_refuses_high_bits() {
+        assert_eq!(Qpn::try_from(0x12_3456), Ok(Qpn::new(0x12_3456)));
+        assert_eq!(Qpn::try_from(0xFF_FFFF), Ok(Qpn::MAX));
+        // Truncation would turn 0x0100_0011 into QP 0x11, someone else's.
+        assert_eq!(Qpn::try_from(0x0100_0011), Err(Not24Bits(0x0100_0011)));
     }
 }

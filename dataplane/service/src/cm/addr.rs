@@ -118,7 +118,7 @@ impl CmCore {
     /// Is `port` taken for id `me` binding on `device`? `fam`: the family of the address it
     /// binds and whether it is AF-only; two AF-only ids of different families never clash
     /// (the kernel's `cma_check_port`).
-    pub(super) fn port_taken(&self, me: u32, ps: u16, device: Option<usize>, port: u16, fam: Option<(bool, bool)>) -> bool {
+    pub(super) fn port_taken(&self, me: u32, ps: PortSpace, device: Option<usize>, port: u16, fam: Option<(bool, bool)>) -> bool {
         self.ids.iter().any(|(&h, r)| {
             h != me && r.bound && !r.child && r.ps == ps && r.src.port == port && (r.device.is_none() || device.is_none() || r.device == device)
                 && !(r.reuseaddr && r.listen_sid.is_none())
@@ -126,7 +126,7 @@ impl CmCore {
         })
     }
 
-    pub(super) fn ephemeral(&mut self, me: u32, ps: u16, device: Option<usize>) -> Option<u16> {
+    pub(super) fn ephemeral(&mut self, me: u32, ps: PortSpace, device: Option<usize>) -> Option<u16> {
         let n = EPHEMERAL.end() - EPHEMERAL.start() + 1;
         for _ in 0..n {
             let p = self.next_port;

@@ -79,8 +79,8 @@ impl CmCore {
                 let r = &req.req;
                 let peer = PeerReq {
                     transport: if r.transport == 1 { Transport::Uc } else { Transport::Rc },
-                    remote_qpn: r.local_qpn.value(),
-                    rq_psn: r.starting_psn.value(),
+                    remote_qpn: r.local_qpn,
+                    rq_psn: r.starting_psn,
                     path_mtu: r.path_mtu.min(self.ports[pi].cfg.active_mtu as u8).max(1),
                     resp_res: r.initiator_depth,
                     init_depth: r.responder_resources,

@@ -30,7 +30,7 @@ impl CmCore {
             }
         }
         let r = &self.ids[&id];
-        let ps = if r.is_ud() && r.ps != PortSpace::IPOIB.0 { PortSpace::UDP } else { PortSpace(r.ps) };
+        let ps = if r.is_ud() && r.ps != PortSpace::IPOIB { PortSpace::UDP } else { r.ps };
         let sid = cma::service_id(ps, r.src.port);
         let ports: Vec<usize> = match r.device {
             Some(p) => vec![p],
@@ -113,7 +113,7 @@ impl CmCore {
             route_resolved: true,
             listen_sid: None,
             conn: Some(cid),
-            psn: self.rng.gen::<u32>() & 0xff_ffff,
+            psn: Psn::new(self.rng.gen()),
             tos: l.tos,
             ack_timeout: l.ack_timeout,
             reuseaddr: false,

@@ -50,6 +50,7 @@ use pmrxe_cm::{
     SidrStatus, Transmit, Transport, Waiting,
 };
 use pmrxe_runtime::gsi::{GsiOut, GsiPipe};
+use pmrxe_transport::QpType;
 use pmrxe_wire::{Psn, Qpn};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -77,8 +78,9 @@ pub mod event {
 /// `enum ibv_qp_attr_mask` bits used by `CmInitQpAttr` (the shared QP table's).
 pub use pmrxe_abi::qp_table::attr as mask;
 
+#[cfg(test)]
 const IBV_QPT_RC: u32 = 2;
-const IBV_QPT_UC: u32 = 3;
+#[cfg(test)]
 const IBV_QPT_UD: u32 = 4;
 const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
 const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
@@ -287,8 +289,8 @@ fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<Ato
 #[derive(Clone, Copy, Debug)]
 struct PeerReq {
     transport: Transport,
-    remote_qpn: u32,
-    rq_psn: u32,
+    remote_qpn: Qpn,
+    rq_psn: Psn,
     path_mtu: u8,
     /// The peer's initiator depth: our max_dest_rd_atomic.
     resp_res: u8,
@@ -304,8 +306,8 @@ struct IdRec {
     client: u32,
     channel: u32,
     context: u64,
-    ps: u16,
-    qp_type: u32,
+    ps: PortSpace,
+    qp_type: QpType,
     /// Port index (= device index) once bound to a device.
     device: Option<usize>,
     bound: bool,
@@ -318,7 +320,7 @@ struct IdRec {
     listen_sid: Option<u64>,
     conn: Option<ConnId>,
     /// Our starting PSN (REQ or REP).
-    psn: u32,
+    psn: Psn,
     tos: u8,
     ack_timeout: Option<u8>,
     reuseaddr: bool,
@@ -343,7 +345,7 @@ struct IdRec {
 
 impl IdRec {
     fn is_ud(&self) -> bool {
-        self.ps == PortSpace::UDP.0 || self.ps == PortSpace::IPOIB.0 || self.qp_type == IBV_QPT_UD
+        self.ps == PortSpace::UDP || self.ps == PortSpace::IPOIB || self.qp_type == QpType::Ud
     }
 }
 

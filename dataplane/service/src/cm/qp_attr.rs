@@ -31,12 +31,12 @@ impl CmCore {
             2 if ud => mask::STATE,
             2 => {
                 let (transport, dqpn, rq_psn, mtu, resp) = match (attrs, r.peer_req) {
-                    (Some(x), _) => (x.transport, x.remote_qpn.value(), x.rq_psn.value(), x.path_mtu, x.max_dest_rd_atomic),
+                    (Some(x), _) => (x.transport, x.remote_qpn, x.rq_psn, x.path_mtu, x.max_dest_rd_atomic),
                     (None, Some(p)) => (p.transport, p.remote_qpn, p.rq_psn, p.path_mtu, p.resp_res),
                     (None, None) => return fail(libc::EINVAL, "no connection parameters yet (RTR needs the REQ or REP)"),
                 };
-                a.dest_qp_num = dqpn;
-                a.rq_psn = rq_psn;
+                a.dest_qp_num = dqpn.value();
+                a.rq_psn = rq_psn.value();
                 a.path_mtu = u32::from(mtu);
                 let peer = r.peer_gid.unwrap_or_else(|| port.cfg.wire_gid(sock_ip(&r.dst)));
                 a.ah_attr = self.ah_to(pi, sock_ip(&r.src), peer, r.tos);
@@ -58,7 +58,7 @@ impl CmCore {
                     (None, Some(p)) => (p.transport, p.timeout, p.retry_cnt, p.rnr_retry, p.init_depth),
                     (None, None) => return fail(libc::EINVAL, "no connection parameters yet (RTS needs the REQ or REP)"),
                 };
-                a.sq_psn = r.psn;
+                a.sq_psn = r.psn.value();
                 let mut m = mask::STATE | mask::SQ_PSN;
                 if transport == Transport::Rc {
                     a.timeout = r.ack_timeout.unwrap_or(timeout);

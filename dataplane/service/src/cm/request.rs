@@ -54,12 +54,8 @@ impl CmCore {
                 if !self.own_channel(client, channel) {
                     return fail(libc::EINVAL, "no such rdma_cm event channel");
                 }
-                if ![PortSpace::TCP.0, PortSpace::UDP.0, PortSpace::IB.0, PortSpace::IPOIB.0].contains(&ps) {
-                    return fail(libc::EPROTONOSUPPORT, "unknown rdma_cm port space");
-                }
-                if ![IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD].contains(&qp_type) {
-                    return fail(libc::EINVAL, "rdma_cm ids are for RC, UC or UD QPs");
-                }
+                let Ok(ps) = PortSpace::try_from(ps) else { return fail(libc::EPROTONOSUPPORT, "unknown rdma_cm port space") };
+                let Ok(qp_type) = crate::session::decode_qp_type(qp_type) else { return fail(libc::EINVAL, "rdma_cm ids are for RC, UC or UD QPs") };
                 if self.ids.len() >= MAX_IDS || self.ids.values().filter(|r| r.client == client).count() >= MAX_IDS_PER_CLIENT {
                     return fail(libc::ENOMEM, "too many rdma_cm ids");
                 }
@@ -81,7 +77,7 @@ impl CmCore {
                         route_resolved: false,
                         listen_sid: None,
                         conn: None,
-                        psn: self.rng.gen::<u32>() & 0xff_ffff,
+                        psn: Psn::new(self.rng.gen()),
                         tos: 0,
                         ack_timeout: None,
                         reuseaddr: false,

@@ -441,3 +441,30 @@ fn closed_channel_is_dropped_and_client_death_sends_dreq() {
     assert_eq!(kinds(&events(&sfd)), [event::DISCONNECTED]);
     assert_eq!(c.id_count(), 2);
 }
+
+/// A hostile client's numbers: an unknown port space, a QP type that is no RC/UC/UD, a QPN
+/// with high bits set (it would truncate to another QP's number) are refused, never defaulted.
+#[test]
+fn unknown_port_space_qp_type_and_wide_qpn_are_refused() {
+    let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+    let (ch, _fd) = channel(&mut c, 1);
+    for ps in [0, 0x0107, 0xFFFF] {
+        let r = req(&mut c, 1, Request::CmCreateId { channel: ch, ps, qp_type: IBV_QPT_RC, context: 0 });
+        assert!(matches!(r, Response::Err { errno: libc::EPROTONOSUPPORT, .. }), "ps {ps:#x}: {r:?}");
+    }
+    for qp_type in [0, 1, 9, u32::MAX] {
+        let r = req(&mut c, 1, Request::CmCreateId { channel: ch, ps: PortSpace::TCP.0, qp_type, context: 0 });
+        assert!(matches!(r, Response::Err { errno: libc::EINVAL, .. }), "qp_type {qp_type}: {r:?}");
+    }
+    assert_eq!(c.id_count(), 0);
+    let _l = rc_listener(&mut c, ch, 7480, 4);
+    let (cch, _cfd) = channel(&mut c, 2);
+    let a = id(&mut c, 2, cch, PortSpace::TCP.0, IBV_QPT_RC, 0x22);
+    assert!(matches!(req(&mut c, 2, Request::CmResolveAddr { id: a, src: None, dst: v4(A, 7480), timeout_ms: 2000 }), Response::CmAddr { .. }));
+    assert_eq!(req(&mut c, 2, Request::CmResolveRoute { id: a, timeout_ms: 2000 }), Response::Ok);
+    let r = req(&mut c, 2, Request::CmConnect { id: a, qpn: 0x0100_0011, conn: CmConnParam::default() });
+    assert!(matches!(r, Response::Err { errno: libc::EINVAL, .. }), "{r:?}");
+    assert_eq!(c.conn_count(), 0, "nothing was sent for the refused connect");
+    let r = req(&mut c, 1, Request::CmAccept { id: a, qpn: u32::MAX, conn: CmConnParam::default() });
+    assert!(matches!(r, Response::Err { errno: libc::EINVAL, .. }), "{r:?}");
+}

@@ -1,7 +1,8 @@
 //! ibv_qp_attr / ibv_ah_attr values (as the shim sends them) ↔ engine attributes.
 
 use pmrxe_abi::ctrl::{AhAttr, QpAttr as AbiQpAttr, QpCap};
-use pmrxe_transport::{AddressVector, PathMtu, QpAttr, QpCaps, QpState};
+use pmrxe_transport::{AddressVector, AttrMask, PathMtu, QpAttr, QpCaps, QpState, QpType};
+use pmrxe_wire::{Psn, Qpn};
 
 pub(super) fn to_av(a: &AhAttr) -> AddressVector {
     AddressVector {
@@ -15,38 +16,94 @@ pub(super) fn to_av(a: &AhAttr) -> AddressVector {
     }
 }
 
-fn state(v: u32) -> QpState {
-    match v {
+/// A client-supplied value that is no member of its verbs enum (`ibv_qp_state`, `ibv_mtu`,
+/// `ibv_qp_type`) or does not fit its field (a 24-bit QPN): the request fails with EINVAL, it is
+/// never mapped to a default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadValue {
+    /// The `ibv_qp_attr` (or request) field.
+    pub field: &'static str,
+    /// What the client sent.
+    pub value: u32,
+}
+
+impl BadValue {
+    /// The message the client gets with its EINVAL.
+    pub fn msg(&self) -> String {
+        format!("{} {} is not a valid value", self.field, self.value)
+    }
+}
+
+/// `enum ibv_qp_state` → engine state.
+pub fn qp_state(v: u32) -> Result<QpState, BadValue> {
+    Ok(match v {
+        0 => QpState::Reset,
         1 => QpState::Init,
         2 => QpState::Rtr,
         3 => QpState::Rts,
         4 => QpState::Sqd,
         5 => QpState::Sqe,
         6 => QpState::Err,
-        _ => QpState::Reset,
-    }
+        _ => return Err(BadValue { field: "qp_state", value: v }),
+    })
 }
 
-pub(super) fn mtu(v: u32) -> PathMtu {
-    match v {
+/// `enum ibv_mtu` (1..=5) → path MTU.
+pub fn path_mtu(v: u32) -> Result<PathMtu, BadValue> {
+    Ok(match v {
         1 => PathMtu::Mtu256,
         2 => PathMtu::Mtu512,
+        3 => PathMtu::Mtu1024,
         4 => PathMtu::Mtu2048,
         5 => PathMtu::Mtu4096,
-        _ => PathMtu::Mtu1024,
+        _ => return Err(BadValue { field: "path_mtu", value: v }),
+    })
+}
+
+/// What `ibv_create_qp` may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpTypeError {
+    /// A verbs QP type this engine does not implement (XRC, raw packet, driver): EOPNOTSUPP.
+    Unsupported(u32),
+    /// No `enum ibv_qp_type` value at all: EINVAL.
+    Invalid(u32),
+}
+
+/// `enum ibv_qp_type` → engine type: RC (2), UC (3) and UD (4).
+pub fn qp_type(v: u32) -> Result<QpType, QpTypeError> {
+    match v {
+        2 => Ok(QpType::Rc),
+        3 => Ok(QpType::Uc),
+        4 => Ok(QpType::Ud),
+        // IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER.
+        8 | 9 | 10 | 0xff => Err(QpTypeError::Unsupported(v)),
+        _ => Err(QpTypeError::Invalid(v)),
     }
 }
 
-/// ibv_qp_attr (as sent by the shim) → engine attributes.
-pub fn to_engine_attr(a: &AbiQpAttr) -> QpAttr {
-    QpAttr {
-        qp_state: state(a.qp_state),
-        cur_qp_state: state(a.cur_qp_state),
-        path_mtu: mtu(a.path_mtu),
+/// ibv_qp_attr (as sent by the shim) → engine attributes. Only the fields `mask` names are
+/// decoded (the others are whatever the client's struct held, often zero, and the engine does
+/// not read them); a named field that is no value of its type is refused. PSNs keep their low
+/// 24 bits as the kernel's drivers do (programs pass `lrand48()`-style values); a destination
+/// QPN with high bits set would name another QP, so it is refused.
+pub fn to_engine_attr(a: &AbiQpAttr, mask: AttrMask) -> Result<QpAttr, BadValue> {
+    let has = |m: AttrMask| mask.contains(m);
+    let state = if has(AttrMask::STATE) { qp_state(a.qp_state)? } else { QpState::default() };
+    let cur_state = if has(AttrMask::CUR_STATE) { qp_state(a.cur_qp_state).map_err(|e| BadValue { field: "cur_qp_state", ..e })? } else { QpState::default() };
+    let mtu = if has(AttrMask::PATH_MTU) { path_mtu(a.path_mtu)? } else { PathMtu::default() };
+    let dest_qp_num = if has(AttrMask::DEST_QPN) {
+        Qpn::try_from(a.dest_qp_num).map_err(|_| BadValue { field: "dest_qp_num", value: a.dest_qp_num })?.value()
+    } else {
+        0
+    };
+    Ok(QpAttr {
+        qp_state: state,
+        cur_qp_state: cur_state,
+        path_mtu: mtu,
         qkey: a.qkey,
-        rq_psn: a.rq_psn & 0xff_ffff,
-        sq_psn: a.sq_psn & 0xff_ffff,
-        dest_qp_num: a.dest_qp_num & 0xff_ffff,
+        rq_psn: Psn::new(a.rq_psn).value(),
+        sq_psn: Psn::new(a.sq_psn).value(),
+        dest_qp_num,
         qp_access_flags: a.qp_access_flags,
         pkey_index: a.pkey_index,
         timeout: a.timeout,
@@ -66,7 +123,7 @@ pub fn to_engine_attr(a: &AbiQpAttr) -> QpAttr {
             max_recv_sge: a.cap.max_recv_sge,
             max_inline_data: a.cap.max_inline_data,
         },
-    }
+    })
 }
 
 /// Engine attributes → ibv_qp_attr values.
@@ -102,5 +159,55 @@ pub fn from_engine_attr(a: &QpAttr, cap: QpCap) -> AbiQpAttr {
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a hostile (or buggy) client may put in each field: every value of the enum's
+    /// numbering outside its members.
+    #[test]
+    fn unknown_enum_values_are_refused_not_defaulted() {
+        for v in [7, 8, 0xff, u32::MAX] {
+            assert_eq!(qp_state(v), Err(BadValue { field: "qp_state", value: v }));
+        }
+        for v in [0, 6, 1024, u32::MAX] {
+            assert_eq!(path_mtu(v), Err(BadValue { field: "path_mtu", value: v }));
+        }
+        for (v, s) in (0..=6).zip([QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err]) {
+            assert_eq!(qp_state(v), Ok(s));
+        }
+        for v in 1..=5 {
+            assert_eq!(path_mtu(v).map(|m| m as u32), Ok(v));
+        }
+        assert_eq!(qp_type(2), Ok(QpType::Rc));
+        assert_eq!(qp_type(4), Ok(QpType::Ud));
+        assert_eq!(qp_type(9), Err(QpTypeError::Unsupported(9)));
+        assert_eq!(qp_type(0), Err(QpTypeError::Invalid(0)));
+        assert_eq!(qp_type(77), Err(QpTypeError::Invalid(77)));
+    }
+
+    #[test]
+    fn modify_attr_decodes_only_the_masked_fields() {
+        let rtr = AbiQpAttr { qp_state: 2, path_mtu: 9, dest_qp_num: 0x11, ..Default::default() };
+        // path_mtu 9 is named: refused.
+        let m = AttrMask::STATE | AttrMask::PATH_MTU | AttrMask::DEST_QPN;
+        assert_eq!(to_engine_attr(&rtr, m), Err(BadValue { field: "path_mtu", value: 9 }));
+        // Not named: the garbage is not read.
+        let a = to_engine_attr(&rtr, AttrMask::STATE | AttrMask::DEST_QPN).expect("path_mtu is not in the mask");
+        assert_eq!((a.qp_state, a.dest_qp_num), (QpState::Rtr, 0x11));
+        // An unknown target state, or current state, is EINVAL, not RESET.
+        let bad = AbiQpAttr { qp_state: 42, cur_qp_state: 3, ..Default::default() };
+        assert_eq!(to_engine_attr(&bad, AttrMask::STATE), Err(BadValue { field: "qp_state", value: 42 }));
+        let bad = AbiQpAttr { qp_state: 3, cur_qp_state: 42, ..Default::default() };
+        assert_eq!(to_engine_attr(&bad, AttrMask::STATE | AttrMask::CUR_STATE), Err(BadValue { field: "cur_qp_state", value: 42 }));
+        // A QPN with high bits set would truncate to another QP's number.
+        let far = AbiQpAttr { qp_state: 2, path_mtu: 3, dest_qp_num: 0x0100_0011, ..Default::default() };
+        assert_eq!(to_engine_attr(&far, m), Err(BadValue { field: "dest_qp_num", value: 0x0100_0011 }));
+        // PSNs keep their low 24 bits, as the kernel's drivers do.
+        let rts = AbiQpAttr { qp_state: 3, sq_psn: 0xAB12_3456, ..Default::default() };
+        assert_eq!(to_engine_attr(&rts, AttrMask::STATE | AttrMask::SQ_PSN).map(|a| a.sq_psn), Ok(0x12_3456));
     }
 }

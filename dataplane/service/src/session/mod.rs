@@ -267,7 +267,7 @@ mod segment;
 mod srq;
 mod usage;
 
-pub use attr::{from_engine_attr, to_engine_attr};
+pub use attr::{from_engine_attr, path_mtu, qp_state, qp_type as decode_qp_type, to_engine_attr, BadValue, QpTypeError};
 
 impl Session {
     /// Dispatch one request to the handler of the object it names (one module per object).

@@ -8,9 +8,9 @@ use pmrxe_abi::ring::init_ring;
 use pmrxe_abi::{Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe};
 use pmrxe_runtime::lcore::{Cmd, QpSetup};
 use pmrxe_runtime::shm::Segment;
-use pmrxe_transport::{AttrMask, Qp, QpAttr, QpCaps, QpType};
+use pmrxe_transport::{AttrMask, Qp, QpAttr, QpCaps};
 
-use super::attr::{from_engine_attr, mtu, to_engine_attr};
+use super::attr::{from_engine_attr, path_mtu, qp_type as decode_qp_type, to_engine_attr, QpTypeError};
 use pmrxe_config::LimitKind;
 
 use super::{drop_after_send, err, QpRec, Reply, Session};
@@ -35,11 +35,10 @@ impl Session {
                 return (err(libc::EINVAL, "CQ unknown or on another device"), vec![]);
             }
         }
-        let ty = match qp_type {
-            2 => QpType::Rc,
-            3 => QpType::Uc,
-            4 => QpType::Ud,
-            _ => return (err(libc::EOPNOTSUPP, "QP type must be RC, UC or UD"), vec![]),
+        let ty = match decode_qp_type(qp_type) {
+            Ok(t) => t,
+            Err(QpTypeError::Unsupported(_)) => return (err(libc::EOPNOTSUPP, "QP type must be RC, UC or UD"), vec![]),
+            Err(QpTypeError::Invalid(v)) => return (err(libc::EINVAL, &format!("qp_type {v} is not an ibv_qp_type")), vec![]),
         };
         let d = &sh.devices[device as usize].attr;
         if cap.max_send_wr > d.max_qp_wr || cap.max_recv_wr > d.max_qp_wr || cap.max_send_sge > d.max_sge || cap.max_recv_sge > d.max_sge || cap.max_inline_data > d.max_inline_data {
@@ -86,7 +85,8 @@ impl Session {
             };
             qp.set_sq_sig_all(sig_all);
             // UD messages may be as large as the port's active MTU (RC/UC get theirs at RTR).
-            qp.set_port_mtu(mtu(sh.devices[device as usize].port.active_mtu));
+            // The device's own MTU (`device::ibv_mtu`: always 1..=5), not a client's value.
+            qp.set_port_mtu(path_mtu(sh.devices[device as usize].port.active_mtu).unwrap_or_default());
             let setup = Box::new(QpSetup { qp, client: self.id, device, seg: seg.clone(), layout, send_cq, recv_cq, db_slot: slot as u16 });
             let r: Result<(), String> = lcore_call!(sh.lcores[lc], AddQp { setup: setup });
             match r {
@@ -114,7 +114,10 @@ impl Session {
         if mask & pmrxe_transport::AttrMask::QKEY.0 != 0 && attr.qkey & pmrxe_transport::PRIVILEGED_QKEY_BIT != 0 && !self.net_raw {
             return (err(libc::EPERM, "a privileged Q_Key (most significant bit set) needs CAP_NET_RAW"), vec![]);
         }
-        let a = Box::new(to_engine_attr(&attr));
+        let a = match to_engine_attr(&attr, AttrMask(mask)) {
+            Ok(a) => Box::new(a),
+            Err(e) => return (err(libc::EINVAL, &e.msg()), vec![]),
+        };
         let r: Result<(), i32> = lcore_call!(sh.lcores[q.lcore], ModifyQp { qpn: qpn, attr: a, mask: AttrMask(mask) });
         match r {
             Ok(()) => (Response::Ok, vec![]),
