@@ -19,6 +19,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pmrxe_service::native::{self, wqe, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions, ShmCqe};
@@ -78,6 +79,17 @@ pub struct BenchArgs {
     /// an empty value for none).
     #[arg(long, value_delimiter = ',', default_values_t = [64usize, 256, 1024])]
     pub crc_frames: Vec<usize>,
+    /// Only measure what a hand-off between two CPUs costs (no service): one cache line
+    /// bounced between the driver's CPU (`--cpu`) and `--peer-cpu` (an atomic ping-pong), and
+    /// the shape of a posted operation's round trip through the shared rings (a one-SGE send
+    /// WQE staged and published by one side, consumed by the other, which answers with a
+    /// 64-byte completion on a second ring). A floor under the loopback latency, whose every
+    /// operation crosses between the client's CPU and the lcore's twice.
+    #[arg(long)]
+    pub c2c: bool,
+    /// With `--c2c`: the other CPU (the loopback configuration's lcore runs on CPU 1).
+    #[arg(long, default_value_t = 1)]
+    pub peer_cpu: usize,
     /// Use a running service at this socket instead of spawning one.
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -205,6 +217,12 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         let c = crc_limits(plan.dur, &args.crc_frames);
         print_crc(&c);
         out["crc"] = c;
+        return write_json(args, &out);
+    }
+    if args.c2c {
+        let c = c2c_limits(args.cpu, args.peer_cpu, plan.dur)?;
+        print_c2c(&c);
+        out["c2c"] = c;
         return write_json(args, &out);
     }
     if args.memcpy {
@@ -794,6 +812,223 @@ fn memcpy_limits(sizes: &[usize], dur: Duration) -> Vec<Value> {
         v.push(json!({"size": size, "gb_per_s": (n * size as u64) as f64 / secs / 1e9, "copies": n, "seconds": secs}));
     }
     v
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-CPU hand-off limits.
+
+/// 64-byte aligned, zeroed memory for the rings of [`c2c_limits`], freed on drop.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len.max(64), 64).expect("ring layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Aligned { ptr, layout }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// Round trips between this thread (on `cpu`) and a peer thread (on `peer`), in batches of
+/// `BATCH`: `step(i)` runs here and spins until the peer's answer to round `i` is visible;
+/// `answer(i)` runs on the peer and answers round `i` if its request is visible (true) or
+/// returns false at once. Returns one round trip's ns per batch (the batch's mean), sorted.
+fn ping_pong(cpu: usize, peer: usize, dur: Duration, mut step: impl FnMut(u32) + Send, answer: impl FnMut(u32) -> bool + Send) -> io::Result<Vec<f64>> {
+    const BATCH: u32 = 100;
+    let stop = std::sync::atomic::AtomicU32::new(u32::MAX);
+    let pinned = std::sync::atomic::AtomicBool::new(true);
+    let mut per = Vec::new();
+    std::thread::scope(|sc| {
+        let (stop, pinned) = (&stop, &pinned);
+        sc.spawn(move || {
+            let mut answer = answer;
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: peer }) {
+                pinned.store(false, Ordering::Relaxed);
+            }
+            let mut i = 0u32;
+            while i != stop.load(Ordering::Relaxed) {
+                if answer(i) {
+                    i = i.wrapping_add(1);
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+            pinned.store(false, Ordering::Relaxed);
+        }
+        let t0 = Instant::now();
+        let mut i = 0u32;
+        // Warm-up batches, then measured ones until the duration is spent.
+        while t0.elapsed() < dur || per.len() < 20 {
+            let b0 = Instant::now();
+            for _ in 0..BATCH {
+                step(i);
+                i = i.wrapping_add(1);
+            }
+            if i > 10 * BATCH {
+                per.push(b0.elapsed().as_nanos() as f64 / f64::from(BATCH));
+            }
+        }
+        // Every round before `i` is answered; the peer stops when it gets to round `i`.
+        stop.store(i, Ordering::Relaxed);
+    });
+    if !pinned.load(Ordering::Relaxed) {
+        return Err(io::Error::other(format!("could not pin the ping-pong threads to CPUs {cpu} and {peer}")));
+    }
+    per.sort_by(f64::total_cmp);
+    Ok(per)
+}
+
+/// The cross-CPU limits: a cache line's round trip between `cpu` and `peer`, and a post +
+/// completion round trip through two shared rings of the client ABI's entry types.
+fn c2c_limits(cpu: usize, peer: usize, dur: Duration) -> io::Result<Value> {
+    use pmrxe_abi::ring::{init_ring, ring_bytes, Consumer, Producer};
+    use pmrxe_abi::ShmSendWqe;
+    use std::sync::atomic::AtomicU32;
+    let stats = |v: &[f64]| {
+        let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+        json!({ "min_ns": v[0], "p50_ns": q(0.5), "p99_ns": q(0.99), "batches": v.len() })
+    };
+    // 1. One cache line each way: `ping` written here, `pong` by the peer.
+    #[repr(C, align(64))]
+    struct Line(AtomicU32);
+    let (ping, pong) = (Line(AtomicU32::new(u32::MAX)), Line(AtomicU32::new(u32::MAX)));
+    let line = ping_pong(
+        cpu,
+        peer,
+        dur,
+        |i| {
+            ping.0.store(i, Ordering::Release);
+            while pong.0.load(Ordering::Acquire) != i {
+                std::hint::spin_loop();
+            }
+        },
+        |i| {
+            if ping.0.load(Ordering::Acquire) != i {
+                return false;
+            }
+            pong.0.store(i, Ordering::Release);
+            true
+        },
+    )?;
+    // 2. The rings: a one-SGE send WQE one way (its head and SGE: two lines, plus the
+    // producer index), a completion back (one line, plus the index); each side releases the
+    // slots it consumed, as the shim and the lcore do.
+    const CAP: u32 = 64;
+    let (sq_len, cq_len) = (ring_bytes::<ShmSendWqe>(CAP), ring_bytes::<ShmCqe>(CAP));
+    let (sq_mem, cq_mem) = (Aligned::new(sq_len), Aligned::new(cq_len));
+    // SAFETY: fresh, 64-byte aligned allocations of the sizes the rings need, not yet shared.
+    unsafe {
+        init_ring::<ShmSendWqe>(sq_mem.ptr, CAP).map_err(|e| io::Error::other(e.to_string()))?;
+        init_ring::<ShmCqe>(cq_mem.ptr, CAP).map_err(|e| io::Error::other(e.to_string()))?;
+    }
+    // SAFETY: the allocations outlive the handles (dropped at the end of this function, after
+    // the scope in `ping_pong` joined the peer); one producer and one consumer per ring.
+    let (mut sq_p, mut sq_c, mut cq_p, mut cq_c) = unsafe {
+        let e = |e: pmrxe_abi::ring::RingError| io::Error::other(e.to_string());
+        (
+            Producer::<ShmSendWqe>::attach(sq_mem.ptr, sq_len, CAP).map_err(e)?,
+            Consumer::<ShmSendWqe>::attach(sq_mem.ptr, sq_len, CAP).map_err(e)?,
+            Producer::<ShmCqe>::attach(cq_mem.ptr, cq_len, CAP).map_err(e)?,
+            Consumer::<ShmCqe>::attach(cq_mem.ptr, cq_len, CAP).map_err(e)?,
+        )
+    };
+    // The doorbell the shim rings after publishing (slot 5 of one lcore's row), and the
+    // lcore's side of it: the summary word polled, then swapped, then the word swapped.
+    let row_mem = Aligned::new(std::mem::size_of::<pmrxe_abi::DoorbellRow>());
+    // SAFETY: 64-byte aligned, zeroed memory of the row's size; all-zero atomics are valid
+    // values, and the row is only used through atomics while `row_mem` lives.
+    let row = unsafe { &*row_mem.ptr.cast::<pmrxe_abi::DoorbellRow>() };
+    let mut wqe = ShmSendWqe { num_sge: 1, length: 8, ..Default::default() };
+    let mut seen = ShmSendWqe::default();
+    let mut post_round_trip = |doorbell: bool| {
+        let (sq_p, sq_c, cq_p, cq_c, wqe, seen) = (&mut sq_p, &mut sq_c, &mut cq_p, &mut cq_c, &mut wqe, &mut seen);
+        ping_pong(
+            cpu,
+            peer,
+            dur,
+            move |i| {
+                wqe.wr_id = u64::from(i);
+                while sq_p.stage_prefixed(wqe).is_err() {
+                    std::hint::spin_loop();
+                }
+                sq_p.publish();
+                if doorbell {
+                    row.ring(5);
+                }
+                loop {
+                    match cq_c.pop() {
+                        Ok(Some(c)) if c.wr_id == u64::from(i) => break,
+                        Ok(Some(c)) => panic!("c2c: completion {} for round {i}", c.wr_id),
+                        Ok(None) => std::hint::spin_loop(),
+                        Err(e) => panic!("c2c: completion ring: {e}"),
+                    }
+                }
+            },
+            move |i| {
+                if doorbell {
+                    if row.summary.load(Ordering::Relaxed) == 0 {
+                        return false;
+                    }
+                    let words = row.summary.swap(0, Ordering::Acquire);
+                    if words & 1 == 0 || row.words[0].swap(0, Ordering::Acquire) & (1 << 5) == 0 {
+                        panic!("c2c: doorbell 5 not rung (summary {words:#x})");
+                    }
+                }
+                if !sq_c.peek_into(seen).expect("c2c: send ring") {
+                    assert!(!doorbell, "c2c: doorbell rung before the WQE was published");
+                    return false;
+                }
+                assert_eq!(seen.wr_id, u64::from(i), "c2c: WQE out of order");
+                sq_c.advance();
+                sq_c.release();
+                let c = ShmCqe { wr_id: seen.wr_id, byte_len: 8, ..Default::default() };
+                while cq_p.stage_words(c.to_words()).is_err() {
+                    std::hint::spin_loop();
+                }
+                cq_p.publish();
+                true
+            },
+        )
+    };
+    let rings = post_round_trip(false)?;
+    let doorbell = post_round_trip(true)?;
+    let (l50, r50) = (stats(&line)["p50_ns"].as_f64().unwrap_or(0.0), stats(&rings)["p50_ns"].as_f64().unwrap_or(0.0));
+    Ok(json!({
+        "cpus": [cpu, peer],
+        "line_round_trip": stats(&line),
+        "ring_round_trip": stats(&rings),
+        "doorbell_round_trip": stats(&doorbell),
+        "ring_over_line": if l50 > 0.0 { r50 / l50 } else { 0.0 },
+    }))
+}
+
+fn print_c2c(v: &Value) {
+    let g = |p: &str, k: &str| v[p][k].as_f64().unwrap_or(0.0);
+    println!("cross-CPU hand-offs between CPU {} and CPU {} (ns per round trip, means of 100-round batches)", v["cpus"][0], v["cpus"][1]);
+    println!("  {:<46} {:>8} {:>8} {:>8}", "", "min", "p50", "p99");
+    for (k, label) in [
+        ("line_round_trip", "one cache line each way (atomic ping-pong)"),
+        ("ring_round_trip", "send WQE + completion through shared rings"),
+        ("doorbell_round_trip", "the same with the doorbell rung and polled"),
+    ] {
+        println!("  {label:<46} {:>8.0} {:>8.0} {:>8.0}", g(k, "min_ns"), g(k, "p50_ns"), g(k, "p99_ns"));
+    }
+    println!("  a ring round trip costs {:.1} cache-line round trips (p50)", v["ring_over_line"].as_f64().unwrap_or(0.0));
 }
 
 // ---------------------------------------------------------------------------------------------
