@@ -31,7 +31,7 @@ fn run_ops(sim: &mut Sim, n: usize, mk: &dyn Fn(u64) -> SendWqe) {
         sim.nodes[A].post_send(1, now, mk(i as u64).flags(flags)).unwrap();
     }
     sim.drive(10_000_000).unwrap();
-    while sim.nodes[A].engine.poll_completion().is_some() {}
+    sim.nodes[A].collect();
     sim.nodes[A].cqes.clear();
     sim.nodes[B].cqes.clear();
 }

@@ -186,9 +186,26 @@ impl CompletionSink for Deferred {
 
 /// An embedder's completion handling for the QPs of an [`crate::Engine`]: like a
 /// [`CompletionSink`], given the attachment of the QP that completed (which names its CQs).
+///
+/// The sink may refuse a completion (its CQ is full); the engine keeps it in the QP, in order,
+/// and [`crate::Engine::deliver`] retries it through a [`Delivery`].
 pub trait Completions<X> {
     /// Take `c` for `side` of the QP whose attachment is `ext`; false if that CQ is full.
     fn complete(&mut self, ext: &X, side: CqSide, c: &Cqe) -> bool;
+}
+
+/// The end of a pass's completion work ([`crate::Engine::deliver`]): completions as in
+/// [`Completions`], plus what the engine decides there. A CQ that still refuses a kept
+/// completion has overflowed: the engine reports [`Delivery::overflow`] and moves the QP to
+/// ERROR (IBTA 11.4.2.1: a CQ overrun is a CQ error; the QPs completing into it cannot go
+/// on). Nothing is lost: the QP keeps its completions until the consumer makes room.
+pub trait Delivery<X>: Completions<X> {
+    /// The `side` CQ of QP `qpn` (attachment `ext`) refused a completion again when
+    /// [`crate::Engine::deliver`] retried it: an overflow (the embedder reports
+    /// IBV_EVENT_CQ_ERR for that CQ). The engine moves the QP to ERROR right after.
+    fn overflow(&mut self, ext: &X, qpn: u32, side: CqSide);
+    /// An asynchronous event of QP `qpn` (attachment `ext`).
+    fn event(&mut self, ext: &X, qpn: u32, ev: crate::qp::AsyncEvent);
 }
 
 /// A [`Completions`] bound to one QP's attachment: the sink passed to that QP's calls.

@@ -23,10 +23,11 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::cq::{Bound, Completions, CqSide, Cqe};
+use crate::attr::{AttrMask, QpAttr, QpState};
+use crate::cq::{Bound, Completions, Delivery};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
-use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
+use crate::qp::{PostError, Qp, Transmit};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::timers::Instant;
@@ -486,9 +487,14 @@ impl<X> Engine<X> {
         }
     }
 
-    /// Visit every QP holding async events or completions its CQ refused; `f` returns true to
-    /// keep the QP on the pending list (e.g. its CQ is still full) for the next call.
-    pub fn drain_pending(&mut self, mut f: impl FnMut(&mut Qp, &mut X) -> bool) -> bool {
+    /// The end of a pass's completion work: every QP holding completions its CQ refused
+    /// retries them into `out`, and one whose CQ still refuses has overflowed:
+    /// [`Delivery::overflow`] is reported and the QP goes to ERROR (its flushed WRs queue
+    /// behind the refused completion; nothing is lost: they wait in the QP, in order, until the
+    /// consumer makes room). Then every asynchronous event goes to [`Delivery::event`].
+    /// Completions of calls made on a QP directly with the [`crate::cq::Deferred`] sink are
+    /// delivered here too. Returns whether any QP had something.
+    pub fn deliver<C: Delivery<X> + ?Sized>(&mut self, out: &mut C) -> bool {
         if self.pending.is_empty() {
             return false;
         }
@@ -497,8 +503,22 @@ impl<X> Engine<X> {
         for &s in &list {
             let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             e.pending = false;
-            let keep = f(&mut e.qp, &mut e.ext);
-            if keep || e.qp.has_output() {
+            let mut sink = Bound { out: &mut *out, ext: &e.ext };
+            let kept = e.qp.drain_completions(&mut sink);
+            if kept {
+                if let Some(side) = e.qp.kept_side() {
+                    sink.out.overflow(sink.ext, e.qp.qpn(), side);
+                }
+                if e.qp.state() != QpState::Err {
+                    let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+                    let _ = e.qp.modify(&a, AttrMask::STATE, &mut sink);
+                }
+            }
+            let qpn = e.qp.qpn();
+            while let Some(ev) = e.qp.poll_event() {
+                out.event(&e.ext, qpn, ev);
+            }
+            if e.qp.has_output() {
                 e.pending = true;
                 self.pending.push(s);
             }
@@ -508,40 +528,6 @@ impl<X> Engine<X> {
         list.clear();
         self.pending_spare = list;
         true
-    }
-
-    /// Next completion any QP kept: refused by its sink, or produced by a call made on the QP
-    /// directly with the [`crate::cq::Deferred`] sink (the simulator collects them after each
-    /// step; the runtime retries them through [`Engine::drain_pending`]).
-    pub fn poll_completion(&mut self) -> Option<(u32, CqSide, Cqe)> {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let s = self.pending[i] as usize;
-            if let Some(e) = self.entries[s].as_deref_mut() {
-                if let Some((side, c)) = e.qp.poll_completion() {
-                    return Some((e.qp.qpn(), side, c));
-                }
-                if e.qp.has_output() {
-                    i += 1;
-                    continue;
-                }
-                e.pending = false;
-            }
-            self.pending.remove(i);
-        }
-        None
-    }
-
-    /// Next async event of any QP.
-    pub fn poll_event(&mut self) -> Option<(u32, AsyncEvent)> {
-        for &s in &self.pending {
-            if let Some(e) = self.entries[s as usize].as_deref_mut() {
-                if let Some(ev) = e.qp.poll_event() {
-                    return Some((e.qp.qpn(), ev));
-                }
-            }
-        }
-        None
     }
 
     /// Is any QP ready to send?

@@ -59,7 +59,7 @@ pub mod wqe;
 
 pub use engine::{AddError, Engine, QpnLayout};
 pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
-pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, WcFlags, WcOpcode, WcStatus};
+pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, Delivery, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
 pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType};

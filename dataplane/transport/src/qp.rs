@@ -592,6 +592,11 @@ impl Qp {
         false
     }
 
+    /// The CQ side of the first completion the QP kept (the one its CQ refused).
+    pub(crate) fn kept_side(&self) -> Option<CqSide> {
+        self.cqes.front().map(|(side, _)| *side)
+    }
+
     /// Next completion the QP kept, in order per side.
     #[must_use]
     pub fn poll_completion(&mut self) -> Option<(CqSide, Cqe)> {

@@ -21,7 +21,7 @@ use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cq::{Completions, CqSide, Cqe, Deferred};
+use crate::cq::{Completions, CqSide, Cqe, Deferred, Delivery};
 use crate::engine::Engine;
 use crate::AddressVector;
 use crate::packet::RxPacket;
@@ -100,12 +100,33 @@ pub struct Impairments {
 
 type Filter = Box<dyn FnMut(&PacketInfo) -> Option<Fault>>;
 
-/// The simulator's CQ: every completion joins its node's log the moment the QP produces it (a
-/// CQ that never fills), as the lcore's sink stages it into the consumer's ring.
-impl<X> Completions<X> for VecDeque<(u32, CqSide, Cqe)> {
+/// The simulator's CQ: every completion joins its node's log the moment the QP produces it, as
+/// the lcore's sink stages it into the consumer's ring; with a limit set
+/// ([`Node::cq_limit`]) it refuses completions while the log holds that many, as a full CQ
+/// ring does, and records the overflows the engine reports.
+struct NodeCq<'a> {
+    log: &'a mut VecDeque<(u32, CqSide, Cqe)>,
+    events: &'a mut VecDeque<(u32, AsyncEvent)>,
+    limit: Option<usize>,
+    overflows: &'a mut Vec<(u32, CqSide)>,
+}
+
+impl<X> Completions<X> for NodeCq<'_> {
     fn complete(&mut self, _ext: &X, side: CqSide, c: &Cqe) -> bool {
-        self.push_back((c.qp_num, side, *c));
+        if self.limit.is_some_and(|l| self.log.len() >= l) {
+            return false;
+        }
+        self.log.push_back((c.qp_num, side, *c));
         true
+    }
+}
+
+impl<X> Delivery<X> for NodeCq<'_> {
+    fn overflow(&mut self, _ext: &X, qpn: u32, side: CqSide) {
+        self.overflows.push((qpn, side));
+    }
+    fn event(&mut self, _ext: &X, qpn: u32, ev: AsyncEvent) {
+        self.events.push_back((qpn, ev));
     }
 }
 
@@ -126,6 +147,11 @@ pub struct Node {
     pub cqes: VecDeque<(u32, CqSide, Cqe)>,
     /// Events collected by `drive`.
     pub events: VecDeque<(u32, AsyncEvent)>,
+    /// The node's CQ refuses completions while [`Node::cqes`] holds this many (`None`: never
+    /// full): a consumer that does not poll, for CQ overflow scenarios.
+    pub cq_limit: Option<usize>,
+    /// CQ overflows the engine reported: (QPN, side), once per refused retry.
+    pub cq_overflows: Vec<(u32, CqSide)>,
     /// Frames dropped by the receive parser (bad ICRC, malformed).
     pub rx_parse_drops: u64,
 }
@@ -134,7 +160,7 @@ impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
         let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
-        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), rx_parse_drops: 0 }
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), rx_parse_drops: 0 }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -155,35 +181,43 @@ impl Node {
     pub fn qp_mut(&mut self, qpn: u32) -> &mut Qp {
         self.engine.qp_mut(qpn).expect("no such QP")
     }
+    /// The engine, the memory reader and the node's CQ, borrowed apart.
+    fn parts(&mut self) -> (&mut Engine, &Reader, NodeCq<'_>) {
+        let cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
+        (&mut self.engine, &self.mem, cq)
+    }
     /// Post a send WR to `qpn` (its completions join [`Node::cqes`]).
     pub fn post_send(&mut self, qpn: u32, now: Instant, wqe: SendWqe) -> Result<(), PostError> {
-        self.engine.post_send(qpn, now, wqe, &mut self.cqes)
+        let (engine, _, mut cq) = self.parts();
+        engine.post_send(qpn, now, wqe, &mut cq)
     }
     /// Post a receive WR to `qpn` (its completions join [`Node::cqes`]).
     pub fn post_recv(&mut self, qpn: u32, wqe: &RecvWqe) -> Result<(), PostError> {
-        self.engine.post_recv(qpn, wqe, &mut self.cqes)
+        let (engine, _, mut cq) = self.parts();
+        engine.post_recv(qpn, wqe, &mut cq)
     }
     /// Hand a packet to the QP it is for (see [`Engine::handle_packet`]).
     pub fn handle_packet(&mut self, now: Instant, pkt: &RxPacket<'_>) -> bool {
-        self.engine.handle_packet(now, pkt, &self.mem, &mut self.cqes)
+        let (engine, mem, mut cq) = self.parts();
+        engine.handle_packet(now, pkt, mem, &mut cq)
     }
     /// Next packet of any ready QP (see [`Engine::poll_transmit`]).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        self.engine.poll_transmit(now, &self.mem, buf, &mut self.cqes)
+        let (engine, mem, mut cq) = self.parts();
+        engine.poll_transmit(now, mem, buf, &mut cq)
     }
     /// Service the expired timers (see [`Engine::handle_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) -> bool {
-        self.engine.handle_timeout(now, &self.mem, &mut self.cqes)
+        let (engine, mem, mut cq) = self.parts();
+        engine.handle_timeout(now, mem, &mut cq)
     }
-    /// Completions and events the QPs kept (completions of calls made on a QP directly, with
-    /// the [`crate::cq::Deferred`] sink) join the logs.
+    /// The end of a step's completion work ([`Engine::deliver`], as the lcore's pass ends):
+    /// completions the QPs kept (refused by a full CQ, or from calls made on a QP directly with
+    /// the [`crate::cq::Deferred`] sink) are retried into the CQ, overflows are recorded in
+    /// [`Node::cq_overflows`], events join [`Node::events`].
     pub fn collect(&mut self) {
-        while let Some(c) = self.engine.poll_completion() {
-            self.cqes.push_back(c);
-        }
-        while let Some(e) = self.engine.poll_event() {
-            self.events.push_back(e);
-        }
+        let (engine, _, mut cq) = self.parts();
+        engine.deliver(&mut cq);
     }
     /// Completions of `qpn` on `side` collected so far (removed from the log).
     pub fn take_cqes(&mut self, qpn: u32, side: CqSide) -> Vec<Cqe> {

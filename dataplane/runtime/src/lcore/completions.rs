@@ -2,7 +2,7 @@
 //! are produced (one publish per CQ and one fence per iteration for all CQs written), CQ
 //! overflow, asynchronous events, and completion events for armed CQs.
 use super::*;
-use pmrxe_transport::Bound;
+use pmrxe_transport::{Bound, Delivery};
 
 /// Where a QP's completions go: its CQs, and the retired count of its own receive ring. (A
 /// part of the QP's slot of its own, so a sink can read it while the lcore holds the slot's
@@ -21,20 +21,19 @@ pub(super) struct CqTarget {
 
 /// The lcore's completion sink: each CQE the engine produces is staged straight into its CQ's
 /// shared ring (the CQ is marked for the one publish of the iteration); a full CQ refuses it,
-/// the QP keeps it, and [`Lcore::deliver_completions`] handles the overflow.
+/// the QP keeps it, and the engine's `deliver` (called by [`Lcore::deliver_completions`])
+/// decides the overflow.
 pub(super) struct CqWriter<'a> {
     cqs: &'a mut Vec<Option<CqSlot>>,
     dirty: &'a mut Vec<usize>,
     stats: &'a LcoreStats,
-    /// The CQ that last refused a completion (`NONE`: none did).
-    full: usize,
+    /// The clients (CQ_ERR and QP events go to them); only the end-of-pass delivery has them.
+    clients: &'a [ClientSlot],
 }
 
 impl<'a> CqWriter<'a> {
-    const NONE: usize = usize::MAX;
-
     pub(super) fn new(cqs: &'a mut Vec<Option<CqSlot>>, dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
-        CqWriter { cqs, dirty, stats, full: Self::NONE }
+        CqWriter { cqs, dirty, stats, clients: &[] }
     }
 
     /// The sink for calls into the QP whose completions go to `to`.
@@ -52,7 +51,6 @@ impl Completions<CqTarget> for CqWriter<'_> {
         let Some(cq) = self.cqs.get_mut(ci).and_then(Option::as_mut) else { return true };
         if cq.ring.stage_words(convert::cqe(c).to_words()).is_err() {
             // Full, or a consumer index the client corrupted: either way no room.
-            self.full = ci;
             return false;
         }
         if side == CqSide::Recv && to.own_rq {
@@ -82,44 +80,40 @@ impl Completions<QpSlot> for CqWriter<'_> {
     }
 }
 
+impl Delivery<QpSlot> for CqWriter<'_> {
+    /// The CQ reports IBV_EVENT_CQ_ERR to its client once (the engine moves the QP to ERROR).
+    fn overflow(&mut self, s: &QpSlot, _qpn: u32, side: CqSide) {
+        bump(&self.stats.cq_full, 1);
+        let ci = if side == CqSide::Send { s.cq.send } else { s.cq.recv };
+        if let Some(cq) = self.cqs.get(ci).and_then(Option::as_ref) {
+            if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
+                if let Some(cl) = self.clients.iter().find(|cl| cl.id == s.client) {
+                    cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
+                }
+            }
+        }
+    }
+    fn event(&mut self, s: &QpSlot, qpn: u32, ev: pmrxe_transport::AsyncEvent) {
+        if let Some(c) = self.clients.iter().find(|c| c.id == s.client) {
+            let element = match ev {
+                pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
+                _ => qpn,
+            };
+            c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
+        }
+    }
+}
+
 impl<L: Port> Lcore<L> {
-    /// The end of an iteration's completion work. QPs that kept completions (their CQ was
-    /// full) retry them; a CQ still full is an overflow: the CQ reports IBV_EVENT_CQ_ERR once
-    /// and the QP goes to ERROR (IBTA), its completions kept until the consumer makes room, so
-    /// nothing is lost. Asynchronous events go to their clients. Then every CQ written this
-    /// iteration (here or, mostly, while the engine worked) is published.
+    /// The end of an iteration's completion work: the engine retries the completions QPs
+    /// kept (their CQ was full) and decides overflows (`Engine::deliver`: the CQ reports
+    /// IBV_EVENT_CQ_ERR once through [`CqWriter`], the QP goes to ERROR, its completions kept
+    /// until the consumer makes room); asynchronous events go to their clients. Then every CQ
+    /// written this iteration (here or, mostly, while the engine worked) is published.
     pub(super) fn deliver_completions(&mut self, _now: Instant) -> bool {
-        let (clients, stats) = (&self.clients, &*self.stats);
-        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
-        let mut any = self.engine.drain_pending(|qp, s| {
-            w.full = CqWriter::NONE;
-            let kept = qp.drain_completions(&mut w.sink(&s.cq));
-            let ci = w.full;
-            if kept && ci != CqWriter::NONE {
-                bump(&stats.cq_full, 1);
-                if let Some(cq) = w.cqs.get(ci).and_then(Option::as_ref) {
-                    if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
-                        if let Some(cl) = clients.iter().find(|cl| cl.id == s.client) {
-                            cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
-                        }
-                    }
-                }
-                if qp.state() != pmrxe_transport::QpState::Err {
-                    fatal(qp, &mut w.sink(&s.cq));
-                }
-            }
-            while let Some(ev) = qp.poll_event() {
-                if let Some(c) = clients.iter().find(|c| c.id == s.client) {
-                    let element = match ev {
-                        pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
-                        _ => qp.qpn(),
-                    };
-                    c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
-                }
-            }
-            // Keep a QP whose completions wait for CQ room on the pending list.
-            kept
-        });
+        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        w.clients = &self.clients;
+        let mut any = self.engine.deliver(&mut w);
         if self.dirty_cqs.is_empty() {
             return any;
         }
