@@ -4,7 +4,7 @@
 #     checks, two real threads moving 2 000 items through a 16-slot ring: Miri checks the
 #     atomics' data-race freedom and every raw-pointer access), the client core's pure parts
 #     (errno mapping, empty-mapping refusal), the shared-memory layout (`layout::`: SGE and CQE
-#     word accessors, doorbell rows), the QP state table and control-message decoding of
+#     word accessors, doorbell rows), the QP state table (pmrxe-qp-table) and control-message decoding of
 #     garbage; not the tests over sockets (SOCK_SEQPACKET and SCM_RIGHTS are not emulated);
 #   * wire: tests/frames.rs (frame build/parse, ICRC, garbled and truncated frames) and the fuzz
 #     seed corpus through `parse_frame` (tests/fuzz_corpus.rs). The crate has no unsafe code
@@ -70,7 +70,8 @@ part() {
 }
 for p in "${parts[@]}"; do
   case $p in
-    abi) part abi cargo +nightly miri test -p pmrxe-abi --lib -- ring:: layout:: qp_table:: \
+    abi) part abi cargo +nightly miri test -p pmrxe-abi -p pmrxe-qp-table --lib -- ring:: layout:: \
+           every_state_pair_of_every_type every_single_attribute_is_judged perftest_and_pingpong_masks \
            client::tests::errno_of_each_error client::tests::empty_mapping_is_einval \
            ctrl::tests::garbage_decodes_to_an_error ;;
     wire) part wire cargo +nightly miri test -p pmrxe-wire --test frames --test fuzz_corpus ;;

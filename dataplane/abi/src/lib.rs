@@ -11,7 +11,9 @@
 //!   WQEs and CQEs — plus the per-object segment layouts (QP, CQ, SRQ, client page with its
 //!   doorbell bitmaps).
 //! * [`qp_table`]: the IBTA QP state-transition table in libibverbs numbers, the one both the
-//!   shim (early EINVAL) and the engine (the real transition) check against.
+//!   shim (early EINVAL) and the engine (the real transition) check against. It lives in its
+//!   own dependency-free crate (`pmrxe-qp-table`), re-exported here for the shim, so the
+//!   sans-IO transport can use it without linking this crate's sockets and serde.
 //! * [`client`]: the client core — connection, `Hello`, client page and doorbells, segment
 //!   mapping and ring attach — shared by the shim, the native harness and the tools.
 //! * [`ctrl`]: the versioned control protocol spoken over the service's Unix socket (object
@@ -27,7 +29,7 @@
 pub mod client;
 pub mod ctrl;
 pub mod layout;
-pub mod qp_table;
+pub use pmrxe_qp_table as qp_table;
 pub mod ring;
 mod sync;
 
