@@ -190,12 +190,32 @@ pub trait Handle: Sized {
     /// # Safety
     /// A non-NULL `p` must have been produced by this shim for a handle of type `Self` and not
     /// yet destroyed (the magic check catches some, not all, misuse).
-    unsafe fn from_c<'a>(p: *mut Self::C) -> Res<&'a mut Self> {
+    unsafe fn from_c<'a>(p: *mut Self::C) -> Res<&'a Self> {
         if p.is_null() {
             return Err(Errno::INVAL);
         }
         // SAFETY: `C` is the first field of a repr(C) `Self`, so the pointers coincide; the
-        // caller guarantees it is one of ours and alive.
+        // caller guarantees it is one of ours and alive. Shared, never `&mut`: verbs lets
+        // several application threads use one handle at once.
+        let h = unsafe { &*p.cast::<Self>() };
+        if h.magic() != Self::MAGIC {
+            return Err(Errno::INVAL);
+        }
+        Ok(h)
+    }
+
+    /// [`Handle::from_c`] for the one handle type whose calls librdmacm's rules serialise per
+    /// object (an `rdma_cm_id`: the shim's CM code still mutates it in place). Every other
+    /// handle is shared between application threads and is reached only through `from_c`.
+    ///
+    /// # Safety
+    /// As [`Handle::from_c`]; in addition no other reference to the handle may exist while the
+    /// returned one is used (no other thread in a call on the same object).
+    unsafe fn from_c_exclusive<'a>(p: *mut Self::C) -> Res<&'a mut Self> {
+        if p.is_null() {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: as in `from_c`; exclusivity is the caller's contract.
         let h = unsafe { &mut *p.cast::<Self>() };
         if h.magic() != Self::MAGIC {
             return Err(Errno::INVAL);

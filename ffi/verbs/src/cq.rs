@@ -30,19 +30,23 @@ pub struct CqRing {
 }
 
 /// A CQ handle; `ibv_cq` is the prefix of `ibv_cq_ex`, so one struct serves both APIs.
+///
+/// Several application threads may poll, arm and acknowledge one CQ at once, so the shim only
+/// ever holds `&ShimCq`: the consumer sits behind the ring's spinlock, the event counters are
+/// atomics, and the C struct (whose `wr_id`, `status`, `cqe` and `comp_events_completed` the
+/// application reads while we write them) lives in an `UnsafeCell`, reached field by field
+/// through [`ShimCq::ex`].
 #[repr(C)]
 pub struct ShimCq {
-    pub ex: ibv_cq_ex,
+    ex: std::cell::UnsafeCell<ibv_cq_ex>,
     magic: u64,
     pub handle: u32,
     ring: SpinLock<CqRing>,
     notify: *const CqNotify,
     _map: Mapping,
-    channel: *mut ShimChannel,
+    channel: *const ShimChannel,
     /// `CqNotify.events` value up to which events were queued for delivery.
     events_seen: AtomicU32,
-    /// Events acknowledged with ibv_ack_cq_events.
-    acked: AtomicU32,
 }
 handle!(ShimCq, ibv_cq_ex, 0x504d_5845_4351_3031);
 
@@ -51,9 +55,14 @@ impl ShimCq {
     ///
     /// # Safety
     /// As [`Handle::from_c`].
-    pub unsafe fn from_cq<'a>(cq: *mut ibv_cq) -> Res<&'a mut ShimCq> {
+    pub unsafe fn from_cq<'a>(cq: *mut ibv_cq) -> Res<&'a ShimCq> {
         // SAFETY: ibv_cq is the prefix of ibv_cq_ex, the first field of ShimCq.
         unsafe { ShimCq::from_c(cq.cast()) }
+    }
+    /// The C struct the application holds; read and write it one field at a time through
+    /// this pointer, never through a reference (the application reads it concurrently).
+    pub fn ex(&self) -> *mut ibv_cq_ex {
+        self.ex.get()
     }
     fn notify(&self) -> &CqNotify {
         // SAFETY: points into `_map`, which lives as long as `self`; fields are atomics.
@@ -218,7 +227,7 @@ fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
     // SAFETY: magic-checked.
     let c = unsafe { ShimContext::from_ctx(context) }?;
     // As the kernel: the vector must be one the context reported (num_comp_vectors).
-    if cqe <= 0 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
+    if cqe <= 0 || comp_vector < 0 || comp_vector >= c.num_comp_vectors() {
         return Err(Errno::INVAL);
     }
     let ch = if channel.is_null() {
@@ -242,15 +251,14 @@ fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, cha
     ex.cqe = cqe as c_int;
     let start = notify_events(notify);
     let b = Box::new(ShimCq {
-        ex,
+        ex: std::cell::UnsafeCell::new(ex),
         magic: ShimCq::MAGIC,
         handle: cq,
         ring: SpinLock::new(CqRing { cons, cur: None }),
         notify,
         _map: map,
-        channel: ch.map(|c| c as *mut ShimChannel).unwrap_or(std::ptr::null_mut()),
+        channel: ch.map(|c| c as *const ShimChannel).unwrap_or(std::ptr::null()),
         events_seen: AtomicU32::new(start),
-        acked: AtomicU32::new(0),
     });
     Ok(b)
 }
@@ -275,11 +283,11 @@ fn notify_events(n: *const CqNotify) -> u32 {
     unsafe { &*n }.events.load(Ordering::Acquire)
 }
 
-fn attach_to_channel(cq: &mut ShimCq) {
+fn attach_to_channel(cq: &ShimCq) {
     if !cq.channel.is_null() {
         // SAFETY: validated when the CQ was created; channels outlive their CQs (EBUSY).
         let ch = unsafe { &*cq.channel };
-        ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.push(cq as *mut ShimCq as usize);
+        ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.push(cq as *const ShimCq as usize);
     }
 }
 
@@ -297,7 +305,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         ret_ptr(create_cq(context, cqe, cq_context, channel, comp_vector).map(|b| {
             let p = Box::into_raw(b);
             // SAFETY: fresh allocation.
-            attach_to_channel(unsafe { &mut *p });
+            attach_to_channel(unsafe { &*p });
             // SAFETY: fresh allocation.
             crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
             p.cast::<ibv_cq>()
@@ -332,7 +340,7 @@ pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut
             }
             let vector = i32::try_from(a.comp_vector).map_err(|_| Errno::INVAL)?;
             let mut b = create_cq(context, a.cqe as c_int, a.cq_context, a.channel, vector)?;
-            let e = &mut b.ex;
+            let e = b.ex.get_mut();
             e.start_poll = Some(ex_start_poll);
             e.next_poll = Some(ex_next_poll);
             e.end_poll = Some(ex_end_poll);
@@ -348,7 +356,7 @@ pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut
             e.read_dlid_path_bits = Some(ex_read_dlid_path_bits);
             let p = Box::into_raw(b);
             // SAFETY: fresh allocation.
-            attach_to_channel(unsafe { &mut *p });
+            attach_to_channel(unsafe { &*p });
             // SAFETY: fresh allocation.
             crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
             Ok(p.cast::<ibv_cq_ex>())
@@ -358,22 +366,33 @@ pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut
 
 /// The CQ from an `ibv_cq_ex` callback (the pointer is ours by construction: only our CQs
 /// carry these callbacks).
-unsafe fn ex_cq<'a>(cq: *mut ibv_cq_ex) -> &'a mut ShimCq {
+///
+/// # Safety
+/// `cq` is the `ibv_cq_ex` of a live CQ of this shim (only they carry the callbacks).
+unsafe fn ex_cq<'a>(cq: *mut ibv_cq_ex) -> &'a ShimCq {
     // SAFETY: see above.
-    unsafe { &mut *cq.cast::<ShimCq>() }
+    unsafe { &*cq.cast::<ShimCq>() }
 }
 
 /// Position on the next CQE (consuming the current one); ENOENT when empty.
-fn ex_step(c: &mut ShimCq, consume_current: bool) -> c_int {
-    // SAFETY: the lock is held from start_poll to end_poll by this thread.
+///
+/// # Safety
+/// The calling thread holds `c.ring` (taken with `raw_lock` in `start_poll`).
+unsafe fn ex_step(c: &ShimCq, consume_current: bool) -> c_int {
+    // SAFETY: the lock is held from start_poll to end_poll by this thread (contract).
     let r = unsafe { c.ring.raw_get() };
     if consume_current && r.cur.take().is_some() {
         r.cons.advance();
     }
     match r.cons.peek() {
         Ok(Some(e)) => {
-            c.ex.wr_id = e.wr_id;
-            c.ex.status = e.status;
+            let x = c.ex();
+            // SAFETY: fields of our allocation inside the UnsafeCell, written through the raw
+            // pointer; the application reads them after this callback returns (same thread).
+            unsafe {
+                (*x).wr_id = e.wr_id;
+                (*x).status = e.status;
+            }
             r.cur = Some(e);
             0
         }
@@ -387,7 +406,8 @@ unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_a
         // SAFETY: only our CQs have this callback.
         let c = unsafe { ex_cq(cq) };
         c.ring.raw_lock();
-        let rc = ex_step(c, false);
+        // SAFETY: locked just above by this thread.
+        let rc = unsafe { ex_step(c, false) };
         if rc != 0 {
             // Per the API, end_poll is not called when start_poll fails.
             // SAFETY: locked just above by this thread.
@@ -399,7 +419,7 @@ unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_a
 
 unsafe extern "C" fn ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
     // SAFETY: only our CQs have this callback; lock held since start_poll.
-    ffi_boundary(libc::EIO, || ex_step(unsafe { ex_cq(cq) }, true))
+    ffi_boundary(libc::EIO, || unsafe { ex_step(ex_cq(cq), true) })
 }
 
 unsafe extern "C" fn ex_end_poll(cq: *mut ibv_cq_ex) {
@@ -465,7 +485,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             if !c.channel.is_null() {
                 // SAFETY: channels outlive their CQs (destroy_comp_channel refuses with EBUSY).
                 let ch = unsafe { &*c.channel };
-                let me = c as *mut ShimCq as usize;
+                let me = c as *const ShimCq as usize;
                 let mut st = ch.state.lock().unwrap_or_else(|e| e.into_inner());
                 st.cqs.retain(|x| *x != me);
                 st.pending.retain(|x| *x != me);
@@ -497,7 +517,9 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
             let r = client::existing()?.call_ok(&Request::ResizeCq { cq: c.handle, cqe: cqe as u32 });
             drop(ring);
             r?;
-            c.ex.cqe = cqe;
+            // SAFETY: a field of our allocation inside the UnsafeCell, written through the raw
+            // pointer (volatile: other threads of the application may read it).
+            unsafe { std::ptr::addr_of_mut!((*c.ex()).cqe).write_volatile(cqe) };
             Ok(())
         })())
     })
@@ -544,7 +566,7 @@ unsafe fn cq_event_step(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq
         // SAFETY: caller-provided out pointers.
         unsafe {
             *cq = p as *mut ibv_cq;
-            *cq_context = c.ex.cq_context;
+            *cq_context = (*c.ex()).cq_context;
         }
         return Ok(None);
     }
@@ -623,8 +645,12 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: std::os::ra
     ffi_boundary((), || {
         // SAFETY: magic-checked.
         if let Ok(c) = unsafe { ShimCq::from_cq(cq) } {
-            c.acked.fetch_add(nevents, Ordering::Relaxed);
-            c.ex.comp_events_completed = c.ex.comp_events_completed.wrapping_add(nevents);
+            // Several threads may acknowledge at once (libibverbs counts under the CQ's mutex):
+            // the count is only ever updated atomically here; the application just reads it.
+            // SAFETY: an aligned u32 field of our allocation inside the UnsafeCell, accessed
+            // by the shim only through atomics, for as long as the CQ lives.
+            let n = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*c.ex()).comp_events_completed)) };
+            n.fetch_add(nevents, Ordering::Relaxed);
         }
     })
 }

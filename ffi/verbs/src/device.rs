@@ -19,9 +19,13 @@ pub struct ShimDevice {
 handle!(ShimDevice, ibv_device, 0x504d_5845_4445_5631);
 
 /// An open device: the C `ibv_context` lives inside a `verbs_context` (extended ABI).
+///
+/// Every thread of the application uses its contexts, and libibverbs writes parts of the C
+/// struct itself (its mutex), so the shim holds only `&ShimContext` and the C struct lives in
+/// an `UnsafeCell`, reached through [`ShimContext::as_ctx`].
 #[repr(C)]
 pub struct ShimContext {
-    pub vctx: verbs_context,
+    vctx: std::cell::UnsafeCell<verbs_context>,
     magic: u64,
     /// Index into the client's device list.
     pub dev: u32,
@@ -42,12 +46,13 @@ impl ShimContext {
     ///
     /// # Safety
     /// A non-NULL `ctx` must have been returned by our `ibv_open_device` and not closed.
-    pub unsafe fn from_ctx<'a>(ctx: *mut ibv_context) -> Res<&'a mut ShimContext> {
+    pub unsafe fn from_ctx<'a>(ctx: *mut ibv_context) -> Res<&'a ShimContext> {
         if ctx.is_null() {
             return Err(Errno::INVAL);
         }
         // SAFETY: container_of: `ctx` points at `vctx.context` inside a ShimContext (caller).
-        let c = unsafe { &mut *ctx.cast::<u8>().sub(CTX_OFFSET).cast::<ShimContext>() };
+        // Shared, never `&mut`: every thread of the application uses its contexts.
+        let c = unsafe { &*ctx.cast::<u8>().sub(CTX_OFFSET).cast::<ShimContext>() };
         if c.magic != CTX_MAGIC {
             return Err(Errno::INVAL);
         }
@@ -55,8 +60,19 @@ impl ShimContext {
     }
 
     /// The `ibv_context` pointer handed to the application.
-    pub fn as_ctx(&mut self) -> *mut ibv_context {
-        &mut self.vctx.context
+    pub fn as_ctx(&self) -> *mut ibv_context {
+        self.vctx.get().cast::<u8>().wrapping_add(offset_of!(verbs_context, context)).cast()
+    }
+
+    /// `context->num_comp_vectors` (fixed at open).
+    pub fn num_comp_vectors(&self) -> c_int {
+        // SAFETY: a field of our allocation inside the UnsafeCell, read through a raw pointer.
+        unsafe { std::ptr::addr_of!((*self.as_ctx()).num_comp_vectors).read() }
+    }
+
+    /// `context->async_fd`: the duplicate of the service's async-event eventfd we own.
+    pub fn async_fd(&self) -> c_int {
+        self._async_fd.as_raw_fd()
     }
 
     /// The device this context was opened on.
@@ -232,7 +248,7 @@ pub fn open_with(device: *mut ibv_device, index: u32, cmd_fd: impl FnOnce() -> R
     c.ops.alloc_mw = Some(crate::mw::op_alloc_mw);
     c.ops.bind_mw = Some(crate::mw::op_bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::op_dealloc_mw);
-    let b = Box::new(ShimContext { vctx, magic: CTX_MAGIC, dev: index, _async_fd: async_fd, _cmd_fd: cmd_fd });
+    let b = Box::new(ShimContext { vctx: std::cell::UnsafeCell::new(vctx), magic: CTX_MAGIC, dev: index, _async_fd: async_fd, _cmd_fd: cmd_fd });
     let p = Box::into_raw(b);
     // SAFETY: `p` is a fresh, live allocation.
     Ok(unsafe { (*p).as_ctx() })
@@ -245,10 +261,12 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: validated by magic; the application gives up the context.
-            let c = unsafe { ShimContext::from_ctx(context) }?;
-            c.magic = 0;
-            // SAFETY: allocated by Box in `open`.
-            drop(unsafe { Box::from_raw(c as *mut ShimContext) });
+            unsafe { ShimContext::from_ctx(context) }?;
+            // SAFETY: allocated by Box in `open` (container_of as in `from_ctx`, from the
+            // application's pointer); no reference to it is used after this point.
+            let mut b = unsafe { Box::from_raw(context.cast::<u8>().sub(CTX_OFFSET).cast::<ShimContext>()) };
+            b.magic = 0;
+            drop(b);
             Ok(())
         })())
     })

@@ -39,7 +39,7 @@ unsafe fn async_event_step(context: *mut ibv_context, event: *mut ibv_async_even
     let r = (|| {
         // SAFETY: magic-checked; caller-provided out pointer.
         let (c, ev) = unsafe { (ShimContext::from_ctx(context)?, nonnull(event)?) };
-        let fd = c.vctx.context.async_fd;
+        let fd = c.async_fd();
         // SAFETY: fcntl on our own fd.
         let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
         loop {

@@ -192,8 +192,9 @@ fn import_mr(pd: *mut ibv_pd, mr_handle: u32) -> Res<*mut ibv_mr> {
     // dereferenced: a wrapper may outlive an unimported PD handle) and what the import copies.
     let mut found: Vec<(usize, u32, u32, usize, bool, u32)> = Vec::new();
     ShimMr::find_live(|m| {
-        if m.mr.handle == mr_handle {
-            found.push((m.mr.pd as usize, m.mr.lkey, m.mr.rkey, m.mr.length, m.fast, m.max_num_sg));
+        let r = m.mr();
+        if r.handle == mr_handle {
+            found.push((r.pd as usize, r.lkey, r.rkey, r.length, m.fast, m.max_num_sg));
         }
         false
     });
@@ -204,9 +205,7 @@ fn import_mr(pd: *mut ibv_pd, mr_handle: u32) -> Res<*mut ibv_mr> {
         .ok_or(Errno::INVAL)?;
     // As rdma-core (ibv_cmd_query_mr): keys and length of the MR, address NULL.
     let mr = ibv_mr { context: p.pd.context, pd, addr: std::ptr::null_mut(), length, handle: mr_handle, lkey, rkey };
-    let mut m = ShimMr::new_fast(mr, max_num_sg);
-    m.fast = fast;
-    Ok(m.into_c())
+    Ok(ShimMr::new(mr, fast, max_num_sg, Vec::new(), 0).into_c())
 }
 
 /// `ibv_import_mr@IBVERBS_1.10`: another handle on this process's live MR `mr_handle` of PD

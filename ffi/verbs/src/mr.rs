@@ -293,24 +293,61 @@ fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
 }
 
 /// An MR handle (also used by pmrxedv fast-registration MRs).
+///
+/// One MR may be used by several application threads at once (posting with its keys on one,
+/// `pmrxedv_update_fast_reg_key` or `ibv_rereg_mr` on another), so the shim only holds
+/// `&ShimMr`: what changes after creation is the C struct (keys, address, length: the
+/// application reads them, so it lives in an `UnsafeCell`, copied out by [`ShimMr::mr`] and
+/// rewritten only by [`ShimMr::update`]) and [`MrState`], behind a mutex.
 #[repr(C)]
 pub struct ShimMr {
-    pub mr: ibv_mr,
+    mr: std::cell::UnsafeCell<ibv_mr>,
     magic: u64,
-    /// Segment references held by this MR.
-    pub segs: Vec<u64>,
     /// Fast-registration MR (pmrxedv_alloc_mr).
     pub fast: bool,
     pub max_num_sg: u32,
-    /// The access flags registered (ibv_mr does not carry them; ibv_rereg_mr needs them).
-    pub access: u32,
+    state: Mutex<MrState>,
 }
 handle!(ShimMr, ibv_mr, 0x504d_5845_4d52_3031);
 
+/// What an MR changes after creation besides its C struct (under [`ShimMr`]'s mutex, which
+/// also serialises the shim's writes of the C struct).
+#[derive(Debug, Default)]
+pub struct MrState {
+    /// Segment references held by this MR.
+    pub segs: Vec<u64>,
+    /// The access flags registered (ibv_mr does not carry them; ibv_rereg_mr needs them).
+    pub access: u32,
+}
+
 impl ShimMr {
+    /// An MR handle over `mr` holding `segs` (registered with `access`).
+    pub fn new(mr: ibv_mr, fast: bool, max_num_sg: u32, segs: Vec<u64>, access: u32) -> Box<ShimMr> {
+        Box::new(ShimMr { mr: std::cell::UnsafeCell::new(mr), magic: ShimMr::MAGIC, fast, max_num_sg, state: Mutex::new(MrState { segs, access }) })
+    }
+
     /// A fast-registration MR (pmrxedv) with no segments yet.
     pub fn new_fast(mr: ibv_mr, max_num_sg: u32) -> Box<ShimMr> {
-        Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs: Vec::new(), fast: true, max_num_sg, access: 0 })
+        ShimMr::new(mr, true, max_num_sg, Vec::new(), 0)
+    }
+
+    /// A copy of the C struct (keys, address, length as last set).
+    pub fn mr(&self) -> ibv_mr {
+        // SAFETY: our allocation inside the UnsafeCell, copied out through a raw pointer (no
+        // reference to memory the application may write); the shim writes it only in
+        // `update`, so a torn copy needs the application to race its own key update.
+        unsafe { self.mr.get().read_volatile() }
+    }
+
+    /// Change the C struct and the state together, under the MR's mutex.
+    pub fn update<R>(&self, f: impl FnOnce(&mut ibv_mr, &mut MrState) -> R) -> R {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mr = self.mr();
+        let r = f(&mut mr, &mut st);
+        // SAFETY: as in `mr`: written back through the raw pointer, serialised with every
+        // other shim write by the mutex held here.
+        unsafe { self.mr.get().write_volatile(mr) };
+        r
     }
 }
 
@@ -357,7 +394,7 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_u
     let access = required_access(access);
     let (key, segs) = register(c, p, addr as u64, length as u64, iova, access, None)?;
     let mr = ibv_mr { context: p.pd.context, pd, addr, length, handle: key, lkey: key, rkey: key };
-    Ok(Box::new(ShimMr { mr, magic: ShimMr::MAGIC, segs, fast: false, max_num_sg: 0, access }).into_c())
+    Ok(ShimMr::new(mr, false, 0, segs, access).into_c())
 }
 
 /// # Safety
@@ -382,11 +419,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, len
 }
 
 /// Release an MR's key and its segment references.
-pub fn dereg(m: &mut ShimMr) -> Res<()> {
+pub fn dereg(m: &ShimMr) -> Res<()> {
     let c = client::existing()?;
     // The key the MR was created with (a fast-reg MR's lkey changes with its key byte).
-    c.call_ok(&Request::DeregMr { key: m.mr.handle })?;
-    let ids = std::mem::take(&mut m.segs);
+    c.call_ok(&Request::DeregMr { key: m.mr().handle })?;
+    let ids = m.update(|_, st| std::mem::take(&mut st.segs));
     SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &ids);
     Ok(())
 }
@@ -425,23 +462,27 @@ pub unsafe extern "C" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ib
             set_errno(libc::EINVAL);
             return IBV_REREG_MR_ERR_INPUT;
         }
-        let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { m.mr.pd };
+        let cur = m.mr();
+        let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { cur.pd };
         let (new_addr, new_len) =
-            if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (m.mr.addr, m.mr.length) };
-        let new_access = if flags as u32 & IBV_REREG_MR_CHANGE_ACCESS != 0 { required_access(access as c_uint) } else { m.access };
+            if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (cur.addr, cur.length) };
+        let old_access = m.update(|_, st| st.access);
+        let new_access = if flags as u32 & IBV_REREG_MR_CHANGE_ACCESS != 0 { required_access(access as c_uint) } else { old_access };
         // The keys stay (as mlx5; rxe for PD/access): the service changes the MR in place.
         // Segments of the new translation are referenced before the old ones are released.
         let r = (|| {
             // SAFETY: magic-checked.
             let p = unsafe { ShimPd::from_c(new_pd) }?;
             let c = client::existing()?;
-            let key = m.mr.lkey;
-            let iova = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { new_addr as u64 } else { m.mr.addr as u64 };
+            let key = cur.lkey;
+            let iova = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { new_addr as u64 } else { cur.addr as u64 };
             let (_, segs) = register(c, p, new_addr as u64, new_len as u64, iova, new_access, Some(key))?;
-            let old = std::mem::replace(&mut m.segs, segs);
+            let old = m.update(|mr, st| {
+                *mr = ibv_mr { context: p.pd.context, pd: new_pd, addr: new_addr, length: new_len, handle: key, lkey: key, rkey: key };
+                st.access = new_access;
+                std::mem::replace(&mut st.segs, segs)
+            });
             SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &old);
-            m.mr = ibv_mr { context: p.pd.context, pd: new_pd, addr: new_addr, length: new_len, handle: key, lkey: key, rkey: key };
-            m.access = new_access;
             Ok(())
         })();
         match r {

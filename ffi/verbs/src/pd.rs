@@ -23,7 +23,7 @@ impl ShimPd {
     }
 
     /// The context of this PD.
-    pub fn ctx(&self) -> Res<&'static mut ShimContext> {
+    pub fn ctx(&self) -> Res<&'static ShimContext> {
         // SAFETY: set by ibv_alloc_pd from a validated context.
         unsafe { ShimContext::from_ctx(self.pd.context) }
     }

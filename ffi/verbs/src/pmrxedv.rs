@@ -93,21 +93,25 @@ pub unsafe extern "C" fn pmrxedv_map_mr_sg(mr: *mut ibv_mr, sg_list: *const ibv_
                     let (_, ids) = segs.cover(c, a, l)?;
                     // Keep one reference per segment for the MR's lifetime.
                     let mut extra = Vec::new();
-                    for id in ids {
-                        if m.segs.contains(&id) {
-                            extra.push(id);
-                        } else {
-                            m.segs.push(id);
+                    m.update(|_, st| {
+                        for id in ids {
+                            if st.segs.contains(&id) {
+                                extra.push(id);
+                            } else {
+                                st.segs.push(id);
+                            }
                         }
-                    }
+                    });
                     segs.release(c, &extra);
                 }
             }
-            let (r, _) = c.call(&Request::MapMrSg { key: m.mr.handle, sg: sg.clone(), sg_offset: off, page_size: ps }, &[])?;
+            let (r, _) = c.call(&Request::MapMrSg { key: m.mr().handle, sg: sg.clone(), sg_offset: off, page_size: ps }, &[])?;
             let Response::Mapped { n } = r else { return Err(Errno(libc::EPROTO)) };
             let total: u64 = sg.iter().take(n as usize).map(|s| s.1).sum::<u64>() - off;
-            m.mr.addr = (sg[0].0 + off) as *mut std::ffi::c_void;
-            m.mr.length = total as usize;
+            m.update(|mr, _| {
+                mr.addr = (sg[0].0 + off) as *mut std::ffi::c_void;
+                mr.length = total as usize;
+            });
             if !sg_offset.is_null() {
                 // SAFETY: caller contract.
                 unsafe { *sg_offset = 0 };
@@ -128,8 +132,10 @@ pub unsafe extern "C" fn pmrxedv_update_fast_reg_key(mr: *mut ibv_mr, key_byte: 
     ffi_boundary((), || {
         // SAFETY: magic-checked.
         if let Ok(m) = unsafe { ShimMr::from_c(mr) } {
-            m.mr.lkey = (m.mr.lkey & !0xff) | u32::from(key_byte);
-            m.mr.rkey = (m.mr.rkey & !0xff) | u32::from(key_byte);
+            m.update(|mr, _| {
+                mr.lkey = (mr.lkey & !0xff) | u32::from(key_byte);
+                mr.rkey = (mr.rkey & !0xff) | u32::from(key_byte);
+            });
         }
     })
 }
@@ -154,15 +160,16 @@ pub unsafe extern "C" fn pmrxedv_post_reg_mr(qp: *mut ibv_qp, wr_id: u64, mr: *m
             if !m.fast || flags & !ALLOWED_FLAGS != 0 {
                 return Err(Errno::INVAL);
             }
+            let mr = m.mr();
             let w = ShmSendWqe {
                 wr_id,
                 opcode: wr_opcode::PMRXE_REG_MR,
                 send_flags: flags,
-                mr_key: m.mr.handle,
-                new_key: m.mr.rkey,
+                mr_key: mr.handle,
+                new_key: mr.rkey,
                 access,
-                remote_addr: m.mr.addr as u64,
-                length: m.mr.length as u64,
+                remote_addr: mr.addr as u64,
+                length: mr.length as u64,
                 ..Default::default()
             };
             post_one(qp, w)

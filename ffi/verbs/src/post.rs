@@ -82,13 +82,13 @@ fn may_inline(op: u32) -> bool {
 pub unsafe fn set_bind(w: &mut ShmSendWqe, mw: *mut ibv_mw, new_rkey: u32, info: &ibv_mw_bind_info) -> Res<()> {
     // SAFETY: caller contract (magic-checked).
     let mw = unsafe { ShimMw::from_c(mw) }?;
-    w.mw_key = mw.mw.rkey;
+    w.mw_key = mw.rkey();
     w.new_key = new_rkey;
     w.mr_key = if info.mr.is_null() {
         0 // unbind (zero-length)
     } else {
         // SAFETY: caller contract (magic-checked).
-        unsafe { ShimMr::from_c(info.mr) }?.mr.lkey
+        unsafe { ShimMr::from_c(info.mr) }?.mr().lkey
     };
     w.remote_addr = info.addr;
     w.length = info.length;

@@ -30,9 +30,15 @@ pub struct SqState {
 }
 
 /// A QP handle. `ibv_qp` is the first member of `ibv_qp_ex`, which is our first field.
+///
+/// Verbs lets several application threads use one QP at once, so the shim only ever holds
+/// `&ShimQp`: the send and receive producers sit behind their spinlocks, everything else is
+/// fixed at creation except the C struct, which the application reads and writes too
+/// (`qp->state`, `qpx->wr_id`, ...): it lives in an `UnsafeCell` and is reached through raw
+/// pointers ([`ShimQp::state`], [`ShimQp::set_state`], [`ShimQp::ex`]).
 #[repr(C)]
 pub struct ShimQp {
-    pub ex: ibv_qp_ex,
+    ex: std::cell::UnsafeCell<ibv_qp_ex>,
     magic: u64,
     pub qpn: u32,
     pub sq: SpinLock<SqState>,
@@ -50,7 +56,7 @@ impl ShimQp {
     ///
     /// # Safety
     /// As [`Handle::from_c`].
-    pub unsafe fn from_qp<'a>(qp: *mut ibv_qp) -> Res<&'a mut ShimQp> {
+    pub unsafe fn from_qp<'a>(qp: *mut ibv_qp) -> Res<&'a ShimQp> {
         // SAFETY: ibv_qp is the first member of ibv_qp_ex, our first field.
         unsafe { ShimQp::from_c(qp.cast()) }
     }
@@ -80,12 +86,36 @@ impl ShimQp {
         unsafe { &*(self._map.ptr() as *const QpShared) }
     }
 
+    /// The C struct the application holds (`ibv_qp_ex`, `ibv_qp` at its start). Read and
+    /// write its fields through the pointer, one field at a time: the application may be
+    /// writing other fields (`wr_id`, `wr_flags`) from another thread.
+    pub fn ex(&self) -> *mut ibv_qp_ex {
+        self.ex.get()
+    }
+
     /// The QP state as this process last set or queried it. Only the application moves a QP
     /// to RESET/INIT/RTR (the service can only move it to SQE/ERR), so those are exact.
     pub fn state(&self) -> u32 {
-        // SAFETY: a plain integer field of our own allocation; another thread may be in
-        // ibv_modify_qp on the same QP (the application's race), so read it as volatile.
-        unsafe { std::ptr::read_volatile(&self.ex.qp_base.state) }
+        // SAFETY: a plain integer field of our own allocation (inside the UnsafeCell); another
+        // thread may be in ibv_modify_qp on the same QP (the application's race), so read it
+        // as volatile, through a raw pointer (no reference to the shared struct).
+        unsafe { std::ptr::addr_of!((*self.ex()).qp_base.state).read_volatile() }
+    }
+
+    /// Record the QP state `ibv_modify_qp`/`ibv_query_qp` learned (`qp->state`, which the
+    /// application reads).
+    fn set_state(&self, state: u32) {
+        // SAFETY: as in `state`: a field of our allocation inside the UnsafeCell, written
+        // through a raw pointer (volatile: other threads read it).
+        unsafe { std::ptr::addr_of_mut!((*self.ex()).qp_base.state).write_volatile(state) }
+    }
+
+    /// The QP's `ibv_qp` (fixed at creation apart from `state`, which [`ShimQp::state`]
+    /// reads): a copy, so no reference to the shared struct is ever held.
+    fn base(&self) -> ibv_qp {
+        // SAFETY: a field of our allocation inside the UnsafeCell, copied out through a raw
+        // pointer; a concurrent `state` update is the application's race (volatile read).
+        unsafe { std::ptr::addr_of!((*self.ex()).qp_base).read_volatile() }
     }
 
     /// IBTA C10-..: posting to a send queue in RESET, INIT or RTR is an immediate error
@@ -312,7 +342,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     let lim = Limits { max_send_sge: cap.max_send_sge, max_recv_sge: cap.max_recv_sge, max_inline: cap.max_inline_data, qp_type: a.qp_type };
     let batch = Vec::with_capacity(layout.sq_capacity.min(4096) as usize);
     let q = Box::new(ShimQp {
-        ex,
+        ex: std::cell::UnsafeCell::new(ex),
         magic: ShimQp::MAGIC,
         qpn,
         sq: SpinLock::new(SqState { prod, batch, batch_err: None }),
@@ -381,7 +411,7 @@ pub unsafe extern "C" fn vctx_create_qp_ex(context: *mut ibv_context, attr: *mut
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     ffi_boundary(std::ptr::null_mut(), || {
         // SAFETY: magic-checked.
-        ret_ptr(unsafe { ShimQp::from_qp(qp) }.map(|q| &mut q.ex as *mut ibv_qp_ex))
+        ret_ptr(unsafe { ShimQp::from_qp(qp) }.map(|q| q.ex()))
     })
 }
 
@@ -463,14 +493,14 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             // SAFETY: magic-checked; caller-provided attributes.
             let (q, a) = unsafe { (ShimQp::from_qp(qp)?, nonnull(attr)?) };
             let mask = attr_mask as u32;
-            let cur = q.ex.qp_base.state;
-            crate::qp_state::check(q.ex.qp_base.qp_type, cur, a, mask)?;
+            let cur = q.state();
+            crate::qp_state::check(q.lim.qp_type, cur, a, mask)?;
             if mask & IBV_QP_AV != 0 {
                 crate::pd::check_roce_ah(&ah_attr_from_c(&a.ah_attr))?;
             }
             client::existing()?.call_ok(&Request::ModifyQp { qpn: q.qpn, attr: qp_attr_from_c(a), mask })?;
             if mask & IBV_QP_STATE != 0 {
-                q.ex.qp_base.state = a.qp_state;
+                q.set_state(a.qp_state);
                 if a.qp_state == IBV_QPS_RESET {
                     purge_cqs(q)?;
                 }
@@ -482,7 +512,8 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
 
 /// Drop QP `q`'s completions still waiting in its send and receive CQs (reset or destroy).
 fn purge_cqs(q: &ShimQp) -> Res<()> {
-    let (scq, rcq) = (q.ex.qp_base.send_cq, q.ex.qp_base.recv_cq);
+    let b = q.base();
+    let (scq, rcq) = (b.send_cq, b.recv_cq);
     for cq in [scq, rcq] {
         // SAFETY: the QP's CQs are ours (checked at create) and outlive it.
         if let Ok(c) = unsafe { ShimCq::from_cq(cq) } {
@@ -510,7 +541,7 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _
             if a.cap.max_inline_data == 0 {
                 a.cap.max_inline_data = q.cap.max_inline_data;
             }
-            let b = &q.ex.qp_base;
+            let b = q.base();
             ia.qp_context = b.qp_context;
             ia.send_cq = b.send_cq;
             ia.recv_cq = b.recv_cq;
@@ -518,7 +549,7 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _
             ia.cap = cap_to_c(&init_cap);
             ia.qp_type = b.qp_type;
             ia.sq_sig_all = c_int::from(q.sq_sig_all);
-            q.ex.qp_base.state = qa.qp_state;
+            q.set_state(qa.qp_state);
             Ok(())
         })())
     })

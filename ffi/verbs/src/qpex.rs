@@ -41,9 +41,9 @@ pub fn install(ex: &mut ibv_qp_ex) {
 /// # Safety
 /// `qp` is one of our QPs (only they carry these callbacks) and the calling thread holds the
 /// send lock through `wr_start`.
-unsafe fn st<'a>(qp: *mut ibv_qp_ex) -> (&'a mut ShimQp, &'a mut SqState) {
-    // SAFETY: see above.
-    let q = unsafe { &mut *qp.cast::<ShimQp>() };
+unsafe fn st<'a>(qp: *mut ibv_qp_ex) -> (&'a ShimQp, &'a mut SqState) {
+    // SAFETY: see above (shared: other threads may use the QP's other verbs meanwhile).
+    let q = unsafe { &*qp.cast::<ShimQp>() };
     // SAFETY: lock held since wr_start (contract).
     let s = unsafe { &mut *(q.sq.raw_get() as *mut SqState) };
     (q, s)
@@ -58,7 +58,10 @@ unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)
     ffi_boundary((), || {
         // SAFETY: callback contract.
         let (q, s) = unsafe { st(qp) };
-        let mut w = ShmSendWqe { wr_id: q.ex.wr_id, opcode, send_flags: q.ex.wr_flags & !send_flags::INLINE, ..Default::default() };
+        // SAFETY: fields of the QP's C struct, read through the raw pointer: the application
+        // set them on this thread just before this callback.
+        let (wr_id, wr_flags) = unsafe { ((*q.ex()).wr_id, (*q.ex()).wr_flags) };
+        let mut w = ShmSendWqe { wr_id, opcode, send_flags: wr_flags & !send_flags::INLINE, ..Default::default() };
         f(&mut w);
         if s.batch.len() >= s.prod.capacity() as usize {
             fail(s, Errno::NOMEM);
@@ -86,7 +89,7 @@ unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut ShmSendWqe) -> R
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     ffi_boundary((), || {
         // SAFETY: only our QPs carry this callback.
-        let q = unsafe { &mut *qp.cast::<ShimQp>() };
+        let q = unsafe { &*qp.cast::<ShimQp>() };
         q.sq.raw_lock();
         // SAFETY: just locked.
         let s = unsafe { q.sq.raw_get() };

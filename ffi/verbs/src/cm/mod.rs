@@ -192,7 +192,7 @@ impl ShimId {
     /// `p` is NULL or an id this shim made and has not destroyed.
     pub unsafe fn from_id<'a>(p: *mut rdma_cm_id) -> Res<&'a mut ShimId> {
         // SAFETY: forwarded.
-        unsafe { ShimId::from_c(p) }
+        unsafe { ShimId::from_c_exclusive(p) }
     }
 
     pub fn new(channel: *mut rdma_event_channel, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type, handle: u32, sync: bool) -> Box<ShimId> {
@@ -221,7 +221,7 @@ impl ShimId {
     }
 
     /// The id's channel.
-    pub fn channel(&self) -> Res<&'static mut ShimEventChannel> {
+    pub fn channel(&self) -> Res<&'static ShimEventChannel> {
         // SAFETY: id.channel is set by the shim to one of its live channels.
         unsafe { ShimEventChannel::from_c(self.id.channel) }
     }
