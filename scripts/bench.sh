@@ -17,10 +17,20 @@
 # 6. instructions per operation of the lcore under callgrind (scripts/instructions.sh): 8 B
 #    WRITE/SEND, 64 KiB WRITE; exact counts, for comparing builds on a VM whose timings swing 2x;
 #    and 8 B WRITE on two lcores with every frame handed over (--handoff): the hand-off's cost;
-# 5. before/after: the native harness of a baseline commit (BENCH_BASELINE, default f3cbeca:
-#    the figures issue 15 started from) built in a worktree under target/bench-baseline, run
-#    interleaved with this commit's (rounds alternate, so both see the same machine): 8 B
-#    WRITE/SEND rate, 64 KiB WRITE, 8 B WRITE latency. BENCH_BASELINE=none skips it.
+# 5. before/after: the native harness of a baseline commit (BENCH_BASELINE, default f29cc8c:
+#    the figures issue 41 started from on AMD EPYC) built in a worktree under
+#    target/bench-baseline, run interleaved with this commit's (rounds alternate, so both see
+#    the same machine): 8 B WRITE/SEND rate, 64 KiB WRITE, 8 B WRITE latency.
+#    BENCH_BASELINE=none skips it;
+# 7. off the loopback (scripts/bench_offhost.sh; BENCH_OFFHOST=0 skips it): one service whose
+#    two ports are the two ends of a veth pair (af_xdp, af_packet), two services in two
+#    namespaces, each beside kernel TCP over a veth pair in the same run, and the idle cost and
+#    wake-up latency of `wait` mode.
+#
+# BENCH_RT=1 runs the native harness (and the service it spawns, the baseline's too) under
+# SCHED_FIFO (`chrt -f 10`): on a machine shared with other work (builds), the lcore and the
+# driver then keep their CPUs, and the figures are the code's rather than the neighbours'. The
+# kernel's RT throttling (95 %) leaves the rest of the machine its share. The report says so.
 #
 # Output: docs/benchmarks.md and docs/bench-bw.png, docs/bench-lat.png (regenerated), raw
 # outputs in $BENCH_OUT (default target/bench-results). Python 3 + matplotlib for the plots.
@@ -83,6 +93,18 @@ log() { echo "== $*" >&2; }
   echo "perftest: $(dpkg-query -W -f='${Version}' perftest 2>/dev/null)"
   echo "load_before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/machine.txt"
+grep -qw avx512f /proc/cpuinfo && a512=yes || a512=no
+grep -qw vpclmulqdq /proc/cpuinfo && vpcl=yes || vpcl=no
+grep -qw avx2 /proc/cpuinfo && avx2=yes || avx2=no
+echo "isa: avx2 $avx2, vpclmulqdq $vpcl, avx512f $a512, pclmulqdq $(grep -qw pclmulqdq /proc/cpuinfo && echo yes || echo no)" >>"$OUT/machine.txt"
+echo "cpu_family_model: $(awk -F: '/^cpu family/{f=$2} /^model[^ ]*:/{m=$2} END{gsub(/ /,"",f); gsub(/ /,"",m); print "family " f " model " m}' /proc/cpuinfo)" >>"$OUT/machine.txt"
+RT=()
+if [ "${BENCH_RT:-0}" = 1 ]; then
+  RT=(chrt -f 10)
+  echo "scheduling: native harness and its service under SCHED_FIFO (chrt -f 10, BENCH_RT=1)" >>"$OUT/machine.txt"
+else
+  echo "scheduling: default (SCHED_OTHER)" >>"$OUT/machine.txt"
+fi
 cat "$OUT/machine.txt" >&2
 
 # ---- limits ---------------------------------------------------------------------------------
@@ -90,6 +112,8 @@ log "limit: memcpy, one core"
 "$BIN" bench --memcpy --sizes "$ALL_SIZES" --duration 0.5 --json "$OUT/memcpy.json" >"$OUT/memcpy.txt" 2>&1 || log "memcpy failed"
 log "limit: fused copy+CRC kernel and crc32fast at 4 KiB frames, one core (loopback ceiling = fused / 2)"
 "$BIN" bench --crc --duration 0.5 --json "$OUT/crc.json" >"$OUT/crc.txt" 2>&1 || log "crc limits failed"
+log "limit: cross-CPU hand-offs between CPU 0 and CPU 1 (cache line, rings, doorbell)"
+"${RT[@]}" "$BIN" bench --c2c --cpu 0 --peer-cpu 1 --duration 1 --json "$OUT/c2c.json" >"$OUT/c2c.txt" 2>&1 || log "c2c failed"
 log "limit: pmrxe port-test (raw frames over the loopback net_ring pair, built + verified)"
 taskset -c 0 "$BIN" port-test --frames $((QUICK ? 200000 : 2000000)) >"$OUT/port_test.txt" 2>&1 || log "port-test failed"
 log "limit: dpdk-testpmd io forwarding on a net_ring pair"
@@ -100,10 +124,10 @@ rm -rf "/var/run/dpdk/pmrxe-bench-tp-$$"
 
 # ---- pmrxe: native harness ---------------------------------------------------------------------
 log "pmrxe: native harness (pmrxe bench ${SUITE[*]})"
-"$BIN" bench "${SUITE[@]}" --json "$OUT/native.json" >"$OUT/native.txt" 2>&1 || { log "pmrxe bench failed"; cat "$OUT/native.txt" >&2; }
+"${RT[@]}" "$BIN" bench "${SUITE[@]}" --json "$OUT/native.json" >"$OUT/native.txt" 2>&1 || { log "pmrxe bench failed"; cat "$OUT/native.txt" >&2; }
 
 # ---- before/after: a baseline commit's native harness, interleaved with this one's -----------------
-BASE=${BENCH_BASELINE:-f3cbeca}
+BASE=${BENCH_BASELINE:-f29cc8c}
 if [ "$BASE" != none ]; then
   BDIR=$TARGET/bench-baseline
   BBIN=$BDIR/target/release/pmrxe
@@ -125,10 +149,12 @@ if [ "$BASE" != none ]; then
       for which in base head; do
         b=$BIN; [ $which = base ] && b=$BBIN
         log "before/after: round $r/$ROUNDS, $which"
-        "$b" bench --suite quick --sizes 64K --only rate,bw,lat --duration 1 --iters $((QUICK ? 5000 : 20000)) --cpu 0 \
+        "${RT[@]}" "$b" bench --suite quick --sizes 64K --only rate,bw,lat --duration 1 --iters $((QUICK ? 5000 : 20000)) --cpu 0 \
           --json "$OUT/ab-$which-$r.json" >"$OUT/ab-$which-$r.txt" 2>&1 || log "before/after: $which round $r failed"
       done
     done
+    # The hand-off limits again: the host may have moved the vCPUs since the first measurement.
+    "${RT[@]}" "$BIN" bench --c2c --cpu 0 --peer-cpu 1 --duration 1 --json "$OUT/c2c-after.json" >"$OUT/c2c-after.txt" 2>&1 || log "c2c (after) failed"
   fi
 fi
 
@@ -259,6 +285,12 @@ if command -v fi_pingpong >/dev/null; then
     timeout 60 fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -P 47592 127.0.0.1 >"$OUT/fi_pingpong-$s.txt" 2>&1
     pkill_ours
   done
+fi
+# ---- off the loopback ------------------------------------------------------------------------------
+if [ "${BENCH_OFFHOST:-1}" != 0 ]; then
+  log "off the loopback: scripts/bench_offhost.sh (veth, af_xdp / af_packet, two namespaces, kernel TCP beside)"
+  BENCH_RT=${BENCH_RT:-0} QUICK=$QUICK PMRXE_BIN=$BIN ./scripts/bench_offhost.sh "$OUT/offhost" >"$OUT/offhost.log" 2>&1 \
+    || log "off the loopback: failed (see $OUT/offhost.log)"
 fi
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
 

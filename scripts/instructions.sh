@@ -10,7 +10,9 @@
 # pass is calibrated, then the measured point. Prints one JSON object per point
 # (scripts/callgrind_ops.py explains the fields). CLIENT_BIN defaults to SERVICE_BIN; another
 # build's service can be driven by this one's client while the shared-memory ABI is the same.
-# Valgrind has no AVX-512: the CRC kernels measured are the PCLMUL ones. ~1 minute per point.
+# Valgrind has no AVX-512 or VPCLMULQDQ: the CRC kernel counted is the PCLMUL one, forced
+# (PMRXE_CRC_KERNEL=pclmul unless set) so that every point and build counts the same kernel.
+# ~1 minute per point.
 #
 # --handoff: the same points on two lcores with the harness's sides in two clients
 # (`bench --two-clients`), so the sides' QPs live on different lcores and every frame arrives
@@ -65,7 +67,11 @@ wait_for() { # what, seconds, command...: poll the command until it succeeds or 
 point() { # name, bench arguments...
   local name=$1; shift
   rm -f "$WORK"/cg.out* "$PMRXE_SOCKET"; rm -rf "$WORK/idle"; mkdir -p "$WORK/idle"
-  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$WORK/cg.out" \
+  # The CRC kernel is forced: the service's start-up calibration times the kernels, and under
+  # valgrind (which emulates PCLMULQDQ slowly and has no VPCLMULQDQ/AVX-512) it picked the
+  # portable one on some starts and PCLMUL on others, so one point counted 1400 instructions of
+  # portable short-frame CRC that the next did not.
+  PMRXE_CRC_KERNEL=${PMRXE_CRC_KERNEL:-pclmul} valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$WORK/cg.out" \
     "$SVC_BIN" serve --config "$WORK/busy.toml" >"$WORK/serve.log" 2>&1 &
   VG=$!
   wait_for "the service's socket" 120 test -S "$PMRXE_SOCKET" || { cat "$WORK/serve.log" >&2; return 1; }
