@@ -431,6 +431,44 @@ impl<T: Pod> Producer<T> {
         Ok(())
     }
 
+    /// Build the next entry in place: `fill` gets the free slot at `head` and writes the entry
+    /// there (a send WQE is 352 bytes: built on the stack and copied, it cost a second pass
+    /// over every byte it wrote). `Ok` stages the entry (publish it with
+    /// [`Producer::publish`]); an error from `fill` leaves the ring as it was (the slot is
+    /// outside `[tail, head)`, so nobody reads what `fill` wrote there). A full ring or
+    /// impossible consumer index is `E::from(PushError)`, and `fill` is not called.
+    ///
+    /// The slot holds whatever an earlier entry left (any bytes: `T` is [`Pod`]). `fill` must
+    /// write every field the consumer reads: all of a plain entry, or the head and live tail
+    /// of a [`Prefixed`] one (the consumer's [`Consumer::peek_into`] reads no further).
+    ///
+    /// The `&mut T` covers shared memory the consumer (another process) maps: the index
+    /// protocol gives it to the producer alone until the release store in `publish`, so a
+    /// consumer that keeps to the protocol neither reads nor writes it meanwhile. Use it on
+    /// rings whose consumer is trusted to keep to it (the shim's send and receive queues,
+    /// consumed by the service); a producer facing an untrusted consumer (the service's
+    /// completion rings) writes with [`Producer::stage_words`] instead.
+    #[inline]
+    pub fn stage_with<E>(&mut self, fill: impl FnOnce(&mut T) -> Result<(), E>) -> Result<(), E>
+    where
+        E: From<PushError<()>>,
+    {
+        self.room()?;
+        // SAFETY: the slot is outside [tail, head) until publish() (as in stage()), so the
+        // consumer neither reads nor writes it: this `&mut` is the only access for as long as
+        // `fill` runs. It is in bounds (masked) and aligned for `T` (the ring lays slots out as
+        // an array of `T` after a 64-byte-aligned header); its bytes are a valid `T` (Pod).
+        #[cfg(not(loom))]
+        let r = fill(unsafe { &mut *self.raw.slot(self.head) });
+        // SAFETY: as above; the cell was created by init_ring() and lives in the segment (the
+        // model checks the slot write against the consumer's reads).
+        #[cfg(loom)]
+        let r = unsafe { (*self.raw.slot(self.head)).with_mut(|p| fill(&mut *p)) };
+        r?;
+        self.head = self.head.wrapping_add(1);
+        Ok(())
+    }
+
     /// Items ever staged (wrapping): the client's count of posted WQEs.
     pub fn head(&self) -> u32 {
         self.head
@@ -815,6 +853,69 @@ mod tests {
             assert_eq!((out.wr_id, out.opcode, out.num_sge, out.remote_addr, out.rkey), (10 + k, 4, 1, 0x1000 * k, 7));
             assert_eq!((out.sge(0).addr, out.sge(0).length, out.sge(0).lkey), (k, 8, 3));
             c.advance();
+        }
+    }
+
+    /// `stage_with` builds the entry in the slot itself: what `fill` writes arrives through
+    /// `peek_into`/`pop` once published; an error from `fill` stages nothing (the next entry
+    /// takes the same slot, and the consumer never sees the abandoned bytes); a full ring is
+    /// refused before `fill` runs; entries wrap the slot array in order.
+    #[test]
+    fn stage_with_builds_in_the_slot_and_abandons_on_error() {
+        use crate::layout::{ShmSendWqe, ShmSge};
+        #[derive(Debug, PartialEq)]
+        enum E {
+            Ring(PushError<()>),
+            Bad,
+        }
+        impl From<PushError<()>> for E {
+            fn from(e: PushError<()>) -> Self {
+                E::Ring(e)
+            }
+        }
+        let mut s = Box::new(Big([0; 8192]));
+        // SAFETY: `s` outlives the handles.
+        let (mut p, mut c) = unsafe { wqe_ring::<ShmSendWqe>(&mut s, 4) };
+        let mut out = ShmSendWqe::default();
+        let mut next = 0u64;
+        for round in 0..3u64 {
+            // An abandoned fill first: it scribbles over the slot, then fails.
+            let r = p.stage_with(|w: &mut ShmSendWqe| {
+                w.wr_id = 0xbad;
+                w.num_sge = 99;
+                w.data.fill(0xCC);
+                Err(E::Bad)
+            });
+            assert_eq!(r, Err(E::Bad));
+            for k in 0..4u64 {
+                let id = round * 4 + k;
+                p.stage_with(|w: &mut ShmSendWqe| {
+                    // The head in full, then the live tail (the slot holds older bytes).
+                    *w = ShmSendWqe { data: w.data, ..Default::default() };
+                    (w.wr_id, w.opcode, w.num_sge, w.remote_addr) = (id, 4, 1, 0x1000 + id);
+                    w.set_sge(0, ShmSge { addr: id, length: 8, lkey: 3 });
+                    Ok::<(), E>(())
+                })
+                .unwrap();
+            }
+            let mut called = false;
+            let full = p.stage_with(|_: &mut ShmSendWqe| {
+                called = true;
+                Ok::<(), E>(())
+            });
+            assert_eq!(full, Err(E::Ring(PushError::Full(()))));
+            assert!(!called, "fill must not run on a full ring");
+            assert!(!c.peek_into(&mut out).unwrap(), "nothing visible before publish");
+            p.publish();
+            for _ in 0..4 {
+                assert!(c.peek_into(&mut out).unwrap());
+                assert_eq!((out.wr_id, out.opcode, out.num_sge, out.remote_addr), (next, 4, 1, 0x1000 + next));
+                assert_eq!(out.sge(0), ShmSge { addr: next, length: 8, lkey: 3 });
+                c.advance();
+                next += 1;
+            }
+            c.release();
+            assert!(!c.peek_into(&mut out).unwrap());
         }
     }
 

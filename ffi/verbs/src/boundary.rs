@@ -34,6 +34,17 @@ impl From<std::io::Error> for Errno {
     }
 }
 
+/// A ring that refuses an entry: full is ENOMEM (what `ibv_post_*` return for a full queue),
+/// impossible indices EIO.
+impl From<pmrxe_abi::ring::PushError<()>> for Errno {
+    fn from(e: pmrxe_abi::ring::PushError<()>) -> Self {
+        match e {
+            pmrxe_abi::ring::PushError::Full(()) => Errno::NOMEM,
+            pmrxe_abi::ring::PushError::Corrupt(()) => Errno::IO,
+        }
+    }
+}
+
 /// Shorthand result type of the shim's internals.
 pub type Res<T> = Result<T, Errno>;
 

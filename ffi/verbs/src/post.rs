@@ -3,6 +3,11 @@
 //! Pure functions over the application's structs (plus handle look-ups), so they are tested
 //! without a service. Opcodes and flags keep their libibverbs values (abi `wr_opcode`,
 //! `send_flags`); the service validates them again.
+//!
+//! The post verbs fill the ring slot itself ([`fill_send_wqe`], [`fill_recv_wqe`] through
+//! `Producer::stage_with`): the slot holds an older WQE's bytes, so a fill writes the whole
+//! head first ([`send_head`]) and then only the live tail (SGEs or inline bytes), which is all
+//! the service reads. Nothing on these paths allocates.
 use crate::boundary::{Errno, Handle, Res};
 use crate::mr::ShimMr;
 use crate::mw::ShimMw;
@@ -29,27 +34,61 @@ impl Limits {
     }
 }
 
-/// Copy `sges` into the WQE as inline bytes (`send_flags & INLINE`).
+/// Start a send WQE in `w` (a ring slot holding an older WQE's bytes): every head field is
+/// written, the opcode fields zero. The exhaustive pattern makes a new `ShmSendWqe` field a
+/// compile error here rather than a stale value in the ring.
+pub fn send_head(w: &mut ShmSendWqe, wr_id: u64, opcode: u32, flags: u32) {
+    let ShmSendWqe {
+        wr_id: id,
+        opcode: op,
+        send_flags,
+        num_sge,
+        inline_len,
+        imm_or_inv,
+        rkey,
+        remote_addr,
+        compare_add,
+        swap,
+        length,
+        ah,
+        remote_qpn,
+        remote_qkey,
+        mr_key,
+        mw_key,
+        new_key,
+        access,
+        _reserved,
+        data: _,
+    } = w;
+    (*id, *op, *send_flags) = (wr_id, opcode, flags);
+    (*num_sge, *inline_len, *imm_or_inv, *rkey) = (0, 0, 0, 0);
+    (*remote_addr, *compare_add, *swap, *length) = (0, 0, 0, 0);
+    (*ah, *remote_qpn, *remote_qkey, *mr_key, *mw_key, *new_key, *access, *_reserved) = (0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+/// Copy the buffers `bufs` (address, length) into the WQE as inline bytes
+/// (`send_flags & INLINE`), refusing more than the QP's inline limit.
 ///
 /// # Safety
-/// Every SGE's `addr..addr+length` must be readable.
-pub unsafe fn set_inline(w: &mut ShmSendWqe, lim: &Limits, bufs: &[(u64, usize)]) -> Res<()> {
-    let total: usize = bufs.iter().try_fold(0usize, |a, (_, l)| a.checked_add(*l)).ok_or(Errno::INVAL)?;
-    if total > lim.inline() {
-        return Err(Errno::INVAL);
-    }
-    let mut off = 0;
-    for &(addr, len) in bufs {
+/// Every buffer's `addr..addr+length` must be readable.
+pub unsafe fn set_inline(w: &mut ShmSendWqe, lim: &Limits, bufs: impl IntoIterator<Item = (u64, usize)>) -> Res<()> {
+    let max = lim.inline();
+    let mut off = 0usize;
+    for (addr, len) in bufs {
         if len == 0 {
             continue;
+        }
+        if len > max - off {
+            return Err(Errno::INVAL);
         }
         if addr == 0 {
             return Err(Errno::INVAL);
         }
-        // SAFETY: caller guarantees the source is readable; `off + len <= total <= data.len()`.
+        // SAFETY: caller guarantees the source is readable; `off + len <= max <= data.len()`.
         unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.data.as_mut_ptr().add(off), len) };
         off += len;
     }
+    let total = off;
     w.inline_len = total as u32;
     w.num_sge = 0;
     w.send_flags |= send_flags::INLINE;
@@ -113,13 +152,26 @@ pub fn check_wqe(w: &ShmSendWqe, lim: &Limits) -> Res<()> {
     Ok(())
 }
 
-/// Convert one send WR.
+/// Convert one send WR into a fresh WQE (tests; the post path fills the ring slot with
+/// [`fill_send_wqe`]).
+///
+/// # Safety
+/// As [`fill_send_wqe`].
+pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> {
+    let mut w = ShmSendWqe::default();
+    // SAFETY: forwarded contract.
+    unsafe { fill_send_wqe(&mut w, wr, lim) }?;
+    Ok(w)
+}
+
+/// Convert one send WR into `w` (a ring slot: whatever it held is overwritten up to the live
+/// tail). On error `w` holds garbage, which the caller does not stage.
 ///
 /// # Safety
 /// `wr.sg_list` holds `wr.num_sge` readable entries whose buffers are readable when INLINE;
 /// handles in the WR (AH, MW, MR) are NULL or ours.
-pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> {
-    let mut w = ShmSendWqe { wr_id: wr.wr_id, opcode: wr.opcode, send_flags: wr.send_flags, ..Default::default() };
+pub unsafe fn fill_send_wqe(w: &mut ShmSendWqe, wr: &ibv_send_wr, lim: &Limits) -> Res<()> {
+    send_head(w, wr.wr_id, wr.opcode, wr.send_flags);
     if wr.num_sge < 0 || (wr.num_sge > 0 && wr.sg_list.is_null()) {
         return Err(Errno::INVAL);
     }
@@ -153,7 +205,7 @@ pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> 
             }
             wr_opcode::BIND_MW => {
                 let b = &wr.__bindgen_anon_2.bind_mw;
-                set_bind(&mut w, b.mw, b.rkey, &b.bind_info)?;
+                set_bind(w, b.mw, b.rkey, &b.bind_info)?;
             }
             _ => return Err(Errno::INVAL), // TSO, DRIVER1, unknown
         }
@@ -172,32 +224,43 @@ pub unsafe fn send_wr_to_wqe(wr: &ibv_send_wr, lim: &Limits) -> Res<ShmSendWqe> 
             w.num_sge = 0;
         }
         op if wr.send_flags & send_flags::INLINE != 0 && may_inline(op) => {
-            let bufs: Vec<(u64, usize)> = sges.iter().map(|s| (s.addr, s.length as usize)).collect();
             // SAFETY: caller contract: inline buffers are readable.
-            unsafe { set_inline(&mut w, lim, &bufs) }?;
+            unsafe { set_inline(w, lim, sges.iter().map(|s| (s.addr, s.length as usize))) }?;
         }
-        _ => set_sges(&mut w, lim, sges)?,
+        _ => set_sges(w, lim, sges)?,
     }
-    check_wqe(&w, lim)?;
+    check_wqe(w, lim)
+}
+
+/// Convert one receive WR into a fresh WQE (tests; the post path uses [`fill_recv_wqe`]).
+///
+/// # Safety
+/// As [`fill_recv_wqe`].
+pub unsafe fn recv_wr_to_wqe(wr: &ibv_recv_wr, max_sge: u32) -> Res<ShmRecvWqe> {
+    let mut w = ShmRecvWqe::default();
+    // SAFETY: forwarded contract.
+    unsafe { fill_recv_wqe(&mut w, wr, max_sge) }?;
     Ok(w)
 }
 
-/// Convert one receive WR.
+/// Convert one receive WR into `w` (a ring slot: the head and the live SGEs are written,
+/// the SGEs past `num_sge` keep older bytes, which the service does not read).
 ///
 /// # Safety
 /// `wr.sg_list` holds `wr.num_sge` readable entries.
-pub unsafe fn recv_wr_to_wqe(wr: &ibv_recv_wr, max_sge: u32) -> Res<ShmRecvWqe> {
+pub unsafe fn fill_recv_wqe(w: &mut ShmRecvWqe, wr: &ibv_recv_wr, max_sge: u32) -> Res<()> {
     let max = (max_sge as usize).min(MAX_RECV_SGE);
     if wr.num_sge < 0 || wr.num_sge as usize > max || (wr.num_sge > 0 && wr.sg_list.is_null()) {
         return Err(Errno::INVAL);
     }
-    let mut w = ShmRecvWqe { wr_id: wr.wr_id, num_sge: wr.num_sge as u32, ..Default::default() };
-    for i in 0..wr.num_sge as usize {
+    let ShmRecvWqe { wr_id, num_sge, _reserved, sge } = w;
+    (*wr_id, *num_sge, *_reserved) = (wr.wr_id, wr.num_sge as u32, 0);
+    for (i, dst) in sge.iter_mut().take(wr.num_sge as usize).enumerate() {
         // SAFETY: caller contract, i < num_sge.
         let s = unsafe { &*wr.sg_list.add(i) };
-        w.sge[i] = ShmSge { addr: s.addr, length: s.length, lkey: s.lkey };
+        *dst = ShmSge { addr: s.addr, length: s.length, lkey: s.lkey };
     }
-    Ok(w)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -320,6 +383,41 @@ mod tests {
         r.num_sge = 3;
         // SAFETY: rejected before use.
         assert_eq!(unsafe { recv_wr_to_wqe(&r, 2) }.unwrap_err(), Errno::INVAL);
+    }
+
+    /// The post path fills a ring slot that holds an older WQE: what the service reads (the
+    /// head and the live tail) comes out exactly as from a zeroed WQE, whatever the slot held.
+    #[test]
+    fn filling_a_used_slot_writes_the_whole_head_and_the_live_tail() {
+        use pmrxe_abi::ring::Prefixed;
+        let a = *b"inline!!";
+        let mut sg = [sge(a.as_ptr() as u64, 8, 0), sge(0x3000, 16, 4)];
+        let mut cases = vec![wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_SIGNALED), wr(IBV_WR_RDMA_WRITE, &mut sg[..1], IBV_SEND_INLINE)];
+        cases[0].wr.rdma.remote_addr = 0x8000;
+        cases[0].wr.rdma.rkey = 12;
+        for w in &cases {
+            // SAFETY: the SGEs point at a live array or are not dereferenced (no INLINE).
+            let fresh = unsafe { send_wr_to_wqe(w, &lim()) }.unwrap();
+            // SAFETY: plain integers: any bytes are a valid WQE (Pod), as a used slot holds.
+            let mut used: ShmSendWqe = unsafe { std::mem::transmute([0xABu8; 352]) };
+            // SAFETY: as above.
+            unsafe { fill_send_wqe(&mut used, w, &lim()) }.unwrap();
+            let live = ShmSendWqe::HEAD + fresh.live_tail();
+            // SAFETY: both are 352-byte Pod values; `live` is within them.
+            let bytes = |q: &ShmSendWqe| unsafe { std::slice::from_raw_parts((q as *const ShmSendWqe).cast::<u8>(), live) }.to_vec();
+            assert_eq!(bytes(&used), bytes(&fresh));
+        }
+        // Receive WQEs likewise (head and the live SGEs).
+        // SAFETY: plain C data.
+        let mut r: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        r.wr_id = 9;
+        r.sg_list = sg.as_mut_ptr();
+        r.num_sge = 1;
+        // SAFETY: valid list; any bytes are a valid receive WQE.
+        let (fresh, mut used) = unsafe { (recv_wr_to_wqe(&r, 2).unwrap(), std::mem::transmute::<[u8; 144], ShmRecvWqe>([0xAB; 144])) };
+        // SAFETY: valid list.
+        unsafe { fill_recv_wqe(&mut used, &r, 2) }.unwrap();
+        assert_eq!((used.wr_id, used.num_sge, used._reserved, used.sge[0]), (fresh.wr_id, fresh.num_sge, 0, fresh.sge[0]));
     }
 
     #[test]

@@ -10,12 +10,12 @@ use crate::client;
 use crate::cq::ShimCq;
 use crate::device::ShimContext;
 use crate::pd::{ah_attr_from_c, ah_attr_to_c, ShimPd};
-use crate::post::{recv_wr_to_wqe, send_wr_to_wqe, Limits};
+use crate::post::{fill_recv_wqe, fill_send_wqe, Limits};
 use crate::srq::ShimSrq;
 use crate::sys::*;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
 use pmrxe_abi::client::QpSegment;
-use pmrxe_abi::ring::{Prefixed, Producer, PushError};
+use pmrxe_abi::ring::{Pod, Producer};
 use pmrxe_abi::{Doorbell, QpShared, ShmRecvWqe, ShmSendWqe};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::os::raw::c_int;
@@ -136,19 +136,21 @@ impl ShimQp {
     }
 }
 
-/// The common body of `ibv_post_send` and `ibv_post_recv`: convert and stage each WR of the
-/// application's list in order (`convert` also says when the queue has no room), stop at the
-/// first that fails and report it in `bad_wr`, then publish what was staged with one release
-/// store and one doorbell.
+/// The common body of `ibv_post_send` and `ibv_post_recv`: convert each WR of the
+/// application's list in order straight into the next ring slot (`admit` first says whether
+/// the queue has room for one more, `fill` writes the slot), stop at the first that fails and
+/// report it in `bad_wr`, then publish what was staged with one release store and one
+/// doorbell. No WQE is built anywhere but in its slot, and nothing allocates.
 ///
 /// # Safety
 /// `wr` is the application's WR list, linked by `next`; `bad_wr` is NULL or writable.
-unsafe fn stage_list<W, T: Prefixed>(
+unsafe fn stage_list<W, T: Pod>(
     prod: &mut Producer<T>,
     db: Doorbell,
     wr: *mut W,
     next: impl Fn(&W) -> *mut W,
-    mut convert: impl FnMut(&W, &Producer<T>) -> Res<T>,
+    mut admit: impl FnMut(&Producer<T>) -> Res<()>,
+    mut fill: impl FnMut(&W, &mut T) -> Res<()>,
     bad_wr: *mut *mut W,
 ) -> Res<()> {
     let mut cur = wr;
@@ -157,11 +159,7 @@ unsafe fn stage_list<W, T: Prefixed>(
     while !cur.is_null() {
         // SAFETY: the application's WR list (the post verbs' contract).
         let w = unsafe { &*cur };
-        let r = convert(w, prod).and_then(|wqe| match prod.stage_prefixed(&wqe) {
-            Ok(()) => Ok(()),
-            Err(PushError::Full(_)) => Err(Errno::NOMEM),
-            Err(PushError::Corrupt(_)) => Err(Errno::IO),
-        });
+        let r = admit(prod).and_then(|()| prod.stage_with(|slot| fill(w, slot)));
         if let Err(e) = r {
             result = Err(e);
             break;
@@ -193,7 +191,7 @@ fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_w
     let mut sq = q.sq.lock();
     // SAFETY: the application's WR list and out pointer (ibv_post_send contract); each WR's
     // SGE list and inline buffers are the application's (same contract).
-    unsafe { stage_list(&mut sq.prod, q.doorbell, wr, |w| w.next, |w, _| send_wr_to_wqe(w, &q.lim), bad_wr) }
+    unsafe { stage_list(&mut sq.prod, q.doorbell, wr, |w| w.next, |_| Ok(()), |w, slot| fill_send_wqe(slot, w, &q.lim), bad_wr) }
 }
 
 /// `ops.post_send`.
@@ -219,19 +217,14 @@ pub unsafe fn post_recv_ring(
 ) -> Res<()> {
     let mut p = ring.lock();
     // The queue holds `max_wr` WQEs from post to completion (QpShared): refuse beyond it.
-    let room = |p: &Producer<ShmRecvWqe>| match occupancy {
-        Some((retired, max_wr)) => p.head().wrapping_sub(retired.load(Ordering::Acquire)) < max_wr,
-        None => true,
+    let admit = |p: &Producer<ShmRecvWqe>| match occupancy {
+        Some((retired, max_wr)) if p.head().wrapping_sub(retired.load(Ordering::Acquire)) >= max_wr => Err(Errno::NOMEM),
+        _ => Ok(()),
     };
-    let convert = |w: &ibv_recv_wr, p: &Producer<ShmRecvWqe>| {
-        if !room(p) {
-            return Err(Errno::NOMEM);
-        }
-        // SAFETY: the WR's SGE list (ibv_post_recv contract).
-        unsafe { recv_wr_to_wqe(w, max_sge) }
-    };
+    // SAFETY: the WR's SGE list (ibv_post_recv contract).
+    let fill = |w: &ibv_recv_wr, slot: &mut ShmRecvWqe| unsafe { fill_recv_wqe(slot, w, max_sge) };
     // SAFETY: the application's WR list and out pointer (same contract).
-    unsafe { stage_list(&mut p, db, wr, |w| w.next, convert, bad_wr) }
+    unsafe { stage_list(&mut p, db, wr, |w| w.next, admit, fill, bad_wr) }
 }
 
 /// `ops.post_recv`.
@@ -340,7 +333,9 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     b.qp_type = a.qp_type;
     crate::qpex::install(&mut ex);
     let lim = Limits { max_send_sge: cap.max_send_sge, max_recv_sge: cap.max_recv_sge, max_inline: cap.max_inline_data, qp_type: a.qp_type };
-    let batch = Vec::with_capacity(layout.sq_capacity.min(4096) as usize);
+    // A wr_start..wr_complete batch holds at most the ring's capacity (qpex::build refuses
+    // beyond it), so it never grows on the post path. Pages of it never touched stay virtual.
+    let batch = Vec::with_capacity(layout.sq_capacity as usize);
     let q = Box::new(ShimQp {
         ex: std::cell::UnsafeCell::new(ex),
         magic: ShimQp::MAGIC,

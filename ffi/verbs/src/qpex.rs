@@ -225,7 +225,7 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
 }
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     // SAFETY: callback contract; the buffer is readable (ibv_wr_set_inline_data contract).
-    unsafe { last(qp, |q, w| set_inline(w, &q.lim, &[(addr as u64, length)])) }
+    unsafe { last(qp, |q, w| set_inline(w, &q.lim, [(addr as u64, length)])) }
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     // SAFETY: callback contract.
@@ -235,8 +235,7 @@ unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list:
                 return Err(Errno::INVAL);
             }
             let l = if n == 0 { &[][..] } else { std::slice::from_raw_parts(list, n) };
-            let bufs: Vec<(u64, usize)> = l.iter().map(|b| (b.addr as u64, b.length)).collect();
-            set_inline(w, &q.lim, &bufs)
+            set_inline(w, &q.lim, l.iter().map(|b| (b.addr as u64, b.length)))
         })
     }
 }
