@@ -262,6 +262,51 @@ pub struct CqNotify {
     pub overflow: AtomicU32,
 }
 
+/// The CQ arm/notify protocol, both sides. It is a Dekker pair: the client stores `armed` and
+/// then reads the ring's producer index (its next poll); the service publishes the ring's
+/// producer index and then reads `armed`. Each side's store must be globally visible before
+/// its load, or both can miss each other (x86 lets a load pass an earlier store to another
+/// location): the application then sleeps on its channel with a completion in the ring and no
+/// event coming. So both sides put a full fence between the two; with it, either the service
+/// sees the arm and fires, or the client's poll sees the completion.
+/// (`dataplane/abi/tests/loom.rs`, `loom_cq_arm_never_misses_a_completion`.)
+impl CqNotify {
+    /// Client side (`ibv_req_notify_cq`): arm for the next completion, or for the next
+    /// solicited one (which "next completion" already covers: an existing arm is not
+    /// narrowed). The full fence orders the arm before the caller's next poll of the ring.
+    #[inline]
+    pub fn arm(&self, solicited_only: bool) {
+        use crate::sync::Ordering;
+        if solicited_only {
+            let _ = self.armed.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
+        } else {
+            self.armed.store(1, Ordering::SeqCst);
+        }
+        crate::sync::fence(Ordering::SeqCst);
+    }
+
+    /// Service side, after [`Producer::publish`](crate::ring::Producer::publish) of this CQ's
+    /// new completions and one [`CqNotify::fence_after_publish`] (one fence serves every CQ
+    /// published in the same pass): disarm and count an event if the client had armed. True:
+    /// the caller signals the CQ's completion channel.
+    #[inline]
+    pub fn take_armed(&self) -> bool {
+        use crate::sync::Ordering;
+        if self.armed.load(Ordering::Relaxed) != 0 && self.armed.swap(0, Ordering::AcqRel) != 0 {
+            self.events.fetch_add(1, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// Service side: the full fence between publishing completions and reading `armed`
+    /// ([`CqNotify::take_armed`]).
+    #[inline]
+    pub fn fence_after_publish() {
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+    }
+}
+
 /// Where the ring of a CQ lives inside its segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CqSegmentLayout {

@@ -538,7 +538,9 @@ impl<T> PushError<T> {
     }
 }
 
-/// How many slots ahead of the one being read [`Consumer::peek_into`] prefetches.
+/// How many slots ahead of the one being read [`Consumer::peek_into`] prefetches (not under
+/// loom, which models no prefetch).
+#[cfg(not(loom))]
 const PREFETCH_AHEAD: u32 = 4;
 
 /// The consuming side of a shared ring.
