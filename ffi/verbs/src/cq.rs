@@ -137,18 +137,9 @@ pub unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int
         ret_errno((|| {
             // SAFETY: magic-checked.
             let c = unsafe { ShimCq::from_cq(cq) }?;
-            let armed = &c.notify().armed;
-            if solicited_only != 0 {
-                // "Next completion" already covers solicited ones; do not narrow it.
-                let _ = armed.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
-            } else {
-                // SeqCst (xchg on x86) + fence: this store must be globally visible before the
-                // application's next poll reads the producer index, or the lcore (which
-                // publishes, fences, then reads `armed`) and we could both miss each other and
-                // the program would wait forever (store→load reordering, a Dekker race).
-                armed.store(1, Ordering::SeqCst);
-            }
-            std::sync::atomic::fence(Ordering::SeqCst);
+            // Ordered before the application's next poll (`CqNotify::arm`: the Dekker pair
+            // with the lcore, which publishes, fences, then takes the arm).
+            c.notify().arm(solicited_only != 0);
             Ok(())
         })())
     })
@@ -401,6 +392,12 @@ unsafe fn ex_step(c: &ShimCq, consume_current: bool) -> c_int {
     }
 }
 
+/// `ibv_start_poll`: take the CQ's lock (held until `end_poll`, or released here when there is
+/// nothing to poll) and position on the first completion.
+///
+/// # Safety
+/// `cq` is one of this shim's extended CQs (only they carry the callback); the calling thread
+/// does not hold its lock already.
 unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
     ffi_boundary(libc::EIO, || {
         // SAFETY: only our CQs have this callback.
@@ -417,11 +414,20 @@ unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_a
     })
 }
 
+/// `ibv_next_poll`: consume the current completion, position on the next.
+///
+/// # Safety
+/// `cq` is one of this shim's extended CQs and the calling thread holds its lock since a
+/// successful `start_poll`.
 unsafe extern "C" fn ex_next_poll(cq: *mut ibv_cq_ex) -> c_int {
     // SAFETY: only our CQs have this callback; lock held since start_poll.
     ffi_boundary(libc::EIO, || unsafe { ex_step(ex_cq(cq), true) })
 }
 
+/// `ibv_end_poll`: consume the current completion, release the slots and the lock.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_end_poll(cq: *mut ibv_cq_ex) {
     ffi_boundary((), || {
         // SAFETY: only our CQs have this callback.
@@ -437,39 +443,94 @@ unsafe extern "C" fn ex_end_poll(cq: *mut ibv_cq_ex) {
     })
 }
 
-fn cur(cq: *mut ibv_cq_ex) -> ShmCqe {
-    // SAFETY: only our CQs have these callbacks; called between start_poll and end_poll.
+/// The completion the extended poll API is positioned on (zeroes when none).
+///
+/// # Safety
+/// As [`ex_next_poll`]: `cq` is ours and the calling thread holds its lock (between a
+/// successful `start_poll` and `end_poll`).
+unsafe fn cur(cq: *mut ibv_cq_ex) -> ShmCqe {
+    // SAFETY: the contract above.
     unsafe { ex_cq(cq).ring.raw_get() }.cur.unwrap_or_default()
 }
+/// `ibv_wc_read_opcode` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode {
-    cur(cq).opcode
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.opcode
 }
+/// `ibv_wc_read_vendor_err` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
-    cur(cq).vendor_err
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.vendor_err
 }
+/// `ibv_wc_read_byte_len` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
-    cur(cq).byte_len
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.byte_len
 }
+/// `ibv_wc_read_imm_data` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_imm_data(cq: *mut ibv_cq_ex) -> __be32 {
-    cur(cq).imm_or_inv
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.imm_or_inv
 }
+/// `ibv_wc_read_qp_num` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
-    cur(cq).qp_num
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.qp_num
 }
+/// `ibv_wc_read_src_qp` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
-    cur(cq).src_qp
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.src_qp
 }
+/// `ibv_wc_read_wc_flags` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_wc_flags(cq: *mut ibv_cq_ex) -> std::os::raw::c_uint {
-    cur(cq).wc_flags
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.wc_flags
 }
+/// `ibv_wc_read_slid` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_slid(cq: *mut ibv_cq_ex) -> u32 {
-    u32::from(cur(cq).slid)
+    // SAFETY: the callback's contract is `cur`'s.
+    u32::from(unsafe { cur(cq) }.slid)
 }
+/// `ibv_wc_read_sl` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_sl(cq: *mut ibv_cq_ex) -> u8 {
-    cur(cq).sl
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.sl
 }
+/// `ibv_wc_read_dlid_path_bits` of the current completion.
+///
+/// # Safety
+/// As [`ex_next_poll`].
 unsafe extern "C" fn ex_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
-    cur(cq).dlid_path_bits
+    // SAFETY: the callback's contract is `cur`'s.
+    unsafe { cur(cq) }.dlid_path_bits
 }
 
 /// # Safety

@@ -376,6 +376,10 @@ fn port_attr(c: &ShimContext, port: u8) -> Res<ibv_port_attr> {
     Ok(a)
 }
 
+/// `ibv_query_port` into a caller buffer of `len` bytes (the compat and extended layouts).
+///
+/// # Safety
+/// `c` is NULL or a context of this shim; `out` is NULL or writable for `len` bytes.
 unsafe fn copy_port_attr(c: *mut ibv_context, port: u8, out: *mut u8, len: usize) -> Res<()> {
     // SAFETY: magic-checked context.
     let ctx = unsafe { ShimContext::from_ctx(c) }?;

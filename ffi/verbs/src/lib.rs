@@ -22,7 +22,6 @@
 //! The pmrxedv extension ([`pmrxedv`], `include/pmrxedv.h`) adds fast registration.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
-#![allow(clippy::missing_safety_doc)] // every exported verb documents its contract in verbs.h terms
 
 pub mod boundary;
 pub mod client;

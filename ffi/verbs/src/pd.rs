@@ -153,6 +153,11 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     })
 }
 
+/// `ibv_init_ah_from_wc`: the address to answer the sender of `wc`.
+///
+/// # Safety
+/// `context` is NULL or a context of this shim; `wc` and `ah_attr` are NULL or valid (read,
+/// written); `grh` is NULL or readable when `wc` has IBV_WC_GRH.
 unsafe fn init_ah_from_wc(context: *mut ibv_context, port_num: u8, wc: *mut ibv_wc, grh: *mut ibv_grh, ah_attr: *mut ibv_ah_attr) -> Res<()> {
     // SAFETY: forwarded contract.
     let (c, wc, out) = unsafe { (ShimContext::from_ctx(context)?, nonnull(wc)?, nonnull(ah_attr)?) };

@@ -178,7 +178,13 @@ unsafe fn stage_list<W, T: Pod>(
     result
 }
 
-fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
+/// The body of `ops.post_send`.
+///
+/// # Safety
+/// The `ibv_post_send` contract: `qp` is NULL or one of this shim's QPs; `wr` is the
+/// application's WR list (SGE lists, inline buffers, AH/MW/MR handles valid); `bad_wr` is NULL
+/// or writable.
+unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
     // SAFETY: magic-checked.
     let q = unsafe { ShimQp::from_qp(qp) }?;
     if let Err(e) = q.may_post_send() {
@@ -199,7 +205,8 @@ fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_w
 /// # Safety
 /// libibverbs `ibv_post_send` contract.
 pub unsafe extern "C" fn op_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    ffi_boundary(libc::EIO, || ret_errno(post_send(qp, wr, bad_wr)))
+    // SAFETY: forwarded ibv_post_send contract.
+    ffi_boundary(libc::EIO, || ret_errno(unsafe { post_send(qp, wr, bad_wr) }))
 }
 
 /// Post receive WRs into a receive ring (QP RQ or SRQ).

@@ -54,6 +54,9 @@ fn fail(s: &mut SqState, e: Errno) {
 }
 
 /// Append a WQE for `opcode` and let `f` fill the opcode fields.
+///
+/// # Safety
+/// As [`st`]: `qp` is one of this shim's QPs and the calling thread holds its send lock.
 unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)) {
     ffi_boundary((), || {
         // SAFETY: callback contract.
@@ -72,6 +75,9 @@ unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)
 }
 
 /// Modify the last WQE of the batch (EINVAL if there is none).
+///
+/// # Safety
+/// As [`st`]: `qp` is one of this shim's QPs and the calling thread holds its send lock.
 unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut ShmSendWqe) -> Result<(), Errno>) {
     ffi_boundary((), || {
         // SAFETY: callback contract.
@@ -86,6 +92,12 @@ unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut ShmSendWqe) -> R
     })
 }
 
+/// `ibv_wr_start`: take the QP's send lock (held until `wr_complete`/`wr_abort`) and start an
+/// empty batch.
+///
+/// # Safety
+/// `qp` is one of this shim's QPs (only they carry the callback); the calling thread does not
+/// hold its send lock already.
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     ffi_boundary((), || {
         // SAFETY: only our QPs carry this callback.
@@ -98,6 +110,10 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     })
 }
 
+/// `ibv_wr_complete`: publish the batch (all or nothing) and release the send lock.
+///
+/// # Safety
+/// `qp` is one of this shim's QPs and the calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     ffi_boundary(libc::EIO, || {
         // SAFETY: callback contract.
@@ -119,6 +135,10 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     })
 }
 
+/// `ibv_wr_abort`: drop the batch and release the send lock.
+///
+/// # Safety
+/// `qp` is one of this shim's QPs and the calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     ffi_boundary((), || {
         // SAFETY: callback contract.
@@ -130,6 +150,11 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     })
 }
 
+/// `ibv_wr_atomic_cmp_swp`: append an ATOMIC_CMP_AND_SWP WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
     // SAFETY: callback contract.
     unsafe {
@@ -138,6 +163,11 @@ unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_add
         })
     }
 }
+/// `ibv_wr_atomic_fetch_add`: append an ATOMIC_FETCH_AND_ADD WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
     // SAFETY: callback contract.
     unsafe {
@@ -146,56 +176,116 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_a
         })
     }
 }
+/// `ibv_wr_bind_mw`: append a BIND_MW WQE for window `mw`.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`; `info` is NULL or readable, `mw` and `info->mr` NULL or handles of this shim.
 unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::BIND_MW, |_| {}) };
     // SAFETY: callback contract; `info` readable, `mw`/`info.mr` ours or rejected.
     unsafe { last(qp, |_, w| set_bind(w, mw, rkey, info.as_ref().ok_or(Errno::INVAL)?)) };
 }
+/// `ibv_wr_local_inv`: append a LOCAL_INV WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::LOCAL_INV, |w| w.imm_or_inv = invalidate_rkey) }
 }
+/// `ibv_wr_rdma_read`: append an RDMA READ WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::RDMA_READ, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
 }
+/// `ibv_wr_rdma_write`: append an RDMA WRITE WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::RDMA_WRITE, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
 }
+/// `ibv_wr_rdma_write_imm`: append an RDMA WRITE with immediate WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: __be32) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::RDMA_WRITE_WITH_IMM, |w| (w.rkey, w.remote_addr, w.imm_or_inv) = (rkey, remote_addr, imm)) }
 }
+/// `ibv_wr_send`: append a SEND WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::SEND, |_| {}) }
 }
+/// `ibv_wr_send_imm`: append a SEND with immediate WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: __be32) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::SEND_WITH_IMM, |w| w.imm_or_inv = imm) }
 }
+/// `ibv_wr_send_inv`: append a SEND with invalidate WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::SEND_WITH_INV, |w| w.imm_or_inv = rkey) }
 }
+/// `ibv_wr_send_tso`: not supported (the batch fails with EOPNOTSUPP).
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::TSO, |_| {}) };
     // SAFETY: callback contract.
     unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
 }
+/// `ibv_wr_atomic_write`: not supported (the batch fails with EOPNOTSUPP).
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _remote_addr: u64, _atomic_wr: *const c_void) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::DRIVER1, |_| {}) };
     // SAFETY: callback contract.
     unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
 }
+/// `ibv_wr_set_xrc_srqn`: no XRC (the batch fails with EOPNOTSUPP).
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
     // SAFETY: callback contract.
     unsafe { last(qp, |_, _| Err(Errno::OPNOTSUPP)) };
 }
+/// `ibv_wr_set_ud_addr`: address the last WQE (UD).
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`; `ah` NULL or an AH of this shim.
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
     // SAFETY: callback contract.
     unsafe {
@@ -207,10 +297,20 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_
         })
     }
 }
+/// `ibv_wr_set_sge`: one SGE for the last WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: callback contract.
     unsafe { last(qp, |q, w| set_sges(w, &q.lim, &[ibv_sge { addr, length, lkey }])) }
 }
+/// `ibv_wr_set_sge_list`: the SGEs of the last WQE.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`; `list` holds `n` readable entries.
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     // SAFETY: callback contract.
     unsafe {
@@ -223,10 +323,20 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
         })
     }
 }
+/// `ibv_wr_set_inline_data`: the last WQE carries these bytes inline.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`; `addr..addr+length` is readable.
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     // SAFETY: callback contract; the buffer is readable (ibv_wr_set_inline_data contract).
     unsafe { last(qp, |q, w| set_inline(w, &q.lim, [(addr as u64, length)])) }
 }
+/// `ibv_wr_set_inline_data_list`: the last WQE carries these buffers inline.
+///
+/// # Safety
+/// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
+/// calling thread holds its send lock since `wr_start`; `list` holds `n` readable entries, each naming a readable buffer.
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     // SAFETY: callback contract.
     unsafe {

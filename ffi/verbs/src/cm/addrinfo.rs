@@ -33,7 +33,10 @@ pub fn hints_to_ai(h: &rdma_addrinfo) -> libc::addrinfo {
 }
 
 /// A malloc'd copy of `len` bytes (freed by `rdma_freeaddrinfo` with free(3)).
-fn dup(p: *const u8, len: usize) -> Res<*mut u8> {
+///
+/// # Safety
+/// `p` is readable for `len` bytes.
+unsafe fn dup(p: *const u8, len: usize) -> Res<*mut u8> {
     // SAFETY: plain allocation.
     let d = unsafe { libc::malloc(len.max(1)) }.cast::<u8>();
     if d.is_null() {
@@ -77,7 +80,8 @@ pub unsafe fn ai_to_rai(rai: &mut rdma_addrinfo, h: &rdma_addrinfo, ai: &libc::a
         }
         c
     };
-    let addr = dup(ai.ai_addr.cast(), ai.ai_addrlen as usize)?.cast::<sockaddr>();
+    // SAFETY: getaddrinfo's result: `ai_addr` holds `ai_addrlen` bytes.
+    let addr = unsafe { dup(ai.ai_addr.cast(), ai.ai_addrlen as usize) }?.cast::<sockaddr>();
     if ai.ai_flags & libc::AI_PASSIVE != 0 {
         rai.ai_flags = RAI_PASSIVE as c_int;
         rai.ai_src_canonname = canon;
@@ -165,7 +169,8 @@ pub unsafe fn getaddrinfo(node: *const c_char, service: *const c_char, hints: *c
         r.ai_qp_type = h.ai_qp_type;
         r.ai_port_space = h.ai_port_space;
         if h.ai_dst_len > 0 && !h.ai_dst_addr.is_null() {
-            match dup(h.ai_dst_addr.cast(), h.ai_dst_len as usize) {
+            // SAFETY: the application's hints: `ai_dst_addr` holds `ai_dst_len` bytes.
+            match unsafe { dup(h.ai_dst_addr.cast(), h.ai_dst_len as usize) } {
                 Ok(d) => {
                     r.ai_dst_addr = d.cast();
                     r.ai_dst_len = h.ai_dst_len;
@@ -175,7 +180,8 @@ pub unsafe fn getaddrinfo(node: *const c_char, service: *const c_char, hints: *c
         }
     }
     if r.ai_src_len == 0 && h.ai_src_len > 0 && !h.ai_src_addr.is_null() {
-        match dup(h.ai_src_addr.cast(), h.ai_src_len as usize) {
+        // SAFETY: the application's hints: `ai_src_addr` holds `ai_src_len` bytes.
+        match unsafe { dup(h.ai_src_addr.cast(), h.ai_src_len as usize) } {
             Ok(d) => {
                 r.ai_src_addr = d.cast();
                 r.ai_src_len = h.ai_src_len;
