@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pmrxe_mem::{Access, MemLimits, MemTable, Region, Sge};
-use pmrxe_transport::sim::{bring_up, gid_of, PairParams};
+use pmrxe_transport::sim::{bring_up, gid_of, Collect, PairParams};
 use pmrxe_transport::{CqSide, Cqe, Engine, Instant, Qp, QpType, RecvWqe, RxPacket};
 use std::collections::VecDeque;
 use pmrxe_wire::{Psn, Qpn, TransportHeaders};
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = eng.post_recv(QPN, &RecvWqe::new(i).sge(s), &mut cq);
     }
     let mut now = Instant(1_000_000);
-    let mut out = vec![0u8; 10_000];
+    let mut out = Collect::default();
     let mut psn = 0u32;
     let mut rest = data;
     while rest.len() >= 3 {
@@ -70,11 +70,8 @@ fuzz_target!(|data: &[u8]| {
         pkt.frame.src_gid = gid_of([10, 0, 0, 2].into());
         pkt.frame.dst_gid = gid_of([10, 0, 0, 1].into());
         eng.handle_packet(now, &pkt, &mem, &mut cq);
-        for _ in 0..64 {
-            if eng.poll_transmit(now, &mem, &mut out, &mut cq).is_none() {
-                break;
-            }
-        }
+        eng.transmit(now, &mem, &mut out, &mut cq, 64);
+        out.out.clear();
     }
     let mut b = vec![0u8; 4096];
     other.read(0, &mut b).expect("read");

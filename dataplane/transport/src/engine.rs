@@ -27,6 +27,7 @@ use crate::attr::{AttrMask, QpAttr, QpState};
 use crate::cq::{Bound, Completions, Delivery};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
+use crate::attr::AddressVector;
 use crate::qp::{PostError, Qp, Transmit};
 use crate::srq::Srq;
 use crate::stats::QpStats;
@@ -101,6 +102,8 @@ struct Entry<X> {
     ready: bool,
     pending: bool,
     armed: Option<Instant>,
+    /// Since when the QP's next packet has been held for an unresolved neighbour.
+    hold_since: Option<Instant>,
 }
 
 /// QPs and SRQs owned by one lcore.
@@ -118,6 +121,12 @@ pub struct Engine<X = ()> {
     pending_spare: Vec<u32>,
     /// (deadline, slot, qpn): at most one live entry per QP, stale ones skipped.
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    /// Reserved scratch: ready QPs whose port was full this pass (served first next time).
+    deferred: Vec<u32>,
+    /// QPNs holding their next packet until a neighbour resolves (off the ready list).
+    held: Vec<u32>,
+    /// Neighbour generation `held` was last re-examined at, and when.
+    held_seen: (u64, Instant),
     /// Packets for a QPN we do not own.
     pub unknown_qpn: u64,
 }
@@ -164,6 +173,9 @@ impl<X> Engine<X> {
             pending: Vec::with_capacity(n),
             pending_spare: Vec::with_capacity(n),
             timers: BinaryHeap::with_capacity(4 * n),
+            deferred: Vec::with_capacity(n),
+            held: Vec::with_capacity(n),
+            held_seen: (0, Instant(0)),
             unknown_qpn: 0,
         }
     }
@@ -202,7 +214,7 @@ impl<X> Engine<X> {
         if self.entries[s].is_some() {
             return Err(AddError::SlotTaken);
         }
-        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None }));
+        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None, hold_since: None }));
         self.live += 1;
         self.touch(s);
         Ok(())
@@ -216,6 +228,7 @@ impl<X> Engine<X> {
         let s = s as u32;
         self.ready.retain(|&q| q != s);
         self.pending.retain(|&q| q != s);
+        self.held.retain(|&q| q != qpn);
         let Entry { qp, ext, .. } = *e;
         Some((qp, ext))
     }
@@ -432,59 +445,101 @@ impl<X> Engine<X> {
     }
 
     /// The earliest armed deadline (possibly one that will turn out stale: never later than
-    /// the real one).
+    /// the real one), or the next re-examination of QPs held for a neighbour.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|r| r.0 .0)
+        let t = self.timers.peek().map(|r| r.0 .0);
+        if self.held.is_empty() {
+            return t;
+        }
+        let recheck = self.held_seen.1.add_ns(HELD_RECHECK_NS);
+        Some(t.map_or(recheck, |t| t.min(recheck)))
     }
 
-    /// Next packet from any ready QP (round-robin, one packet per visit).
-    pub fn poll_transmit<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
-        while let Some(s) = self.ready.pop_front() {
+    /// Serve the ready list: each ready QP, in turn, sends up to `burst` packets into `port`'s
+    /// frames, then goes to the back of the list if it has more. The engine decides here, for
+    /// the simulator and the lcore alike:
+    ///
+    /// * **Fairness.** A QP whose port has no room ([`TxPort::has_room`]) keeps its place at
+    ///   the front of the list for the next pass, in the order such QPs were waiting; a QP whose
+    ///   `poll_transmit` had nothing leaves the list until an event re-files it.
+    /// * **Path gating.** The next packet's path must be resolved ([`TxPort::resolve`]) before
+    ///   the QP's send state advances (a UC/UD packet built for an unknown MAC would be lost
+    ///   yet reported sent). A QP whose neighbour is unresolved is held off the ready list
+    ///   (re-examined when the port's neighbour generation changes, and at least every
+    ///   [`HELD_RECHECK_NS`]) for at most [`NEIGH_HOLD_NS`]; after that its packets are built
+    ///   and the port drops them, and the transport's own timeouts decide (a peer that never
+    ///   answers cannot hang a WR).
+    ///
+    /// Completions a send produces (a UC/UD send, a local operation, a failed gather) go to
+    /// `cq`. Returns whether any packet was built.
+    pub fn transmit<M, C, P>(&mut self, now: Instant, mem: &M, port: &mut P, cq: &mut C, burst: usize) -> bool
+    where
+        M: MemOps + ?Sized,
+        C: Completions<X> + ?Sized,
+        P: TxPort<X> + ?Sized,
+    {
+        self.recheck_held(now, port.neigh_generation());
+        let mut any = false;
+        let mut deferred = core::mem::take(&mut self.deferred);
+        for _ in 0..self.ready.len() {
+            let Some(s) = self.ready.pop_front() else { break };
             let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             e.ready = false;
-            let t = e.qp.poll_transmit(now, mem, buf, &mut Bound { out: cq, ext: &e.ext });
-            self.refile(s as usize, t.is_some());
-            if t.is_some() {
-                return t;
+            if !port.has_room(&e.ext) {
+                deferred.push(s);
+                continue;
+            }
+            if let Some((av, dest)) = e.qp.next_path() {
+                if !port.resolve(&mut e.ext, av, e.qp.qpn(), dest, now) {
+                    let held = *e.hold_since.get_or_insert(now);
+                    if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
+                        port.held(&e.ext, av);
+                        let qpn = e.qp.qpn();
+                        if self.held.len() < self.held.capacity() && !self.held.contains(&qpn) {
+                            self.held.push(qpn);
+                        }
+                        continue; // off the ready list until the neighbour changes
+                    }
+                } else {
+                    e.hold_since = None;
+                }
+            }
+            let (sent, progressed) = send_burst(&mut e.qp, &mut e.ext, port, now, mem, cq, burst);
+            any |= sent;
+            self.refile(s as usize, progressed);
+        }
+        // Cut off by a full port: first in line next time, in the order they were waiting.
+        for &s in deferred.iter().rev() {
+            if let Some(e) = self.entries.get_mut(s as usize).and_then(|e| e.as_deref_mut()) {
+                if !e.ready {
+                    e.ready = true;
+                    self.ready.push_front(s);
+                }
             }
         }
-        None
+        deferred.clear();
+        self.deferred = deferred;
+        any
     }
 
-    /// Take the next ready QP for the embedder's own transmit loop: it sends through
-    /// [`Engine::entry`] and then calls [`Engine::requeue`] (back of the list if it still
-    /// wants to send) or [`Engine::defer`] (front: its port was full).
-    pub fn pop_ready(&mut self) -> Option<u32> {
-        while let Some(s) = self.ready.pop_front() {
-            if let Some(e) = self.entries[s as usize].as_deref_mut() {
-                e.ready = false;
-                return Some(s);
+    /// QPs holding for a neighbour go back on the ready list when the neighbour generation
+    /// changed, and at least every [`HELD_RECHECK_NS`] (to re-ask, or to give up after the
+    /// hold).
+    fn recheck_held(&mut self, now: Instant, gen: u64) {
+        if self.held.is_empty() {
+            return;
+        }
+        let (seen_gen, seen_at) = self.held_seen;
+        if gen == seen_gen && now.0.saturating_sub(seen_at.0) < HELD_RECHECK_NS {
+            return;
+        }
+        self.held_seen = (gen, now);
+        for k in 0..self.held.len() {
+            if let Some(s) = self.slot_of(self.held[k]) {
+                self.touch(s);
             }
         }
-        None
-    }
-    /// Number of QPs on the ready list.
-    pub fn ready_len(&self) -> usize {
-        self.ready.len()
-    }
-    /// A slot's QP and attachment (slots come from [`Engine::pop_ready`]).
-    pub fn entry(&mut self, slot: u32) -> Option<(&mut Qp, &mut X)> {
-        self.entries.get_mut(slot as usize)?.as_deref_mut().map(|e| (&mut e.qp, &mut e.ext))
-    }
-    /// A popped slot goes back on the lists it belongs to (ready at the back). `progressed`:
-    /// the QP produced a packet or was cut short by the embedder (no buffer); false when its
-    /// `poll_transmit` had nothing, which keeps it off the ready list until an event.
-    pub fn requeue(&mut self, slot: u32, progressed: bool) {
-        self.refile(slot as usize, progressed);
-    }
-    /// A popped slot goes back to the front of the ready list (it was not served).
-    pub fn defer(&mut self, slot: u32) {
-        if let Some(e) = self.entries.get_mut(slot as usize).and_then(|e| e.as_deref_mut()) {
-            if !e.ready {
-                e.ready = true;
-                self.ready.push_front(slot);
-            }
-        }
+        self.held.clear();
     }
 
     /// The end of a pass's completion work: every QP holding completions its CQ refused
@@ -543,6 +598,78 @@ impl<X> Engine<X> {
         }
         s
     }
+}
+
+/// How long a QP's send state is held while its next hop's neighbour resolves; after that its
+/// packets are built and the port drops them (the transport's own timeouts decide).
+pub const NEIGH_HOLD_NS: u64 = 50_000_000;
+/// Held QPs are re-examined at least this often (to re-ask, or to give up after the hold).
+pub const HELD_RECHECK_NS: u64 = 100_000;
+
+/// The port side of [`Engine::transmit`]: frame buffers and path (neighbour) state. The runtime
+/// implements it over DPDK mbufs and its neighbour table, the simulator over `Vec<u8>` frames
+/// and a neighbour table a test can empty. Calls for one QP's burst come in this order:
+/// [`TxPort::resolve`] (once, before the burst), then per packet [`TxPort::frame`] and
+/// [`TxPort::emit`] (or [`TxPort::give_back`] when the QP had nothing more), then
+/// [`TxPort::end_burst`].
+pub trait TxPort<X> {
+    /// A frame being filled.
+    type Frame;
+    /// Has the port of the QP with attachment `ext` room for one more frame? (false before a
+    /// burst: the QP keeps its place at the front of the ready list; within one: the burst ends)
+    fn has_room(&self, ext: &X) -> bool;
+    /// The neighbour table's generation: QPs held for a neighbour are re-examined when it
+    /// changes.
+    fn neigh_generation(&self) -> u64;
+    /// Is the path on `av` from `src_qpn` to `dest_qpn` resolved (its next hop's MAC known)?
+    /// May fill a path cache in `ext`.
+    fn resolve(&mut self, ext: &mut X, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> bool;
+    /// The QP is held for the unresolved neighbour of `av` (count it; ask for it).
+    fn held(&mut self, ext: &X, av: &AddressVector);
+    /// An empty frame for the QP's next packet (`None`: no buffer; the burst ends).
+    fn frame(&mut self, ext: &mut X) -> Option<Self::Frame>;
+    /// Where the transport part of the packet goes in `frame` (the room left for the ICRC and
+    /// the outer headers excluded).
+    fn room(frame: &mut Self::Frame) -> &mut [u8];
+    /// The QP wrote packet `t` (path `av`) into `frame`: add the outer headers and the ICRC and
+    /// queue it (or drop it, counted, if its path cannot be resolved now).
+    fn emit(&mut self, ext: &mut X, frame: Self::Frame, t: &Transmit, av: &AddressVector, now: Instant);
+    /// The QP had nothing to write: `frame` goes back unused.
+    fn give_back(&mut self, ext: &mut X, frame: Self::Frame);
+    /// The QP's burst is over (finish what was deferred to the end of the burst).
+    fn end_burst(&mut self, ext: &mut X, qpn: u32);
+}
+
+/// Up to `burst` packets of one ready QP into `port`'s frames. Returns (any packet built,
+/// progressed: false when the QP itself had nothing to send, which keeps it off the ready list
+/// until an event). Out of line (one call per QP burst): profiles and
+/// `scripts/instructions.sh` see the per-packet work here.
+#[inline(never)]
+fn send_burst<X, M, C, P>(qp: &mut Qp, ext: &mut X, port: &mut P, now: Instant, mem: &M, cq: &mut C, burst: usize) -> (bool, bool)
+where
+    M: MemOps + ?Sized,
+    C: Completions<X> + ?Sized,
+    P: TxPort<X> + ?Sized,
+{
+    let mut built = false;
+    let mut progressed = true;
+    let mut n = 0;
+    while n < burst && port.has_room(ext) {
+        n += 1;
+        let Some(mut f) = port.frame(ext) else { break };
+        // Read in place: moving the returned value out copied it in wide words right after
+        // poll_transmit wrote it field by field (a store-forwarding stall).
+        let sent = qp.poll_transmit(now, mem, P::room(&mut f), &mut Bound { out: &mut *cq, ext: &*ext });
+        let Some(t) = &sent else {
+            port.give_back(ext, f);
+            progressed = n > 1;
+            break;
+        };
+        built = true;
+        port.emit(ext, f, t, qp.transmit_av(t), now);
+    }
+    port.end_burst(ext, qp.qpn());
+    (built, progressed)
 }
 
 #[cfg(test)]

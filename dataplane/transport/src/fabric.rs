@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::packet::RxPacket;
-use crate::sim::Node;
+use crate::sim::{Node, Outgoing};
 use crate::timers::Instant;
 
 /// Fabric parameters.
@@ -98,6 +98,7 @@ pub struct Fabric {
     seq: u64,
     rng: SmallRng,
     buf: Vec<u8>,
+    outgoing: Vec<Outgoing>,
 }
 
 impl core::fmt::Debug for Fabric {
@@ -128,6 +129,7 @@ impl Fabric {
             seq: 0,
             rng: SmallRng::seed_from_u64(seed),
             buf: vec![0u8; 10_000],
+            outgoing: Vec::new(),
         }
     }
 
@@ -170,9 +172,16 @@ impl Fabric {
                 continue;
             }
             let now = self.now;
+            let mut out = core::mem::take(&mut self.outgoing);
+            self.nodes[i].transmit(now, 1, 1, &mut out);
+            let Some(Outgoing { t, av, roce }) = out.pop() else {
+                self.outgoing = out;
+                continue;
+            };
+            self.outgoing = out;
+            self.buf[hl..hl + t.len].copy_from_slice(&roce[..t.len]);
             let node = &mut self.nodes[i];
-            let Some(t) = node.poll_transmit(now, &mut self.buf[hl..]) else { continue };
-            let av = crate::sim::path_of(&node.engine, &t);
+            node.recycle(roce);
             any = true;
             let node_ip = node.ip;
             let dst = self.nodes.iter().position(|n| n.gid() == av.dgid);

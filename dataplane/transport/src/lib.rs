@@ -57,7 +57,7 @@ pub mod stats;
 pub mod timers;
 pub mod wqe;
 
-pub use engine::{AddError, Engine, QpnLayout};
+pub use engine::{AddError, Engine, QpnLayout, TxPort};
 pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, Delivery, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};

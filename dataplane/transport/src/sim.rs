@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cq::{Completions, CqSide, Cqe, Deferred, Delivery};
-use crate::engine::Engine;
+use crate::engine::{Engine, TxPort};
 use crate::AddressVector;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
@@ -130,6 +130,115 @@ impl<X> Delivery<X> for NodeCq<'_> {
     }
 }
 
+/// A packet a node's engine built: its path and its transport part (BTH to pad; no ICRC).
+#[derive(Debug)]
+pub struct Outgoing {
+    /// What the engine reported.
+    pub t: Transmit,
+    /// Its path.
+    pub av: AddressVector,
+    /// The frame buffer: the transport part is its first `t.len` bytes.
+    pub roce: Vec<u8>,
+}
+
+/// Room for the transport part of any packet.
+const ROCE_ROOM: usize = 10_000;
+
+/// The simulator's port for [`Engine::transmit`]: `Vec<u8>` frames and a neighbour table a
+/// test can empty ([`Node::set_reachable`]).
+struct SimPort<'a> {
+    unresolved: &'a [[u8; 16]],
+    gen: u64,
+    limit: usize,
+    out: &'a mut Vec<Outgoing>,
+    spare: &'a mut Vec<Vec<u8>>,
+    holds: &'a mut u64,
+    no_neighbor: &'a mut u64,
+}
+
+impl<X> TxPort<X> for SimPort<'_> {
+    type Frame = Vec<u8>;
+    fn has_room(&self, _ext: &X) -> bool {
+        self.out.len() < self.limit
+    }
+    fn neigh_generation(&self) -> u64 {
+        self.gen
+    }
+    fn resolve(&mut self, _ext: &mut X, av: &AddressVector, _src_qpn: u32, _dest_qpn: u32, _now: Instant) -> bool {
+        !self.unresolved.contains(&av.dgid)
+    }
+    fn held(&mut self, _ext: &X, _av: &AddressVector) {
+        *self.holds += 1;
+    }
+    fn frame(&mut self, _ext: &mut X) -> Option<Vec<u8>> {
+        // Reused buffers keep their length: no clearing per packet (the engine writes what
+        // it reports).
+        let mut f = self.spare.pop().unwrap_or_default();
+        if f.len() != ROCE_ROOM {
+            f.resize(ROCE_ROOM, 0);
+        }
+        Some(f)
+    }
+    fn room(frame: &mut Vec<u8>) -> &mut [u8] {
+        frame
+    }
+    fn emit(&mut self, _ext: &mut X, frame: Vec<u8>, t: &Transmit, av: &AddressVector, _now: Instant) {
+        if self.unresolved.contains(&av.dgid) {
+            // Built for a neighbour that never resolved (the hold ran out): dropped, counted.
+            *self.no_neighbor += 1;
+            self.spare.push(frame);
+            return;
+        }
+        self.out.push(Outgoing { t: *t, av: *av, roce: frame });
+    }
+    fn give_back(&mut self, _ext: &mut X, frame: Vec<u8>) {
+        self.spare.push(frame);
+    }
+    fn end_burst(&mut self, _ext: &mut X, _qpn: u32) {}
+}
+
+/// A CQ that never fills, for a bare [`Engine`] (fuzz targets, benches): every completion joins
+/// the list, tagged with its QPN and side.
+impl<X> Completions<X> for VecDeque<(u32, CqSide, Cqe)> {
+    fn complete(&mut self, _ext: &X, side: CqSide, c: &Cqe) -> bool {
+        self.push_back((c.qp_num, side, *c));
+        true
+    }
+}
+
+/// A port with unlimited room and every neighbour resolved, for a bare [`Engine`] (fuzz
+/// targets): [`Engine::transmit`]'s packets join `out`.
+#[derive(Debug, Default)]
+pub struct Collect {
+    /// The packets built, in order.
+    pub out: Vec<Outgoing>,
+}
+
+impl<X> TxPort<X> for Collect {
+    type Frame = Vec<u8>;
+    fn has_room(&self, _ext: &X) -> bool {
+        true
+    }
+    fn neigh_generation(&self) -> u64 {
+        0
+    }
+    fn resolve(&mut self, _ext: &mut X, _av: &AddressVector, _src_qpn: u32, _dest_qpn: u32, _now: Instant) -> bool {
+        true
+    }
+    fn held(&mut self, _ext: &X, _av: &AddressVector) {}
+    fn frame(&mut self, _ext: &mut X) -> Option<Vec<u8>> {
+        Some(vec![0u8; ROCE_ROOM])
+    }
+    fn room(frame: &mut Vec<u8>) -> &mut [u8] {
+        frame
+    }
+    fn emit(&mut self, _ext: &mut X, frame: Vec<u8>, t: &Transmit, av: &AddressVector, _now: Instant) {
+        self.out.push(Outgoing { t: *t, av: *av, roce: frame });
+    }
+    fn give_back(&mut self, _ext: &mut X, _frame: Vec<u8>) {}
+    fn end_burst(&mut self, _ext: &mut X, _qpn: u32) {}
+}
+
 /// One host on the simulated link.
 #[derive(Debug)]
 pub struct Node {
@@ -152,6 +261,17 @@ pub struct Node {
     pub cq_limit: Option<usize>,
     /// CQ overflows the engine reported: (QPN, side), once per refused retry.
     pub cq_overflows: Vec<(u32, CqSide)>,
+    /// GIDs whose next hop this node cannot resolve (an empty neighbour entry): the engine
+    /// holds QPs sending there ([`Engine::transmit`]); change it with [`Node::set_reachable`].
+    pub unresolved: Vec<[u8; 16]>,
+    /// Generation of `unresolved` (the neighbour table's).
+    pub neigh_gen: u64,
+    /// Times the engine held a QP for an unresolved neighbour.
+    pub tx_neigh_holds: u64,
+    /// Packets built for an unresolved neighbour and dropped by the port (after the hold).
+    pub tx_no_neighbor: u64,
+    /// Frame buffers for the engine's packets (reused).
+    tx_spare: Vec<Vec<u8>>,
     /// Frames dropped by the receive parser (bad ICRC, malformed).
     pub rx_parse_drops: u64,
 }
@@ -160,7 +280,7 @@ impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
         let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
-        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), rx_parse_drops: 0 }
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0 }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -201,10 +321,33 @@ impl Node {
         let (engine, mem, mut cq) = self.parts();
         engine.handle_packet(now, pkt, mem, &mut cq)
     }
-    /// Next packet of any ready QP (see [`Engine::poll_transmit`]).
-    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        let (engine, mem, mut cq) = self.parts();
-        engine.poll_transmit(now, mem, buf, &mut cq)
+    /// Let the engine serve its ready list ([`Engine::transmit`], as the lcore's pass does):
+    /// up to `burst` packets per QP visit, `limit` packets in all (the port's room); the
+    /// packets join `out`.
+    pub fn transmit(&mut self, now: Instant, limit: usize, burst: usize, out: &mut Vec<Outgoing>) -> bool {
+        let mut port = SimPort {
+            unresolved: &self.unresolved,
+            gen: self.neigh_gen,
+            limit: out.len().saturating_add(limit),
+            out,
+            spare: &mut self.tx_spare,
+            holds: &mut self.tx_neigh_holds,
+            no_neighbor: &mut self.tx_no_neighbor,
+        };
+        let mut cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
+        self.engine.transmit(now, &self.mem, &mut port, &mut cq, burst)
+    }
+    /// Make the next hop of `gid` resolvable or not (a neighbour entry appears or goes).
+    pub fn set_reachable(&mut self, gid: [u8; 16], reachable: bool) {
+        self.unresolved.retain(|g| *g != gid);
+        if !reachable {
+            self.unresolved.push(gid);
+        }
+        self.neigh_gen += 1;
+    }
+    /// A frame buffer of an [`Outgoing`] packet goes back for reuse.
+    pub fn recycle(&mut self, roce: Vec<u8>) {
+        self.tx_spare.push(roce);
     }
     /// Service the expired timers (see [`Engine::handle_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) -> bool {
@@ -234,11 +377,6 @@ impl Node {
     }
 }
 
-/// The path a node's packet `t` takes: its own address vector, or its QP's connected path.
-pub(crate) fn path_of<X>(engine: &Engine<X>, t: &Transmit) -> AddressVector {
-    *engine.qp(t.src_qpn).expect("the sender exists").transmit_av(t)
-}
-
 /// IPv4-mapped GID of `ip`.
 pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
@@ -264,6 +402,9 @@ pub struct Sim {
     pub record: bool,
     /// Packets each node may send per step (`usize::MAX`: everything ready).
     pub max_burst: usize,
+    /// Packets a QP sends per visit of the ready list (the lcore's burst).
+    pub burst: usize,
+    outgoing: Vec<Outgoing>,
     rng: SmallRng,
     filters: Vec<Filter>,
     in_flight: BinaryHeap<Reverse<InFlight>>,
@@ -295,6 +436,8 @@ impl Sim {
             trace: Vec::new(),
             record: true,
             max_burst: usize::MAX,
+            burst: 32,
+            outgoing: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
             filters: Vec::new(),
             in_flight: BinaryHeap::new(),
@@ -319,16 +462,15 @@ impl Sim {
 
     /// Move every ready packet of node `i` onto the link.
     fn transmit_node(&mut self, i: usize) -> usize {
-        let mut sent = 0;
         let hl = frame_header_len(false);
-        while sent < self.max_burst {
-            let now = self.now;
-            let (node_ip, av, t) = {
-                let node = &mut self.nodes[i];
-                let Some(t) = node.poll_transmit(now, &mut self.buf[hl..]) else { break };
-                (node.ip, path_of(&node.engine, &t), t)
-            };
-            sent += 1;
+        let now = self.now;
+        let mut out = core::mem::take(&mut self.outgoing);
+        self.nodes[i].transmit(now, self.max_burst, self.burst, &mut out);
+        let sent = out.len();
+        let node_ip = self.nodes[i].ip;
+        for Outgoing { t, av, roce } in out.drain(..) {
+            self.buf[hl..hl + t.len].copy_from_slice(&roce[..t.len]);
+            self.nodes[i].recycle(roce);
             let dst = self.node_of(&av.dgid);
             let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&av.dgid[12..16]).expect("4 bytes"));
             let l3 = L3Info {
@@ -418,6 +560,7 @@ impl Sim {
                 }
             }
         }
+        self.outgoing = out;
         sent
     }
 

@@ -964,12 +964,9 @@ fn raw_to_b(sim: &mut Sim, hdr: TransportHeaders, payload: &[u8]) -> Vec<Transpo
     let node = &mut sim.nodes[B];
     let pkt = RxPacket::new(hdr, payload);
     node.handle_packet(now, &pkt);
-    let mut out = vec![];
-    let mut buf = vec![0u8; 4096];
-    while let Some(t) = node.poll_transmit(now, &mut buf) {
-        out.push(TransportHeaders::parse(&buf[..t.len]).unwrap().0);
-    }
-    out
+    let mut sent = vec![];
+    node.transmit(now, usize::MAX, 32, &mut sent);
+    sent.iter().map(|o| TransportHeaders::parse(&o.roce[..o.t.len]).unwrap().0).collect()
 }
 
 fn bth(op: Opcode, psn: u32) -> BthRepr {

@@ -243,7 +243,6 @@ impl<L: Port> Lcore<L> {
             backlog: false,
             backlog_listed: false,
             path: None,
-            hold_since: None,
             rx_predict: None,
         };
         self.engine.insert(s.qp, slot).map_err(|e| e.to_string())?;
@@ -278,7 +277,6 @@ impl<L: Port> Lcore<L> {
             }
         }
         self.backlog.retain(|&q| q != qpn);
-        self.neigh_wait.retain(|&q| q != qpn);
         let _ = self.grave.send(Box::new((qp, slot)));
         true
     }

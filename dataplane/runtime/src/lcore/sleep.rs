@@ -11,9 +11,9 @@
 //!    (`DoorbellRow::sleep_begin`, a `fetch_or` that returns the word): a doorbell rung since
 //!    the last look → flags cleared, back to polling;
 //! 4. blocks in `epoll_pwait2` on its eventfd and the ports' receive fds, with the next QP
-//!    timer as the timeout (bounded by `max_sleep_us` when a port cannot wake it, while a
-//!    neighbour is unresolved, transmit is deferred or the af_packet PMD holds frames; and by
-//!    1 s in any case);
+//!    timer as the timeout (the engine's next deadline: a QP timer, or the re-examination of
+//!    QPs held for an unresolved neighbour; bounded by `max_sleep_us` when a port cannot wake
+//!    it or the af_packet PMD holds frames; and by 1 s in any case);
 //! 5. clears the flags.
 //!
 //! Clients: the flag and the doorbells share one word, and both sides change it with a
@@ -77,7 +77,8 @@ impl<L: Port> Lcore<L> {
             self.sleep_end();
             return false;
         }
-        let mut bounded = self.wake_blind || !self.neigh_wait.is_empty() || !self.deferred.is_empty();
+        // (QPs held for a neighbour bound the sleep through the engine's next deadline.)
+        let mut bounded = self.wake_blind;
         for p in &mut self.ports {
             bounded |= p.link.kick();
         }

@@ -1,6 +1,8 @@
-//! Transmit: timers, then every ready QP builds packets straight into port buffers through
-//! its path cache (Eth/IP/UDP; the ICRC from the transport's tail CRC, or over a short
-//! frame once its burst is built); QP1 MADs from the connection manager; `tx_burst`.
+//! Transmit: timers, then the engine serves its ready list (`Engine::transmit`: fairness and
+//! path gating) into the ports through [`LcorePorts`], the engine's `TxPort`: each packet
+//! straight into a port buffer, Eth/IP/UDP from the QP's path cache, the ICRC from the
+//! transport's tail CRC or over a short frame once its burst is built; QP1 MADs from the
+//! connection manager; `tx_burst`.
 use super::*;
 
 impl<L: Port> Lcore<L> {
@@ -9,75 +11,20 @@ impl<L: Port> Lcore<L> {
         self.engine.handle_timeout(now, &*self.mem, &mut cq)
     }
 
-    /// Serve the engine's ready list: each ready QP sends up to a burst into its port's
-    /// buffers (transport headers + payload straight into the buffer, then Eth/IP/UDP from the
-    /// QP's path cache and the ICRC), then goes to the back of the list if it has more. A QP
-    /// whose port is full keeps its place at the front for the next pass.
+    /// Serve the engine's ready list (`Engine::transmit`: fairness and path gating are the
+    /// engine's): each ready QP sends up to a burst into its port's buffers through
+    /// [`LcorePorts`] (transport headers + payload straight into the buffer, then Eth/IP/UDP
+    /// from the QP's path cache and the ICRC).
     pub(super) fn transmit(&mut self, now: Instant) -> bool {
         let mut any = self.drain_srqs();
         any |= self.drain_backlog(now);
-        self.recheck_neigh_wait(now);
-        let mut unresolved: Option<(usize, IpAddr)> = None;
-        let mut deferred = core::mem::take(&mut self.deferred);
         let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        for _ in 0..self.engine.ready_len() {
-            let Some(slot) = self.engine.pop_ready() else { break };
-            let Some((qp, s)) = self.engine.entry(slot) else { continue };
-            let port = &mut self.ports[s.dev];
-            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
-                deferred.push(slot);
-                continue;
-            }
-            // The next packet's path must be resolved before the QP's send state advances
-            // (a UC/UD packet built for an unknown MAC would be lost yet reported sent).
-            if let Some((av, dest)) = qp.next_path() {
-                if path_for(&mut s.path, port, &self.neigh, av, qp.qpn(), dest, now).is_none() {
-                    let held = *s.hold_since.get_or_insert(now);
-                    if now.0.saturating_sub(held.0) < NEIGH_HOLD_NS {
-                        bump(&self.stats.tx_neigh_hold, 1);
-                        unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
-                        if self.neigh_wait.len() < self.neigh_wait.capacity() && !self.neigh_wait.contains(&qp.qpn()) {
-                            self.neigh_wait.push(qp.qpn());
-                        }
-                        continue; // off the ready list until the neighbour changes
-                    }
-                } else {
-                    s.hold_since = None;
-                }
-            }
-            let ctx = BurstCtx { mem: &self.mem, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), now };
-            let (sent, progressed) = send_burst(qp, s, port, &ctx, &mut cq, &mut unresolved);
-            any |= sent;
-            self.engine.requeue(slot, progressed);
-        }
-        // Cut off by a full port: first in line next time, in the order they were waiting.
-        for &slot in deferred.iter().rev() {
-            self.engine.defer(slot);
-        }
-        deferred.clear();
-        self.deferred = deferred;
-        if let Some((pi, ip)) = unresolved {
+        let mut ports = LcorePorts { ports: &mut self.ports, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), unresolved: None, burst: Burst::default() };
+        any |= self.engine.transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
+        if let Some((pi, ip)) = ports.unresolved {
             self.solicit(pi, ip, now);
         }
         any
-    }
-
-    /// QPs holding for a neighbour go back on the ready list when the neighbour table changed,
-    /// and at least every solicitation interval (to re-ask, or to give up after the hold).
-    pub(super) fn recheck_neigh_wait(&mut self, now: Instant) {
-        if self.neigh_wait.is_empty() {
-            return;
-        }
-        let gen = self.neigh.generation();
-        let (seen_gen, seen_at) = self.neigh_wait_seen;
-        if gen == seen_gen && now.0.saturating_sub(seen_at.0) < 100_000 {
-            return;
-        }
-        self.neigh_wait_seen = (gen, now);
-        for k in 0..self.neigh_wait.len() {
-            self.engine.kick(self.neigh_wait[k]);
-        }
-        self.neigh_wait.clear();
     }
 
     /// MADs the connection manager wants sent from QP1 of one of our ports.
@@ -182,96 +129,122 @@ impl<L: Port> Lcore<L> {
 /// The longest Eth/IP/UDP header a packet is given (IPv6).
 const MAX_OUTER_LEN: usize = wire::eth::HEADER_LEN + wire::ipv6::HEADER_LEN + wire::udp::HEADER_LEN;
 
-/// What a QP's transmit burst reads from the lcore besides its QP, slot and port.
-struct BurstCtx<'a> {
-    mem: &'a Reader,
+/// The lcore's ports as the engine's transmit sees them (`TxPort`): DPDK buffers, the
+/// neighbour table, each QP's path cache in its slot.
+struct LcorePorts<'a, L: Port> {
+    ports: &'a mut Vec<PortSlot<L>>,
     neigh: &'a Neighbors,
     stats: &'a LcoreStats,
     tap: Option<&'a dyn Tap>,
-    now: Instant,
+    /// A next hop to solicit after the pass (port index, address).
+    unresolved: Option<(usize, IpAddr)>,
+    /// The current QP's burst.
+    burst: Burst,
 }
 
-/// Up to a burst of one ready QP's packets into its port's buffers: transport headers and
-/// payload straight into each buffer, Eth/IP/UDP from the QP's path cache, the ICRC from the
-/// transport's tail CRC or (short frames) over the finished frame once the burst is built.
-/// Returns (any packet built, progressed: false when the QP itself had nothing to send).
-/// Out of line (one call per QP burst): profiles and `scripts/instructions.sh` see the
-/// per-packet work here, apart from the pass that polls.
-#[inline(never)]
-fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx: &BurstCtx<'_>, cq: &mut CqWriter<'_>, unresolved: &mut Option<(usize, IpAddr)>) -> (bool, bool) {
-    let mut built_any = false;
-    let mut budget = BURST;
-    // Stays true unless the QP itself had nothing to send (then it leaves the ready
-    // list until a packet, timer or post re-files it).
-    let mut progressed = true;
-    // Frames of this burst to seal (short packets: ICRC over the finished frame) and
-    // show the capture tap, once the burst is built: (loopback, index, header length).
-    let mut built: ArrayVec<(bool, u16, u8, bool), BURST> = ArrayVec::new();
-    let tap = ctx.tap.is_some_and(|t| t.active());
-    // The QP's cached path was checked for its connected path in this burst: later packets on
-    // that path use it as it is (nothing the check reads — the QP's attributes, the neighbour
-    // table — changes inside a burst).
-    let mut connected_checked = false;
-    // Completions (a UC/UD send, a local operation, a failed gather) go straight to the QP's CQs.
-    let mut sink = cq.sink(&s.cq);
-    while budget > 0 && port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity() {
-        budget -= 1;
-        let Some(mut b) = port.alloc() else {
-            bump(&ctx.stats.tx_alloc_failures, 1);
-            break;
+/// The state of one QP's burst.
+#[derive(Default)]
+struct Burst {
+    /// Frames of this burst to seal (short packets: ICRC over the finished frame) and show
+    /// the capture tap, once the burst is built: (loopback, index, header length, seal).
+    built: ArrayVec<(bool, u16, u8, bool), BURST>,
+    /// The QP's cached path was checked for its connected path in this burst: later packets
+    /// on that path use it as it is (nothing the check reads — the QP's attributes, the
+    /// neighbour table — changes inside a burst).
+    connected_checked: bool,
+    /// A capture is running (read once per burst).
+    tap: bool,
+    /// The burst has started (the tap flag is read).
+    started: bool,
+}
+
+impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
+    type Frame = L::Buf;
+
+    #[inline]
+    fn has_room(&self, s: &QpSlot) -> bool {
+        let port = &self.ports[s.dev];
+        port.tx.len() < port.tx.capacity() && port.lo.len() < port.lo.capacity()
+    }
+
+    fn neigh_generation(&self) -> u64 {
+        self.neigh.generation()
+    }
+
+    #[inline]
+    fn resolve(&mut self, s: &mut QpSlot, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> bool {
+        path_for(&mut s.path, &self.ports[s.dev], self.neigh, av, src_qpn, dest_qpn, now).is_some()
+    }
+
+    fn held(&mut self, s: &QpSlot, av: &AddressVector) {
+        bump(&self.stats.tx_neigh_hold, 1);
+        self.unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
+    }
+
+    #[inline]
+    fn frame(&mut self, s: &mut QpSlot) -> Option<L::Buf> {
+        if !self.burst.started {
+            self.burst.started = true;
+            self.burst.tap = self.tap.is_some_and(|t| t.active());
+        }
+        let Some(mut b) = self.ports[s.dev].alloc() else {
+            bump(&self.stats.tx_alloc_failures, 1);
+            return None;
         };
         // The payload of a packet with a bare BTH (the MIDDLE and LAST packets of a long
         // message: the bulk of its bytes) starts on a cache line, so its copy stores whole
         // lines (the kernel's 4 KiB copy runs 10 % faster into aligned destinations than at
         // DPDK's default offset, 128 + 12), and a looped-back frame is read aligned too. The
-        // headroom keeps room for the Eth/IPv6/UDP headers prepended below.
-        let Some(buf) = b.open_aligned(wire::bth::HEADER_LEN, MAX_OUTER_LEN) else { break };
-        let cap = buf.len();
+        // headroom keeps room for the Eth/IPv6/UDP headers prepended in `emit`.
+        b.open_aligned(wire::bth::HEADER_LEN, MAX_OUTER_LEN)?;
+        Some(b)
+    }
+
+    #[inline]
+    fn room(b: &mut L::Buf) -> &mut [u8] {
         // Transport headers + payload go at the start of the data room; Eth/IP/UDP are
         // prepended into the headroom afterwards, so the payload is written once.
-        let room = cap.saturating_sub(wire::ICRC_LEN);
-        // Read in place: moving the returned value out copied it in wide words right
-        // after poll_transmit wrote it field by field (a store-forwarding stall, a third
-        // of this function's time at 8 B).
-        let sent = qp.poll_transmit(ctx.now, ctx.mem, &mut buf[..room], &mut sink);
-        let Some(t) = &sent else {
-            port.give_back(b);
-            progressed = budget + 1 < BURST;
-            break;
-        };
-        built_any = true;
-        if buf[0] == wire::cnp::OPCODE.0 {
-            bump(&ctx.stats.tx_cnp, 1);
+        let buf = b.data_mut();
+        let room = buf.len().saturating_sub(wire::ICRC_LEN);
+        &mut buf[..room]
+    }
+
+    #[inline]
+    fn emit(&mut self, s: &mut QpSlot, mut b: L::Buf, t: &Transmit, av: &AddressVector, now: Instant) {
+        let stats = self.stats;
+        if b.data()[0] == wire::cnp::OPCODE.0 {
+            bump(&stats.tx_cnp, 1);
         }
+        let port = &mut self.ports[s.dev];
         let connected = t.av.is_none();
-        let cached = if connected && connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, ctx.neigh, qp.transmit_av(t), t.src_qpn, t.dest_qpn, ctx.now) };
+        let cached = if connected && self.burst.connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, self.neigh, av, t.src_qpn, t.dest_qpn, now) };
         let Some(path) = cached else {
-            bump(&ctx.stats.tx_no_neighbor, 1);
-            *unresolved = Some((s.dev, gid_to_ip(&qp.transmit_av(t).dgid)));
-            connected_checked = false;
-            continue; // the engine's retransmission recovers once ARP/ND resolves
+            bump(&stats.tx_no_neighbor, 1);
+            self.unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
+            self.burst.connected_checked = false;
+            return; // the engine's retransmission recovers once ARP/ND resolves
         };
-        connected_checked = connected;
+        self.burst.connected_checked = connected;
         let local = path.local;
         let Some(header) = path.header(t.len) else {
-            bump(&ctx.stats.tx_build_errors, 1);
-            continue;
+            bump(&stats.tx_build_errors, 1);
+            return;
         };
         if b.resize(t.len + wire::ICRC_LEN).is_none() {
-            continue;
+            return;
         }
         if b.prepend(header.header_len()).is_none() {
-            bump(&ctx.stats.tx_alloc_failures, 1);
-            continue;
+            bump(&stats.tx_alloc_failures, 1);
+            return;
         }
         if header.finish(b.data_mut(), t.tail_crc).is_err() {
-            bump(&ctx.stats.tx_build_errors, 1);
-            continue;
+            bump(&stats.tx_build_errors, 1);
+            return;
         }
         let seal = t.tail_crc.is_none();
-        if seal || tap {
+        if seal || self.burst.tap {
             let at = if local { port.lo.len() } else { port.tx.len() };
-            built.push((local, at as u16, header.header_len() as u8, seal));
+            self.burst.built.push((local, at as u16, header.header_len() as u8, seal));
         }
         if local {
             port.lo.push(b);
@@ -279,21 +252,32 @@ fn send_burst<L: Port>(qp: &mut Qp, s: &mut QpSlot, port: &mut PortSlot<L>, ctx:
             port.tx.push(b);
         }
     }
-    // The short frames' ICRCs, hashed now that the burst's header and payload stores
-    // have settled (hashed right after them, the CRC's first loads waited on store
-    // forwarding: a stall per packet).
-    for &(local, at, hl, seal) in &built {
-        let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
-        if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
-            bump(&ctx.stats.tx_build_errors, 1);
-        }
-        if tap {
-            if let Some(t) = ctx.tap {
-                t.frame(true, Some(qp.qpn()), b.data());
+
+    #[inline]
+    fn give_back(&mut self, s: &mut QpSlot, b: L::Buf) {
+        self.ports[s.dev].give_back(b);
+    }
+
+    /// The short frames' ICRCs, hashed now that the burst's header and payload stores have
+    /// settled (hashed right after them, the CRC's first loads waited on store forwarding: a
+    /// stall per packet); then the capture tap.
+    fn end_burst(&mut self, s: &mut QpSlot, qpn: u32) {
+        let port = &mut self.ports[s.dev];
+        for &(local, at, hl, seal) in &self.burst.built {
+            let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
+            if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
+                bump(&self.stats.tx_build_errors, 1);
+            }
+            if self.burst.tap {
+                if let Some(t) = self.tap {
+                    t.frame(true, Some(qpn), b.data());
+                }
             }
         }
+        self.burst.built.clear();
+        self.burst.connected_checked = false;
+        self.burst.started = false;
     }
-    (built_any, progressed)
 }
 
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
