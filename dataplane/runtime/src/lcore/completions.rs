@@ -126,15 +126,13 @@ impl<L: Port> Lcore<L> {
             }
         }
         any = true;
-        // ...then one full fence for all of them, then read each `armed`: pairs with the shim's
-        // SeqCst store of `armed` before its next poll (Dekker): either we see the arm and
-        // signal, or the application's poll sees these completions. Without the fence x86 may
-        // let the load pass the store and both sides miss each other (a hang with -e).
-        std::sync::atomic::fence(Ordering::SeqCst);
+        // ...then one full fence for all of them, then take each CQ's arm (the Dekker pair
+        // with the shim's `CqNotify::arm`: either we see the arm and signal, or the
+        // application's next poll sees these completions; `pmrxe_abi::CqNotify`).
+        pmrxe_abi::CqNotify::fence_after_publish();
         for k in 0..self.dirty_cqs.len() {
             let Some(cq) = self.cqs[self.dirty_cqs[k]].as_ref() else { continue };
-            if cq.notify().armed.load(Ordering::Relaxed) != 0 && cq.notify().armed.swap(0, Ordering::AcqRel) != 0 {
-                cq.notify().events.fetch_add(1, Ordering::Release);
+            if cq.notify().take_armed() {
                 if let Some(ch) = &cq.channel {
                     ch.signal();
                     bump(&self.stats.cq_events, 1);
