@@ -26,6 +26,9 @@
 //!   that enters the other namespace, each rank on its own node's service (`PMRXE_SOCKET`
 //!   from the node's environment); data checked by the program, frames counted by both
 //!   services, beside the same job over Open MPI's TCP BTL on the management veth.
+//! * Slurm on those two nodes: slurmctld, one slurmd per node (`-N nodeA`/`nodeB`, each in its
+//!   node's network, mount and UTS namespaces), munge; `srun --mpi=pmix -N 2 -n 2` with each
+//!   task's `PMRXE_SOCKET` from a TaskProlog; checked and counted as above.
 //!
 //! Users and groups are created for the test and removed when it ends (pass or fail); the
 //! container's mounts live in its own mount namespace and vanish with it.
@@ -260,6 +263,32 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
 /// them to init), SIGKILL after 5 s.
 struct Daemons(Vec<Child>);
 
+impl Daemons {
+    /// Start `cmd` (which must exec the daemon itself, in the foreground), output to `log`.
+    fn spawn(&mut self, cmd: &mut Command, log: &Path) {
+        let f = std::fs::File::create(log).unwrap();
+        self.0.push(cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")));
+    }
+
+    /// A private munged (the installed key) with its socket, pid, log and seed in `dir`;
+    /// returns the socket once it exists.
+    fn munged(&mut self, dir: &Path) -> std::path::PathBuf {
+        let sock = dir.join("munge.sock");
+        self.spawn(
+            Command::new(require_tool("munged"))
+                .arg("-F")
+                .arg("--force")
+                .arg(format!("--socket={}", sock.display()))
+                .arg(format!("--pid-file={}", dir.join("munged.pid").display()))
+                .arg(format!("--log-file={}", dir.join("munged.log").display()))
+                .arg(format!("--seed-file={}", dir.join("munge.seed").display())),
+            &dir.join("munged.out"),
+        );
+        wait_until(Duration::from_secs(10), "munged's socket", || sock.exists());
+        sock
+    }
+}
+
 impl Drop for Daemons {
     fn drop(&mut self) {
         for c in self.0.iter_mut().rev() {
@@ -275,7 +304,7 @@ impl Drop for Daemons {
 /// Slurm on one node (slurmctld + slurmd, a private munged, a config the test writes) launches
 /// an MPI program with `srun --mpi=pmix -n 2`, each rank under `pmrxe run` using pmrxe0 over
 /// UCX; the ping-pong and allreduce data are checked by the program, the traffic counted by
-/// the service. (Two nodes in two network namespaces: not done yet, see docs/operations.md.)
+/// the service. Two nodes: `slurm_two_nodes_in_two_namespaces_srun_pmix_through_each_nodes_service`.
 #[test]
 fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
     for t in ["slurmctld", "slurmd", "srun", "munged", "mpicc"] {
@@ -292,23 +321,9 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
     }
     let prog = dir.join("mpi_pingpong");
     compile_c("tests/mpi_pingpong.c", &prog, &require_tool("mpicc"), &[]);
-    let sock = dir.join("munge.sock");
     let mut daemons = Daemons(Vec::new());
-    let mut spawn = |cmd: &mut Command, log: &str| {
-        let f = std::fs::File::create(dir.join(log)).unwrap();
-        daemons.0.push(cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap());
-    };
-    spawn(
-        Command::new(require_tool("munged"))
-            .arg("-F")
-            .arg("--force")
-            .arg(format!("--socket={}", sock.display()))
-            .arg(format!("--pid-file={}", dir.join("munged.pid").display()))
-            .arg(format!("--log-file={}", dir.join("munged.log").display()))
-            .arg(format!("--seed-file={}", dir.join("munge.seed").display())),
-        "munged.out",
-    );
-    wait_until(Duration::from_secs(10), "munged's socket", || sock.exists());
+    let sock = daemons.munged(dir.path());
+    let mut spawn = |cmd: &mut Command, log: &str| daemons.spawn(cmd, &dir.join(log));
     let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
     let base = 20000 + (std::process::id() % 1000) * 2;
     let conf = dir.join("slurm.conf");
@@ -426,12 +441,19 @@ fn mpi_figures(out: &str) -> (f64, f64) {
 /// seconds on a loaded 2-vCPU machine and is still 20 MiB on each node's port.
 const NODE_ITERS: &str = "20";
 
-/// `cmd` with its output in `dir/name`, bounded by `limit`; returns (exit status, output).
+/// `cmd` in its own process group with its output in `dir/name`, bounded by `limit` (then the
+/// whole group is killed: mpirun's and srun's helpers too); returns (exit status, output).
 fn run_logged(cmd: &mut Command, dir: &Path, name: &str, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
+    use std::os::unix::process::CommandExt;
     let out = dir.join(name);
     let f = std::fs::File::create(&out).unwrap();
-    let mut c = cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut c = cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).process_group(0).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pgid = c.id() as i32;
     let st = wait_timeout(&mut c, limit);
+    if st.is_none() {
+        // SAFETY: signalling the process group this function created (the child is its leader).
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
     (st, read_to_string_lossy(&out))
 }
 
@@ -497,4 +519,118 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
     assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "mpirun over TCP: {st:?}\n{}", tail(&t, 40));
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 mpirun --hostfile, two namespaces, UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
+}
+
+/// Slurm on two nodes, one per network namespace ([`TwoNodes`]): slurmctld and slurmd
+/// `-N nodeA` in node A, slurmd `-N nodeB` in node B (NodeAddr = each node's management
+/// address), one private munged, a config the test writes. Each daemon enters its node's
+/// network namespace with `nsenter --net` (not `ip netns exec`, whose fresh /sys has no cgroup
+/// mount and stops slurmd) and gets its own mount and UTS namespaces, in which the node's own
+/// directories are bind-mounted on the configured SlurmdSpoolDir and TmpFS: two slurmds on one
+/// machine would otherwise share the PMIx plugin's `stepd.slurm.pmix.J.S` socket and its
+/// `spmix_appdir_*` directory. A TaskProlog gives each task its node's `PMRXE_SOCKET` (what a
+/// cluster's TaskProlog does with the node's one socket path; srun's own is not exported).
+/// `srun --mpi=pmix -N 2 -n 2` of tests/mpi_pingpong.c, every rank under `pmrxe run`: each
+/// rank names its node, namespace and socket; data checked by the program; each service sends
+/// the 1 MiB messages. The same job over Open MPI's TCP BTL on the management veth gives the
+/// figure beside it.
+#[test]
+fn slurm_two_nodes_in_two_namespaces_srun_pmix_through_each_nodes_service() {
+    for t in ["slurmctld", "slurmd", "srun", "sinfo", "munged", "mpicc", "nsenter", "unshare", "hostname", "mount"] {
+        require_tool(t);
+    }
+    require_root();
+    assert!(Path::new("/etc/munge/munge.key").exists(), "no /etc/munge/munge.key: the munge package creates it at install");
+    let _l = heavy_lock();
+    let n = TwoNodes::up("sl");
+    let dir = n.dir.join("slurm");
+    for d in ["state", "spool", "tmp", "nodeA/spool", "nodeA/tmp", "nodeB/spool", "nodeB/tmp"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let prog = n.dir.join("mpi_pingpong");
+    compile_c("tests/mpi_pingpong.c", &prog, &require_tool("mpicc"), &[]);
+    let mut daemons = Daemons(Vec::new());
+    let munge = daemons.munged(&dir);
+    let d = dir.display();
+    let prolog = dir.join("taskprolog");
+    std::fs::write(
+        &prolog,
+        format!(
+            "#!/bin/sh\ncase $SLURMD_NODENAME in\n  nodeA) echo \"export PMRXE_SOCKET={}\" ;;\n  nodeB) echo \"export PMRXE_SOCKET={}\" ;;\nesac\n",
+            n.a.socket.display(),
+            n.b.socket.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&prolog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.join("slurm.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "ClusterName=pmrxe2\nSlurmctldHost=nodeA({MGMT_A})\nSlurmUser=root\n\
+             StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nTmpFS={d}/tmp\nSlurmctldPidFile={d}/ctld.pid\nSlurmdPidFile={d}/spool/slurmd.pid\n\
+             AuthType=auth/munge\nAuthInfo=socket={}\nCredType=cred/munge\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nTaskProlog={}\n\
+             SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\nMpiDefault=none\n\
+             SlurmctldLogFile={d}/ctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n\
+             NodeName=nodeA NodeAddr={MGMT_A} CPUs=1 State=UNKNOWN\nNodeName=nodeB NodeAddr={MGMT_B} CPUs=1 State=UNKNOWN\n\
+             PartitionName=p Nodes=nodeA,nodeB Default=YES MaxTime=INFINITE State=UP\n",
+            munge.display(),
+            prolog.display(),
+        ),
+    )
+    .unwrap();
+    // A daemon of `node`: its network namespace, then its own mount and UTS namespaces with the
+    // node's directories in place and its host name set, then exec (the child's pid is the daemon's).
+    let on_node = |node: &str, ns: &str, args: &[&str]| {
+        let mut c = Command::new(require_tool("nsenter"));
+        c.arg(format!("--net=/run/netns/{ns}")).args(["unshare", "--mount", "--uts", "sh", "-c"]);
+        c.arg(format!("mount --bind {d}/{node}/spool {d}/spool && mount --bind {d}/{node}/tmp {d}/tmp && hostname {node} && exec \"$@\""));
+        c.arg("sh").args(args);
+        c
+    };
+    let conf_s = conf.to_str().unwrap();
+    daemons.spawn(&mut on_node("nodeA", &n.ns.a, &["slurmctld", "-D", "-c", "-f", conf_s]), &dir.join("ctld.out"));
+    daemons.spawn(&mut on_node("nodeA", &n.ns.a, &["slurmd", "-D", "-N", "nodeA", "-f", conf_s]), &dir.join("slurmd-a.out"));
+    daemons.spawn(&mut on_node("nodeB", &n.ns.b, &["slurmd", "-D", "-N", "nodeB", "-f", conf_s]), &dir.join("slurmd-b.out"));
+    // Clients run in node A's network namespace (where slurmctld listens), as a login node would.
+    let on_a = |prog: &str| {
+        let mut c = Command::new(require_tool("nsenter"));
+        c.arg(format!("--net=/run/netns/{}", n.ns.a)).arg(require_tool(prog)).env("SLURM_CONF", &conf).env_remove("PMRXE_SOCKET");
+        c
+    };
+    let sinfo = || on_a("sinfo").args(["-h", "-o", "%t"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let logs = || format!("ctld:\n{}\nslurmd-a:\n{}\nslurmd-b:\n{}", tail(&read_to_string_lossy(&dir.join("ctld.log")), 10), tail(&read_to_string_lossy(&dir.join("slurmd-nodeA.log")), 10), tail(&read_to_string_lossy(&dir.join("slurmd-nodeB.log")), 10));
+    let idle = poll_until(Duration::from_secs(30), || sinfo().is_ok_and(|s| s == "idle"));
+    assert!(idle, "both nodes idle: sinfo says {:?}\n{}", sinfo(), logs());
+
+    let srun = |env: &[(&str, &str)], app: &str, name: &str| {
+        let mut c = on_a("srun");
+        c.args(["--mpi=pmix", "-N", "2", "-n", "2", "--export=ALL", "sh", "-c", app]).envs(env.iter().copied());
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        run_logged(&mut c, n.dir.path(), name, Duration::from_secs(120))
+    };
+    let (a0, b0) = n.sent();
+    let app = format!(
+        "echo \"rank $SLURM_PROCID node $SLURMD_NODENAME netns $(ip netns identify $$) socket $PMRXE_SOCKET\"; exec {} run -- {} {NODE_ITERS}",
+        pmrxe_bin().display(),
+        prog.display()
+    );
+    // srun's --export splits on commas: UCX_TLS (which has commas) travels in the environment.
+    let ucx = [("UCX_TLS", "rc_verbs,ud_verbs:aux,self"), ("UCX_NET_DEVICES", "pmrxe0:1"), ("OMPI_MCA_pml", "ucx"), ("OMPI_MCA_btl", "self")];
+    let (st, o) = srun(&ucx, &app, "srun.out");
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "srun: {st:?}\n{}\n{}", tail(&o, 30), logs());
+    for (rank, node, ns, svc) in [(0, "nodeA", &n.ns.a, &n.a), (1, "nodeB", &n.ns.b, &n.b)] {
+        let want = format!("rank {rank} node {node} netns {ns} socket {}\n", svc.socket.display());
+        assert!(o.contains(&want), "wanted {want:?} in:\n{o}");
+    }
+    let (da, db) = n.sent();
+    let (da, db) = (da - a0, db - b0);
+    assert!(da >= 20 << 20 && db >= 20 << 20, "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}");
+    let (lat, bw) = mpi_figures(&o);
+    let tcp = [("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_btl", "tcp,self"), ("OMPI_MCA_btl_tcp_if_include", "10.78.0.0/24")];
+    let (st, t) = srun(&tcp, &format!("exec {} {NODE_ITERS}", prog.display()), "srun-tcp.out");
+    assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "srun over TCP: {st:?}\n{}", tail(&t, 30));
+    let (tlat, tbw) = mpi_figures(&t);
+    eprintln!("FIGURES Slurm 22.05 srun --mpi=pmix -N 2 -n 2, two namespaces, Open MPI over UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
+    drop(daemons);
 }
