@@ -37,7 +37,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr};
+use pmrxe_transport::{AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr, Transmit, TxPort};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -213,8 +213,6 @@ struct QpSlot {
     backlog_listed: bool,
     /// Eth/IP/UDP addressing of the last path this QP sent on.
     path: Option<PathCache>,
-    /// Since when the QP's next packet has been held for an unresolved neighbour.
-    hold_since: Option<Instant>,
     /// The header of the last MIDDLE packet received for this QP that took the full parse:
     /// its successors are parsed by prediction (see `Lcore::on_frame`).
     /// (Boxed: 400 bytes inline would spread the slot's hot fields over more cache lines.)
@@ -256,10 +254,6 @@ impl PathCache {
     }
 }
 
-/// How long a QP's send state is held while ARP/ND resolves its next hop; after that the
-/// packet is built and dropped (counted `tx_no_neighbor`) and the transport's own timeouts
-/// decide, so a peer that never answers cannot hang a WR.
-const NEIGH_HOLD_NS: u64 = 50_000_000;
 
 struct CqSlot {
     /// The CQ's handle (what events name).
@@ -478,12 +472,6 @@ pub struct Lcore<L: Port> {
     work: Vec<u32>,
     /// QPNs with WQEs left in their rings because the engine's queue was full.
     backlog: Vec<u32>,
-    /// Reserved scratch: ready QPs whose port was full this pass (served first next time).
-    deferred: Vec<u32>,
-    /// QPNs holding their next packet until a neighbour resolves.
-    neigh_wait: Vec<u32>,
-    /// Neighbour-table generation `neigh_wait` was last re-examined at, and when.
-    neigh_wait_seen: (u64, Instant),
     /// QPs of this lcore with a receive prediction recorded (`QpSlot::rx_predict`): while
     /// there are none, frames do not look for one.
     predicting: usize,
@@ -556,9 +544,6 @@ impl<L: Port> Lcore<L> {
             lo_spare: Some(Box::default()),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
             backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            deferred: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            neigh_wait: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            neigh_wait_seen: (0, Instant(0)),
             predicting: 0,
             gsi: None,
             gsi_psn: 0,
