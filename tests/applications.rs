@@ -3,7 +3,7 @@
 //! in SEND mode), rsockets under unmodified socket programs (`pmrxe run --rsocket`: iperf 2 and
 //! a byte-checked stream), MPICH 4 over UCX (ping-pong and allreduce checked, ranks on the two
 //! devices so every message crosses the ports), HPC Challenge and mpi4py under Open MPI, and
-//! Open MPI's libfabric MTL over the verbs provider. Each runs a few seconds of traffic beside
+//! Open MPI's libfabric MTL over the verbs provider and its ofi BTL over `verbs;ofi_rxd`. Each runs a few seconds of traffic beside
 //! its kernel-TCP equivalent in the same test, and prints both figures (docs/ecosystem.md).
 //! fio and MPICH also run across two services in two network namespaces.
 //!
@@ -498,4 +498,46 @@ fn mpi4py_and_open_mpi_ofi_mtl_over_pmrxe() {
     let t = ompi(&svc, &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"], &[], &[prog.to_str().unwrap()], "ompi-tcp.out");
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 cm/ofi (verbs;ofi_rxm) over pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.0} MB/s; ob1/tcp (lo): 1 B {tlat:.1} us, 1 MiB {tbw:.0} MB/s");
+}
+
+/// Open MPI's ob1 PML with the ofi BTL (`--mca btl ofi,self`, `btl_ofi_mode 2`: RDMA and
+/// two-sided) runs over libfabric's `verbs;ofi_rxd` (RDM endpoints over UD verbs), data checked
+/// by the program, beside ob1's TCP BTL. Over `verbs;ofi_rxm` (what the ofi MTL uses) it cannot
+/// start, and the reason is Open MPI's, not pmrxe's: 4.1.4's btl/ofi skips every provider whose
+/// name contains "ofi_rxm" (a `strstr` on `fabric_attr->prov_name` in its info validation,
+/// after the caps, endpoint-type and MR-mode checks that the rxm info passes), and verbs alone
+/// offers no FI_EP_RDM endpoint; the BTL then has no module and MPI_Init reports the ranks
+/// unreachable. Asserted here too, so a later Open MPI that lifts the refusal shows up.
+#[test]
+fn open_mpi_ob1_btl_ofi_over_verbs_ofi_rxd_beside_btl_tcp() {
+    let mpirun = require_tool("mpirun");
+    let mpicc = require_tool("mpicc");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let prog = svc.dir.join("mpi_pingpong");
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    let p = prog.to_str().unwrap();
+    let btl_ofi = ["--mca", "pml", "ob1", "--mca", "btl", "ofi,self", "--mca", "btl_ofi_mode", "2"];
+    let frames = |j: &serde_json::Value| sum_counter(j, "sq_wqes");
+    let w0 = frames(&svc.stats_json());
+    let o = ompi(&svc, &btl_ofi, &["FI_PROVIDER=verbs;ofi_rxd"], &[p, "20"], "ompi-btl-ofi.out");
+    assert!(o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "{o}");
+    let wqes = frames(&svc.stats_json()) - w0;
+    assert!(wqes >= 1000, "the ofi BTL did not go through pmrxe: sq_wqes {wqes}");
+    let (lat, bw) = mpi_figures(&o);
+
+    // verbs;ofi_rxm: refused by the BTL itself, before any endpoint exists.
+    let (pre, env) = under(&svc, false);
+    let mut args = vec!["env", "FI_PROVIDER=verbs;ofi_rxm", mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe"];
+    args.extend(["-x", "PMRXE_SOCKET", "-x", "LD_PRELOAD", "-x", "FI_PROVIDER"]);
+    args.extend(btl_ofi);
+    args.extend(["-np", "2", p, "1"]);
+    let mut r = Proc::spawn(&pre, &args, &env, &svc.dir.join("ompi-btl-ofi-rxm.out"));
+    let st = wait_timeout(&mut r.child, Duration::from_secs(60));
+    let out = r.output();
+    assert!(st.is_some_and(|s| !s.success()) && out.contains("at least one MPI process is unreachable"), "btl ofi over verbs;ofi_rxm: {st:?}\n{}", tail(&out, 30));
+
+    let t = ompi(&svc, &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"], &[], &[p, "20"], "ompi-btl-tcp.out");
+    let (tlat, tbw) = mpi_figures(&t);
+    eprintln!("FIGURES Open MPI 4.1.4 ob1 + btl ofi (verbs;ofi_rxd) over pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s; ob1/tcp (lo): 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
 }
