@@ -9,7 +9,8 @@
 //!   QP1 → QP1, Q_Key 0x80010000, built with `pmrxe_wire`). The `Packet` contract is the one of
 //!   `pmrxe_wire`: after `check_len()` returns `Ok` no accessor panics; `parse` never panics.
 //! * Protocol (quinn style): [`Cm`], one per port, a deterministic state machine with explicit
-//!   time ([`Instant`]). It reads no clock, owns no socket, knows nothing of lcores, QPs or
+//!   time ([`Instant`], the transport engine's: one time type in the workspace, the only
+//!   thing this crate takes from `pmrxe_transport`). It reads no clock, owns no socket, knows nothing of lcores, QPs or
 //!   the shim: it consumes received MADs, consumer commands and `now`, and produces MADs to
 //!   send, a deadline and [`Event`]s. See [`Cm`] for the method taxonomy and polling order.
 //! * [`sim`]: two or more `Cm`s on a seeded simulated wire (loss, duplication, reordering,

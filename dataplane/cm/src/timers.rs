@@ -2,23 +2,10 @@
 
 use std::collections::BTreeSet;
 
-/// Monotonic time in nanoseconds, supplied by the caller (the same representation as
-/// `pmrxe_transport::Instant`; this crate does not depend on the transport engine, so the
-/// service converts with `Instant(t.0)`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Instant(pub u64);
-
-impl Instant {
-    /// `self + ns`, saturating.
-    #[must_use]
-    pub const fn add_ns(self, ns: u64) -> Instant {
-        Instant(self.0.saturating_add(ns))
-    }
-    /// Nanoseconds since `earlier` (0 if `earlier` is later).
-    pub const fn since(self, earlier: Instant) -> u64 {
-        self.0.saturating_sub(earlier.0)
-    }
-}
+/// Monotonic time in nanoseconds, supplied by the caller: the workspace's one time type, the
+/// transport engine's (the CM and the engine share a clock representation, and the service's
+/// CM thread and the lcores no longer convert between two look-alike types).
+pub use pmrxe_transport::Instant;
 
 /// 4.096 µs · 2^`exp` in nanoseconds (IBA timeout encoding; `exp` is capped at 31).
 pub const fn iba_ns(exp: u8) -> u64 {
