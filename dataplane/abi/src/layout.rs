@@ -428,6 +428,33 @@ impl DoorbellRow {
         old & SUMMARY_SLEEPING != 0 && self.claim_wake()
     }
 
+    /// Lcore side: take every doorbell rung since the last call and call `rung(slot)` for each,
+    /// in slot order. The summary is looked at with a plain load first (the lcore polls every
+    /// row every pass; an untouched row costs one load), swapped to 0 when non-zero, then each
+    /// word it names is swapped to 0: a bit rung after the summary swap sets the summary again,
+    /// so it is taken on the next call. The sleep flag is left alone. Returns whether any
+    /// doorbell word was named.
+    #[inline]
+    pub fn take(&self, mut rung: impl FnMut(usize)) -> bool {
+        use crate::sync::Ordering;
+        if self.summary.load(Ordering::Relaxed) & !SUMMARY_SLEEPING == 0 {
+            return false;
+        }
+        let mut words = self.summary.fetch_and(SUMMARY_SLEEPING, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
+        let any = words != 0;
+        while words != 0 {
+            let w = words.trailing_zeros() as usize;
+            words &= words - 1;
+            let mut bits = self.words[w].swap(0, Ordering::Acquire);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                rung(w * 64 + b);
+            }
+        }
+        any
+    }
+
     /// Client side, having seen the flag: claim the wake-up (clear the flag) so that only
     /// one of several posters makes the system call. True: the caller signals the lcore.
     #[cold]

@@ -167,7 +167,7 @@ fn loom_full_and_empty_boundaries() {
 
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use loom::sync::{Arc, Notify};
-use pmrxe_abi::{DoorbellRow, DOORBELL_WORDS};
+use pmrxe_abi::DoorbellRow;
 
 fn row() -> DoorbellRow {
     DoorbellRow { summary: AtomicU64::new(0), _pad: [0; 7], words: std::array::from_fn(|_| AtomicU64::new(0)) }
@@ -206,12 +206,14 @@ fn loom_need_wakeup_never_loses_a_post() {
         };
         let mut seen = 0u64;
         loop {
-            // doorbells.rs: a non-zero summary is swapped to 0, then its words.
-            if row.summary.load(Ordering::Relaxed) != 0 {
-                let words = row.summary.swap(0, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
-                if words & 1 != 0 && row.words[0].swap(0, Ordering::Acquire) != 0 {
-                    seen = tail.load(Ordering::Acquire);
-                }
+            // doorbells.rs: the rung slots, taken from the summary and its words.
+            let mut rung = false;
+            row.take(|slot| {
+                assert_eq!(slot, 3, "only doorbell 3 is rung");
+                rung = true;
+            });
+            if rung {
+                seen = tail.load(Ordering::Acquire);
             }
             if seen == 2 {
                 break;

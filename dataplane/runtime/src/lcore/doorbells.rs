@@ -5,34 +5,18 @@ use super::*;
 impl<L: Port> Lcore<L> {
     pub(super) fn doorbells(&mut self, now: Instant) -> bool {
         self.work.clear();
-        for c in &self.clients {
-            let page = c.page();
-            let row = page.row(self.index);
-            let summary = &row.summary;
-            if summary.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            let mut words = summary.swap(0, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
-            while words != 0 {
-                let w = words.trailing_zeros() as usize;
-                words &= words - 1;
-                let word = &row.words[w];
-                let mut bits = word.swap(0, Ordering::Acquire);
-                while bits != 0 {
-                    let b = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    let qpn = c.slots[w * 64 + b];
-                    if qpn & SRQ_SLOT != 0 {
-                        if let Some(x) = self.srqs.get_mut(&(qpn & !SRQ_SLOT)) {
-                            x.backlog = true;
-                        }
-                        continue;
+        let (clients, work, srqs) = (&self.clients, &mut self.work, &mut self.srqs);
+        for c in clients {
+            c.page().row(self.index).take(|slot| {
+                let qpn = c.slots[slot];
+                if qpn & SRQ_SLOT != 0 {
+                    if let Some(x) = srqs.get_mut(&(qpn & !SRQ_SLOT)) {
+                        x.backlog = true;
                     }
-                    if qpn != 0 && self.work.len() < self.work.capacity() {
-                        self.work.push(qpn);
-                    }
+                } else if qpn != 0 && work.len() < work.capacity() {
+                    work.push(qpn);
                 }
-            }
+            });
         }
         let mut any = false;
         for k in 0..self.work.len() {
