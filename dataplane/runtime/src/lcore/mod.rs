@@ -33,7 +33,7 @@ use std::sync::Arc;
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use pmrxe_abi::ring::{Consumer, Producer};
 use pmrxe_abi::{
-    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS, DOORBELL_WORDS,
+    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS,
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
