@@ -14,17 +14,17 @@ OUT, DOCS, QUICK = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 MIB = 1048576
 
 
-def read(name):
+def read(name, where=None):
     try:
-        with open(os.path.join(OUT, name)) as f:
+        with open(os.path.join(where or OUT, name)) as f:
             return f.read()
     except OSError:
         return ""
 
 
-def jload(name):
+def jload(name, where=None):
     try:
-        with open(os.path.join(OUT, name)) as f:
+        with open(os.path.join(where or OUT, name)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
@@ -702,19 +702,11 @@ OFF = os.path.join(OUT, "offhost")
 
 
 def ojload(name):
-    try:
-        with open(os.path.join(OFF, name)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return {}
+    return jload(name, OFF)
 
 
 def oread(name):
-    try:
-        with open(os.path.join(OFF, name)) as fh:
-            return fh.read()
-    except OSError:
-        return ""
+    return read(name, OFF)
 
 
 def iperf3_gbs(name):
