@@ -27,10 +27,16 @@
 #    namespaces, each beside kernel TCP over a veth pair in the same run, and the idle cost and
 #    wake-up latency of `wait` mode.
 #
-# BENCH_RT=1 runs the native harness (and the service it spawns, the baseline's too) under
-# SCHED_FIFO (`chrt -f 10`): on a machine shared with other work (builds), the lcore and the
-# driver then keep their CPUs, and the figures are the code's rather than the neighbours'. The
-# kernel's RT throttling (95 %) leaves the rest of the machine its share. The report says so.
+# BENCH_RT=1 runs the services and the native harness (the baseline's too) under SCHED_FIFO
+# (`chrt -f 10`) and perftest and the peers under SCHED_RR (`chrt -r 10`: two perftest
+# processes share CPU 0): on a machine shared with other work (builds), the measured threads
+# then keep their CPUs, and the figures are the code's rather than the neighbours'. The
+# kernel's RT throttling (95 %) leaves the rest of the machine its share. The profile (perf)
+# and callgrind steps stay unprioritised (perf record starved by FIFO pollers wrote nothing).
+# The report says which.
+#
+# BENCH_INSTRUCTIONS=DIR takes the callgrind counts (instructions*.jsonl) from DIR, made
+# earlier by scripts/instructions.sh for the same build, instead of counting again.
 #
 # Output: docs/benchmarks.md and docs/bench-bw.png, docs/bench-lat.png (regenerated), raw
 # outputs in $BENCH_OUT (default target/bench-results). Python 3 + matplotlib for the plots.
@@ -98,10 +104,10 @@ grep -qw vpclmulqdq /proc/cpuinfo && vpcl=yes || vpcl=no
 grep -qw avx2 /proc/cpuinfo && avx2=yes || avx2=no
 echo "isa: avx2 $avx2, vpclmulqdq $vpcl, avx512f $a512, pclmulqdq $(grep -qw pclmulqdq /proc/cpuinfo && echo yes || echo no)" >>"$OUT/machine.txt"
 echo "cpu_family_model: $(awk -F: '/^cpu family/{f=$2} /^model[^ ]*:/{m=$2} END{gsub(/ /,"",f); gsub(/ /,"",m); print "family " f " model " m}' /proc/cpuinfo)" >>"$OUT/machine.txt"
-RT=()
+RT=() RR=()
 if [ "${BENCH_RT:-0}" = 1 ]; then
-  RT=(chrt -f 10)
-  echo "scheduling: native harness and its service under SCHED_FIFO (chrt -f 10, BENCH_RT=1)" >>"$OUT/machine.txt"
+  RT=(chrt -f 10) RR=(chrt -r 10)
+  echo "scheduling: BENCH_RT=1: the services and the native harness under SCHED_FIFO (chrt -f 10), perftest and the peers (kernel TCP, UCX, libfabric) under SCHED_RR (chrt -r 10), so that other work on the machine does not take their CPUs" >>"$OUT/machine.txt"
 else
   echo "scheduling: default (SCHED_OTHER)" >>"$OUT/machine.txt"
 fi
@@ -162,7 +168,11 @@ fi
 # BENCH_INSTR_BASE: another build's pmrxe binary (same shared-memory ABI) to count beside this one,
 # described in the report by BENCH_INSTR_BASE_LABEL; its service is driven by this commit's harness
 # (e.g. a build of the previous stop, with the same out-of-line functions so both count alike).
-if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+if [ -n "${BENCH_INSTRUCTIONS:-}" ]; then
+  # Counts made earlier for this same build (they do not depend on the machine's load).
+  log "instructions per operation: taken from $BENCH_INSTRUCTIONS"
+  cp "$BENCH_INSTRUCTIONS"/instructions*.jsonl "$OUT/" || log "instructions: nothing in $BENCH_INSTRUCTIONS"
+elif command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   log "instructions per operation: scripts/instructions.sh (callgrind, ~2 minutes)"
   ./scripts/instructions.sh "$BIN" >"$OUT/instructions.jsonl" 2>"$OUT/instructions.err" || log "instructions: failed (see $OUT/instructions.err)"
   log "instructions per operation: 8 B WRITE handed over between two lcores (--handoff, ~1 minute)"
@@ -178,7 +188,7 @@ fi
 
 # ---- pmrxe: perftest through the shim ------------------------------------------------------------
 "$BIN" config default | sed 's/^idle *=.*/idle = { mode = "busy" }/' >"$WORK/busy.toml"
-"$BIN" serve --config "$WORK/busy.toml" >"$OUT/service.log" 2>&1 &
+"${RT[@]}" "$BIN" serve --config "$WORK/busy.toml" >"$OUT/service.log" 2>&1 &
 SVC=$!
 for _ in $(seq 100); do "$BIN" stats >/dev/null 2>&1 && break; sleep 0.1; done
 "$BIN" stats >/dev/null 2>&1 || { log "service did not start"; cat "$OUT/service.log" >&2; exit 1; }
@@ -186,10 +196,10 @@ pair() { # NAME TIMEOUT server-args... -- client-args...  (both pinned to CPU 0,
   local name=$1 t=$2; shift 2
   local srv=() cli=()
   while [ "$1" != "--" ]; do srv+=("$1"); shift; done; shift; cli=("$@")
-  timeout "$t" taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
+  timeout "$t" "${RR[@]}" taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
   local s=$!
   sleep 1
-  timeout "$t" taskset -c 0 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
+  timeout "$t" "${RR[@]}" taskset -c 0 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
   wait $s 2>/dev/null || true
 }
 for t in write read send; do
@@ -252,28 +262,28 @@ kill -TERM "$SVC" 2>/dev/null; wait "$SVC" 2>/dev/null; SVC=
 
 # ---- peers ----------------------------------------------------------------------------------------
 log "peer: kernel TCP (qperf)"
-qperf >/dev/null 2>&1 & BG+=($!); sleep 0.5
+"${RR[@]}" qperf >/dev/null 2>&1 & BG+=($!); sleep 0.5
 for s in $SIZES; do
-  qperf -t "$D" -m "$s" 127.0.0.1 tcp_bw >"$OUT/qperf-tcp_bw-$s.txt" 2>&1
+  "${RR[@]}" qperf -t "$D" -m "$s" 127.0.0.1 tcp_bw >"$OUT/qperf-tcp_bw-$s.txt" 2>&1
 done
-qperf -t "$D" -m 8 127.0.0.1 tcp_lat >"$OUT/qperf-tcp_lat-8.txt" 2>&1
+"${RR[@]}" qperf -t "$D" -m 8 127.0.0.1 tcp_lat >"$OUT/qperf-tcp_lat-8.txt" 2>&1
 pkill_ours
 if command -v iperf3 >/dev/null; then
   log "peer: kernel TCP (iperf3, 64 KiB writes)"
-  iperf3 -s -1 -p 15201 >/dev/null 2>&1 & BG+=($!); sleep 0.5
-  iperf3 -c 127.0.0.1 -p 15201 -l 64K -t "$D" -J >"$OUT/iperf3-65536.json" 2>&1
+  "${RR[@]}" iperf3 -s -1 -p 15201 >/dev/null 2>&1 & BG+=($!); sleep 0.5
+  "${RR[@]}" iperf3 -c 127.0.0.1 -p 15201 -l 64K -t "$D" -J >"$OUT/iperf3-65536.json" 2>&1
   pkill_ours
 fi
 if command -v ucx_perftest >/dev/null; then
   log "peer: UCX over TCP (ucx_perftest tag_bw / tag_lat)"
   export UCX_TLS=tcp,self UCX_NET_DEVICES=lo
   for s in $SIZES; do
-    ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
-    timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s "$s" -w 50 -n $(( (QUICK ? 32 : 256) * 1048576 / s < 5000 ? (QUICK ? 32 : 256) * 1048576 / s : 5000 )) >"$OUT/ucx-tag_bw-$s.txt" 2>&1
+    "${RR[@]}" ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+    timeout 60 "${RR[@]}" ucx_perftest 127.0.0.1 -p 13338 -t tag_bw -s "$s" -w 50 -n $(( (QUICK ? 32 : 256) * 1048576 / s < 5000 ? (QUICK ? 32 : 256) * 1048576 / s : 5000 )) >"$OUT/ucx-tag_bw-$s.txt" 2>&1
     pkill_ours
   done
-  ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
-  timeout 60 ucx_perftest 127.0.0.1 -p 13338 -t tag_lat -s 8 -n "$LAT_N" >"$OUT/ucx-tag_lat-8.txt" 2>&1
+  "${RR[@]}" ucx_perftest -p 13338 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+  timeout 60 "${RR[@]}" ucx_perftest 127.0.0.1 -p 13338 -t tag_lat -s 8 -n "$LAT_N" >"$OUT/ucx-tag_lat-8.txt" 2>&1
   pkill_ours
   unset UCX_TLS UCX_NET_DEVICES
 fi
@@ -281,15 +291,15 @@ if command -v fi_pingpong >/dev/null; then
   log "peer: libfabric tcp provider (fi_pingpong)"
   for s in 8 $SIZES; do
     n=$(( (QUICK ? 8 : 32) * 1048576 / s )); n=$(( n < 20 ? 20 : (n > 10000 ? 10000 : n) ))
-    fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -B 47592 >/dev/null 2>&1 & BG+=($!); sleep 0.7
-    timeout 60 fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -P 47592 127.0.0.1 >"$OUT/fi_pingpong-$s.txt" 2>&1
+    "${RR[@]}" fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -B 47592 >/dev/null 2>&1 & BG+=($!); sleep 0.7
+    timeout 60 "${RR[@]}" fi_pingpong -p tcp -e rdm -I "$n" -S "$s" -P 47592 127.0.0.1 >"$OUT/fi_pingpong-$s.txt" 2>&1
     pkill_ours
   done
 fi
 # ---- off the loopback ------------------------------------------------------------------------------
 if [ "${BENCH_OFFHOST:-1}" != 0 ]; then
   log "off the loopback: scripts/bench_offhost.sh (veth, af_xdp / af_packet, two namespaces, kernel TCP beside)"
-  BENCH_RT=${BENCH_RT:-0} QUICK=$QUICK PMRXE_BIN=$BIN ./scripts/bench_offhost.sh "$OUT/offhost" >"$OUT/offhost.log" 2>&1 \
+  PMRXE_BENCH_LOCKED=1 BENCH_RT=${BENCH_RT:-0} QUICK=$QUICK PMRXE_BIN=$BIN ./scripts/bench_offhost.sh "$OUT/offhost" >"$OUT/offhost.log" 2>&1 \
     || log "off the loopback: failed (see $OUT/offhost.log)"
 fi
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"

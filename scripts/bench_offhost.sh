@@ -2,7 +2,8 @@
 # Off the loopback: pmrxe through a kernel interface, beside kernel TCP over the same kind of
 # link, in one run on this machine (scripts/bench.sh calls it; it also runs alone).
 #
-#   ./scripts/bench_offhost.sh OUTDIR        # QUICK=1: short runs; BENCH_RT=1: SCHED_FIFO drivers
+#   ./scripts/bench_offhost.sh OUTDIR        # QUICK=1: short runs; BENCH_RT=1: real-time
+#                                            # scheduling as in scripts/bench.sh
 #
 # 1. kernel path, one service, no CPU contention: the service's two ports pmrxe0/pmrxe1 are the
 #    two ends of one veth pair (DPDK af_xdp at MTU 3500 -> RoCE path MTU 2048; af_packet at MTU
@@ -32,8 +33,8 @@ for t in iperf3 qperf ib_write_bw ib_send_lat; do
 done
 rm -rf "$OUT"; mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-RT=()
-[ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10)
+RT=() RR=()
+[ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(chrt -r 10)
 if [ $QUICK = 1 ]; then D=1; N=2000; WAKES=5; IDLE_S=2; else D=3; N=20000; WAKES=20; IDLE_S=5; fi
 # Outside scripts/bench.sh (which holds it), take the integration tests' lock: they pin CPU 1.
 if [ -z "${PMRXE_BENCH_LOCKED:-}" ]; then
@@ -110,7 +111,7 @@ serve() {
   sock=$(sed -n 's/^socket = "\(.*\)"/\1/p' "$cfg")
   local pre=()
   [ "$ns" != - ] && pre=(ip netns exec "$ns")
-  "${pre[@]}" "$BIN" serve --config "$cfg" >"$logf" 2>&1 &
+  "${pre[@]}" "${RT[@]}" "$BIN" serve --config "$cfg" >"$logf" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
   for _ in $(seq 150); do
@@ -150,17 +151,17 @@ done
 for mtu in 3500 1500; do
   log "kernel TCP over a veth pair between two namespaces, MTU $mtu"
   veth pmrxe-t1 pmrxe-t2 pmrxe-bt1 pmrxe-bt2 "$mtu" 10.79.1.1 10.79.1.2 || { log "veth failed"; exit 1; }
-  ip netns exec pmrxe-bt1 taskset -c 1 iperf3 -s -1 -p 15202 >/dev/null 2>&1 &
+  ip netns exec pmrxe-bt1 "${RR[@]}" taskset -c 1 iperf3 -s -1 -p 15202 >/dev/null 2>&1 &
   s=$!; PIDS+=("$s")
   for _ in $(seq 50); do ip netns exec pmrxe-bt1 ss -ltn 2>/dev/null | grep -q ':15202 ' && break; sleep 0.1; done
-  timeout 60 ip netns exec pmrxe-bt2 taskset -c 0 iperf3 -c 10.79.1.1 -p 15202 -l 64K -t "$D" -J >"$OUT/tcp-iperf3-$mtu.json" 2>&1 \
+  timeout 60 ip netns exec pmrxe-bt2 "${RR[@]}" taskset -c 0 iperf3 -c 10.79.1.1 -p 15202 -l 64K -t "$D" -J >"$OUT/tcp-iperf3-$mtu.json" 2>&1 \
     || log "iperf3 at MTU $mtu failed"
   wait "$s" 2>/dev/null
-  ip netns exec pmrxe-bt1 qperf >/dev/null 2>&1 &
+  ip netns exec pmrxe-bt1 "${RR[@]}" qperf >/dev/null 2>&1 &
   s=$!; PIDS+=("$s")
   for _ in $(seq 50); do ip netns exec pmrxe-bt1 ss -ltn 2>/dev/null | grep -q ':19765 ' && break; sleep 0.1; done
-  timeout 60 ip netns exec pmrxe-bt2 qperf -t "$D" -m 8 10.79.1.1 tcp_lat >"$OUT/tcp-qperf-lat-$mtu.txt" 2>&1 || log "qperf tcp_lat at MTU $mtu failed"
-  timeout 60 ip netns exec pmrxe-bt2 qperf -t "$D" -m 64K 10.79.1.1 tcp_bw >"$OUT/tcp-qperf-bw-$mtu.txt" 2>&1 || log "qperf tcp_bw at MTU $mtu failed"
+  timeout 60 ip netns exec pmrxe-bt2 "${RR[@]}" qperf -t "$D" -m 8 10.79.1.1 tcp_lat >"$OUT/tcp-qperf-lat-$mtu.txt" 2>&1 || log "qperf tcp_lat at MTU $mtu failed"
+  timeout 60 ip netns exec pmrxe-bt2 "${RR[@]}" qperf -t "$D" -m 64K 10.79.1.1 tcp_bw >"$OUT/tcp-qperf-bw-$mtu.txt" 2>&1 || log "qperf tcp_bw at MTU $mtu failed"
   stop "$s"
   ip netns del pmrxe-bt1; ip netns del pmrxe-bt2
 done
@@ -182,11 +183,11 @@ across() { # NAME SERVER-ARGS... -- CLIENT-ARGS...: server in host 1 (pinned CPU
   local name=$1; shift
   local srv=() cli=()
   while [ "$1" != "--" ]; do srv+=("$1"); shift; done; shift; cli=("$@")
-  PMRXE_SOCKET=$WORK/host1.sock timeout 120 ip netns exec pmrxe-bh1 taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
+  PMRXE_SOCKET=$WORK/host1.sock timeout 120 ip netns exec pmrxe-bh1 "${RR[@]}" taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
   local s=$!
   PIDS+=("$s")
   for _ in $(seq 100); do grep -q "Waiting for client" "$OUT/$name.server.txt" 2>/dev/null && break; sleep 0.1; done
-  PMRXE_SOCKET=$WORK/host2.sock timeout 120 ip netns exec pmrxe-bh2 taskset -c 1 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
+  PMRXE_SOCKET=$WORK/host2.sock timeout 120 ip netns exec pmrxe-bh2 "${RR[@]}" taskset -c 1 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
   wait "$s" 2>/dev/null
 }
 across two-ib_write_bw ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" -- ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" 10.79.2.1
