@@ -186,6 +186,34 @@ fn bad_clients() {
     assert!(errno(&r).is_some(), "CreateQp with u32::MAX caps accepted: {r:?}");
     let (r, _) = c.call(&Request::CreateQp { device: 0, pd, qp_type: 99, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }, &[]).unwrap();
     assert!(errno(&r).is_some(), "CreateQp type 99 accepted: {r:?}");
+    // Enum values that are no member of their verbs enum are EINVAL through the real control
+    // socket, never a default (an unknown qp_state once meant RESET, an unknown MTU 1024).
+    let (r, _qfds) = c.call(&Request::CreateQp { device: 0, pd, qp_type: 2, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }, &[]).unwrap();
+    let Response::Qp { qpn, .. } = r else { panic!("CreateQp: {r:?}") };
+    let init = ctrl::QpAttr { qp_state: 1, port_num: 1, qp_access_flags: 15, ..Default::default() };
+    assert_eq!(c.call(&Request::ModifyQp { qpn, attr: init, mask: 1 | 16 | 32 | 8 }, &[]).unwrap().0, Response::Ok, "RESET→INIT");
+    let mut rtr = ctrl::QpAttr { qp_state: 2, path_mtu: 3, dest_qp_num: qpn, max_dest_rd_atomic: 1, min_rnr_timer: 1, ..Default::default() };
+    rtr.ah_attr = ctrl::AhAttr { is_global: true, sgid_index: 1, hop_limit: 64, port_num: 1, dgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1], ..Default::default() };
+    let rtr_mask = 1 | 128 | 256 | 1048576 | 4096 | 131072 | 32768;
+    for (name, attr, mask) in [
+        ("qp_state 42", ctrl::QpAttr { qp_state: 42, ..Default::default() }, 1),
+        ("cur_qp_state 9", ctrl::QpAttr { qp_state: 6, cur_qp_state: 9, ..Default::default() }, 1 | 2),
+        ("path_mtu 9", ctrl::QpAttr { path_mtu: 9, ..rtr }, rtr_mask),
+        ("path_mtu 0", ctrl::QpAttr { path_mtu: 0, ..rtr }, rtr_mask),
+        ("dest_qp_num with bit 24", ctrl::QpAttr { dest_qp_num: qpn | 1 << 24, ..rtr }, rtr_mask),
+    ] {
+        let (r, _) = c.call(&Request::ModifyQp { qpn, attr, mask }, &[]).unwrap();
+        assert_eq!(errno(&r), Some(libc::EINVAL), "ModifyQp {name}: {r:?}");
+    }
+    match c.call(&Request::QueryQp { qpn }, &[]).unwrap().0 {
+        Response::QpAttr { attr, .. } => assert_eq!(attr.qp_state, 1, "refused modifies left the QP in INIT"),
+        r => panic!("QueryQp: {r:?}"),
+    }
+    // The same QP takes the valid RTR.
+    assert_eq!(c.call(&Request::ModifyQp { qpn, attr: rtr, mask: rtr_mask }, &[]).unwrap().0, Response::Ok, "INIT→RTR");
+    let (r, _) = c.call(&Request::CreateQp { device: 0, pd, qp_type: 0, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }, &[]).unwrap();
+    assert_eq!(errno(&r), Some(libc::EINVAL), "CreateQp type 0: {r:?}");
+    assert_eq!(c.call(&Request::DestroyQp { qpn }, &[]).unwrap().0, Response::Ok);
     alive(&svc, "huge counts");
     eprintln!("bad clients: no-Hello, wrong ABI, double Hello, 23 huge/unknown-handle requests: all refused with an errno");
 
