@@ -146,13 +146,13 @@ impl Target {
         let ctx = Context::connect(socket).expect("native connect");
         let pd = Pd::alloc(&ctx, 0).expect("pd");
         let cq = Cq::create(&ctx, 0, 1024).expect("cq");
-        let mut buf = Buffer::new(&ctx, 3 * PAGE).expect("buffer");
-        buf.as_mut_slice().fill(GUARD);
+        let buf = Buffer::new(&ctx, 3 * PAGE).expect("buffer");
+        buf.fill(GUARD);
         let mr = Mr::register_range(&pd, &buf, PAGE, PAGE, access::ALL).expect("mr");
         // Another PD's MR, in its own buffer.
         let pd2 = Pd::alloc(&ctx, 0).expect("pd2");
-        let mut other_buf = Buffer::new(&ctx, PAGE).expect("buffer2");
-        other_buf.as_mut_slice().fill(GUARD);
+        let other_buf = Buffer::new(&ctx, PAGE).expect("buffer2");
+        other_buf.fill(GUARD);
         let other_mr = Mr::register(&pd2, &other_buf, access::ALL).expect("mr2");
         std::mem::forget(pd2); // kept alive with the context
         Target { _ctx: ctx, pd, cq, buf, mr, other_buf, other_mr, qps: Vec::new() }
@@ -173,12 +173,12 @@ impl Target {
     /// The guard pages and the other PD's buffer are untouched, and the MR page holds
     /// `expect_mr` (a model of what the accepted requests wrote).
     fn check_memory(&self, expect_mr: &[u8], what: &str) {
-        let b = self.buf.as_slice();
+        let b = self.buf.to_vec(0, self.buf.len());
         let bad: Vec<usize> = (0..PAGE).chain(2 * PAGE..3 * PAGE).filter(|&i| b[i] != GUARD).collect();
         assert!(bad.is_empty(), "{what}: guard bytes changed at offsets {:?}...", &bad[..bad.len().min(8)]);
         let diff: Vec<usize> = (0..PAGE).filter(|&i| b[PAGE + i] != expect_mr[i]).collect();
         assert!(diff.is_empty(), "{what}: MR bytes differ from the model at {:?}...", &diff[..diff.len().min(8)]);
-        assert!(self.other_buf.as_slice().iter().all(|&x| x == GUARD), "{what}: the other PD's buffer changed");
+        assert!(self.other_buf.to_vec(0, self.other_buf.len()).iter().all(|&x| x == GUARD), "{what}: the other PD's buffer changed");
     }
 }
 

@@ -76,8 +76,8 @@ fn cnp_and_ecn_on_the_wire() {
     let ctx = Context::connect(&svc.socket).expect("native connect");
     let pd = Pd::alloc(&ctx, 0).expect("pd");
     let mut cq = Cq::create(&ctx, 0, 256).expect("cq");
-    let mut buf = Buffer::new(&ctx, 4096).expect("buffer");
-    buf.as_mut_slice().fill(0x5a);
+    let buf = Buffer::new(&ctx, 4096).expect("buffer");
+    buf.fill(0x5a);
     let mr = Mr::register(&pd, &buf, access::ALL).expect("mr");
     let mut qp = Qp::create(&pd, &cq, &cq, QpOptions::default()).expect("qp");
     let mut dgid = [0u8; 16];
@@ -149,7 +149,7 @@ fn cnp_and_ecn_on_the_wire() {
     assert_eq!((c.tclass >> 2, ecn::ecn_of(c.tclass)), (48, ecn::ECT0), "DSCP 48 + ECT(0) as the NIC");
     assert_eq!(cnp_out.len(), 74);
     assert_eq!(cnp_out[46] & 0x40, 0x40, "BECN");
-    assert!(buf.as_slice()[..64].iter().all(|&b| b == 0xc3), "the CE-marked WRITE was placed");
+    assert!(buf.to_vec(0, 64).iter().all(|&b| b == 0xc3), "the CE-marked WRITE was placed");
     let st = qp_stats(&svc, qpn);
     assert_eq!((st["ecn_ce_received"].as_u64(), st["cnp_sent"].as_u64()), (Some(1), Some(1)), "{st}");
     assert_eq!((lcore_ctr(&svc, "rx_ecn_ce"), lcore_ctr(&svc, "tx_cnp")), (1, 1));

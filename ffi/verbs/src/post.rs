@@ -392,7 +392,8 @@ mod tests {
         use pmrxe_abi::ring::Prefixed;
         let a = *b"inline!!";
         let mut sg = [sge(a.as_ptr() as u64, 8, 0), sge(0x3000, 16, 4)];
-        let mut cases = vec![wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_SIGNALED), wr(IBV_WR_RDMA_WRITE, &mut sg[..1], IBV_SEND_INLINE)];
+        let mut sg_inline = [sge(a.as_ptr() as u64, 8, 0)];
+        let mut cases = [wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_SIGNALED), wr(IBV_WR_RDMA_WRITE, &mut sg_inline, IBV_SEND_INLINE)];
         cases[0].wr.rdma.remote_addr = 0x8000;
         cases[0].wr.rdma.rkey = 12;
         for w in &cases {

@@ -12,6 +12,11 @@ use super::{proto, Result, ShmSge};
 const PAGE: usize = 4096;
 
 /// A page-aligned buffer backed by a memfd that the service maps too (`AddSegment`).
+///
+/// The service (and, through it, the peer) writes these bytes whenever it likes, so no Rust
+/// reference ever covers them: there is no `&[u8]` view. Bytes move in and out by copies
+/// through raw pointers ([`Buffer::read`], [`Buffer::to_vec`], [`Buffer::write`],
+/// [`Buffer::fill`]) or one volatile byte at a time (polling for data the service places).
 pub struct Buffer {
     ctx: Context,
     seg: u64,
@@ -53,16 +58,40 @@ impl Buffer {
         false
     }
 
-    /// The bytes (the service may write them concurrently: read with care, e.g. volatile).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: our mapping of `len` bytes, alive as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.map.ptr(), self.map.len()) }
+    /// The range `off..off + n`, checked against the mapping (panics outside it).
+    fn range(&self, off: usize, n: usize) -> *mut u8 {
+        assert!(off.checked_add(n).is_some_and(|e| e <= self.map.len()), "{off}+{n} outside a {}-byte buffer", self.map.len());
+        // SAFETY: `off <= len`, so the result is inside (or one past) our mapping.
+        unsafe { self.map.ptr().add(off) }
     }
 
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr(), self.map.len()) }
+    /// Copy `dst.len()` bytes at `off` out of the buffer (a snapshot: the service may be
+    /// writing them meanwhile, so what arrives is whatever each byte held when copied).
+    pub fn read(&self, off: usize, dst: &mut [u8]) {
+        let src = self.range(off, dst.len());
+        // SAFETY: `src..src + dst.len()` is inside our mapping (checked), alive as long as
+        // `self`; `dst` is a distinct local buffer. A raw copy: no reference to shared bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// `len` bytes at `off`, copied out ([`Buffer::read`]).
+    pub fn to_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.read(off, &mut v);
+        v
+    }
+
+    /// Copy `src` into the buffer at `off`.
+    pub fn write(&self, off: usize, src: &[u8]) {
+        let dst = self.range(off, src.len());
+        // SAFETY: inside our mapping (checked); `src` is distinct memory. A raw copy.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+    }
+
+    /// Set every byte of the buffer to `v`.
+    pub fn fill(&self, v: u8) {
+        // SAFETY: the whole mapping, alive as long as `self`; raw writes, no reference.
+        unsafe { std::ptr::write_bytes(self.map.ptr(), v, self.map.len()) }
     }
 
     /// Volatile read of the byte at `off` (polling for data the service places).
