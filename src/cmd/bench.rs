@@ -853,11 +853,14 @@ fn ping_pong(cpu: usize, peer: usize, dur: Duration, mut step: impl FnMut(u32) +
     let mut per = Vec::new();
     std::thread::scope(|sc| {
         let (stop, pinned) = (&stop, &pinned);
+        // The peer inherits this thread's CPU set: make it the peer's CPU before the spawn, so
+        // the peer never has to run on this thread's CPU to move itself (under SCHED_FIFO, as
+        // scripts/bench.sh's BENCH_RT=1 runs it, this thread's spin would never let it).
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: peer }) {
+            pinned.store(false, Ordering::Relaxed);
+        }
         sc.spawn(move || {
             let mut answer = answer;
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: peer }) {
-                pinned.store(false, Ordering::Relaxed);
-            }
             let mut i = 0u32;
             while i != stop.load(Ordering::Relaxed) {
                 if answer(i) {
