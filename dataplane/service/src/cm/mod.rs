@@ -78,15 +78,6 @@ pub mod event {
 /// `enum ibv_qp_attr_mask` bits used by `CmInitQpAttr` (the shared QP table's).
 pub use pmrxe_abi::qp_table::attr as mask;
 
-#[cfg(test)]
-const IBV_QPT_RC: u32 = 2;
-#[cfg(test)]
-const IBV_QPT_UD: u32 = 4;
-const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
-const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-const IBV_ACCESS_REMOTE_READ: u32 = 4;
-const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
-
 /// Longest sleep of the CM thread when nothing wakes it (requests and QP1 frames do; CM
 /// deadlines bound it too): the pace of channel housekeeping.
 pub const TICK: Duration = Duration::from_millis(10);

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// `enum ibv_access_flags` bits `rdma_init_qp_attr` grants at INIT.
+const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
+const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+const IBV_ACCESS_REMOTE_READ: u32 = 4;
+const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
 impl CmCore {
     /// `rdma_init_qp_attr` (kernel `rdma_init_qp_attr` + `ib_cm_init_qp_attr` for RoCE).
     pub(super) fn init_qp_attr(&self, id: u32, qp_state: u32) -> Reply {

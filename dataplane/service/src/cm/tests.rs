@@ -1,4 +1,5 @@
 use super::*;
+use pmrxe_abi::qp_table::qp_type::{RC as IBV_QPT_RC, UD as IBV_QPT_UD};
 use pmrxe_wire::MacAddr;
 
 const A: [u8; 4] = [198, 18, 0, 1];
