@@ -1,6 +1,6 @@
 //! QP attributes as verbs knows them: service type, state, path MTU, address vector,
 //! capacities, `ibv_qp_attr` and its mask bits, and the per-transition required/optional mask
-//! table (`transition_masks`, from `pmrxe_abi::qp_table`, shared with the shim).
+//! table (`transition_masks`, from `pmrxe_qp_table`, shared with the shim).
 
 /// Transport service type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -252,10 +252,10 @@ pub struct TransitionMasks {
 
 /// The IBTA QP state table (IBA 10.3.1, as the kernel's `qp_state_table`): `None` if
 /// `cur → next` is not a valid transition for `ty`, otherwise the attribute masks. The table
-/// itself is `pmrxe_abi::qp_table`, shared with the shim (one table, libibverbs numbers: the
+/// itself is `pmrxe_qp_table`, shared with the shim (one table, libibverbs numbers: the
 /// engine's `QpState` and `AttrMask` values are the IBV ones).
 pub fn transition_masks(ty: QpType, cur: QpState, next: QpState) -> Option<TransitionMasks> {
-    use pmrxe_abi::qp_table::{qp_type, transition};
+    use pmrxe_qp_table::{qp_type, transition};
     let t = match ty {
         QpType::Rc => qp_type::RC,
         QpType::Uc => qp_type::UC,
