@@ -22,13 +22,19 @@
 #     `is_x86_feature_detected!` reports the compile-time features) offers both the portable
 #     slicing-by-8 kernel and the PCLMUL kernel, and the tests run both (Miri emulates the
 #     intrinsics). Not the AVX-512 kernel (no Miri support for its 512-bit VPCLMULQDQ) nor
-#     the length sweeps (minutes each under Miri).
+#     the length sweeps (minutes each under Miri);
+#   * verbs: the shim's pure parts (pmrxe-verbs unit tests that make no system call): the
+#     per-queue spinlock from four threads through its guard and its raw wr_start..wr_complete
+#     span, WR -> WQE conversion (post::, incl. filling a used ring slot in place and inline
+#     copies from integer addresses, hence -Zmiri-permissive-provenance), CQE conversion, the QP
+#     state table checks, strings, pmrxedv's SG shape, CM event/sockaddr layouts (~15 s run);
+#     not the tests that map memfds, read /proc or talk to a service.
 # Proptest runs PROPTEST_CASES=4 cases (default) per property; isolation is off
 # (-Zmiri-disable-isolation: proptest reads the clock and the working directory, the corpus
 # test reads files). Not under Miri: the control protocol (SOCK_SEQPACKET and SCM_RIGHTS are not
 # emulated) and anything that maps memfds or calls DPDK. Each part prints its time.
 #
-#   scripts/miri.sh [--ci] [PART...]      PART: abi wire mem crc (default), wire-lib
+#   scripts/miri.sh [--ci] [PART...]      PART: abi wire mem crc verbs (default), wire-lib
 #
 # Without a nightly toolchain with the miri and rust-src components the script FAILS (scripts/
 # setup.sh installs them), unless PMRXE_CI_ALLOW_SKIP names the step `miri` (scripts/lib/ci.sh).
@@ -40,11 +46,11 @@ parts=()
 for a in "$@"; do
   case $a in
     --ci) ;;
-    abi|wire|wire-lib|mem|crc) parts+=("$a") ;;
-    *) echo "usage: scripts/miri.sh [--ci] [abi|wire|wire-lib|mem|crc ...]" >&2; exit 2 ;;
+    abi|wire|wire-lib|mem|crc|verbs) parts+=("$a") ;;
+    *) echo "usage: scripts/miri.sh [--ci] [abi|wire|wire-lib|mem|crc|verbs ...]" >&2; exit 2 ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || parts=(abi crc mem wire)
+[ ${#parts[@]} -gt 0 ] || parts=(abi crc mem wire verbs)
 if ! cargo +nightly miri --version >/dev/null 2>&1 \
    || ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
   ci_cannot_run miri "no nightly toolchain with the miri and rust-src components" \
@@ -79,6 +85,9 @@ for p in "${parts[@]}"; do
     mem) part mem env MIRIFLAGS="$MIRIFLAGS -Zmiri-permissive-provenance" \
            cargo +nightly miri test -p pmrxe-mem --lib --test crc ;;
     crc) part crc cargo +nightly miri test -p pmrxe-crc "${crc_tests[@]}" ;;
+    verbs) part verbs env MIRIFLAGS="$MIRIFLAGS -Zmiri-permissive-provenance" \
+           cargo +nightly miri test -p pmrxe-verbs --lib -- boundary:: post:: cq::tests qp_state:: \
+           strings:: pmrxedv:: cm::tests cm::event::tests ;;
   esac
 done
 echo "miri.sh: no undefined behaviour found ($((SECONDS - t0)) s: ${times[*]})"
