@@ -471,7 +471,7 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
     let (mpicc, mpirun) = (require_tool("mpicc"), require_tool("mpirun"));
     require_tool("ip");
     let _l = heavy_lock();
-    let n = TwoNodes::up("mh");
+    let n = TwoNodes::up("hf");
     let prog = n.dir.join("mpi_pingpong");
     compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
     let hosts = n.dir.join("hostfile");
