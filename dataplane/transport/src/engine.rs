@@ -28,6 +28,7 @@ use crate::cq::{Bound, Completions, Delivery};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
 use crate::attr::AddressVector;
+use pmrxe_wire::{MsgPos, RxPrediction};
 use crate::qp::{PostError, Qp, Transmit};
 use crate::srq::Srq;
 use crate::stats::QpStats;
@@ -104,6 +105,11 @@ struct Entry<X> {
     armed: Option<Instant>,
     /// Since when the QP's next packet has been held for an unresolved neighbour.
     hold_since: Option<Instant>,
+    /// The header of the last MIDDLE packet received for this QP that took the full parse,
+    /// and the port it arrived on: its successors on that port are parsed by prediction
+    /// ([`Engine::predict`]). (Boxed: 400 bytes inline would spread the entry over more cache
+    /// lines.)
+    rx_predict: Option<(u32, Box<RxPrediction>)>,
 }
 
 /// QPs and SRQs owned by one lcore.
@@ -127,6 +133,11 @@ pub struct Engine<X = ()> {
     held: Vec<u32>,
     /// Neighbour generation `held` was last re-examined at, and when.
     held_seen: (u64, Instant),
+    /// QPs with a receive prediction recorded: while there are none, frames do not look for
+    /// one.
+    predicting: usize,
+    /// Frames parsed by prediction.
+    pub rx_predicted: u64,
     /// Packets for a QPN we do not own.
     pub unknown_qpn: u64,
 }
@@ -176,6 +187,8 @@ impl<X> Engine<X> {
             deferred: Vec::with_capacity(n),
             held: Vec::with_capacity(n),
             held_seen: (0, Instant(0)),
+            predicting: 0,
+            rx_predicted: 0,
             unknown_qpn: 0,
         }
     }
@@ -214,7 +227,7 @@ impl<X> Engine<X> {
         if self.entries[s].is_some() {
             return Err(AddError::SlotTaken);
         }
-        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None, hold_since: None }));
+        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None, hold_since: None, rx_predict: None }));
         self.live += 1;
         self.touch(s);
         Ok(())
@@ -229,6 +242,9 @@ impl<X> Engine<X> {
         self.ready.retain(|&q| q != s);
         self.pending.retain(|&q| q != s);
         self.held.retain(|&q| q != qpn);
+        if e.rx_predict.is_some() {
+            self.predicting -= 1;
+        }
         let Entry { qp, ext, .. } = *e;
         Some((qp, ext))
     }
@@ -280,11 +296,6 @@ impl<X> Engine<X> {
     #[inline]
     pub fn ext_at(&self, slot: u32) -> Option<&X> {
         self.entries.get(slot as usize)?.as_deref().map(|e| &e.ext)
-    }
-    /// [`Engine::ext_at`], mutable (the QP is not re-filed: the attachment is the caller's).
-    #[inline]
-    pub fn ext_at_mut(&mut self, slot: u32) -> Option<&mut X> {
-        self.entries.get_mut(slot as usize)?.as_deref_mut().map(|e| &mut e.ext)
     }
     /// [`Engine::qp`] by slot.
     #[inline]
@@ -393,9 +404,75 @@ impl<X> Engine<X> {
         self.handle_packet_at(now, s as u32, pkt, mem, cq)
     }
 
+    /// Header prediction (`pmrxe_wire::RxPrediction`, after Van Jacobson's for TCP): if
+    /// `data` is for a QP whose MIDDLE header recorded on `port` it matches, write what the full
+    /// parse would into `pkt` and return the QP's slot for [`Engine::receive`]. A predicted
+    /// packet's ICRC check always goes with it to the QP (made before the packet acts, or
+    /// while its payload is placed). Nothing is looked at but the frame's head and the record.
+    #[inline]
+    pub fn predict<'a>(&self, port: u32, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
+        if self.predicting == 0 {
+            return None;
+        }
+        let qpn = RxPrediction::dest_qp(data)?;
+        self.predict_for(qpn, port, data, pkt)
+    }
+
+    /// [`Engine::predict`] for a frame whose BTH names a MIDDLE packet for `qpn` (out of line:
+    /// small packets never get here).
+    #[inline(never)]
+    fn predict_for<'a>(&self, qpn: u32, port: u32, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
+        let s = self.slot_of(qpn)?;
+        let (_, p) = self.entries[s].as_deref()?.rx_predict.as_ref().filter(|(at, _)| *at == port)?;
+        if !p.parse_into(data, &mut pkt.hdr, &mut pkt.frame) {
+            return None;
+        }
+        pkt.deferred = true;
+        Some(s as u32)
+    }
+
+    /// A received packet for the QP in `slot` ([`Engine::slot`] of its destination QPN, or
+    /// what [`Engine::predict`] returned; `predicted`: it came from there), `data` its frame,
+    /// arrived on `port`. The QP handles it; then a MIDDLE packet that took the full parse and
+    /// passed its ICRC check (the first of a message, or one whose headers changed) becomes the
+    /// QP's prediction record for its successors on `port`. Returns true if the QP dropped the
+    /// packet for a bad ICRC.
+    #[allow(clippy::too_many_arguments)]
+    pub fn receive<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, port: u32, data: &[u8], pkt: &RxPacket<'_>, predicted: bool, mem: &M, cq: &mut C) -> bool {
+        if predicted {
+            self.rx_predicted += 1;
+        }
+        let bad_icrc = self.handle_packet_at(now, slot, pkt, mem, cq);
+        if !bad_icrc && !predicted && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == MsgPos::Middle) {
+            self.record_prediction(slot, port, data);
+        }
+        bad_icrc
+    }
+
+    /// Record (or drop) the prediction of the QP in `slot` from `data` (the box is allocated
+    /// once per QP and then rewritten in place).
+    fn record_prediction(&mut self, slot: u32, port: u32, data: &[u8]) {
+        let Some(e) = self.entries.get_mut(slot as usize).and_then(|e| e.as_deref_mut()) else { return };
+        match (RxPrediction::record(data), &mut e.rx_predict) {
+            (Some(r), Some((at, b))) => {
+                *at = port;
+                **b = r;
+            }
+            (Some(r), none) => {
+                *none = Some((port, Box::new(r)));
+                self.predicting += 1;
+            }
+            (None, p) => {
+                if p.take().is_some() {
+                    self.predicting -= 1;
+                }
+            }
+        }
+    }
+
     /// [`Engine::handle_packet`] for the QP in `slot`, [`Engine::slot`] of the packet's
     /// destination QPN.
-    pub fn handle_packet_at<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
+    pub(crate) fn handle_packet_at<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
         let s = slot as usize;
         let Some(e) = self.entries.get_mut(s).and_then(|e| e.as_deref_mut()) else {
             self.unknown_qpn += 1;

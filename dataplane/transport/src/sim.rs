@@ -16,6 +16,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+use pmrxe_wire::{BthRepr, Psn, Qpn, TransportHeaders};
 use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
@@ -274,13 +275,15 @@ pub struct Node {
     tx_spare: Vec<Vec<u8>>,
     /// Frames dropped by the receive parser (bad ICRC, malformed).
     pub rx_parse_drops: u64,
+    /// Frames for a QPN this node does not have.
+    pub rx_unknown_qp: u64,
 }
 
 impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
         let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
-        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0 }
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0 }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -348,6 +351,28 @@ impl Node {
     /// A frame buffer of an [`Outgoing`] packet goes back for reuse.
     pub fn recycle(&mut self, roce: Vec<u8>) {
         self.tx_spare.push(roce);
+    }
+    /// A received frame, as the lcore takes it: header prediction ([`Engine::predict`]) or the
+    /// full parse with the ICRC check deferred to the QP, then [`Engine::receive`] (which
+    /// records predictions).
+    pub fn receive_frame(&mut self, now: Instant, frame: &[u8]) {
+        let (engine, mem, mut cq) = self.parts();
+        let blank = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+        let mut pkt = RxPacket::new(blank, &[]);
+        if let Some(slot) = engine.predict(0, frame, &mut pkt) {
+            engine.receive(now, slot, 0, frame, &pkt, true, mem, &mut cq);
+            return;
+        }
+        let Ok((f, check)) = parse_frame_deferred(frame) else {
+            self.rx_parse_drops += 1;
+            return;
+        };
+        let pkt = RxPacket::of_frame(&f, Some(check));
+        let Some(slot) = engine.slot(pkt.hdr.bth.dest_qp.value()) else {
+            self.rx_unknown_qp += 1;
+            return;
+        };
+        engine.receive(now, slot, 0, frame, &pkt, false, mem, &mut cq);
     }
     /// Service the expired timers (see [`Engine::handle_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) -> bool {
@@ -577,14 +602,10 @@ impl Sim {
 
     fn deliver(&mut self, dst: usize, frame: &[u8]) {
         let now = self.now;
-        let node = &mut self.nodes[dst];
-        // The ICRC check is deferred to the engine, as the lcore does: the QP verifies it first
-        // or while placing the payload (`RxPacket::icrc()`; bad ones count in its `icrc_errors`).
-        let Ok((f, check)) = parse_frame_deferred(frame) else {
-            node.rx_parse_drops += 1;
-            return;
-        };
-        node.handle_packet(now, &RxPacket::of_frame(&f, Some(check)));
+        // Predicted or parsed as the lcore does; the ICRC check is deferred to the engine: the
+        // QP verifies it first or while placing the payload (`RxPacket::icrc()`; bad ones count
+        // in its `icrc_errors`).
+        self.nodes[dst].receive_frame(now, frame);
     }
 
     /// Make every QP of every node that has work eligible to send (after posting directly

@@ -213,10 +213,6 @@ struct QpSlot {
     backlog_listed: bool,
     /// Eth/IP/UDP addressing of the last path this QP sent on.
     path: Option<PathCache>,
-    /// The header of the last MIDDLE packet received for this QP that took the full parse:
-    /// its successors are parsed by prediction (see `Lcore::on_frame`).
-    /// (Boxed: 400 bytes inline would spread the slot's hot fields over more cache lines.)
-    rx_predict: Option<Box<wire::RxPrediction>>,
 }
 
 /// A QP's resolved path: valid while the address vector, destination QPN and the neighbour
@@ -472,9 +468,6 @@ pub struct Lcore<L: Port> {
     work: Vec<u32>,
     /// QPNs with WQEs left in their rings because the engine's queue was full.
     backlog: Vec<u32>,
-    /// QPs of this lcore with a receive prediction recorded (`QpSlot::rx_predict`): while
-    /// there are none, frames do not look for one.
-    predicting: usize,
     /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
     gsi: Option<Arc<GsiPipe>>,
     /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
@@ -544,7 +537,6 @@ impl<L: Port> Lcore<L> {
             lo_spare: Some(Box::default()),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
             backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            predicting: 0,
             gsi: None,
             gsi_psn: 0,
         };

@@ -243,7 +243,6 @@ impl<L: Port> Lcore<L> {
             backlog: false,
             backlog_listed: false,
             path: None,
-            rx_predict: None,
         };
         self.engine.insert(s.qp, slot).map_err(|e| e.to_string())?;
         if let Some(x) = srq.and_then(|n| self.srqs.get_mut(&n)) {
@@ -260,9 +259,6 @@ impl<L: Port> Lcore<L> {
 
     pub(super) fn remove_qp(&mut self, qpn: u32) -> bool {
         let Some((qp, slot)) = self.engine.remove(qpn) else { return false };
-        if slot.rx_predict.is_some() {
-            self.predicting -= 1;
-        }
         for cq in [slot.cq.send, slot.cq.recv] {
             if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);

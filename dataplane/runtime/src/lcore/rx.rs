@@ -112,7 +112,7 @@ impl<L: Port> Lcore<L> {
         // Header prediction first: a MIDDLE packet whose headers equal its QP's last MIDDLE's
         // but for the PSN and AckReq gets what the full parse would have written (the same
         // checks follow).
-        let predicted = self.predict(pi, data, &mut pkt);
+        let predicted = self.engine.predict(pi as u32, data, &mut pkt);
         let parsed = if predicted.is_some() {
             bump(&self.stats.rx_predicted, 1);
             Ok(true)
@@ -181,26 +181,10 @@ impl<L: Port> Lcore<L> {
                     self.pull_recv_wqes(qpn, at);
                 }
                 let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-                if self.engine.handle_packet_at(now, at, &pkt, &*self.mem, &mut cq) {
+                // The QP handles it; a MIDDLE that took the full parse becomes its prediction
+                // record (the engine's `receive`).
+                if self.engine.receive(now, at, pi as u32, data, &pkt, predicted.is_some(), &*self.mem, &mut cq) {
                     self.count_bad_icrc();
-                } else if predicted.is_none() && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == wire::MsgPos::Middle) {
-                    // A MIDDLE packet that took the full parse (the first of a message, or one
-                    // whose headers changed): its successors are predicted from it.
-                    // (The box is allocated once per QP and then rewritten in place.)
-                    if let Some(s) = self.engine.ext_at_mut(at) {
-                        match (wire::RxPrediction::record(data), &mut s.rx_predict) {
-                            (Some(r), Some(b)) => **b = r,
-                            (Some(r), none) => {
-                                *none = Some(Box::new(r));
-                                self.predicting += 1;
-                            }
-                            (None, p) => {
-                                if p.take().is_some() {
-                                    self.predicting -= 1;
-                                }
-                            }
-                        }
-                    }
                 }
                 None
             }
@@ -225,29 +209,6 @@ impl<L: Port> Lcore<L> {
                 None
             }
         }
-    }
-
-    /// Header prediction (`wire::RxPrediction`): if `data` is for a QP of this lcore on port
-    /// `pi` whose recorded MIDDLE header it matches, write what the full parse would into
-    /// `pkt` and return the QP's engine slot. Nothing is looked at but the frame's head and
-    /// the QP's record.
-    #[inline]
-    fn predict<'a>(&self, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
-        if self.predicting == 0 {
-            return None;
-        }
-        let qpn = wire::RxPrediction::dest_qp(data)?;
-        self.predict_for(qpn, pi, data, pkt)
-    }
-
-    /// [`Lcore::predict`] for a frame whose BTH names a MIDDLE packet for `qpn` (out of line:
-    /// small packets never get here).
-    #[inline(never)]
-    fn predict_for<'a>(&self, qpn: u32, pi: usize, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
-        let at = self.engine.slot(qpn)?;
-        let s = self.engine.ext_at(at)?;
-        let p = s.rx_predict.as_ref().filter(|_| s.dev == pi)?;
-        p.parse_into(data, &mut pkt.hdr, &mut pkt.frame).then_some(at)
     }
 
     /// A request that consumes a receive WQE arrived for `qpn`: if its receive queue (or SRQ)
