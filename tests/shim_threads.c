@@ -17,7 +17,9 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#ifndef THREADS
 #define THREADS 4
+#endif
 #define PER_THREAD 10000
 #define WINDOW 24
 #define DEPTH 256
