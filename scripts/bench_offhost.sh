@@ -114,7 +114,8 @@ serve() {
   "${pre[@]}" "${RT[@]}" "$BIN" serve --config "$cfg" >"$logf" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
-  for _ in $(seq 150); do
+  # Up to 60 s: under load, loading the XDP program and setting up the sockets has taken >15 s.
+  for _ in $(seq 600); do
     PMRXE_SOCKET=$sock "$BIN" stats >/dev/null 2>&1 && { SERVED=$pid; return 0; }
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
