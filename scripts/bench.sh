@@ -115,9 +115,9 @@ cat "$OUT/machine.txt" >&2
 
 # ---- limits ---------------------------------------------------------------------------------
 log "limit: memcpy, one core"
-"$BIN" bench --memcpy --sizes "$ALL_SIZES" --duration 0.5 --json "$OUT/memcpy.json" >"$OUT/memcpy.txt" 2>&1 || log "memcpy failed"
+"${RT[@]}" "$BIN" bench --memcpy --sizes "$ALL_SIZES" --duration 0.5 --json "$OUT/memcpy.json" >"$OUT/memcpy.txt" 2>&1 || log "memcpy failed"
 log "limit: fused copy+CRC kernel and crc32fast at 4 KiB frames, one core (loopback ceiling = fused / 2)"
-"$BIN" bench --crc --duration 0.5 --json "$OUT/crc.json" >"$OUT/crc.txt" 2>&1 || log "crc limits failed"
+"${RT[@]}" "$BIN" bench --crc --duration 0.5 --json "$OUT/crc.json" >"$OUT/crc.txt" 2>&1 || log "crc limits failed"
 log "limit: cross-CPU hand-offs between CPU 0 and CPU 1 (cache line, rings, doorbell)"
 "${RT[@]}" "$BIN" bench --c2c --cpu 0 --peer-cpu 1 --duration 1 --json "$OUT/c2c.json" >"$OUT/c2c.txt" 2>&1 || log "c2c failed"
 log "limit: pmrxe port-test (raw frames over the loopback net_ring pair, built + verified)"

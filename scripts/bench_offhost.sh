@@ -31,10 +31,14 @@ PY=/usr/bin/python3
 for t in iperf3 qperf ib_write_bw ib_send_lat; do
   command -v "$t" >/dev/null || { echo "bench_offhost: $t missing (scripts/setup.sh installs it)" >&2; exit 1; }
 done
-rm -rf "$OUT"; mkdir -p "$OUT"
+[ -z "${OFFHOST_PARTS:-}" ] && rm -rf "$OUT"
+mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 RT=() RR=()
 [ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(chrt -r 10)
+# OFFHOST_PARTS: which parts run (default all): kpath tcp two idle.
+PARTS=" ${OFFHOST_PARTS:-kpath tcp two idle} "
+part() { [[ $PARTS == *" $1 "* ]]; }
 if [ $QUICK = 1 ]; then D=1; N=2000; WAKES=5; IDLE_S=2; else D=3; N=20000; WAKES=20; IDLE_S=5; fi
 # Outside scripts/bench.sh (which holds it), take the integration tests' lock: they pin CPU 1.
 if [ -z "${PMRXE_BENCH_LOCKED:-}" ]; then
@@ -134,7 +138,7 @@ stop() { # pid
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # ---- 1. kernel path, one service ------------------------------------------------------------------
-for pmd in af_xdp af_packet; do
+part kpath && for pmd in af_xdp af_packet; do
   if [ $pmd = af_xdp ]; then mtu=3500; d0="net_af_xdp0,iface=pmrxe-o0,start_queue=0,queue_count=1"; d1="net_af_xdp1,iface=pmrxe-o1,start_queue=0,queue_count=1"
   else mtu=1500; d0="net_af_packet0,iface=pmrxe-o0,qpairs=1"; d1="net_af_packet1,iface=pmrxe-o1,qpairs=1"; fi
   log "kernel path, one service: $pmd, veth MTU $mtu"
@@ -149,7 +153,7 @@ for pmd in af_xdp af_packet; do
 done
 
 # ---- 2. kernel TCP over a veth pair, same MTUs ------------------------------------------------------
-for mtu in 3500 1500; do
+part tcp && for mtu in 3500 1500; do
   log "kernel TCP over a veth pair between two namespaces, MTU $mtu"
   veth pmrxe-t1 pmrxe-t2 pmrxe-bt1 pmrxe-bt2 "$mtu" 10.79.1.1 10.79.1.2 || { log "veth failed"; exit 1; }
   ip netns exec pmrxe-bt1 "${RR[@]}" taskset -c 1 iperf3 -s -1 -p 15202 >/dev/null 2>&1 &
@@ -168,36 +172,41 @@ for mtu in 3500 1500; do
 done
 
 # ---- 3. two hosts: two services in two namespaces, af_xdp, wait mode --------------------------------
-log "two hosts: two services (af_xdp, MTU 3500, idle wait) in two namespaces, perftest over rdma_cm"
-veth pmrxe-h1 pmrxe-h2 pmrxe-bh1 pmrxe-bh2 3500 || { log "veth failed"; exit 1; }
-config "$WORK/host1.toml" "$WORK/host1.sock" "pmrxe-offhost-h1" '{ mode = "wait" }' 1 \
-  "port:pmrxe0|net_af_xdp0,iface=pmrxe-h1,start_queue=0,queue_count=1|02:00:0a:4f:00:01|10.79.2.1|3500" \
-  "neigh:10.79.2.2|02:00:0a:4f:00:02" || exit 1
-config "$WORK/host2.toml" "$WORK/host2.sock" "pmrxe-offhost-h2" '{ mode = "wait" }' 0 \
-  "port:pmrxe0|net_af_xdp0,iface=pmrxe-h2,start_queue=0,queue_count=1|02:00:0a:4f:00:02|10.79.2.2|3500" \
-  "neigh:10.79.2.1|02:00:0a:4f:00:01" || exit 1
-serve pmrxe-bh1 "$WORK/host1.toml" "$OUT/host1.log" || exit 1
-h1=$SERVED
-serve pmrxe-bh2 "$WORK/host2.toml" "$OUT/host2.log" || exit 1
-h2=$SERVED
-across() { # NAME SERVER-ARGS... -- CLIENT-ARGS...: server in host 1 (pinned CPU 0), client in host 2 (CPU 1)
-  local name=$1; shift
-  local srv=() cli=()
-  while [ "$1" != "--" ]; do srv+=("$1"); shift; done; shift; cli=("$@")
-  PMRXE_SOCKET=$WORK/host1.sock timeout 120 ip netns exec pmrxe-bh1 "${RR[@]}" taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
-  local s=$!
-  PIDS+=("$s")
-  for _ in $(seq 100); do grep -q "Waiting for client" "$OUT/$name.server.txt" 2>/dev/null && break; sleep 0.1; done
-  PMRXE_SOCKET=$WORK/host2.sock timeout 120 ip netns exec pmrxe-bh2 "${RR[@]}" taskset -c 1 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
-  wait "$s" 2>/dev/null
-}
-across two-ib_write_bw ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" -- ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" 10.79.2.1
-across two-ib_send_lat ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" -- ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" 10.79.2.1
-stop "$h1"; stop "$h2"
-ip netns del pmrxe-bh1; ip netns del pmrxe-bh2
+if part two; then
+  log "two hosts: two services (af_xdp, MTU 3500, idle wait) in two namespaces, perftest over rdma_cm"
+  veth pmrxe-h1 pmrxe-h2 pmrxe-bh1 pmrxe-bh2 3500 || { log "veth failed"; exit 1; }
+  config "$WORK/host1.toml" "$WORK/host1.sock" "pmrxe-offhost-h1" '{ mode = "wait" }' 1 \
+    "port:pmrxe0|net_af_xdp0,iface=pmrxe-h1,start_queue=0,queue_count=1|02:00:0a:4f:00:01|10.79.2.1|3500" \
+    "neigh:10.79.2.2|02:00:0a:4f:00:02" || exit 1
+  config "$WORK/host2.toml" "$WORK/host2.sock" "pmrxe-offhost-h2" '{ mode = "wait" }' 0 \
+    "port:pmrxe0|net_af_xdp0,iface=pmrxe-h2,start_queue=0,queue_count=1|02:00:0a:4f:00:02|10.79.2.2|3500" \
+    "neigh:10.79.2.1|02:00:0a:4f:00:01" || exit 1
+  serve pmrxe-bh1 "$WORK/host1.toml" "$OUT/host1.log" || exit 1
+  h1=$SERVED
+  serve pmrxe-bh2 "$WORK/host2.toml" "$OUT/host2.log" || exit 1
+  h2=$SERVED
+  # The programs stay SCHED_OTHER even with BENCH_RT=1: each shares its CPU with the other host's
+  # lcore, which in `wait` mode must preempt a spinning program when it wakes (an RR program
+  # queued it for a whole time slice: 2 MB/s).
+  across() { # NAME SERVER-ARGS... -- CLIENT-ARGS...: server in host 1 (pinned CPU 0), client in host 2 (CPU 1)
+    local name=$1; shift
+    local srv=() cli=()
+    while [ "$1" != "--" ]; do srv+=("$1"); shift; done; shift; cli=("$@")
+    PMRXE_SOCKET=$WORK/host1.sock timeout 120 ip netns exec pmrxe-bh1 taskset -c 0 "$BIN" run -- "${srv[@]}" >"$OUT/$name.server.txt" 2>&1 &
+    local s=$!
+    PIDS+=("$s")
+    for _ in $(seq 100); do grep -q "Waiting for client" "$OUT/$name.server.txt" 2>/dev/null && break; sleep 0.1; done
+    PMRXE_SOCKET=$WORK/host2.sock timeout 120 ip netns exec pmrxe-bh2 taskset -c 1 "$BIN" run -- "${cli[@]}" >"$OUT/$name.txt" 2>&1 || log "$name: client failed"
+    wait "$s" 2>/dev/null
+  }
+  across two-ib_write_bw ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" -- ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" 10.79.2.1
+  across two-ib_send_lat ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" -- ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" 10.79.2.1
+  stop "$h1"; stop "$h2"
+  ip netns del pmrxe-bh1; ip netns del pmrxe-bh2
+fi
 
 # ---- 4. idle cost and wake-up latency --------------------------------------------------------------
-for mode in wait busy; do
+part idle && for mode in wait busy; do
   log "idle: the embedded loopback configuration in $mode mode"
   "$BIN" config default | sed "s|^socket = .*|socket = \"$WORK/idle.sock\"|; s|^idle *=.*|idle = { mode = \"$mode\" }|" >"$WORK/idle-$mode.toml"
   serve - "$WORK/idle-$mode.toml" "$OUT/idle-$mode.log" || exit 1
