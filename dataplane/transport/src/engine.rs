@@ -438,6 +438,7 @@ impl<X> Engine<X> {
     /// QP's prediction record for its successors on `port`. Returns true if the QP dropped the
     /// packet for a bad ICRC.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub fn receive<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, port: u32, data: &[u8], pkt: &RxPacket<'_>, predicted: bool, mem: &M, cq: &mut C) -> bool {
         if predicted {
             self.rx_predicted += 1;
@@ -450,7 +451,8 @@ impl<X> Engine<X> {
     }
 
     /// Record (or drop) the prediction of the QP in `slot` from `data` (the box is allocated
-    /// once per QP and then rewritten in place).
+    /// once per QP and then rewritten in place). Out of line: once per message.
+    #[inline(never)]
     fn record_prediction(&mut self, slot: u32, port: u32, data: &[u8]) {
         let Some(e) = self.entries.get_mut(slot as usize).and_then(|e| e.as_deref_mut()) else { return };
         match (RxPrediction::record(data), &mut e.rx_predict) {
