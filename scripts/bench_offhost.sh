@@ -35,7 +35,7 @@ done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 RT=() RR=()
-[ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(chrt -r 10)
+[ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(nice -n -15)
 # OFFHOST_PARTS: which parts run (default all): kpath tcp two idle.
 PARTS=" ${OFFHOST_PARTS:-kpath tcp two idle} "
 part() { [[ $PARTS == *" $1 "* ]]; }
