@@ -313,11 +313,12 @@ impl<X> Engine<X> {
     pub fn iter(&self) -> impl Iterator<Item = (&Qp, &X)> + '_ {
         self.entries.iter().flatten().map(|e| (&e.qp, &e.ext))
     }
-    /// Run `f` on every QP (control path, e.g. shutdown), re-filing each.
-    pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut Qp, &mut X)) {
+    /// Move every QP to ERROR (shutdown): their outstanding WRs flush into `cq`.
+    pub fn fail_all<C: Completions<X> + ?Sized>(&mut self, cq: &mut C) {
+        let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
         for s in 0..self.entries.len() {
             if let Some(e) = self.entries[s].as_deref_mut() {
-                f(&mut e.qp, &mut e.ext);
+                let _ = e.qp.modify(&a, AttrMask::STATE, &mut Bound { out: &mut *cq, ext: &e.ext });
                 self.touch(s);
             }
         }

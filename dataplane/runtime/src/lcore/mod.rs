@@ -620,7 +620,7 @@ impl<L: Port> Lcore<L> {
         // rings as they are produced), then publish them.
         let now = self.clock.now();
         let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        self.engine.for_each_mut(|qp, s| fatal(qp, &mut w.sink(&s.cq)));
+        self.engine.fail_all(&mut w);
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
