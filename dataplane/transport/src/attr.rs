@@ -66,6 +66,43 @@ impl PathMtu {
     }
 }
 
+/// A libibverbs number that names no value of the enum it was given for: a client asking for
+/// it is refused (EINVAL), never given a default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownValue(pub u32);
+
+/// `enum ibv_qp_state` (0..=6).
+impl TryFrom<u32> for QpState {
+    type Error = UnknownValue;
+    fn try_from(v: u32) -> Result<QpState, UnknownValue> {
+        Ok(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return Err(UnknownValue(v)),
+        })
+    }
+}
+
+/// `enum ibv_mtu` (1..=5).
+impl TryFrom<u32> for PathMtu {
+    type Error = UnknownValue;
+    fn try_from(v: u32) -> Result<PathMtu, UnknownValue> {
+        Ok(match v {
+            1 => PathMtu::Mtu256,
+            2 => PathMtu::Mtu512,
+            3 => PathMtu::Mtu1024,
+            4 => PathMtu::Mtu2048,
+            5 => PathMtu::Mtu4096,
+            _ => return Err(UnknownValue(v)),
+        })
+    }
+}
+
 /// Path to the peer (RoCEv2: GIDs are IP addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct AddressVector {

@@ -286,7 +286,7 @@ impl<X> Engine<X> {
         self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.ext)
     }
     /// The slab slot of QP `qpn` if this engine has it: one lookup for a caller that goes on
-    /// to [`Engine::ext_at`], [`Engine::qp_at`] and [`Engine::handle_packet_at`] (the receive
+    /// to [`Engine::ext_at`], [`Engine::qp_at`] and `Engine::handle_packet_at` (the receive
     /// path). Valid until a QP is added or removed.
     #[inline]
     pub fn slot(&self, qpn: u32) -> Option<u32> {

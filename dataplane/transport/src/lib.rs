@@ -8,18 +8,25 @@
 //! wire in `sim`, compiled only with the `sim` feature that tests, benches and fuzz targets
 //! enable) owns time and I/O.
 //!
-//! The methods of [`Qp`] fall into four groups:
+//! Callers drive the [`Engine`] (every QP of one lcore or one simulated node), through one
+//! surface that the lcore and the simulator both use:
 //!
-//! * (A) getters: [`Qp::query`], [`Qp::stats`], [`Qp::wants_transmit`], [`Qp::qpn`];
-//! * (B) incoming events: [`Qp::handle_packet`], [`Qp::handle_timeout`];
-//! * (C) application commands: [`Qp::modify`], [`Qp::post_send`], [`Qp::post_recv`];
-//! * (D) outputs: [`Qp::poll_transmit`], [`Qp::poll_timeout`], [`Qp::poll_completion`],
-//!   [`Qp::poll_event`].
+//! * posts: [`Engine::post_send`], [`Engine::post_recv`];
+//! * frames in: [`Engine::predict`] (header prediction of a MIDDLE packet, keyed per QP and
+//!   port), then [`Engine::receive`] (the packet acts; the next prediction is recorded);
+//! * frames out: [`Engine::transmit`], which decides ready-list fairness and path gating (a QP
+//!   whose neighbour is unresolved is held, and re-examined on a new neighbour generation) and
+//!   writes into the caller's [`TxPort`];
+//! * time: [`Engine::poll_timeout`] (the next deadline) and [`Engine::handle_timeout`];
+//! * completions: [`Engine::deliver`] hands each QP's completions to the caller's
+//!   [`Delivery`] sink, retries what the CQ refused, and on an overflow reports it and
+//!   moves the QP to ERROR.
 //!
-//! After any (B) or (C) call the caller drains the outputs in this order: `poll_transmit` until
-//! `None`, then `poll_timeout` (arm one timer for the returned deadline), then
-//! `poll_completion`, then `poll_event`. Time ([`Instant`], nanoseconds) must be monotonic across
-//! calls.
+//! A [`Qp`] on its own (tests, the congested fabric, fuzz targets) is driven with
+//! [`Qp::handle_packet`], [`Qp::handle_timeout`], [`Qp::post_send`], [`Qp::post_recv`] and
+//! drained with [`Qp::poll_transmit`], [`Qp::poll_timeout`], [`Qp::poll_completion`],
+//! [`Qp::poll_event`], in that order after each event. Time ([`Instant`], nanoseconds) must be
+//! monotonic across calls.
 //!
 //! Memory is reached only through [`MemOps`] (implemented for `pmrxe_mem::MemTable`; keys,
 //! SGEs, access flags and PD handles are `pmrxe_mem`'s types, PSNs are `pmrxe_wire::Psn`): payload
@@ -62,7 +69,7 @@ pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, Delivery, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
-pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType};
+pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, UnknownValue};
 pub use qp::{AsyncEvent, PostError, Qp, Transmit};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;

@@ -36,28 +36,12 @@ impl BadValue {
 
 /// `enum ibv_qp_state` → engine state.
 pub fn qp_state(v: u32) -> Result<QpState, BadValue> {
-    Ok(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return Err(BadValue { field: "qp_state", value: v }),
-    })
+    QpState::try_from(v).map_err(|_| BadValue { field: "qp_state", value: v })
 }
 
 /// `enum ibv_mtu` (1..=5) → path MTU.
 pub fn path_mtu(v: u32) -> Result<PathMtu, BadValue> {
-    Ok(match v {
-        1 => PathMtu::Mtu256,
-        2 => PathMtu::Mtu512,
-        3 => PathMtu::Mtu1024,
-        4 => PathMtu::Mtu2048,
-        5 => PathMtu::Mtu4096,
-        _ => return Err(BadValue { field: "path_mtu", value: v }),
-    })
+    PathMtu::try_from(v).map_err(|_| BadValue { field: "path_mtu", value: v })
 }
 
 /// What `ibv_create_qp` may ask for.
