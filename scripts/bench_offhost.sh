@@ -34,6 +34,9 @@ done
 [ -z "${OFFHOST_PARTS:-}" ] && rm -rf "$OUT"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# Each service here listens where its generated configuration says: an inherited PMRXE_SOCKET
+# (scripts/bench.sh exports one for its own service) would override that.
+unset PMRXE_SOCKET
 RT=() RR=()
 [ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(nice -n -15)
 # OFFHOST_PARTS: which parts run (default all): kpath tcp two idle.
