@@ -214,7 +214,14 @@ part idle && for mode in wait busy; do
   "$BIN" config default | sed "s|^socket = .*|socket = \"$WORK/idle.sock\"|; s|^idle *=.*|idle = { mode = \"$mode\" }|" >"$WORK/idle-$mode.toml"
   serve - "$WORK/idle-$mode.toml" "$OUT/idle-$mode.log" || exit 1
   pid=$SERVED
-  sleep 1   # past the spin window after start-up
+  # Past start-up: the lcore has run empty passes (and, in wait mode, gone to sleep), bounded.
+  for _ in $(seq 100); do
+    PMRXE_SOCKET=$WORK/idle.sock "$BIN" stats --json 2>/dev/null | "$PY" -c '
+import json, sys
+c = json.load(sys.stdin)["lcores"][0]["counters"]
+sys.exit(0 if c["idle_iterations"] > 0 and (sys.argv[1] == "busy" or c["idle_sleeps"] > 0) else 1)' "$mode" && break
+    sleep 0.1
+  done
   t0=$(cpu_ticks "$pid"); s0=$(date +%s.%N)
   sleep "$IDLE_S"
   t1=$(cpu_ticks "$pid"); s1=$(date +%s.%N)
