@@ -37,6 +37,9 @@ counters! {
         busy_ns,
         /// Idle sleeps taken (back-off mode).
         idle_sleeps,
+        /// Wait mode: times another thread was found competing for the lcore's CPU (the lcore
+        /// then blocks as soon as it finds nothing, without its spin window, for a while).
+        cpu_contended,
         /// Frames received.
         rx_packets,
         /// Bytes received.
@@ -128,7 +131,11 @@ pub struct DropStats {
 
 impl Default for DropStats {
     fn default() -> Self {
-        DropStats { by_reason: (0..pmrxe_wire::Error::COUNT).map(|_| AtomicU64::new(0)).collect() }
+        DropStats {
+            by_reason: (0..pmrxe_wire::Error::COUNT)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
     }
 }
 
