@@ -197,3 +197,67 @@ fn an_idle_service_uses_little_cpu() {
     eprintln!("idle service (no client, wait mode): {pct:.2} % of a core over {dt:.1} s");
     assert!(pct < 5.0, "the idle service used {pct:.1} % of a core");
 }
+
+/// The lcore thread of `svc` named `pmrxe-lcore0`: its /proc/PID/task/TID/stat fields after
+/// the command's ")".
+fn lcore_thread_stat(svc: &Service) -> Vec<String> {
+    let task = format!("/proc/{}/task", svc.pid);
+    for e in std::fs::read_dir(&task).unwrap() {
+        let dir = e.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() == "pmrxe-lcore0" {
+            let s = std::fs::read_to_string(dir.join("stat")).unwrap();
+            return s[s.rfind(')').unwrap() + 2..].split_whitespace().map(str::to_string).collect();
+        }
+    }
+    panic!("no pmrxe-lcore0 thread in {task}");
+}
+
+/// On a CPU it shares with a busy thread, the lcore runs at `lcores.nice` (-10 by default) and
+/// finds the competition (`cpu_contended`): it then gives the CPU back as soon as it finds
+/// nothing instead of spinning `spin_us`, which on a shared CPU only delays the thread that
+/// must run to answer. The traffic completes either way.
+#[test]
+fn an_lcore_that_shares_its_cpu_finds_the_competition_and_runs_at_its_niceness() {
+    let _l = heavy_lock();
+    let dir = TempDir::new("idle-shared");
+    let svc = Service::start_loopback();
+    // Field 19 of stat is the nice value (the 17th after the command).
+    assert_eq!(lcore_thread_stat(&svc)[16], "-10", "the lcore runs at lcores.nice");
+    let contended0 = lcore_counter(&svc, "cpu_contended");
+    // A busy nice-0 thread on the lcore's CPU (configs/loopback.toml: CPU 1) while a
+    // ping-pong keeps the lcore working and spinning.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // SAFETY: a zeroed cpu_set_t with one CPU set, applied to this thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(1, &mut set);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+            }
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n = n.wrapping_add(1);
+                std::hint::spin_loop();
+            }
+            n
+        })
+    };
+    let json = dir.join("lat.json");
+    let out = Command::new(pmrxe_bin())
+        .args(["bench", "--suite", "quick", "--only", "lat", "--ops", "write", "--sizes", "8", "--iters", "20000", "--cpu", "0", "--socket"])
+        .arg(&svc.socket)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("pmrxe bench");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "pmrxe bench against a shared lcore: {text}");
+    let contended = lcore_counter(&svc, "cpu_contended") - contended0;
+    eprintln!("lcore sharing CPU 1 with a busy thread: competition found {contended} times\n{text}");
+    assert!(contended > 0, "the lcore never found the busy thread on its CPU: {}", svc.stats_text());
+}
