@@ -137,33 +137,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Serve { config, metrics } => cmd::serve::run(config, metrics),
-        Cmd::Run {
-            socket,
-            rsocket,
-            program,
-        } => cmd::run::run(socket, rsocket, program),
-        Cmd::Stats {
-            json,
-            watch,
-            socket,
-        } => cmd::stats::run(json, watch, socket),
-        Cmd::Capture {
-            out,
-            count,
-            qp,
-            force,
-            socket,
-        } => cmd::stats::capture(out, count, qp, force, socket),
-        Cmd::Wire {
-            cmd: WireCmd::Sample { out, seed },
-        } => cmd::wire::sample(out, seed),
+        Cmd::Run { socket, rsocket, program } => cmd::run::run(socket, rsocket, program),
+        Cmd::Stats { json, watch, socket } => cmd::stats::run(json, watch, socket),
+        Cmd::Capture { out, count, qp, force, socket } => cmd::stats::capture(out, count, qp, force, socket),
+        Cmd::Wire { cmd: WireCmd::Sample { out, seed } } => cmd::wire::sample(out, seed),
         Cmd::PortTest { config, frames } => cmd::port_test::run(config, frames),
-        Cmd::Config {
-            cmd: ConfigCmd::Check { file },
-        } => cmd::config::check(file),
-        Cmd::Config {
-            cmd: ConfigCmd::Default,
-        } => {
+        Cmd::Config { cmd: ConfigCmd::Check { file } } => cmd::config::check(file),
+        Cmd::Config { cmd: ConfigCmd::Default } => {
             print!("{}", pmrxe_config::DEFAULT_LOOPBACK);
             ExitCode::SUCCESS
         }

@@ -17,8 +17,8 @@ use common::raw;
 use common::*;
 use pmrxe_service::native::{self, access, AhAttr, Buffer, Context, Cq, Mr, Pd, Qp, QpOptions};
 use pmrxe_wire::{
-    build_frame_vec, parse_frame, AethRepr, AtomicEthRepr, BthRepr, L3Info, NakCode, Opcode, Psn,
-    Qpn, RethRepr, Syndrome, TransportHeaders,
+    build_frame_vec, parse_frame, AethRepr, AtomicEthRepr, BthRepr, L3Info, NakCode, Opcode, Psn, Qpn, RethRepr,
+    Syndrome, TransportHeaders,
 };
 
 const NS_A: &str = "pmrxe-adv-a";
@@ -106,12 +106,7 @@ fn read_req(qpn: u32, psn: u32, va: u64, rkey: u32, len: u32) -> Vec<u8> {
 
 fn fetch_add(qpn: u32, psn: u32, va: u64, rkey: u32) -> Vec<u8> {
     let mut h = TransportHeaders::new(bth(Opcode::RC_FETCH_ADD, qpn, psn));
-    h.atomic_eth = Some(AtomicEthRepr {
-        va,
-        rkey,
-        swap_add: 1,
-        compare: 0,
-    });
+    h.atomic_eth = Some(AtomicEthRepr { va, rkey, swap_add: 1, compare: 0 });
     build_frame_vec(&l3(), &h, &[]).expect("build FETCH_ADD")
 }
 
@@ -121,13 +116,7 @@ fn responses(frames: &[Vec<u8>]) -> Vec<(Opcode, Option<Syndrome>, usize)> {
         .iter()
         .filter_map(|f| parse_frame(f).ok())
         .filter(|r| r.headers.bth.dest_qp == Qpn::new(ADV_QPN))
-        .map(|r| {
-            (
-                r.headers.bth.opcode,
-                r.headers.aeth.map(|a: AethRepr| a.syndrome),
-                r.payload.len(),
-            )
-        })
+        .map(|r| (r.headers.bth.opcode, r.headers.aeth.map(|a: AethRepr| a.syndrome), r.payload.len()))
         .collect()
 }
 
@@ -166,16 +155,7 @@ impl Target {
         other_buf.fill(GUARD);
         let other_mr = Mr::register(&pd2, &other_buf, access::ALL).expect("mr2");
         std::mem::forget(pd2); // kept alive with the context
-        Target {
-            _ctx: ctx,
-            pd,
-            cq,
-            buf,
-            mr,
-            other_buf,
-            other_mr,
-            qps: Vec::new(),
-        }
+        Target { _ctx: ctx, pd, cq, buf, mr, other_buf, other_mr, qps: Vec::new() }
     }
     /// A fresh RC QP on pmrxe0 connected to the adversary (PSNs start at 0).
     fn qp(&mut self) -> u32 {
@@ -184,14 +164,7 @@ impl Target {
         dgid[10] = 0xff;
         dgid[11] = 0xff;
         dgid[12..].copy_from_slice(&IP_B.octets());
-        let av = AhAttr {
-            dgid,
-            sgid_index: 1,
-            hop_limit: 64,
-            is_global: true,
-            port_num: 1,
-            ..Default::default()
-        };
+        let av = AhAttr { dgid, sgid_index: 1, hop_limit: 64, is_global: true, port_num: 1, ..Default::default() };
         qp.connect(ADV_QPN, av, 3, 4).expect("connect");
         let n = qp.qpn;
         self.qps.push(qp);
@@ -201,28 +174,11 @@ impl Target {
     /// `expect_mr` (a model of what the accepted requests wrote).
     fn check_memory(&self, expect_mr: &[u8], what: &str) {
         let b = self.buf.to_vec(0, self.buf.len());
-        let bad: Vec<usize> = (0..PAGE)
-            .chain(2 * PAGE..3 * PAGE)
-            .filter(|&i| b[i] != GUARD)
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "{what}: guard bytes changed at offsets {:?}...",
-            &bad[..bad.len().min(8)]
-        );
+        let bad: Vec<usize> = (0..PAGE).chain(2 * PAGE..3 * PAGE).filter(|&i| b[i] != GUARD).collect();
+        assert!(bad.is_empty(), "{what}: guard bytes changed at offsets {:?}...", &bad[..bad.len().min(8)]);
         let diff: Vec<usize> = (0..PAGE).filter(|&i| b[PAGE + i] != expect_mr[i]).collect();
-        assert!(
-            diff.is_empty(),
-            "{what}: MR bytes differ from the model at {:?}...",
-            &diff[..diff.len().min(8)]
-        );
-        assert!(
-            self.other_buf
-                .to_vec(0, self.other_buf.len())
-                .iter()
-                .all(|&x| x == GUARD),
-            "{what}: the other PD's buffer changed"
-        );
+        assert!(diff.is_empty(), "{what}: MR bytes differ from the model at {:?}...", &diff[..diff.len().min(8)]);
+        assert!(self.other_buf.to_vec(0, self.other_buf.len()).iter().all(|&x| x == GUARD), "{what}: the other PD's buffer changed");
     }
 }
 
@@ -244,10 +200,7 @@ fn adversarial_peer() {
     let dir = TempDir::new("adversary");
     let cfg = config(dir.path());
     let svc = Service::start(Some(&cfg), Some(NS_A));
-    let mut adv = Adv {
-        fd: raw::socket(NS_B, IF_B),
-        sent: 0,
-    };
+    let mut adv = Adv { fd: raw::socket(NS_B, IF_B), sent: 0 };
     let mut t = Target::new(&svc.socket);
     let (mva, rkey) = (t.mr.addr, t.mr.key);
     let mut model = vec![GUARD; PAGE];
@@ -261,49 +214,15 @@ fn adversarial_peer() {
         let ps = ps.clone();
         std::thread::spawn(move || {
             let run = |args: &[&str], out: &str| spawn_verbs_at(&svc_sock, args, &dirp.join(out));
-            let mut s = run(
-                &[
-                    "ibv_rc_pingpong",
-                    "-d",
-                    "pmrxe1",
-                    "-g",
-                    "1",
-                    "-c",
-                    "-n",
-                    "3000",
-                    "-p",
-                    &ps,
-                ],
-                "pp.server",
-            );
+            let mut s = run(&["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-c", "-n", "3000", "-p", &ps], "pp.server");
             let t0 = Instant::now();
             while !listens_on(s.id(), port) && t0.elapsed() < Duration::from_secs(20) {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let mut c = run(
-                &[
-                    "ibv_rc_pingpong",
-                    "-d",
-                    "pmrxe2",
-                    "-g",
-                    "1",
-                    "-c",
-                    "-n",
-                    "3000",
-                    "-p",
-                    &ps,
-                    "127.0.0.1",
-                ],
-                "pp.client",
-            );
+            let mut c = run(&["ibv_rc_pingpong", "-d", "pmrxe2", "-g", "1", "-c", "-n", "3000", "-p", &ps, "127.0.0.1"], "pp.client");
             let cs = wait_timeout(&mut c, Duration::from_secs(60));
             let ss = wait_timeout(&mut s, Duration::from_secs(10));
-            (
-                cs,
-                ss,
-                read_to_string_lossy(&dirp.join("pp.client")),
-                read_to_string_lossy(&dirp.join("pp.server")),
-            )
+            (cs, ss, read_to_string_lossy(&dirp.join("pp.client")), read_to_string_lossy(&dirp.join("pp.server")))
         })
     };
 
@@ -319,12 +238,7 @@ fn adversarial_peer() {
     adv.send(&write_only(q, 0, mva, rkey, 64, &data));
     let r = adv.recv_all(Duration::from_millis(300));
     let rs = responses(&r);
-    assert!(
-        rs.iter()
-            .any(|(op, s, _)| *op == Opcode::RC_ACKNOWLEDGE
-                && matches!(s, Some(Syndrome::Ack { .. }))),
-        "valid WRITE not ACKed: {rs:?}"
-    );
+    assert!(rs.iter().any(|(op, s, _)| *op == Opcode::RC_ACKNOWLEDGE && matches!(s, Some(Syndrome::Ack { .. }))), "valid WRITE not ACKed: {rs:?}");
     model[..64].copy_from_slice(&data);
     t.check_memory(&model, "valid WRITE");
     note("valid WRITE: ACK, data placed".into());
@@ -344,22 +258,11 @@ fn adversarial_peer() {
         adv.send(&f);
     }
     let r = adv.recv_all(Duration::from_millis(200));
-    assert!(
-        responses(&r).is_empty(),
-        "answered a frame with a bad ICRC: {:?}",
-        responses(&r)
-    );
+    assert!(responses(&r).is_empty(), "answered a frame with a bad ICRC: {:?}", responses(&r));
     let c = counters(&svc);
-    assert!(
-        ctr(&c, "rx_icrc_errors") >= ctr(&before, "rx_icrc_errors") + 8,
-        "bad ICRC not counted: {}",
-        c["counters"]
-    );
+    assert!(ctr(&c, "rx_icrc_errors") >= ctr(&before, "rx_icrc_errors") + 8, "bad ICRC not counted: {}", c["counters"]);
     t.check_memory(&model, "bad ICRC");
-    note(format!(
-        "8 bad-ICRC WRITEs: no answer, rx_icrc_errors +{}",
-        ctr(&c, "rx_icrc_errors") - ctr(&before, "rx_icrc_errors")
-    ));
+    note(format!("8 bad-ICRC WRITEs: no answer, rx_icrc_errors +{}", ctr(&c, "rx_icrc_errors") - ctr(&before, "rx_icrc_errors")));
 
     // 2. Truncated headers: every prefix of a valid WRITE (Ethernet .. RETH .. payload).
     let full = write_only(q, 0, mva + 128, rkey, 64, &[0xdd; 64]);
@@ -369,11 +272,7 @@ fn adversarial_peer() {
         n_trunc += 1;
     }
     let r = adv.recv_all(Duration::from_millis(200));
-    assert!(
-        responses(&r).is_empty(),
-        "answered a truncated frame: {:?}",
-        responses(&r)
-    );
+    assert!(responses(&r).is_empty(), "answered a truncated frame: {:?}", responses(&r));
     t.check_memory(&model, "truncated");
     let c2 = counters(&svc);
     note(format!(
@@ -385,30 +284,10 @@ fn adversarial_peer() {
 
     // 3. Unknown / reserved / wrong-transport opcodes with a valid ICRC, to a live QP.
     let mut unknown = 0;
-    for op in [
-        0x18u8,
-        0x1f,
-        0x20 | 0x1f,
-        0x40 | 0x04,
-        0x60 | 0x04,
-        0x80 | 0x04,
-        0xa0 | 0x0a,
-        0xc0,
-        0xe0,
-        0xff,
-        0x0d,
-        0x0e,
-        0x0f,
-        0x10,
-        0x11,
-    ] {
+    for op in [0x18u8, 0x1f, 0x20 | 0x1f, 0x40 | 0x04, 0x60 | 0x04, 0x80 | 0x04, 0xa0 | 0x0a, 0xc0, 0xe0, 0xff, 0x0d, 0x0e, 0x0f, 0x10, 0x11] {
         let q = t.qp();
         let mut h = TransportHeaders::new(bth(Opcode(op), q, 0));
-        h.reth = Some(RethRepr {
-            va: mva + 256,
-            rkey,
-            len: 64,
-        });
+        h.reth = Some(RethRepr { va: mva + 256, rkey, len: 64 });
         if let Ok(f) = build_frame_vec(&l3(), &h, &[0xcc; 64]) {
             adv.send(&f);
             unknown += 1;
@@ -423,10 +302,7 @@ fn adversarial_peer() {
     }
     let r = adv.recv_all(Duration::from_millis(300));
     t.check_memory(&model, "unknown opcodes");
-    note(format!(
-        "{unknown} unknown/reserved opcodes: answers {:?}",
-        responses(&r).iter().map(|x| x.1).collect::<Vec<_>>()
-    ));
+    note(format!("{unknown} unknown/reserved opcodes: answers {:?}", responses(&r).iter().map(|x| x.1).collect::<Vec<_>>()));
 
     // 4. PSN out of window (far ahead: sequence NAK at most; behind: duplicate, no write).
     let q = t.qp();
@@ -436,10 +312,7 @@ fn adversarial_peer() {
     let r = adv.recv_all(Duration::from_millis(300));
     t.check_memory(&model, "PSN out of window");
     let nk = naks(&r);
-    assert!(
-        nk.iter().all(|c| *c == NakCode::PsnSeqErr),
-        "out-of-window PSNs: unexpected NAKs {nk:?}"
-    );
+    assert!(nk.iter().all(|c| *c == NakCode::PsnSeqErr), "out-of-window PSNs: unexpected NAKs {nk:?}");
     note(format!("3 out-of-window PSNs: no write; NAKs {nk:?}"));
 
     // 5. Wrong QPN and wrong P_Key.
@@ -448,49 +321,20 @@ fn adversarial_peer() {
         adv.send(&write_only(qpn, 0, mva + 512, rkey, 64, &[0xaa; 64]));
     }
     let q = t.qp();
-    let mut h = TransportHeaders::new(BthRepr {
-        pkey: 0x1234,
-        ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0)
-    });
-    h.reth = Some(RethRepr {
-        va: mva + 512,
-        rkey,
-        len: 64,
-    });
+    let mut h = TransportHeaders::new(BthRepr { pkey: 0x1234, ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0) });
+    h.reth = Some(RethRepr { va: mva + 512, rkey, len: 64 });
     adv.send(&build_frame_vec(&l3(), &h, &[0xaa; 64]).unwrap());
-    let mut h = TransportHeaders::new(BthRepr {
-        pkey: 0x0001,
-        ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0)
-    });
-    h.reth = Some(RethRepr {
-        va: mva + 512,
-        rkey,
-        len: 64,
-    });
+    let mut h = TransportHeaders::new(BthRepr { pkey: 0x0001, ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0) });
+    h.reth = Some(RethRepr { va: mva + 512, rkey, len: 64 });
     adv.send(&build_frame_vec(&l3(), &h, &[0xaa; 64]).unwrap());
-    let mut h = TransportHeaders::new(BthRepr {
-        tver: 1,
-        ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0)
-    });
-    h.reth = Some(RethRepr {
-        va: mva + 512,
-        rkey,
-        len: 64,
-    });
+    let mut h = TransportHeaders::new(BthRepr { tver: 1, ..bth(Opcode::RC_RDMA_WRITE_ONLY, q, 0) });
+    h.reth = Some(RethRepr { va: mva + 512, rkey, len: 64 });
     adv.send(&build_frame_vec(&l3(), &h, &[0xaa; 64]).unwrap());
     let r = adv.recv_all(Duration::from_millis(300));
-    assert!(
-        responses(&r).is_empty(),
-        "answered a wrong QPN / P_Key / TVer (SEMANTICS §5.7: drop silently): {:?}",
-        responses(&r)
-    );
+    assert!(responses(&r).is_empty(), "answered a wrong QPN / P_Key / TVer (SEMANTICS §5.7: drop silently): {:?}", responses(&r));
     t.check_memory(&model, "wrong QPN/P_Key");
     let c2 = counters(&svc);
-    assert!(
-        ctr(&c2, "rx_unknown_qp") >= ctr(&c, "rx_unknown_qp") + 5,
-        "unknown QPNs not counted: {}",
-        c2["counters"]
-    );
+    assert!(ctr(&c2, "rx_unknown_qp") >= ctr(&c, "rx_unknown_qp") + 5, "unknown QPNs not counted: {}", c2["counters"]);
     note(format!(
         "5 wrong QPNs, 2 wrong P_Keys, 1 TVer=1: no answer; rx_unknown_qp +{}, rx_malformed +{}",
         ctr(&c2, "rx_unknown_qp") - ctr(&c, "rx_unknown_qp"),
@@ -503,90 +347,21 @@ fn adversarial_peer() {
     // (what, the packet for a PSN, the NAK it must get)
     type Case = (&'static str, Box<dyn Fn(u32) -> Vec<u8>>, NakCode);
     let cases: Vec<Case> = vec![
-        (
-            "WRITE rkey guessed (index+1)",
-            Box::new(move |q| write_only(q, 0, mva, rkey.wrapping_add(0x100), 64, &[1; 64])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE rkey guessed (key byte+1)",
-            Box::new(move |q| {
-                write_only(
-                    q,
-                    0,
-                    mva,
-                    (rkey & !0xff) | ((rkey + 1) & 0xff),
-                    64,
-                    &[1; 64],
-                )
-            }),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE rkey 0",
-            Box::new(move |q| write_only(q, 0, mva, 0, 64, &[1; 64])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE rkey of another PD",
-            Box::new(move |q| write_only(q, 0, t_other_addr(), other, 64, &[1; 64])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE va+len wraps",
-            Box::new(move |q| write_only(q, 0, u64::MAX - 15, rkey, 64, &[1; 64])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE 8 B before the MR",
-            Box::new(move |q| write_only(q, 0, mva - 8, rkey, 16, &[1; 16])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE across the MR end",
-            Box::new(move |q| write_only(q, 0, mva + PAGE as u64 - 8, rkey, 16, &[1; 16])),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "WRITE RETH len > payload",
-            Box::new(move |q| write_only(q, 0, mva, rkey, 4096, &[1; 64])),
-            NakCode::InvalidRequest,
-        ),
-        (
-            "READ larger than the MR",
-            Box::new(move |q| read_req(q, 0, mva, rkey, 2 * PAGE as u32)),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "READ before the MR",
-            Box::new(move |q| read_req(q, 0, mva - PAGE as u64, rkey, 64)),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "READ va+len wraps",
-            Box::new(move |q| read_req(q, 0, u64::MAX - 7, rkey, 64)),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "READ len 2^31+1",
-            Box::new(move |q| read_req(q, 0, mva, rkey, 0x8000_0001)),
-            NakCode::InvalidRequest,
-        ),
-        (
-            "FETCH_ADD misaligned",
-            Box::new(move |q| fetch_add(q, 0, mva + 3, rkey)),
-            NakCode::InvalidRequest,
-        ),
-        (
-            "FETCH_ADD in the guard page",
-            Box::new(move |q| fetch_add(q, 0, mva + PAGE as u64, rkey)),
-            NakCode::RemoteAccess,
-        ),
-        (
-            "FETCH_ADD rkey of another PD",
-            Box::new(move |q| fetch_add(q, 0, t_other_addr(), other)),
-            NakCode::RemoteAccess,
-        ),
+        ("WRITE rkey guessed (index+1)", Box::new(move |q| write_only(q, 0, mva, rkey.wrapping_add(0x100), 64, &[1; 64])), NakCode::RemoteAccess),
+        ("WRITE rkey guessed (key byte+1)", Box::new(move |q| write_only(q, 0, mva, (rkey & !0xff) | ((rkey + 1) & 0xff), 64, &[1; 64])), NakCode::RemoteAccess),
+        ("WRITE rkey 0", Box::new(move |q| write_only(q, 0, mva, 0, 64, &[1; 64])), NakCode::RemoteAccess),
+        ("WRITE rkey of another PD", Box::new(move |q| write_only(q, 0, t_other_addr(), other, 64, &[1; 64])), NakCode::RemoteAccess),
+        ("WRITE va+len wraps", Box::new(move |q| write_only(q, 0, u64::MAX - 15, rkey, 64, &[1; 64])), NakCode::RemoteAccess),
+        ("WRITE 8 B before the MR", Box::new(move |q| write_only(q, 0, mva - 8, rkey, 16, &[1; 16])), NakCode::RemoteAccess),
+        ("WRITE across the MR end", Box::new(move |q| write_only(q, 0, mva + PAGE as u64 - 8, rkey, 16, &[1; 16])), NakCode::RemoteAccess),
+        ("WRITE RETH len > payload", Box::new(move |q| write_only(q, 0, mva, rkey, 4096, &[1; 64])), NakCode::InvalidRequest),
+        ("READ larger than the MR", Box::new(move |q| read_req(q, 0, mva, rkey, 2 * PAGE as u32)), NakCode::RemoteAccess),
+        ("READ before the MR", Box::new(move |q| read_req(q, 0, mva - PAGE as u64, rkey, 64)), NakCode::RemoteAccess),
+        ("READ va+len wraps", Box::new(move |q| read_req(q, 0, u64::MAX - 7, rkey, 64)), NakCode::RemoteAccess),
+        ("READ len 2^31+1", Box::new(move |q| read_req(q, 0, mva, rkey, 0x8000_0001)), NakCode::InvalidRequest),
+        ("FETCH_ADD misaligned", Box::new(move |q| fetch_add(q, 0, mva + 3, rkey)), NakCode::InvalidRequest),
+        ("FETCH_ADD in the guard page", Box::new(move |q| fetch_add(q, 0, mva + PAGE as u64, rkey)), NakCode::RemoteAccess),
+        ("FETCH_ADD rkey of another PD", Box::new(move |q| fetch_add(q, 0, t_other_addr(), other)), NakCode::RemoteAccess),
     ];
     OTHER_ADDR.store(t.other_mr.addr, std::sync::atomic::Ordering::Relaxed);
     let mut mismatches = Vec::new();
@@ -596,18 +371,10 @@ fn adversarial_peer() {
         let r = adv.recv_all(Duration::from_millis(250));
         let rs = responses(&r);
         t.check_memory(&model, name);
-        let leaked: usize = rs
-            .iter()
-            .filter(|(op, _, _)| op.0 >= 0x0d && op.0 <= 0x10)
-            .map(|x| x.2)
-            .sum();
+        let leaked: usize = rs.iter().filter(|(op, _, _)| op.0 >= 0x0d && op.0 <= 0x10).map(|x| x.2).sum();
         assert_eq!(leaked, 0, "{name}: READ response data returned: {rs:?}");
         let nk = naks(&r);
-        let got = if nk.is_empty() {
-            "no NAK".to_string()
-        } else {
-            format!("{nk:?}")
-        };
+        let got = if nk.is_empty() { "no NAK".to_string() } else { format!("{nk:?}") };
         if nk.first() != Some(want) {
             // NAK Invalid Request vs Remote Access for borderline cases is a conformance
             // detail; silence or an ACK is not.
@@ -635,60 +402,31 @@ fn adversarial_peer() {
     let q3 = t.qp();
     for i in 0..1000u32 {
         let mut h = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, q3, i));
-        let syn = [
-            Syndrome::Nak(NakCode::PsnSeqErr),
-            Syndrome::RnrNak { timer: 1 },
-            Syndrome::Nak(NakCode::RemoteAccess),
-            Syndrome::Ack { credits: 0x1f },
-        ];
-        h.aeth = Some(AethRepr {
-            syndrome: syn[(i % 4) as usize],
-            msn: pmrxe_wire::Msn::new(i),
-        });
+        let syn = [Syndrome::Nak(NakCode::PsnSeqErr), Syndrome::RnrNak { timer: 1 }, Syndrome::Nak(NakCode::RemoteAccess), Syndrome::Ack { credits: 0x1f }];
+        h.aeth = Some(AethRepr { syndrome: syn[(i % 4) as usize], msn: pmrxe_wire::Msn::new(i) });
         adv.send(&build_frame_vec(&l3(), &h, &[]).unwrap());
     }
     let r = adv.recv_all(Duration::from_millis(500));
     t.check_memory(&model, "floods");
     let rs = responses(&r);
-    let rnr = rs
-        .iter()
-        .filter(|x| matches!(x.1, Some(Syndrome::RnrNak { .. })))
-        .count();
+    let rnr = rs.iter().filter(|x| matches!(x.1, Some(Syndrome::RnrNak { .. }))).count();
     note(format!("floods: 2000 duplicate WRITEs (memory kept the first write), 1000 SENDs without receive WQE, 1000 stray ACK/NAKs: {} answers, {rnr} RNR NAKs", rs.len()));
 
     // The service is alive, the unrelated pingpong completed, the native target still works.
     let (cs, ss, co, so) = pingpong.join().unwrap();
-    assert!(
-        cs.is_some_and(|s| s.success()) && ss.is_some_and(|s| s.success()),
-        "concurrent pingpong failed:\nclient:\n{}\nserver:\n{}",
-        tail(&co, 15),
-        tail(&so, 15)
-    );
-    note(format!(
-        "concurrent ibv_rc_pingpong -n 3000 on pmrxe1/pmrxe2: ok ({})",
-        co.lines().last().unwrap_or("")
-    ));
+    assert!(cs.is_some_and(|s| s.success()) && ss.is_some_and(|s| s.success()), "concurrent pingpong failed:\nclient:\n{}\nserver:\n{}", tail(&co, 15), tail(&so, 15));
+    note(format!("concurrent ibv_rc_pingpong -n 3000 on pmrxe1/pmrxe2: ok ({})", co.lines().last().unwrap_or("")));
     let q = t.qp();
     let data3 = [0x42u8; 128];
     adv.send(&write_only(q, 0, mva + 2048, rkey, 128, &data3));
     let r = adv.recv_all(Duration::from_millis(300));
-    assert!(
-        responses(&r)
-            .iter()
-            .any(|x| matches!(x.1, Some(Syndrome::Ack { .. }))),
-        "valid WRITE after the attacks not ACKed"
-    );
+    assert!(responses(&r).iter().any(|x| matches!(x.1, Some(Syndrome::Ack { .. }))), "valid WRITE after the attacks not ACKed");
     model[2048..2176].copy_from_slice(&data3);
     t.check_memory(&model, "final");
     let fin = counters(&svc);
-    note(format!(
-        "final: frames sent by the adversary {}; counters {}; drops {}",
-        adv.sent, fin["counters"], fin["drops_by_reason"]
-    ));
+    note(format!("final: frames sent by the adversary {}; counters {}; drops {}", adv.sent, fin["counters"], fin["drops_by_reason"]));
     if !mismatches.is_empty() {
-        note(format!(
-            "NAK code differences (not failures): {mismatches:?}"
-        ));
+        note(format!("NAK code differences (not failures): {mismatches:?}"));
     }
     drop(t);
     let _ = native::access::ALL;

@@ -33,20 +33,12 @@ impl Proc {
         let all: Vec<&str> = prefix.iter().chain(args).copied().collect();
         let f = File::create(out).unwrap();
         let mut c = Command::new(all[0]);
-        c.args(&all[1..])
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .process_group(0);
+        c.args(&all[1..]).stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).process_group(0);
         for (k, v) in env {
             c.env(k, v);
         }
         let child = c.spawn().unwrap_or_else(|e| panic!("spawn {all:?}: {e}"));
-        Proc {
-            child,
-            out: out.to_path_buf(),
-            cmdline: all.join(" "),
-        }
+        Proc { child, out: out.to_path_buf(), cmdline: all.join(" ") }
     }
     fn output(&self) -> String {
         read_to_string_lossy(&self.out)
@@ -56,18 +48,9 @@ impl Proc {
         let t0 = Instant::now();
         while !self.output().contains(text) {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({st}) before printing {text:?}:\n{}",
-                    self.cmdline,
-                    tail(&self.output(), 40)
-                );
+                panic!("{} exited ({st}) before printing {text:?}:\n{}", self.cmdline, tail(&self.output(), 40));
             }
-            assert!(
-                t0.elapsed() < limit,
-                "{} did not print {text:?} within {limit:?}:\n{}",
-                self.cmdline,
-                tail(&self.output(), 40)
-            );
+            assert!(t0.elapsed() < limit, "{} did not print {text:?} within {limit:?}:\n{}", self.cmdline, tail(&self.output(), 40));
             std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded wait
         }
     }
@@ -76,17 +59,9 @@ impl Proc {
         let t0 = Instant::now();
         while !listens_on(self.child.id(), port) {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({st}) before listening on {port}:\n{}",
-                    self.cmdline,
-                    tail(&self.output(), 40)
-                );
+                panic!("{} exited ({st}) before listening on {port}:\n{}", self.cmdline, tail(&self.output(), 40));
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "{} not listening on {port}",
-                self.cmdline
-            );
+            assert!(t0.elapsed() < Duration::from_secs(20), "{} not listening on {port}", self.cmdline);
             std::thread::sleep(Duration::from_millis(50)); // poll interval of a bounded wait
         }
     }
@@ -94,12 +69,7 @@ impl Proc {
     fn finish(mut self, limit: Duration) -> String {
         let st = wait_timeout(&mut self.child, limit);
         let out = self.output();
-        assert!(
-            st.is_some_and(|s| s.success()),
-            "{}: {st:?}\n{}",
-            self.cmdline,
-            tail(&out, 60)
-        );
+        assert!(st.is_some_and(|s| s.success()), "{}: {st:?}\n{}", self.cmdline, tail(&out, 60));
         out
     }
 }
@@ -107,9 +77,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", self.child.id())])
-                .status();
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).status();
             let _ = self.child.wait();
         }
     }
@@ -117,8 +85,7 @@ impl Drop for Proc {
 
 /// `pmrxe run [--rsocket] --` against `svc`.
 fn under(svc: &Service, rsocket: bool) -> (Vec<&'static str>, Vec<(&'static str, &Path)>) {
-    let pmrxe: &'static str =
-        Box::leak(pmrxe_bin().to_string_lossy().into_owned().into_boxed_str());
+    let pmrxe: &'static str = Box::leak(pmrxe_bin().to_string_lossy().into_owned().into_boxed_str());
     let mut p = vec![pmrxe, "run"];
     if rsocket {
         p.push("--rsocket");
@@ -128,58 +95,24 @@ fn under(svc: &Service, rsocket: bool) -> (Vec<&'static str>, Vec<(&'static str,
 }
 
 /// Run `server` (until `ready`) then `client`, both under `pmrxe run` against their services.
-fn rdma_pair(
-    ss: &Service,
-    cs: &Service,
-    rsocket: bool,
-    server: &[&str],
-    ready: &str,
-    client: &[&str],
-) -> (String, String) {
+fn rdma_pair(ss: &Service, cs: &Service, rsocket: bool, server: &[&str], ready: &str, client: &[&str]) -> (String, String) {
     let n = std::process::id();
     let (sp, se) = under(ss, rsocket);
-    let mut s = Proc::spawn(
-        &sp,
-        server,
-        &se,
-        &ss.dir.join(&format!("{}-{n}.server.out", server[0])),
-    );
+    let mut s = Proc::spawn(&sp, server, &se, &ss.dir.join(&format!("{}-{n}.server.out", server[0])));
     s.wait_for(ready, Duration::from_secs(30));
     let (cp, ce) = under(cs, rsocket);
-    let c = Proc::spawn(
-        &cp,
-        client,
-        &ce,
-        &cs.dir.join(&format!("{}-{n}.client.out", client[0])),
-    );
+    let c = Proc::spawn(&cp, client, &ce, &cs.dir.join(&format!("{}-{n}.client.out", client[0])));
     let co = c.finish(T);
     (s.finish(Duration::from_secs(30)), co)
 }
 
 /// Kernel TCP: `server` (until it listens on `port`) then `client`, each with `prefix`
 /// (`ip netns exec NS`, or nothing).
-fn tcp_pair(
-    sprefix: &[&str],
-    cprefix: &[&str],
-    dir: &Path,
-    server: &[&str],
-    port: u16,
-    client: &[&str],
-) -> (String, String) {
+fn tcp_pair(sprefix: &[&str], cprefix: &[&str], dir: &Path, server: &[&str], port: u16, client: &[&str]) -> (String, String) {
     let n = std::process::id();
-    let mut s = Proc::spawn(
-        sprefix,
-        server,
-        &[],
-        &dir.join(format!("{}-{n}.tcp-server.out", server[0])),
-    );
+    let mut s = Proc::spawn(sprefix, server, &[], &dir.join(format!("{}-{n}.tcp-server.out", server[0])));
     s.wait_listening(port);
-    let c = Proc::spawn(
-        cprefix,
-        client,
-        &[],
-        &dir.join(format!("{}-{n}.tcp-client.out", client[0])),
-    );
+    let c = Proc::spawn(cprefix, client, &[], &dir.join(format!("{}-{n}.tcp-client.out", client[0])));
     let co = c.finish(T);
     (s.finish(Duration::from_secs(30)), co)
 }
@@ -187,9 +120,7 @@ fn tcp_pair(
 /// fio's group line `  WRITE: bw=106MiB/s (112MB/s), ...` (or READ; `(6711Mbit/s)` from the
 /// net engine) in MB/s.
 fn fio_mbs(out: &str) -> f64 {
-    let l = out.lines().find(|l| {
-        l.trim_start().starts_with("WRITE: bw=") || l.trim_start().starts_with("READ: bw=")
-    });
+    let l = out.lines().find(|l| l.trim_start().starts_with("WRITE: bw=") || l.trim_start().starts_with("READ: bw="));
     let l = l.unwrap_or_else(|| panic!("no fio group line:\n{out}"));
     let inner = &l[l.find('(').unwrap() + 1..l.find(')').unwrap()];
     let (num, unit) = inner.split_at(inner.find(|c: char| c.is_ascii_alphabetic()).unwrap());
@@ -207,18 +138,8 @@ fn fio_mbs(out: &str) -> f64 {
 
 /// fio's `issued rwts: total=R,W,...` as (reads, writes).
 fn fio_issued(out: &str) -> (u64, u64) {
-    let l = out
-        .lines()
-        .find(|l| l.contains("issued rwts: total="))
-        .unwrap_or_else(|| panic!("no issued line:\n{out}"));
-    let v: Vec<u64> = l
-        .split("total=")
-        .nth(1)
-        .unwrap()
-        .split([',', ' '])
-        .take(2)
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let l = out.lines().find(|l| l.contains("issued rwts: total=")).unwrap_or_else(|| panic!("no issued line:\n{out}"));
+    let v: Vec<u64> = l.split("total=").nth(1).unwrap().split([',', ' ']).take(2).map(|x| x.parse().unwrap()).collect();
     (v[0], v[1])
 }
 
@@ -235,77 +156,28 @@ const FIO_BLOCKS: u64 = 1024; // 64 MiB / 64 KiB
 /// flight and fio connects with rnr_retry_count 0, so the server needs a deep receive queue
 /// (256) or the first receiver-not-ready NAK fails the client (RNR retry counter exceeded).
 /// Returns the client's MB/s.
-fn fio_rdma(
-    ss: &Service,
-    cs: &Service,
-    host: &str,
-    src: Option<&str>,
-    verb: &str,
-    port: u16,
-) -> f64 {
+fn fio_rdma(ss: &Service, cs: &Service, host: &str, src: Option<&str>, verb: &str, port: u16) -> f64 {
     let fio = require_tool("fio");
     let fio = fio.to_str().unwrap();
     let p = format!("--port={port}");
     let v = format!("--verb={verb}");
     let send = verb == "send";
-    let verify: &[&str] = if send {
-        &["--verify=crc32c", "--verify_state_save=0"]
-    } else {
-        &[]
-    };
+    let verify: &[&str] = if send { &["--verify=crc32c", "--verify_state_save=0"] } else { &[] };
     let sdepth = if send { "--iodepth=256" } else { "--iodepth=4" };
-    let mut server = vec![
-        fio,
-        "--thread",
-        "--name=srv",
-        "--ioengine=rdma",
-        &p,
-        "--rw=read",
-        "--bs=64k",
-        FIO_SIZE,
-        &v,
-        sdepth,
-    ];
+    let mut server = vec![fio, "--thread", "--name=srv", "--ioengine=rdma", &p, "--rw=read", "--bs=64k", FIO_SIZE, &v, sdepth];
     server.extend(verify);
     let h = format!("--hostname={host}");
     let b = src.map(|s| format!("--bindname={s}"));
-    let mut client = vec![
-        fio,
-        "--thread",
-        "--name=cli",
-        "--ioengine=rdma",
-        &h,
-        &p,
-        "--rw=write",
-        "--bs=64k",
-        FIO_SIZE,
-        &v,
-        "--iodepth=4",
-    ];
+    let mut client = vec![fio, "--thread", "--name=cli", "--ioengine=rdma", &h, &p, "--rw=write", "--bs=64k", FIO_SIZE, &v, "--iodepth=4"];
     client.extend(verify);
     client.extend(b.as_deref());
-    let (so, co) = rdma_pair(
-        ss,
-        cs,
-        false,
-        &server,
-        "fio: waiting for connection",
-        &client,
-    );
-    assert_eq!(
-        fio_issued(&co),
-        (0, FIO_BLOCKS),
-        "fio client, verb={verb}:\n{co}"
-    );
+    let (so, co) = rdma_pair(ss, cs, false, &server, "fio: waiting for connection", &client);
+    assert_eq!(fio_issued(&co), (0, FIO_BLOCKS), "fio client, verb={verb}:\n{co}");
     assert!(co.contains("err= 0"), "{co}");
     assert!(so.contains("err= 0"), "{so}");
     if send {
         // The server received every block and checked its crc32c (a bad block fails the job).
-        assert_eq!(
-            fio_issued(&so),
-            (FIO_BLOCKS, 0),
-            "fio server, verb=send:\n{so}"
-        );
+        assert_eq!(fio_issued(&so), (FIO_BLOCKS, 0), "fio server, verb=send:\n{so}");
     }
     fio_mbs(&co)
 }
@@ -324,18 +196,8 @@ fn fio_tcp(sprefix: &[&str], cprefix: &[&str], dir: &Path, listen: &str, port: u
     // The receiver may count short reads as blocks: it is sized far above what the writer
     // sends and ends when the writer closes (stopping at FIO_SIZE worth of blocks, it left
     // the writer to die of SIGPIPE under load).
-    let server: Vec<&str> = [
-        &[fio, "--thread", "--name=srv"][..],
-        &common,
-        &["--listen", "--rw=read", "--size=16g"],
-    ]
-    .concat();
-    let client: Vec<&str> = [
-        &[fio, "--thread", "--name=cli"][..],
-        &common,
-        &[&h, "--rw=write"],
-    ]
-    .concat();
+    let server: Vec<&str> = [&[fio, "--thread", "--name=srv"][..], &common, &["--listen", "--rw=read", "--size=16g"]].concat();
+    let client: Vec<&str> = [&[fio, "--thread", "--name=cli"][..], &common, &[&h, "--rw=write"]].concat();
     let (_, co) = tcp_pair(sprefix, cprefix, dir, &server, port, &client);
     assert_eq!(fio_issued(&co), (0, FIO_BLOCKS), "fio net client:\n{co}");
     fio_mbs(&co)
@@ -348,35 +210,11 @@ fn fio_rdma_write_read_send_beside_fio_tcp_on_the_loopback_service() {
     let svc = Service::start_loopback();
     let tx0 = sum_counter(&svc.stats_json(), "tx_bytes");
     // The client binds pmrxe1's address, so every block crosses the two ports.
-    let w = fio_rdma(
-        &svc,
-        &svc,
-        "198.18.0.1",
-        Some("198.18.0.2"),
-        "write",
-        port_for(400),
-    );
-    let r = fio_rdma(
-        &svc,
-        &svc,
-        "198.18.0.1",
-        Some("198.18.0.2"),
-        "read",
-        port_for(401),
-    );
-    let s = fio_rdma(
-        &svc,
-        &svc,
-        "198.18.0.1",
-        Some("198.18.0.2"),
-        "send",
-        port_for(402),
-    );
+    let w = fio_rdma(&svc, &svc, "198.18.0.1", Some("198.18.0.2"), "write", port_for(400));
+    let r = fio_rdma(&svc, &svc, "198.18.0.1", Some("198.18.0.2"), "read", port_for(401));
+    let s = fio_rdma(&svc, &svc, "198.18.0.1", Some("198.18.0.2"), "send", port_for(402));
     let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
-    assert!(
-        tx >= (3 * 64) << 20,
-        "fio's blocks did not cross pmrxe's ports: {tx} B sent"
-    );
+    assert!(tx >= (3 * 64) << 20, "fio's blocks did not cross pmrxe's ports: {tx} B sent");
     let tcp = fio_tcp(&[], &[], svc.dir.path(), "127.0.0.1", port_for(403));
     eprintln!("FIGURES fio 64 KiB iodepth 4, loopback config: rdma write {w:.0} MB/s, read {r:.0} MB/s, send+crc32c {s:.0} MB/s; net tcp (lo) {tcp:.0} MB/s");
 }
@@ -391,42 +229,14 @@ fn fio_rdma_send_verify_catches_unverified_data() {
     let svc = Service::start_loopback();
     let p = format!("--port={}", port_for(404));
     let (sp, se) = under(&svc, false);
-    let server = [
-        fio,
-        "--thread",
-        "--name=srv",
-        "--ioengine=rdma",
-        &p,
-        "--rw=read",
-        "--bs=64k",
-        "--size=4m",
-        "--verb=send",
-        "--iodepth=256",
-        "--verify=crc32c",
-        "--verify_state_save=0",
-    ];
+    let server = [fio, "--thread", "--name=srv", "--ioengine=rdma", &p, "--rw=read", "--bs=64k", "--size=4m", "--verb=send", "--iodepth=256", "--verify=crc32c", "--verify_state_save=0"];
     let mut s = Proc::spawn(&sp, &server, &se, &svc.dir.join("fio-neg.server.out"));
     s.wait_for("fio: waiting for connection", Duration::from_secs(30));
-    let client = [
-        fio,
-        "--thread",
-        "--name=cli",
-        "--ioengine=rdma",
-        "--hostname=198.18.0.1",
-        &p,
-        "--rw=write",
-        "--bs=64k",
-        "--size=4m",
-        "--verb=send",
-        "--iodepth=4",
-    ];
+    let client = [fio, "--thread", "--name=cli", "--ioengine=rdma", "--hostname=198.18.0.1", &p, "--rw=write", "--bs=64k", "--size=4m", "--verb=send", "--iodepth=4"];
     let mut c = Proc::spawn(&sp, &client, &se, &svc.dir.join("fio-neg.client.out"));
     let st = wait_timeout(&mut s.child, Duration::from_secs(60));
     let so = s.output();
-    assert!(
-        st.is_some_and(|s| !s.success()),
-        "the server accepted blocks with no verify header: {st:?}\n{so}"
-    );
+    assert!(st.is_some_and(|s| !s.success()), "the server accepted blocks with no verify header: {st:?}\n{so}");
     assert!(so.contains("verify: bad magic header"), "{so}");
     let _ = wait_timeout(&mut c.child, Duration::from_secs(30));
 }
@@ -445,42 +255,23 @@ fn fio_rdma_between_two_namespaces_beside_fio_tcp_on_the_same_veth() {
     let s = fio_rdma(&a, &b, "10.77.0.1", None, "send", port_for(412));
     let (da, db) = (sent(&a) - a0, sent(&b) - b0);
     // WRITE and SEND go B -> A, READ responses A -> B: 64 MiB each at least.
-    assert!(
-        db >= (2 * 64) << 20 && da >= 64 << 20,
-        "fio's blocks did not cross the veth: A sent {da} B, B sent {db} B"
-    );
+    assert!(db >= (2 * 64) << 20 && da >= 64 << 20, "fio's blocks did not cross the veth: A sent {da} B, B sent {db} B");
     // Kernel TCP on the same veth: the kernel gets addresses of its own (10.78.0.0/24) on the
     // two ends, beside pmrxe's 10.77.0.x, which stay pmrxe's (af_packet sees the TCP frames
     // and ignores them; the kernel ignores the RoCE frames not addressed to it).
     let ip = require_tool("ip");
-    for (n, i, addr) in [
-        (&ns.a, &ns.if_a, "10.78.0.1/24"),
-        (&ns.b, &ns.if_b, "10.78.0.2/24"),
-    ] {
-        let st = Command::new(&ip)
-            .args(["-n", n, "addr", "add", addr, "dev", i])
-            .status()
-            .unwrap();
+    for (n, i, addr) in [(&ns.a, &ns.if_a, "10.78.0.1/24"), (&ns.b, &ns.if_b, "10.78.0.2/24")] {
+        let st = Command::new(&ip).args(["-n", n, "addr", "add", addr, "dev", i]).status().unwrap();
         assert!(st.success(), "ip -n {n} addr add {addr} dev {i}");
     }
     let ipb = ip.to_str().unwrap();
-    let tcp = fio_tcp(
-        &[ipb, "netns", "exec", &ns.a],
-        &[ipb, "netns", "exec", &ns.b],
-        dir.path(),
-        "10.78.0.1",
-        port_for(413),
-    );
+    let tcp = fio_tcp(&[ipb, "netns", "exec", &ns.a], &[ipb, "netns", "exec", &ns.b], dir.path(), "10.78.0.1", port_for(413));
     eprintln!("FIGURES fio 64 KiB iodepth 4, two namespaces (veth, MTU 1500): rdma write {w:.0} MB/s, read {r:.0} MB/s, send+crc32c {s:.0} MB/s; net tcp (same veth) {tcp:.0} MB/s");
 }
 
 /// iperf 2's `-f m` result `... 2.43 Mbits/sec` (last line that has one) in MB/s.
 fn iperf_mbs(out: &str) -> f64 {
-    let l = out
-        .lines()
-        .rev()
-        .find(|l| l.contains("Mbits/sec"))
-        .unwrap_or_else(|| panic!("no iperf result:\n{out}"));
+    let l = out.lines().rev().find(|l| l.contains("Mbits/sec")).unwrap_or_else(|| panic!("no iperf result:\n{out}"));
     let w: Vec<&str> = l.split_whitespace().collect();
     w[w.len() - 2].parse::<f64>().unwrap() / 8.0
 }
@@ -500,33 +291,13 @@ fn iperf_and_a_checked_stream_over_rsockets_beside_kernel_tcp() {
     // 64 MiB with every byte checked, pmrxe1 -> pmrxe0, then the same over kernel TCP (lo).
     let bytes = (64u64 << 20).to_string();
     let p = port_for(420).to_string();
-    let (so, co) = rdma_pair(
-        &svc,
-        &svc,
-        true,
-        &[check, "server", "198.18.0.1", &p, &bytes],
-        "listening on",
-        &[check, "client", "198.18.0.1", &p, &bytes, "198.18.0.2"],
-    );
-    assert!(
-        so.contains("OK stream: 67108864 bytes checked, 0 bad") && co.contains("OK stream"),
-        "{so}\n{co}"
-    );
+    let (so, co) = rdma_pair(&svc, &svc, true, &[check, "server", "198.18.0.1", &p, &bytes], "listening on", &[check, "client", "198.18.0.1", &p, &bytes, "198.18.0.2"]);
+    assert!(so.contains("OK stream: 67108864 bytes checked, 0 bad") && co.contains("OK stream"), "{so}\n{co}");
     let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
-    assert!(
-        tx >= 64 << 20,
-        "the rsockets stream did not cross pmrxe's ports: {tx} B sent"
-    );
+    assert!(tx >= 64 << 20, "the rsockets stream did not cross pmrxe's ports: {tx} B sent");
     let p = port_for(421);
     let ps = p.to_string();
-    let (so, _) = tcp_pair(
-        &[],
-        &[],
-        svc.dir.path(),
-        &[check, "server", "127.0.0.1", &ps, &bytes],
-        p,
-        &[check, "client", "127.0.0.1", &ps, &bytes],
-    );
+    let (so, _) = tcp_pair(&[], &[], svc.dir.path(), &[check, "server", "127.0.0.1", &ps, &bytes], p, &[check, "client", "127.0.0.1", &ps, &bytes]);
     assert!(so.contains("OK stream"), "{so}");
 
     // iperf 2: 2 s each, over rsockets (pmrxe1 -> pmrxe0) and over kernel TCP (lo).
@@ -535,55 +306,14 @@ fn iperf_and_a_checked_stream_over_rsockets_beside_kernel_tcp() {
         &svc,
         &svc,
         true,
-        &[
-            iperf,
-            "-s",
-            "-B",
-            "198.18.0.1",
-            "-p",
-            &p,
-            "-f",
-            "m",
-            "-P",
-            "1",
-        ],
+        &[iperf, "-s", "-B", "198.18.0.1", "-p", &p, "-f", "m", "-P", "1"],
         "Server listening",
-        &[
-            iperf,
-            "-c",
-            "198.18.0.1",
-            "-B",
-            "198.18.0.2",
-            "-p",
-            &p,
-            "-t",
-            "2",
-            "-f",
-            "m",
-        ],
+        &[iperf, "-c", "198.18.0.1", "-B", "198.18.0.2", "-p", &p, "-t", "2", "-f", "m"],
     );
     let rs = iperf_mbs(&co);
     let p = port_for(423);
     let ps = p.to_string();
-    let (_, co) = tcp_pair(
-        &[],
-        &[],
-        svc.dir.path(),
-        &[
-            iperf,
-            "-s",
-            "-B",
-            "127.0.0.1",
-            "-p",
-            &ps,
-            "-f",
-            "m",
-            "-P",
-            "1",
-        ],
-        p,
-        &[iperf, "-c", "127.0.0.1", "-p", &ps, "-t", "2", "-f", "m"],
-    );
+    let (_, co) = tcp_pair(&[], &[], svc.dir.path(), &[iperf, "-s", "-B", "127.0.0.1", "-p", &ps, "-f", "m", "-P", "1"], p, &[iperf, "-c", "127.0.0.1", "-p", &ps, "-t", "2", "-f", "m"]);
     let tcp = iperf_mbs(&co);
     eprintln!("FIGURES iperf 2 -t 2, loopback config: rsockets over pmrxe {rs:.0} MB/s; kernel TCP (lo) {tcp:.0} MB/s");
     assert!(rs > 10.0, "iperf over rsockets: {rs} MB/s");
@@ -592,15 +322,9 @@ fn iperf_and_a_checked_stream_over_rsockets_beside_kernel_tcp() {
 /// tests/mpi_pingpong.c's rows: (1 B half round trip in us, 1 MiB MB/s).
 fn mpi_figures(out: &str) -> (f64, f64) {
     let row = |size: &str| {
-        let l = out
-            .lines()
-            .find(|l| l.starts_with("pingpong") && l.contains(&format!(" {size} B:")))
-            .unwrap_or_else(|| panic!("no {size} B row:\n{out}"));
+        let l = out.lines().find(|l| l.starts_with("pingpong") && l.contains(&format!(" {size} B:"))).unwrap_or_else(|| panic!("no {size} B row:\n{out}"));
         let w: Vec<&str> = l.split_whitespace().collect();
-        (
-            w[3].parse::<f64>().unwrap(),
-            w[w.len() - 2].parse::<f64>().unwrap(),
-        )
+        (w[3].parse::<f64>().unwrap(), w[w.len() - 2].parse::<f64>().unwrap())
     };
     (row("1").0, row("1048576").1)
 }
@@ -618,35 +342,12 @@ fn mpich(prog: &Path, s0: &Service, dev0: &str, s1: &Service, dev1: &str) -> Str
     let prog = prog.to_str().unwrap();
     let (k0, k1) = (s0.socket.to_str().unwrap(), s1.socket.to_str().unwrap());
     let args = [
-        "env",
-        "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-        "MPIR_CVAR_NOLOCAL=1",
-        mpiexec.to_str().unwrap(),
-        "-n",
-        "1",
-        "-env",
-        "UCX_NET_DEVICES",
-        dev0,
-        "-env",
-        "PMRXE_SOCKET",
-        k0,
-        prog,
-        ":",
-        "-n",
-        "1",
-        "-env",
-        "UCX_NET_DEVICES",
-        dev1,
-        "-env",
-        "PMRXE_SOCKET",
-        k1,
-        prog,
+        "env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "MPIR_CVAR_NOLOCAL=1", mpiexec.to_str().unwrap(),
+        "-n", "1", "-env", "UCX_NET_DEVICES", dev0, "-env", "PMRXE_SOCKET", k0, prog, ":",
+        "-n", "1", "-env", "UCX_NET_DEVICES", dev1, "-env", "PMRXE_SOCKET", k1, prog,
     ];
     let o = Proc::spawn(&p, &args, &e, &s0.dir.join("mpich.out")).finish(Duration::from_secs(180));
-    assert!(
-        o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"),
-        "{o}"
-    );
+    assert!(o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "{o}");
     o
 }
 
@@ -656,15 +357,7 @@ fn ompi(svc: &Service, mca: &[&str], env: &[&str], prog: &[&str], out: &str) -> 
     let (p, e) = under(svc, false);
     let mut args: Vec<&str> = vec!["env"];
     args.extend(env);
-    args.extend([
-        mpirun.to_str().unwrap(),
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-x",
-        "PMRXE_SOCKET",
-        "-x",
-        "LD_PRELOAD",
-    ]);
+    args.extend([mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe", "-x", "PMRXE_SOCKET", "-x", "LD_PRELOAD"]);
     for kv in env {
         args.extend(["-x", kv.split('=').next().unwrap()]);
     }
@@ -688,24 +381,12 @@ fn mpich_pingpong_and_allreduce_across_pmrxe_ports_beside_ucx_tcp() {
     let tx = sum_counter(&j, "tx_bytes") - sum_counter(&j0, "tx_bytes");
     let wqes = sum_counter(&j, "sq_wqes") - sum_counter(&j0, "sq_wqes");
     // 100 ping-pongs of 1 MiB alone are 100 MiB each way.
-    assert!(
-        tx >= 200 << 20 && wqes >= 1000,
-        "MPICH traffic did not cross pmrxe's ports: tx {tx} B, sq_wqes {wqes}\n{o}"
-    );
+    assert!(tx >= 200 << 20 && wqes >= 1000, "MPICH traffic did not cross pmrxe's ports: tx {tx} B, sq_wqes {wqes}\n{o}");
     let (lat, bw) = mpi_figures(&o);
     // The same program over UCX's TCP transport (kernel, lo), no shim.
     let mpiexec = require_tool("mpiexec.mpich");
-    let args = [
-        "env",
-        "UCX_TLS=tcp,self",
-        "MPIR_CVAR_NOLOCAL=1",
-        mpiexec.to_str().unwrap(),
-        "-n",
-        "2",
-        prog.to_str().unwrap(),
-    ];
-    let t = Proc::spawn(&[], &args, &[], &svc.dir.join("mpich-tcp.out"))
-        .finish(Duration::from_secs(180));
+    let args = ["env", "UCX_TLS=tcp,self", "MPIR_CVAR_NOLOCAL=1", mpiexec.to_str().unwrap(), "-n", "2", prog.to_str().unwrap()];
+    let t = Proc::spawn(&[], &args, &[], &svc.dir.join("mpich-tcp.out")).finish(Duration::from_secs(180));
     assert!(t.contains("OK mpi"), "{t}");
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES MPICH 4.0.2 ch4:ucx, loopback config (pmrxe0 <-> pmrxe1): 1 B {lat:.1} us, 1 MiB {bw:.0} MB/s; UCX tcp (lo): 1 B {tlat:.1} us, 1 MiB {tbw:.0} MB/s");
@@ -725,10 +406,7 @@ fn mpich_pingpong_and_allreduce_between_two_namespaces() {
     let (a0, b0) = (sent(&a), sent(&b));
     let o = mpich(&prog, &a, "pmrxe0:1", &b, "pmrxe0:1");
     let (da, db) = (sent(&a) - a0, sent(&b) - b0);
-    assert!(
-        da >= 100 << 20 && db >= 100 << 20,
-        "MPICH traffic did not cross the veth: A sent {da} B, B sent {db} B\n{o}"
-    );
+    assert!(da >= 100 << 20 && db >= 100 << 20, "MPICH traffic did not cross the veth: A sent {da} B, B sent {db} B\n{o}");
     let (lat, bw) = mpi_figures(&o);
     eprintln!("FIGURES MPICH 4.0.2 ch4:ucx, two namespaces: 1 B {lat:.1} us, 1 MiB {bw:.0} MB/s");
 }
@@ -742,68 +420,25 @@ fn hpcc_under_open_mpi_over_ucx() {
     require_tool("mpirun");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let inf = std::fs::read_to_string("/usr/share/doc/hpcc/examples/_hpccinf.txt")
-        .expect("hpcc's example hpccinf.txt");
-    let inf = inf
-        .replacen("1000         Ns", "200          Ns", 1)
-        .replacen("80           NBs", "40           NBs", 1)
-        .replacen("2            Ps", "1            Ps", 1);
+    let inf = std::fs::read_to_string("/usr/share/doc/hpcc/examples/_hpccinf.txt").expect("hpcc's example hpccinf.txt");
+    let inf = inf.replacen("1000         Ns", "200          Ns", 1).replacen("80           NBs", "40           NBs", 1).replacen("2            Ps", "1            Ps", 1);
     std::fs::write(svc.dir.join("hpccinf.txt"), inf).unwrap();
     let tx0 = sum_counter(&svc.stats_json(), "tx_bytes");
     let mpirun = require_tool("mpirun");
     let (p, e) = under(&svc, false);
     let h = hpcc.to_str().unwrap();
     let args = [
-        "env",
-        "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-        mpirun.to_str().unwrap(),
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "btl",
-        "self",
-        "--mca",
-        "osc",
-        "ucx",
-        "-x",
-        "UCX_TLS",
-        "-x",
-        "PMRXE_SOCKET",
-        "-x",
-        "LD_PRELOAD",
-        "--wdir",
-        svc.dir.path().to_str().unwrap(),
-        "-np",
-        "1",
-        "-x",
-        "UCX_NET_DEVICES=pmrxe0:1",
-        h,
-        ":",
-        "-np",
-        "1",
-        "-x",
-        "UCX_NET_DEVICES=pmrxe1:1",
-        h,
+        "env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ucx",
+        "--mca", "btl", "self", "--mca", "osc", "ucx", "-x", "UCX_TLS", "-x", "PMRXE_SOCKET", "-x", "LD_PRELOAD", "--wdir", svc.dir.path().to_str().unwrap(),
+        "-np", "1", "-x", "UCX_NET_DEVICES=pmrxe0:1", h, ":", "-np", "1", "-x", "UCX_NET_DEVICES=pmrxe1:1", h,
     ];
     Proc::spawn(&p, &args, &e, &svc.dir.join("hpcc.out")).finish(Duration::from_secs(240));
     let r = std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
-    assert!(
-        r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4,
-        "{}",
-        tail(&r, 80)
-    );
+    assert!(r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4, "{}", tail(&r, 80));
     let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
     assert!(tx >= 1 << 20, "hpcc did not cross pmrxe's ports: {tx} B");
     let figures = |r: &str| {
-        let key = |k: &str| {
-            r.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .unwrap_or("?")
-                .to_string()
-        };
+        let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
         format!(
             "PingPong latency avg {} us, bandwidth avg {} GB/s; RandomRing latency {} us, bandwidth {} GB/s; PTRANS {} GB/s",
             key("AvgPingPongLatency_usec"),
@@ -817,20 +452,8 @@ fn hpcc_under_open_mpi_over_ucx() {
     // The same over Open MPI's TCP BTL (kernel, lo), no shim.
     std::fs::remove_file(svc.dir.join("hpccoutf.txt")).unwrap();
     let args = [
-        mpirun.to_str().unwrap(),
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--mca",
-        "pml",
-        "ob1",
-        "--mca",
-        "btl",
-        "tcp,self",
-        "--wdir",
-        svc.dir.path().to_str().unwrap(),
-        "-np",
-        "2",
-        h,
+        mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--wdir",
+        svc.dir.path().to_str().unwrap(), "-np", "2", h,
     ];
     Proc::spawn(&[], &args, &[], &svc.dir.join("hpcc-tcp.out")).finish(Duration::from_secs(240));
     let t = std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
@@ -847,10 +470,7 @@ fn mpi4py_and_open_mpi_ofi_mtl_over_pmrxe() {
     require_tool("mpirun");
     let mpicc = require_tool("mpicc");
     let python = Path::new("/usr/bin/python3");
-    assert!(
-        python.exists(),
-        "/usr/bin/python3 missing (Debian python3, with python3-mpi4py)"
-    );
+    assert!(python.exists(), "/usr/bin/python3 missing (Debian python3, with python3-mpi4py)");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let script = repo_root().join("tests/mpi4py_check.py");
@@ -858,48 +478,24 @@ fn mpi4py_and_open_mpi_ofi_mtl_over_pmrxe() {
     let o = ompi(
         &svc,
         &["--mca", "pml", "ucx", "--mca", "btl", "self"],
-        &[
-            "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-            "UCX_NET_DEVICES=pmrxe0:1",
-        ],
+        &["UCX_TLS=rc_verbs,ud_verbs:aux,self", "UCX_NET_DEVICES=pmrxe0:1"],
         &[python.to_str().unwrap(), script.to_str().unwrap()],
         "mpi4py.out",
     );
     assert!(o.contains("OK mpi4py Open MPI"), "{o}");
     let j = svc.stats_json();
     let lb = sum_counter(&j, "rx_loopback") - sum_counter(&j0, "rx_loopback");
-    assert!(
-        lb >= 40,
-        "mpi4py traffic did not go through pmrxe: rx_loopback {lb}"
-    );
+    assert!(lb >= 40, "mpi4py traffic did not go through pmrxe: rx_loopback {lb}");
 
     let prog = svc.dir.join("mpi_pingpong");
     compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
     let w0 = sum_counter(&svc.stats_json(), "sq_wqes");
-    let o = ompi(
-        &svc,
-        &["--mca", "pml", "cm", "--mca", "mtl", "ofi"],
-        &["FI_PROVIDER=verbs;ofi_rxm"],
-        &[prog.to_str().unwrap()],
-        "ompi-ofi.out",
-    );
-    assert!(
-        o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"),
-        "{o}"
-    );
+    let o = ompi(&svc, &["--mca", "pml", "cm", "--mca", "mtl", "ofi"], &["FI_PROVIDER=verbs;ofi_rxm"], &[prog.to_str().unwrap()], "ompi-ofi.out");
+    assert!(o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "{o}");
     let wqes = sum_counter(&svc.stats_json(), "sq_wqes") - w0;
-    assert!(
-        wqes >= 1000,
-        "Open MPI's ofi MTL did not go through pmrxe: sq_wqes {wqes}"
-    );
+    assert!(wqes >= 1000, "Open MPI's ofi MTL did not go through pmrxe: sq_wqes {wqes}");
     let (lat, bw) = mpi_figures(&o);
-    let t = ompi(
-        &svc,
-        &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"],
-        &[],
-        &[prog.to_str().unwrap()],
-        "ompi-tcp.out",
-    );
+    let t = ompi(&svc, &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"], &[], &[prog.to_str().unwrap()], "ompi-tcp.out");
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 cm/ofi (verbs;ofi_rxm) over pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.0} MB/s; ob1/tcp (lo): 1 B {tlat:.1} us, 1 MiB {tbw:.0} MB/s");
 }
@@ -921,54 +517,19 @@ fn open_mpi_ob1_btl_ofi_over_verbs_ofi_rxd_beside_btl_tcp() {
     let prog = svc.dir.join("mpi_pingpong");
     compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
     let p = prog.to_str().unwrap();
-    let btl_ofi = [
-        "--mca",
-        "pml",
-        "ob1",
-        "--mca",
-        "btl",
-        "ofi,self",
-        "--mca",
-        "btl_ofi_mode",
-        "2",
-    ];
+    let btl_ofi = ["--mca", "pml", "ob1", "--mca", "btl", "ofi,self", "--mca", "btl_ofi_mode", "2"];
     let frames = |j: &serde_json::Value| sum_counter(j, "sq_wqes");
     let w0 = frames(&svc.stats_json());
-    let o = ompi(
-        &svc,
-        &btl_ofi,
-        &["FI_PROVIDER=verbs;ofi_rxd"],
-        &[p, "20"],
-        "ompi-btl-ofi.out",
-    );
-    assert!(
-        o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"),
-        "{o}"
-    );
+    let o = ompi(&svc, &btl_ofi, &["FI_PROVIDER=verbs;ofi_rxd"], &[p, "20"], "ompi-btl-ofi.out");
+    assert!(o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "{o}");
     let wqes = frames(&svc.stats_json()) - w0;
-    assert!(
-        wqes >= 1000,
-        "the ofi BTL did not go through pmrxe: sq_wqes {wqes}"
-    );
+    assert!(wqes >= 1000, "the ofi BTL did not go through pmrxe: sq_wqes {wqes}");
     let (lat, bw) = mpi_figures(&o);
 
     // verbs;ofi_rxm: refused by the BTL itself, before any endpoint exists.
     let (pre, env) = under(&svc, false);
-    let mut args = vec![
-        "env",
-        "FI_PROVIDER=verbs;ofi_rxm",
-        mpirun.to_str().unwrap(),
-        "--allow-run-as-root",
-        "--oversubscribe",
-    ];
-    args.extend([
-        "-x",
-        "PMRXE_SOCKET",
-        "-x",
-        "LD_PRELOAD",
-        "-x",
-        "FI_PROVIDER",
-    ]);
+    let mut args = vec!["env", "FI_PROVIDER=verbs;ofi_rxm", mpirun.to_str().unwrap(), "--allow-run-as-root", "--oversubscribe"];
+    args.extend(["-x", "PMRXE_SOCKET", "-x", "LD_PRELOAD", "-x", "FI_PROVIDER"]);
     args.extend(btl_ofi);
     args.extend(["-np", "2", p, "1"]);
     let mut r = Proc::spawn(&pre, &args, &env, &svc.dir.join("ompi-btl-ofi-rxm.out"));
@@ -977,21 +538,10 @@ fn open_mpi_ob1_btl_ofi_over_verbs_ofi_rxd_beside_btl_tcp() {
     // Open MPI says so with a show_help text ("at least one MPI process is unreachable"), which
     // its runtime sometimes loses under load ("ORTE_ERROR_LOG: Data unpack would read past end
     // of buffer in file show_help.c"); MPI_Init's own abort message is printed either way.
-    let refused = out.contains("at least one MPI process is unreachable")
-        || out.contains("An error occurred in MPI_Init");
-    assert!(
-        st.is_some_and(|s| !s.success()) && refused && !out.contains("OK mpi"),
-        "btl ofi over verbs;ofi_rxm: {st:?}\n{}",
-        tail(&out, 60)
-    );
+    let refused = out.contains("at least one MPI process is unreachable") || out.contains("An error occurred in MPI_Init");
+    assert!(st.is_some_and(|s| !s.success()) && refused && !out.contains("OK mpi"), "btl ofi over verbs;ofi_rxm: {st:?}\n{}", tail(&out, 60));
 
-    let t = ompi(
-        &svc,
-        &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"],
-        &[],
-        &[p, "20"],
-        "ompi-btl-tcp.out",
-    );
+    let t = ompi(&svc, &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"], &[], &[p, "20"], "ompi-btl-tcp.out");
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 ob1 + btl ofi (verbs;ofi_rxd) over pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s; ob1/tcp (lo): 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
 }

@@ -19,11 +19,7 @@ fn start_capture(svc: &Service, tag: &str, frames_before: u64, need_frames: bool
     let out = svc.dir.join(&format!("{tag}.pcap"));
     let err = svc.dir.join(&format!("{tag}.err"));
     let mut cmd = svc.pmrxe();
-    cmd.args(["capture", "--out"])
-        .arg(&out)
-        .args(["--count", "1000000"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err).unwrap());
+    cmd.args(["capture", "--out"]).arg(&out).args(["--count", "1000000"]).stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap());
     default_sigint(&mut cmd);
     let mut cap = cmd.spawn().expect("spawn pmrxe capture");
     let t0 = Instant::now();
@@ -33,15 +29,8 @@ fn start_capture(svc: &Service, tag: &str, frames_before: u64, need_frames: bool
         if c["active"] == serde_json::json!(true) && (!need_frames || frames > frames_before) {
             break;
         }
-        assert!(
-            cap.try_wait().unwrap().is_none(),
-            "{tag}: pmrxe capture exited early: {}",
-            read_to_string_lossy(&err)
-        );
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "{tag}: capture never became active with frames flowing: {c}"
-        );
+        assert!(cap.try_wait().unwrap().is_none(), "{tag}: pmrxe capture exited early: {}", read_to_string_lossy(&err));
+        assert!(t0.elapsed() < Duration::from_secs(15), "{tag}: capture never became active with frames flowing: {c}");
         std::thread::sleep(Duration::from_millis(50));
     }
     cap
@@ -52,10 +41,7 @@ fn assert_alive(svc: &mut Service, when: &str) {
     let child = svc.child.as_mut().expect("service child");
     if let Some(st) = child.try_wait().unwrap() {
         svc.child = None;
-        panic!(
-            "the service died {when} ({st}); log:\n{}",
-            tail(&read_to_string_lossy(&svc.log), 30)
-        );
+        panic!("the service died {when} ({st}); log:\n{}", tail(&read_to_string_lossy(&svc.log), 30));
     }
 }
 
@@ -68,10 +54,7 @@ fn wait_capture_inactive(svc: &mut Service, when: &str) {
         if c["active"] == serde_json::json!(false) {
             return;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{when}: the capture is still marked active 10 s later: {c}"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{when}: the capture is still marked active 10 s later: {c}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -88,54 +71,23 @@ fn capture_killed_by_sigint_sigterm_sigkill_leaves_service_running() {
     let port = port_for(70);
     let ps = port.to_string();
     let (so, co) = (svc.dir.join("bw.srv.out"), svc.dir.join("bw.cli.out"));
-    let mut server = spawn_verbs(
-        &svc,
-        &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "12", "-p", &ps],
-        &so,
-    );
+    let mut server = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-D", "12", "-p", &ps], &so);
     wait_listening(&mut server, port, &so, Duration::from_secs(20));
-    let mut client = spawn_verbs(
-        &svc,
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe1",
-            "-F",
-            "-D",
-            "12",
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
-        &co,
-    );
+    let mut client = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-D", "12", "-p", &ps, "127.0.0.1"], &co);
     wait_for_traffic(&svc, 1000, Duration::from_secs(20), &co);
 
-    for (name, sig) in [
-        ("sigint", libc::SIGINT),
-        ("sigterm", libc::SIGTERM),
-        ("sigkill", libc::SIGKILL),
-    ] {
+    for (name, sig) in [("sigint", libc::SIGINT), ("sigterm", libc::SIGTERM), ("sigkill", libc::SIGKILL)] {
         let before = capture_json(&svc)["frames"].as_u64().unwrap_or(0);
         let mut cap = start_capture(&svc, name, before, true);
         // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet.
-        assert_eq!(
-            unsafe { libc::kill(cap.id() as i32, sig) },
-            0,
-            "kill {name}"
-        );
-        let st = wait_timeout(&mut cap, Duration::from_secs(10))
-            .unwrap_or_else(|| panic!("pmrxe capture outlived {name}"));
+        assert_eq!(unsafe { libc::kill(cap.id() as i32, sig) }, 0, "kill {name}");
+        let st = wait_timeout(&mut cap, Duration::from_secs(10)).unwrap_or_else(|| panic!("pmrxe capture outlived {name}"));
         assert!(!st.success(), "pmrxe capture exited 0 after {name}");
         // Frames keep flowing: the writer hits the closed pipe and must end the capture, not
         // the service.
         wait_capture_inactive(&mut svc, &format!("after pmrxe capture got {name}"));
         if let Some(s) = client.try_wait().unwrap() {
-            assert!(
-                s.success(),
-                "ib_write_bw client failed ({s}) after {name}: {}",
-                read_to_string_lossy(&co)
-            );
+            assert!(s.success(), "ib_write_bw client failed ({s}) after {name}: {}", read_to_string_lossy(&co));
         }
     }
 
@@ -149,10 +101,7 @@ fn capture_killed_by_sigint_sigterm_sigkill_leaves_service_running() {
         tail(&read_to_string_lossy(&so), 20),
         tail(&svc.log_text(), 20)
     );
-    assert!(
-        !read_to_string_lossy(&co).contains("DEVICE_FATAL"),
-        "client saw a fatal device event"
-    );
+    assert!(!read_to_string_lossy(&co).contains("DEVICE_FATAL"), "client saw a fatal device event");
 
     // A capture killed while nothing is sent still ends: the service notices the reader is gone
     // without waiting for a frame to write.
@@ -163,22 +112,15 @@ fn capture_killed_by_sigint_sigterm_sigkill_leaves_service_running() {
 
     // The service still serves: new traffic, stats, and a fresh capture that finishes.
     let port = port_for(71);
-    loopback_pingpong(&svc, 200, port, Duration::from_secs(60)).assert_ok();
+    loopback_pingpong(&svc, 200, port, Duration::from_secs(60))
+    .assert_ok();
     assert_alive(&mut svc, "after the final ping-pong");
     let j = svc.stats_json();
-    assert_eq!(
-        j["capture"]["active"],
-        serde_json::json!(false),
-        "capture still active: {j:#}"
-    );
+    assert_eq!(j["capture"]["active"], serde_json::json!(false), "capture still active: {j:#}");
     assert!(svc.stats_text().contains("pmrxe0"), "text stats");
     // One log line per ended capture, naming why it ended.
     let log = svc.log_text();
     let ended = log.lines().filter(|l| l.contains("capture ended")).count();
-    assert!(
-        ended >= 4,
-        "expected a `capture ended` log line for each of the 4 killed captures, found {ended}:\n{}",
-        tail(&log, 30)
-    );
+    assert!(ended >= 4, "expected a `capture ended` log line for each of the 4 killed captures, found {ended}:\n{}", tail(&log, 30));
     // Drop: SIGTERM, clean exit 0 within 5 s.
 }

@@ -5,18 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn pmrxe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pmrxe"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run pmrxe")
+    Command::new(env!("CARGO_BIN_EXE_pmrxe")).args(args).env_remove("RUST_LOG").output().expect("run pmrxe")
 }
 
 fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 fn repo() -> PathBuf {
@@ -29,37 +22,15 @@ fn help_mentions(args: &[&str], want: &[&str]) {
     a.push("--help");
     let o = pmrxe(&a);
     let (out, err) = text(&o);
-    assert!(
-        o.status.success(),
-        "pmrxe {} --help: {}\n{out}{err}",
-        args.join(" "),
-        o.status
-    );
+    assert!(o.status.success(), "pmrxe {} --help: {}\n{out}{err}", args.join(" "), o.status);
     for w in want {
-        assert!(
-            out.contains(w),
-            "pmrxe {} --help does not mention {w:?}:\n{out}",
-            args.join(" ")
-        );
+        assert!(out.contains(w), "pmrxe {} --help does not mention {w:?}:\n{out}", args.join(" "));
     }
 }
 
 #[test]
 fn top_level_help_lists_every_subcommand() {
-    help_mentions(
-        &[],
-        &[
-            "serve",
-            "run",
-            "stats",
-            "capture",
-            "wire",
-            "port-test",
-            "config",
-            "bench",
-            "PMRXE_SOCKET",
-        ],
-    );
+    help_mentions(&[], &["serve", "run", "stats", "capture", "wire", "port-test", "config", "bench", "PMRXE_SOCKET"]);
     let o = pmrxe(&["--version"]);
     assert!(o.status.success());
     assert!(text(&o).0.starts_with("pmrxe "), "{:?}", text(&o));
@@ -93,10 +64,7 @@ fn every_listed_subcommand_has_help() {
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .filter(|c| c != "help")
         .collect();
-    assert!(
-        cmds.len() >= 8,
-        "too few subcommands parsed from --help:\n{out}"
-    );
+    assert!(cmds.len() >= 8, "too few subcommands parsed from --help:\n{out}");
     for c in &cmds {
         help_mentions(&[c], &["Usage:"]);
     }
@@ -106,12 +74,7 @@ fn every_listed_subcommand_has_help() {
 fn bad_usage_exits_2() {
     assert_eq!(pmrxe(&["no-such-subcommand"]).status.code(), Some(2));
     assert_eq!(pmrxe(&["stats", "--no-such-flag"]).status.code(), Some(2));
-    assert_eq!(
-        pmrxe(&["serve", "--metrics", "not an address"])
-            .status
-            .code(),
-        Some(2)
-    );
+    assert_eq!(pmrxe(&["serve", "--metrics", "not an address"]).status.code(), Some(2));
 }
 
 fn check(file: &Path) -> (Option<i32>, String, String) {
@@ -124,28 +87,16 @@ fn check(file: &Path) -> (Option<i32>, String, String) {
 fn config_check_accepts_the_shipped_configs() {
     // nic-example.toml needs free hugepages and CPUs 2-3, which `config check` verifies
     // against this machine, so it is only parsed here (below).
-    for name in [
-        "loopback",
-        "netns-a",
-        "netns-b",
-        "memif-server",
-        "memif-client",
-    ] {
+    for name in ["loopback", "netns-a", "netns-b", "memif-server", "memif-client"] {
         let f = repo().join("configs").join(format!("{name}.toml"));
         let (code, out, err) = check(&f);
         assert_eq!(code, Some(0), "{name}: {out}{err}");
-        assert!(
-            out.contains(": ok: ") && out.contains("port(s)") && out.contains("socket "),
-            "{name}: summary {out:?}"
-        );
+        assert!(out.contains(": ok: ") && out.contains("port(s)") && out.contains("socket "), "{name}: summary {out:?}");
         assert!(err.is_empty(), "{name}: stderr {err:?}");
     }
     let (code, out, _) = check(&repo().join("configs/loopback.toml"));
     assert_eq!(code, Some(0));
-    assert!(
-        out.contains("2 port(s) [pmrxe0, pmrxe1]") && out.contains("hugepages off"),
-        "{out}"
-    );
+    assert!(out.contains("2 port(s) [pmrxe0, pmrxe1]") && out.contains("hugepages off"), "{out}");
 }
 
 #[test]
@@ -197,27 +148,15 @@ fn pmrxe_config_parse(text: &str) -> Result<(), String> {
 /// A bad file: exit status 2, nothing on stdout, exactly one line on stderr that names the
 /// field.
 fn rejected(toml: &str, field: &str) {
-    let f = std::env::temp_dir().join(format!(
-        "pmrxe-cli-bad-{}-{}.toml",
-        std::process::id(),
-        field.replace(['[', ']', '.'], "_")
-    ));
+    let f = std::env::temp_dir().join(format!("pmrxe-cli-bad-{}-{}.toml", std::process::id(), field.replace(['[', ']', '.'], "_")));
     std::fs::write(&f, toml).unwrap();
     let (code, out, err) = check(&f);
     let _ = std::fs::remove_file(&f);
-    assert_eq!(
-        code,
-        Some(2),
-        "{toml:?}: want exit 2; stdout {out:?} stderr {err:?}"
-    );
+    assert_eq!(code, Some(2), "{toml:?}: want exit 2; stdout {out:?} stderr {err:?}");
     assert!(out.is_empty(), "{toml:?}: stdout {out:?}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "{toml:?}: want one line, got {err:?}");
-    assert!(
-        lines[0].contains(field),
-        "{toml:?}: {:?} does not name {field:?}",
-        lines[0]
-    );
+    assert!(lines[0].contains(field), "{toml:?}: {:?} does not name {field:?}", lines[0]);
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -225,34 +164,11 @@ fn rejected(toml: &str, field: &str) {
 fn config_check_rejects_bad_files_with_one_line_naming_the_field() {
     let lb = std::fs::read_to_string(repo().join("configs/loopback.toml")).unwrap();
     rejected("no_such_key = 1\n", "no_such_key");
-    rejected(
-        &lb.replace("[service]\n", "[service]\nsokcet = \"/tmp/x\"\n"),
-        "sokcet",
-    );
-    rejected(
-        &lb.replacen(
-            "mac = \"02:00:c6:12:00:01\"",
-            "mac = \"zz:00:c6:12:00:01\"",
-            1,
-        ),
-        "ports[0].mac",
-    );
-    rejected(
-        &lb.replacen(
-            "mac = \"02:00:c6:12:00:02\"",
-            "mac = \"01:00:5e:00:00:01\"",
-            1,
-        ),
-        "ports[1].mac",
-    ); // multicast
-    rejected(
-        "[[ports]]\nname = \"p\"\ndevargs = \"nosuchpmd0\"\n",
-        "ports[0].devargs",
-    );
-    rejected(
-        &lb.replace("[service]\n", "[service]\nmetrics = \"localhost\"\n"),
-        "service.metrics",
-    );
+    rejected(&lb.replace("[service]\n", "[service]\nsokcet = \"/tmp/x\"\n"), "sokcet");
+    rejected(&lb.replacen("mac = \"02:00:c6:12:00:01\"", "mac = \"zz:00:c6:12:00:01\"", 1), "ports[0].mac");
+    rejected(&lb.replacen("mac = \"02:00:c6:12:00:02\"", "mac = \"01:00:5e:00:00:01\"", 1), "ports[1].mac"); // multicast
+    rejected("[[ports]]\nname = \"p\"\ndevargs = \"nosuchpmd0\"\n", "ports[0].devargs");
+    rejected(&lb.replace("[service]\n", "[service]\nmetrics = \"localhost\"\n"), "service.metrics");
     rejected(&lb.replace("mtu = 9000", "mtu = 20000"), "mtu");
     let missing = std::env::temp_dir().join("pmrxe-cli-no-such-file.toml");
     let (code, _, err) = check(&missing);
@@ -264,26 +180,16 @@ fn config_check_rejects_bad_files_with_one_line_naming_the_field() {
 fn config_check_reports_the_metrics_endpoint() {
     let lb = std::fs::read_to_string(repo().join("configs/loopback.toml")).unwrap();
     let f = std::env::temp_dir().join(format!("pmrxe-cli-metrics-{}.toml", std::process::id()));
-    std::fs::write(
-        &f,
-        lb.replace("[service]\n", "[service]\nmetrics = \"127.0.0.1:9771\"\n"),
-    )
-    .unwrap();
+    std::fs::write(&f, lb.replace("[service]\n", "[service]\nmetrics = \"127.0.0.1:9771\"\n")).unwrap();
     let (code, out, err) = check(&f);
     let _ = std::fs::remove_file(&f);
     assert_eq!(code, Some(0), "{err}");
-    assert!(
-        out.contains("metrics http://127.0.0.1:9771/metrics"),
-        "{out}"
-    );
+    assert!(out.contains("metrics http://127.0.0.1:9771/metrics"), "{out}");
 }
 
 #[test]
 fn config_default_is_the_shipped_loopback() {
     let o = pmrxe(&["config", "default"]);
     assert!(o.status.success());
-    assert_eq!(
-        text(&o).0,
-        std::fs::read_to_string(repo().join("configs/loopback.toml")).unwrap()
-    );
+    assert_eq!(text(&o).0, std::fs::read_to_string(repo().join("configs/loopback.toml")).unwrap());
 }

@@ -43,15 +43,8 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(90);
 
 fn sh(prog: &str, args: &[&str]) {
-    let o = Command::new(require_tool(prog))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{prog}: {e}"));
-    assert!(
-        o.status.success(),
-        "{prog} {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = Command::new(require_tool(prog)).args(args).output().unwrap_or_else(|e| panic!("{prog}: {e}"));
+    assert!(o.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// A group and a user in it, removed on drop.
@@ -64,62 +57,31 @@ impl Member {
     fn create(tag: &str) -> Member {
         require_root();
         let id = std::process::id() % 1_000_000;
-        let m = Member {
-            group: format!("pmrxe-dg{tag}{id}"),
-            user: format!("pmrxe-d1{tag}{id}"),
-        };
+        let m = Member { group: format!("pmrxe-dg{tag}{id}"), user: format!("pmrxe-d1{tag}{id}") };
         sh("groupadd", &[&m.group]);
-        sh(
-            "useradd",
-            &[
-                "-M",
-                "-U",
-                "-s",
-                "/usr/sbin/nologin",
-                "-G",
-                &m.group,
-                &m.user,
-            ],
-        );
+        sh("useradd", &["-M", "-U", "-s", "/usr/sbin/nologin", "-G", &m.group, &m.user]);
         m
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        let _ = Command::new(require_tool("userdel"))
-            .arg(&self.user)
-            .output();
-        let _ = Command::new(require_tool("groupdel"))
-            .arg(&self.group)
-            .output();
+        let _ = Command::new(require_tool("userdel")).arg(&self.user).output();
+        let _ = Command::new(require_tool("groupdel")).arg(&self.group).output();
     }
 }
 
 /// The loopback config with `service.group = group`, written into `dir`.
 fn config_with_group(dir: &Path, group: &str) -> std::path::PathBuf {
-    let o = Command::new(pmrxe_bin())
-        .args(["config", "default"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8(o.stdout).unwrap().replacen(
-        "[service]\n",
-        &format!("[service]\ngroup = \"{group}\"\n"),
-        1,
-    );
+    let o = Command::new(pmrxe_bin()).args(["config", "default"]).output().unwrap();
+    let text = String::from_utf8(o.stdout).unwrap().replacen("[service]\n", &format!("[service]\ngroup = \"{group}\"\n"), 1);
     let p = dir.join("service.toml");
     std::fs::write(&p, text).unwrap();
     p
 }
 
 /// `scripts/container.sh -- ARGS` as `user`, output to `out`; the container reaches `svc`.
-fn spawn_container(
-    svc: &Service,
-    user: &str,
-    env: &[(&str, &str)],
-    args: &[&str],
-    out: &Path,
-) -> Child {
+fn spawn_container(svc: &Service, user: &str, env: &[(&str, &str)], args: &[&str], out: &Path) -> Child {
     for t in ["unshare", "chroot", "mount", "ip", "setpriv"] {
         require_tool(t);
     }
@@ -138,28 +100,19 @@ fn spawn_container(
         .stdin(Stdio::null())
         .stdout(f.try_clone().unwrap())
         .stderr(f);
-    c.spawn()
-        .unwrap_or_else(|e| panic!("spawn container.sh {args:?}: {e}"))
+    c.spawn().unwrap_or_else(|e| panic!("spawn container.sh {args:?}: {e}"))
 }
 
 fn run_container(svc: &Service, user: &str, args: &[&str], tag: &str) -> ProgOutput {
     let out = svc.dir.join(&format!("ct-{tag}.out"));
     let mut c = spawn_container(svc, user, &[], args, &out);
     let status = wait_timeout(&mut c, T);
-    ProgOutput {
-        cmdline: format!("[container {user}] {}", args.join(" ")),
-        status,
-        output: read_to_string_lossy(&out),
-    }
+    ProgOutput { cmdline: format!("[container {user}] {}", args.join(" ")), status, output: read_to_string_lossy(&out) }
 }
 
 fn bw_rows(o: &ProgOutput) -> Vec<Vec<f64>> {
     let rows = perftest_rows(&o.output);
-    assert!(
-        o.ok() && !rows.is_empty() && rows[0][3] > 0.0,
-        "{}",
-        o.describe()
-    );
+    assert!(o.ok() && !rows.is_empty() && rows[0][3] > 0.0, "{}", o.describe());
     rows
 }
 
@@ -176,12 +129,7 @@ fn a_rootless_container_runs_perftest_and_rping_against_the_hosts_service() {
     // member reaches the socket through its group.
     std::fs::set_permissions(svc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let qkey = svc.dir.join("sec_qkey");
-    compile_c(
-        "tests/sec_qkey.c",
-        &qkey,
-        &require_tool("cc"),
-        &["-libverbs"],
-    );
+    compile_c("tests/sec_qkey.c", &qkey, &require_tool("cc"), &["-libverbs"]);
     let before = sum_counter(&svc.stats_json(), "tx_packets");
 
     // 1. Both perftest sides in the container: its TCP exchange runs on the container's own lo.
@@ -196,122 +144,35 @@ fn a_rootless_container_runs_perftest_and_rping_against_the_hosts_service() {
     // 2. Server on the host (as the same member), client in the container, connected by rdma_cm
     //    (-R): no TCP between the namespaces is needed.
     let hs = svc.dir.join("host-bw.out");
-    let mut server = spawn_verbs_as(
-        &svc.socket,
-        Some(&m.user),
-        &[
-            "ib_write_bw",
-            "-R",
-            "-d",
-            "pmrxe0",
-            "-s",
-            "65536",
-            "-n",
-            "2000",
-        ],
-        &hs,
-    );
-    wait_until(
-        Duration::from_secs(30),
-        "host ib_write_bw -R listening",
-        || cm_listeners(&svc) >= 1,
-    );
-    let o = run_container(
-        &svc,
-        &m.user,
-        &[
-            "timeout",
-            "60",
-            "ib_write_bw",
-            "-R",
-            "-d",
-            "pmrxe1",
-            "-s",
-            "65536",
-            "-n",
-            "2000",
-            "198.18.0.1",
-        ],
-        "bw-cross",
-    );
+    let mut server = spawn_verbs_as(&svc.socket, Some(&m.user), &["ib_write_bw", "-R", "-d", "pmrxe0", "-s", "65536", "-n", "2000"], &hs);
+    wait_until(Duration::from_secs(30), "host ib_write_bw -R listening", || cm_listeners(&svc) >= 1);
+    let o = run_container(&svc, &m.user, &["timeout", "60", "ib_write_bw", "-R", "-d", "pmrxe1", "-s", "65536", "-n", "2000", "198.18.0.1"], "bw-cross");
     let cross = bw_rows(&o)[0][3];
     let st = wait_timeout(&mut server, T);
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "host ib_write_bw -R: {}",
-        read_to_string_lossy(&hs)
-    );
+    assert!(st.is_some_and(|s| s.success()), "host ib_write_bw -R: {}", read_to_string_lossy(&hs));
 
     // 3. rping with its data check (-V), server on the host, client in the container.
     let rs = svc.dir.join("host-rping.out");
     let listeners = cm_listeners(&svc);
-    let mut server = spawn_verbs_as(
-        &svc.socket,
-        Some(&m.user),
-        &["rping", "-s", "-a", "198.18.0.1", "-C", "20", "-V"],
-        &rs,
-    );
-    wait_until(Duration::from_secs(30), "host rping listening", || {
-        cm_listeners(&svc) > listeners
-    });
-    let o = run_container(
-        &svc,
-        &m.user,
-        &[
-            "timeout",
-            "60",
-            "rping",
-            "-c",
-            "-a",
-            "198.18.0.1",
-            "-C",
-            "20",
-            "-V",
-        ],
-        "rping",
-    );
+    let mut server = spawn_verbs_as(&svc.socket, Some(&m.user), &["rping", "-s", "-a", "198.18.0.1", "-C", "20", "-V"], &rs);
+    wait_until(Duration::from_secs(30), "host rping listening", || cm_listeners(&svc) > listeners);
+    let o = run_container(&svc, &m.user, &["timeout", "60", "rping", "-c", "-a", "198.18.0.1", "-C", "20", "-V"], "rping");
     assert!(o.ok(), "{}", o.describe());
     let st = wait_timeout(&mut server, T);
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "host rping -s: {}",
-        read_to_string_lossy(&rs)
-    );
+    assert!(st.is_some_and(|s| s.success()), "host rping -s: {}", read_to_string_lossy(&rs));
 
     // 4. The container's root is not privileged to the service.
     let o = run_container(&svc, &m.user, &["/run/pmrxe/sec_qkey"], "qkey");
-    assert!(
-        o.ok()
-            && o.output
-                .contains(&format!("modify_privileged errno {}", libc::EPERM)),
-        "a rootless container's root set a privileged Q_Key: {}",
-        o.describe()
-    );
+    assert!(o.ok() && o.output.contains(&format!("modify_privileged errno {}", libc::EPERM)), "a rootless container's root set a privileged Q_Key: {}", o.describe());
     let r = run_verbs(&svc, &[qkey.to_str().unwrap()], Duration::from_secs(30));
-    assert!(
-        r.ok() && r.output.contains("modify_privileged errno 0"),
-        "host root: {}",
-        r.describe()
-    );
+    assert!(r.ok() && r.output.contains("modify_privileged errno 0"), "host root: {}", r.describe());
 
     // 5. Without PMRXE_SERVICE_USER=nobody the shim refuses the socket, saying why.
-    let o = run_container(
-        &svc,
-        &m.user,
-        &["env", "-u", "PMRXE_SERVICE_USER", "ibv_devices"],
-        "untrusted",
-    );
-    assert!(
-        o.output.contains("belongs to uid 65534"),
-        "{}",
-        o.describe()
-    );
+    let o = run_container(&svc, &m.user, &["env", "-u", "PMRXE_SERVICE_USER", "ibv_devices"], "untrusted");
+    assert!(o.output.contains("belongs to uid 65534"), "{}", o.describe());
 
     let tx = sum_counter(&svc.stats_json(), "tx_packets") - before;
-    assert!(
-        tx > 2 * 2000,
-        "the container's traffic did not go through the service: {tx} frames"
-    );
+    assert!(tx > 2 * 2000, "the container's traffic did not go through the service: {tx} frames");
     eprintln!("container ib_write_bw 64 KiB: both sides inside {inside:.0} MB/s, host server/container client (-R) {cross:.0} MB/s; {tx} frames");
 }
 
@@ -326,33 +187,19 @@ impl Tgtd {
     fn tgtadm(&self, args: &[&str]) -> std::process::Output {
         let port = self.port.to_string();
         let mut c = Command::new(require_tool("tgtadm"));
-        c.args(["-C", &port, "--lld", "iser"])
-            .args(args)
-            .stdin(Stdio::null());
+        c.args(["-C", &port, "--lld", "iser"]).args(args).stdin(Stdio::null());
         c.output().unwrap()
     }
     fn must(&self, args: &[&str]) {
         let o = self.tgtadm(args);
-        assert!(
-            o.status.success(),
-            "tgtadm {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "tgtadm {args:?}: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     }
 }
 
 impl Drop for Tgtd {
     fn drop(&mut self) {
-        let kids = read_to_string_lossy(Path::new(&format!(
-            "/proc/{}/task/{}/children",
-            self.run.id(),
-            self.run.id()
-        )));
-        for pid in kids
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
+        let kids = read_to_string_lossy(Path::new(&format!("/proc/{}/task/{}/children", self.run.id(), self.run.id())));
+        for pid in kids.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
             // SAFETY: signalling a child of our own `pmrxe run`.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
@@ -373,107 +220,42 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let backing = svc.dir.join("lun.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
     let out = svc.dir.join("tgtd.out");
     let port = 4000 + std::process::id() % 1000;
-    let tgtd = Tgtd {
-        run: spawn_verbs(&svc, &["tgtd", "-f", "-C", &port.to_string()], &out),
-        port,
-    };
+    let tgtd = Tgtd { run: spawn_verbs(&svc, &["tgtd", "-f", "-C", &port.to_string()], &out), port };
     // The iser driver is up once tgtadm can name it (it registers after its rdma_cm portals
     // listen: an IPv6 and an IPv4 wildcard on port 3260, both AF-only).
-    wait_until(
-        Duration::from_secs(20),
-        "tgtd's iser driver answering tgtadm",
-        || {
-            tgtd.tgtadm(&["--mode", "target", "--op", "show"])
-                .status
-                .success()
-        },
-    );
-    assert!(
-        !read_to_string_lossy(&out).contains("rdma_bind_addr"),
-        "tgtd could not bind its portals:\n{}",
-        read_to_string_lossy(&out)
-    );
+    wait_until(Duration::from_secs(20), "tgtd's iser driver answering tgtadm", || tgtd.tgtadm(&["--mode", "target", "--op", "show"]).status.success());
+    assert!(!read_to_string_lossy(&out).contains("rdma_bind_addr"), "tgtd could not bind its portals:\n{}", read_to_string_lossy(&out));
     let iqn = "iqn.2026-12.pmrxe:disk1";
     let initiator = "iqn.2026-12.pmrxe:client";
     tgtd.must(&["--mode", "target", "--op", "new", "--tid", "1", "-T", iqn]);
-    tgtd.must(&[
-        "--mode",
-        "logicalunit",
-        "--op",
-        "new",
-        "--tid",
-        "1",
-        "--lun",
-        "1",
-        "-b",
-        backing.to_str().unwrap(),
-    ]);
-    tgtd.must(&[
-        "--mode", "target", "--op", "bind", "--tid", "1", "-I", "ALL",
-    ]);
+    tgtd.must(&["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "-b", backing.to_str().unwrap()]);
+    tgtd.must(&["--mode", "target", "--op", "bind", "--tid", "1", "-I", "ALL"]);
     // tgt 1.0.85's iSER login wants the initiator in its name ACL too (its TCP login does not).
-    tgtd.must(&[
-        "--mode", "target", "--op", "bind", "--tid", "1", "-Q", initiator,
-    ]);
+    tgtd.must(&["--mode", "target", "--op", "bind", "--tid", "1", "-Q", initiator]);
     let url = format!("iser://198.18.0.1/{iqn}/1");
     // Target and initiator share pmrxe0 (198.18.0.1): frames loop back inside the device.
-    let frames =
-        |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
+    let frames = |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
     let before = frames(&svc.stats_json());
 
     let o = run_verbs(&svc, &["iscsi-inq", "-i", initiator, &url], T);
-    assert!(
-        o.ok() && o.output.contains("VIRTUAL-DISK"),
-        "{}\ntgtd:\n{}",
-        o.describe(),
-        tail(&read_to_string_lossy(&out), 20)
-    );
+    assert!(o.ok() && o.output.contains("VIRTUAL-DISK"), "{}\ntgtd:\n{}", o.describe(), tail(&read_to_string_lossy(&out), 20));
     // Two sessions, each a write and two reads checked against the backing file: tgt learns of
     // connections and completions only through epoll on the CM event channel's and the CQ
     // channel's fds, so both must be real and readable exactly when an event waits (a stale
     // wakeup once left tgtd blocked in ibv_get_cq_event after the first session).
     let check = repo_root().join("tests/iser_check.py");
     for round in 0..2 {
-        let o = run_verbs(
-            &svc,
-            &[
-                "python3",
-                check.to_str().unwrap(),
-                &url,
-                initiator,
-                backing.to_str().unwrap(),
-            ],
-            T,
-        );
-        assert!(
-            o.ok() && o.output.contains("OK iser_check"),
-            "round {round}: {}\ntgtd:\n{}",
-            o.describe(),
-            tail(&read_to_string_lossy(&out), 20)
-        );
+        let o = run_verbs(&svc, &["python3", check.to_str().unwrap(), &url, initiator, backing.to_str().unwrap()], T);
+        assert!(o.ok() && o.output.contains("OK iser_check"), "round {round}: {}\ntgtd:\n{}", o.describe(), tail(&read_to_string_lossy(&out), 20));
     }
     let t0 = std::time::Instant::now();
-    assert!(
-        tgtd.tgtadm(&["--mode", "target", "--op", "show"])
-            .status
-            .success()
-            && t0.elapsed() < Duration::from_secs(5),
-        "tgtd stopped answering"
-    );
+    assert!(tgtd.tgtadm(&["--mode", "target", "--op", "show"]).status.success() && t0.elapsed() < Duration::from_secs(5), "tgtd stopped answering");
     let tx = frames(&svc.stats_json()) - before;
-    assert!(
-        tx > 100,
-        "iSER traffic did not go through the service: {tx} frames"
-    );
-    eprintln!(
-        "iSER: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames"
-    );
+    assert!(tx > 100, "iSER traffic did not go through the service: {tx} frames");
+    eprintln!("iSER: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames");
 }
 
 /// Daemons started in the foreground for one test, stopped on drop: SIGTERM first (slurmctld
@@ -485,13 +267,7 @@ impl Daemons {
     /// Start `cmd` (which must exec the daemon itself, in the foreground), output to `log`.
     fn spawn(&mut self, cmd: &mut Command, log: &Path) {
         let f = std::fs::File::create(log).unwrap();
-        self.0.push(
-            cmd.stdin(Stdio::null())
-                .stdout(f.try_clone().unwrap())
-                .stderr(f)
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")),
-        );
+        self.0.push(cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")));
     }
 
     /// A private munged (the installed key) with its socket, pid, log and seed in `dir`;
@@ -535,10 +311,7 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
         require_tool(t);
     }
     require_root();
-    assert!(
-        Path::new("/etc/munge/munge.key").exists(),
-        "no /etc/munge/munge.key: the munge package creates it at install"
-    );
+    assert!(Path::new("/etc/munge/munge.key").exists(), "no /etc/munge/munge.key: the munge package creates it at install");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let dir = TempDir::new("slurm");
@@ -551,10 +324,7 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
     let mut daemons = Daemons(Vec::new());
     let sock = daemons.munged(dir.path());
     let mut spawn = |cmd: &mut Command, log: &str| daemons.spawn(cmd, &dir.join(log));
-    let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout)
-        .unwrap()
-        .trim()
-        .to_string();
+    let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
     let base = 20000 + (std::process::id() % 1000) * 2;
     let conf = dir.join("slurm.conf");
     let d = dir.path().display();
@@ -573,28 +343,10 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
         ),
     )
     .unwrap();
-    spawn(
-        Command::new(require_tool("slurmctld"))
-            .args(["-D", "-c", "-f"])
-            .arg(&conf),
-        "ctld.out",
-    );
-    spawn(
-        Command::new(require_tool("slurmd"))
-            .args(["-D", "-f"])
-            .arg(&conf),
-        "slurmd.out",
-    );
-    let sinfo = || {
-        Command::new(require_tool("sinfo"))
-            .args(["-h", "-o", "%t"])
-            .env("SLURM_CONF", &conf)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    wait_until(Duration::from_secs(30), "the slurm node idle", || {
-        sinfo().is_ok_and(|s| s == "idle")
-    });
+    spawn(Command::new(require_tool("slurmctld")).args(["-D", "-c", "-f"]).arg(&conf), "ctld.out");
+    spawn(Command::new(require_tool("slurmd")).args(["-D", "-f"]).arg(&conf), "slurmd.out");
+    let sinfo = || Command::new(require_tool("sinfo")).args(["-h", "-o", "%t"]).env("SLURM_CONF", &conf).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    wait_until(Duration::from_secs(30), "the slurm node idle", || sinfo().is_ok_and(|s| s == "idle"));
 
     let before = svc.stats_json();
     let out = dir.join("srun.out");
@@ -619,29 +371,11 @@ fn slurm_srun_pmix_runs_an_mpi_program_through_pmrxe() {
     let mut child = c.spawn().unwrap();
     let st = wait_timeout(&mut child, Duration::from_secs(180));
     let text = read_to_string_lossy(&out);
-    assert!(
-        st.is_some_and(|s| s.success())
-            && text.contains("OK mpi")
-            && text.contains("allreduce of 100000 doubles checked"),
-        "srun: {st:?}\n{}",
-        tail(&text, 30)
-    );
+    assert!(st.is_some_and(|s| s.success()) && text.contains("OK mpi") && text.contains("allreduce of 100000 doubles checked"), "srun: {st:?}\n{}", tail(&text, 30));
     let after = svc.stats_json();
-    let (wqes, lb) = (
-        sum_counter(&after, "sq_wqes") - sum_counter(&before, "sq_wqes"),
-        sum_counter(&after, "rx_loopback") - sum_counter(&before, "rx_loopback"),
-    );
-    assert!(
-        wqes >= 1000 && lb >= 1000,
-        "the MPI traffic did not go through pmrxe: sq_wqes {wqes} rx_loopback {lb}"
-    );
-    eprintln!(
-        "slurm srun --mpi=pmix -n 2: {}",
-        text.lines()
-            .filter(|l| l.starts_with("pingpong"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
+    let (wqes, lb) = (sum_counter(&after, "sq_wqes") - sum_counter(&before, "sq_wqes"), sum_counter(&after, "rx_loopback") - sum_counter(&before, "rx_loopback"));
+    assert!(wqes >= 1000 && lb >= 1000, "the MPI traffic did not go through pmrxe: sq_wqes {wqes} rx_loopback {lb}");
+    eprintln!("slurm srun --mpi=pmix -n 2: {}", text.lines().filter(|l| l.starts_with("pingpong")).collect::<Vec<_>>().join("; "));
     drop(daemons);
 }
 
@@ -669,18 +403,9 @@ impl TwoNodes {
         let id = std::process::id() % 100_000;
         let (ma, mb) = (format!("pxm{tag}{id}a"), format!("pxm{tag}{id}b"));
         // Created inside `a` with its peer in `b`: nothing is ever left in the root namespace.
-        sh(
-            "ip",
-            &[
-                "-n", &ns.a, "link", "add", &ma, "type", "veth", "peer", "name", &mb, "netns",
-                &ns.b,
-            ],
-        );
+        sh("ip", &["-n", &ns.a, "link", "add", &ma, "type", "veth", "peer", "name", &mb, "netns", &ns.b]);
         for (n, dev, ip) in [(&ns.a, &ma, MGMT_A), (&ns.b, &mb, MGMT_B)] {
-            sh(
-                "ip",
-                &["-n", n, "addr", "add", &format!("{ip}/24"), "dev", dev],
-            );
+            sh("ip", &["-n", n, "addr", "add", &format!("{ip}/24"), "dev", dev]);
             sh("ip", &["-n", n, "link", "set", dev, "up"]);
         }
         let (a, b) = ns.services(&dir);
@@ -698,25 +423,16 @@ impl TwoNodes {
 
     /// `tx_bytes` of each service's port.
     fn sent(&self) -> (u64, u64) {
-        (
-            sum_counter(&self.a.stats_json(), "tx_bytes"),
-            sum_counter(&self.b.stats_json(), "tx_bytes"),
-        )
+        (sum_counter(&self.a.stats_json(), "tx_bytes"), sum_counter(&self.b.stats_json(), "tx_bytes"))
     }
 }
 
 /// tests/mpi_pingpong.c's rows: (1 B half round trip in us, 1 MiB MB/s).
 fn mpi_figures(out: &str) -> (f64, f64) {
     let row = |size: &str| {
-        let l = out
-            .lines()
-            .find(|l| l.starts_with("pingpong") && l.contains(&format!(" {size} B:")))
-            .unwrap_or_else(|| panic!("no {size} B row:\n{out}"));
+        let l = out.lines().find(|l| l.starts_with("pingpong") && l.contains(&format!(" {size} B:"))).unwrap_or_else(|| panic!("no {size} B row:\n{out}"));
         let w: Vec<&str> = l.split_whitespace().collect();
-        (
-            w[3].parse::<f64>().unwrap(),
-            w[w.len() - 2].parse::<f64>().unwrap(),
-        )
+        (w[3].parse::<f64>().unwrap(), w[w.len() - 2].parse::<f64>().unwrap())
     };
     (row("1").0, row("1048576").1)
 }
@@ -727,22 +443,11 @@ const NODE_ITERS: &str = "20";
 
 /// `cmd` in its own process group with its output in `dir/name`, bounded by `limit` (then the
 /// whole group is killed: mpirun's and srun's helpers too); returns (exit status, output).
-fn run_logged(
-    cmd: &mut Command,
-    dir: &Path,
-    name: &str,
-    limit: Duration,
-) -> (Option<std::process::ExitStatus>, String) {
+fn run_logged(cmd: &mut Command, dir: &Path, name: &str, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
     use std::os::unix::process::CommandExt;
     let out = dir.join(name);
     let f = std::fs::File::create(&out).unwrap();
-    let mut c = cmd
-        .stdin(Stdio::null())
-        .stdout(f.try_clone().unwrap())
-        .stderr(f)
-        .process_group(0)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut c = cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).process_group(0).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     let pgid = c.id() as i32;
     let st = wait_timeout(&mut c, limit);
     if st.is_none() {
@@ -790,76 +495,28 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mpirun_on_a = |mca: &[&str], app: &str, name: &str| {
         let mut c = Command::new(require_tool("ip"));
-        c.args(["netns", "exec", &n.ns.a])
-            .arg(&mpirun)
-            .args(["--allow-run-as-root", "--hostfile"])
-            .arg(&hosts);
-        c.args(["--mca", "plm_rsh_agent"])
-            .arg(&agent)
-            .args(["--mca", "oob_tcp_if_include", "10.78.0.0/24"])
-            .args(mca);
-        c.args(["-np", "2", "sh", "-c", app])
-            .env("PMRXE_SOCKET", &n.a.socket);
+        c.args(["netns", "exec", &n.ns.a]).arg(&mpirun).args(["--allow-run-as-root", "--hostfile"]).arg(&hosts);
+        c.args(["--mca", "plm_rsh_agent"]).arg(&agent).args(["--mca", "oob_tcp_if_include", "10.78.0.0/24"]).args(mca);
+        c.args(["-np", "2", "sh", "-c", app]).env("PMRXE_SOCKET", &n.a.socket);
         run_logged(&mut c, n.dir.path(), name, Duration::from_secs(120))
     };
     let (a0, b0) = n.sent();
     let app = format!("echo \"rank $OMPI_COMM_WORLD_RANK netns $(ip netns identify $$)\"; exec {} run -- {} {NODE_ITERS}", pmrxe_bin().display(), prog.display());
     let (st, o) = mpirun_on_a(
-        &[
-            "--mca",
-            "pml",
-            "ucx",
-            "--mca",
-            "btl",
-            "self",
-            "-x",
-            "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-            "-x",
-            "UCX_NET_DEVICES=pmrxe0:1",
-        ],
+        &["--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "-x", "UCX_NET_DEVICES=pmrxe0:1"],
         &app,
         "mpirun.out",
     );
-    assert!(
-        st.is_some_and(|s| s.success())
-            && o.contains("OK mpi")
-            && o.contains("allreduce of 100000 doubles checked"),
-        "mpirun: {st:?}\n{}",
-        tail(&o, 40)
-    );
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "mpirun: {st:?}\n{}", tail(&o, 40));
     for (rank, ns) in [(0, &n.ns.a), (1, &n.ns.b)] {
-        assert!(
-            o.contains(&format!("rank {rank} netns {ns}\n")),
-            "rank {rank} did not run in {ns}:\n{o}"
-        );
+        assert!(o.contains(&format!("rank {rank} netns {ns}\n")), "rank {rank} did not run in {ns}:\n{o}");
     }
     let (da, db) = n.sent();
     let (da, db) = (da - a0, db - b0);
-    assert!(
-        da >= 20 << 20 && db >= 20 << 20,
-        "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}"
-    );
+    assert!(da >= 20 << 20 && db >= 20 << 20, "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}");
     let (lat, bw) = mpi_figures(&o);
-    let (st, t) = mpirun_on_a(
-        &[
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "tcp,self",
-            "--mca",
-            "btl_tcp_if_include",
-            "10.78.0.0/24",
-        ],
-        &format!("exec {} {NODE_ITERS}", prog.display()),
-        "mpirun-tcp.out",
-    );
-    assert!(
-        st.is_some_and(|s| s.success()) && t.contains("OK mpi"),
-        "mpirun over TCP: {st:?}\n{}",
-        tail(&t, 40)
-    );
+    let (st, t) = mpirun_on_a(&["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "10.78.0.0/24"], &format!("exec {} {NODE_ITERS}", prog.display()), "mpirun-tcp.out");
+    assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "mpirun over TCP: {st:?}\n{}", tail(&t, 40));
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 mpirun --hostfile, two namespaces, UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
 }
@@ -879,37 +536,15 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
 /// figure beside it.
 #[test]
 fn slurm_two_nodes_in_two_namespaces_srun_pmix_through_each_nodes_service() {
-    for t in [
-        "slurmctld",
-        "slurmd",
-        "srun",
-        "sinfo",
-        "munged",
-        "mpicc",
-        "nsenter",
-        "unshare",
-        "hostname",
-        "mount",
-    ] {
+    for t in ["slurmctld", "slurmd", "srun", "sinfo", "munged", "mpicc", "nsenter", "unshare", "hostname", "mount"] {
         require_tool(t);
     }
     require_root();
-    assert!(
-        Path::new("/etc/munge/munge.key").exists(),
-        "no /etc/munge/munge.key: the munge package creates it at install"
-    );
+    assert!(Path::new("/etc/munge/munge.key").exists(), "no /etc/munge/munge.key: the munge package creates it at install");
     let _l = heavy_lock();
     let n = TwoNodes::up("sl");
     let dir = n.dir.join("slurm");
-    for d in [
-        "state",
-        "spool",
-        "tmp",
-        "nodeA/spool",
-        "nodeA/tmp",
-        "nodeB/spool",
-        "nodeB/tmp",
-    ] {
+    for d in ["state", "spool", "tmp", "nodeA/spool", "nodeA/tmp", "nodeB/spool", "nodeB/tmp"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
     let prog = n.dir.join("mpi_pingpong");
@@ -948,82 +583,30 @@ fn slurm_two_nodes_in_two_namespaces_srun_pmix_through_each_nodes_service() {
     // node's directories in place and its host name set, then exec (the child's pid is the daemon's).
     let on_node = |node: &str, ns: &str, args: &[&str]| {
         let mut c = Command::new(require_tool("nsenter"));
-        c.arg(format!("--net=/run/netns/{ns}"))
-            .args(["unshare", "--mount", "--uts", "sh", "-c"]);
+        c.arg(format!("--net=/run/netns/{ns}")).args(["unshare", "--mount", "--uts", "sh", "-c"]);
         c.arg(format!("mount --bind {d}/{node}/spool {d}/spool && mount --bind {d}/{node}/tmp {d}/tmp && hostname {node} && exec \"$@\""));
         c.arg("sh").args(args);
         c
     };
     let conf_s = conf.to_str().unwrap();
-    daemons.spawn(
-        &mut on_node("nodeA", &n.ns.a, &["slurmctld", "-D", "-c", "-f", conf_s]),
-        &dir.join("ctld.out"),
-    );
-    daemons.spawn(
-        &mut on_node(
-            "nodeA",
-            &n.ns.a,
-            &["slurmd", "-D", "-N", "nodeA", "-f", conf_s],
-        ),
-        &dir.join("slurmd-a.out"),
-    );
-    daemons.spawn(
-        &mut on_node(
-            "nodeB",
-            &n.ns.b,
-            &["slurmd", "-D", "-N", "nodeB", "-f", conf_s],
-        ),
-        &dir.join("slurmd-b.out"),
-    );
+    daemons.spawn(&mut on_node("nodeA", &n.ns.a, &["slurmctld", "-D", "-c", "-f", conf_s]), &dir.join("ctld.out"));
+    daemons.spawn(&mut on_node("nodeA", &n.ns.a, &["slurmd", "-D", "-N", "nodeA", "-f", conf_s]), &dir.join("slurmd-a.out"));
+    daemons.spawn(&mut on_node("nodeB", &n.ns.b, &["slurmd", "-D", "-N", "nodeB", "-f", conf_s]), &dir.join("slurmd-b.out"));
     // Clients run in node A's network namespace (where slurmctld listens), as a login node would.
     let on_a = |prog: &str| {
         let mut c = Command::new(require_tool("nsenter"));
-        c.arg(format!("--net=/run/netns/{}", n.ns.a))
-            .arg(require_tool(prog))
-            .env("SLURM_CONF", &conf)
-            .env_remove("PMRXE_SOCKET");
+        c.arg(format!("--net=/run/netns/{}", n.ns.a)).arg(require_tool(prog)).env("SLURM_CONF", &conf).env_remove("PMRXE_SOCKET");
         c
     };
-    let sinfo = || {
-        on_a("sinfo")
-            .args(["-h", "-o", "%t"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let logs = || {
-        format!(
-            "ctld:\n{}\nslurmd-a:\n{}\nslurmd-b:\n{}",
-            tail(&read_to_string_lossy(&dir.join("ctld.log")), 10),
-            tail(&read_to_string_lossy(&dir.join("slurmd-nodeA.log")), 10),
-            tail(&read_to_string_lossy(&dir.join("slurmd-nodeB.log")), 10)
-        )
-    };
-    let idle = poll_until(Duration::from_secs(30), || {
-        sinfo().is_ok_and(|s| s == "idle")
-    });
-    assert!(
-        idle,
-        "both nodes idle: sinfo says {:?}\n{}",
-        sinfo(),
-        logs()
-    );
+    let sinfo = || on_a("sinfo").args(["-h", "-o", "%t"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let logs = || format!("ctld:\n{}\nslurmd-a:\n{}\nslurmd-b:\n{}", tail(&read_to_string_lossy(&dir.join("ctld.log")), 10), tail(&read_to_string_lossy(&dir.join("slurmd-nodeA.log")), 10), tail(&read_to_string_lossy(&dir.join("slurmd-nodeB.log")), 10));
+    let idle = poll_until(Duration::from_secs(30), || sinfo().is_ok_and(|s| s == "idle"));
+    assert!(idle, "both nodes idle: sinfo says {:?}\n{}", sinfo(), logs());
 
     let srun = |env: &[(&str, &str)], app: &str, name: &str| {
         let mut c = on_a("srun");
-        c.args([
-            "--mpi=pmix",
-            "-N",
-            "2",
-            "-n",
-            "2",
-            "--export=ALL",
-            "sh",
-            "-c",
-            app,
-        ])
-        .envs(env.iter().copied());
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        c.args(["--mpi=pmix", "-N", "2", "-n", "2", "--export=ALL", "sh", "-c", app]).envs(env.iter().copied());
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         run_logged(&mut c, n.dir.path(), name, Duration::from_secs(120))
     };
     let (a0, b0) = n.sent();
@@ -1033,50 +616,20 @@ fn slurm_two_nodes_in_two_namespaces_srun_pmix_through_each_nodes_service() {
         prog.display()
     );
     // srun's --export splits on commas: UCX_TLS (which has commas) travels in the environment.
-    let ucx = [
-        ("UCX_TLS", "rc_verbs,ud_verbs:aux,self"),
-        ("UCX_NET_DEVICES", "pmrxe0:1"),
-        ("OMPI_MCA_pml", "ucx"),
-        ("OMPI_MCA_btl", "self"),
-    ];
+    let ucx = [("UCX_TLS", "rc_verbs,ud_verbs:aux,self"), ("UCX_NET_DEVICES", "pmrxe0:1"), ("OMPI_MCA_pml", "ucx"), ("OMPI_MCA_btl", "self")];
     let (st, o) = srun(&ucx, &app, "srun.out");
-    assert!(
-        st.is_some_and(|s| s.success())
-            && o.contains("OK mpi")
-            && o.contains("allreduce of 100000 doubles checked"),
-        "srun: {st:?}\n{}\n{}",
-        tail(&o, 80),
-        logs()
-    );
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "srun: {st:?}\n{}\n{}", tail(&o, 80), logs());
     for (rank, node, ns, svc) in [(0, "nodeA", &n.ns.a, &n.a), (1, "nodeB", &n.ns.b, &n.b)] {
-        let want = format!(
-            "rank {rank} node {node} netns {ns} socket {}\n",
-            svc.socket.display()
-        );
+        let want = format!("rank {rank} node {node} netns {ns} socket {}\n", svc.socket.display());
         assert!(o.contains(&want), "wanted {want:?} in:\n{o}");
     }
     let (da, db) = n.sent();
     let (da, db) = (da - a0, db - b0);
-    assert!(
-        da >= 20 << 20 && db >= 20 << 20,
-        "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}"
-    );
+    assert!(da >= 20 << 20 && db >= 20 << 20, "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}");
     let (lat, bw) = mpi_figures(&o);
-    let tcp = [
-        ("OMPI_MCA_pml", "ob1"),
-        ("OMPI_MCA_btl", "tcp,self"),
-        ("OMPI_MCA_btl_tcp_if_include", "10.78.0.0/24"),
-    ];
-    let (st, t) = srun(
-        &tcp,
-        &format!("exec {} {NODE_ITERS}", prog.display()),
-        "srun-tcp.out",
-    );
-    assert!(
-        st.is_some_and(|s| s.success()) && t.contains("OK mpi"),
-        "srun over TCP: {st:?}\n{}",
-        tail(&t, 80)
-    );
+    let tcp = [("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_btl", "tcp,self"), ("OMPI_MCA_btl_tcp_if_include", "10.78.0.0/24")];
+    let (st, t) = srun(&tcp, &format!("exec {} {NODE_ITERS}", prog.display()), "srun-tcp.out");
+    assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "srun over TCP: {st:?}\n{}", tail(&t, 80));
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Slurm 22.05 srun --mpi=pmix -N 2 -n 2, two namespaces, Open MPI over UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
     drop(daemons);

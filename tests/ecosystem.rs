@@ -13,10 +13,7 @@ use std::time::Duration;
 /// UCX's environment for an rc_verbs run on `dev` (ud_verbs only as the auxiliary transport
 /// for UCP's wire-up: rc_verbs connects endpoint to endpoint and needs one, on any hardware).
 fn ucx_env(dev: &str) -> Vec<String> {
-    vec![
-        "UCX_TLS=rc_verbs,ud_verbs:aux,self".into(),
-        format!("UCX_NET_DEVICES={dev}:1"),
-    ]
+    vec!["UCX_TLS=rc_verbs,ud_verbs:aux,self".into(), format!("UCX_NET_DEVICES={dev}:1")]
 }
 
 #[test]
@@ -24,18 +21,9 @@ fn async_fd_is_readable_when_an_event_is_pending() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("async_fd");
-    compile_c(
-        "tests/async_fd.c",
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs"],
-    );
+    compile_c("tests/async_fd.c", &prog, &require_tool("cc"), &["-libverbs"]);
     let o = run_verbs(&svc, &[prog.to_str().unwrap()], Duration::from_secs(30));
-    assert!(
-        o.ok() && o.output.contains("OK async_fd"),
-        "{}",
-        o.describe()
-    );
+    assert!(o.ok() && o.output.contains("OK async_fd"), "{}", o.describe());
 }
 
 /// pthread_cancel of a thread blocked in ibv_get_cq_event / ibv_get_async_event /
@@ -46,12 +34,7 @@ fn threads_blocked_in_event_calls_can_be_cancelled() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("cancel_wait");
-    compile_c(
-        "tests/cancel_wait.c",
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs", "-lrdmacm", "-lpthread"],
-    );
+    compile_c("tests/cancel_wait.c", &prog, &require_tool("cc"), &["-libverbs", "-lrdmacm", "-lpthread"]);
     let o = run_verbs(&svc, &[prog.to_str().unwrap()], Duration::from_secs(30));
     assert!(o.ok() && o.output.contains("OK cancel"), "{}", o.describe());
 }
@@ -65,26 +48,13 @@ fn ucx_info_lists_pmrxe_devices_with_rc_and_ud_verbs() {
     for i in 0..2 {
         let p = PathBuf::from(format!("/dev/infiniband/pmrxe_uverbs{i}"));
         use std::os::unix::fs::FileTypeExt;
-        let m = std::fs::metadata(&p)
-            .unwrap_or_else(|e| panic!("{}: {e}; service log:\n{}", p.display(), svc.log_text()));
-        assert!(
-            m.file_type().is_char_device(),
-            "{} is not a character device",
-            p.display()
-        );
+        let m = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}; service log:\n{}", p.display(), svc.log_text()));
+        assert!(m.file_type().is_char_device(), "{} is not a character device", p.display());
     }
-    let o = run_verbs(
-        &svc,
-        &[ucx_info.to_str().unwrap(), "-d"],
-        Duration::from_secs(60),
-    );
+    let o = run_verbs(&svc, &[ucx_info.to_str().unwrap(), "-d"], Duration::from_secs(60));
     assert!(o.ok(), "{}", o.describe());
     for dev in ["pmrxe0", "pmrxe1"] {
-        assert!(
-            o.output.contains(&format!("Memory domain: {dev}")),
-            "no memory domain {dev}:\n{}",
-            o.output
-        );
+        assert!(o.output.contains(&format!("Memory domain: {dev}")), "no memory domain {dev}:\n{}", o.output);
         for tl in ["rc_verbs", "ud_verbs"] {
             let want = format!("Transport: {tl}\n#         Device: {dev}:1");
             assert!(o.output.contains(&want), "no {tl} on {dev}:\n{}", o.output);
@@ -105,31 +75,12 @@ fn ucx_perftest(svc: &Service, test: &str, size: &str, iters: &str, port: u16) -
     server.extend([bin, "-p", &p]);
     let mut client: Vec<&str> = vec!["env"];
     client.extend(cenv.iter().map(String::as_str));
-    client.extend([
-        bin,
-        "127.0.0.1",
-        "-p",
-        &p,
-        "-t",
-        test,
-        "-s",
-        size,
-        "-n",
-        iters,
-    ]);
+    client.extend([bin, "127.0.0.1", "-p", &p, "-t", test, "-s", size, "-n", iters]);
     let out = run_pair(svc, &server, &client, port, Duration::from_secs(90));
     out.assert_ok();
-    let row = out
-        .client
-        .output
-        .lines()
-        .find(|l| l.starts_with("Final:"))
-        .map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .filter_map(|w| w.parse::<f64>().ok())
-                .collect::<Vec<f64>>()
-        });
+    let row = out.client.output.lines().find(|l| l.starts_with("Final:")).map(|l| {
+        l.split_whitespace().skip(1).filter_map(|w| w.parse::<f64>().ok()).collect::<Vec<f64>>()
+    });
     let row = row.unwrap_or_else(|| panic!("no Final: row\n{}", out.client.describe()));
     assert!(row.len() >= 7, "Final: row {row:?}");
     eprintln!("ucx_perftest {test} {size} B: {row:?}");
@@ -146,18 +97,10 @@ fn ucx_perftest_tag_bw_and_tag_lat_over_rc_verbs() {
     assert!(bw[5] > 50.0, "tag_bw 64 KiB: {} MB/s", bw[5]);
     let lat = ucx_perftest(&svc, "tag_lat", "8", "2000", port_for(141));
     assert_eq!(lat[0], 2000.0);
-    assert!(
-        lat[2] > 0.0 && lat[2] < 5000.0,
-        "tag_lat 8 B: {} us",
-        lat[2]
-    );
+    assert!(lat[2] > 0.0 && lat[2] < 5000.0, "tag_lat 8 B: {} us", lat[2]);
     // Data went through the pmrxe service (not some other transport).
     let j = svc.stats_json();
-    assert!(
-        sum_counter(&j, "tx_bytes") > 2000 * 65536,
-        "service tx_bytes {}",
-        sum_counter(&j, "tx_bytes")
-    );
+    assert!(sum_counter(&j, "tx_bytes") > 2000 * 65536, "service tx_bytes {}", sum_counter(&j, "tx_bytes"));
 }
 
 #[test]
@@ -170,20 +113,8 @@ fn mpi_pingpong_and_allreduce_over_ucx() {
     let mut args: Vec<String> = vec!["env".into()];
     args.extend(ucx_env("pmrxe0"));
     args.extend(
-        [
-            mpirun.to_str().unwrap(),
-            "-np",
-            "2",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--mca",
-            "pml",
-            "ucx",
-            "--mca",
-            "btl",
-            "self",
-        ]
-        .map(String::from),
+        [mpirun.to_str().unwrap(), "-np", "2", "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ucx", "--mca", "btl", "self"]
+            .map(String::from),
     );
     for v in ["UCX_TLS", "UCX_NET_DEVICES", "PMRXE_SOCKET", "LD_PRELOAD"] {
         args.extend(["-x".into(), v.into()]);
@@ -192,19 +123,12 @@ fn mpi_pingpong_and_allreduce_over_ucx() {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = run_verbs(&svc, &a, Duration::from_secs(180));
     assert!(o.ok() && o.output.contains("OK mpi"), "{}", o.describe());
-    assert!(
-        o.output.contains("allreduce of 100000 doubles checked"),
-        "{}",
-        o.describe()
-    );
+    assert!(o.output.contains("allreduce of 100000 doubles checked"), "{}", o.describe());
     let j = svc.stats_json();
     // Both ranks use pmrxe0: same-device traffic is looped back inside the lcore (rx_loopback),
     // not counted as port tx. 2 x 100 x 5 sizes of messages at least went through send queues.
     let (wqes, lb) = (sum_counter(&j, "sq_wqes"), sum_counter(&j, "rx_loopback"));
-    assert!(
-        wqes >= 1000 && lb >= 1000,
-        "MPI traffic did not go through pmrxe: sq_wqes {wqes} rx_loopback {lb}"
-    );
+    assert!(wqes >= 1000 && lb >= 1000, "MPI traffic did not go through pmrxe: sq_wqes {wqes} rx_loopback {lb}");
 }
 
 #[test]
@@ -212,24 +136,10 @@ fn fi_info_lists_the_verbs_devices() {
     let fi_info = require_tool("fi_info");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let o = run_verbs(
-        &svc,
-        &[fi_info.to_str().unwrap(), "-p", "verbs"],
-        Duration::from_secs(60),
-    );
+    let o = run_verbs(&svc, &[fi_info.to_str().unwrap(), "-p", "verbs"], Duration::from_secs(60));
     assert!(o.ok(), "{}", o.describe());
-    for d in [
-        "domain: pmrxe0",
-        "domain: pmrxe1",
-        "domain: pmrxe0-dgram",
-        "type: FI_EP_MSG",
-        "type: FI_EP_RDM",
-    ] {
-        assert!(
-            o.output.contains(d),
-            "fi_info -p verbs lacks `{d}`:\n{}",
-            o.output
-        );
+    for d in ["domain: pmrxe0", "domain: pmrxe1", "domain: pmrxe0-dgram", "type: FI_EP_MSG", "type: FI_EP_RDM"] {
+        assert!(o.output.contains(d), "fi_info -p verbs lacks `{d}`:\n{}", o.output);
     }
 }
 
@@ -258,18 +168,10 @@ fn fi_pingpong_msg_with_data_check_over_loopback_rdma_cm() {
     let out = fi_pingpong(&svc, bin.to_str().unwrap(), &[], "msg", port_for(142));
     out.assert_ok();
     for o in [&out.server, &out.client] {
-        assert!(
-            o.output.contains("64k") && o.output.contains("=100"),
-            "no 64k x 100 row:\n{}",
-            o.describe()
-        );
+        assert!(o.output.contains("64k") && o.output.contains("=100"), "no 64k x 100 row:\n{}", o.describe());
     }
     let j = svc.stats_json();
-    assert!(
-        sum_counter(&j, "sq_wqes") >= 200,
-        "fi_pingpong traffic did not go through pmrxe: sq_wqes {}",
-        sum_counter(&j, "sq_wqes")
-    );
+    assert!(sum_counter(&j, "sq_wqes") >= 200, "fi_pingpong traffic did not go through pmrxe: sq_wqes {}", sum_counter(&j, "sq_wqes"));
 }
 
 /// `-e rdm` is libfabric's rxm over verbs MSG endpoints (rdma_cm, as `-e msg`), with
@@ -281,13 +183,7 @@ fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
     let bin = require_tool("fi_pingpong");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let out = fi_pingpong(
-        &svc,
-        bin.to_str().unwrap(),
-        &["FI_LOG_LEVEL=warn"],
-        "rdm",
-        port_for(143),
-    );
+    let out = fi_pingpong(&svc, bin.to_str().unwrap(), &["FI_LOG_LEVEL=warn"], "rdm", port_for(143));
     let j = svc.stats_json();
     // A teardown race inside libfabric, not in pmrxe: when the client finishes first and
     // closes, the server's rxm CM thread handles the disconnect while the server is still in
@@ -301,34 +197,16 @@ fn fi_pingpong_rdm_with_data_check_and_libfabric_defaults() {
     // path that flushed a WR it had already acknowledged.
     let rxm_teardown = !out.server.ok()
         && out.client.ok()
-        && out
-            .server
-            .output
-            .contains("cq_readerr: Work Request Flushed Error")
+        && out.server.output.contains("cq_readerr: Work Request Flushed Error")
         && sum_counter(&j, "cqes_flushed") == 0;
     if rxm_teardown {
-        eprintln!(
-            "fi_pingpong rdm: the server met rxm's teardown race (no WR flushed by pmrxe):\n{}",
-            out.server.describe()
-        );
+        eprintln!("fi_pingpong rdm: the server met rxm's teardown race (no WR flushed by pmrxe):\n{}", out.server.describe());
     } else {
         out.assert_ok();
     }
     for o in [&out.server, &out.client] {
-        assert!(
-            o.output.contains("64k") && o.output.contains("=100"),
-            "no 64k x 100 row:\n{}",
-            o.describe()
-        );
-        assert!(
-            !o.output.contains("Unable to create verbs CQ"),
-            "{}",
-            o.describe()
-        );
+        assert!(o.output.contains("64k") && o.output.contains("=100"), "no 64k x 100 row:\n{}", o.describe());
+        assert!(!o.output.contains("Unable to create verbs CQ"), "{}", o.describe());
     }
-    assert!(
-        sum_counter(&j, "sq_wqes") >= 200,
-        "fi_pingpong traffic did not go through pmrxe: sq_wqes {}",
-        sum_counter(&j, "sq_wqes")
-    );
+    assert!(sum_counter(&j, "sq_wqes") >= 200, "fi_pingpong traffic did not go through pmrxe: sq_wqes {}", sum_counter(&j, "sq_wqes"));
 }

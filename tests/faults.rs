@@ -16,23 +16,10 @@ use common::*;
 
 /// `configs/loopback.toml` with the Prometheus endpoint on 127.0.0.1:`metrics` and a
 /// `[faults]` table appended.
-fn faulty_config(
-    dir: &Path,
-    loss: f64,
-    reorder: f64,
-    duplicate: f64,
-    corrupt: f64,
-    seed: u64,
-    metrics: u16,
-) -> PathBuf {
-    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml"))
-        .expect("configs/loopback.toml");
+fn faulty_config(dir: &Path, loss: f64, reorder: f64, duplicate: f64, corrupt: f64, seed: u64, metrics: u16) -> PathBuf {
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).expect("configs/loopback.toml");
     assert!(base.contains("[service]\n"));
-    let base = base.replacen(
-        "[service]\n",
-        &format!("[service]\nmetrics = \"127.0.0.1:{metrics}\"\n"),
-        1,
-    );
+    let base = base.replacen("[service]\n", &format!("[service]\nmetrics = \"127.0.0.1:{metrics}\"\n"), 1);
     let p = dir.join("faults.toml");
     std::fs::write(
         &p,
@@ -57,18 +44,12 @@ impl Sampler {
         let (s, m, sock) = (stop.clone(), max.clone(), socket.to_path_buf());
         let t = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let o = std::process::Command::new(pmrxe_bin())
-                    .env("PMRXE_SOCKET", &sock)
-                    .args(["stats", "--json"])
-                    .output();
+                let o = std::process::Command::new(pmrxe_bin()).env("PMRXE_SOCKET", &sock).args(["stats", "--json"]).output();
                 if let Ok(o) = o {
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout) {
                         for lc in v["lcores"].as_array().into_iter().flatten() {
                             for q in lc["qps"].as_array().into_iter().flatten() {
-                                let (qpn, r) = (
-                                    q["qpn"].as_u64().unwrap_or(0),
-                                    q["retransmits"].as_u64().unwrap_or(0),
-                                );
+                                let (qpn, r) = (q["qpn"].as_u64().unwrap_or(0), q["retransmits"].as_u64().unwrap_or(0));
                                 let mut g = m.lock().unwrap();
                                 let e = g.entry(qpn).or_insert(0);
                                 *e = (*e).max(r);
@@ -79,11 +60,7 @@ impl Sampler {
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
-        Sampler {
-            stop,
-            max,
-            t: Some(t),
-        }
+        Sampler { stop, max, t: Some(t) }
     }
     /// Total retransmits over every QP seen.
     fn finish(mut self) -> u64 {
@@ -95,23 +72,13 @@ impl Sampler {
 }
 
 fn lcore_counter(v: &serde_json::Value, name: &str) -> u64 {
-    v["lcores"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|l| l["counters"][name].as_u64().unwrap_or(0))
-        .sum()
+    v["lcores"].as_array().into_iter().flatten().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
 }
 
 /// Sum of one injected-fault counter over every fault injector in `pmrxe stats --json`
 /// (`faults`: one entry per port and lcore).
 fn injected(v: &serde_json::Value, field: &str) -> u64 {
-    v["faults"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| f[field].as_u64().unwrap_or(0))
-        .sum()
+    v["faults"].as_array().into_iter().flatten().map(|f| f[field].as_u64().unwrap_or(0)).sum()
 }
 
 struct Level {
@@ -129,15 +96,7 @@ fn run_level(l: &Level) {
     require_tool("ib_write_bw");
     require_tool("ib_read_bw");
     let dir = TempDir::new(&format!("faults-{}", l.name));
-    let cfg = faulty_config(
-        dir.path(),
-        l.loss,
-        l.reorder,
-        l.duplicate,
-        l.corrupt,
-        0x5eed + l.port as u64,
-        l.port + 3,
-    );
+    let cfg = faulty_config(dir.path(), l.loss, l.reorder, l.duplicate, l.corrupt, 0x5eed + l.port as u64, l.port + 3);
     let mut svc = Service::start(Some(&cfg), None);
     let t0 = Instant::now();
     let sampler = Sampler::start(&svc.socket);
@@ -147,31 +106,8 @@ fn run_level(l: &Level) {
     let p = l.port.to_string();
     let pp = run_pair(
         &svc,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "500",
-            "-p",
-            &p,
-        ],
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe1",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "500",
-            "-p",
-            &p,
-            "127.0.0.1",
-        ],
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "500", "-p", &p],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-c", "-n", "500", "-p", &p, "127.0.0.1"],
         l.port,
         limit,
     );
@@ -184,45 +120,21 @@ fn run_level(l: &Level) {
     let end_race = !pp.client.ok()
         && pp.server.ok()
         && parse_pingpong(&pp.server.output).is_some()
-        && pp
-            .client
-            .output
-            .contains("transport retry counter exceeded")
-        && svc.stats_json()["lcores"].as_array().is_some_and(|ls| {
-            ls.iter()
-                .any(|l| l["counters"]["rx_unknown_qp"].as_u64().unwrap_or(0) > 0)
-        });
+        && pp.client.output.contains("transport retry counter exceeded")
+        && svc.stats_json()["lcores"].as_array().is_some_and(|ls| ls.iter().any(|l| l["counters"]["rx_unknown_qp"].as_u64().unwrap_or(0) > 0));
     if end_race {
         eprintln!("faults {}: rc_pingpong hit the end-of-run lost-last-ACK race (server done, client RETRY_EXC_ERR into the destroyed QP); counted as delivered", l.name);
     } else {
         pp.assert_ok();
-        assert!(
-            parse_pingpong(&pp.client.output).is_some(),
-            "no pingpong summary: {}",
-            pp.client.describe()
-        );
+        assert!(parse_pingpong(&pp.client.output).is_some(), "no pingpong summary: {}", pp.client.describe());
     }
-    assert!(
-        !pp.client.output.contains("mismatch") && !pp.server.output.contains("mismatch"),
-        "{}",
-        pp.client.describe()
-    );
+    assert!(!pp.client.output.contains("mismatch") && !pp.server.output.contains("mismatch"), "{}", pp.client.describe());
 
     let wp = (l.port + 1).to_string();
     run_pair(
         &svc,
         &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "500", "-p", &wp],
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe1",
-            "-F",
-            "-n",
-            "500",
-            "-p",
-            &wp,
-            "127.0.0.1",
-        ],
+        &["ib_write_bw", "-d", "pmrxe1", "-F", "-n", "500", "-p", &wp, "127.0.0.1"],
         l.port + 1,
         limit,
     )
@@ -231,17 +143,7 @@ fn run_level(l: &Level) {
     run_pair(
         &svc,
         &["ib_read_bw", "-d", "pmrxe0", "-F", "-n", "200", "-p", &rp],
-        &[
-            "ib_read_bw",
-            "-d",
-            "pmrxe1",
-            "-F",
-            "-n",
-            "200",
-            "-p",
-            &rp,
-            "127.0.0.1",
-        ],
+        &["ib_read_bw", "-d", "pmrxe1", "-F", "-n", "200", "-p", &rp, "127.0.0.1"],
         l.port + 2,
         limit,
     )
@@ -258,12 +160,7 @@ fn run_level(l: &Level) {
     let icrc = lcore_counter(&st, "rx_icrc_errors");
     let rx = lcore_counter(&st, "rx_packets");
     // One injector per port (one lcore, two devices).
-    assert_eq!(
-        st["faults"].as_array().map(Vec::len),
-        Some(2),
-        "fault injectors in stats: {}",
-        st["faults"]
-    );
+    assert_eq!(st["faults"].as_array().map(Vec::len), Some(2), "fault injectors in stats: {}", st["faults"]);
     let (seen, dropped, dup, reord, corr) = (
         injected(&st, "seen"),
         injected(&st, "dropped"),
@@ -275,27 +172,13 @@ fn run_level(l: &Level) {
     // between what `pmrxe stats --json` said before the scrape and after it (they only grow).
     let metrics = scrape(l.port + 3);
     let st2 = svc.stats_json();
-    for (f, f2) in st["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(st2["faults"].as_array().unwrap())
-    {
-        let labels = format!(
-            "{{device=\"{}\",lcore=\"{}\"}}",
-            f["device"].as_str().unwrap(),
-            f["lcore"]
-        );
+    for (f, f2) in st["faults"].as_array().unwrap().iter().zip(st2["faults"].as_array().unwrap()) {
+        let labels = format!("{{device=\"{}\",lcore=\"{}\"}}", f["device"].as_str().unwrap(), f["lcore"]);
         for k in ["seen", "dropped", "duplicated", "reordered", "corrupted"] {
             let name = format!("pmrxe_faults_{k}_total{labels}");
-            let m = value(&metrics, &name)
-                .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}"))
-                as u64;
+            let m = value(&metrics, &name).unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}")) as u64;
             let (lo, hi) = (f[k].as_u64().unwrap(), f2[k].as_u64().unwrap());
-            assert!(
-                lo <= m && m <= hi,
-                "{name} = {m}, pmrxe stats --json said {lo} then {hi}"
-            );
+            assert!(lo <= m && m <= hi, "{name} = {m}, pmrxe stats --json said {lo} then {hi}");
         }
     }
     svc.stop();
@@ -308,73 +191,31 @@ fn run_level(l: &Level) {
     // The lcore receives only what the injectors deliver (seen - dropped + duplicated; a frame
     // held back for reordering comes later). The stats read the lcore counters before the
     // injectors' and both only grow, so this holds even if a frame arrives in between.
-    assert!(
-        seen > 0,
-        "no frame went through the fault injectors: {}",
-        st["faults"]
-    );
-    assert!(
-        rx <= seen - dropped + dup,
-        "the lcore received {rx} frames, the injectors delivered at most {}",
-        seen - dropped + dup
-    );
+    assert!(seen > 0, "no frame went through the fault injectors: {}", st["faults"]);
+    assert!(rx <= seen - dropped + dup, "the lcore received {rx} frames, the injectors delivered at most {}", seen - dropped + dup);
     if l.loss >= 0.01 {
-        assert!(
-            dropped > 0,
-            "{seen} frames at {} loss but none dropped",
-            l.loss
-        );
+        assert!(dropped > 0, "{seen} frames at {} loss but none dropped", l.loss);
     }
-    assert!(
-        icrc <= corr,
-        "more ICRC errors ({icrc}) than corrupted frames ({corr})"
-    );
+    assert!(icrc <= corr, "more ICRC errors ({icrc}) than corrupted frames ({corr})");
     if l.corrupt > 0.0 && corr >= 20 {
-        assert!(
-            icrc > 0,
-            "{corr} frames corrupted but no ICRC error counted"
-        );
+        assert!(icrc > 0, "{corr} frames corrupted but no ICRC error counted");
     }
     if l.loss >= 0.01 {
-        assert!(
-            retransmits > 0,
-            "{dropped} frames dropped but no retransmit counted"
-        );
+        assert!(retransmits > 0, "{dropped} frames dropped but no retransmit counted");
     }
 }
 
 #[test]
 fn faults_0_1_percent() {
-    run_level(&Level {
-        name: "0.1%",
-        loss: 0.001,
-        reorder: 0.001,
-        duplicate: 0.001,
-        corrupt: 0.001,
-        port: 19410,
-    });
+    run_level(&Level { name: "0.1%", loss: 0.001, reorder: 0.001, duplicate: 0.001, corrupt: 0.001, port: 19410 });
 }
 
 #[test]
 fn faults_1_percent() {
-    run_level(&Level {
-        name: "1%",
-        loss: 0.01,
-        reorder: 0.01,
-        duplicate: 0.005,
-        corrupt: 0.005,
-        port: 19420,
-    });
+    run_level(&Level { name: "1%", loss: 0.01, reorder: 0.01, duplicate: 0.005, corrupt: 0.005, port: 19420 });
 }
 
 #[test]
 fn faults_5_percent() {
-    run_level(&Level {
-        name: "5%",
-        loss: 0.05,
-        reorder: 0.03,
-        duplicate: 0.01,
-        corrupt: 0.01,
-        port: 19430,
-    });
+    run_level(&Level { name: "5%", loss: 0.05, reorder: 0.03, duplicate: 0.01, corrupt: 0.01, port: 19430 });
 }

@@ -15,22 +15,8 @@ fn build_prog(dir: &Path) -> PathBuf {
     let cc = require_tool("cc");
     let out = dir.join("fork_import");
     let src = repo_root().join("tests/fork_import.c");
-    let o = Command::new(cc)
-        .arg("-O1")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = Command::new(cc).arg("-O1").arg("-Wall").arg("-Werror").arg("-o").arg(&out).arg(&src).arg("-libverbs").output().unwrap();
+    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
     out
 }
 
@@ -38,22 +24,14 @@ fn run(svc: &Service, prog: &Path, mode: &str, env: &[(&str, &str)]) {
     let out = svc.dir.join(&format!("fork_import.{mode}.out"));
     let f = std::fs::File::create(&out).unwrap();
     let mut c = svc.pmrxe();
-    c.arg("run")
-        .arg("--")
-        .arg(prog)
-        .arg(mode)
-        .env_remove("RDMAV_FORK_SAFE")
-        .env_remove("IBV_FORK_SAFE");
+    c.arg("run").arg("--").arg(prog).arg(mode).env_remove("RDMAV_FORK_SAFE").env_remove("IBV_FORK_SAFE");
     for (k, v) in env {
         c.env(k, v);
     }
     let mut child = c.stdout(f.try_clone().unwrap()).stderr(f).spawn().unwrap();
     let st = wait_timeout(&mut child, Duration::from_secs(60));
     let text = read_to_string_lossy(&out);
-    assert!(
-        st.is_some_and(|s| s.success()) && text.contains(&format!("OK {mode}")),
-        "{mode}: exit {st:?}:\n{text}"
-    );
+    assert!(st.is_some_and(|s| s.success()) && text.contains(&format!("OK {mode}")), "{mode}: exit {st:?}:\n{text}");
 }
 
 #[test]

@@ -16,8 +16,7 @@ const T: Duration = Duration::from_secs(90);
 
 /// The default config with `extra` appended (a `[faults]` table, say), written under `dir`.
 fn default_config_with(dir: &Path, extra: &str) -> PathBuf {
-    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml"))
-        .expect("configs/loopback.toml");
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).expect("configs/loopback.toml");
     let p = dir.join("wait.toml");
     std::fs::write(&p, format!("{base}\n{extra}")).unwrap();
     p
@@ -27,15 +26,7 @@ fn default_config_with(dir: &Path, extra: &str) -> PathBuf {
 fn lcore_counter(svc: &Service, name: &str) -> u64 {
     let v = svc.stats_json();
     let lcores = v["lcores"].as_array().cloned().unwrap_or_default();
-    lcores
-        .iter()
-        .map(|l| {
-            l[name]
-                .as_u64()
-                .or_else(|| l["counters"][name].as_u64())
-                .unwrap_or(0)
-        })
-        .sum()
+    lcores.iter().map(|l| l[name].as_u64().or_else(|| l["counters"][name].as_u64()).unwrap_or(0)).sum()
 }
 
 /// `pmrxe bench --socket` (the native harness, no shim) against `svc`: part `wake` (`wakes`
@@ -45,58 +36,27 @@ fn bench_wake(svc: &Service, dir: &TempDir, wakes: u32, gap_ms: u32) -> serde_js
     let out = Command::new(pmrxe_bin())
         .args(["bench", "--suite", "quick", "--only", "wake", "--socket"])
         .arg(&svc.socket)
-        .args([
-            "--wakes",
-            &wakes.to_string(),
-            "--wake-gap-ms",
-            &gap_ms.to_string(),
-            "--json",
-        ])
+        .args(["--wakes", &wakes.to_string(), "--wake-gap-ms", &gap_ms.to_string(), "--json"])
         .arg(&json)
         .output()
         .expect("pmrxe bench");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "pmrxe bench --only wake failed:\n{text}\nservice log:\n{}",
-        tail(&svc.log_text(), 30)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "pmrxe bench --only wake failed:\n{text}\nservice log:\n{}", tail(&svc.log_text(), 30));
     eprintln!("{text}");
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
 #[test]
 fn wait_is_the_default_and_the_loopback_passes_pingpong_and_perftest() {
-    let out = Command::new(pmrxe_bin())
-        .args(["config", "default"])
-        .output()
-        .expect("pmrxe config default");
+    let out = Command::new(pmrxe_bin()).args(["config", "default"]).output().expect("pmrxe config default");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("idle = { mode = \"wait\"")),
-        "the embedded default is not in wait mode:\n{text}"
-    );
+    assert!(text.lines().any(|l| l.starts_with("idle = { mode = \"wait\"")), "the embedded default is not in wait mode:\n{text}");
     require_tool("ibv_rc_pingpong");
     require_tool("ib_write_lat");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let port = port_for(90).to_string();
-    let s = [
-        "ibv_rc_pingpong",
-        "-d",
-        "pmrxe0",
-        "-g",
-        "1",
-        "-p",
-        &port,
-        "-n",
-        "500",
-    ];
+    let s = ["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-p", &port, "-n", "500"];
     let mut c = s.to_vec();
     c[2] = "pmrxe1";
     c.push("127.0.0.1");
@@ -108,17 +68,9 @@ fn wait_is_the_default_and_the_loopback_passes_pingpong_and_perftest() {
     c.push("127.0.0.1");
     let r = run_pair(&svc, &s, &c, port_for(91), T);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("#bytes"),
-        "ib_write_lat printed no results: {}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("#bytes"), "ib_write_lat printed no results: {}", r.client.describe());
     // The lcore slept between the programs (it is in wait mode) and woke for each of them.
-    assert!(
-        lcore_counter(&svc, "idle_sleeps") > 0,
-        "the lcore never slept: {}",
-        svc.stats_text()
-    );
+    assert!(lcore_counter(&svc, "idle_sleeps") > 0, "the lcore never slept: {}", svc.stats_text());
 }
 
 #[test]
@@ -132,20 +84,10 @@ fn a_post_to_a_sleeping_lcore_wakes_it() {
     // wake-up costs the rest of its 1 s safety cap.
     let v = bench_wake(&svc, &dir, 5, 300);
     let sleeps = lcore_counter(&svc, "idle_sleeps") - sleeps0;
-    assert!(
-        sleeps >= 5,
-        "the lcore slept {sleeps} times over 5 silences: {}",
-        svc.stats_text()
-    );
+    assert!(sleeps >= 5, "the lcore slept {sleeps} times over 5 silences: {}", svc.stats_text());
     let max = v["wake"]["max_us"].as_f64().unwrap();
-    eprintln!(
-        "wake-up after 300 ms: p50 {:.1} us, max {max:.1} us (one-way, RTT/2); {sleeps} sleeps",
-        v["wake"]["p50_us"].as_f64().unwrap()
-    );
-    assert!(
-        max < 100_000.0,
-        "a post to a sleeping lcore took {max} us (one-way): the wake-up was lost"
-    );
+    eprintln!("wake-up after 300 ms: p50 {:.1} us, max {max:.1} us (one-way, RTT/2); {sleeps} sleeps", v["wake"]["p50_us"].as_f64().unwrap());
+    assert!(max < 100_000.0, "a post to a sleeping lcore took {max} us (one-way): the wake-up was lost");
 }
 
 #[test]
@@ -162,19 +104,11 @@ fn a_retransmit_timer_fires_while_the_lcore_sleeps() {
     // The injector's drops: every one of them was recovered (the round trips completed), and
     // only the requester's retransmit timer recovers a lost WRITE or ACK.
     let stats = svc.stats_json();
-    let dropped: u64 = stats["faults"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| f["dropped"].as_u64().unwrap_or(0))
-        .sum();
+    let dropped: u64 = stats["faults"].as_array().into_iter().flatten().map(|f| f["dropped"].as_u64().unwrap_or(0)).sum();
     eprintln!("lossy wake-ups: max {max:.0} us one-way, {dropped} frames dropped and recovered");
     assert!(dropped > 0, "no frame dropped at 30 % loss: {stats}");
     // A timer that did not wake the lcore would leave it asleep until its 1 s cap.
-    assert!(
-        max < 400_000.0,
-        "a lost frame took {max} us (one-way) to recover: the timer did not wake the lcore"
-    );
+    assert!(max < 400_000.0, "a lost frame took {max} us (one-way) to recover: the timer did not wake the lcore");
 }
 
 #[test]

@@ -27,58 +27,16 @@ fn two_lcores_spread_qps_and_hand_frames_over() {
     let svc = Service::start(Some(&path), None);
     run_pair(
         &svc,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "200",
-            "-p",
-            "19101",
-        ],
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe1",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "200",
-            "-p",
-            "19101",
-            "127.0.0.1",
-        ],
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "200", "-p", "19101"],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-c", "-n", "200", "-p", "19101", "127.0.0.1"],
         19101,
         Duration::from_secs(60),
     )
     .assert_ok();
     run_pair(
         &svc,
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe0",
-            "-F",
-            "-n",
-            "500",
-            "-p",
-            "19102",
-        ],
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe1",
-            "-F",
-            "-n",
-            "500",
-            "-p",
-            "19102",
-            "127.0.0.1",
-        ],
+        &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "500", "-p", "19102"],
+        &["ib_write_bw", "-d", "pmrxe1", "-F", "-n", "500", "-p", "19102", "127.0.0.1"],
         19102,
         Duration::from_secs(60),
     )
@@ -88,14 +46,8 @@ fn two_lcores_spread_qps_and_hand_frames_over() {
     assert_eq!(lcores.len(), 2, "two lcores: {st}");
     for l in lcores {
         let c = &l["counters"];
-        assert!(
-            c["handoff_in"].as_u64().unwrap_or(0) > 0,
-            "every lcore received handed-over frames: {st}"
-        );
-        assert!(
-            c["handoff_out"].as_u64().unwrap_or(0) > 0,
-            "every lcore handed frames over: {st}"
-        );
+        assert!(c["handoff_in"].as_u64().unwrap_or(0) > 0, "every lcore received handed-over frames: {st}");
+        assert!(c["handoff_out"].as_u64().unwrap_or(0) > 0, "every lcore handed frames over: {st}");
         assert_eq!(c["handoff_drops"].as_u64(), Some(0));
         assert_eq!(c["rx_unknown_qp"].as_u64(), Some(0));
     }
@@ -114,24 +66,13 @@ fn eight_lcores_every_lcore_serves_its_clients() {
     let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).unwrap();
     let cfg = base
         .replace("cores = [1]", "cores = [1, 0, 1, 0, 1, 0, 1, 0]")
-        .replace(
-            "main_core = 0",
-            "main_core = 0\nallow_main_core = true\nallow_shared_cores = true",
-        );
+        .replace("main_core = 0", "main_core = 0\nallow_main_core = true\nallow_shared_cores = true");
     assert_ne!(cfg, base, "loopback.toml layout changed: update this test");
-    assert!(
-        cfg.contains("mode = \"wait\"") || cfg.contains("mode = \"backoff\""),
-        "eight lcores on two CPUs need an idle mode that sleeps"
-    );
+    assert!(cfg.contains("mode = \"wait\"") || cfg.contains("mode = \"backoff\""), "eight lcores on two CPUs need an idle mode that sleeps");
     let path = dir.join("eight.toml");
     std::fs::write(&path, cfg).unwrap();
     let svc = Service::start(Some(&path), None);
-    let lcores = || {
-        svc.stats_json()["lcores"]
-            .as_array()
-            .expect("lcores")
-            .clone()
-    };
+    let lcores = || svc.stats_json()["lcores"].as_array().expect("lcores").clone();
     assert_eq!(lcores().len(), 8);
 
     // Four pairs at once: eight Hellos, homes 0..7 (one client per lcore, whatever the order).
@@ -139,7 +80,9 @@ fn eight_lcores_every_lcore_serves_its_clients() {
         let runs: Vec<_> = (0..4u16)
             .map(|i| {
                 let svc = &svc;
-                sc.spawn(move || loopback_pingpong(svc, 200, 19111 + i, Duration::from_secs(120)))
+                sc.spawn(move || {
+                    loopback_pingpong(svc, 200, 19111 + i, Duration::from_secs(120))
+                })
             })
             .collect();
         for r in runs {
@@ -150,44 +93,19 @@ fn eight_lcores_every_lcore_serves_its_clients() {
         let c = &l["counters"];
         assert_eq!(l["index"].as_u64(), Some(i as u64));
         for k in ["sq_wqes", "rq_wqes", "cqes"] {
-            assert!(
-                c[k].as_u64().unwrap_or(0) > 0,
-                "lcore {i} never served its client ({k} = 0): {l}"
-            );
+            assert!(c[k].as_u64().unwrap_or(0) > 0, "lcore {i} never served its client ({k} = 0): {l}");
         }
         assert_eq!(c["rx_unknown_qp"].as_u64(), Some(0), "lcore {i}: {l}");
         assert_eq!(c["bad_wqes"].as_u64(), Some(0), "lcore {i}: {l}");
     }
-    let before: Vec<u64> = lcores()
-        .iter()
-        .map(|l| l["counters"]["sq_wqes"].as_u64().unwrap_or(0))
-        .collect();
+    let before: Vec<u64> = lcores().iter().map(|l| l["counters"]["sq_wqes"].as_u64().unwrap_or(0)).collect();
     // ib_write_bw pairs, one after the other: clients 8..15 land on lcores (0,1) .. (6,7).
     for i in 0..4u16 {
         let port = (19121 + i).to_string();
         run_pair(
             &svc,
-            &[
-                "ib_write_bw",
-                "-d",
-                "pmrxe0",
-                "-F",
-                "-n",
-                "300",
-                "-p",
-                &port,
-            ],
-            &[
-                "ib_write_bw",
-                "-d",
-                "pmrxe1",
-                "-F",
-                "-n",
-                "300",
-                "-p",
-                &port,
-                "127.0.0.1",
-            ],
+            &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "300", "-p", &port],
+            &["ib_write_bw", "-d", "pmrxe1", "-F", "-n", "300", "-p", &port, "127.0.0.1"],
             19121 + i,
             Duration::from_secs(120),
         )
@@ -198,17 +116,9 @@ fn eight_lcores_every_lcore_serves_its_clients() {
         let wqes = l["counters"]["sq_wqes"].as_u64().unwrap_or(0);
         // The client side posts the 300 WRITEs; the server side posts nothing but its setup.
         if i % 2 == 1 {
-            assert!(
-                wqes >= before[i] + 300,
-                "lcore {i} did not carry its ib_write_bw client's WRITEs ({} -> {wqes}): {l}",
-                before[i]
-            );
+            assert!(wqes >= before[i] + 300, "lcore {i} did not carry its ib_write_bw client's WRITEs ({} -> {wqes}): {l}", before[i]);
         }
-        assert_eq!(
-            l["counters"]["rx_unknown_qp"].as_u64(),
-            Some(0),
-            "lcore {i}: {l}"
-        );
+        assert_eq!(l["counters"]["rx_unknown_qp"].as_u64(), Some(0), "lcore {i}: {l}");
     }
 }
 
@@ -222,39 +132,18 @@ fn bench_two_clients_hands_every_frame_over() {
     let _lock = heavy_lock();
     let dir = TempDir::new("benchtwo");
     let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).unwrap();
-    let cfg = base
-        .replace("cores = [1]", "cores = [1, 0]")
-        .replace("main_core = 0", "main_core = 0\nallow_main_core = true");
+    let cfg = base.replace("cores = [1]", "cores = [1, 0]").replace("main_core = 0", "main_core = 0\nallow_main_core = true");
     assert_ne!(cfg, base, "loopback.toml layout changed: update this test");
     let path = dir.join("two.toml");
     std::fs::write(&path, cfg).unwrap();
     let svc = Service::start(Some(&path), None);
     let out = std::process::Command::new(pmrxe_bin())
-        .args([
-            "bench",
-            "--suite",
-            "quick",
-            "--duration",
-            "0.2",
-            "--only",
-            "rate,bw",
-            "--rate-sizes",
-            "8",
-            "--sizes",
-            "64K",
-            "--two-clients",
-            "--socket",
-        ])
+        .args(["bench", "--suite", "quick", "--duration", "0.2", "--only", "rate,bw", "--rate-sizes", "8", "--sizes", "64K", "--two-clients", "--socket"])
         .arg(&svc.socket)
         .output()
         .expect("run pmrxe bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pmrxe bench --two-clients failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "pmrxe bench --two-clients failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     for row in ["WRITE         8", "SEND          8", "READ      65536"] {
         assert!(stdout.contains(row), "no `{row}` row:\n{stdout}");
     }
@@ -264,27 +153,13 @@ fn bench_two_clients_hands_every_frame_over() {
     let c = |i: usize, k: &str| lcores[i]["counters"][k].as_u64().unwrap_or(0);
     // Side 0 (the requester) and side 1 (the target) are on different lcores: one of them took
     // the send WQEs, and all but a handful of the frames each lcore consumed were handed to it.
-    let (req, tgt) = if c(0, "sq_wqes") > c(1, "sq_wqes") {
-        (0, 1)
-    } else {
-        (1, 0)
-    };
-    assert!(
-        c(req, "sq_wqes") > 1000,
-        "the requester's lcore took the WQEs: {st}"
-    );
-    assert!(
-        c(tgt, "handoff_in") > 1000 && c(req, "handoff_in") > 100,
-        "frames crossed both ways: {st}"
-    );
+    let (req, tgt) = if c(0, "sq_wqes") > c(1, "sq_wqes") { (0, 1) } else { (1, 0) };
+    assert!(c(req, "sq_wqes") > 1000, "the requester's lcore took the WQEs: {st}");
+    assert!(c(tgt, "handoff_in") > 1000 && c(req, "handoff_in") > 100, "frames crossed both ways: {st}");
     for i in 0..2 {
         assert_eq!(c(i, "handoff_drops"), 0, "lcore {i}: {st}");
         assert_eq!(c(i, "rx_unknown_qp"), 0, "lcore {i}: {st}");
         assert_eq!(c(i, "rx_icrc_errors"), 0, "lcore {i}: {st}");
-        assert_eq!(
-            c(i, "handoff_out"),
-            c(1 - i, "handoff_in"),
-            "what lcore {i} handed over, the other took in: {st}"
-        );
+        assert_eq!(c(i, "handoff_out"), c(1 - i, "handoff_in"), "what lcore {i} handed over, the other took in: {st}");
     }
 }

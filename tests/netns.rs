@@ -23,28 +23,12 @@ use common::*;
 /// Retransmission-related counters per (service, qpn), max over the samples.
 type Counters = BTreeMap<(char, u64), BTreeMap<String, u64>>;
 
-const KEYS: [&str; 13] = [
-    "retransmits",
-    "retries",
-    "timeouts",
-    "seq_naks_sent",
-    "seq_naks_received",
-    "duplicates",
-    "retransmit_bytes",
-    "tx_bytes",
-    "cnp_received",
-    "rx_packets",
-    "acks_sent",
-    "acks_received",
-    "dropped",
-];
+const KEYS: [&str; 13] = ["retransmits", "retries", "timeouts", "seq_naks_sent", "seq_naks_received", "duplicates", "retransmit_bytes", "tx_bytes", "cnp_received", "rx_packets", "acks_sent", "acks_received", "dropped"];
 
 fn sample(svc: &Service, name: char, into: &Mutex<Counters>) {
     let o = svc.pmrxe().args(["stats", "--json"]).output();
     let Ok(o) = o else { return };
-    let Ok(j) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else {
-        return;
-    };
+    let Ok(j) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else { return };
     let mut m = into.lock().unwrap();
     for l in j["lcores"].as_array().into_iter().flatten() {
         for q in l["qps"].as_array().into_iter().flatten() {
@@ -60,23 +44,11 @@ fn sample(svc: &Service, name: char, into: &Mutex<Counters>) {
 
 fn lcore_counter(svc: &Service, name: &str) -> u64 {
     let j = svc.stats_json();
-    j["lcores"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["counters"][name].as_u64().unwrap_or(0))
-        .sum()
+    j["lcores"].as_array().unwrap().iter().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
 }
 
 /// Run a pair A (server) <- B (client) while sampling both services' QP counters.
-fn pair_across(
-    a: &Service,
-    b: &Service,
-    server: &[&str],
-    client: &[&str],
-    port: u16,
-    what: &str,
-) -> PairOutput {
+fn pair_across(a: &Service, b: &Service, server: &[&str], client: &[&str], port: u16, what: &str) -> PairOutput {
     let counters = Mutex::new(Counters::new());
     let r = sample_during(
         Duration::from_millis(250),
@@ -125,31 +97,8 @@ fn two_hosts_in_netns_rc_pingpong_checked_and_ib_write_bw() {
     pair_across(
         &a,
         &b,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "500",
-            "-p",
-            &ps,
-        ],
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-c",
-            "-n",
-            "500",
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "500", "-p", &ps],
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "500", "-p", &ps, "127.0.0.1"],
         port,
         "ibv_rc_pingpong -c across the veth",
     );
@@ -162,46 +111,23 @@ fn two_hosts_in_netns_rc_pingpong_checked_and_ib_write_bw() {
         &a,
         &b,
         &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "200", "-p", &ps],
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe0",
-            "-F",
-            "-n",
-            "200",
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
+        &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "200", "-p", &ps, "127.0.0.1"],
         port,
         "ib_write_bw -n 200 across the veth",
     );
     let rows = perftest_rows(&r.client.output);
-    assert!(
-        !rows.is_empty() && rows.iter().all(|w| w.len() >= 5 && w[3] > 0.0),
-        "ib_write_bw figures: {}",
-        r.client.describe()
-    );
-    eprintln!(
-        "ib_write_bw across the veth: {} B BW average {} MB/sec",
-        rows[0][0], rows[0][3]
-    );
+    assert!(!rows.is_empty() && rows.iter().all(|w| w.len() >= 5 && w[3] > 0.0), "ib_write_bw figures: {}", r.client.describe());
+    eprintln!("ib_write_bw across the veth: {} B BW average {} MB/sec", rows[0][0], rows[0][3]);
     // Frames another service built, received through af_packet: the MIDDLE packets of each
     // WRITE after its QP's first are parsed by header prediction (62 of 64 per message once
     // the first message recorded; retransmissions and reordering only lower the count).
     let predicted = lcore_counter(&a, "rx_predicted") - predicted_before;
-    eprintln!(
-        "ib_write_bw across the veth: service A parsed {predicted} frames by header prediction"
-    );
-    assert!(
-        predicted >= 200 * 32,
-        "service A predicted only {predicted} frames of 200 64 KiB WRITEs"
-    );
+    eprintln!("ib_write_bw across the veth: service A parsed {predicted} frames by header prediction");
+    assert!(predicted >= 200 * 32, "service A predicted only {predicted} frames of 200 64 KiB WRITEs");
     drop(b);
     drop(a);
     for which in ['a', 'b'] {
-        let d = std::path::Path::new("/var/run/dpdk")
-            .join(format!("pmrxe-netns-{which}-it{}", std::process::id()));
+        let d = std::path::Path::new("/var/run/dpdk").join(format!("pmrxe-netns-{which}-it{}", std::process::id()));
         assert!(!d.exists(), "EAL runtime dir {} left behind", d.display());
     }
 }
@@ -230,49 +156,24 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
     let _l = heavy_lock();
     let ns = NetnsPair::up("it");
     let tc = Command::new("ip")
-        .args([
-            "netns", "exec", &ns.b, "tc", "qdisc", "add", "dev", &ns.if_b, "root", "tbf", "rate",
-            "1gbit", "burst", "512kb", "latency", "50ms",
-        ])
+        .args(["netns", "exec", &ns.b, "tc", "qdisc", "add", "dev", &ns.if_b, "root", "tbf", "rate", "1gbit", "burst", "512kb", "latency", "50ms"])
         .output()
         .expect("tc");
-    assert!(
-        tc.status.success(),
-        "tc qdisc add tbf: {}",
-        String::from_utf8_lossy(&tc.stderr)
-    );
+    assert!(tc.status.success(), "tc qdisc add tbf: {}", String::from_utf8_lossy(&tc.stderr));
     let dir = TempDir::new("netns-tbf");
     let (cfg_a, cfg_b) = (ns.config(&dir, 'a'), ns.config(&dir, 'b'));
     // DPDK's af_packet PMD bypasses the qdisc by default (PACKET_QDISC_BYPASS): B must go
     // through it for tbf to act.
     let text = std::fs::read_to_string(&cfg_b).unwrap();
     assert!(text.contains(",qpairs=1"), "netns-b.toml devargs");
-    std::fs::write(
-        &cfg_b,
-        text.replace(",qpairs=1", ",qpairs=1,qdisc_bypass=0"),
-    )
-    .unwrap();
+    std::fs::write(&cfg_b, text.replace(",qpairs=1", ",qpairs=1,qdisc_bypass=0")).unwrap();
     let a = Service::start(Some(&cfg_a), Some(&ns.a));
     let b = Service::start(Some(&cfg_b), Some(&ns.b));
     let mut shares = Vec::new();
     for attempt in 0..2u16 {
         let port = port_for(62 + attempt);
         let ps = port.to_string();
-        let args = [
-            "ib_write_bw",
-            "-d",
-            "pmrxe0",
-            "-F",
-            "-q",
-            "4",
-            "-s",
-            "65536",
-            "-D",
-            "4",
-            "--report_gbits",
-            "-p",
-            &ps,
-        ];
+        let args = ["ib_write_bw", "-d", "pmrxe0", "-F", "-q", "4", "-s", "65536", "-D", "4", "--report_gbits", "-p", &ps];
         let mut client = args.to_vec();
         client.push("127.0.0.1");
         let counters = Mutex::new(Counters::new());
@@ -284,12 +185,7 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
             },
             || run_pair_on(&a, &args, &b, &client, port, Duration::from_secs(120)),
         );
-        let qdisc = Command::new("ip")
-            .args([
-                "netns", "exec", &ns.b, "tc", "-s", "qdisc", "show", "dev", &ns.if_b,
-            ])
-            .output()
-            .expect("tc -s");
+        let qdisc = Command::new("ip").args(["netns", "exec", &ns.b, "tc", "-s", "qdisc", "show", "dev", &ns.if_b]).output().expect("tc -s");
         let qdisc = String::from_utf8_lossy(&qdisc.stdout).to_string();
         eprintln!("{qdisc}");
         let m = counters.lock().unwrap();
@@ -304,19 +200,12 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
         for (side, svc) in [('A', &a), ('B', &b)] {
             let j = svc.stats_json();
             for l in j["lcores"].as_array().into_iter().flatten() {
-                eprintln!(
-                    "    service {side} lcore {}: {} drops {}",
-                    l["index"], l["counters"], l["drops_by_reason"]
-                );
+                eprintln!("    service {side} lcore {}: {} drops {}", l["index"], l["counters"], l["drops_by_reason"]);
             }
         }
         r.assert_ok();
         let rows = perftest_rows(&r.client.output);
-        assert!(
-            !rows.is_empty() && rows[0].len() >= 5,
-            "ib_write_bw figures: {}",
-            r.client.describe()
-        );
+        assert!(!rows.is_empty() && rows[0].len() >= 5, "ib_write_bw figures: {}", r.client.describe());
         let gbps = rows[0][3];
         eprintln!(
             "tbf 1gbit, run {}: 4 QPs x 64 KiB ib_write_bw -D 4: BW average {gbps:.3} Gb/s ({:.0} % of the bottleneck); sender tx {tx} B, retransmitted {rtx} B ({:.2} % of tx)",
@@ -325,24 +214,15 @@ fn tbf_1gbit_bottleneck_four_qps_ib_write_bw() {
             rtx as f64 * 100.0 / tx.max(1) as f64
         );
         assert!(gbps > 0.0, "no bandwidth: {}", r.client.describe());
-        assert!(
-            rtx * 20 <= tx,
-            "retransmitted {rtx} B of {tx} B sent: above 5 %"
-        );
-        assert!(
-            gbps <= 1.05,
-            "{gbps} Gb/s through a 1 Gbit/s tbf: the bottleneck was not in the path\n{qdisc}"
-        );
+        assert!(rtx * 20 <= tx, "retransmitted {rtx} B of {tx} B sent: above 5 %");
+        assert!(gbps <= 1.05, "{gbps} Gb/s through a 1 Gbit/s tbf: the bottleneck was not in the path\n{qdisc}");
         shares.push(gbps);
         if gbps >= 0.8 {
             break;
         }
     }
     let best = shares.iter().copied().fold(0.0, f64::max);
-    assert!(
-        best >= 0.8,
-        "4 QPs got {shares:?} Gb/s of a 1 Gbit/s bottleneck: below 80 % in every run"
-    );
+    assert!(best >= 0.8, "4 QPs got {shares:?} Gb/s of a 1 Gbit/s bottleneck: below 80 % in every run");
     drop(b);
     drop(a);
 }

@@ -23,22 +23,11 @@ use common::*;
 /// Per-QP retransmission counters seen while the QPs existed: max per QPN over the samples.
 type QpCounters = BTreeMap<u64, BTreeMap<&'static str, u64>>;
 
-const QP_KEYS: [&str; 6] = [
-    "retransmits",
-    "retries",
-    "timeouts",
-    "backoff_ns",
-    "seq_naks_received",
-    "rnr_naks_received",
-];
+const QP_KEYS: [&str; 6] = ["retransmits", "retries", "timeouts", "backoff_ns", "seq_naks_received", "rnr_naks_received"];
 
 fn sample_qps(svc: &Service, into: &Mutex<QpCounters>) {
-    let Ok(o) = svc.pmrxe().args(["stats", "--json"]).output() else {
-        return;
-    };
-    let Ok(j) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else {
-        return;
-    };
+    let Ok(o) = svc.pmrxe().args(["stats", "--json"]).output() else { return };
+    let Ok(j) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else { return };
     let mut m = into.lock().unwrap();
     for l in j["lcores"].as_array().into_iter().flatten() {
         for q in l["qps"].as_array().into_iter().flatten() {
@@ -63,22 +52,7 @@ fn write_bw(svc: &Service, qps: u32, iters: u32, port_index: u16, what: &str) ->
     let port = port_for(port_index);
     let p = port.to_string();
     let (q, n) = (qps.to_string(), iters.to_string());
-    let args = [
-        "ib_write_bw",
-        "-d",
-        "pmrxe0",
-        "-F",
-        "-q",
-        &q,
-        "-t",
-        "128",
-        "-s",
-        "65536",
-        "-n",
-        &n,
-        "-p",
-        &p,
-    ];
+    let args = ["ib_write_bw", "-d", "pmrxe0", "-F", "-q", &q, "-t", "128", "-s", "65536", "-n", &n, "-p", &p];
     let mut client = args.to_vec();
     client.push("127.0.0.1");
     let mut server = args.to_vec();
@@ -86,27 +60,15 @@ fn write_bw(svc: &Service, qps: u32, iters: u32, port_index: u16, what: &str) ->
     let before = lcore_counters(svc);
     let counters = Mutex::new(QpCounters::new());
     let t0 = Instant::now();
-    let r = sample_during(
-        Duration::from_millis(100),
-        || sample_qps(svc, &counters),
-        || run_pair(svc, &server, &client, port, Duration::from_secs(60)),
-    );
+    let r = sample_during(Duration::from_millis(100), || sample_qps(svc, &counters), || run_pair(svc, &server, &client, port, Duration::from_secs(60)));
     let wall = t0.elapsed().as_secs_f64();
     r.assert_ok();
     let rows = perftest_rows(&r.client.output);
-    assert!(
-        !rows.is_empty() && rows[0].len() >= 4,
-        "{what}: no bandwidth row\n{}",
-        r.client.describe()
-    );
+    assert!(!rows.is_empty() && rows[0].len() >= 4, "{what}: no bandwidth row\n{}", r.client.describe());
     let bw = rows[0][3];
     let after = lcore_counters(svc);
     let m = counters.lock().unwrap();
-    let sum = |k: &str| {
-        m.values()
-            .map(|c| c.get(k).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let sum = |k: &str| m.values().map(|c| c.get(k).copied().unwrap_or(0)).sum::<u64>();
     eprintln!(
         "{what}: {bw:.0} MB/s ({wall:.1} s wall) tx_packets {} tx_backpressure {} tx_alloc_failures {}; QPs seen {}: retransmits {} retries {} timeouts {} backoff {:.1} ms seq_naks_received {} rnr_naks_received {}",
         after[0] - before[0],
@@ -125,10 +87,7 @@ fn write_bw(svc: &Service, qps: u32, iters: u32, port_index: u16, what: &str) ->
     // up to four bursts queued, about one refused frame in 33 (`tx_backpressure`) and every
     // frame read cache-cold. A structural bound, not a timing: it holds on a loaded machine.
     let (sent, refused) = (after[0] - before[0], after[1] - before[1]);
-    assert!(
-        refused * 1000 <= sent,
-        "{what}: {refused} of {sent} frames refused by a full port ring (tx_backpressure)"
-    );
+    assert!(refused * 1000 <= sent, "{what}: {refused} of {sent} frames refused by a full port ring (tx_backpressure)");
     bw
 }
 
@@ -148,27 +107,9 @@ fn ib_write_bw_16_and_64_qps_deep_queues_complete_five_of_five() {
     // Interleaved rounds, so that the three figures see the same machine.
     let (mut one, mut q16, mut q64) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..5u16 {
-        one.push(write_bw(
-            &svc,
-            1,
-            8192,
-            210 + run,
-            &format!("q1 run {}", run + 1),
-        ));
-        q16.push(write_bw(
-            &svc,
-            16,
-            512,
-            215 + run,
-            &format!("q16 run {}", run + 1),
-        ));
-        q64.push(write_bw(
-            &svc,
-            64,
-            128,
-            220 + run,
-            &format!("q64 run {}", run + 1),
-        ));
+        one.push(write_bw(&svc, 1, 8192, 210 + run, &format!("q1 run {}", run + 1)));
+        q16.push(write_bw(&svc, 16, 512, 215 + run, &format!("q16 run {}", run + 1)));
+        q64.push(write_bw(&svc, 64, 128, 220 + run, &format!("q64 run {}", run + 1)));
     }
     let base = median(&one);
     eprintln!(
@@ -188,39 +129,17 @@ fn many_qps_deep_write_queues_deliver_every_byte() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("many_qp_write");
-    compile_c(
-        "tests/many_qp_write.c",
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs"],
-    );
+    compile_c("tests/many_qp_write.c", &prog, &require_tool("cc"), &["-libverbs"]);
     let mut rates = Vec::new();
     for (qps, rounds) in [(1, 8), (16, 2), (64, 2)] {
         let before = lcore_counters(&svc);
-        let args = [
-            prog.to_str().unwrap(),
-            &qps.to_string(),
-            "128",
-            &rounds.to_string(),
-            "65536",
-        ]
-        .map(str::to_string);
+        let args = [prog.to_str().unwrap(), &qps.to_string(), "128", &rounds.to_string(), "65536"].map(str::to_string);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let r = run_verbs(&svc, &args, Duration::from_secs(60));
         let line = r.output.lines().find(|l| l.starts_with("OK "));
-        assert!(
-            r.ok() && line.is_some(),
-            "{qps} QPs x 128 x 64 KiB: {}",
-            r.describe()
-        );
+        assert!(r.ok() && line.is_some(), "{qps} QPs x 128 x 64 KiB: {}", r.describe());
         let after = lcore_counters(&svc);
-        let mbs: f64 = line
-            .unwrap()
-            .split_whitespace()
-            .last()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let mbs: f64 = line.unwrap().split_whitespace().last().unwrap().parse().unwrap();
         eprintln!(
             "many_qp_write {qps} QPs x 128 x 64 KiB x {rounds} rounds: every byte checked, {mbs:.0} MB/s; tx_packets {} tx_backpressure {}",
             after[0] - before[0],
@@ -228,15 +147,7 @@ fn many_qps_deep_write_queues_deliver_every_byte() {
         );
         rates.push(mbs);
     }
-    eprintln!(
-        "many_qp_write MB/s q1/q16/q64: {rates:.0?} (ratios {:.2} / {:.2}, printed, not asserted)",
-        rates[1] / rates[0],
-        rates[2] / rates[0]
-    );
+    eprintln!("many_qp_write MB/s q1/q16/q64: {rates:.0?} (ratios {:.2} / {:.2}, printed, not asserted)", rates[1] / rates[0], rates[2] / rates[0]);
     let j = svc.stats_json();
-    assert_eq!(
-        sum_counter(&j, "tx_alloc_failures"),
-        0,
-        "no transmit buffer ran out"
-    );
+    assert_eq!(sum_counter(&j, "tx_alloc_failures"), 0, "no transmit buffer ran out");
 }

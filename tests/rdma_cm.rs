@@ -23,23 +23,10 @@ fn rping_verifies_data_both_ways() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(0);
-    let r = run_cm_pair(
-        &svc,
-        &["rping", "-s", "-a", ADDR, "-p", &p, "-C", "10", "-v"],
-        &["rping", "-c", "-a", ADDR, "-p", &p, "-C", "10", "-v"],
-        T,
-    );
+    let r = run_cm_pair(&svc, &["rping", "-s", "-a", ADDR, "-p", &p, "-C", "10", "-v"], &["rping", "-c", "-a", ADDR, "-p", &p, "-C", "10", "-v"], T);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("ping data: rdma-ping-9: "),
-        "{}",
-        r.client.describe()
-    );
-    assert!(
-        r.server.output.contains("server ping data: rdma-ping-9: "),
-        "{}",
-        r.server.describe()
-    );
+    assert!(r.client.output.contains("ping data: rdma-ping-9: "), "{}", r.client.describe());
+    assert!(r.server.output.contains("server ping data: rdma-ping-9: "), "{}", r.server.describe());
 }
 
 #[test]
@@ -48,22 +35,10 @@ fn rping_to_a_port_without_listener_is_rejected_fast() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let t0 = Instant::now();
-    let c = run_verbs(
-        &svc,
-        &["rping", "-c", "-a", ADDR, "-p", &port(1), "-C", "1", "-v"],
-        Duration::from_secs(20),
-    );
+    let c = run_verbs(&svc, &["rping", "-c", "-a", ADDR, "-p", &port(1), "-C", "1", "-v"], Duration::from_secs(20));
     assert!(c.status.is_some(), "rping hung: {}", c.describe());
-    assert!(
-        !c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"),
-        "{}",
-        c.describe()
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(!c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"), "{}", c.describe());
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }
 
 #[test]
@@ -72,31 +47,13 @@ fn ucmatose_one_and_several_connections() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(2);
-    let r = run_cm_pair(
-        &svc,
-        &["ucmatose", "-b", ADDR, "-p", &p],
-        &["ucmatose", "-s", ADDR, "-p", &p],
-        T,
-    );
+    let r = run_cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p], &["ucmatose", "-s", ADDR, "-p", &p], T);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("data transfers complete"),
-        "{}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
     let p = port(3);
-    let r = run_cm_pair(
-        &svc,
-        &["ucmatose", "-b", ADDR, "-p", &p, "-c", "4", "-C", "20"],
-        &["ucmatose", "-s", ADDR, "-p", &p, "-c", "4", "-C", "20"],
-        T,
-    );
+    let r = run_cm_pair(&svc, &["ucmatose", "-b", ADDR, "-p", &p, "-c", "4", "-C", "20"], &["ucmatose", "-s", ADDR, "-p", &p, "-c", "4", "-C", "20"], T);
     r.assert_ok();
-    assert!(
-        r.server.output.contains("disconnected"),
-        "{}",
-        r.server.describe()
-    );
+    assert!(r.server.output.contains("disconnected"), "{}", r.server.describe());
 }
 
 #[test]
@@ -107,11 +64,7 @@ fn udaddy_ud_through_sidr() {
     // udaddy has no port option (7174); `-p` is its port space.
     let r = run_cm_pair(&svc, &["udaddy", "-b", ADDR], &["udaddy", "-s", ADDR], T);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("data transfers complete"),
-        "{}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
 }
 
 #[test]
@@ -120,23 +73,10 @@ fn rdma_server_and_client_with_create_ep_and_get_request() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(4);
-    let r = run_cm_pair(
-        &svc,
-        &["rdma_server", "-s", ADDR, "-p", &p],
-        &["rdma_client", "-s", ADDR, "-p", &p],
-        T,
-    );
+    let r = run_cm_pair(&svc, &["rdma_server", "-s", ADDR, "-p", &p], &["rdma_client", "-s", ADDR, "-p", &p], T);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("rdma_client: end 0"),
-        "{}",
-        r.client.describe()
-    );
-    assert!(
-        r.server.output.contains("rdma_server: end 0"),
-        "{}",
-        r.server.describe()
-    );
+    assert!(r.client.output.contains("rdma_client: end 0"), "{}", r.client.describe());
+    assert!(r.server.output.contains("rdma_server: end 0"), "{}", r.server.describe());
 }
 
 #[test]
@@ -145,64 +85,18 @@ fn perftest_write_bw_and_ud_send_bw_over_rdma_cm() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let p = port(5);
-    let r = run_cm_pair(
-        &svc,
-        &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"],
-        &[
-            "ib_write_bw",
-            "-R",
-            "-d",
-            "pmrxe0",
-            "-p",
-            &p,
-            "-n",
-            "2000",
-            ADDR,
-        ],
-        T,
-    );
+    let r = run_cm_pair(&svc, &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"], &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000", ADDR], T);
     r.assert_ok();
-    assert!(
-        !perftest_rows(&r.client.output).is_empty(),
-        "{}",
-        r.client.describe()
-    );
+    assert!(!perftest_rows(&r.client.output).is_empty(), "{}", r.client.describe());
     let p = port(6);
     let r = run_cm_pair(
         &svc,
-        &[
-            "ib_send_bw",
-            "-R",
-            "-c",
-            "UD",
-            "-d",
-            "pmrxe0",
-            "-p",
-            &p,
-            "-n",
-            "1000",
-        ],
-        &[
-            "ib_send_bw",
-            "-R",
-            "-c",
-            "UD",
-            "-d",
-            "pmrxe0",
-            "-p",
-            &p,
-            "-n",
-            "1000",
-            ADDR,
-        ],
+        &["ib_send_bw", "-R", "-c", "UD", "-d", "pmrxe0", "-p", &p, "-n", "1000"],
+        &["ib_send_bw", "-R", "-c", "UD", "-d", "pmrxe0", "-p", &p, "-n", "1000", ADDR],
         T,
     );
     r.assert_ok();
-    assert!(
-        !perftest_rows(&r.client.output).is_empty(),
-        "{}",
-        r.client.describe()
-    );
+    assert!(!perftest_rows(&r.client.output).is_empty(), "{}", r.client.describe());
 }
 
 #[test]
@@ -212,18 +106,9 @@ fn rsockets_rstream_and_riostream_run_on_the_shim() {
     let svc = Service::start_loopback();
     for (i, prog) in [(7, "rstream"), (8, "riostream")] {
         let p = port(i);
-        let r = run_cm_pair(
-            &svc,
-            &[prog, "-b", ADDR, "-p", &p, "-S", "4096", "-C", "100"],
-            &[prog, "-s", ADDR, "-p", &p, "-S", "4096", "-C", "100"],
-            T,
-        );
+        let r = run_cm_pair(&svc, &[prog, "-b", ADDR, "-p", &p, "-S", "4096", "-C", "100"], &[prog, "-s", ADDR, "-p", &p, "-S", "4096", "-C", "100"], T);
         r.assert_ok();
-        assert!(
-            r.client.output.contains("custom    4k"),
-            "{}",
-            r.client.describe()
-        );
+        assert!(r.client.output.contains("custom    4k"), "{}", r.client.describe());
     }
 }
 
@@ -242,12 +127,7 @@ fn cmtime_reports_connection_setup() {
         let _ = s.kill();
         s.wait().ok()
     });
-    assert!(
-        c.ok() && c.output.contains("connect") && c.output.contains("disconnect"),
-        "{}\nserver: {}",
-        c.describe(),
-        read_to_string_lossy(&so)
-    );
+    assert!(c.ok() && c.output.contains("connect") && c.output.contains("disconnect"), "{}\nserver: {}", c.describe(), read_to_string_lossy(&so));
 }
 
 #[test]
@@ -255,15 +135,7 @@ fn mckey_fails_cleanly_without_multicast() {
     require_tool("mckey");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let c = run_verbs(
-        &svc,
-        &["mckey", "-m", "239.1.1.1", "-b", ADDR],
-        Duration::from_secs(20),
-    );
+    let c = run_verbs(&svc, &["mckey", "-m", "239.1.1.1", "-b", ADDR], Duration::from_secs(20));
     assert!(c.status.is_some(), "mckey hung: {}", c.describe());
-    assert!(
-        !c.ok() && c.output.contains("Operation not supported"),
-        "{}",
-        c.describe()
-    );
+    assert!(!c.ok() && c.output.contains("Operation not supported"), "{}", c.describe());
 }

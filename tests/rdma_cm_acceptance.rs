@@ -23,14 +23,9 @@ fn port(i: u16) -> String {
 
 /// `configs/loopback.toml` with a `[faults]` table appended.
 fn faults_config(dir: &Path, loss: f64, seed: u64) -> PathBuf {
-    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml"))
-        .expect("configs/loopback.toml");
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).expect("configs/loopback.toml");
     let p = dir.join("faults.toml");
-    std::fs::write(
-        &p,
-        format!("{base}\n[faults]\nloss = {loss}\nseed = {seed}\n"),
-    )
-    .unwrap();
+    std::fs::write(&p, format!("{base}\n[faults]\nloss = {loss}\nseed = {seed}\n")).unwrap();
     p
 }
 
@@ -41,18 +36,11 @@ fn kill(c: &mut Child) {
 }
 
 fn cm_field(j: &serde_json::Value, k: &str) -> u64 {
-    j["cm"][k]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]))
+    j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]))
 }
 
 fn cm_port_sum(j: &serde_json::Value, k: &str) -> u64 {
-    j["cm"]["ports"]
-        .as_array()
-        .expect("cm.ports")
-        .iter()
-        .map(|p| p[k].as_u64().unwrap_or(0))
-        .sum()
+    j["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p[k].as_u64().unwrap_or(0)).sum()
 }
 
 // ---- qperf -cm1 ---------------------------------------------------------------------------
@@ -68,12 +56,7 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
     let lp = port(0);
     let so = svc.dir.join("qperf-server.out");
     let mut server = ns.spawn(&svc, &["qperf", "-lp", &lp], &so);
-    wait_listening(
-        &mut server,
-        lp.parse().unwrap(),
-        &so,
-        Duration::from_secs(20),
-    );
+    wait_listening(&mut server, lp.parse().unwrap(), &so, Duration::from_secs(20));
     let run = |test: &str, extra: &[&str]| -> (bool, String, Duration) {
         let out = svc.dir.join(&format!("qperf-{test}.out"));
         let mut args = vec!["qperf", ADDR, "-lp", &lp, "-cm1", "-t", "1"];
@@ -82,11 +65,7 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
         let t0 = Instant::now();
         let mut c = ns.spawn(&svc, &args, &out);
         let st = wait_timeout(&mut c, Duration::from_secs(30));
-        (
-            st.is_some_and(|s| s.success()),
-            read_to_string_lossy(&out),
-            t0.elapsed(),
-        )
+        (st.is_some_and(|s| s.success()), read_to_string_lossy(&out), t0.elapsed())
     };
     let mut figures = Vec::new();
     for (test, key, sane) in [
@@ -97,13 +76,8 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
         ("rc_lat", "latency", 5_000.0),
     ] {
         let (ok, out, took) = run(test, &[]);
-        assert!(
-            ok,
-            "qperf {test} failed after {took:?}:\n{out}\nserver:\n{}",
-            read_to_string_lossy(&so)
-        );
-        let v =
-            qperf_value(&out, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{out}"));
+        assert!(ok, "qperf {test} failed after {took:?}:\n{out}\nserver:\n{}", read_to_string_lossy(&so));
+        let v = qperf_value(&out, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{out}"));
         if key == "bw" {
             assert!(v > sane, "qperf {test}: {v} MB/s");
         } else {
@@ -117,16 +91,12 @@ fn qperf_cm1_rc_tests_run_and_uc_ud_fail_cleanly() {
     for (test, msg) in [
         ("uc_bw", "failed to modify QP to RTR: Invalid argument"),
         ("ud_bw", "failed to create address handle: Invalid argument"),
-        (
-            "ud_lat",
-            "failed to create address handle: Invalid argument",
-        ),
+        ("ud_lat", "failed to create address handle: Invalid argument"),
     ] {
         let (ok, out, took) = run(test, &[]);
         // The message is the client's, or `server: ...` when the server side failed first.
         assert!(
-            !ok && out.contains("-cm1 set but not used")
-                && (out.contains(msg) || out.contains("server:")),
+            !ok && out.contains("-cm1 set but not used") && (out.contains(msg) || out.contains("server:")),
             "qperf {test} ({took:?}):\n{out}\nserver:\n{}",
             read_to_string_lossy(&so)
         );
@@ -167,26 +137,13 @@ fn perftest_r_read_send_lat_and_write_path_mtu() {
     }
     // The path MTU the CM negotiated: 2000 64 KiB WRITEs at 4096-byte MTU are 32 000 packets (MTU 1024: 128 000).
     // Same-device frames are looped back inside the device (rx_loopback), not transmitted.
-    let frames =
-        |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
+    let frames = |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
     let before = frames(&svc.stats_json());
     let p = port(4);
     let r = run_cm_pair(
         &svc,
         &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"],
-        &[
-            "ib_write_bw",
-            "-R",
-            "-d",
-            "pmrxe1",
-            "-p",
-            &p,
-            "-n",
-            "2000",
-            "--source_ip",
-            ADDR1,
-            ADDR,
-        ],
+        &["ib_write_bw", "-R", "-d", "pmrxe1", "-p", &p, "-n", "2000", "--source_ip", ADDR1, ADDR],
         t,
     );
     r.assert_ok();
@@ -195,14 +152,8 @@ fn perftest_r_read_send_lat_and_write_path_mtu() {
     assert!(!rows.is_empty(), "{}", r.client.describe());
     // perftest 4.5-0.17 prints device pmrxe1 but its rdma_cm id resolves to the device owning
     // the destination (local GID 198.18.0.1): --source_ip does not reach rdma_resolve_addr.
-    assert!(
-        sent > 30_000 && sent < 48_000,
-        "{sent} frames for 2000 x 64 KiB WRITEs: path MTU below 4096?"
-    );
-    figures.push(format!(
-        "ib_write_bw {:?} ({sent} frames)",
-        rows.last().unwrap()
-    ));
+    assert!(sent > 30_000 && sent < 48_000, "{sent} frames for 2000 x 64 KiB WRITEs: path MTU below 4096?");
+    figures.push(format!("ib_write_bw {:?} ({sent} frames)", rows.last().unwrap()));
     eprintln!("perftest -R: {}", figures.join("; "));
     assert_nothing_left(&svc, Duration::from_secs(20), "perftest -R");
 }
@@ -234,10 +185,7 @@ fn rping_100_cycles_under_5_percent_loss_leak_nothing() {
         .iter()
         .map(|p| {
             let so = svc.dir.join(&format!("rping-server-{p}.out"));
-            (
-                spawn_cm_server(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", p, "-v"], &so),
-                so,
-            )
+            (spawn_cm_server(&svc, &["rping", "-s", "-P", "-a", ADDR, "-p", p, "-v"], &so), so)
         })
         .collect();
     let t0 = Instant::now();
@@ -252,14 +200,7 @@ fn rping_100_cycles_under_5_percent_loss_leak_nothing() {
                     (0..CYCLES)
                         .map(|i| {
                             let t = Instant::now();
-                            let c = run_verbs(
-                                svc,
-                                &[
-                                    "rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", p, "-C", "1",
-                                    "-v",
-                                ],
-                                Duration::from_secs(60),
-                            );
+                            let c = run_verbs(svc, &["rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", p, "-C", "1", "-v"], Duration::from_secs(60));
                             (format!("port {p} cycle {i}"), t.elapsed(), c)
                         })
                         .collect::<Vec<_>>()
@@ -269,34 +210,13 @@ fn rping_100_cycles_under_5_percent_loss_leak_nothing() {
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let took = t0.elapsed();
-    let failed: Vec<_> = results
-        .iter()
-        .filter(|(_, _, c)| !(c.ok() && c.output.contains("ping data: rdma-ping-0")))
-        .collect();
-    let servers_out = || {
-        servers
-            .iter()
-            .map(|(_, so)| tail(&read_to_string_lossy(so), 6))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert!(
-        failed.is_empty(),
-        "{} of 100 cycles failed, first ({}): {}\nservers: {}",
-        failed.len(),
-        failed[0].0,
-        failed[0].2.describe(),
-        servers_out()
-    );
+    let failed: Vec<_> = results.iter().filter(|(_, _, c)| !(c.ok() && c.output.contains("ping data: rdma-ping-0"))).collect();
+    let servers_out = || servers.iter().map(|(_, so)| tail(&read_to_string_lossy(so), 6)).collect::<Vec<_>>().join("\n");
+    assert!(failed.is_empty(), "{} of 100 cycles failed, first ({}): {}\nservers: {}", failed.len(), failed[0].0, failed[0].2.describe(), servers_out());
     assert_eq!(results.len(), LOOPS * CYCLES);
     let slowest = results.iter().map(|r| r.1).max().unwrap_or_default();
     let j = svc.stats_json();
-    let dropped: u64 = j["faults"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| f["dropped"].as_u64().unwrap_or(0))
-        .sum();
+    let dropped: u64 = j["faults"].as_array().into_iter().flatten().map(|f| f["dropped"].as_u64().unwrap_or(0)).sum();
     let retrans = cm_port_sum(&j, "retransmits");
     let dups = cm_port_sum(&j, "rx_duplicates");
     eprintln!(
@@ -308,11 +228,7 @@ fn rping_100_cycles_under_5_percent_loss_leak_nothing() {
     assert!(dropped > 0, "the fault injector dropped nothing");
     assert!(retrans > 0, "no MAD was retransmitted: cm {}", j["cm"]);
     for (s, so) in servers.iter_mut() {
-        assert!(
-            s.try_wait().unwrap().is_none(),
-            "a persistent rping server died: {}",
-            read_to_string_lossy(so)
-        );
+        assert!(s.try_wait().unwrap().is_none(), "a persistent rping server died: {}", read_to_string_lossy(so));
     }
     for (s, _) in servers.iter_mut() {
         kill(s);
@@ -333,13 +249,7 @@ fn clients_killed_mid_handshake_leave_nothing_behind() {
     // SIGKILL at 0..75 ms after the start: before, during and after the REQ/REP/RTU exchange.
     for i in 0..16u64 {
         let out = svc.dir.join(&format!("killed{i}.out"));
-        let mut c = spawn_verbs(
-            &svc,
-            &[
-                "rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &p, "-C", "1000000", "-S", "64",
-            ],
-            &out,
-        );
+        let mut c = spawn_verbs(&svc, &["rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &p, "-C", "1000000", "-S", "64"], &out);
         std::thread::sleep(Duration::from_millis(i * 5));
         kill(&mut c);
     }
@@ -356,24 +266,9 @@ fn clients_killed_mid_handshake_leave_nothing_behind() {
     // client complete a full connection on the same service.
     kill(&mut server);
     let p2 = port(9);
-    let mut server = spawn_cm_server(
-        &svc,
-        &["rping", "-s", "-a", ADDR, "-p", &p2, "-C", "3", "-v"],
-        &so,
-    );
-    let c = run_verbs(
-        &svc,
-        &[
-            "rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &p2, "-C", "3", "-v",
-        ],
-        Duration::from_secs(30),
-    );
-    assert!(
-        c.ok() && c.output.contains("ping data: rdma-ping-2"),
-        "{}\nserver: {}",
-        c.describe(),
-        tail(&read_to_string_lossy(&so), 10)
-    );
+    let mut server = spawn_cm_server(&svc, &["rping", "-s", "-a", ADDR, "-p", &p2, "-C", "3", "-v"], &so);
+    let c = run_verbs(&svc, &["rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &p2, "-C", "3", "-v"], Duration::from_secs(30));
+    assert!(c.ok() && c.output.contains("ping data: rdma-ping-2"), "{}\nserver: {}", c.describe(), tail(&read_to_string_lossy(&so), 10));
     let _ = wait_timeout(&mut server, Duration::from_secs(10));
     kill(&mut server);
     assert_nothing_left(&svc, Duration::from_secs(30), "killed clients");
@@ -385,28 +280,9 @@ fn no_listener_is_rejected_fast_and_cmtime_100_connections() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let t0 = Instant::now();
-    let c = run_verbs(
-        &svc,
-        &[
-            "rping",
-            "-c",
-            "-a",
-            ADDR,
-            "-I",
-            ADDR1,
-            "-p",
-            &port(7),
-            "-C",
-            "1",
-        ],
-        Duration::from_secs(20),
-    );
+    let c = run_verbs(&svc, &["rping", "-c", "-a", ADDR, "-I", ADDR1, "-p", &port(7), "-C", "1"], Duration::from_secs(20));
     let took = t0.elapsed();
-    assert!(
-        !c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"),
-        "{}",
-        c.describe()
-    );
+    assert!(!c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"), "{}", c.describe());
     assert!(took < Duration::from_secs(5), "REJECTED took {took:?}");
     let j = svc.stats_json();
     assert!(cm_port_sum(&j, "rej_no_listener") >= 1, "cm {}", j["cm"]);
@@ -415,37 +291,12 @@ fn no_listener_is_rejected_fast_and_cmtime_100_connections() {
     let p = port(8);
     let so = svc.dir.join("cmtime-server.out");
     let mut s = spawn_cm_server(&svc, &["cmtime", "-b", ADDR, "-p", &p, "-c", "100"], &so);
-    let c = run_verbs(
-        &svc,
-        &["cmtime", "-s", ADDR, "-p", &p, "-c", "100"],
-        Duration::from_secs(60),
-    );
+    let c = run_verbs(&svc, &["cmtime", "-s", ADDR, "-p", &p, "-c", "100"], Duration::from_secs(60));
     kill(&mut s);
-    assert!(
-        c.ok(),
-        "{}\nserver: {}",
-        c.describe(),
-        read_to_string_lossy(&so)
-    );
-    let connect = c
-        .output
-        .lines()
-        .find(|l| l.starts_with("connect "))
-        .unwrap_or_else(|| panic!("{}", c.describe()));
-    eprintln!(
-        "cmtime -c 100:\n{}",
-        c.output
-            .lines()
-            .skip_while(|l| !l.starts_with("step"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let total_ms: f64 = connect
-        .split(':')
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("connect total");
+    assert!(c.ok(), "{}\nserver: {}", c.describe(), read_to_string_lossy(&so));
+    let connect = c.output.lines().find(|l| l.starts_with("connect ")).unwrap_or_else(|| panic!("{}", c.describe()));
+    eprintln!("cmtime -c 100:\n{}", c.output.lines().skip_while(|l| !l.starts_with("step")).collect::<Vec<_>>().join("\n"));
+    let total_ms: f64 = connect.split(':').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).expect("connect total");
     assert!(total_ms < 10_000.0, "100 connects took {total_ms} ms");
     assert_nothing_left(&svc, Duration::from_secs(20), "cmtime");
 }

@@ -36,14 +36,7 @@ fn nothing_left(a: &Service, b: &Service, what: &str) {
 
 #[test]
 fn rdmacm_utils_and_perftest_r_between_two_namespaces() {
-    for t in [
-        "rping",
-        "ucmatose",
-        "udaddy",
-        "rdma_server",
-        "rdma_client",
-        "ib_write_bw",
-    ] {
+    for t in ["rping", "ucmatose", "udaddy", "rdma_server", "rdma_client", "ib_write_bw"] {
         require_tool(t);
     }
     let _l = heavy_lock();
@@ -55,84 +48,35 @@ fn rdmacm_utils_and_perftest_r_between_two_namespaces() {
     // rping: 100 ping/pong rounds with data verification (-v prints each buffer; rping checks
     // the RDMA READ/WRITE contents against what it sent and fails otherwise).
     let p = port(0);
-    let r = across(
-        &a,
-        &b,
-        &["rping", "-s", "-a", A, "-p", &p, "-C", "100", "-v"],
-        &["rping", "-c", "-a", A, "-p", &p, "-C", "100", "-v"],
-    );
+    let r = across(&a, &b, &["rping", "-s", "-a", A, "-p", &p, "-C", "100", "-v"], &["rping", "-c", "-a", A, "-p", &p, "-C", "100", "-v"]);
     r.assert_ok();
-    let rounds = r
-        .client
-        .output
-        .lines()
-        .filter(|l| l.starts_with("ping data: rdma-ping-"))
-        .count();
+    let rounds = r.client.output.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
     assert_eq!(rounds, 100, "{}", r.client.describe());
-    assert!(
-        r.server.output.contains("server ping data: rdma-ping-99: "),
-        "{}",
-        r.server.describe()
-    );
+    assert!(r.server.output.contains("server ping data: rdma-ping-99: "), "{}", r.server.describe());
     nothing_left(&a, &b, "rping -C 100");
 
     // ucmatose: one connection (the default), then `-c 4` connections with 20 messages each.
     let p = port(1);
-    let r = across(
-        &a,
-        &b,
-        &["ucmatose", "-b", A, "-p", &p],
-        &["ucmatose", "-s", A, "-p", &p],
-    );
+    let r = across(&a, &b, &["ucmatose", "-b", A, "-p", &p], &["ucmatose", "-s", A, "-p", &p]);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("data transfers complete"),
-        "{}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
     let p = port(2);
-    let r = across(
-        &a,
-        &b,
-        &["ucmatose", "-b", A, "-p", &p, "-c", "4", "-C", "20"],
-        &["ucmatose", "-s", A, "-p", &p, "-c", "4", "-C", "20"],
-    );
+    let r = across(&a, &b, &["ucmatose", "-b", A, "-p", &p, "-c", "4", "-C", "20"], &["ucmatose", "-s", A, "-p", &p, "-c", "4", "-C", "20"]);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("data transfers complete")
-            && r.server.output.contains("disconnected"),
-        "{}\n{}",
-        r.client.describe(),
-        r.server.describe()
-    );
+    assert!(r.client.output.contains("data transfers complete") && r.server.output.contains("disconnected"), "{}\n{}", r.client.describe(), r.server.describe());
     nothing_left(&a, &b, "ucmatose");
 
     // udaddy: UD through SIDR (udaddy has no port option: 7174).
     let r = across(&a, &b, &["udaddy", "-b", A], &["udaddy", "-s", A]);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("data transfers complete"),
-        "{}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("data transfers complete"), "{}", r.client.describe());
     nothing_left(&a, &b, "udaddy");
 
     // rdma_server / rdma_client: rdma_getaddrinfo, rdma_create_ep, rdma_get_request, sync ids.
     let p = port(3);
-    let r = across(
-        &a,
-        &b,
-        &["rdma_server", "-s", A, "-p", &p],
-        &["rdma_client", "-s", A, "-p", &p],
-    );
+    let r = across(&a, &b, &["rdma_server", "-s", A, "-p", &p], &["rdma_client", "-s", A, "-p", &p]);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("rdma_client: end 0")
-            && r.server.output.contains("rdma_server: end 0"),
-        "{}\n{}",
-        r.client.describe(),
-        r.server.describe()
-    );
+    assert!(r.client.output.contains("rdma_client: end 0") && r.server.output.contains("rdma_server: end 0"), "{}\n{}", r.client.describe(), r.server.describe());
     nothing_left(&a, &b, "rdma_server/rdma_client");
 
     // perftest -R: the QP exchange through rdma_cm private data; 2000 x 64 KiB WRITEs at the
@@ -140,35 +84,13 @@ fn rdmacm_utils_and_perftest_r_between_two_namespaces() {
     let tx = |s: &Service| sum_counter(&s.stats_json(), "tx_packets");
     let before = tx(&b);
     let p = port(4);
-    let r = across(
-        &a,
-        &b,
-        &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"],
-        &[
-            "ib_write_bw",
-            "-R",
-            "-d",
-            "pmrxe0",
-            "-p",
-            &p,
-            "-n",
-            "2000",
-            A,
-        ],
-    );
+    let r = across(&a, &b, &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000"], &["ib_write_bw", "-R", "-d", "pmrxe0", "-p", &p, "-n", "2000", A]);
     r.assert_ok();
     let rows = perftest_rows(&r.client.output);
     assert!(!rows.is_empty(), "{}", r.client.describe());
     let sent = tx(&b) - before;
-    assert!(
-        (128_000..160_000).contains(&sent),
-        "{sent} frames from B for 2000 x 64 KiB WRITEs: path MTU not 1024?"
-    );
-    eprintln!(
-        "ib_write_bw -R across namespaces: {:?} ({sent} frames); all programs in {:.1} s",
-        rows.last().unwrap(),
-        t0.elapsed().as_secs_f64()
-    );
+    assert!((128_000..160_000).contains(&sent), "{sent} frames from B for 2000 x 64 KiB WRITEs: path MTU not 1024?");
+    eprintln!("ib_write_bw -R across namespaces: {:?} ({sent} frames); all programs in {:.1} s", rows.last().unwrap(), t0.elapsed().as_secs_f64());
     nothing_left(&a, &b, "ib_write_bw -R");
 }
 
@@ -186,12 +108,7 @@ fn qperf_cm1_between_two_namespaces() {
     let lp = port(5);
     let so = dir.join("qperf-server.out");
     let mut server = tcp.spawn(&a, &["qperf", "-lp", &lp], &so);
-    wait_listening(
-        &mut server,
-        lp.parse().unwrap(),
-        &so,
-        Duration::from_secs(20),
-    );
+    wait_listening(&mut server, lp.parse().unwrap(), &so, Duration::from_secs(20));
     let run = |test: &str| -> (Option<std::process::ExitStatus>, String, Duration) {
         let out = dir.join(&format!("qperf-{test}.out"));
         let t0 = Instant::now();
@@ -211,17 +128,11 @@ fn qperf_cm1_between_two_namespaces() {
             a.stats_json()["cm"],
             b.stats_json()["cm"]
         );
-        let v =
-            qperf_value(&text, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{text}"));
+        let v = qperf_value(&text, key).unwrap_or_else(|| panic!("no {key} in qperf {test}:\n{text}"));
         assert!(v > 0.0, "qperf {test}: {v}");
         figures.push(format!("{test} {v:.1}"));
     };
-    for (test, key) in [
-        ("rc_bw", "bw"),
-        ("rc_lat", "latency"),
-        ("rc_rdma_write_bw", "bw"),
-        ("rc_rdma_read_bw", "bw"),
-    ] {
+    for (test, key) in [("rc_bw", "bw"), ("rc_lat", "latency"), ("rc_rdma_write_bw", "bw"), ("rc_rdma_read_bw", "bw")] {
         rc(test, key);
     }
     // qperf 0.4.11 has a CM path for RC only: rd_params() (src/rdma.c) clears use_cm for any
@@ -231,31 +142,18 @@ fn qperf_cm1_between_two_namespaces() {
     for (test, msg) in [
         ("uc_bw", "failed to modify QP to RTR: Invalid argument"),
         ("ud_bw", "failed to create address handle: Invalid argument"),
-        (
-            "ud_lat",
-            "failed to create address handle: Invalid argument",
-        ),
+        ("ud_lat", "failed to create address handle: Invalid argument"),
     ] {
         let (st, text, took) = run(test);
-        assert!(
-            st.is_some_and(|s| !s.success()),
-            "qperf {test} did not fail ({st:?}):\n{text}"
-        );
+        assert!(st.is_some_and(|s| !s.success()), "qperf {test} did not fail ({st:?}):\n{text}");
         // The message is the client's, or `server: ...` when the server side failed first.
-        assert!(
-            text.contains("-cm1 set but not used")
-                && (text.contains(msg) || text.contains("server:")),
-            "qperf {test}:\n{text}"
-        );
+        assert!(text.contains("-cm1 set but not used") && (text.contains(msg) || text.contains("server:")), "qperf {test}:\n{text}");
         assert!(took < Duration::from_secs(10), "qperf {test} took {took:?}");
     }
     nothing_left(&a, &b, "qperf UC/UD failures");
     // The server (qperf forks a child per test) and both services still work.
     rc("rc_bw", "bw");
-    eprintln!(
-        "qperf -cm1 across namespaces (MB/s, us): {}",
-        figures.join(", ")
-    );
+    eprintln!("qperf -cm1 across namespaces (MB/s, us): {}", figures.join(", "));
     drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "qperf");
 }
@@ -292,30 +190,15 @@ fn perftest_r_read_send_ud_and_lat_between_two_namespaces() {
         r.assert_ok();
         let rows = perftest_rows(&r.client.output);
         let what = format!("{prog} -R {}", extra.join(" "));
-        let row = rows
-            .last()
-            .unwrap_or_else(|| panic!("{what}: no result row\n{}", r.client.describe()));
-        assert_eq!(
-            (row[0], row[1]),
-            (size, 500.0),
-            "{what}: #bytes, #iterations\n{}",
-            r.client.describe()
-        );
+        let row = rows.last().unwrap_or_else(|| panic!("{what}: no result row\n{}", r.client.describe()));
+        assert_eq!((row[0], row[1]), (size, 500.0), "{what}: #bytes, #iterations\n{}", r.client.describe());
         // bw: BW average (MB/s); lat: t_typical (us).
-        let v = if prog == "ib_send_lat" {
-            row[4]
-        } else {
-            row[3]
-        };
+        let v = if prog == "ib_send_lat" { row[4] } else { row[3] };
         assert!(v > 0.0, "{what}: {row:?}");
         figures.push(format!("{what}: {v}"));
         nothing_left(&a, &b, &what);
     }
-    eprintln!(
-        "perftest -R across namespaces (MB/s; us): {} ({:.1} s)",
-        figures.join(", "),
-        t0.elapsed().as_secs_f64()
-    );
+    eprintln!("perftest -R across namespaces (MB/s; us): {} ({:.1} s)", figures.join(", "), t0.elapsed().as_secs_f64());
 }
 
 /// cmtime: 100 connections set up and torn down at once across the veth, timings reported;
@@ -336,40 +219,16 @@ fn cmtime_100_and_mckey_between_two_namespaces() {
     let c = run_verbs(&b, &["cmtime", "-s", A, "-p", &p, "-c", "100"], T);
     let _ = s.kill();
     let _ = s.wait();
-    assert!(
-        c.ok(),
-        "{}\nserver: {}",
-        c.describe(),
-        read_to_string_lossy(&so)
-    );
+    assert!(c.ok(), "{}\nserver: {}", c.describe(), read_to_string_lossy(&so));
     let total_ms = |step: &str| -> f64 {
         // Rows are `connect      :  296.74 ...` (progress lines such as `connecting` have no colon).
-        let l = c
-            .output
-            .lines()
-            .find(|l| l.split(':').next().is_some_and(|h| h.trim() == step) && l.contains(':'));
+        let l = c.output.lines().find(|l| l.split(':').next().is_some_and(|h| h.trim() == step) && l.contains(':'));
         let l = l.unwrap_or_else(|| panic!("no `{step}` row\n{}", c.describe()));
-        l.split(':')
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("bad row `{l}`"))
+        l.split(':').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad row `{l}`"))
     };
-    for step in [
-        "create id",
-        "resolve addr",
-        "resolve route",
-        "create qp",
-        "connect",
-        "disconnect",
-        "destroy",
-    ] {
+    for step in ["create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"] {
         let v = total_ms(step);
-        assert!(
-            v > 0.0 && v < 20_000.0,
-            "cmtime {step}: {v} ms\n{}",
-            c.describe()
-        );
+        assert!(v > 0.0 && v < 20_000.0, "cmtime {step}: {v} ms\n{}", c.describe());
     }
     eprintln!(
         "cmtime -c 100 across namespaces: connect {:.1} ms, disconnect {:.1} ms for 100 connections\n{}",
@@ -379,19 +238,9 @@ fn cmtime_100_and_mckey_between_two_namespaces() {
     );
     nothing_left(&a, &b, "cmtime -c 100");
 
-    let m = run_verbs(
-        &b,
-        &["mckey", "-m", "239.1.1.1", "-b", "10.77.0.2"],
-        Duration::from_secs(20),
-    );
+    let m = run_verbs(&b, &["mckey", "-m", "239.1.1.1", "-b", "10.77.0.2"], Duration::from_secs(20));
     assert!(m.status.is_some(), "mckey hung: {}", m.describe());
-    assert!(
-        !m.ok()
-            && m.output
-                .contains("failure joining: Operation not supported"),
-        "{}",
-        m.describe()
-    );
+    assert!(!m.ok() && m.output.contains("failure joining: Operation not supported"), "{}", m.describe());
     nothing_left(&a, &b, "mckey");
 }
 
@@ -406,36 +255,14 @@ fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
     let ns = NetnsPair::up("ru");
     let dir = TempDir::new("cm-netns-ucx");
     let (a, b) = ns.services(&dir);
-    let env = [
-        "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-        "UCX_NET_DEVICES=pmrxe0:1",
-    ];
+    let env = ["UCX_TLS=rc_verbs,ud_verbs:aux,self", "UCX_NET_DEVICES=pmrxe0:1"];
     let mut rows = Vec::new();
-    for (i, (test, size)) in [("tag_bw", "65536"), ("tag_lat", "8")]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, (test, size)) in [("tag_bw", "65536"), ("tag_lat", "8")].into_iter().enumerate() {
         let before = sum_counter(&b.stats_json(), "tx_bytes");
         let pn = port_for(520 + i as u16);
         let p = pn.to_string();
         let server: Vec<&str> = [&["env"][..], &env, &[bin, "-p", &p]].concat();
-        let client: Vec<&str> = [
-            &["env"][..],
-            &env,
-            &[
-                bin,
-                "127.0.0.1",
-                "-p",
-                &p,
-                "-t",
-                test,
-                "-s",
-                size,
-                "-n",
-                "1000",
-            ],
-        ]
-        .concat();
+        let client: Vec<&str> = [&["env"][..], &env, &[bin, "127.0.0.1", "-p", &p, "-t", test, "-s", size, "-n", "1000"]].concat();
         let out = run_pair_on(&a, &server, &b, &client, pn, T);
         out.assert_ok();
         let row: Vec<f64> = out
@@ -443,31 +270,13 @@ fn ucx_perftest_tag_bw_and_tag_lat_between_two_namespaces() {
             .output
             .lines()
             .find(|l| l.starts_with("Final:"))
-            .map(|l| {
-                l.split_whitespace()
-                    .skip(1)
-                    .filter_map(|w| w.parse().ok())
-                    .collect()
-            })
+            .map(|l| l.split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect())
             .unwrap_or_else(|| panic!("no Final: row\n{}", out.client.describe()));
-        assert!(
-            row.len() >= 7 && row[0] == 1000.0,
-            "{test} Final: row {row:?}"
-        );
+        assert!(row.len() >= 7 && row[0] == 1000.0, "{test} Final: row {row:?}");
         let sent = sum_counter(&b.stats_json(), "tx_bytes") - before;
-        let want = if test == "tag_bw" {
-            1000 * 65536
-        } else {
-            1000 * 8
-        };
-        assert!(
-            sent >= want,
-            "{test}: host B sent {sent} bytes on the veth, want >= {want}"
-        );
-        rows.push(format!(
-            "{test} {size} B: median {} us, {} MB/s",
-            row[1], row[5]
-        ));
+        let want = if test == "tag_bw" { 1000 * 65536 } else { 1000 * 8 };
+        assert!(sent >= want, "{test}: host B sent {sent} bytes on the veth, want >= {want}");
+        rows.push(format!("{test} {size} B: median {} us, {} MB/s", row[1], row[5]));
         nothing_left(&a, &b, test);
     }
     eprintln!("ucx_perftest across namespaces: {}", rows.join("; "));
@@ -497,56 +306,17 @@ fn mpi_pingpong_and_allreduce_between_two_namespaces() {
     let (a0, b0) = (sent(&a), sent(&b));
     let mpirun = mpirun.to_str().unwrap();
     let args = [
-        "env",
-        "UCX_TLS=rc_verbs,ud_verbs:aux,self",
-        "UCX_NET_DEVICES=pmrxe0:1",
-        mpirun,
-        "-np",
-        "2",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "btl",
-        "self",
-        "-x",
-        "UCX_TLS",
-        "-x",
-        "UCX_NET_DEVICES",
-        "-x",
-        "LD_PRELOAD",
-        "sh",
-        "-c",
-        &rank,
+        "env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "UCX_NET_DEVICES=pmrxe0:1", mpirun, "-np", "2", "--allow-run-as-root", "--oversubscribe",
+        "--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS", "-x", "UCX_NET_DEVICES", "-x", "LD_PRELOAD", "sh", "-c", &rank,
     ];
     let o = run_verbs(&a, &args, Duration::from_secs(180));
     // UCX states its fatal error before the long backtrace that fills describe()'s tail.
-    let ucx: Vec<&str> = o
-        .output
-        .lines()
-        .filter(|l| l.contains("UCX") || l.contains("uct_") || l.contains("ERROR"))
-        .take(20)
-        .collect();
-    assert!(
-        o.ok()
-            && o.output.contains("OK mpi")
-            && o.output.contains("allreduce of 100000 doubles checked"),
-        "{}\nUCX lines:\n{}",
-        o.describe(),
-        ucx.join("\n")
-    );
+    let ucx: Vec<&str> = o.output.lines().filter(|l| l.contains("UCX") || l.contains("uct_") || l.contains("ERROR")).take(20).collect();
+    assert!(o.ok() && o.output.contains("OK mpi") && o.output.contains("allreduce of 100000 doubles checked"), "{}\nUCX lines:\n{}", o.describe(), ucx.join("\n"));
     let (da, db) = (sent(&a) - a0, sent(&b) - b0);
-    eprintln!(
-        "mpirun across namespaces: host A sent {da} B, host B sent {db} B on the veth\n{}",
-        o.output
-    );
+    eprintln!("mpirun across namespaces: host A sent {da} B, host B sent {db} B on the veth\n{}", o.output);
     // 100 ping-pongs of 1 MiB alone are 100 MiB each way.
-    assert!(
-        da >= 100 << 20 && db >= 100 << 20,
-        "MPI traffic did not cross the veth: A sent {da} B, B sent {db} B"
-    );
+    assert!(da >= 100 << 20 && db >= 100 << 20, "MPI traffic did not cross the veth: A sent {da} B, B sent {db} B");
     nothing_left(&a, &b, "mpirun");
 }
 
@@ -567,30 +337,10 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     let dir = TempDir::new("cm-netns-fabric");
     let (a, b) = ns.services(&dir);
     let tcp = LoNetns::new("rftcp", &["10.77.0.1/32"]);
-    let rej = |s: &Service| {
-        s.stats_json()["cm"]["ports"]
-            .as_array()
-            .expect("cm.ports")
-            .iter()
-            .map(|p| p["rej_no_listener"].as_u64().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let rej = |s: &Service| s.stats_json()["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum::<u64>();
     let pn = port_for(530);
     let p = pn.to_string();
-    let args = [
-        "env",
-        "FI_LOG_LEVEL=info",
-        bin,
-        "-p",
-        "verbs",
-        "-e",
-        "msg",
-        "-c",
-        "-I",
-        "100",
-        "-S",
-        "65536",
-    ];
+    let args = ["env", "FI_LOG_LEVEL=info", bin, "-p", "verbs", "-e", "msg", "-c", "-I", "100", "-S", "65536"];
     let so = dir.join("fi-msg-server.out");
     let co = dir.join("fi-msg-client.out");
     let mut server = tcp.spawn(&a, &[&args[..], &["-B", &p]].concat(), &so);
@@ -601,26 +351,12 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     let st = wait_timeout(&mut client, Duration::from_secs(20));
     let took = t0.elapsed();
     let out = read_to_string_lossy(&co);
-    assert!(
-        st.is_some_and(|s| !s.success()) && out.contains("eq_readerr"),
-        "fi_pingpong -e msg client: {st:?} after {took:?}\n{out}"
-    );
-    assert!(
-        took < Duration::from_secs(10),
-        "fi_pingpong -e msg client took {took:?}"
-    );
+    assert!(st.is_some_and(|s| !s.success()) && out.contains("eq_readerr"), "fi_pingpong -e msg client: {st:?} after {took:?}\n{out}");
+    assert!(took < Duration::from_secs(10), "fi_pingpong -e msg client took {took:?}");
     // Why: the server listens on 127.0.0.1, and the connect went to host B's own device.
-    assert!(
-        read_to_string_lossy(&so).contains("listening on: fi_sockaddr_in://127.0.0.1:"),
-        "server:\n{}",
-        read_to_string_lossy(&so)
-    );
+    assert!(read_to_string_lossy(&so).contains("listening on: fi_sockaddr_in://127.0.0.1:"), "server:\n{}", read_to_string_lossy(&so));
     assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{out}");
-    assert!(
-        server.try_wait().unwrap().is_none(),
-        "the fi_pingpong server exited:\n{}",
-        read_to_string_lossy(&so)
-    );
+    assert!(server.try_wait().unwrap().is_none(), "the fi_pingpong server exited:\n{}", read_to_string_lossy(&so));
     drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "fi_pingpong -e msg");
 
@@ -632,48 +368,20 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
     // itself, silently (the CM's ephemeral ports now start at random, as the kernel's).
     let pn = port_for(531);
     let p = pn.to_string();
-    let args = [
-        "env",
-        "FI_LOG_LEVEL=warn",
-        bin,
-        "-p",
-        "verbs",
-        "-e",
-        "rdm",
-        "-c",
-        "-I",
-        "100",
-        "-S",
-        "65536",
-    ];
+    let args = ["env", "FI_LOG_LEVEL=warn", bin, "-p", "verbs", "-e", "rdm", "-c", "-I", "100", "-S", "65536"];
     let so = dir.join("fi-rdm-server.out");
     let co = dir.join("fi-rdm-client.out");
     let mut server = tcp.spawn(&a, &[&args[..], &["-B", &p]].concat(), &so);
     wait_listening(&mut server, pn, &so, Duration::from_secs(20));
     let rej_b = rej(&b);
     let mut client = tcp.spawn(&b, &[&args[..], &["-P", &p, A]].concat(), &co);
-    wait_until(
-        Duration::from_secs(20),
-        "fi_pingpong -e rdm client retrying the refused connection",
-        || {
-            assert!(
-                client.try_wait().unwrap().is_none(),
-                "fi_pingpong -e rdm client exited:\n{}",
-                read_to_string_lossy(&co)
-            );
-            read_to_string_lossy(&co)
-                .matches("Connection refused (111)")
-                .count()
-                >= 2
-        },
-    );
+    wait_until(Duration::from_secs(20), "fi_pingpong -e rdm client retrying the refused connection", || {
+        assert!(client.try_wait().unwrap().is_none(), "fi_pingpong -e rdm client exited:\n{}", read_to_string_lossy(&co));
+        read_to_string_lossy(&co).matches("Connection refused (111)").count() >= 2
+    });
     let _ = client.kill();
     let _ = client.wait();
-    assert!(
-        rej(&b) > rej_b,
-        "no REJ from host B's CM; client:\n{}",
-        read_to_string_lossy(&co)
-    );
+    assert!(rej(&b) > rej_b, "no REJ from host B's CM; client:\n{}", read_to_string_lossy(&co));
     drop(server); // KillOnDrop: killed and reaped
     nothing_left(&a, &b, "fi_pingpong -e rdm");
 }
@@ -682,6 +390,7 @@ fn fi_pingpong_between_two_namespaces_connects_to_the_servers_localhost() {
 fn counts(s: &Service) -> (u64, u64, u64, u64, usize, usize) {
     held(&s.stats_json())
 }
+
 
 /// Faults across the veth: a connect to a port nobody listens on is REJECTED at once by host
 /// A's CM; clients SIGKILLed at each stage of their life (start-up, registered with host B's
@@ -696,29 +405,13 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
     let (a, b) = ns.services(&dir);
 
     let t0 = Instant::now();
-    let c = run_verbs(
-        &b,
-        &["rping", "-c", "-a", A, "-p", &port(11), "-C", "1"],
-        Duration::from_secs(20),
-    );
+    let c = run_verbs(&b, &["rping", "-c", "-a", A, "-p", &port(11), "-C", "1"], Duration::from_secs(20));
     let took = t0.elapsed();
-    assert!(
-        !c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"),
-        "{}",
-        c.describe()
-    );
+    assert!(!c.ok() && c.output.contains("RDMA_CM_EVENT_REJECTED"), "{}", c.describe());
     assert!(took < Duration::from_secs(5), "REJECTED took {took:?}");
-    let rej: u64 = a.stats_json()["cm"]["ports"]
-        .as_array()
-        .expect("cm.ports")
-        .iter()
-        .map(|p| p["rej_no_listener"].as_u64().unwrap_or(0))
-        .sum();
+    let rej: u64 = a.stats_json()["cm"]["ports"].as_array().expect("cm.ports").iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum();
     assert!(rej >= 1, "host A sent no REJ (no listener)");
-    eprintln!(
-        "connect to a port with no listener: REJECTED after {:.1} ms",
-        took.as_secs_f64() * 1000.0
-    );
+    eprintln!("connect to a port with no listener: REJECTED after {:.1} ms", took.as_secs_f64() * 1000.0);
     nothing_left(&a, &b, "rejected connect");
 
     let p = port(12);
@@ -726,13 +419,7 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
     let mut server = spawn_cm_server(&a, &["rping", "-s", "-P", "-a", A, "-p", &p], &so);
     let base_a = counts(&a);
     let tx = |s: &Service| sum_counter(&s.stats_json(), "tx_packets");
-    let stages = [
-        "just started",
-        "registered with host B",
-        "rdma_cm id on host B",
-        "connection on host B",
-        "data flowing",
-    ];
+    let stages = ["just started", "registered with host B", "rdma_cm id on host B", "connection on host B", "data flowing"];
     // Whether a client started when host B had sent `tx0` frames has reached `stage`.
     let reached = |stage: &str, tx0: u64| match stage {
         "just started" => true,
@@ -749,52 +436,26 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
                 // rping -P ends on the REJECTED a dying client's CM sends for a connection it
                 // was accepting (docs/limits.md; it does so on the kernel too): start a new one.
                 if server.try_wait().unwrap().is_some() {
-                    assert!(
-                        read_to_string_lossy(&so).contains("RDMA_CM_EVENT_REJECTED"),
-                        "rping -P server:\n{}",
-                        read_to_string_lossy(&so)
-                    );
-                    assert_nothing_left(
-                        &a,
-                        Duration::from_secs(30),
-                        "host A after its rping -P server ended",
-                    );
+                    assert!(read_to_string_lossy(&so).contains("RDMA_CM_EVENT_REJECTED"), "rping -P server:\n{}", read_to_string_lossy(&so));
+                    assert_nothing_left(&a, Duration::from_secs(30), "host A after its rping -P server ended");
                     server = spawn_cm_server(&a, &["rping", "-s", "-P", "-a", A, "-p", &p], &so);
                     restarts += 1;
                 }
-                let out = dir.join(&format!(
-                    "killed-{round}-{}-{attempt}.out",
-                    stage.replace(' ', "-")
-                ));
+                let out = dir.join(&format!("killed-{round}-{}-{attempt}.out", stage.replace(' ', "-")));
                 let tx0 = tx(&b);
-                let mut c = spawn_verbs(
-                    &b,
-                    &[
-                        "rping", "-c", "-a", A, "-p", &p, "-C", "1000000", "-S", "64",
-                    ],
-                    &out,
-                );
+                let mut c = spawn_verbs(&b, &["rping", "-c", "-a", A, "-p", &p, "-C", "1000000", "-S", "64"], &out);
                 let t0 = Instant::now();
-                wait_until(Duration::from_secs(20), stage, || {
-                    reached(stage, tx0) || c.try_wait().unwrap().is_some()
-                });
+                wait_until(Duration::from_secs(20), stage, || reached(stage, tx0) || c.try_wait().unwrap().is_some());
                 if let Some(st) = c.try_wait().unwrap() {
                     // Only legitimate if the server ended meanwhile (the REJECTED above).
                     let ended = wait_timeout(&mut server, Duration::from_secs(5)).is_some();
-                    assert!(
-                        ended && attempt < 2,
-                        "rping client exited ({st}) before it was killed ({stage}):\n{}",
-                        read_to_string_lossy(&out)
-                    );
+                    assert!(ended && attempt < 2, "rping client exited ({st}) before it was killed ({stage}):\n{}", read_to_string_lossy(&out));
                     attempt += 1;
                     continue;
                 }
                 let _ = c.kill();
                 let _ = c.wait();
-                eprintln!(
-                    "killed a client ({stage}) after {:.1} ms",
-                    t0.elapsed().as_secs_f64() * 1000.0
-                );
+                eprintln!("killed a client ({stage}) after {:.1} ms", t0.elapsed().as_secs_f64() * 1000.0);
                 break;
             }
         }
@@ -803,30 +464,14 @@ fn no_listener_and_clients_killed_mid_handshake_between_two_namespaces() {
     // clients end by the CM's timeouts or the clients' DREQ/REJ).
     assert_nothing_left(&b, Duration::from_secs(30), "killed clients, host B");
     let t1 = Instant::now();
-    wait_until(
-        Duration::from_secs(40),
-        "host A back to the listening server alone",
-        || counts(&a) == base_a || server.try_wait().unwrap().is_some(),
-    );
-    eprintln!(
-        "host A back to {base_a:?} after {:.1} s ({restarts} rping -P server restarts)",
-        t1.elapsed().as_secs_f64()
-    );
+    wait_until(Duration::from_secs(40), "host A back to the listening server alone", || counts(&a) == base_a || server.try_wait().unwrap().is_some());
+    eprintln!("host A back to {base_a:?} after {:.1} s ({restarts} rping -P server restarts)", t1.elapsed().as_secs_f64());
     // Then a new server and client complete a full data-checked connection.
     let _ = server.kill();
     let _ = server.wait();
     let p2 = port(13);
-    let r = across(
-        &a,
-        &b,
-        &["rping", "-s", "-a", A, "-p", &p2, "-C", "3", "-v"],
-        &["rping", "-c", "-a", A, "-p", &p2, "-C", "3", "-v"],
-    );
+    let r = across(&a, &b, &["rping", "-s", "-a", A, "-p", &p2, "-C", "3", "-v"], &["rping", "-c", "-a", A, "-p", &p2, "-C", "3", "-v"]);
     r.assert_ok();
-    assert!(
-        r.client.output.contains("ping data: rdma-ping-2"),
-        "{}",
-        r.client.describe()
-    );
+    assert!(r.client.output.contains("ping data: rdma-ping-2"), "{}", r.client.describe());
     nothing_left(&a, &b, "killed clients");
 }

@@ -35,20 +35,11 @@ struct Hugepages {
 
 impl Hugepages {
     fn reserve(free: u64) -> Hugepages {
-        let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().parse().unwrap();
         let h = Hugepages { prev };
         let in_use = prev.saturating_sub(hugepages_free());
-        std::fs::write(NR_HUGEPAGES, (in_use + free).to_string())
-            .unwrap_or_else(|e| panic!("cannot reserve huge pages ({NR_HUGEPAGES}): {e}"));
-        assert!(
-            hugepages_free() >= free,
-            "the kernel reserved only {} free 2 MiB pages of {free}: this test needs them",
-            hugepages_free()
-        );
+        std::fs::write(NR_HUGEPAGES, (in_use + free).to_string()).unwrap_or_else(|e| panic!("cannot reserve huge pages ({NR_HUGEPAGES}): {e}"));
+        assert!(hugepages_free() >= free, "the kernel reserved only {} free 2 MiB pages of {free}: this test needs them", hugepages_free());
         h
     }
 }
@@ -61,27 +52,13 @@ impl Drop for Hugepages {
 
 fn build(svc: &Service) -> std::path::PathBuf {
     let prog = svc.dir.join("sec_hugetlb_punch");
-    compile_c(
-        "tests/sec_hugetlb_punch.c",
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs"],
-    );
+    compile_c("tests/sec_hugetlb_punch.c", &prog, &require_tool("cc"), &["-libverbs"]);
     prog
 }
 
 fn assert_alive(svc: &mut Service, what: &str) {
-    let st = svc
-        .child
-        .as_mut()
-        .expect("service child")
-        .try_wait()
-        .unwrap();
-    assert!(
-        st.is_none(),
-        "the service died ({st:?}) {what}; log:\n{}",
-        tail(&svc.log_text(), 30)
-    );
+    let st = svc.child.as_mut().expect("service child").try_wait().unwrap();
+    assert!(st.is_none(), "the service died ({st:?}) {what}; log:\n{}", tail(&svc.log_text(), 30));
 }
 
 #[test]
@@ -98,59 +75,24 @@ fn hugetlb_punch_hole_attack_costs_only_the_attackers_mr() {
         let o = run_verbs(&svc, &[p, mode], T);
         drop(pool);
         assert_alive(&mut svc, &format!("after the {mode} attack"));
-        assert!(
-            o.ok(),
-            "{mode}: {}\nservice log:\n{}",
-            o.describe(),
-            tail(&svc.log_text(), 20)
-        );
+        assert!(o.ok(), "{mode}: {}\nservice log:\n{}", o.describe(), tail(&svc.log_text(), 20));
         let out = &o.output;
-        assert!(
-            out.contains("FREE 0"),
-            "{mode}: the attacker did not take every free huge page:\n{out}"
-        );
-        assert!(
-            out.contains("EVENT 0x2001"),
-            "{mode}: no MR-revoked event:\n{out}"
-        );
+        assert!(out.contains("FREE 0"), "{mode}: the attacker did not take every free huge page:\n{out}");
+        assert!(out.contains("EVENT 0x2001"), "{mode}: no MR-revoked event:\n{out}");
         assert!(out.contains(&format!("OK {mode}")), "{mode}: {out}");
-        eprintln!(
-            "{mode}: {}",
-            out.lines()
-                .filter(|l| l.starts_with("FIRST")
-                    || l.starts_with("SECOND")
-                    || l.starts_with("EVENT"))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
+        eprintln!("{mode}: {}", out.lines().filter(|l| l.starts_with("FIRST") || l.starts_with("SECOND") || l.starts_with("EVENT")).collect::<Vec<_>>().join(" | "));
         bystander.check(&svc, T, 200);
         let log = svc.log_text();
-        assert!(
-            log.contains("MR revoked"),
-            "{mode}: the service did not report the revocation:\n{}",
-            tail(&log, 20)
-        );
+        assert!(log.contains("MR revoked"), "{mode}: the service did not report the revocation:\n{}", tail(&log, 20));
     }
     // Two attacks, two revocations, each warned about once.
     let log = svc.log_text();
     assert_eq!(log.matches("MR revoked").count(), 2, "{}", tail(&log, 20));
     // ... and counted where an operator looks.
     let j = svc.stats_json();
-    assert_eq!(
-        j["memory_faults"]["revoked_mrs"].as_u64(),
-        Some(2),
-        "{}",
-        j["memory_faults"]
-    );
-    assert!(
-        j["memory_faults"]["rescued"].as_u64().unwrap_or(0) >= 2,
-        "{}",
-        j["memory_faults"]
-    );
-    assert!(
-        svc.stats_text().contains("client memory faults: rescued"),
-        "no stats line for the faults"
-    );
+    assert_eq!(j["memory_faults"]["revoked_mrs"].as_u64(), Some(2), "{}", j["memory_faults"]);
+    assert!(j["memory_faults"]["rescued"].as_u64().unwrap_or(0) >= 2, "{}", j["memory_faults"]);
+    assert!(svc.stats_text().contains("client memory faults: rescued"), "no stats line for the faults");
     assert_alive(&mut svc, "at the end");
 }
 
@@ -160,12 +102,7 @@ fn fs_magic(dir: &Path) -> u32 {
     // SAFETY: plain C data, filled by statfs.
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out pointer.
-    assert_eq!(
-        unsafe { libc::statfs(c.as_ptr(), &mut s) },
-        0,
-        "statfs {}",
-        dir.display()
-    );
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut s) }, 0, "statfs {}", dir.display());
     s.f_type as u32
 }
 
@@ -184,25 +121,12 @@ fn shared_mapping_of_a_disk_file_is_refused_at_registration() {
         .expect("neither the temporary directory nor target/ is on a disk filesystem: cannot test the refusal here");
     let magic = fs_magic(&dir);
     let file = dir.join(format!("sec-disk-mr-{}", std::process::id()));
-    let o = run_verbs(
-        &svc,
-        &[prog.to_str().unwrap(), "disk", file.to_str().unwrap()],
-        T,
-    );
+    let o = run_verbs(&svc, &[prog.to_str().unwrap(), "disk", file.to_str().unwrap()], T);
     let _ = std::fs::remove_file(&file);
     assert!(o.ok(), "{}", o.describe());
-    assert!(
-        o.output
-            .contains(&format!("REFUSED errno={}", libc::EFAULT)),
-        "not refused with EFAULT:\n{}",
-        o.output
-    );
+    assert!(o.output.contains(&format!("REFUSED errno={}", libc::EFAULT)), "not refused with EFAULT:\n{}", o.output);
     let why = format!("filesystem magic {magic:#x}");
-    assert!(
-        o.output.contains("cannot register") && o.output.contains(&why),
-        "the shim's message does not name the filesystem ({why}):\n{}",
-        o.output
-    );
+    assert!(o.output.contains("cannot register") && o.output.contains(&why), "the shim's message does not name the filesystem ({why}):\n{}", o.output);
     assert!(o.output.contains("OK disk"), "{}", o.output);
     assert_alive(&mut svc, "after the refused registration");
     let t0 = std::time::Instant::now();

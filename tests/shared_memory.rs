@@ -27,19 +27,11 @@ const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 impl Hugepages {
     /// Make at least `free` huge pages free (the kernel may give fewer: asserted).
     fn reserve(free: u64) -> Hugepages {
-        let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().parse().unwrap();
         let in_use = prev.saturating_sub(hugepages_free());
         std::fs::write(NR_HUGEPAGES, (in_use + free).to_string()).expect("write nr_hugepages");
         let h = Hugepages { prev };
-        assert!(
-            hugepages_free() >= free,
-            "the kernel reserved only {} free 2 MiB pages of {free}",
-            hugepages_free()
-        );
+        assert!(hugepages_free() >= free, "the kernel reserved only {} free 2 MiB pages of {free}", hugepages_free());
         h
     }
 }
@@ -82,21 +74,8 @@ fn build_prog(dir: &Path) -> PathBuf {
     let cc = require_tool("cc");
     let out = dir.join("shared_mr");
     let src = repo_root().join("tests/shared_mr.c");
-    let o = Command::new(cc)
-        .arg("-O1")
-        .arg("-Wall")
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = Command::new(cc).arg("-O1").arg("-Wall").arg("-o").arg(&out).arg(&src).arg("-libverbs").output().unwrap();
+    assert!(o.status.success(), "cc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
     out
 }
 
@@ -122,10 +101,7 @@ fn check_kind(svc: &Service, prog: &Path, kind: &str, page_kb: Option<u64>) {
     if fields.len() != 3 || fields[0] != "MAPPED" {
         let _ = child.kill();
         let _ = child.wait();
-        panic!(
-            "{kind}: program failed before MAPPED ({line:?}):\n{}",
-            read_to_string_lossy(&err)
-        );
+        panic!("{kind}: program failed before MAPPED ({line:?}):\n{}", read_to_string_lossy(&err));
     }
     let (dev, ino) = (fields[1], fields[2]);
     let seen = maps_of_file(svc.pid, dev, ino);
@@ -134,32 +110,16 @@ fn check_kind(svc: &Service, prog: &Path, kind: &str, page_kb: Option<u64>) {
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
     let st = wait_timeout(&mut child, Duration::from_secs(30));
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "{kind}: exit {st:?}; stderr:\n{}",
-        read_to_string_lossy(&err)
-    );
+    assert!(st.is_some_and(|s| s.success()), "{kind}: exit {st:?}; stderr:\n{}", read_to_string_lossy(&err));
     assert!(rest.contains(&format!("OK {kind}")), "{kind}: {rest}");
     let Some(page_kb) = page_kb else { return };
     assert!(!seen.is_empty(), "{kind}: the service does not map the application's file {dev} {ino}; service smaps:\n{:#?}", smaps(svc.pid));
-    assert!(
-        seen.iter().all(|(h, kb)| *kb == page_kb
-            && h.split_whitespace()
-                .nth(1)
-                .is_some_and(|p| p.ends_with('s'))),
-        "{kind}: {seen:#?}"
-    );
-    eprintln!(
-        "{kind}: service maps {dev} {ino} shared with {page_kb} kB pages: {}",
-        seen[0].0
-    );
+    assert!(seen.iter().all(|(h, kb)| *kb == page_kb && h.split_whitespace().nth(1).is_some_and(|p| p.ends_with('s'))), "{kind}: {seen:#?}");
+    eprintln!("{kind}: service maps {dev} {ino} shared with {page_kb} kB pages: {}", seen[0].0);
     // Deregistration released the service's mapping of the file.
     let t0 = Instant::now();
     while !maps_of_file(svc.pid, dev, ino).is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{kind}: the service still maps {dev} {ino} after the program exited"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{kind}: the service still maps {dev} {ino} after the program exited");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -190,11 +150,7 @@ fn shrunk_shared_file_does_not_kill_the_service() {
     // to see in the service's maps.
     check_kind(&svc, &prog, "memfd_shrunk", None);
     let o = svc.pmrxe().arg("stats").output().unwrap();
-    assert!(
-        o.status.success(),
-        "the service died after a client shrank a registered file:\n{}",
-        tail(&svc.log_text(), 15)
-    );
+    assert!(o.status.success(), "the service died after a client shrank a registered file:\n{}", tail(&svc.log_text(), 15));
     check_kind(&svc, &prog, "memfd", Some(4));
 }
 
@@ -218,77 +174,27 @@ fn hugepage_memory_registers_and_stays_huge() {
     let p = port.to_string();
     let so = svc.dir.join("hp.server.out");
     let co = svc.dir.join("hp.client.out");
-    let mut server = spawn_verbs(
-        &svc,
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe0",
-            "-F",
-            "-p",
-            &p,
-            "--use_hugepages",
-            "-D",
-            "3",
-        ],
-        &so,
-    );
+    let mut server = spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe0", "-F", "-p", &p, "--use_hugepages", "-D", "3"], &so);
     wait_listening(&mut server, port, &so, Duration::from_secs(30));
-    let mut client = spawn_verbs(
-        &svc,
-        &[
-            "ib_write_bw",
-            "-d",
-            "pmrxe1",
-            "-F",
-            "-p",
-            &p,
-            "--use_hugepages",
-            "-D",
-            "3",
-            "127.0.0.1",
-        ],
-        &co,
-    );
+    let mut client =
+        spawn_verbs(&svc, &["ib_write_bw", "-d", "pmrxe1", "-F", "-p", &p, "--use_hugepages", "-D", "3", "127.0.0.1"], &co);
     // While they run: the service maps perftest's SysV SHM_HUGETLB buffers with 2 MiB pages.
     let t0 = Instant::now();
     let mut huge_sysv = Vec::new();
-    while huge_sysv.len() < 2
-        && t0.elapsed() < Duration::from_secs(20)
-        && client.try_wait().unwrap().is_none()
-    {
-        huge_sysv = smaps(svc.pid)
-            .into_iter()
-            .filter(|(h, kb)| h.contains("/SYSV") && *kb == 2048)
-            .collect();
+    while huge_sysv.len() < 2 && t0.elapsed() < Duration::from_secs(20) && client.try_wait().unwrap().is_none() {
+        huge_sysv = smaps(svc.pid).into_iter().filter(|(h, kb)| h.contains("/SYSV") && *kb == 2048).collect();
         std::thread::sleep(Duration::from_millis(20));
     }
     let cs = wait_timeout(&mut client, Duration::from_secs(60));
     let ss = wait_timeout(&mut server, Duration::from_secs(20));
     let out = PairOutput {
-        server: ProgOutput {
-            cmdline: "ib_write_bw server --use_hugepages".into(),
-            status: ss,
-            output: read_to_string_lossy(&so),
-        },
-        client: ProgOutput {
-            cmdline: "ib_write_bw client --use_hugepages".into(),
-            status: cs,
-            output: read_to_string_lossy(&co),
-        },
+        server: ProgOutput { cmdline: "ib_write_bw server --use_hugepages".into(), status: ss, output: read_to_string_lossy(&so) },
+        client: ProgOutput { cmdline: "ib_write_bw client --use_hugepages".into(), status: cs, output: read_to_string_lossy(&co) },
     };
     out.assert_ok();
     let rows = perftest_rows(&out.client.output);
-    assert!(
-        rows.iter()
-            .any(|r| r.len() >= 4 && r[0] == 65536.0 && r[3] > 0.0),
-        "no 64 KiB bandwidth row:\n{}",
-        out.client.output
-    );
+    assert!(rows.iter().any(|r| r.len() >= 4 && r[0] == 65536.0 && r[3] > 0.0), "no 64 KiB bandwidth row:\n{}", out.client.output);
     assert!(huge_sysv.len() >= 2, "the service never mapped both perftest buffers with 2 MiB pages: {huge_sysv:#?}\nsmaps: {:#?}", smaps(svc.pid));
-    eprintln!(
-        "ib_write_bw --use_hugepages: {:?}; service mappings: {huge_sysv:#?}",
-        rows.last()
-    );
+    eprintln!("ib_write_bw --use_hugepages: {:?}; service mappings: {huge_sysv:#?}", rows.last());
     let _ = std::io::stderr().flush();
 }

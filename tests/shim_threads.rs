@@ -11,20 +11,7 @@ fn threads_post_and_poll_one_qp_and_one_cq_concurrently() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let prog = svc.dir.join("shim_threads");
-    compile_c(
-        "tests/shim_threads.c",
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs", "-lpthread"],
-    );
-    let out = run_verbs(
-        &svc,
-        &[prog.to_str().unwrap(), "pmrxe0"],
-        Duration::from_secs(90),
-    );
-    assert!(
-        out.ok() && out.output.contains("OK shim_threads"),
-        "{}",
-        out.describe()
-    );
+    compile_c("tests/shim_threads.c", &prog, &require_tool("cc"), &["-libverbs", "-lpthread"]);
+    let out = run_verbs(&svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(90));
+    assert!(out.ok() && out.output.contains("OK shim_threads"), "{}", out.describe());
 }

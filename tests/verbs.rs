@@ -31,16 +31,9 @@ fn pingpong_prog(prog: &str, port_idx: u16, extra: &[&str]) -> PairOutput {
     let r = run_pair(&svc, &s, &c, port_for(port_idx), T);
     r.assert_ok();
     for (side, o) in [("server", &r.server), ("client", &r.client)] {
-        let (mbit, usec) = parse_pingpong(&o.output).unwrap_or_else(|| {
-            panic!(
-                "{side}: no Mbit/sec and usec/iter figures: {}",
-                o.describe()
-            )
-        });
-        assert!(
-            mbit > 0.0 && usec > 0.0,
-            "{side}: figures {mbit} Mbit/s {usec} us/iter"
-        );
+        let (mbit, usec) = parse_pingpong(&o.output)
+            .unwrap_or_else(|| panic!("{side}: no Mbit/sec and usec/iter figures: {}", o.describe()));
+        assert!(mbit > 0.0 && usec > 0.0, "{side}: figures {mbit} Mbit/s {usec} us/iter");
         eprintln!("{prog} {extra:?} {side}: {mbit} Mbit/sec, {usec} usec/iter");
     }
     r
@@ -55,9 +48,7 @@ fn ibv_devices_lists_pmrxe0_and_pmrxe1() {
     assert!(o.ok(), "{}", o.describe());
     for d in ["pmrxe0", "pmrxe1"] {
         assert!(
-            o.output
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(d)),
+            o.output.lines().any(|l| l.split_whitespace().next() == Some(d)),
             "ibv_devices does not list {d}: {}",
             o.describe()
         );
@@ -69,21 +60,12 @@ fn ibv_devinfo_shows_active_ethernet_port_with_roce_v2_gid() {
     require_tool("ibv_devinfo");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let o = run_verbs(
-        &svc,
-        &["ibv_devinfo", "-v", "-d", "pmrxe0"],
-        Duration::from_secs(20),
-    );
+    let o = run_verbs(&svc, &["ibv_devinfo", "-v", "-d", "pmrxe0"], Duration::from_secs(20));
     assert!(o.ok(), "{}", o.describe());
     let t = &o.output;
+    assert!(t.contains("PORT_ACTIVE"), "no PORT_ACTIVE: {}", o.describe());
     assert!(
-        t.contains("PORT_ACTIVE"),
-        "no PORT_ACTIVE: {}",
-        o.describe()
-    );
-    assert!(
-        t.lines()
-            .any(|l| l.contains("link_layer:") && l.contains("Ethernet")),
+        t.lines().any(|l| l.contains("link_layer:") && l.contains("Ethernet")),
         "link_layer is not Ethernet: {}",
         o.describe()
     );
@@ -97,16 +79,8 @@ fn ibv_devinfo_shows_active_ethernet_port_with_roce_v2_gid() {
         o.describe()
     );
     // Both devices are there.
-    let o1 = run_verbs(
-        &svc,
-        &["ibv_devinfo", "-v", "-d", "pmrxe1"],
-        Duration::from_secs(20),
-    );
-    assert!(
-        o1.ok() && o1.output.contains("::ffff:198.18.0.2"),
-        "pmrxe1: {}",
-        o1.describe()
-    );
+    let o1 = run_verbs(&svc, &["ibv_devinfo", "-v", "-d", "pmrxe1"], Duration::from_secs(20));
+    assert!(o1.ok() && o1.output.contains("::ffff:198.18.0.2"), "pmrxe1: {}", o1.describe());
 }
 
 #[test]
@@ -171,49 +145,26 @@ fn perftest(port_idx: u16, prog: &str, extra: &[&str], lat: bool) -> String {
     // The client prints the table for bw tests; for latency tests too (server prints it
     // for some); require figures from the client, and > 0 everywhere they appear.
     let rows = perftest_rows(&r.client.output);
-    assert!(
-        !rows.is_empty(),
-        "{prog}: no result rows in the client output: {}",
-        r.client.describe()
-    );
+    assert!(!rows.is_empty(), "{prog}: no result rows in the client output: {}", r.client.describe());
     let all = extra.contains(&"-a");
     if all {
         // -a: every power of two from 2 B up to 8 MiB (atomic tests: 8 B only).
-        assert!(
-            rows.len() >= 20,
-            "{prog} -a: only {} rows: {}",
-            rows.len(),
-            r.client.describe()
-        );
+        assert!(rows.len() >= 20, "{prog} -a: only {} rows: {}", rows.len(), r.client.describe());
     }
     for row in &rows {
         if lat {
             // #bytes #iterations t_min t_max t_typical t_avg ...
-            assert!(
-                row.len() >= 6 && row[2] > 0.0 && row[5] > 0.0,
-                "{prog}: bad latency row {row:?}"
-            );
+            assert!(row.len() >= 6 && row[2] > 0.0 && row[5] > 0.0, "{prog}: bad latency row {row:?}");
         } else {
             // #bytes #iterations BW peak BW average MsgRate
-            assert!(
-                row.len() >= 5 && row[3] > 0.0,
-                "{prog}: BW average not > 0 in row {row:?}"
-            );
+            assert!(row.len() >= 5 && row[3] > 0.0, "{prog}: BW average not > 0 in row {row:?}");
         }
     }
     let last = rows.last().unwrap();
     if lat {
-        eprintln!(
-            "{prog} {extra:?}: {} B t_typical {} us t_avg {} us",
-            last[0], last[4], last[5]
-        );
+        eprintln!("{prog} {extra:?}: {} B t_typical {} us t_avg {} us", last[0], last[4], last[5]);
     } else {
-        eprintln!(
-            "{prog} {extra:?}: {} B BW average {} MB/sec ({} rows)",
-            last[0],
-            last[3],
-            rows.len()
-        );
+        eprintln!("{prog} {extra:?}: {} B BW average {} MB/sec ({} rows)", last[0], last[3], rows.len());
     }
     r.client.output.clone()
 }
@@ -285,17 +236,7 @@ fn two_perftest_pairs_at_once_on_one_service() {
             run_pair(
                 svc,
                 &["ib_write_bw", "-d", "pmrxe0", "-F", "-n", "2000", "-p", sw],
-                &[
-                    "ib_write_bw",
-                    "-d",
-                    "pmrxe1",
-                    "-F",
-                    "-n",
-                    "2000",
-                    "-p",
-                    sw,
-                    "127.0.0.1",
-                ],
+                &["ib_write_bw", "-d", "pmrxe1", "-F", "-n", "2000", "-p", sw, "127.0.0.1"],
                 pw,
                 T,
             )
@@ -304,17 +245,7 @@ fn two_perftest_pairs_at_once_on_one_service() {
             run_pair(
                 svc,
                 &["ib_read_bw", "-d", "pmrxe1", "-F", "-n", "2000", "-p", sr],
-                &[
-                    "ib_read_bw",
-                    "-d",
-                    "pmrxe0",
-                    "-F",
-                    "-n",
-                    "2000",
-                    "-p",
-                    sr,
-                    "127.0.0.1",
-                ],
+                &["ib_read_bw", "-d", "pmrxe0", "-F", "-n", "2000", "-p", sr, "127.0.0.1"],
                 pr,
                 T,
             )
@@ -324,11 +255,7 @@ fn two_perftest_pairs_at_once_on_one_service() {
     for (name, p) in [("ib_write_bw", &w), ("ib_read_bw", &r)] {
         p.assert_ok();
         let rows = perftest_rows(&p.client.output);
-        assert!(
-            !rows.is_empty() && rows.iter().all(|x| x.len() >= 5 && x[3] > 0.0),
-            "{name}: {}",
-            p.client.describe()
-        );
+        assert!(!rows.is_empty() && rows.iter().all(|x| x.len() >= 5 && x[3] > 0.0), "{name}: {}", p.client.describe());
         eprintln!("{name} concurrently: BW average {} MB/sec", rows[0][3]);
     }
 }

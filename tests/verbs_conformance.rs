@@ -18,33 +18,8 @@ fn ibv_ud_pingpong_4096_bytes_at_port_mtu() {
     let n = iters.to_string();
     let out = run_pair(
         &svc,
-        &[
-            "ibv_ud_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-s",
-            "4096",
-            "-n",
-            &n,
-            "-p",
-            &ps,
-        ],
-        &[
-            "ibv_ud_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-s",
-            "4096",
-            "-n",
-            &n,
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
+        &["ibv_ud_pingpong", "-d", "pmrxe0", "-g", "1", "-s", "4096", "-n", &n, "-p", &ps],
+        &["ibv_ud_pingpong", "-d", "pmrxe0", "-g", "1", "-s", "4096", "-n", &n, "-p", &ps, "127.0.0.1"],
         port,
         Duration::from_secs(60),
     );
@@ -52,11 +27,7 @@ fn ibv_ud_pingpong_4096_bytes_at_port_mtu() {
     // "N bytes in S seconds": every iteration moved one 4096-byte message each way.
     for side in [&out.server, &out.client] {
         let want = format!("{} bytes in", 2 * 4096 * iters);
-        assert!(
-            side.output.contains(&want),
-            "expected `{want}`: {}",
-            side.describe()
-        );
+        assert!(side.output.contains(&want), "expected `{want}`: {}", side.describe());
     }
 }
 
@@ -72,17 +43,7 @@ fn ib_send_bw_ud_default_size() {
     let out = run_pair(
         &svc,
         &["ib_send_bw", "-c", "UD", "-d", "pmrxe0", "-F", "-p", &ps],
-        &[
-            "ib_send_bw",
-            "-c",
-            "UD",
-            "-d",
-            "pmrxe0",
-            "-F",
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
+        &["ib_send_bw", "-c", "UD", "-d", "pmrxe0", "-F", "-p", &ps, "127.0.0.1"],
         port,
         Duration::from_secs(90),
     );
@@ -90,24 +51,10 @@ fn ib_send_bw_ud_default_size() {
     // One result row on each side: #bytes #iterations BW-peak BW-average MsgRate.
     for side in [&out.server, &out.client] {
         let rows = perftest_rows(&side.output);
-        assert_eq!(
-            rows.len(),
-            1,
-            "one result row expected: {}",
-            side.describe()
-        );
+        assert_eq!(rows.len(), 1, "one result row expected: {}", side.describe());
         let r = &rows[0];
-        assert_eq!(
-            r[0],
-            4096.0,
-            "default UD size = the 4096-byte port MTU: {}",
-            side.describe()
-        );
-        assert!(
-            r.len() >= 4 && r[3] > 0.0,
-            "average bandwidth must be positive: {}",
-            side.describe()
-        );
+        assert_eq!(r[0], 4096.0, "default UD size = the 4096-byte port MTU: {}", side.describe());
+        assert!(r.len() >= 4 && r[3] > 0.0, "average bandwidth must be positive: {}", side.describe());
     }
 }
 
@@ -120,11 +67,7 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = run_c_program(&svc, "mw2_rebind");
-    assert!(
-        out.ok() && out.output.contains("bind again on QP2: success"),
-        "{}",
-        out.describe()
-    );
+    assert!(out.ok() && out.output.contains("bind again on QP2: success"), "{}", out.describe());
 }
 
 /// CQ overflow through the shim (`tests/cq_overflow.c`): more signaled WRITEs than the send CQ
@@ -137,18 +80,9 @@ fn cq_overflow_reports_cq_err_and_loses_no_completion() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = run_c_program(&svc, "cq_overflow");
-    assert!(
-        out.ok() && out.output.contains("every WR completed once, in order"),
-        "{}",
-        out.describe()
-    );
+    assert!(out.ok() && out.output.contains("every WR completed once, in order"), "{}", out.describe());
     let stats = svc.stats_json();
-    assert!(
-        stats["lcores"][0]["counters"]["cq_full"]
-            .as_u64()
-            .is_some_and(|n| n >= 1),
-        "cq_full counted: {stats}"
-    );
+    assert!(stats["lcores"][0]["counters"]["cq_full"].as_u64().is_some_and(|n| n >= 1), "cq_full counted: {stats}");
 }
 
 /// Inline capacity is sized from the send WQE's SGE space (`tests/inline_sizing.c`), as rxe and
@@ -160,27 +94,12 @@ fn inline_capacity_comes_from_the_sge_space() {
     let _l = heavy_lock();
     let svc = Service::start_loopback();
     let out = run_c_program(&svc, "inline_sizing");
-    assert!(
-        out.ok()
-            && out.output.contains("OK inline_sizing")
-            && out.output.contains("reported max_inline_data 16"),
-        "{}",
-        out.describe()
-    );
+    assert!(out.ok() && out.output.contains("OK inline_sizing") && out.output.contains("reported max_inline_data 16"), "{}", out.describe());
 }
 
 /// Compile `tests/NAME.c` (libibverbs) and run it on pmrxe0 of `svc`.
 fn run_c_program(svc: &Service, name: &str) -> ProgOutput {
     let prog = svc.dir.join(name);
-    compile_c(
-        &format!("tests/{name}.c"),
-        &prog,
-        &require_tool("cc"),
-        &["-libverbs"],
-    );
-    run_verbs(
-        svc,
-        &[prog.to_str().unwrap(), "pmrxe0"],
-        Duration::from_secs(60),
-    )
+    compile_c(&format!("tests/{name}.c"), &prog, &require_tool("cc"), &["-libverbs"]);
+    run_verbs(svc, &[prog.to_str().unwrap(), "pmrxe0"], Duration::from_secs(60))
 }

@@ -47,10 +47,7 @@ fn main() {
         _ => {
             // Fall back to the include paths pkg-config-rs parsed (loses -include/-march).
             let _ = cflags;
-            lib.include_paths
-                .iter()
-                .map(|p| format!("-I{}", p.display()))
-                .collect()
+            lib.include_paths.iter().map(|p| format!("-I{}", p.display())).collect()
         }
     };
 

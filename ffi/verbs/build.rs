@@ -43,7 +43,5 @@ fn main() {
     }
     let bindings = b.generate().expect("pmrxe-verbs: bindgen failed on infiniband/verbs.h / rdma/rdma_cma.h (install libibverbs-dev librdmacm-dev)");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    bindings
-        .write_to_file(out.join("verbs.rs"))
-        .expect("write bindings");
+    bindings.write_to_file(out.join("verbs.rs")).expect("write bindings");
 }

@@ -139,19 +139,7 @@ const MAX_BENCH_QPS: u32 = 256;
 const QPS_SIZE: usize = 65536;
 
 const QUICK_SIZES: &[usize] = &[4096, 65536, 1 << 20];
-const FULL_SIZES: &[usize] = &[
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1 << 20,
-    2 << 20,
-    4 << 20,
-];
+const FULL_SIZES: &[usize] = &[4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20, 2 << 20, 4 << 20];
 
 pub fn run(args: BenchArgs) -> ExitCode {
     match bench(&args) {
@@ -177,58 +165,24 @@ struct Plan {
 
 fn plan(args: &BenchArgs) -> io::Result<Plan> {
     let quick = args.suite == Suite::Quick;
-    let dur = Duration::from_secs_f64(
-        args.duration
-            .unwrap_or(if quick { 0.15 } else { 1.5 })
-            .clamp(0.01, 600.0),
-    );
+    let dur = Duration::from_secs_f64(args.duration.unwrap_or(if quick { 0.15 } else { 1.5 }).clamp(0.01, 600.0));
     let sizes = match &args.sizes {
-        Some(v) => v
-            .iter()
-            .map(|s| parse_size(s))
-            .collect::<io::Result<Vec<_>>>()?,
+        Some(v) => v.iter().map(|s| parse_size(s)).collect::<io::Result<Vec<_>>>()?,
         None => if quick { QUICK_SIZES } else { FULL_SIZES }.to_vec(),
     };
     let only = |k: &str| args.only.as_ref().is_none_or(|v| v.iter().any(|x| x == k));
-    let qps = if only("qps") {
-        args.qps.clone()
-    } else {
-        Vec::new()
-    };
+    let qps = if only("qps") { args.qps.clone() } else { Vec::new() };
     if qps.iter().any(|&q| q == 0 || q > MAX_BENCH_QPS) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("--qps: each count must be 1..={MAX_BENCH_QPS}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--qps: each count must be 1..={MAX_BENCH_QPS}")));
     }
     let rate_sizes = args.rate_sizes.clone().unwrap_or_else(|| vec![8, 64]);
     if rate_sizes.iter().any(|&n| n == 0 || n > RATE_MAX_SIZE) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("--rate-sizes: each size must be 1..={RATE_MAX_SIZE}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("--rate-sizes: each size must be 1..={RATE_MAX_SIZE}")));
     }
-    let wake = args
-        .only
-        .as_ref()
-        .is_some_and(|v| v.iter().any(|x| x == "wake"))
-        .then(|| {
-            (
-                args.wakes.unwrap_or(if quick { 5 } else { 50 }).max(1),
-                Duration::from_millis(args.wake_gap_ms.min(60_000)),
-            )
-        });
-    Ok(Plan {
-        dur,
-        sizes,
-        rate_sizes,
-        iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }),
-        rate: only("rate"),
-        bw: only("bw"),
-        lat: only("lat"),
-        qps,
-        wake,
-    })
+    let wake = args.only.as_ref().is_some_and(|v| v.iter().any(|x| x == "wake")).then(|| {
+        (args.wakes.unwrap_or(if quick { 5 } else { 50 }).max(1), Duration::from_millis(args.wake_gap_ms.min(60_000)))
+    });
+    Ok(Plan { dur, sizes, rate_sizes, iters: args.iters.unwrap_or(if quick { 2000 } else { 100_000 }), rate: only("rate"), bw: only("bw"), lat: only("lat"), qps, wake })
 }
 
 fn parse_size(s: &str) -> io::Result<usize> {
@@ -238,14 +192,9 @@ fn parse_size(s: &str) -> io::Result<usize> {
         Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
         _ => (s, 1),
     };
-    let n: usize = num
-        .parse()
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad size {s:?}")))?;
+    let n: usize = num.parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad size {s:?}")))?;
     if n == 0 || n * mul > 64 << 20 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("size {s:?} must be 1..=64M"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("size {s:?} must be 1..=64M")));
     }
     Ok(n * mul)
 }
@@ -293,77 +242,34 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     };
     out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
     let ctx = connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?;
-    let target = if args.two_clients {
-        connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?
-    } else {
-        ctx.clone()
-    };
+    let target = if args.two_clients { connect_retry(&socket, service.as_mut(), Duration::from_secs(30))? } else { ctx.clone() };
     out["two_clients"] = json!(args.two_clients);
     let h = Harness::new([&ctx, &target], &plan)?;
     out["service"]["path_mtu"] = json!(256u32 << h.path_mtu.saturating_sub(1));
-    out["service"]["devices"] = json!([
-        ctx.devices()[h.dev[0] as usize].name,
-        ctx.devices()[h.dev[1] as usize].name
-    ]);
-    println!(
-        "pmrxe bench ({}): {} <-> {}, path MTU {}, driver on CPU {}, {:.2} s per point",
-        out["suite"].as_str().unwrap_or(""),
-        ctx.devices()[h.dev[0] as usize].name,
-        ctx.devices()[h.dev[1] as usize].name,
-        out["service"]["path_mtu"],
-        args.cpu,
-        plan.dur.as_secs_f64()
-    );
+    out["service"]["devices"] = json!([ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name]);
+    println!("pmrxe bench ({}): {} <-> {}, path MTU {}, driver on CPU {}, {:.2} s per point",
+        out["suite"].as_str().unwrap_or(""), ctx.devices()[h.dev[0] as usize].name, ctx.devices()[h.dev[1] as usize].name,
+        out["service"]["path_mtu"], args.cpu, plan.dur.as_secs_f64());
     if args.settle > 0.0 {
         // Connected, nothing in flight: a profiler watching for this line measures empty passes.
-        println!(
-            "settling: connected and idle for {:.2} s",
-            args.settle.min(600.0)
-        );
+        println!("settling: connected and idle for {:.2} s", args.settle.min(600.0));
         std::thread::sleep(Duration::from_secs_f64(args.settle.min(600.0)));
     }
     let mut rate = Vec::new();
     if plan.rate {
-        println!(
-            "\nmessage rate (window {}, batch {}, signal every {})",
-            args.window, args.batch, args.signal_every
-        );
+        println!("\nmessage rate (window {}, batch {}, signal every {})", args.window, args.batch, args.signal_every);
         // The lcores' busy time per send WQE over the whole point (warm-up included): what an
         // operation costs the data path, apart from the pipeline's idle gaps and the driver.
-        println!(
-            "  {:<6} {:>8} {:>12} {:>10} {:>13}",
-            "op", "size", "Mops/s", "GB/s", "lcore ns/op"
-        );
-        for op in [Op::Send, Op::Write]
-            .into_iter()
-            .filter(|&o| wanted(args, o))
-        {
+        println!("  {:<6} {:>8} {:>12} {:>10} {:>13}", "op", "size", "Mops/s", "GB/s", "lcore ns/op");
+        for op in [Op::Send, Op::Write].into_iter().filter(|&o| wanted(args, o)) {
             for &size in &plan.rate_sizes {
                 let before = lcore_work(&ctx);
-                let r = h.stream(
-                    op,
-                    size,
-                    1,
-                    args.window,
-                    args.signal_every,
-                    args.batch,
-                    true,
-                    plan.dur,
-                )?;
+                let r = h.stream(op, size, 1, args.window, args.signal_every, args.batch, true, plan.dur)?;
                 let ns_per_op = match (before, lcore_work(&ctx)) {
-                    (Some(a), Some(b)) if b.1 > a.1 => {
-                        Some((b.0 - a.0) as f64 / (b.1 - a.1) as f64)
-                    }
+                    (Some(a), Some(b)) if b.1 > a.1 => Some((b.0 - a.0) as f64 / (b.1 - a.1) as f64),
                     _ => None,
                 };
-                println!(
-                    "  {:<6} {:>8} {:>12.3} {:>10.4} {:>13}",
-                    op.name(),
-                    size,
-                    r.mops(),
-                    r.gbps(),
-                    ns_per_op.map_or("-".into(), |x| format!("{x:.0}"))
-                );
+                println!("  {:<6} {:>8} {:>12.3} {:>10.4} {:>13}", op.name(), size, r.mops(), r.gbps(), ns_per_op.map_or("-".into(), |x| format!("{x:.0}")));
                 rate.push(json!({"op": op.name(), "size": size, "inline": size <= h.opts.cap.max_inline_data as usize, "mops": r.mops(), "gb_per_s": r.gbps(), "ops": r.ops, "seconds": r.secs,
                     "window": args.window, "batch": args.batch, "signal_every": args.signal_every, "lcore_ns_per_op": ns_per_op}));
             }
@@ -373,35 +279,13 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     let mut bw = Vec::new();
     if plan.bw {
         println!("\nbandwidth");
-        println!(
-            "  {:<6} {:>8} {:>10} {:>12} {:>7}",
-            "op", "size", "GB/s", "Mops/s", "window"
-        );
-        for op in [Op::Write, Op::Read, Op::Send]
-            .into_iter()
-            .filter(|&o| wanted(args, o))
-        {
+        println!("  {:<6} {:>8} {:>10} {:>12} {:>7}", "op", "size", "GB/s", "Mops/s", "window");
+        for op in [Op::Write, Op::Read, Op::Send].into_iter().filter(|&o| wanted(args, o)) {
             for &size in &plan.sizes {
                 let window = bw_window(args.window, size);
                 let sig = (window / 4).max(1);
-                let r = h.stream(
-                    op,
-                    size,
-                    1,
-                    window,
-                    sig,
-                    sig.min(args.batch),
-                    false,
-                    plan.dur,
-                )?;
-                println!(
-                    "  {:<6} {:>8} {:>10.3} {:>12.4} {:>7}",
-                    op.name(),
-                    size,
-                    r.gbps(),
-                    r.mops(),
-                    window
-                );
+                let r = h.stream(op, size, 1, window, sig, sig.min(args.batch), false, plan.dur)?;
+                println!("  {:<6} {:>8} {:>10.3} {:>12.4} {:>7}", op.name(), size, r.gbps(), r.mops(), window);
                 bw.push(json!({"op": op.name(), "size": size, "gb_per_s": r.gbps(), "mops": r.mops(), "ops": r.ops, "seconds": r.secs, "window": window, "signal_every": sig}));
             }
         }
@@ -411,78 +295,36 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     if !plan.qps.is_empty() {
         let window = args.window.min(128);
         let sig = (window / 4).max(1);
-        println!(
-            "\nmany QPs (WRITE {} KiB, {window} outstanding per QP)",
-            QPS_SIZE >> 10
-        );
-        println!(
-            "  {:>5} {:>10} {:>12} {:>9}",
-            "QPs", "GB/s", "Mops/s", "vs 1 QP"
-        );
+        println!("\nmany QPs (WRITE {} KiB, {window} outstanding per QP)", QPS_SIZE >> 10);
+        println!("  {:>5} {:>10} {:>12} {:>9}", "QPs", "GB/s", "Mops/s", "vs 1 QP");
         let mut one = None::<f64>;
         for &q in &plan.qps {
-            let r = h.stream(
-                Op::Write,
-                QPS_SIZE,
-                q as usize,
-                window,
-                sig,
-                sig.min(args.batch),
-                false,
-                plan.dur,
-            )?;
+            let r = h.stream(Op::Write, QPS_SIZE, q as usize, window, sig, sig.min(args.batch), false, plan.dur)?;
             if q == 1 {
                 one = Some(r.gbps());
             }
             let ratio = one.map(|o| r.gbps() / o);
-            println!(
-                "  {:>5} {:>10.3} {:>12.4} {:>9}",
-                q,
-                r.gbps(),
-                r.mops(),
-                ratio.map_or("-".into(), |x| format!("{x:.2}"))
-            );
+            println!("  {:>5} {:>10.3} {:>12.4} {:>9}", q, r.gbps(), r.mops(), ratio.map_or("-".into(), |x| format!("{x:.2}")));
             many.push(json!({"qps": q, "size": QPS_SIZE, "window_per_qp": window, "gb_per_s": r.gbps(), "mops": r.mops(), "ops": r.ops, "seconds": r.secs, "vs_one_qp": ratio}));
         }
     }
     out["many_qps"] = Value::Array(many);
     let mut lat = Vec::new();
     if plan.lat {
-        println!(
-            "\nlatency (8 B, one-way = RTT/2, {} iterations)",
-            plan.iters
-        );
-        println!(
-            "  {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "op", "size", "min us", "p50 us", "p99 us", "p99.9 us", "mean us"
-        );
+        println!("\nlatency (8 B, one-way = RTT/2, {} iterations)", plan.iters);
+        println!("  {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}", "op", "size", "min us", "p50 us", "p99 us", "p99.9 us", "mean us");
         for op in [Op::Write, Op::Send] {
             let s = h.ping_pong(op, 8, plan.iters, None)?;
-            println!(
-                "  {:<6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-                op.name(),
-                8,
-                s.min,
-                s.p50,
-                s.p99,
-                s.p999,
-                s.mean
-            );
+            println!("  {:<6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", op.name(), 8, s.min, s.p50, s.p99, s.p999, s.mean);
             lat.push(json!({"op": op.name(), "size": 8, "iters": plan.iters, "min_us": s.min, "p50_us": s.p50, "p99_us": s.p99, "p999_us": s.p999, "mean_us": s.mean, "max_us": s.max}));
         }
     }
     out["latency"] = Value::Array(lat);
     if let Some((n, gap)) = plan.wake {
         println!("\nwake-up (8 B WRITE, first round trip after {} ms of silence, one-way = RTT/2, {n} times)", gap.as_millis());
-        println!(
-            "  {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "min us", "p50 us", "p99 us", "max us", "mean us"
-        );
+        println!("  {:>9} {:>9} {:>9} {:>9} {:>9}", "min us", "p50 us", "p99 us", "max us", "mean us");
         let s = h.ping_pong(Op::Write, 8, n, Some(gap))?;
-        println!(
-            "  {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-            s.min, s.p50, s.p99, s.max, s.mean
-        );
+        println!("  {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", s.min, s.p50, s.p99, s.max, s.mean);
         out["wake"] = json!({"op": "write", "size": 8, "wakes": n, "gap_ms": gap.as_millis() as u64, "min_us": s.min, "p50_us": s.p50, "p99_us": s.p99, "max_us": s.max, "mean_us": s.mean});
     }
     if let Ok(s) = ctx.stats(true) {
@@ -496,9 +338,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
 
 /// Whether `--ops` asks for `op` (no `--ops`: every one).
 fn wanted(args: &BenchArgs, op: Op) -> bool {
-    args.ops
-        .as_ref()
-        .is_none_or(|v| v.iter().any(|x| x.eq_ignore_ascii_case(op.name())))
+    args.ops.as_ref().is_none_or(|v| v.iter().any(|x| x.eq_ignore_ascii_case(op.name())))
 }
 
 fn bw_window(max: u32, size: usize) -> u32 {
@@ -507,10 +347,7 @@ fn bw_window(max: u32, size: usize) -> u32 {
 
 fn write_json(args: &BenchArgs, out: &Value) -> io::Result<()> {
     if let Some(p) = &args.json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(out).map_err(io::Error::other)? + "\n",
-        )?;
+        std::fs::write(p, serde_json::to_string_pretty(out).map_err(io::Error::other)? + "\n")?;
         println!("\nJSON: {}", p.display());
     }
     Ok(())
@@ -518,17 +355,9 @@ fn write_json(args: &BenchArgs, out: &Value) -> io::Result<()> {
 
 fn machine() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(|s| s.trim().to_string());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .ok();
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.trim().to_string())
-        .ok();
+    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).ok();
+    let load = std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).ok();
     json!({ "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "cpu_model": model, "kernel": kernel, "loadavg_at_start": load })
 }
 
@@ -551,13 +380,7 @@ impl Service {
             None => {
                 let text: String = pmrxe_config::DEFAULT_LOOPBACK
                     .lines()
-                    .map(|l| {
-                        if l.trim_start().starts_with("idle") {
-                            "idle = { mode = \"busy\" }"
-                        } else {
-                            l
-                        }
-                    })
+                    .map(|l| if l.trim_start().starts_with("idle") { "idle = { mode = \"busy\" }" } else { l })
                     .collect::<Vec<_>>()
                     .join("\n");
                 let p = dir.join("loopback-busy.toml");
@@ -586,10 +409,7 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        );
+        let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), rustix::process::Signal::TERM);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(10) {
             if self.exited().is_some() {
@@ -606,11 +426,7 @@ impl Drop for Service {
 
 /// Connects to the service at `socket`, retrying until `limit`; with the spawned `service`,
 /// fails at once (with its log) when it has exited.
-fn connect_retry(
-    socket: &Path,
-    mut service: Option<&mut Service>,
-    limit: Duration,
-) -> io::Result<Context> {
+fn connect_retry(socket: &Path, mut service: Option<&mut Service>, limit: Duration) -> io::Result<Context> {
     let t0 = Instant::now();
     loop {
         match Context::connect(socket) {
@@ -618,19 +434,12 @@ fn connect_retry(
             Err(e) => {
                 if let Some(s) = service.as_deref_mut() {
                     if let Some(st) = s.exited() {
-                        let log =
-                            std::fs::read_to_string(s.dir.join("serve.log")).unwrap_or_default();
-                        return Err(io::Error::other(format!(
-                            "pmrxe serve exited ({st}) before answering: {}",
-                            log.trim()
-                        )));
+                        let log = std::fs::read_to_string(s.dir.join("serve.log")).unwrap_or_default();
+                        return Err(io::Error::other(format!("pmrxe serve exited ({st}) before answering: {}", log.trim())));
                     }
                 }
                 if t0.elapsed() > limit {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("no service at {}: {e}", socket.display()),
-                    ));
+                    return Err(io::Error::new(e.kind(), format!("no service at {}: {e}", socket.display())));
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -739,14 +548,7 @@ impl Harness {
         opts.cap.max_recv_wr = d0.attr.max_qp_wr.min(RQ_DEPTH);
         opts.cap.max_inline_data = d0.attr.max_inline_data.min(64);
         let most_qps = plan.qps.iter().copied().max().unwrap_or(1) as usize;
-        let buf_len = plan
-            .sizes
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(4096)
-            .max(1 << 16)
-            .max(QPS_SIZE * most_qps);
+        let buf_len = plan.sizes.iter().copied().max().unwrap_or(4096).max(1 << 16).max(QPS_SIZE * most_qps);
         let mk = |ctx: &Context, d: u32| -> io::Result<Side> {
             let pd = Pd::alloc(ctx, d)?;
             let buf = Buffer::new(ctx, buf_len)?;
@@ -754,47 +556,18 @@ impl Harness {
             Ok(Side { mr, buf, pd })
         };
         let sides = [mk(ctxs[0], dev[0])?, mk(ctxs[1], dev[1])?];
-        Ok(Harness {
-            ctx: [ctxs[0].clone(), ctxs[1].clone()],
-            sides,
-            dev,
-            path_mtu,
-            rd_atomic,
-            opts,
-            buf_len,
-        })
+        Ok(Harness { ctx: [ctxs[0].clone(), ctxs[1].clone()], sides, dev, path_mtu, rd_atomic, opts, buf_len })
     }
 
     fn connect(&self) -> io::Result<Conn> {
-        let cq = |i: usize| {
-            Cq::create(
-                &self.ctx[i],
-                self.dev[i],
-                CQ_DEPTH.min(self.ctx[i].devices()[self.dev[i] as usize].attr.max_cqe),
-            )
-        };
+        let cq = |i: usize| Cq::create(&self.ctx[i], self.dev[i], CQ_DEPTH.min(self.ctx[i].devices()[self.dev[i] as usize].attr.max_cqe));
         let scq = [cq(0)?, cq(1)?];
         let rcq = [cq(0)?, cq(1)?];
         let qa = Qp::create(&self.sides[0].pd, &scq[0], &rcq[0], self.opts)?;
         let qb = Qp::create(&self.sides[1].pd, &scq[1], &rcq[1], self.opts)?;
-        qa.connect(
-            qb.qpn,
-            qa.av_to(self.dev[1])?,
-            self.path_mtu,
-            self.rd_atomic,
-        )?;
-        qb.connect(
-            qa.qpn,
-            qb.av_to(self.dev[0])?,
-            self.path_mtu,
-            self.rd_atomic,
-        )?;
-        Ok(Conn {
-            qp: [qa, qb],
-            scq,
-            rcq,
-            recv_posted: [0, 0],
-        })
+        qa.connect(qb.qpn, qa.av_to(self.dev[1])?, self.path_mtu, self.rd_atomic)?;
+        qb.connect(qa.qpn, qb.av_to(self.dev[0])?, self.path_mtu, self.rd_atomic)?;
+        Ok(Conn { qp: [qa, qb], scq, rcq, recv_posted: [0, 0] })
     }
 
     /// Top up side `i`'s receive queue to RQ_DEPTH receives of `len` bytes each.
@@ -811,22 +584,14 @@ impl Harness {
     }
 
     /// Reap receive completions on side `i` (checking status) and re-post that many.
-    fn reap_recv(
-        &self,
-        c: &mut Conn,
-        i: usize,
-        len: u32,
-        cqes: &mut [ShmCqe],
-    ) -> io::Result<usize> {
+    fn reap_recv(&self, c: &mut Conn, i: usize, len: u32, cqes: &mut [ShmCqe]) -> io::Result<usize> {
         let n = c.rcq[i].poll(cqes)?;
         for e in &cqes[..n] {
             check(e, "receive")?;
         }
         c.recv_posted[i] -= n as u32;
         // Re-post in batches (one publish + doorbell per refill), keeping at least 3/4 posted.
-        if c.recv_posted[i] < self.opts.cap.max_recv_wr.min(RQ_DEPTH) * 3 / 4
-            || c.recv_posted[i] < 4
-        {
+        if c.recv_posted[i] < self.opts.cap.max_recv_wr.min(RQ_DEPTH) * 3 / 4 || c.recv_posted[i] < 4 {
             self.fill_rq(c, i, len)?;
         }
         Ok(n)
@@ -836,26 +601,11 @@ impl Harness {
     /// (QP k reads and writes its own `size` bytes at offset k × size): at most `window`
     /// outstanding per QP, every `sig`th signaled, `batch` WQEs per publish.
     #[allow(clippy::too_many_arguments)]
-    fn stream(
-        &self,
-        op: Op,
-        size: usize,
-        qps: usize,
-        window: u32,
-        sig: u32,
-        batch: u32,
-        inline: bool,
-        dur: Duration,
-    ) -> io::Result<StreamResult> {
+    fn stream(&self, op: Op, size: usize, qps: usize, window: u32, sig: u32, batch: u32, inline: bool, dur: Duration) -> io::Result<StreamResult> {
         if qps == 0 || qps * size > self.buf_len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{qps} QPs x {size} B exceed the {} B buffer", self.buf_len),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{qps} QPs x {size} B exceed the {} B buffer", self.buf_len)));
         }
-        let mut conns = (0..qps)
-            .map(|_| self.connect())
-            .collect::<io::Result<Vec<_>>>()?;
+        let mut conns = (0..qps).map(|_| self.connect()).collect::<io::Result<Vec<_>>>()?;
         let window = window.min(self.opts.cap.max_send_wr).max(1);
         let sig = sig.clamp(1, window);
         // Keep the window a multiple of the signal interval so posting can stop on a boundary.
@@ -878,9 +628,7 @@ impl Harness {
             match op {
                 Op::Send if inline => wqe::send_inline(wr_id, &payload, signaled),
                 Op::Send => wqe::send(wr_id, local, signaled),
-                Op::Write if inline => {
-                    wqe::write_inline(wr_id, &payload, remote, b.mr.key, signaled)
-                }
+                Op::Write if inline => wqe::write_inline(wr_id, &payload, remote, b.mr.key, signaled),
                 Op::Write => wqe::write(wr_id, local, remote, b.mr.key, signaled),
                 Op::Read => wqe::read(wr_id, local, remote, b.mr.key, signaled),
             }
@@ -939,36 +687,18 @@ impl Harness {
                 deadline = Some(last_done_at + dur);
             }
             if t0.elapsed() > dur * 4 + Duration::from_secs(20) {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "{} {size} B x {qps} QPs: stuck ({} posted, {} completed)",
-                        op.name(),
-                        total(&posted),
-                        total(&done)
-                    ),
-                ));
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} {size} B x {qps} QPs: stuck ({} posted, {} completed)", op.name(), total(&posted), total(&done))));
             }
         }
         let ops = total(&done) - start.1;
         let secs = last_done_at.duration_since(start.0).as_secs_f64().max(1e-9);
-        Ok(StreamResult {
-            ops,
-            bytes: ops * size as u64,
-            secs,
-        })
+        Ok(StreamResult { ops, bytes: ops * size as u64, secs })
     }
 
     /// `iters` round trips of `size` bytes; returns one-way latency statistics (RTT/2). With
     /// `gap`, each measured round trip follows `gap` of silence (no warm-up: every one is a
     /// first message to a service that may sleep).
-    fn ping_pong(
-        &self,
-        op: Op,
-        size: usize,
-        iters: u64,
-        gap: Option<Duration>,
-    ) -> io::Result<LatStats> {
+    fn ping_pong(&self, op: Op, size: usize, iters: u64, gap: Option<Duration>) -> io::Result<LatStats> {
         let mut c = self.connect()?;
         let size = size.clamp(1, self.opts.cap.max_inline_data.max(1) as usize);
         if op == Op::Send {
@@ -976,11 +706,7 @@ impl Harness {
             self.fill_rq(&mut c, 1, size as u32)?;
         }
         const SIG: u64 = 16;
-        let warm = if gap.is_some() {
-            1
-        } else {
-            (iters / 10).clamp(10, 10_000)
-        };
+        let warm = if gap.is_some() { 1 } else { (iters / 10).clamp(10, 10_000) };
         let mut samples = Vec::with_capacity(iters as usize);
         let mut cqes = vec![ShmCqe::default(); 64];
         let mut outstanding = [0u64; 2];
@@ -991,9 +717,7 @@ impl Harness {
         for s in &self.sides {
             s.buf.write_volatile(last, 0);
         }
-        let t_limit = Instant::now()
-            + Duration::from_secs(60 + iters / 10_000)
-            + gap.unwrap_or_default() * (iters as u32 + 1);
+        let t_limit = Instant::now() + Duration::from_secs(60 + iters / 10_000) + gap.unwrap_or_default() * (iters as u32 + 1);
         for i in 0..warm + iters {
             let val = (i % 255 + 1) as u8;
             let mut msg = [0u8; 64];
@@ -1010,13 +734,7 @@ impl Harness {
                 }
                 let signaled = (posted[from] + 1) % SIG == 0;
                 let w = match op {
-                    Op::Write => wqe::write_inline(
-                        SIG,
-                        &msg[..size],
-                        self.sides[to].mr.addr + off,
-                        self.sides[to].mr.key,
-                        signaled,
-                    ),
+                    Op::Write => wqe::write_inline(SIG, &msg[..size], self.sides[to].mr.addr + off, self.sides[to].mr.key, signaled),
                     _ => wqe::send_inline(SIG, &msg[..size], signaled),
                 };
                 c.qp[from].post_send(&[w])?;
@@ -1027,10 +745,7 @@ impl Harness {
                     Op::Write => {
                         while self.sides[to].buf.read_volatile(last) != val {
                             if Instant::now() > t_limit {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::TimedOut,
-                                    "WRITE ping-pong: the last byte never arrived",
-                                ));
+                                return Err(io::Error::new(io::ErrorKind::TimedOut, "WRITE ping-pong: the last byte never arrived"));
                             }
                             std::hint::spin_loop();
                         }
@@ -1040,10 +755,7 @@ impl Harness {
                             break;
                         }
                         if Instant::now() > t_limit {
-                            return Err(io::Error::new(
-                                io::ErrorKind::TimedOut,
-                                "SEND ping-pong: no receive completion",
-                            ));
+                            return Err(io::Error::new(io::ErrorKind::TimedOut, "SEND ping-pong: no receive completion"));
                         }
                     },
                 }
@@ -1057,23 +769,10 @@ impl Harness {
         samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let q = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
         let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-        Ok(LatStats {
-            min: samples[0],
-            p50: q(0.5),
-            p99: q(0.99),
-            p999: q(0.999),
-            mean,
-            max: *samples.last().unwrap(),
-        })
+        Ok(LatStats { min: samples[0], p50: q(0.5), p99: q(0.99), p999: q(0.999), mean, max: *samples.last().unwrap() })
     }
 
-    fn reap_send(
-        &self,
-        c: &mut Conn,
-        i: usize,
-        outstanding: &mut [u64; 2],
-        cqes: &mut [ShmCqe],
-    ) -> io::Result<()> {
+    fn reap_send(&self, c: &mut Conn, i: usize, outstanding: &mut [u64; 2], cqes: &mut [ShmCqe]) -> io::Result<()> {
         let n = c.scq[i].poll(cqes)?;
         for e in &cqes[..n] {
             check(e, "send")?;
@@ -1085,10 +784,7 @@ impl Harness {
 
 fn check(e: &ShmCqe, what: &str) -> io::Result<()> {
     if e.status != 0 {
-        return Err(io::Error::other(format!(
-            "{what}: completion status {} (vendor_err {}, opcode {})",
-            e.status, e.vendor_err, e.opcode
-        )));
+        return Err(io::Error::other(format!("{what}: completion status {} (vendor_err {}, opcode {})", e.status, e.vendor_err, e.opcode)));
     }
     Ok(())
 }
@@ -1200,13 +896,7 @@ impl Drop for Aligned {
 /// `BATCH`: `step(i)` runs here and spins until the peer's answer to round `i` is visible;
 /// `answer(i)` runs on the peer and answers round `i` if its request is visible (true) or
 /// returns false at once. Returns one round trip's ns per batch (the batch's mean), sorted.
-fn ping_pong(
-    cpu: usize,
-    peer: usize,
-    dur: Duration,
-    mut step: impl FnMut(u32) + Send,
-    answer: impl FnMut(u32) -> bool + Send,
-) -> io::Result<Vec<f64>> {
+fn ping_pong(cpu: usize, peer: usize, dur: Duration, mut step: impl FnMut(u32) + Send, answer: impl FnMut(u32) -> bool + Send) -> io::Result<Vec<f64>> {
     const BATCH: u32 = 100;
     let stop = std::sync::atomic::AtomicU32::new(u32::MAX);
     let pinned = std::sync::atomic::AtomicBool::new(true);
@@ -1250,9 +940,7 @@ fn ping_pong(
         stop.store(i, Ordering::Relaxed);
     });
     if !pinned.load(Ordering::Relaxed) {
-        return Err(io::Error::other(format!(
-            "could not pin the ping-pong threads to CPUs {cpu} and {peer}"
-        )));
+        return Err(io::Error::other(format!("could not pin the ping-pong threads to CPUs {cpu} and {peer}")));
     }
     per.sort_by(f64::total_cmp);
     Ok(per)
@@ -1271,10 +959,7 @@ fn c2c_limits(cpu: usize, peer: usize, dur: Duration) -> io::Result<Value> {
     // 1. One cache line each way: `ping` written here, `pong` by the peer.
     #[repr(C, align(64))]
     struct Line(AtomicU32);
-    let (ping, pong) = (
-        Line(AtomicU32::new(u32::MAX)),
-        Line(AtomicU32::new(u32::MAX)),
-    );
+    let (ping, pong) = (Line(AtomicU32::new(u32::MAX)), Line(AtomicU32::new(u32::MAX)));
     let line = ping_pong(
         cpu,
         peer,
@@ -1321,16 +1006,10 @@ fn c2c_limits(cpu: usize, peer: usize, dur: Duration) -> io::Result<Value> {
     // SAFETY: 64-byte aligned, zeroed memory of the row's size; all-zero atomics are valid
     // values, and the row is only used through atomics while `row_mem` lives.
     let row = unsafe { &*row_mem.ptr.cast::<pmrxe_abi::DoorbellRow>() };
-    let mut wqe = ShmSendWqe {
-        num_sge: 1,
-        length: 8,
-        ..Default::default()
-    };
+    let mut wqe = ShmSendWqe { num_sge: 1, length: 8, ..Default::default() };
     let mut seen = ShmSendWqe::default();
     let mut post_round_trip = |doorbell: bool| {
-        let (sq_p, sq_c, cq_p, cq_c, wqe, seen) = (
-            &mut sq_p, &mut sq_c, &mut cq_p, &mut cq_c, &mut wqe, &mut seen,
-        );
+        let (sq_p, sq_c, cq_p, cq_c, wqe, seen) = (&mut sq_p, &mut sq_c, &mut cq_p, &mut cq_c, &mut wqe, &mut seen);
         ping_pong(
             cpu,
             peer,
@@ -1370,11 +1049,7 @@ fn c2c_limits(cpu: usize, peer: usize, dur: Duration) -> io::Result<Value> {
                 assert_eq!(seen.wr_id, u64::from(i), "c2c: WQE out of order");
                 sq_c.advance();
                 sq_c.release();
-                let c = ShmCqe {
-                    wr_id: seen.wr_id,
-                    byte_len: 8,
-                    ..Default::default()
-                };
+                let c = ShmCqe { wr_id: seen.wr_id, byte_len: 8, ..Default::default() };
                 while cq_p.stage_words(c.to_words()).is_err() {
                     std::hint::spin_loop();
                 }
@@ -1385,10 +1060,7 @@ fn c2c_limits(cpu: usize, peer: usize, dur: Duration) -> io::Result<Value> {
     };
     let rings = post_round_trip(false)?;
     let doorbell = post_round_trip(true)?;
-    let (l50, r50) = (
-        stats(&line)["p50_ns"].as_f64().unwrap_or(0.0),
-        stats(&rings)["p50_ns"].as_f64().unwrap_or(0.0),
-    );
+    let (l50, r50) = (stats(&line)["p50_ns"].as_f64().unwrap_or(0.0), stats(&rings)["p50_ns"].as_f64().unwrap_or(0.0));
     Ok(json!({
         "cpus": [cpu, peer],
         "line_round_trip": stats(&line),
@@ -1403,30 +1075,13 @@ fn print_c2c(v: &Value) {
     println!("cross-CPU hand-offs between CPU {} and CPU {} (ns per round trip, means of 100-round batches)", v["cpus"][0], v["cpus"][1]);
     println!("  {:<46} {:>8} {:>8} {:>8}", "", "min", "p50", "p99");
     for (k, label) in [
-        (
-            "line_round_trip",
-            "one cache line each way (atomic ping-pong)",
-        ),
-        (
-            "ring_round_trip",
-            "send WQE + completion through shared rings",
-        ),
-        (
-            "doorbell_round_trip",
-            "the same with the doorbell rung and polled",
-        ),
+        ("line_round_trip", "one cache line each way (atomic ping-pong)"),
+        ("ring_round_trip", "send WQE + completion through shared rings"),
+        ("doorbell_round_trip", "the same with the doorbell rung and polled"),
     ] {
-        println!(
-            "  {label:<46} {:>8.0} {:>8.0} {:>8.0}",
-            g(k, "min_ns"),
-            g(k, "p50_ns"),
-            g(k, "p99_ns")
-        );
+        println!("  {label:<46} {:>8.0} {:>8.0} {:>8.0}", g(k, "min_ns"), g(k, "p50_ns"), g(k, "p99_ns"));
     }
-    println!(
-        "  a ring round trip costs {:.1} cache-line round trips (p50)",
-        v["ring_over_line"].as_f64().unwrap_or(0.0)
-    );
+    println!("  a ring round trip costs {:.1} cache-line round trips (p50)", v["ring_over_line"].as_f64().unwrap_or(0.0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1442,18 +1097,10 @@ fn crc_limits(dur: Duration, frames: &[usize]) -> Value {
     let cal = pmrxe_crc::Kernel::calibrate(FRAME, Duration::from_millis(40));
     let chosen = cal.install();
     let mut main = crc_point(FRAME, dur, chosen);
-    let mut by_frame: Vec<Value> = frames
-        .iter()
-        .filter(|&&f| f > 0 && f < FRAME)
-        .map(|&f| crc_point(f, dur, chosen))
-        .collect();
+    let mut by_frame: Vec<Value> = frames.iter().filter(|&&f| f > 0 && f < FRAME).map(|&f| crc_point(f, dur, chosen)).collect();
     by_frame.push(main.clone());
     let available: Vec<&str> = pmrxe_crc::Kernel::available().map(|k| k.name()).collect();
-    let lacking: Vec<&str> = pmrxe_crc::Kernel::all_names()
-        .iter()
-        .copied()
-        .filter(|n| !available.contains(n))
-        .collect();
+    let lacking: Vec<&str> = pmrxe_crc::Kernel::all_names().iter().copied().filter(|n| !available.contains(n)).collect();
     main["calibration"] = json!({
         "frame": cal.frame,
         "budget_ms": 40,
@@ -1493,38 +1140,20 @@ fn crc_point(frame: usize, dur: Duration, best: pmrxe_crc::Kernel) -> Value {
     let slice = dur / ROUNDS;
     let mut ops: Vec<(String, Op)> = Vec::new();
     for k in pmrxe_crc::Kernel::available() {
-        ops.push((
-            format!("fused/{}", k.name()),
-            Box::new(move |s: &[u8], d: &mut [u8]| k.copy_and_crc(0, d, s)),
-        ));
-        ops.push((
-            format!("crc/{}", k.name()),
-            Box::new(move |s: &[u8], _: &mut [u8]| k.crc_update(0, s)),
-        ));
+        ops.push((format!("fused/{}", k.name()), Box::new(move |s: &[u8], d: &mut [u8]| k.copy_and_crc(0, d, s))));
+        ops.push((format!("crc/{}", k.name()), Box::new(move |s: &[u8], _: &mut [u8]| k.crc_update(0, s))));
     }
     ops.push(("crc32fast".into(), Box::new(|s, _| crc32fast::hash(s))));
     // glibc's memcpy itself (`copy_from_slice` may be inlined for a constant length).
-    ops.push((
-        "memcpy".into(),
-        Box::new(move |s, d| {
-            // SAFETY: `s` and `d` are distinct slices of `frame` bytes each.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    std::hint::black_box(s.as_ptr()),
-                    d.as_mut_ptr(),
-                    frame,
-                )
-            };
-            u32::from(d[0])
-        }),
-    ));
-    ops.push((
-        "memcpy_then_crc32fast".into(),
-        Box::new(|s, d| {
-            d.copy_from_slice(s);
-            crc32fast::hash(d)
-        }),
-    ));
+    ops.push(("memcpy".into(), Box::new(move |s, d| {
+        // SAFETY: `s` and `d` are distinct slices of `frame` bytes each.
+        unsafe { std::ptr::copy_nonoverlapping(std::hint::black_box(s.as_ptr()), d.as_mut_ptr(), frame) };
+        u32::from(d[0])
+    })));
+    ops.push(("memcpy_then_crc32fast".into(), Box::new(|s, d| {
+        d.copy_from_slice(s);
+        crc32fast::hash(d)
+    })));
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
     let mut acc = 0u32;
     for _ in 0..ROUNDS {
@@ -1548,17 +1177,8 @@ fn crc_point(frame: usize, dur: Duration, best: pmrxe_crc::Kernel) -> Value {
         v.sort_by(f64::total_cmp);
         (v[v.len() - 1], v[v.len() / 2])
     };
-    let by = |name: &str| {
-        ops.iter()
-            .position(|(n, _)| n == name)
-            .map(stat)
-            .unwrap_or((0.0, 0.0))
-    };
-    let (mut fused_by, mut fused_med_by, mut crc_by) = (
-        serde_json::Map::new(),
-        serde_json::Map::new(),
-        serde_json::Map::new(),
-    );
+    let by = |name: &str| ops.iter().position(|(n, _)| n == name).map(stat).unwrap_or((0.0, 0.0));
+    let (mut fused_by, mut fused_med_by, mut crc_by) = (serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new());
     for (i, (n, _)) in ops.iter().enumerate() {
         if let Some(k) = n.strip_prefix("fused/") {
             fused_by.insert(k.to_string(), json!(stat(i).0));
@@ -1591,39 +1211,18 @@ fn crc_point(frame: usize, dur: Duration, best: pmrxe_crc::Kernel) -> Value {
 fn print_crc(v: &Value) {
     let g = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     let cal = &v["calibration"];
-    println!(
-        "CRC kernels built: {}; on this CPU: {}",
-        pmrxe_crc::Kernel::all_names().join(" "),
-        v["kernels_available"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    print!(
-        "calibration at {} B ({} ms), copy_and_crc GB/s:",
-        cal["frame"], cal["budget_ms"]
-    );
+    println!("CRC kernels built: {}; on this CPU: {}", pmrxe_crc::Kernel::all_names().join(" "), v["kernels_available"].as_array().into_iter().flatten().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
+    print!("calibration at {} B ({} ms), copy_and_crc GB/s:", cal["frame"], cal["budget_ms"]);
     for (k, x) in cal["gb_per_s"].as_object().into_iter().flatten() {
         print!("  {k} {:.2}", x.as_f64().unwrap_or(0.0));
     }
     println!();
-    println!(
-        "  fastest {}; chosen {}{}",
-        cal["fastest"].as_str().unwrap_or("?"),
-        cal["chosen"].as_str().unwrap_or("?"),
-        match cal["forced"].as_str() {
-            Some(f) => format!(" (forced by PMRXE_CRC_KERNEL={f})"),
-            None => String::new(),
-        }
-    );
+    println!("  fastest {}; chosen {}{}", cal["fastest"].as_str().unwrap_or("?"), cal["chosen"].as_str().unwrap_or("?"), match cal["forced"].as_str() {
+        Some(f) => format!(" (forced by PMRXE_CRC_KERNEL={f})"),
+        None => String::new(),
+    });
     println!("byte-work limits, one core (GB/s of payload), best of {} interleaved rounds (median in brackets)", v["rounds"]);
-    let points: Vec<&Value> = v["by_frame"]
-        .as_array()
-        .map(|a| a.iter().collect())
-        .unwrap_or_else(|| vec![v]);
+    let points: Vec<&Value> = v["by_frame"].as_array().map(|a| a.iter().collect()).unwrap_or_else(|| vec![v]);
     print!("  {:<28}", "frame (bytes)");
     for p in &points {
         print!(" {:>16}", p["frame"].as_u64().unwrap_or(0));
@@ -1637,69 +1236,24 @@ fn print_crc(v: &Value) {
         println!();
     };
     let pair = |a: f64, b: f64| format!("{a:.2} ({b:.2})");
-    for k in v["fused_by_kernel_gb_per_s"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, _)| k)
-    {
-        let mark = if Some(k.as_str()) == v["kernel"].as_str() {
-            "*"
-        } else {
-            " "
-        };
-        row(&format!("fused copy+CRC {k}{mark}"), &|p| {
-            pair(
-                g(&p["fused_by_kernel_gb_per_s"], k),
-                g(&p["fused_median_by_kernel_gb_per_s"], k),
-            )
-        });
+    for k in v["fused_by_kernel_gb_per_s"].as_object().into_iter().flatten().map(|(k, _)| k) {
+        let mark = if Some(k.as_str()) == v["kernel"].as_str() { "*" } else { " " };
+        row(&format!("fused copy+CRC {k}{mark}"), &|p| pair(g(&p["fused_by_kernel_gb_per_s"], k), g(&p["fused_median_by_kernel_gb_per_s"], k)));
     }
-    for k in v["crc_only_by_kernel_gb_per_s"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, _)| k)
-    {
-        row(&format!("CRC only {k}"), &|p| {
-            format!("{:.2}", g(&p["crc_only_by_kernel_gb_per_s"], k))
-        });
+    for k in v["crc_only_by_kernel_gb_per_s"].as_object().into_iter().flatten().map(|(k, _)| k) {
+        row(&format!("CRC only {k}"), &|p| format!("{:.2}", g(&p["crc_only_by_kernel_gb_per_s"], k)));
     }
-    row("crc32fast", &|p| {
-        pair(
-            g(p, "crc32fast_gb_per_s"),
-            g(p, "crc32fast_median_gb_per_s"),
-        )
-    });
-    row("memcpy", &|p| {
-        pair(g(p, "memcpy_gb_per_s"), g(p, "memcpy_median_gb_per_s"))
-    });
-    row("memcpy, then crc32fast", &|p| {
-        pair(
-            g(p, "memcpy_then_crc32fast_gb_per_s"),
-            g(p, "memcpy_then_crc32fast_median_gb_per_s"),
-        )
-    });
-    println!(
-        "  (* the chosen kernel) fused at 4 KiB ({}) {:.2}; loopback ceiling (fused / 2) {:.2}",
-        v["kernel"].as_str().unwrap_or("?"),
-        g(v, "fused_gb_per_s"),
-        g(v, "loopback_ceiling_gb_per_s")
-    );
+    row("crc32fast", &|p| pair(g(p, "crc32fast_gb_per_s"), g(p, "crc32fast_median_gb_per_s")));
+    row("memcpy", &|p| pair(g(p, "memcpy_gb_per_s"), g(p, "memcpy_median_gb_per_s")));
+    row("memcpy, then crc32fast", &|p| pair(g(p, "memcpy_then_crc32fast_gb_per_s"), g(p, "memcpy_then_crc32fast_median_gb_per_s")));
+    println!("  (* the chosen kernel) fused at 4 KiB ({}) {:.2}; loopback ceiling (fused / 2) {:.2}", v["kernel"].as_str().unwrap_or("?"), g(v, "fused_gb_per_s"), g(v, "loopback_ceiling_gb_per_s"));
 }
 
 fn print_memcpy(v: &[Value]) {
     println!("copy limits, one core (GB/s): glibc memcpy, and an AVX2 load/store loop where the CPU has AVX2");
     println!("  {:>8} {:>10} {:>10}", "size", "memcpy", "avx2 loop");
     for m in v {
-        let avx = m["avx2_loop_gb_per_s"]
-            .as_f64()
-            .map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
-        println!(
-            "  {:>8} {:>10.3} {:>10}",
-            m["size"],
-            m["gb_per_s"].as_f64().unwrap_or(0.0),
-            avx
-        );
+        let avx = m["avx2_loop_gb_per_s"].as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
+        println!("  {:>8} {:>10.3} {:>10}", m["size"], m["gb_per_s"].as_f64().unwrap_or(0.0), avx);
     }
 }

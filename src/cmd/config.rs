@@ -11,18 +11,11 @@ pub fn check(file: PathBuf) -> ExitCode {
         "{}: ok: {} port(s) [{}], lcores on cpus {:?}, hugepages {}, socket {}{}",
         file.display(),
         cfg.ports.len(),
-        cfg.ports
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        cfg.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
         cfg.lcores.cores,
         if cfg.eal.hugepages { "on" } else { "off" },
         cfg.socket_path().display(),
-        cfg.service
-            .metrics
-            .map(|a| format!(", metrics http://{a}/metrics"))
-            .unwrap_or_default()
+        cfg.service.metrics.map(|a| format!(", metrics http://{a}/metrics")).unwrap_or_default()
     );
     ExitCode::SUCCESS
 }

@@ -15,9 +15,7 @@ pub fn shim_path() -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join(SHIM), dir.join("../lib").join(SHIM)]
-        .into_iter()
-        .find(|p| p.exists())
+    [dir.join(SHIM), dir.join("../lib").join(SHIM)].into_iter().find(|p| p.exists())
 }
 
 /// Where librdmacm installs its rsockets preload library (Debian/Ubuntu multiarch, then
@@ -80,11 +78,7 @@ pub fn run(socket: Option<PathBuf>, rsocket: bool, program: Vec<String>) -> Exit
     }
     let err = cmd.exec();
     eprintln!("pmrxe: cannot run {}: {err}", program[0]);
-    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
-        127
-    } else {
-        126
-    })
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
 }
 
 #[cfg(test)]
@@ -95,10 +89,7 @@ mod tests {
     fn the_shim_comes_first_then_rsockets_then_the_callers_preloads() {
         assert_eq!(preload_list("/s.so", None, None), "/s.so");
         assert_eq!(preload_list("/s.so", Some("/rs.so"), None), "/s.so:/rs.so");
-        assert_eq!(
-            preload_list("/s.so", Some("/rs.so"), Some("/x.so")),
-            "/s.so:/rs.so:/x.so"
-        );
+        assert_eq!(preload_list("/s.so", Some("/rs.so"), Some("/x.so")), "/s.so:/rs.so:/x.so");
         assert_eq!(preload_list("/s.so", None, Some("")), "/s.so");
     }
 }

@@ -5,11 +5,7 @@ use std::process::ExitCode;
 
 /// `--metrics`: `host:port`, or a bare port meaning `127.0.0.1:PORT` (loopback by default).
 fn parse_metrics(s: &str) -> Option<SocketAddr> {
-    s.parse::<SocketAddr>().ok().or_else(|| {
-        s.parse::<u16>()
-            .ok()
-            .map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p)))
-    })
+    s.parse::<SocketAddr>().ok().or_else(|| s.parse::<u16>().ok().map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p))))
 }
 
 pub fn run(config: Option<PathBuf>, metrics: Option<String>) -> ExitCode {
@@ -21,9 +17,7 @@ pub fn run(config: Option<PathBuf>, metrics: Option<String>) -> ExitCode {
         match parse_metrics(&m) {
             Some(a) => cfg.service.metrics = Some(a),
             None => {
-                eprintln!(
-                    "pmrxe: --metrics: invalid address {m:?} (expected host:port or a port number)"
-                );
+                eprintln!("pmrxe: --metrics: invalid address {m:?} (expected host:port or a port number)");
                 return ExitCode::from(2);
             }
         }

@@ -11,15 +11,7 @@ fn socket(explicit: Option<PathBuf>) -> PathBuf {
 }
 
 fn connect(path: &std::path::Path) -> Result<Client, ExitCode> {
-    Client::connect(path).map_err(|e| {
-        super::fail(
-            &format!(
-                "cannot reach the service at {} (is `pmrxe serve` running? PMRXE_SOCKET?)",
-                path.display()
-            ),
-            e,
-        )
-    })
+    Client::connect(path).map_err(|e| super::fail(&format!("cannot reach the service at {} (is `pmrxe serve` running? PMRXE_SOCKET?)", path.display()), e))
 }
 
 pub fn run(json: bool, watch: Option<f64>, socket_path: Option<PathBuf>) -> ExitCode {
@@ -54,28 +46,16 @@ fn create_capture_file(out: &std::path::Path, force: bool) -> std::io::Result<st
             Err(e) => return Err(e),
         }
     }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(out)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                std::io::Error::new(e.kind(), "the file exists (pass --force to replace it)")
-            } else {
-                e
-            }
-        })
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(out).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            std::io::Error::new(e.kind(), "the file exists (pass --force to replace it)")
+        } else {
+            e
+        }
+    })
 }
 
-pub fn capture(
-    out: PathBuf,
-    count: u64,
-    qp: Option<u32>,
-    force: bool,
-    socket_path: Option<PathBuf>,
-) -> ExitCode {
+pub fn capture(out: PathBuf, count: u64, qp: Option<u32>, force: bool, socket_path: Option<PathBuf>) -> ExitCode {
     let file = match create_capture_file(&out, force) {
         Ok(f) => f,
         Err(e) => return super::fail(&format!("creating {}", out.display()), e),
@@ -101,8 +81,7 @@ pub fn capture(
         return super::fail("capture", why);
     }
     drop(wr);
-    match pmrxe_service::stats::copy_stream(std::fs::File::from(rd), std::io::BufWriter::new(file))
-    {
+    match pmrxe_service::stats::copy_stream(std::fs::File::from(rd), std::io::BufWriter::new(file)) {
         Ok(n) => {
             eprintln!("pmrxe: capture: {n} bytes written to {}", out.display());
             ExitCode::SUCCESS

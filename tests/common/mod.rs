@@ -33,10 +33,7 @@ pub fn pmrxe_bin() -> PathBuf {
 
 /// The shim next to the binary (built by `cargo build --release --workspace`).
 pub fn shim_path() -> PathBuf {
-    let p = pmrxe_bin()
-        .parent()
-        .expect("binary dir")
-        .join("libpmrxe_verbs.so");
+    let p = pmrxe_bin().parent().expect("binary dir").join("libpmrxe_verbs.so");
     assert!(
         p.exists(),
         "the verbs shim {} is missing: build the whole workspace first \
@@ -108,19 +105,8 @@ fn tool_package(name: &str) -> &'static str {
 /// Compile the C program `src` (relative to the repository) into `out` with `compiler` (`cc`,
 /// `mpicc`), `-O2 -Wall -Werror`, linking `libs`.
 pub fn compile_c(src: &str, out: &Path, compiler: &Path, libs: &[&str]) {
-    let o = Command::new(compiler)
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(out)
-        .arg(repo_root().join(src))
-        .args(libs)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{} {src}: {}",
-        compiler.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = Command::new(compiler).args(["-O2", "-Wall", "-Werror", "-o"]).arg(out).arg(repo_root().join(src)).args(libs).output().unwrap();
+    assert!(o.status.success(), "{} {src}: {}", compiler.display(), String::from_utf8_lossy(&o.stderr));
 }
 
 /// Absolute path of a program in PATH, or a test failure naming its Debian package and
@@ -142,35 +128,15 @@ pub fn require_tool(name: &str) -> PathBuf {
 /// the checker is missing.
 pub fn icrc_check(pcap: &Path, args: &[&str]) -> (bool, String) {
     let checker = repo_root().join("scripts/lib/icrc_check.py");
-    assert!(
-        checker.is_file(),
-        "the ICRC checker {} is missing from the repository",
-        checker.display()
-    );
-    let o = Command::new(require_tool("python3"))
-        .arg(&checker)
-        .args(args)
-        .arg(pcap)
-        .output()
-        .expect("run python3");
-    (
-        o.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    assert!(checker.is_file(), "the ICRC checker {} is missing from the repository", checker.display());
+    let o = Command::new(require_tool("python3")).arg(&checker).args(args).arg(pcap).output().expect("run python3");
+    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
 }
 
 /// Fail unless running as root (namespaces, strace of another process, /var/run/dpdk).
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (CI runs as root)"
-    );
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (CI runs as root)");
 }
 
 /// Exclusive lock serialising the heavy tests across test binaries and threads.
@@ -190,16 +156,8 @@ pub fn heavy_lock() -> HeavyLock {
     let t0 = Instant::now();
     // SAFETY: flock on a valid fd owned by `f`.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(
-        r,
-        0,
-        "flock /tmp/pmrxe-itest.lock: {}",
-        std::io::Error::last_os_error()
-    );
-    eprintln!(
-        "waited {:.1} s for /tmp/pmrxe-itest.lock (another heavy test held it)",
-        t0.elapsed().as_secs_f64()
-    );
+    assert_eq!(r, 0, "flock /tmp/pmrxe-itest.lock: {}", std::io::Error::last_os_error());
+    eprintln!("waited {:.1} s for /tmp/pmrxe-itest.lock (another heavy test held it)", t0.elapsed().as_secs_f64());
     HeavyLock(f)
 }
 
@@ -250,19 +208,12 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 
 /// Run `work` while another thread calls `sample` every `period` (first at once), until `work`
 /// returns: counters read from a service during a run.
-pub fn sample_during<R>(
-    period: Duration,
-    mut sample: impl FnMut() + Send,
-    work: impl FnOnce() -> R,
-) -> R {
+pub fn sample_during<R>(period: Duration, mut sample: impl FnMut() + Send, work: impl FnOnce() -> R) -> R {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|s| {
         s.spawn(move || loop {
             sample();
-            if !matches!(
-                stopped.recv_timeout(period),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-            ) {
+            if !matches!(stopped.recv_timeout(period), Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
                 break;
             }
         });
@@ -328,20 +279,14 @@ pub fn read_to_string_lossy(p: &Path) -> String {
 pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     let from = lines.len().saturating_sub(n);
-    lines[from..]
-        .iter()
-        .map(|l| format!("    | {l}\n"))
-        .collect()
+    lines[from..].iter().map(|l| format!("    | {l}\n")).collect()
 }
 
 /// `HugePages_Free` from /proc/meminfo.
 pub fn hugepages_free() -> u64 {
     let m = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
     m.lines()
-        .find_map(|l| {
-            l.strip_prefix("HugePages_Free:")
-                .map(|v| v.trim().parse().unwrap_or(0))
-        })
+        .find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0)))
         .unwrap_or(0)
 }
 
@@ -391,14 +336,7 @@ impl Service {
             .stderr(logf);
         let child = cmd.spawn().expect("spawn pmrxe serve");
         let pid = child.id(); // `ip netns exec` execs the program: same pid
-        let mut s = Service {
-            child: Some(child),
-            pid,
-            socket,
-            log,
-            dir,
-            netns: netns.map(str::to_string),
-        };
+        let mut s = Service { child: Some(child), pid, socket, log, dir, netns: netns.map(str::to_string) };
         let t0 = Instant::now();
         loop {
             if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
@@ -417,20 +355,11 @@ impl Service {
             }
             if t0.elapsed() > START_TIMEOUT {
                 let l = read_to_string_lossy(&s.log);
-                panic!(
-                    "pmrxe serve {:?} not ready after {:?}; log:\n{}",
-                    config,
-                    START_TIMEOUT,
-                    tail(&l, 30)
-                );
+                panic!("pmrxe serve {:?} not ready after {:?}; log:\n{}", config, START_TIMEOUT, tail(&l, 30));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        eprintln!(
-            "service pid {pid} ready after {:.1} s (socket {})",
-            t0.elapsed().as_secs_f64(),
-            s.socket.display()
-        );
+        eprintln!("service pid {pid} ready after {:.1} s (socket {})", t0.elapsed().as_secs_f64(), s.socket.display());
         s
     }
 
@@ -442,29 +371,16 @@ impl Service {
     /// `pmrxe stats` (text).
     pub fn stats_text(&self) -> String {
         let o = self.pmrxe().arg("stats").output().expect("pmrxe stats");
-        assert!(
-            o.status.success(),
-            "pmrxe stats failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "pmrxe stats failed: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     /// `pmrxe stats --json`, parsed (panics with the text if it is not JSON).
     pub fn stats_json(&self) -> serde_json::Value {
-        let o = self
-            .pmrxe()
-            .args(["stats", "--json"])
-            .output()
-            .expect("pmrxe stats --json");
-        assert!(
-            o.status.success(),
-            "pmrxe stats --json failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let o = self.pmrxe().args(["stats", "--json"]).output().expect("pmrxe stats --json");
+        assert!(o.status.success(), "pmrxe stats --json failed: {}", String::from_utf8_lossy(&o.stderr));
         let text = String::from_utf8_lossy(&o.stdout);
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("pmrxe stats --json is not JSON ({e}):\n{text}"))
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("pmrxe stats --json is not JSON ({e}):\n{text}"))
     }
 
     pub fn log_text(&self) -> String {
@@ -485,18 +401,10 @@ impl Service {
             .stderr(File::create(&err).unwrap())
             .spawn()
             .unwrap();
-        wait_until(
-            Duration::from_secs(10),
-            "pmrxe capture becoming active",
-            || {
-                assert!(
-                    cap.try_wait().unwrap().is_none(),
-                    "pmrxe capture exited: {}",
-                    read_to_string_lossy(&err)
-                );
-                self.stats_json()["capture"]["active"] == serde_json::json!(true)
-            },
-        );
+        wait_until(Duration::from_secs(10), "pmrxe capture becoming active", || {
+            assert!(cap.try_wait().unwrap().is_none(), "pmrxe capture exited: {}", read_to_string_lossy(&err));
+            self.stats_json()["capture"]["active"] == serde_json::json!(true)
+        });
         cap
     }
 
@@ -505,10 +413,7 @@ impl Service {
     pub fn stop_within(&mut self, limit: Duration) -> (ExitStatus, Duration) {
         let mut child = self.child.take().expect("service already stopped");
         if let Some(st) = child.try_wait().unwrap() {
-            panic!(
-                "the service had already exited ({st}) before SIGTERM; log:\n{}",
-                tail(&self.log_text(), 30)
-            );
+            panic!("the service had already exited ({st}) before SIGTERM; log:\n{}", tail(&self.log_text(), 30));
         }
         let t0 = Instant::now();
         sigterm(self.pid);
@@ -525,11 +430,7 @@ impl Service {
     /// SIGTERM, wait up to 5 s, assert exit status 0.
     pub fn stop(&mut self) {
         let (st, _) = self.stop_within(Duration::from_secs(5));
-        assert!(
-            st.success(),
-            "the service exited with {st} after SIGTERM; log:\n{}",
-            tail(&self.log_text(), 30)
-        );
+        assert!(st.success(), "the service exited with {st} after SIGTERM; log:\n{}", tail(&self.log_text(), 30));
     }
 }
 
@@ -576,11 +477,7 @@ impl ProgOutput {
             Some(s) => s.to_string(),
             None => "TIMED OUT (killed)".into(),
         };
-        format!(
-            "`{}` -> {st}; output:\n{}",
-            self.cmdline,
-            tail(&self.output, 25)
-        )
+        format!("`{}` -> {st}; output:\n{}", self.cmdline, tail(&self.output, 25))
     }
 }
 
@@ -615,15 +512,10 @@ pub fn pmrxe_at(socket: &Path) -> Command {
 /// groups (no capabilities: what a login of that user has) and execs `pmrxe`, so the child's
 /// pid is the program's; HOME points at a directory anyone may use.
 pub fn pmrxe_as(socket: &Path, user: Option<&str>) -> Command {
-    let Some(u) = user else {
-        return pmrxe_at(socket);
-    };
+    let Some(u) = user else { return pmrxe_at(socket) };
     let mut c = Command::new(require_tool("setpriv"));
-    c.args(["--reuid", u, "--regid", u, "--init-groups", "--"])
-        .arg(for_all_users().join("pmrxe"));
-    c.env("PMRXE_SOCKET", socket)
-        .env("HOME", "/tmp")
-        .stdin(Stdio::null());
+    c.args(["--reuid", u, "--regid", u, "--init-groups", "--"]).arg(for_all_users().join("pmrxe"));
+    c.env("PMRXE_SOCKET", socket).env("HOME", "/tmp").stdin(Stdio::null());
     c
 }
 
@@ -652,16 +544,10 @@ pub fn spawn_verbs_as(socket: &Path, user: Option<&str>, args: &[&str], out: &Pa
 
 /// Run a single verbs program under `pmrxe run --` to completion (bounded by `limit`).
 pub fn run_verbs(svc: &Service, args: &[&str], limit: Duration) -> ProgOutput {
-    let out = svc
-        .dir
-        .join(&format!("prog{}.out", SEQ.fetch_add(1, Ordering::Relaxed)));
+    let out = svc.dir.join(&format!("prog{}.out", SEQ.fetch_add(1, Ordering::Relaxed)));
     let mut c = spawn_verbs(svc, args, &out);
     let status = wait_timeout(&mut c, limit);
-    ProgOutput {
-        cmdline: args.join(" "),
-        status,
-        output: read_to_string_lossy(&out),
-    }
+    ProgOutput { cmdline: args.join(" "), status, output: read_to_string_lossy(&out) }
 }
 
 /// Socket inodes of `pid` that listen on TCP `port` (any address), read from the process's
@@ -731,51 +617,27 @@ pub fn run_pair_as(
         std::thread::sleep(Duration::from_millis(50));
     }
     if let Some(st) = early {
-        let server_out = ProgOutput {
-            cmdline: server.join(" "),
-            status: Some(st),
-            output: read_to_string_lossy(&so),
-        };
-        panic!(
-            "the verbs server exited before listening on port {port}: {}",
-            server_out.describe()
-        );
+        let server_out = ProgOutput { cmdline: server.join(" "), status: Some(st), output: read_to_string_lossy(&so) };
+        panic!("the verbs server exited before listening on port {port}: {}", server_out.describe());
     }
     let mut c = spawn_verbs_as(&client_svc.socket, user, client, &co);
     let cs = wait_timeout(&mut c, limit);
-    let left = limit
-        .saturating_sub(t0.elapsed())
-        .max(Duration::from_secs(5));
+    let left = limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5));
     let ss = wait_timeout(&mut s, left);
     PairOutput {
-        server: ProgOutput {
-            cmdline: server.join(" "),
-            status: ss,
-            output: read_to_string_lossy(&so),
-        },
-        client: ProgOutput {
-            cmdline: client.join(" "),
-            status: cs,
-            output: read_to_string_lossy(&co),
-        },
+        server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) },
+        client: ProgOutput { cmdline: client.join(" "), status: cs, output: read_to_string_lossy(&co) },
     }
 }
 
 /// [`run_pair_on`] with both sides on one (loopback) service.
-pub fn run_pair(
-    svc: &Service,
-    server: &[&str],
-    client: &[&str],
-    port: u16,
-    limit: Duration,
-) -> PairOutput {
+pub fn run_pair(svc: &Service, server: &[&str], client: &[&str], port: u16, limit: Duration) -> PairOutput {
     run_pair_on(svc, server, svc, client, port, limit)
 }
 
 /// One HTTP request to 127.0.0.1:`port` (the metrics endpoint); returns (status line, headers+body as text).
 pub fn http(port: u16, req: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
-        .unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(req.as_bytes()).unwrap();
     let mut out = String::new();
@@ -787,22 +649,14 @@ pub fn http(port: u16, req: &str) -> (String, String) {
 pub fn scrape(port: u16) -> String {
     let (status, out) = http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!(status, "HTTP/1.1 200 OK", "{out}");
-    assert!(
-        out.contains("Content-Type: text/plain; version=0.0.4"),
-        "{out}"
-    );
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    assert!(out.contains("Content-Type: text/plain; version=0.0.4"), "{out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }
 
 /// Value of the first sample whose name and labels start with `prefix`
 /// (`pmrxe_lcore_rx_packets_total{lcore="0"}`).
 pub fn value(body: &str, prefix: &str) -> Option<f64> {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    body.lines().filter(|l| !l.starts_with('#')).find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// `ibv_rc_pingpong -n ITERS` between the devices of one service (server on pmrxe0, client on
@@ -811,29 +665,8 @@ pub fn loopback_pingpong(svc: &Service, iters: u32, port: u16, limit: Duration) 
     let (n, ps) = (iters.to_string(), port.to_string());
     run_pair(
         svc,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe0",
-            "-g",
-            "1",
-            "-n",
-            &n,
-            "-p",
-            &ps,
-        ],
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            "pmrxe1",
-            "-g",
-            "1",
-            "-n",
-            &n,
-            "-p",
-            &ps,
-            "127.0.0.1",
-        ],
+        &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", &n, "-p", &ps],
+        &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", &n, "-p", &ps, "127.0.0.1"],
         port,
         limit,
     )
@@ -889,23 +722,14 @@ pub fn threads_named(pid: u32, comm: &str) -> Vec<u32> {
 
 /// Sum of an lcore counter over all lcores in a `pmrxe stats --json` value.
 pub fn sum_counter(j: &serde_json::Value, name: &str) -> u64 {
-    j["lcores"]
-        .as_array()
-        .expect("lcores array")
-        .iter()
-        .map(|l| l["counters"][name].as_u64().unwrap_or(0))
-        .sum()
+    j["lcores"].as_array().expect("lcores array").iter().map(|l| l["counters"][name].as_u64().unwrap_or(0)).sum()
 }
 
 /// Wait (polling, at most `limit`) until `server` listens on TCP `port`; fail if it exits.
 pub fn wait_listening(server: &mut Child, port: u16, out: &Path, limit: Duration) {
     let t0 = Instant::now();
     while !listens_on(server.id(), port) {
-        assert!(
-            server.try_wait().unwrap().is_none(),
-            "server exited before listening: {}",
-            read_to_string_lossy(out)
-        );
+        assert!(server.try_wait().unwrap().is_none(), "server exited before listening: {}", read_to_string_lossy(out));
         assert!(t0.elapsed() < limit, "server never listened on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -913,23 +737,14 @@ pub fn wait_listening(server: &mut Child, port: u16, out: &Path, limit: Duration
 
 /// Wait (polling, at most `limit`) until the service transmitted more than `min_tx` frames;
 /// returns the stats snapshot that showed it. `ctx` is printed on timeout.
-pub fn wait_for_traffic(
-    svc: &Service,
-    min_tx: u64,
-    limit: Duration,
-    ctx: &Path,
-) -> serde_json::Value {
+pub fn wait_for_traffic(svc: &Service, min_tx: u64, limit: Duration, ctx: &Path) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
         let j = svc.stats_json();
         if sum_counter(&j, "tx_packets") > min_tx {
             return j;
         }
-        assert!(
-            t0.elapsed() < limit,
-            "no traffic within {limit:?}:\n{}",
-            read_to_string_lossy(ctx)
-        );
+        assert!(t0.elapsed() < limit, "no traffic within {limit:?}:\n{}", read_to_string_lossy(ctx));
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -948,17 +763,9 @@ pub fn spawn_cm_server(svc: &Service, args: &[&str], out: &Path) -> Child {
     let t0 = Instant::now();
     while cm_listeners(svc) <= before {
         if let Some(st) = c.try_wait().unwrap() {
-            panic!(
-                "`{}` exited ({st}) before it listened:\n{}",
-                args.join(" "),
-                tail(&read_to_string_lossy(out), 25)
-            );
+            panic!("`{}` exited ({st}) before it listened:\n{}", args.join(" "), tail(&read_to_string_lossy(out), 25));
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "`{}` not listening after 30 s",
-            args.join(" ")
-        );
+        assert!(t0.elapsed() < Duration::from_secs(30), "`{}` not listening after 30 s", args.join(" "));
         std::thread::sleep(Duration::from_millis(20)); // poll interval of a bounded condition wait
     }
     c
@@ -974,11 +781,7 @@ pub fn run_cm_pair(svc: &Service, server: &[&str], client: &[&str], limit: Durat
 /// (`cm.ports[*].rej_no_listener`), from one `pmrxe stats`.
 pub fn cm_listeners_and_no_listener_rejects(svc: &Service) -> (u64, u64) {
     let j = svc.stats_json();
-    let rejected = j["cm"]["ports"].as_array().map_or(0, |ps| {
-        ps.iter()
-            .map(|p| p["rej_no_listener"].as_u64().unwrap_or(0))
-            .sum()
-    });
+    let rejected = j["cm"]["ports"].as_array().map_or(0, |ps| ps.iter().map(|p| p["rej_no_listener"].as_u64().unwrap_or(0)).sum());
     (j["cm"]["listeners"].as_u64().unwrap_or(0), rejected)
 }
 
@@ -996,36 +799,20 @@ pub fn cm_listeners_and_no_listener_rejects(svc: &Service) -> (u64, u64) {
 /// server is not ready"). So a perftest pair is run again (at most twice more) when, and only
 /// when, its client reports exactly one of those two rejections and the server's CM counted a
 /// REQ or SIDR REQ with no listener meanwhile.
-pub fn run_cm_pair_across(
-    server_svc: &Service,
-    client_svc: &Service,
-    server: &[&str],
-    client: &[&str],
-    limit: Duration,
-) -> PairOutput {
+pub fn run_cm_pair_across(server_svc: &Service, client_svc: &Service, server: &[&str], client: &[&str], limit: Duration) -> PairOutput {
     let perftest = server.first().is_some_and(|p| p.starts_with("ib_"));
     let mut attempt = 0;
     loop {
         attempt += 1;
         let t0 = Instant::now();
         let (listening, rejected) = cm_listeners_and_no_listener_rejects(server_svc);
-        let so = server_svc.dir.join(&format!(
-            "cm{}.server.out",
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let so = server_svc.dir.join(&format!("cm{}.server.out", SEQ.fetch_add(1, Ordering::Relaxed)));
         let mut s = spawn_cm_server(server_svc, server, &so);
-        let c = run_verbs(
-            client_svc,
-            client,
-            limit
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_secs(5)),
-        );
+        let c = run_verbs(client_svc, client, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
         let raced = perftest
             && attempt < 3
             && !c.ok()
-            && (c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8")
-                || c.output.contains("RDMA_CM_EVENT_UNREACHABLE; error: 1."))
+            && (c.output.contains("RDMA_CM_EVENT_REJECTED; error: 8") || c.output.contains("RDMA_CM_EVENT_UNREACHABLE; error: 1."))
             && cm_listeners_and_no_listener_rejects(server_svc).1 > rejected;
         if raced {
             eprintln!("perftest -R: the data REQ or SIDR REQ beat the server's listen (attempt {attempt}, refused: no listener); running the pair again");
@@ -1034,28 +821,13 @@ pub fn run_cm_pair_across(
             // Its listener goes when the service has seen the client go.
             let t1 = Instant::now();
             while cm_listeners(server_svc) > listening {
-                assert!(
-                    t1.elapsed() < Duration::from_secs(10),
-                    "the killed perftest server's listener outlived it"
-                );
+                assert!(t1.elapsed() < Duration::from_secs(10), "the killed perftest server's listener outlived it");
                 std::thread::sleep(Duration::from_millis(20)); // poll interval of a bounded condition wait
             }
             continue;
         }
-        let ss = wait_timeout(
-            &mut s,
-            limit
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_secs(5)),
-        );
-        return PairOutput {
-            server: ProgOutput {
-                cmdline: server.join(" "),
-                status: ss,
-                output: read_to_string_lossy(&so),
-            },
-            client: c,
-        };
+        let ss = wait_timeout(&mut s, limit.saturating_sub(t0.elapsed()).max(Duration::from_secs(5)));
+        return PairOutput { server: ProgOutput { cmdline: server.join(" "), status: ss, output: read_to_string_lossy(&so) }, client: c };
     }
 }
 
@@ -1089,28 +861,12 @@ impl NetnsPair {
     pub fn named(a: &str, b: &str, if_a: &str, if_b: &str) -> NetnsPair {
         require_root();
         require_tool("ip");
-        NetnsPair {
-            a: a.to_string(),
-            b: b.to_string(),
-            if_a: if_a.to_string(),
-            if_b: if_b.to_string(),
-            tag: String::new(),
-        }
-        .create()
+        NetnsPair { a: a.to_string(), b: b.to_string(), if_a: if_a.to_string(), if_b: if_b.to_string(), tag: String::new() }.create()
     }
     fn create(self) -> NetnsPair {
-        assert!(
-            self.if_a.len() <= 15,
-            "interface name {} too long",
-            self.if_a
-        );
+        assert!(self.if_a.len() <= 15, "interface name {} too long", self.if_a);
         let o = self.script("up");
-        assert!(
-            o.status.success(),
-            "netns.sh up: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "netns.sh up: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         self
     }
     fn script(&self, cmd: &str) -> std::process::Output {
@@ -1124,20 +880,12 @@ impl NetnsPair {
     }
     /// configs/netns-{a,b}.toml with this pair's interface and a private EAL file prefix.
     pub fn config(&self, dir: &TempDir, which: char) -> PathBuf {
-        let text = std::fs::read_to_string(repo_root().join(format!("configs/netns-{which}.toml")))
-            .unwrap();
-        let (iface, orig) = if which == 'a' {
-            (&self.if_a, "pmrxe-va")
-        } else {
-            (&self.if_b, "pmrxe-vb")
-        };
+        let text = std::fs::read_to_string(repo_root().join(format!("configs/netns-{which}.toml"))).unwrap();
+        let (iface, orig) = if which == 'a' { (&self.if_a, "pmrxe-va") } else { (&self.if_b, "pmrxe-vb") };
         let prefix = format!("pmrxe-netns-{which}");
         let text = text
             .replace(&format!("iface={orig}"), &format!("iface={iface}"))
-            .replace(
-                &format!("\"{prefix}\""),
-                &format!("\"{prefix}-{}{}\"", self.tag, std::process::id()),
-            );
+            .replace(&format!("\"{prefix}\""), &format!("\"{prefix}-{}{}\"", self.tag, std::process::id()));
         let p = dir.join(&format!("netns-{which}.toml"));
         std::fs::write(&p, text).unwrap();
         p
@@ -1145,10 +893,7 @@ impl NetnsPair {
     /// Services on both ends (A: 10.77.0.1 in `a`, B: 10.77.0.2 in `b`).
     pub fn services(&self, dir: &TempDir) -> (Service, Service) {
         let (ca, cb) = (self.config(dir, 'a'), self.config(dir, 'b'));
-        (
-            Service::start(Some(&ca), Some(&self.a)),
-            Service::start(Some(&cb), Some(&self.b)),
-        )
+        (Service::start(Some(&ca), Some(&self.a)), Service::start(Some(&cb), Some(&self.b)))
     }
 }
 
@@ -1175,37 +920,16 @@ pub fn assert_nothing_left(svc: &Service, limit: Duration, what: &str) {
         last["cm"],
         last["clients"]
     );
-    eprintln!(
-        "{what}: nothing left after {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
+    eprintln!("{what}: nothing left after {:.1} s", t0.elapsed().as_secs_f64());
 }
 
 /// What a service holds, from `pmrxe stats --json`: (rdma_cm ids, channels, listeners,
 /// connections, clients other than `pmrxe` itself, QPs).
 pub fn held(j: &serde_json::Value) -> (u64, u64, u64, u64, usize, usize) {
-    let cm = |k: &str| {
-        j["cm"][k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]))
-    };
-    let qps = j["lcores"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|l| l["qps"].as_array().map_or(0, Vec::len))
-        .sum();
-    let clients = j["clients"]
-        .as_array()
-        .map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count());
-    (
-        cm("ids"),
-        cm("channels"),
-        cm("listeners"),
-        cm("conns"),
-        clients,
-        qps,
-    )
+    let cm = |k: &str| j["cm"][k].as_u64().unwrap_or_else(|| panic!("no cm.{k} in pmrxe stats --json: {}", j["cm"]));
+    let qps = j["lcores"].as_array().into_iter().flatten().map(|l| l["qps"].as_array().map_or(0, Vec::len)).sum();
+    let clients = j["clients"].as_array().map_or(0, |c| c.iter().filter(|c| c["program"] != "pmrxe").count());
+    (cm("ids"), cm("channels"), cm("listeners"), cm("conns"), clients, qps)
 }
 
 /// A network namespace whose `lo` carries some addresses: for programs whose kernel TCP
@@ -1220,14 +944,9 @@ impl LoNetns {
         let name = format!("pmrxe-{tag}-{}", std::process::id());
         let ip = require_tool("ip");
         let _ = Command::new(&ip).args(["netns", "del", &name]).status();
-        let mut cmds = vec![
-            vec!["netns", "add", &name],
-            vec!["netns", "exec", &name, "ip", "link", "set", "lo", "up"],
-        ];
+        let mut cmds = vec![vec!["netns", "add", &name], vec!["netns", "exec", &name, "ip", "link", "set", "lo", "up"]];
         for a in addrs {
-            cmds.push(vec![
-                "netns", "exec", &name, "ip", "addr", "add", a, "dev", "lo",
-            ]);
+            cmds.push(vec!["netns", "exec", &name, "ip", "addr", "add", a, "dev", "lo"]);
         }
         for args in cmds {
             let st = Command::new(&ip).args(&args).status().expect("ip");
@@ -1240,19 +959,17 @@ impl LoNetns {
     /// left its qperf server running).
     pub fn spawn(&self, svc: &Service, args: &[&str], out: &Path) -> KillOnDrop {
         let f = File::create(out).unwrap();
-        KillOnDrop(
-            Command::new(require_tool("ip"))
-                .args(["netns", "exec", &self.0])
-                .arg(pmrxe_bin())
-                .args(["run", "--"])
-                .args(args)
-                .env("PMRXE_SOCKET", &svc.socket)
-                .stdin(Stdio::null())
-                .stdout(f.try_clone().unwrap())
-                .stderr(f)
-                .spawn()
-                .expect("spawn ip netns exec"),
-        )
+        KillOnDrop(Command::new(require_tool("ip"))
+            .args(["netns", "exec", &self.0])
+            .arg(pmrxe_bin())
+            .args(["run", "--"])
+            .args(args)
+            .env("PMRXE_SOCKET", &svc.socket)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .expect("spawn ip netns exec"))
     }
 }
 
@@ -1302,6 +1019,7 @@ pub fn qperf_value(out: &str, key: &str) -> Option<f64> {
     })
 }
 
+
 /// An innocent client pair for the security tests: an ibv_rc_pingpong pair (pmrxe0 <-> pmrxe1,
 /// `iters` round trips) started before an attack and checked after it: the pair must complete
 /// with its own data checks, `pmrxe stats` must answer within a second, and the service log
@@ -1319,48 +1037,10 @@ impl Bystander {
         let (p, n) = (port.to_string(), iters.to_string());
         let so = svc.dir.join(&format!("bystander{port}.server.out"));
         let co = svc.dir.join(&format!("bystander{port}.client.out"));
-        let server = spawn_verbs(
-            svc,
-            &[
-                "ibv_rc_pingpong",
-                "-d",
-                "pmrxe0",
-                "-g",
-                "1",
-                "-n",
-                &n,
-                "-p",
-                &p,
-            ],
-            &so,
-        );
-        wait_until(
-            Duration::from_secs(20),
-            "the bystander's server listens",
-            || listens_on(server.id(), port),
-        );
-        let client = spawn_verbs(
-            svc,
-            &[
-                "ibv_rc_pingpong",
-                "-d",
-                "pmrxe1",
-                "-g",
-                "1",
-                "-n",
-                &n,
-                "-p",
-                &p,
-                "127.0.0.1",
-            ],
-            &co,
-        );
-        Bystander {
-            server,
-            client,
-            so,
-            co,
-        }
+        let server = spawn_verbs(svc, &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", &n, "-p", &p], &so);
+        wait_until(Duration::from_secs(20), "the bystander's server listens", || listens_on(server.id(), port));
+        let client = spawn_verbs(svc, &["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", &n, "-p", &p, "127.0.0.1"], &co);
+        Bystander { server, client, so, co }
     }
 
     /// After the attack: the pair completes (within `limit`), stats answer within 1 s, the log
@@ -1368,33 +1048,14 @@ impl Bystander {
     pub fn check(mut self, svc: &Service, limit: Duration, max_log_lines: usize) {
         let t0 = Instant::now();
         let o = svc.pmrxe().arg("stats").output().expect("pmrxe stats");
-        assert!(
-            o.status.success() && t0.elapsed() < Duration::from_secs(1),
-            "pmrxe stats took {:?} after the attack",
-            t0.elapsed()
-        );
+        assert!(o.status.success() && t0.elapsed() < Duration::from_secs(1), "pmrxe stats took {:?} after the attack", t0.elapsed());
         let cs = wait_timeout(&mut self.client, limit);
         let ss = wait_timeout(&mut self.server, Duration::from_secs(10));
-        let (c, s) = (
-            read_to_string_lossy(&self.co),
-            read_to_string_lossy(&self.so),
-        );
-        assert!(
-            cs.is_some_and(|st| st.success()) && ss.is_some_and(|st| st.success()),
-            "the bystander pair failed:\nclient {cs:?}: {}\nserver {ss:?}: {}",
-            tail(&c, 10),
-            tail(&s, 10)
-        );
-        assert!(
-            c.contains("iters in"),
-            "bystander client output: {}",
-            tail(&c, 10)
-        );
+        let (c, s) = (read_to_string_lossy(&self.co), read_to_string_lossy(&self.so));
+        assert!(cs.is_some_and(|st| st.success()) && ss.is_some_and(|st| st.success()), "the bystander pair failed:\nclient {cs:?}: {}\nserver {ss:?}: {}", tail(&c, 10), tail(&s, 10));
+        assert!(c.contains("iters in"), "bystander client output: {}", tail(&c, 10));
         let lines = svc.log_text().lines().count();
-        assert!(
-            lines < max_log_lines,
-            "service log has {lines} lines (bounded: < {max_log_lines})"
-        );
+        assert!(lines < max_log_lines, "service log has {lines} lines (bounded: < {max_log_lines})");
     }
 }
 
@@ -1410,15 +1071,10 @@ pub fn for_all_users() -> &'static Path {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("create the shared binary directory");
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        for (src, name) in [
-            (pmrxe_bin(), "pmrxe"),
-            (shim_path(), "libpmrxe_verbs.so"),
-            (repo_root().join("scripts/container.sh"), "container.sh"),
-        ] {
+        for (src, name) in [(pmrxe_bin(), "pmrxe"), (shim_path(), "libpmrxe_verbs.so"), (repo_root().join("scripts/container.sh"), "container.sh")] {
             let dst = d.join(name);
             if std::fs::hard_link(&src, &dst).is_err() {
-                std::fs::copy(&src, &dst)
-                    .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
+                std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
             }
             std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
         }

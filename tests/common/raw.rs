@@ -16,25 +16,11 @@ pub fn socket(ns: &str, ifname: &str) -> OwnedFd {
     std::thread::spawn(move || {
         let ns = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
         // SAFETY: setns on this thread with a namespace fd we hold.
-        assert_eq!(
-            unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
-            0,
-            "setns"
-        );
+        assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket syscall.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                proto as i32,
-            )
-        };
-        assert!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as i32) };
+        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
         // SAFETY: fresh fd.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let name = std::ffi::CString::new(ifname.as_str()).unwrap();
@@ -47,27 +33,12 @@ pub fn socket(ns: &str, ifname: &str) -> OwnedFd {
         sll.sll_protocol = proto;
         sll.sll_ifindex = ifindex as i32;
         // SAFETY: valid sockaddr_ll.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of_val(&sll) as u32,
-            )
-        };
+        let r = unsafe { libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of_val(&sll) as u32) };
         assert_eq!(r, 0, "bind AF_PACKET");
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 20_000,
-        };
+        let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
         // SAFETY: valid timeval option.
         unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of_val(&tv) as u32,
-            )
+            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of_val(&tv) as u32)
         };
         fd
     })
@@ -79,22 +50,12 @@ pub fn socket(ns: &str, ifname: &str) -> OwnedFd {
 pub fn send(fd: &OwnedFd, frame: &[u8]) {
     // SAFETY: sending from a live buffer on our bound socket.
     let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-    assert_eq!(
-        n,
-        frame.len() as isize,
-        "send: {}",
-        std::io::Error::last_os_error()
-    );
+    assert_eq!(n, frame.len() as isize, "send: {}", std::io::Error::last_os_error());
 }
 
 /// Frames from source MAC `from` (the service's port) until `done` accepts the collection or
 /// `wait` passes.
-pub fn recv_until(
-    fd: &OwnedFd,
-    from: [u8; 6],
-    wait: Duration,
-    done: impl Fn(&[Vec<u8>]) -> bool,
-) -> Vec<Vec<u8>> {
+pub fn recv_until(fd: &OwnedFd, from: [u8; 6], wait: Duration, done: impl Fn(&[Vec<u8>]) -> bool) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let t0 = Instant::now();
     let mut buf = vec![0u8; 10000];
@@ -139,30 +100,10 @@ mtu = 1500
 /// Addressing of a frame the raw peer (`mac`/`ip`) sends to the service's port
 /// (`svc_mac`/`svc_ip`): IPv4, traffic class `tclass`, UDP source port 0xd00d.
 pub fn l3_v4(mac: [u8; 6], ip: Ipv4Addr, svc_mac: [u8; 6], svc_ip: Ipv4Addr, tclass: u8) -> L3Info {
-    L3Info {
-        src_mac: MacAddr(mac),
-        dst_mac: MacAddr(svc_mac),
-        src_ip: IpAddr::V4(ip),
-        dst_ip: IpAddr::V4(svc_ip),
-        tclass,
-        udp_sport: 0xd00d,
-        ..Default::default()
-    }
+    L3Info { src_mac: MacAddr(mac), dst_mac: MacAddr(svc_mac), src_ip: IpAddr::V4(ip), dst_ip: IpAddr::V4(svc_ip), tclass, udp_sport: 0xd00d, ..Default::default() }
 }
 
 /// A BTH with the default partition key and no flags but `ack_req`.
 pub fn bth(opcode: Opcode, qpn: u32, psn: Psn, ack_req: bool) -> BthRepr {
-    BthRepr {
-        opcode,
-        solicited: false,
-        migreq: false,
-        pad: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(qpn),
-        ack_req,
-        psn,
-    }
+    BthRepr { opcode, solicited: false, migreq: false, pad: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, dest_qp: Qpn::new(qpn), ack_req, psn }
 }

@@ -22,8 +22,8 @@ use std::sync::Mutex;
 use crate::ctrl::{self, DeviceInfo, Request, Response};
 use crate::ring::{Consumer, Pod, Producer, RingError};
 use crate::{
-    ClientPage, CqNotify, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe,
-    ShmSendWqe, SrqSegmentLayout, ABI_VERSION, CLIENT_PAGE_LEN, CLIENT_PAGE_MAGIC,
+    ClientPage, CqNotify, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout, ABI_VERSION,
+    CLIENT_PAGE_LEN, CLIENT_PAGE_MAGIC,
 };
 
 /// Why a client operation failed.
@@ -36,11 +36,7 @@ pub enum Error {
     /// The service closed the connection.
     Closed,
     /// The service answered `Response::Err` (`errno` is positive).
-    Service {
-        request: &'static str,
-        errno: i32,
-        msg: String,
-    },
+    Service { request: &'static str, errno: i32, msg: String },
     /// The reply did not fit the protocol (what was expected).
     Protocol(&'static str),
     /// The service speaks another ABI version.
@@ -75,24 +71,12 @@ impl std::fmt::Display for Error {
         match self {
             Error::Connect(e) | Error::Io(e) => e.fmt(f),
             Error::Closed => f.write_str("service closed the connection"),
-            Error::Service {
-                request,
-                errno,
-                msg,
-            } => write!(
-                f,
-                "{request}: {msg} ({})",
-                io::Error::from_raw_os_error(*errno)
-            ),
+            Error::Service { request, errno, msg } => write!(f, "{request}: {msg} ({})", io::Error::from_raw_os_error(*errno)),
             Error::Protocol(what) => write!(f, "pmrxe: unexpected reply to {what}"),
             Error::Abi { service } => write!(f, "service ABI {service}, ours {ABI_VERSION}"),
             Error::Ring(e) => e.fmt(f),
             Error::Untrusted(why) | Error::Denied(why) => f.write_str(why),
-            Error::Timeout(what) => write!(
-                f,
-                "the service did not answer {what} within {:?} (PMRXE_CALL_TIMEOUT_MS)",
-                call_timeout()
-            ),
+            Error::Timeout(what) => write!(f, "the service did not answer {what} within {:?} (PMRXE_CALL_TIMEOUT_MS)", call_timeout()),
         }
     }
 }
@@ -160,11 +144,7 @@ pub struct Channel {
 /// `PMRXE_CALL_TIMEOUT_MS`, default 30 s (a registration of many gigabytes populates its
 /// pages inside the call).
 pub fn call_timeout() -> std::time::Duration {
-    let ms = std::env::var("PMRXE_CALL_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(30_000);
+    let ms = std::env::var("PMRXE_CALL_TIMEOUT_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(30_000);
     std::time::Duration::from_millis(ms)
 }
 
@@ -186,10 +166,7 @@ impl Channel {
         let me = rustix::process::getuid().as_raw();
         let service = service_uid();
         if let Some(why) = ctrl::untrusted_socket_dir(path, me, service) {
-            return Err(Error::Untrusted(format!(
-                "refusing the control socket {}: {why}",
-                path.display()
-            )));
+            return Err(Error::Untrusted(format!("refusing the control socket {}: {why}", path.display())));
         }
         let sock = ctrl::seqpacket_connect(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => {
@@ -211,11 +188,7 @@ impl Channel {
             )));
         }
         ctrl::set_timeouts(&sock, call_timeout())?;
-        Ok(Channel {
-            sock,
-            buf: Mutex::new(Vec::new()),
-            broken: AtomicBool::new(false),
-        })
+        Ok(Channel { sock, buf: Mutex::new(Vec::new()), broken: AtomicBool::new(false) })
     }
 
     /// One request/response round trip, the response as it came. A round trip that exceeds
@@ -235,20 +208,14 @@ impl Channel {
             }
         };
         ctrl::send_msg(self.sock.as_raw_fd(), &ctrl::encode(req)?, fds).map_err(timed_out)?;
-        let got = ctrl::recv_msg_fds(self.sock.as_raw_fd(), &mut buf, ctrl::MAX_REPLY_FDS)
-            .map_err(timed_out)?
-            .ok_or(Error::Closed)?;
+        let got = ctrl::recv_msg_fds(self.sock.as_raw_fd(), &mut buf, ctrl::MAX_REPLY_FDS).map_err(timed_out)?.ok_or(Error::Closed)?;
         Ok((ctrl::decode(&buf)?, got))
     }
 
     /// One round trip; `Response::Err` becomes [`Error::Service`] (errno 0 or negative: EIO).
     pub fn call_checked(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>)> {
         match self.call(req, fds)? {
-            (Response::Err { errno, msg }, _) => Err(Error::Service {
-                request: request_name(req),
-                errno: if errno > 0 { errno } else { libc::EIO },
-                msg,
-            }),
+            (Response::Err { errno, msg }, _) => Err(Error::Service { request: request_name(req), errno: if errno > 0 { errno } else { libc::EIO }, msg }),
             r => Ok(r),
         }
     }
@@ -287,25 +254,11 @@ impl Mapping {
         if len == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let flags = MapFlags::SHARED
-            | if populate {
-                MapFlags::POPULATE
-            } else {
-                MapFlags::empty()
-            };
+        let flags = MapFlags::SHARED | if populate { MapFlags::POPULATE } else { MapFlags::empty() };
         ctrl::with_borrowed(&[fd], |fd| {
             // SAFETY: a fresh mapping at a kernel-chosen address (null hint, no MAP_FIXED); no
             // existing memory is touched.
-            let p = unsafe {
-                mm::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    flags,
-                    fd[0],
-                    offset,
-                )
-            }?;
+            let p = unsafe { mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, flags, fd[0], offset) }?;
             Ok(Mapping { ptr: p.cast(), len })
         })
     }
@@ -339,21 +292,11 @@ impl Drop for Mapping {
 /// would make the other side's next access raise SIGBUS). The service's segments, the shim's
 /// registration copies and the native harness's buffers all come from here; callers that
 /// want huge pages when free try `huge_page` first and 0 on failure.
-pub fn memfd(
-    name: &std::ffi::CStr,
-    len: u64,
-    huge_page: u64,
-    seal_size: bool,
-) -> io::Result<OwnedFd> {
+pub fn memfd(name: &std::ffi::CStr, len: u64, huge_page: u64, seal_size: bool) -> io::Result<OwnedFd> {
     use rustix::fs::{MemfdFlags, SealFlags};
     // MFD_HUGE_SHIFT (26): log2 of the huge page size in the flags.
-    let huge = if huge_page > 4096 {
-        MemfdFlags::HUGETLB | MemfdFlags::from_bits_retain(huge_page.trailing_zeros() << 26)
-    } else {
-        MemfdFlags::empty()
-    };
-    let fd =
-        rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | huge)?;
+    let huge = if huge_page > 4096 { MemfdFlags::HUGETLB | MemfdFlags::from_bits_retain(huge_page.trailing_zeros() << 26) } else { MemfdFlags::empty() };
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | huge)?;
     rustix::fs::ftruncate(&fd, len)?;
     if seal_size {
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
@@ -385,44 +328,17 @@ impl Connection {
     pub fn connect(path: &Path, program: String) -> Result<Connection> {
         let chan = Channel::connect(path)?;
         let pid = std::process::id();
-        let (resp, fds) = chan.call_checked(
-            &Request::Hello {
-                abi_version: ABI_VERSION,
-                pid,
-                program,
-            },
-            &[],
-        )?;
-        let Response::Hello {
-            abi_version,
-            client_id,
-            devices,
-        } = resp
-        else {
-            return Err(Error::Protocol("Hello"));
-        };
+        let (resp, fds) = chan.call_checked(&Request::Hello { abi_version: ABI_VERSION, pid, program }, &[])?;
+        let Response::Hello { abi_version, client_id, devices } = resp else { return Err(Error::Protocol("Hello")) };
         if abi_version != ABI_VERSION {
-            return Err(Error::Abi {
-                service: abi_version,
-            });
+            return Err(Error::Abi { service: abi_version });
         }
         let mut fds = fds.into_iter();
-        let page_fd = fds
-            .next()
-            .ok_or(Error::Protocol("Hello (no client page)"))?;
+        let page_fd = fds.next().ok_or(Error::Protocol("Hello (no client page)"))?;
         let page = Mapping::map_fd(page_fd.as_raw_fd(), CLIENT_PAGE_LEN as usize)?;
         let events_fd = fds.next().ok_or(Error::Protocol("Hello (no event fd)"))?;
         let wake_fds = fds.collect();
-        let c = Connection {
-            chan,
-            page,
-            events_fd,
-            wake_fds,
-            client_id,
-            devices,
-            dead: AtomicBool::new(false),
-            idle_polls: AtomicU32::new(0),
-        };
+        let c = Connection { chan, page, events_fd, wake_fds, client_id, devices, dead: AtomicBool::new(false), idle_polls: AtomicU32::new(0) };
         if c.page().magic != CLIENT_PAGE_MAGIC {
             return Err(Error::Protocol("Hello (client page magic)"));
         }
@@ -526,37 +442,17 @@ impl QpSegment {
     /// checking `layout`; the receive ring only if `with_rq` (no SRQ) and it has capacity.
     pub fn attach(fds: &[OwnedFd], layout: &QpSegmentLayout, with_rq: bool) -> Result<QpSegment> {
         let fd = segment_fd(fds, "CreateQp (no fd)")?;
-        let sq_end = if layout.rq_capacity > 0 {
-            layout.rq_offset
-        } else {
-            layout.total_len
-        };
-        if sq_end > layout.total_len
-            || layout.sq_offset < QpSegmentLayout::HEADER
-            || layout.sq_offset >= sq_end
-            || layout.rq_offset > layout.total_len
-        {
+        let sq_end = if layout.rq_capacity > 0 { layout.rq_offset } else { layout.total_len };
+        if sq_end > layout.total_len || layout.sq_offset < QpSegmentLayout::HEADER || layout.sq_offset >= sq_end || layout.rq_offset > layout.total_len {
             return Err(Error::Protocol("CreateQp (layout)"));
         }
         let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
         // SAFETY: [sq_offset, sq_end) was checked to lie inside the mapping, which the
         // QpSegment owns for as long as the producer lives.
-        let sq = unsafe {
-            Producer::attach(
-                map.ptr().add(layout.sq_offset as usize),
-                (sq_end - layout.sq_offset) as usize,
-                layout.sq_capacity,
-            )
-        }?;
+        let sq = unsafe { Producer::attach(map.ptr().add(layout.sq_offset as usize), (sq_end - layout.sq_offset) as usize, layout.sq_capacity) }?;
         let rq = if layout.rq_capacity > 0 && with_rq {
             // SAFETY: as above, [rq_offset, total_len) lies inside the mapping.
-            Some(unsafe {
-                Producer::attach(
-                    map.ptr().add(layout.rq_offset as usize),
-                    (layout.total_len - layout.rq_offset) as usize,
-                    layout.rq_capacity,
-                )
-            }?)
+            Some(unsafe { Producer::attach(map.ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, layout.rq_capacity) }?)
         } else {
             None
         };
@@ -575,20 +471,12 @@ impl CqSegment {
     /// Map the segment of a `Response::Cq` and attach its ring after checking `layout`.
     pub fn attach(fds: &[OwnedFd], layout: &CqSegmentLayout) -> Result<CqSegment> {
         let fd = segment_fd(fds, "CreateCq (no fd)")?;
-        if layout.ring_offset >= layout.total_len
-            || (layout.ring_offset as usize) < std::mem::size_of::<CqNotify>()
-        {
+        if layout.ring_offset >= layout.total_len || (layout.ring_offset as usize) < std::mem::size_of::<CqNotify>() {
             return Err(Error::Protocol("CreateCq (layout)"));
         }
         let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
         // SAFETY: the ring lies inside the mapping (checked offset), which the CqSegment owns.
-        let cons = unsafe {
-            Consumer::attach(
-                map.ptr().add(layout.ring_offset as usize),
-                (layout.total_len - layout.ring_offset) as usize,
-                layout.capacity,
-            )
-        }?;
+        let cons = unsafe { Consumer::attach(map.ptr().add(layout.ring_offset as usize), (layout.total_len - layout.ring_offset) as usize, layout.capacity) }?;
         Ok(CqSegment { cons, map })
     }
 
@@ -610,8 +498,7 @@ impl SrqSegment {
         let fd = segment_fd(fds, "CreateSrq (no fd)")?;
         let map = Mapping::map_fd(fd.as_raw_fd(), layout.total_len as usize)?;
         // SAFETY: the ring starts the segment and spans the mapping, which the SrqSegment owns.
-        let rq =
-            unsafe { Producer::attach(map.ptr(), layout.total_len as usize, layout.capacity) }?;
+        let rq = unsafe { Producer::attach(map.ptr(), layout.total_len as usize, layout.capacity) }?;
         Ok(SrqSegment { rq, map })
     }
 }
@@ -619,11 +506,7 @@ impl SrqSegment {
 /// Drain up to `max` completions from `cons`, handing each to `each` with its index, then
 /// release the slots (one store). No system call. How many were taken.
 #[inline]
-pub fn poll_cq(
-    cons: &mut Consumer<ShmCqe>,
-    max: usize,
-    mut each: impl FnMut(usize, ShmCqe),
-) -> std::result::Result<usize, RingError> {
+pub fn poll_cq(cons: &mut Consumer<ShmCqe>, max: usize, mut each: impl FnMut(usize, ShmCqe)) -> std::result::Result<usize, RingError> {
     let mut n = 0;
     while n < max {
         match cons.peek()? {
@@ -647,40 +530,14 @@ mod tests {
 
     #[test]
     fn errno_of_each_error() {
-        assert_eq!(
-            Error::Connect(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "socket path too long"
-            ))
-            .errno(),
-            libc::ENAMETOOLONG
-        );
-        assert_eq!(
-            Error::Connect(io::Error::from_raw_os_error(libc::ENOENT)).errno(),
-            libc::ENOENT
-        );
-        assert_eq!(
-            Error::Io(io::Error::new(io::ErrorKind::InvalidData, "bad")).errno(),
-            libc::EIO
-        );
+        assert_eq!(Error::Connect(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long")).errno(), libc::ENAMETOOLONG);
+        assert_eq!(Error::Connect(io::Error::from_raw_os_error(libc::ENOENT)).errno(), libc::ENOENT);
+        assert_eq!(Error::Io(io::Error::new(io::ErrorKind::InvalidData, "bad")).errno(), libc::EIO);
         assert_eq!(Error::Closed.errno(), libc::ECONNRESET);
-        assert_eq!(
-            Error::Service {
-                request: "AllocPd",
-                errno: libc::EBUSY,
-                msg: "x".into()
-            }
-            .errno(),
-            libc::EBUSY
-        );
+        assert_eq!(Error::Service { request: "AllocPd", errno: libc::EBUSY, msg: "x".into() }.errno(), libc::EBUSY);
         assert_eq!(Error::Protocol("Hello").errno(), libc::EPROTO);
         assert_eq!(Error::Abi { service: 0 }.errno(), libc::EPROTO);
-        let e: io::Error = Error::Service {
-            request: "RegMr",
-            errno: libc::EINVAL,
-            msg: "bad range".into(),
-        }
-        .into();
+        let e: io::Error = Error::Service { request: "RegMr", errno: libc::EINVAL, msg: "bad range".into() }.into();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().starts_with("RegMr: bad range ("), "{e}");
         let e: io::Error = Error::Closed.into();
@@ -691,10 +548,7 @@ mod tests {
 
     #[test]
     fn empty_mapping_is_einval() {
-        assert_eq!(
-            Mapping::map_fd(-1, 0).err().and_then(|e| e.raw_os_error()),
-            Some(libc::EINVAL)
-        );
+        assert_eq!(Mapping::map_fd(-1, 0).err().and_then(|e| e.raw_os_error()), Some(libc::EINVAL));
     }
 
     #[test]
@@ -702,43 +556,23 @@ mod tests {
         // A socketpair stands in for the service: it answers one request with Err (errno 0 is
         // normalised to EIO) and the next with Ok.
         let (a, b) = ctrl::seqpacket_pair().unwrap();
-        let chan = Channel {
-            sock: a,
-            buf: Mutex::new(Vec::new()),
-            broken: AtomicBool::new(false),
-        };
+        let chan = Channel { sock: a, buf: Mutex::new(Vec::new()), broken: AtomicBool::new(false) };
         let server = std::thread::spawn(move || {
             let mut buf = Vec::new();
-            for resp in [
-                Response::Err {
-                    errno: 0,
-                    msg: "nope".into(),
-                },
-                Response::Ok,
-            ] {
+            for resp in [Response::Err { errno: 0, msg: "nope".into() }, Response::Ok] {
                 ctrl::recv_msg(b.as_raw_fd(), &mut buf).unwrap().unwrap();
                 let _: Request = ctrl::decode(&buf).unwrap();
                 ctrl::send_msg(b.as_raw_fd(), &ctrl::encode(&resp).unwrap(), &[]).unwrap();
             }
         });
         match chan.call_checked(&Request::AllocPd { device: 0 }, &[]) {
-            Err(Error::Service {
-                request: "AllocPd",
-                errno,
-                msg,
-            }) => assert_eq!((errno, msg.as_str()), (libc::EIO, "nope")),
+            Err(Error::Service { request: "AllocPd", errno, msg }) => assert_eq!((errno, msg.as_str()), (libc::EIO, "nope")),
             other => panic!("{:?}", other.map(|r| r.0)),
         }
-        assert!(matches!(
-            chan.call_checked(&Request::AllocPd { device: 0 }, &[]),
-            Ok((Response::Ok, _))
-        ));
+        assert!(matches!(chan.call_checked(&Request::AllocPd { device: 0 }, &[]), Ok((Response::Ok, _))));
         server.join().unwrap();
         // The peer is gone: end of file.
         assert!(chan.peer_gone());
-        assert!(matches!(
-            chan.call(&Request::AllocPd { device: 0 }, &[]),
-            Err(Error::Closed | Error::Io(_))
-        ));
+        assert!(matches!(chan.call(&Request::AllocPd { device: 0 }, &[]), Err(Error::Closed | Error::Io(_))));
     }
 }

@@ -8,12 +8,12 @@
 //!
 //! Every request gets exactly one response. Errors carry an errno the shim returns to the
 //! application as-is, plus a message for logs.
+use serde::{Deserialize, Serialize};
 use rustix::io::Errno;
 use rustix::net::{
-    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+    SocketAddrUnix, SocketFlags, SocketType,
 };
-use serde::{Deserialize, Serialize};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -175,135 +175,47 @@ pub struct Piece {
 /// Client → service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Request {
-    Hello {
-        abi_version: u32,
-        pid: u32,
-        program: String,
-    },
-    AllocPd {
-        device: u32,
-    },
-    DeallocPd {
-        pd: u32,
-    },
-    CreateCompChannel {
-        device: u32,
-    },
-    DestroyCompChannel {
-        channel: u32,
-    },
-    CreateCq {
-        device: u32,
-        cqe: u32,
-        channel: Option<u32>,
-    },
-    DestroyCq {
-        cq: u32,
-    },
+    Hello { abi_version: u32, pid: u32, program: String },
+    AllocPd { device: u32 },
+    DeallocPd { pd: u32 },
+    CreateCompChannel { device: u32 },
+    DestroyCompChannel { channel: u32 },
+    CreateCq { device: u32, cqe: u32, channel: Option<u32> },
+    DestroyCq { cq: u32 },
     /// Hand the service a shared-memory segment (fd 0, a memfd) that now backs the client's
     /// pages `base..base+len` (page aligned). `seg` is chosen by the client, unique per client.
-    AddSegment {
-        seg: u64,
-        base: u64,
-        len: u64,
-    },
+    AddSegment { seg: u64, base: u64, len: u64 },
     /// The client no longer uses segment `seg` for new registrations; the service closes it
     /// once no MR maps it.
-    ReleaseSegment {
-        seg: u64,
-    },
+    ReleaseSegment { seg: u64 },
     /// Register application memory `addr..addr+len` (client addresses). `pieces` cover the
     /// page-aligned span `[addr & !4095, round_up(addr+len, 4096))` in order. The service maps
     /// the pieces contiguously in its own address space (one map per MR).
-    RegMr {
-        pd: u32,
-        addr: u64,
-        len: u64,
-        iova: u64,
-        access: u32,
-        pieces: Vec<Piece>,
-    },
-    DeregMr {
-        key: u32,
-    },
+    RegMr { pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: Vec<Piece> },
+    DeregMr { key: u32 },
     /// pmrxedv: fast-registration MR with `max_num_sg` page slots (FREE).
-    AllocMr {
-        pd: u32,
-        max_num_sg: u32,
-    },
+    AllocMr { pd: u32, max_num_sg: u32 },
     /// pmrxedv: map a scatter list into the MR's staging translation. Entries are
     /// (client address, length); each must lie in a segment the client added.
-    MapMrSg {
-        key: u32,
-        sg: Vec<(u64, u64)>,
-        sg_offset: u64,
-        page_size: u64,
-    },
-    AllocMw {
-        pd: u32,
-        mw_type: u32,
-    },
-    DeallocMw {
-        key: u32,
-    },
-    CreateQp {
-        device: u32,
-        pd: u32,
-        qp_type: u32,
-        send_cq: u32,
-        recv_cq: u32,
-        srq: Option<u32>,
-        cap: QpCap,
-        sq_sig_all: bool,
-    },
-    ModifyQp {
-        qpn: u32,
-        attr: QpAttr,
-        mask: u32,
-    },
-    QueryQp {
-        qpn: u32,
-    },
-    DestroyQp {
-        qpn: u32,
-    },
-    CreateSrq {
-        device: u32,
-        pd: u32,
-        max_wr: u32,
-        max_sge: u32,
-        srq_limit: u32,
-    },
-    ModifySrq {
-        srq: u32,
-        max_wr: u32,
-        srq_limit: u32,
-        mask: u32,
-    },
-    QuerySrq {
-        srq: u32,
-    },
-    DestroySrq {
-        srq: u32,
-    },
-    CreateAh {
-        pd: u32,
-        attr: AhAttr,
-    },
-    DestroyAh {
-        ah: u32,
-    },
+    MapMrSg { key: u32, sg: Vec<(u64, u64)>, sg_offset: u64, page_size: u64 },
+    AllocMw { pd: u32, mw_type: u32 },
+    DeallocMw { key: u32 },
+    CreateQp { device: u32, pd: u32, qp_type: u32, send_cq: u32, recv_cq: u32, srq: Option<u32>, cap: QpCap, sq_sig_all: bool },
+    ModifyQp { qpn: u32, attr: QpAttr, mask: u32 },
+    QueryQp { qpn: u32 },
+    DestroyQp { qpn: u32 },
+    CreateSrq { device: u32, pd: u32, max_wr: u32, max_sge: u32, srq_limit: u32 },
+    ModifySrq { srq: u32, max_wr: u32, srq_limit: u32, mask: u32 },
+    QuerySrq { srq: u32 },
+    DestroySrq { srq: u32 },
+    CreateAh { pd: u32, attr: AhAttr },
+    DestroyAh { ah: u32 },
     /// Async events queued for this client (non-blocking).
     GetAsyncEvent,
     /// Service statistics (text or JSON).
-    Stats {
-        json: bool,
-    },
+    Stats { json: bool },
     /// Start a live capture into a pcap stream written to the passed fd.
-    Capture {
-        count: u64,
-        qpn: Option<u32>,
-    },
+    Capture { count: u64, qpn: Option<u32> },
     /// Hand the service memory that is already shareable, as it is (no copy): fd 0 is the file
     /// that backs the client's shared mapping `base..base+len` (a hugetlbfs file, a memfd, a
     /// SysV SHM segment, a `MAP_SHARED` regular file or shared anonymous memory) and `offset`
@@ -311,29 +223,13 @@ pub enum Request {
     /// page size (2 MiB on a 2 MiB hugetlbfs). The service maps the same pages `MAP_SHARED`;
     /// the file is not sealed (the client may use it as before). `seg` shares the `AddSegment`
     /// id space. (Appended last so the encoding of every older request is unchanged.)
-    AddSharedSegment {
-        seg: u64,
-        base: u64,
-        len: u64,
-        offset: u64,
-    },
+    AddSharedSegment { seg: u64, base: u64, len: u64, offset: u64 },
     /// `ibv_rereg_mr`: MR `key` gets the PD, access and translation described as in `RegMr`
     /// (the client sends the whole new description, changed or not); its keys stay the same.
-    ReregMr {
-        key: u32,
-        pd: u32,
-        addr: u64,
-        len: u64,
-        iova: u64,
-        access: u32,
-        pieces: Vec<Piece>,
-    },
+    ReregMr { key: u32, pd: u32, addr: u64, len: u64, iova: u64, access: u32, pieces: Vec<Piece> },
     /// `ibv_resize_cq` to `cqe` entries within the CQ's ring (EOPNOTSUPP beyond it, EINVAL below
     /// the completions waiting to be polled).
-    ResizeCq {
-        cq: u32,
-        cqe: u32,
-    },
+    ResizeCq { cq: u32, cqe: u32 },
     // ---- rdma_cm (issue 14; docs/cm.md "Integration"). Ids are the service's handles. ----
     /// `rdma_create_event_channel`: answered with `Response::CmChannel` and fd 0, the client's
     /// end of a `SOCK_SEQPACKET` pair on which the service writes one encoded [`CmEventMsg`]
@@ -342,84 +238,37 @@ pub enum Request {
     CmOpenChannel,
     /// `rdma_create_id`: `ps` is the RDMA_PS_* port space, `qp_type` the IBV_QPT_* the id will
     /// use, `context` is echoed in every event of the id. → `Response::CmId`.
-    CmCreateId {
-        channel: u32,
-        ps: u16,
-        qp_type: u32,
-        context: u64,
-    },
+    CmCreateId { channel: u32, ps: u16, qp_type: u32, context: u64 },
     /// `rdma_migrate_id`.
-    CmMigrateId {
-        id: u32,
-        channel: u32,
-    },
+    CmMigrateId { id: u32, channel: u32 },
     /// `rdma_bind_addr`: wildcard address = every device; port 0 = pick one. → `Response::CmAddr`.
-    CmBindAddr {
-        id: u32,
-        addr: CmSockAddr,
-    },
+    CmBindAddr { id: u32, addr: CmSockAddr },
     /// `rdma_resolve_addr`: picks the device that owns or routes to `dst` (and binds `src` if
     /// given); event ADDR_RESOLVED (or ADDR_ERROR) follows. → `Response::CmAddr` (source).
-    CmResolveAddr {
-        id: u32,
-        src: Option<CmSockAddr>,
-        dst: CmSockAddr,
-        timeout_ms: u32,
-    },
+    CmResolveAddr { id: u32, src: Option<CmSockAddr>, dst: CmSockAddr, timeout_ms: u32 },
     /// `rdma_resolve_route`: event ROUTE_RESOLVED (or ROUTE_ERROR) follows.
-    CmResolveRoute {
-        id: u32,
-        timeout_ms: u32,
-    },
+    CmResolveRoute { id: u32, timeout_ms: u32 },
     /// `rdma_listen`.
-    CmListen {
-        id: u32,
-        backlog: u32,
-    },
+    CmListen { id: u32, backlog: u32 },
     /// `rdma_connect` (RC/UC: REQ; UD: SIDR_REQ). The active side's QP is in INIT; on the REP
     /// the client gets the internal event CONNECT_RESPONSE, moves its QP to RTR/RTS with
     /// `CmInitQpAttr` and sends `CmEstablish` (RTU), then reports ESTABLISHED, as librdmacm.
-    CmConnect {
-        id: u32,
-        qpn: u32,
-        conn: CmConnParam,
-    },
+    CmConnect { id: u32, qpn: u32, conn: CmConnParam },
     /// `rdma_accept`: the client moved its QP to RTR and RTS first (`CmInitQpAttr`).
-    CmAccept {
-        id: u32,
-        qpn: u32,
-        conn: CmConnParam,
-    },
+    CmAccept { id: u32, qpn: u32, conn: CmConnParam },
     /// `rdma_reject` with private data.
-    CmReject {
-        id: u32,
-        private_data: Vec<u8>,
-    },
+    CmReject { id: u32, private_data: Vec<u8> },
     /// `rdma_establish` / the RTU after CONNECT_RESPONSE.
-    CmEstablish {
-        id: u32,
-    },
+    CmEstablish { id: u32 },
     /// `rdma_disconnect` (DREQ, or DREP to a received DREQ).
-    CmDisconnect {
-        id: u32,
-    },
+    CmDisconnect { id: u32 },
     /// `rdma_init_qp_attr`: the attributes and mask for moving the id's QP to `qp_state`
     /// (IBV_QPS_*). → `Response::CmQpAttr`.
-    CmInitQpAttr {
-        id: u32,
-        qp_state: u32,
-    },
+    CmInitQpAttr { id: u32, qp_state: u32 },
     /// `rdma_set_option` (level/optname as librdmacm; value bytes as given).
-    CmSetOption {
-        id: u32,
-        level: i32,
-        name: i32,
-        value: Vec<u8>,
-    },
+    CmSetOption { id: u32, level: i32, name: i32, value: Vec<u8> },
     /// `rdma_destroy_id`: sends what the kernel's destroy would (REJ/DREQ), drops the id.
-    CmDestroyId {
-        id: u32,
-    },
+    CmDestroyId { id: u32 },
 }
 
 /// A socket address as rdma_cm carries it: IPv4 as an IPv4-mapped IPv6 address.
@@ -506,86 +355,35 @@ pub struct AsyncEvent {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     /// Handshake accepted; fd 0 = the client page (doorbells).
-    Hello {
-        abi_version: u32,
-        client_id: u32,
-        devices: Vec<DeviceInfo>,
-    },
-    Pd {
-        pd: u32,
-    },
+    Hello { abi_version: u32, client_id: u32, devices: Vec<DeviceInfo> },
+    Pd { pd: u32 },
     /// fd 0 = the eventfd the client waits on.
-    CompChannel {
-        channel: u32,
-    },
+    CompChannel { channel: u32 },
     /// fd 0 = the CQ segment.
-    Cq {
-        cq: u32,
-        cqe: u32,
-        layout: CqSegmentLayout,
-    },
-    Mr {
-        key: u32,
-    },
+    Cq { cq: u32, cqe: u32, layout: CqSegmentLayout },
+    Mr { key: u32 },
     /// Number of SG entries mapped.
-    Mapped {
-        n: u32,
-    },
-    Mw {
-        key: u32,
-    },
+    Mapped { n: u32 },
+    Mw { key: u32 },
     /// fd 0 = the QP segment.
-    Qp {
-        qpn: u32,
-        cap: QpCap,
-        layout: QpSegmentLayout,
-        doorbell: Doorbell,
-    },
-    QpAttr {
-        attr: QpAttr,
-        init_cap: QpCap,
-    },
+    Qp { qpn: u32, cap: QpCap, layout: QpSegmentLayout, doorbell: Doorbell },
+    QpAttr { attr: QpAttr, init_cap: QpCap },
     /// fd 0 = the SRQ segment.
-    Srq {
-        srq: u32,
-        max_wr: u32,
-        max_sge: u32,
-        layout: SrqSegmentLayout,
-        doorbell: Doorbell,
-    },
-    SrqAttr {
-        max_wr: u32,
-        max_sge: u32,
-        srq_limit: u32,
-    },
-    Ah {
-        ah: u32,
-    },
+    Srq { srq: u32, max_wr: u32, max_sge: u32, layout: SrqSegmentLayout, doorbell: Doorbell },
+    SrqAttr { max_wr: u32, max_sge: u32, srq_limit: u32 },
+    Ah { ah: u32 },
     AsyncEvent(Option<AsyncEvent>),
     Stats(String),
     Ok,
-    Err {
-        errno: i32,
-        msg: String,
-    },
+    Err { errno: i32, msg: String },
     /// `CmOpenChannel` (fd 0: the event socket).
-    CmChannel {
-        channel: u32,
-    },
+    CmChannel { channel: u32 },
     /// `CmCreateId`.
-    CmId {
-        id: u32,
-    },
+    CmId { id: u32 },
     /// `CmBindAddr` / `CmResolveAddr`: the bound source address and device (None: wildcard).
-    CmAddr {
-        addr: CmSockAddr,
-        device: Option<u32>,
-    },
+    CmAddr { addr: CmSockAddr, device: Option<u32> },
     /// `CmInitQpAttr`: attributes and IBV_QP_* mask for `ibv_modify_qp`.
-    CmQpAttr {
-        attr: QpAttr,
-        mask: u32,
-    },
+    CmQpAttr { attr: QpAttr, mask: u32 },
 }
 
 /// Encode a message.
@@ -606,20 +404,14 @@ pub fn decode<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> io::Result<T> {
 
 /// Run `f` with `fds` — raw descriptors a caller passed in — borrowed for the length of the
 /// call. A negative number is `EBADF`, as the kernel would answer.
-pub(crate) fn with_borrowed<R>(
-    fds: &[RawFd],
-    f: impl FnOnce(&[BorrowedFd<'_>]) -> io::Result<R>,
-) -> io::Result<R> {
+pub(crate) fn with_borrowed<R>(fds: &[RawFd], f: impl FnOnce(&[BorrowedFd<'_>]) -> io::Result<R>) -> io::Result<R> {
     if fds.iter().any(|&fd| fd < 0) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
     // SAFETY: each fd is non-negative (never the -1 niche) and is a descriptor the caller
     // holds open while it calls us (the contract of every function here that takes a raw fd);
     // the borrows live only inside `f`, within that call.
-    let borrowed: Vec<BorrowedFd<'_>> = fds
-        .iter()
-        .map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) })
-        .collect();
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) }).collect();
     f(&borrowed)
 }
 
@@ -638,28 +430,17 @@ struct CmsgBuf([MaybeUninit<u8>; cmsg_space(MAX_REPLY_FDS)]);
 /// Send one message with optional fds over a SEQPACKET socket.
 pub fn send_msg(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     if bytes.len() > MAX_MSG || fds.len() > MAX_REPLY_FDS {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "control message too large",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
     }
     with_borrowed(&[sock], |sock| {
         with_borrowed(fds, |fds| {
             let mut space = CmsgBuf([MaybeUninit::uninit(); cmsg_space(MAX_REPLY_FDS)]);
             let mut control = SendAncillaryBuffer::new(&mut space.0);
             if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "control message too large",
-                ));
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
             }
             loop {
-                match net::sendmsg(
-                    sock[0],
-                    &[IoSlice::new(bytes)],
-                    &mut control,
-                    SendFlags::NOSIGNAL,
-                ) {
+                match net::sendmsg(sock[0], &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
                     Ok(_) => return Ok(()),
                     Err(Errno::INTR) => continue,
                     Err(e) => return Err(e.into()),
@@ -677,23 +458,13 @@ pub fn recv_msg(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Vec<OwnedFd
 
 /// Receive one message and up to `max_fds` fds (at most [`MAX_REPLY_FDS`]; more is an error).
 /// `Ok(None)` on orderly shutdown by the peer.
-pub fn recv_msg_fds(
-    sock: RawFd,
-    buf: &mut Vec<u8>,
-    max_fds: usize,
-) -> io::Result<Option<Vec<OwnedFd>>> {
+pub fn recv_msg_fds(sock: RawFd, buf: &mut Vec<u8>, max_fds: usize) -> io::Result<Option<Vec<OwnedFd>>> {
     buf.resize(MAX_MSG, 0);
     with_borrowed(&[sock], |sock| {
         let mut space = CmsgBuf([MaybeUninit::uninit(); cmsg_space(MAX_REPLY_FDS)]);
-        let mut control =
-            RecvAncillaryBuffer::new(&mut space.0[..cmsg_space(max_fds.min(MAX_REPLY_FDS))]);
+        let mut control = RecvAncillaryBuffer::new(&mut space.0[..cmsg_space(max_fds.min(MAX_REPLY_FDS))]);
         let got = loop {
-            match net::recvmsg(
-                sock[0],
-                &mut [IoSliceMut::new(buf)],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            ) {
+            match net::recvmsg(sock[0], &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
                 Ok(got) => break got,
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -706,10 +477,7 @@ pub fn recv_msg_fds(
             }
         }
         if got.flags.contains(ReturnFlags::CTRUNC) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "control message fds truncated",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "control message fds truncated"));
         }
         if got.bytes == 0 && fds.is_empty() {
             return Ok(None);
@@ -724,21 +492,13 @@ fn sockaddr(path: &std::path::Path) -> io::Result<SocketAddrUnix> {
     use std::os::unix::ffi::OsStrExt;
     // sun_path is 108 bytes; the path must fit with its terminating NUL.
     if path.as_os_str().as_bytes().len() >= 108 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "socket path too long",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
     }
     Ok(SocketAddrUnix::new(path)?)
 }
 
 fn seqpacket_socket() -> io::Result<OwnedFd> {
-    Ok(net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?)
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
 }
 
 /// Connect a `SOCK_SEQPACKET` socket to the service at `path` (std has no constructor for
@@ -761,12 +521,7 @@ pub fn seqpacket_listen(path: &std::path::Path, backlog: i32) -> io::Result<Owne
 
 /// A connected `SOCK_SEQPACKET` pair (close-on-exec).
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(net::socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?)
+    Ok(net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
 }
 
 /// The peer's credentials (`SO_PEERCRED`): (pid, uid, gid).
@@ -774,21 +529,11 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Still libc: rustix's `socket_peercred` returns the pid as a non-zero `Pid`, but the kernel
 /// reports pid 0 for a peer in a pid namespace we cannot see, which that type cannot hold.
 pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<(i32, u32, u32)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred`/`len` are valid out-parameters of the declared size.
     let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
+        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
     };
     if r != 0 {
         return Err(io::Error::last_os_error());
@@ -807,24 +552,13 @@ pub fn peer_groups(sock: &impl AsRawFd) -> io::Result<Vec<u32>> {
         let mut len = (groups.len() * 4) as libc::socklen_t;
         // SAFETY: `groups` is a writable buffer of `len` bytes; the kernel writes at most `len`
         // bytes and sets `len` to the size it needs (ERANGE when the buffer is too small).
-        let r = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_PEERGROUPS,
-                groups.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
+        let r = unsafe { libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len) };
         if r == 0 {
             groups.truncate(len as usize / 4);
             return Ok(groups);
         }
         let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE)
-            || len as usize <= groups.len() * 4
-            || len > 1 << 20
-        {
+        if e.raw_os_error() != Some(libc::ERANGE) || len as usize <= groups.len() * 4 || len > 1 << 20 {
             return Err(e);
         }
         groups.resize(len as usize / 4, 0);
@@ -834,11 +568,7 @@ pub fn peer_groups(sock: &impl AsRawFd) -> io::Result<Vec<u32>> {
 /// Why a client must not trust the control socket at `path`: its directory is writable by
 /// users other than its owner (anyone could replace the socket with their own service), or is
 /// owned by someone other than root, the client itself or `service_uid`. `None`: trusted.
-pub fn untrusted_socket_dir(
-    path: &std::path::Path,
-    my_uid: u32,
-    service_uid: Option<u32>,
-) -> Option<String> {
+pub fn untrusted_socket_dir(path: &std::path::Path, my_uid: u32, service_uid: Option<u32>) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -846,12 +576,7 @@ pub fn untrusted_socket_dir(
     };
     let md = match std::fs::metadata(dir) {
         Ok(m) => m,
-        Err(e) => {
-            return Some(format!(
-                "cannot inspect its directory {}: {e}",
-                dir.display()
-            ))
-        }
+        Err(e) => return Some(format!("cannot inspect its directory {}: {e}", dir.display())),
     };
     if md.mode() & 0o022 != 0 {
         return Some(format!(
@@ -862,10 +587,7 @@ pub fn untrusted_socket_dir(
     }
     let owner = md.uid();
     if owner != 0 && owner != my_uid && Some(owner) != service_uid {
-        return Some(format!(
-            "its directory {} belongs to uid {owner}, neither root, you nor the service user",
-            dir.display()
-        ));
+        return Some(format!("its directory {} belongs to uid {owner}, neither root, you nor the service user", dir.display()));
     }
     None
 }
@@ -886,15 +608,7 @@ pub fn user_uid(name: &str) -> Option<u32> {
     let mut pw: libc::passwd = unsafe { core::mem::zeroed() };
     let mut out: *mut libc::passwd = core::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; the result points into `pw`/`buf`.
-    let r = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut pw,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut out,
-        )
-    };
+    let r = unsafe { libc::getpwnam_r(cname.as_ptr(), &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
     (r == 0 && !out.is_null()).then_some(pw.pw_uid)
 }
 
@@ -906,15 +620,7 @@ pub fn group_gid(name: &str) -> Option<u32> {
     let mut gr: libc::group = unsafe { core::mem::zeroed() };
     let mut out: *mut libc::group = core::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; the result points into `gr`/`buf`.
-    let r = unsafe {
-        libc::getgrnam_r(
-            cname.as_ptr(),
-            &mut gr,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut out,
-        )
-    };
+    let r = unsafe { libc::getgrnam_r(cname.as_ptr(), &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
     (r == 0 && !out.is_null()).then_some(gr.gr_gid)
 }
 
@@ -928,19 +634,13 @@ pub fn group_name(gid: u32) -> Option<String> {
     // NUL-terminated string read before `buf` goes.
     unsafe {
         let r = libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut out);
-        (r == 0 && !out.is_null()).then(|| {
-            std::ffi::CStr::from_ptr(gr.gr_name)
-                .to_string_lossy()
-                .into_owned()
-        })
+        (r == 0 && !out.is_null()).then(|| std::ffi::CStr::from_ptr(gr.gr_name).to_string_lossy().into_owned())
     }
 }
 
 /// Resolve the control socket path: `$PMRXE_SOCKET`, else `default`.
 pub fn socket_path(default: &str) -> std::path::PathBuf {
-    std::env::var_os("PMRXE_SOCKET")
-        .map(Into::into)
-        .unwrap_or_else(|| default.into())
+    std::env::var_os("PMRXE_SOCKET").map(Into::into).unwrap_or_else(|| default.into())
 }
 
 /// Default control socket path when neither the config nor `PMRXE_SOCKET` says otherwise.
@@ -956,18 +656,7 @@ mod tests {
     fn messages_round_trip_with_fds() {
         // A SEQPACKET pair (std has no constructor for it).
         let (s0, s1) = seqpacket_pair().unwrap();
-        let req = Request::RegMr {
-            pd: 3,
-            addr: 0x7f00_0000_1000,
-            len: 8192,
-            iova: 0x1000,
-            access: 7,
-            pieces: vec![Piece {
-                seg: 1,
-                seg_offset: 4096,
-                len: 8192,
-            }],
-        };
+        let req = Request::RegMr { pd: 3, addr: 0x7f00_0000_1000, len: 8192, iova: 0x1000, access: 7, pieces: vec![Piece { seg: 1, seg_offset: 4096, len: 8192 }] };
         let (d0, _d1) = UnixDatagram::pair().unwrap();
         send_msg(s0.as_raw_fd(), &encode(&req).unwrap(), &[d0.as_raw_fd()]).unwrap();
         let mut buf = Vec::new();
@@ -984,9 +673,7 @@ mod tests {
         use std::os::fd::AsFd;
         let (s0, s1) = seqpacket_pair().unwrap();
         // MAX_FDS memfds told apart by their sizes.
-        let mem: Vec<OwnedFd> = (0..MAX_FDS)
-            .map(|_| memfd_create(c"ctrl-test", MemfdFlags::CLOEXEC).unwrap())
-            .collect();
+        let mem: Vec<OwnedFd> = (0..MAX_FDS).map(|_| memfd_create(c"ctrl-test", MemfdFlags::CLOEXEC).unwrap()).collect();
         for (i, f) in mem.iter().enumerate() {
             ftruncate(f, (i as u64 + 1) * 4096).unwrap();
         }
@@ -997,43 +684,20 @@ mod tests {
         assert_eq!(buf, b"four");
         assert_eq!(got.len(), MAX_FDS);
         for (i, f) in got.iter().enumerate() {
-            assert_eq!(
-                fstat(f).unwrap().st_size as u64,
-                (i as u64 + 1) * 4096,
-                "fd {i} out of order"
-            );
-            assert!(
-                rustix::io::fcntl_getfd(f)
-                    .unwrap()
-                    .contains(rustix::io::FdFlags::CLOEXEC),
-                "received fds are close-on-exec"
-            );
+            assert_eq!(fstat(f).unwrap().st_size as u64, (i as u64 + 1) * 4096, "fd {i} out of order");
+            assert!(rustix::io::fcntl_getfd(f).unwrap().contains(rustix::io::FdFlags::CLOEXEC), "received fds are close-on-exec");
         }
         // Our side refuses more than MAX_REPLY_FDS and bad descriptors before any system call.
         let err = send_msg(s0.as_raw_fd(), b"x", &[raw[0]; MAX_REPLY_FDS + 1]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-        assert_eq!(
-            send_msg(s0.as_raw_fd(), b"x", &[-1])
-                .unwrap_err()
-                .raw_os_error(),
-            Some(libc::EBADF)
-        );
-        assert_eq!(
-            recv_msg(-1, &mut buf).unwrap_err().raw_os_error(),
-            Some(libc::EBADF)
-        );
+        assert_eq!(send_msg(s0.as_raw_fd(), b"x", &[-1]).unwrap_err().raw_os_error(), Some(libc::EBADF));
+        assert_eq!(recv_msg(-1, &mut buf).unwrap_err().raw_os_error(), Some(libc::EBADF));
         // A hostile peer that sends more fds than a request may carry (MAX_FDS): an error (the kernel truncated the list); the fds that did arrive drop with it.
         let many = [mem[0].as_fd(); 16];
         let mut big = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(16))];
         let mut control = SendAncillaryBuffer::new(&mut big);
         assert!(control.push(SendAncillaryMessage::ScmRights(&many)));
-        net::sendmsg(
-            &s0,
-            &[IoSlice::new(b"many")],
-            &mut control,
-            SendFlags::NOSIGNAL,
-        )
-        .unwrap();
+        net::sendmsg(&s0, &[IoSlice::new(b"many")], &mut control, SendFlags::NOSIGNAL).unwrap();
         let err = recv_msg(s1.as_raw_fd(), &mut buf).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     }
@@ -1041,9 +705,7 @@ mod tests {
     #[test]
     fn garbage_decodes_to_an_error() {
         for seed in 0u32..200 {
-            let bytes: Vec<u8> = (0..(seed % 61))
-                .map(|i| (i.wrapping_mul(2654435761u32.wrapping_add(seed)) >> 7) as u8)
-                .collect();
+            let bytes: Vec<u8> = (0..(seed % 61)).map(|i| (i.wrapping_mul(2654435761u32.wrapping_add(seed)) >> 7) as u8).collect();
             let _ = decode::<Request>(&bytes); // must not panic or allocate unboundedly
         }
         // A huge declared length must not allocate.

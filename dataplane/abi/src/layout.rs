@@ -200,10 +200,7 @@ impl ShmCqe {
             w(self.vendor_err, self.byte_len),
             w(self.imm_or_inv, self.qp_num),
             w(self.src_qp, self.wc_flags),
-            u64::from(self.pkey_index)
-                | u64::from(self.slid) << 16
-                | u64::from(self.sl) << 32
-                | u64::from(self.dlid_path_bits) << 40,
+            u64::from(self.pkey_index) | u64::from(self.slid) << 16 | u64::from(self.sl) << 32 | u64::from(self.dlid_path_bits) << 40,
             0,
             0,
         ]
@@ -232,19 +229,9 @@ impl QpSegmentLayout {
     /// Layout for the given ring capacities (powers of two; `rq_capacity` may be 0).
     pub fn new(sq_capacity: u32, rq_capacity: u32) -> Self {
         let sq_len = ring_bytes::<ShmSendWqe>(sq_capacity) as u64;
-        let rq_len = if rq_capacity == 0 {
-            0
-        } else {
-            ring_bytes::<ShmRecvWqe>(rq_capacity) as u64
-        };
+        let rq_len = if rq_capacity == 0 { 0 } else { ring_bytes::<ShmRecvWqe>(rq_capacity) as u64 };
         let total = page_round(Self::HEADER + sq_len + rq_len);
-        QpSegmentLayout {
-            sq_offset: Self::HEADER,
-            sq_capacity,
-            rq_offset: Self::HEADER + sq_len,
-            rq_capacity,
-            total_len: total,
-        }
+        QpSegmentLayout { sq_offset: Self::HEADER, sq_capacity, rq_offset: Self::HEADER + sq_len, rq_capacity, total_len: total }
     }
 }
 
@@ -291,9 +278,7 @@ impl CqNotify {
     pub fn arm(&self, solicited_only: bool) {
         use crate::sync::Ordering;
         if solicited_only {
-            let _ = self
-                .armed
-                .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = self.armed.compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed);
         } else {
             self.armed.store(1, Ordering::SeqCst);
         }
@@ -334,11 +319,7 @@ impl CqSegmentLayout {
     /// Layout for a CQ ring of `capacity` entries (a power of two).
     pub fn new(capacity: u32) -> Self {
         let ring = ring_bytes::<ShmCqe>(capacity) as u64;
-        CqSegmentLayout {
-            ring_offset: 64,
-            capacity,
-            total_len: page_round(64 + ring),
-        }
+        CqSegmentLayout { ring_offset: 64, capacity, total_len: page_round(64 + ring) }
     }
 }
 
@@ -352,10 +333,7 @@ pub struct SrqSegmentLayout {
 impl SrqSegmentLayout {
     /// Layout for an SRQ ring of `capacity` entries (a power of two).
     pub fn new(capacity: u32) -> Self {
-        SrqSegmentLayout {
-            capacity,
-            total_len: page_round(ring_bytes::<ShmRecvWqe>(capacity) as u64),
-        }
+        SrqSegmentLayout { capacity, total_len: page_round(ring_bytes::<ShmRecvWqe>(capacity) as u64) }
     }
 }
 
@@ -446,9 +424,7 @@ impl DoorbellRow {
         self.words[slot / 64].fetch_or(1u64 << (slot % 64), crate::sync::Ordering::Release);
         // After the doorbell bit: an lcore that clears the summary and then reads the word
         // sees the bit, or sees the summary bit again on its next pass.
-        let old = self
-            .summary
-            .fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
+        let old = self.summary.fetch_or(1u64 << (slot / 64), crate::sync::Ordering::Release);
         old & SUMMARY_SLEEPING != 0 && self.claim_wake()
     }
 
@@ -464,8 +440,7 @@ impl DoorbellRow {
         if self.summary.load(Ordering::Relaxed) & !SUMMARY_SLEEPING == 0 {
             return false;
         }
-        let mut words = self.summary.fetch_and(SUMMARY_SLEEPING, Ordering::Acquire)
-            & ((1u64 << DOORBELL_WORDS) - 1);
+        let mut words = self.summary.fetch_and(SUMMARY_SLEEPING, Ordering::Acquire) & ((1u64 << DOORBELL_WORDS) - 1);
         let any = words != 0;
         while words != 0 {
             let w = words.trailing_zeros() as usize;
@@ -484,10 +459,7 @@ impl DoorbellRow {
     /// one of several posters makes the system call. True: the caller signals the lcore.
     #[cold]
     fn claim_wake(&self) -> bool {
-        self.summary
-            .fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed)
-            & SUMMARY_SLEEPING
-            != 0
+        self.summary.fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed) & SUMMARY_SLEEPING != 0
     }
 
     /// Lcore side: announce a sleep. Returns true if a doorbell is pending (rung since the
@@ -495,17 +467,13 @@ impl DoorbellRow {
     /// and poll). False: any later doorbell sees the flag and signals the lcore's eventfd.
     #[inline]
     pub fn sleep_begin(&self) -> bool {
-        self.summary
-            .fetch_or(SUMMARY_SLEEPING, crate::sync::Ordering::AcqRel)
-            & !SUMMARY_SLEEPING
-            != 0
+        self.summary.fetch_or(SUMMARY_SLEEPING, crate::sync::Ordering::AcqRel) & !SUMMARY_SLEEPING != 0
     }
 
     /// Lcore side: awake again (posts need no signal).
     #[inline]
     pub fn sleep_end(&self) {
-        self.summary
-            .fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed);
+        self.summary.fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed);
     }
 }
 
@@ -522,24 +490,10 @@ mod tests {
     fn sge_accessors_round_trip() {
         let mut w = ShmSendWqe::default();
         for i in 0..MAX_SEND_SGE {
-            w.set_sge(
-                i,
-                ShmSge {
-                    addr: 0x1000 * i as u64 + 7,
-                    length: i as u32 * 3,
-                    lkey: 0xabcd00 + i as u32,
-                },
-            );
+            w.set_sge(i, ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
         }
         for i in 0..MAX_SEND_SGE {
-            assert_eq!(
-                w.sge(i),
-                ShmSge {
-                    addr: 0x1000 * i as u64 + 7,
-                    length: i as u32 * 3,
-                    lkey: 0xabcd00 + i as u32
-                }
-            );
+            assert_eq!(w.sge(i), ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
         }
     }
 
@@ -554,28 +508,14 @@ mod tests {
         assert_eq!(CLIENT_PAGE_LEN % 4096, 0);
         assert!(core::mem::size_of::<ClientPage>() as u64 <= CLIENT_PAGE_LEN);
         for lc in [0usize, 3, 4, 5, 8, 63] {
-            page.ring(Doorbell {
-                lcore: lc as u16,
-                slot: 130,
-            });
+            page.ring(Doorbell { lcore: lc as u16, slot: 130 });
         }
         for lc in 0..MAX_LCORES {
             let rung = [0, 3, 4, 5, 8, 63].contains(&lc);
             let row = page.row(lc);
-            let (s, w) = (
-                row.summary.load(Ordering::Relaxed),
-                row.words[2].load(Ordering::Relaxed),
-            );
-            assert_eq!(
-                (s, w),
-                if rung { (1 << 2, 1 << 2) } else { (0, 0) },
-                "lcore {lc}"
-            );
-            assert!(row
-                .words
-                .iter()
-                .enumerate()
-                .all(|(i, x)| i == 2 || x.load(Ordering::Relaxed) == 0));
+            let (s, w) = (row.summary.load(Ordering::Relaxed), row.words[2].load(Ordering::Relaxed));
+            assert_eq!((s, w), if rung { (1 << 2, 1 << 2) } else { (0, 0) }, "lcore {lc}");
+            assert!(row.words.iter().enumerate().all(|(i, x)| i == 2 || x.load(Ordering::Relaxed) == 0));
         }
         // Summaries of different lcores never share a cache line.
         let a = &page.row(0).summary as *const _ as usize;
@@ -589,10 +529,7 @@ mod tests {
         // The QpShared header comes first, the rings after it.
         assert!(core::mem::size_of::<QpShared>() as u64 <= QpSegmentLayout::HEADER);
         assert_eq!(l.sq_offset, QpSegmentLayout::HEADER);
-        assert_eq!(
-            l.rq_offset,
-            QpSegmentLayout::HEADER + ring_bytes::<ShmSendWqe>(128) as u64
-        );
+        assert_eq!(l.rq_offset, QpSegmentLayout::HEADER + ring_bytes::<ShmSendWqe>(128) as u64);
         assert!(l.rq_offset + ring_bytes::<ShmRecvWqe>(512) as u64 <= l.total_len);
         assert_eq!(l.total_len % 4096, 0);
         let c = CqSegmentLayout::new(256);
@@ -625,13 +562,7 @@ mod cqe_words_tests {
         };
         let mut bytes = [0u8; 64];
         // SAFETY: ShmCqe is 64 bytes of plain integers (Pod).
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                (&c as *const ShmCqe).cast::<u8>(),
-                bytes.as_mut_ptr(),
-                64,
-            )
-        };
+        unsafe { core::ptr::copy_nonoverlapping((&c as *const ShmCqe).cast::<u8>(), bytes.as_mut_ptr(), 64) };
         let from_words: Vec<u8> = c.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
         assert_eq!(from_words, bytes.to_vec());
     }

@@ -185,11 +185,7 @@ impl<T: Pod> Raw<T> {
                 core::ptr::addr_of!((*hdr).capacity).read_volatile(),
             )
         };
-        if magic != RING_MAGIC
-            || esz as usize != core::mem::size_of::<T>()
-            || cap != capacity
-            || !cap.is_power_of_two()
-        {
+        if magic != RING_MAGIC || esz as usize != core::mem::size_of::<T>() || cap != capacity || !cap.is_power_of_two() {
             return Err(RingError::BadHeader);
         }
         if len < ring_bytes::<T>(capacity) {
@@ -276,20 +272,12 @@ impl<T: Pod> Raw<T> {
                 // SAFETY: a prefetch is a hint that never faults or changes memory; the address
                 // is inside slot `idx` of the mapped slot array anyway (`off < T::HEAD <=
                 // size_of::<T>()`).
-                unsafe {
-                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                        p.add(off).cast(),
-                    )
-                };
+                unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.add(off).cast()) };
                 off += 64;
             }
             // The head's last line (the slot need not start on a line).
             // SAFETY: as above, `T::HEAD - 1 < size_of::<T>()`.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    p.add(T::HEAD - 1).cast(),
-                )
-            };
+            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.add(T::HEAD - 1).cast()) };
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = idx;
@@ -370,12 +358,7 @@ impl<T: Pod> Producer<T> {
         let raw = unsafe { Raw::attach(base, len, capacity)? };
         let head = raw.hdr().producer.0.load(Ordering::Relaxed);
         let tail = raw.hdr().consumer.0.load(Ordering::Acquire);
-        Ok(Producer {
-            raw,
-            head,
-            cached_tail: tail,
-            _t: PhantomData,
-        })
+        Ok(Producer { raw, head, cached_tail: tail, _t: PhantomData })
     }
 
     /// Capacity of the ring.
@@ -525,11 +508,7 @@ impl<T: Pod> Producer<T> {
 
     /// Publish every staged item.
     pub fn publish(&mut self) {
-        self.raw
-            .hdr()
-            .producer
-            .0
-            .store(self.head, Ordering::Release);
+        self.raw.hdr().producer.0.store(self.head, Ordering::Release);
     }
 
     /// Stage and publish one item.
@@ -587,12 +566,7 @@ impl<T: Pod> Consumer<T> {
         // SAFETY: forwarded contract.
         let raw = unsafe { Raw::attach(base, len, capacity)? };
         let tail = raw.hdr().consumer.0.load(Ordering::Relaxed);
-        Ok(Consumer {
-            raw,
-            tail,
-            cached_head: tail,
-            _t: PhantomData,
-        })
+        Ok(Consumer { raw, tail, cached_head: tail, _t: PhantomData })
     }
 
     /// Capacity of the ring.
@@ -642,8 +616,7 @@ impl<T: Pod> Consumer<T> {
         }
         #[cfg(not(loom))]
         if self.cached_head.wrapping_sub(self.tail) > PREFETCH_AHEAD {
-            self.raw
-                .prefetch_head(self.tail.wrapping_add(PREFETCH_AHEAD));
+            self.raw.prefetch_head(self.tail.wrapping_add(PREFETCH_AHEAD));
         }
         // SAFETY: the slot is inside [tail, head): published by the producer (acquire above);
         // Pod makes any bytes a valid T.
@@ -713,11 +686,7 @@ impl<T: Pod> Consumer<T> {
     }
 
     fn release_inner(&mut self) {
-        self.raw
-            .hdr()
-            .consumer
-            .0
-            .store(self.tail, Ordering::Release);
+        self.raw.hdr().consumer.0.store(self.tail, Ordering::Release);
     }
 
     /// Pop one entry and release its slot.
@@ -758,19 +727,13 @@ mod tests {
         // SAFETY: `s` outlives the handles, is aligned and large enough.
         let (mut p, mut c) = unsafe {
             init_ring::<E>(base, 8).unwrap();
-            (
-                Producer::<E>::attach(base, 4096, 8).unwrap(),
-                Consumer::<E>::attach(base, 4096, 8).unwrap(),
-            )
+            (Producer::<E>::attach(base, 4096, 8).unwrap(), Consumer::<E>::attach(base, 4096, 8).unwrap())
         };
         for round in 0..10u64 {
             for i in 0..8 {
                 p.push(E { a: round, b: i }).unwrap();
             }
-            assert_eq!(
-                p.push(E { a: 99, b: 99 }),
-                Err(PushError::Full(E { a: 99, b: 99 }))
-            );
+            assert_eq!(p.push(E { a: 99, b: 99 }), Err(PushError::Full(E { a: 99, b: 99 })));
             for i in 0..8 {
                 assert_eq!(c.pop().unwrap(), Some(E { a: round, b: i }));
             }
@@ -792,10 +755,7 @@ mod tests {
         // entries; the caller keeps it alive.
         unsafe {
             init_ring::<T>(base, n).unwrap();
-            (
-                Producer::<T>::attach(base, len, n).unwrap(),
-                Consumer::<T>::attach(base, len, n).unwrap(),
-            )
+            (Producer::<T>::attach(base, len, n).unwrap(), Consumer::<T>::attach(base, len, n).unwrap())
         }
     }
 
@@ -807,24 +767,12 @@ mod tests {
         let mut s = Box::new(Big([0; 8192]));
         // SAFETY: `s` outlives the handles.
         let (mut p, mut c) = unsafe { wqe_ring::<ShmCqe>(&mut s, 4) };
-        let cqe = |i: u32| ShmCqe {
-            wr_id: u64::from(i) << 40 | 7,
-            status: i,
-            opcode: 128,
-            byte_len: 8 * i,
-            qp_num: 17,
-            pkey_index: 3,
-            sl: 1,
-            ..Default::default()
-        };
+        let cqe = |i: u32| ShmCqe { wr_id: u64::from(i) << 40 | 7, status: i, opcode: 128, byte_len: 8 * i, qp_num: 17, pkey_index: 3, sl: 1, ..Default::default() };
         for round in 0..3u32 {
             for i in 0..4 {
                 p.stage_words(cqe(round * 4 + i).to_words()).unwrap();
             }
-            assert!(matches!(
-                p.stage_words(cqe(99).to_words()),
-                Err(PushError::Full(()))
-            ));
+            assert!(matches!(p.stage_words(cqe(99).to_words()), Err(PushError::Full(()))));
             p.publish();
             for i in 0..4 {
                 assert_eq!(c.pop().unwrap(), Some(cqe(round * 4 + i)));
@@ -841,59 +789,21 @@ mod tests {
         let mut s = Box::new(Big([0; 8192]));
         // SAFETY: `s` outlives the handles.
         let (mut p, mut c) = unsafe { wqe_ring::<ShmSendWqe>(&mut s, 16) };
-        let mut w = ShmSendWqe {
-            wr_id: 7,
-            opcode: 4,
-            num_sge: 2,
-            remote_addr: 0x1234,
-            rkey: 9,
-            ..Default::default()
-        };
-        w.set_sge(
-            0,
-            ShmSge {
-                addr: 1,
-                length: 2,
-                lkey: 3,
-            },
-        );
-        w.set_sge(
-            1,
-            ShmSge {
-                addr: 4,
-                length: 5,
-                lkey: 6,
-            },
-        );
+        let mut w = ShmSendWqe { wr_id: 7, opcode: 4, num_sge: 2, remote_addr: 0x1234, rkey: 9, ..Default::default() };
+        w.set_sge(0, ShmSge { addr: 1, length: 2, lkey: 3 });
+        w.set_sge(1, ShmSge { addr: 4, length: 5, lkey: 6 });
         w.data[32..].fill(0xEE); // written by the producer, dead by num_sge
         p.push(w).unwrap();
-        let mut i = ShmSendWqe {
-            wr_id: 8,
-            send_flags: send_flags::INLINE,
-            inline_len: 13,
-            ..Default::default()
-        };
+        let mut i = ShmSendWqe { wr_id: 8, send_flags: send_flags::INLINE, inline_len: 13, ..Default::default() };
         i.data[..13].copy_from_slice(b"hello, inline");
         i.data[13..].fill(0xEE);
         p.push(i).unwrap();
         let mut out = ShmSendWqe::default();
         out.data.fill(0x55);
         assert!(c.peek_into(&mut out).unwrap());
-        assert_eq!(
-            (
-                out.wr_id,
-                out.opcode,
-                out.num_sge,
-                out.remote_addr,
-                out.rkey
-            ),
-            (7, 4, 2, 0x1234, 9)
-        );
+        assert_eq!((out.wr_id, out.opcode, out.num_sge, out.remote_addr, out.rkey), (7, 4, 2, 0x1234, 9));
         assert_eq!((out.sge(0).addr, out.sge(1).lkey), (1, 6));
-        assert!(
-            out.data[32..].iter().all(|&b| b == 0x55),
-            "the dead tail was not copied"
-        );
+        assert!(out.data[32..].iter().all(|&b| b == 0x55), "the dead tail was not copied");
         c.advance();
         out.data.fill(0x55);
         assert!(c.peek_into(&mut out).unwrap());
@@ -913,11 +823,7 @@ mod tests {
         let mut s = Box::new(Big([0; 8192]));
         // SAFETY: `s` outlives the handles.
         let (mut p, mut c) = unsafe { wqe_ring::<ShmSendWqe>(&mut s, 4) };
-        let mut long = ShmSendWqe {
-            wr_id: 1,
-            num_sge: 8,
-            ..Default::default()
-        };
+        let mut long = ShmSendWqe { wr_id: 1, num_sge: 8, ..Default::default() };
         long.data.fill(0xAA);
         for _ in 0..4 {
             p.push(long).unwrap();
@@ -931,22 +837,8 @@ mod tests {
         c.release();
         // The same slots again, now with one-SGE WQEs staged by prefix.
         for k in 0..4u64 {
-            let mut w = ShmSendWqe {
-                wr_id: 10 + k,
-                opcode: 4,
-                num_sge: 1,
-                remote_addr: 0x1000 * k,
-                rkey: 7,
-                ..Default::default()
-            };
-            w.set_sge(
-                0,
-                ShmSge {
-                    addr: k,
-                    length: 8,
-                    lkey: 3,
-                },
-            );
+            let mut w = ShmSendWqe { wr_id: 10 + k, opcode: 4, num_sge: 1, remote_addr: 0x1000 * k, rkey: 7, ..Default::default() };
+            w.set_sge(0, ShmSge { addr: k, length: 8, lkey: 3 });
             p.stage_prefixed(&w).unwrap();
         }
         let w = ShmSendWqe::default();
@@ -954,34 +846,14 @@ mod tests {
         p.publish();
         // The slot's bytes past the 16-byte SGE are the old WQE's: not written.
         // SAFETY: slot 0 lies inside `s` (alive), published and not being written.
-        let slot = unsafe {
-            core::slice::from_raw_parts(
-                p.raw.slot(0).cast::<u8>(),
-                core::mem::size_of::<ShmSendWqe>(),
-            )
-        };
+        let slot = unsafe { core::slice::from_raw_parts(p.raw.slot(0).cast::<u8>(), core::mem::size_of::<ShmSendWqe>()) };
         let tail = ShmSendWqe::HEAD + 16;
-        assert!(
-            slot[tail..].iter().all(|&b| b == 0xAA),
-            "only head + live tail written"
-        );
+        assert!(slot[tail..].iter().all(|&b| b == 0xAA), "only head + live tail written");
         for k in 0..4u64 {
             out.data.fill(0);
             assert!(c.peek_into(&mut out).unwrap());
-            assert_eq!(
-                (
-                    out.wr_id,
-                    out.opcode,
-                    out.num_sge,
-                    out.remote_addr,
-                    out.rkey
-                ),
-                (10 + k, 4, 1, 0x1000 * k, 7)
-            );
-            assert_eq!(
-                (out.sge(0).addr, out.sge(0).length, out.sge(0).lkey),
-                (k, 8, 3)
-            );
+            assert_eq!((out.wr_id, out.opcode, out.num_sge, out.remote_addr, out.rkey), (10 + k, 4, 1, 0x1000 * k, 7));
+            assert_eq!((out.sge(0).addr, out.sge(0).length, out.sge(0).lkey), (k, 8, 3));
             c.advance();
         }
     }
@@ -1021,19 +893,9 @@ mod tests {
                 let id = round * 4 + k;
                 p.stage_with(|w: &mut ShmSendWqe| {
                     // The head in full, then the live tail (the slot holds older bytes).
-                    *w = ShmSendWqe {
-                        data: w.data,
-                        ..Default::default()
-                    };
+                    *w = ShmSendWqe { data: w.data, ..Default::default() };
                     (w.wr_id, w.opcode, w.num_sge, w.remote_addr) = (id, 4, 1, 0x1000 + id);
-                    w.set_sge(
-                        0,
-                        ShmSge {
-                            addr: id,
-                            length: 8,
-                            lkey: 3,
-                        },
-                    );
+                    w.set_sge(0, ShmSge { addr: id, length: 8, lkey: 3 });
                     Ok::<(), E>(())
                 })
                 .unwrap();
@@ -1045,25 +907,12 @@ mod tests {
             });
             assert_eq!(full, Err(E::Ring(PushError::Full(()))));
             assert!(!called, "fill must not run on a full ring");
-            assert!(
-                !c.peek_into(&mut out).unwrap(),
-                "nothing visible before publish"
-            );
+            assert!(!c.peek_into(&mut out).unwrap(), "nothing visible before publish");
             p.publish();
             for _ in 0..4 {
                 assert!(c.peek_into(&mut out).unwrap());
-                assert_eq!(
-                    (out.wr_id, out.opcode, out.num_sge, out.remote_addr),
-                    (next, 4, 1, 0x1000 + next)
-                );
-                assert_eq!(
-                    out.sge(0),
-                    ShmSge {
-                        addr: next,
-                        length: 8,
-                        lkey: 3
-                    }
-                );
+                assert_eq!((out.wr_id, out.opcode, out.num_sge, out.remote_addr), (next, 4, 1, 0x1000 + next));
+                assert_eq!(out.sge(0), ShmSge { addr: next, length: 8, lkey: 3 });
                 c.advance();
                 next += 1;
             }
@@ -1082,10 +931,7 @@ mod tests {
         // SAFETY: `s` outlives the handles, is aligned and large enough.
         let (mut p, mut c) = unsafe {
             init_ring::<E>(base, 8).unwrap();
-            (
-                Producer::<E>::attach(base, 4096, 8).unwrap(),
-                Consumer::<E>::attach(base, 4096, 8).unwrap(),
-            )
+            (Producer::<E>::attach(base, 4096, 8).unwrap(), Consumer::<E>::attach(base, 4096, 8).unwrap())
         };
         // Move the indices so the live window wraps the end of the slot array.
         for i in 0..5 {
@@ -1095,26 +941,14 @@ mod tests {
             c.pop().unwrap().unwrap();
         }
         // qp a=1 and a=2 interleaved; purge a=1.
-        let items: Vec<E> = (0..7)
-            .map(|i| E {
-                a: 1 + (i % 2),
-                b: i,
-            })
-            .collect();
+        let items: Vec<E> = (0..7).map(|i| E { a: 1 + (i % 2), b: i }).collect();
         for e in &items {
             p.push(*e).unwrap();
         }
         assert_eq!(c.retain(|e| e.a != 1).unwrap(), 4);
         assert_eq!(p.free().unwrap(), 8 - 3);
         let left: Vec<E> = std::iter::from_fn(|| c.pop().unwrap()).collect();
-        assert_eq!(
-            left,
-            items
-                .iter()
-                .copied()
-                .filter(|e| e.a == 2)
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(left, items.iter().copied().filter(|e| e.a == 2).collect::<Vec<_>>());
         // Nothing to keep, nothing kept: empty afterwards; retain on empty is a no-op.
         p.push(E { a: 1, b: 9 }).unwrap();
         assert_eq!(c.retain(|e| e.a != 1).unwrap(), 1);
@@ -1133,12 +967,7 @@ mod tests {
         };
         // A hostile producer writes an impossible index.
         // SAFETY: the header lies at `base`; we only write the producer index word.
-        unsafe {
-            (*base.cast::<RingHeader>())
-                .producer
-                .0
-                .store(1000, Ordering::Release)
-        };
+        unsafe { (*base.cast::<RingHeader>()).producer.0.store(1000, Ordering::Release) };
         assert_eq!(c.pop(), Err(RingError::Corrupt));
     }
 
@@ -1149,14 +978,8 @@ mod tests {
         // SAFETY: as above.
         unsafe {
             init_ring::<E>(base, 8).unwrap();
-            assert_eq!(
-                Consumer::<E>::attach(base, 4096, 16).err(),
-                Some(RingError::BadHeader)
-            );
-            assert_eq!(
-                Consumer::<E>::attach(base, 200, 8).err(),
-                Some(RingError::TooSmall)
-            );
+            assert_eq!(Consumer::<E>::attach(base, 4096, 16).err(), Some(RingError::BadHeader));
+            assert_eq!(Consumer::<E>::attach(base, 200, 8).err(), Some(RingError::TooSmall));
             assert_eq!(init_ring::<E>(base, 6), Err(RingError::BadHeader));
         }
     }
@@ -1168,10 +991,7 @@ mod tests {
         // SAFETY: as above.
         let (mut p, mut c) = unsafe {
             init_ring::<E>(base, 16).unwrap();
-            (
-                Producer::<E>::attach(base, 4096, 16).unwrap(),
-                Consumer::<E>::attach(base, 4096, 16).unwrap(),
-            )
+            (Producer::<E>::attach(base, 4096, 16).unwrap(), Consumer::<E>::attach(base, 4096, 16).unwrap())
         };
         // Miri interprets every step: fewer items there, still many wraps of the 16 slots.
         const N: u64 = if cfg!(miri) { 2_000 } else { 200_000 };

@@ -34,10 +34,7 @@ struct E {
 unsafe impl Pod for E {}
 
 fn item(seq: u64) -> E {
-    E {
-        seq,
-        payload: !seq ^ 0x5a5a_0000,
-    }
+    E { seq, payload: !seq ^ 0x5a5a_0000 }
 }
 
 const CAP: u32 = 2;
@@ -173,11 +170,7 @@ use loom::sync::{Arc, Notify};
 use pmrxe_abi::DoorbellRow;
 
 fn row() -> DoorbellRow {
-    DoorbellRow {
-        summary: AtomicU64::new(0),
-        _pad: [0; 7],
-        words: std::array::from_fn(|_| AtomicU64::new(0)),
-    }
+    DoorbellRow { summary: AtomicU64::new(0), _pad: [0; 7], words: std::array::from_fn(|_| AtomicU64::new(0)) }
 }
 
 /// (c) One client posts two WQEs (ring tail store, then `DoorbellRow::ring`, then one wake-up
@@ -244,11 +237,7 @@ fn loom_need_wakeup_never_loses_a_post() {
 use pmrxe_abi::{CqNotify, ShmCqe};
 
 fn notify() -> CqNotify {
-    CqNotify {
-        armed: AtomicU32::new(0),
-        events: AtomicU32::new(0),
-        overflow: AtomicU32::new(0),
-    }
+    CqNotify { armed: AtomicU32::new(0), events: AtomicU32::new(0), overflow: AtomicU32::new(0) }
 }
 
 /// (d) The lcore writes one completion into a CQ ring and publishes it, then (after the fence
@@ -271,22 +260,14 @@ fn loom_cq_arm_never_misses_a_completion() {
         // is joined before it is dropped); one producer and one consumer.
         let (mut prod, mut cons) = unsafe {
             init_ring::<ShmCqe>(base, CAP).unwrap();
-            (
-                Producer::<ShmCqe>::attach(base, len, CAP).unwrap(),
-                Consumer::<ShmCqe>::attach(base, len, CAP).unwrap(),
-            )
+            (Producer::<ShmCqe>::attach(base, len, CAP).unwrap(), Consumer::<ShmCqe>::attach(base, len, CAP).unwrap())
         };
         let n = Arc::new(notify());
         let channel = Arc::new(Notify::new());
         let lcore = {
             let (n, channel) = (n.clone(), channel.clone());
             thread::spawn(move || {
-                prod.push(ShmCqe {
-                    wr_id: 7,
-                    byte_len: 8,
-                    ..Default::default()
-                })
-                .unwrap();
+                prod.push(ShmCqe { wr_id: 7, byte_len: 8, ..Default::default() }).unwrap();
                 CqNotify::fence_after_publish();
                 let fired = n.take_armed();
                 if fired {

@@ -17,11 +17,7 @@ impl Cm {
             (p.retry_count, 7, "retry_count"),
             (p.rnr_retry_count, 7, "rnr_retry_count"),
             (p.max_cm_retries, 15, "max_cm_retries"),
-            (
-                p.remote_cm_response_timeout,
-                31,
-                "remote_cm_response_timeout",
-            ),
+            (p.remote_cm_response_timeout, 31, "remote_cm_response_timeout"),
             (p.local_cm_response_timeout, 31, "local_cm_response_timeout"),
             (p.path.packet_life_time, 31, "packet_life_time"),
             (p.path.local_ack_timeout, 31, "local_ack_timeout"),
@@ -69,14 +65,7 @@ impl Cm {
         };
         let tid = self.tid_for(id);
         let path = p.path.gsi();
-        let mut c = Conn::new(
-            ConnState::ReqSent,
-            true,
-            path,
-            tid,
-            p.service_id,
-            p.path.packet_life_time,
-        );
+        let mut c = Conn::new(ConnState::ReqSent, true, path, tid, p.service_id, p.path.packet_life_time);
         c.local_qpn = p.local_qpn;
         c.timeout_ns = 2 * iba_ns(p.path.packet_life_time) + iba_ns(p.remote_cm_response_timeout);
         c.max_retries = p.max_cm_retries;
@@ -99,36 +88,22 @@ impl Cm {
         if !matches!(c.state, ConnState::RepRcvd | ConnState::MraRepSent) {
             return Err(CmError::InvalidState);
         }
-        let m = rtu_drep::Repr {
-            local_comm_id: id.0,
-            remote_comm_id: c.remote_id,
-            private_data: private_data.to_vec(),
-        };
+        let m = rtu_drep::Repr { local_comm_id: id.0, remote_comm_id: c.remote_id, private_data: private_data.to_vec() };
         let (path, tid) = (c.path, c.tid);
         let mad = self.send(path, tid, 0, &CmMsg::Rtu(m));
         let c = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         c.cached = mad;
         c.state = ConnState::Established;
-        self.event(
-            id.0,
-            Event::Established {
-                id,
-                private_data: Vec::new(),
-            },
-        );
+        self.event(id.0, Event::Established { id, private_data: Vec::new() });
         Ok(())
     }
 
     pub(crate) fn on_rep(&mut self, now: Instant, src: &MadSource, r: rep::Repr) {
-        let Some(id) = self.lookup(src, r.remote_comm_id, None) else {
-            return self.stray();
-        };
+        let Some(id) = self.lookup(src, r.remote_comm_id, None) else { return self.stray() };
         let c = &self.conns[&id];
         match c.state {
             ConnState::ReqSent | ConnState::MraReqRcvd => {}
-            ConnState::RepRcvd | ConnState::MraRepSent | ConnState::Established
-                if c.remote_id == r.local_comm_id =>
-            {
+            ConnState::RepRcvd | ConnState::MraRepSent | ConnState::Established if c.remote_id == r.local_comm_id => {
                 return self.on_dup_rep(id);
             }
             _ => return self.stray(),
@@ -138,47 +113,25 @@ impl Cm {
                 // Kernel cm_rep_handler: the peer's QPN is still bound here → REJ stale.
                 self.stats.rej_stale += 1;
                 let (path, tid) = (c.path, c.tid);
-                self.send_rej(
-                    path,
-                    tid,
-                    id,
-                    r.local_comm_id,
-                    MsgCode::Rep,
-                    RejReason::STALE_CONN,
-                    Vec::new(),
-                );
+                self.send_rej(path, tid, id, r.local_comm_id, MsgCode::Rep, RejReason::STALE_CONN, Vec::new());
                 self.event(
                     id,
-                    Event::Rejected {
-                        id: ConnId(id),
-                        reason: RejReason::STALE_CONN,
-                        message: MsgCode::Rep,
-                        ari: Vec::new(),
-                        private_data: Vec::new(),
-                    },
+                    Event::Rejected { id: ConnId(id), reason: RejReason::STALE_CONN, message: MsgCode::Rep, ari: Vec::new(), private_data: Vec::new() },
                 );
                 self.enter_timewait(now, id);
                 return;
             }
         }
         self.stop_retry(id);
-        self.by_remote
-            .insert((r.local_ca_guid, r.local_comm_id), id);
-        self.by_remote_qpn
-            .insert((src.sgid, r.local_qpn.value()), id);
+        self.by_remote.insert((r.local_ca_guid, r.local_comm_id), id);
+        self.by_remote_qpn.insert((src.sgid, r.local_qpn.value()), id);
         let c = self.conns.get_mut(&id).expect("looked up");
         c.remote_id = r.local_comm_id;
         c.remote_guid = r.local_ca_guid;
         c.remote_qpn = Some(r.local_qpn);
         c.state = ConnState::RepRcvd;
         c.rep = Some(Box::new(r.clone()));
-        self.event(
-            id,
-            Event::ConnectResponse {
-                id: ConnId(id),
-                rep: Box::new(r),
-            },
-        );
+        self.event(id, Event::ConnectResponse { id: ConnId(id), rep: Box::new(r) });
     }
 
     /// A retransmitted REP: the RTU was lost (resend it), or the consumer is still deciding
@@ -195,17 +148,11 @@ impl Cm {
     /// MRA: the peer needs up to 4.096 µs · 2^service_timeout more; wait that plus a packet
     /// lifetime before the next retransmission (the kernel's `cm_mra_handler`).
     pub(crate) fn on_mra(&mut self, now: Instant, src: &MadSource, m: mra::Repr) {
-        let Some(id) = self.lookup(src, m.remote_comm_id, None) else {
-            return self.stray();
-        };
+        let Some(id) = self.lookup(src, m.remote_comm_id, None) else { return self.stray() };
         let c = &self.conns[&id];
         let next = match (c.state, m.message_mraed) {
             (ConnState::ReqSent | ConnState::MraReqRcvd, MsgCode::Req) => ConnState::MraReqRcvd,
-            (ConnState::RepSent | ConnState::MraRepRcvd, MsgCode::Rep)
-                if c.remote_id == m.local_comm_id =>
-            {
-                ConnState::MraRepRcvd
-            }
+            (ConnState::RepSent | ConnState::MraRepRcvd, MsgCode::Rep) if c.remote_id == m.local_comm_id => ConnState::MraRepRcvd,
             _ => return self.stray(),
         };
         let wait = iba_ns(m.service_timeout) + iba_ns(c.packet_life_time.saturating_add(1));

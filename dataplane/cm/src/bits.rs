@@ -101,9 +101,6 @@ mod test {
         let mut b = [0xAAu8; 8];
         wr_private(&mut b, 2..6, &[1, 2]).unwrap();
         assert_eq!(b, [0xAA, 0xAA, 1, 2, 0, 0, 0xAA, 0xAA]);
-        assert_eq!(
-            wr_private(&mut b, 2..6, &[0; 5]),
-            Err(crate::Error::PrivateDataTooLong)
-        );
+        assert_eq!(wr_private(&mut b, 2..6, &[0; 5]), Err(crate::Error::PrivateDataTooLong));
     }
 }

@@ -47,12 +47,7 @@ impl PortSpace {
     /// `RDMA_PS_UDP` (UD, resolved with SIDR).
     pub const UDP: PortSpace = PortSpace(0x0111);
     /// Every port space a client may create an id in.
-    pub const ALL: [PortSpace; 4] = [
-        PortSpace::TCP,
-        PortSpace::UDP,
-        PortSpace::IB,
-        PortSpace::IPOIB,
-    ];
+    pub const ALL: [PortSpace; 4] = [PortSpace::TCP, PortSpace::UDP, PortSpace::IB, PortSpace::IPOIB];
 }
 
 /// A number that is no `enum rdma_ucm_port_space` (a client's `rdma_create_id` argument).
@@ -63,10 +58,7 @@ pub struct UnknownPortSpace(pub u16);
 impl TryFrom<u16> for PortSpace {
     type Error = UnknownPortSpace;
     fn try_from(v: u16) -> core::result::Result<PortSpace, UnknownPortSpace> {
-        PortSpace::ALL
-            .into_iter()
-            .find(|p| p.0 == v)
-            .ok_or(UnknownPortSpace(v))
+        PortSpace::ALL.into_iter().find(|p| p.0 == v).ok_or(UnknownPortSpace(v))
     }
 }
 
@@ -167,11 +159,7 @@ impl Repr {
             6 => true,
             _ => return Err(Error::BadField),
         };
-        Ok(Repr {
-            src_ip: ip(p.addr(field::SRC), v6),
-            src_port: p.port(),
-            dst_ip: ip(p.addr(field::DST), v6),
-        })
+        Ok(Repr { src_ip: ip(p.addr(field::SRC), v6), src_port: p.port(), dst_ip: ip(p.addr(field::DST), v6) })
     }
     /// 36.
     pub const fn buffer_len(&self) -> usize {
@@ -238,14 +226,8 @@ mod test {
         for bad in [0, 0x0107, 0xFFFF] {
             assert_eq!(PortSpace::try_from(bad), Err(UnknownPortSpace(bad)));
         }
-        assert_eq!(
-            service_id(PortSpace::TCP, 0) & 0xFFFF_FFFF_FF00_0000,
-            IP_PREFIX
-        );
-        assert_eq!(
-            parse_service_id(0x0000_0000_0106_1C06),
-            Some((PortSpace::TCP, 7174))
-        );
+        assert_eq!(service_id(PortSpace::TCP, 0) & 0xFFFF_FFFF_FF00_0000, IP_PREFIX);
+        assert_eq!(parse_service_id(0x0000_0000_0106_1C06), Some((PortSpace::TCP, 7174)));
         assert_eq!(parse_service_id(0x1000), None);
         assert_eq!(REQ_USER_DATA_LEN, 56);
         assert_eq!(SIDR_REQ_USER_DATA_LEN, 180);
@@ -253,11 +235,7 @@ mod test {
 
     #[test]
     fn header_layout_ipv4_and_ipv6() {
-        let r = Repr {
-            src_ip: "10.0.0.1".parse().unwrap(),
-            src_port: 0xC001,
-            dst_ip: "10.0.0.2".parse().unwrap(),
-        };
+        let r = Repr { src_ip: "10.0.0.1".parse().unwrap(), src_port: 0xC001, dst_ip: "10.0.0.2".parse().unwrap() };
         let pd = r.with_user_data(b"hi", 92).unwrap();
         let mut want = vec![0u8; 38];
         want[1] = 0x40;
@@ -266,36 +244,17 @@ mod test {
         want[32..36].copy_from_slice(&[10, 0, 0, 2]);
         want[36..].copy_from_slice(b"hi");
         assert_eq!(pd, want);
-        assert_eq!(
-            split_private_data(service_id(PortSpace::TCP, 1), &pd),
-            Some((r, &b"hi"[..]))
-        );
-        let r6 = Repr {
-            src_ip: "fd00::1".parse().unwrap(),
-            src_port: 1,
-            dst_ip: "fd00::2".parse().unwrap(),
-        };
+        assert_eq!(split_private_data(service_id(PortSpace::TCP, 1), &pd), Some((r, &b"hi"[..])));
+        let r6 = Repr { src_ip: "fd00::1".parse().unwrap(), src_port: 1, dst_ip: "fd00::2".parse().unwrap() };
         let pd6 = r6.with_user_data(&[], 92).unwrap();
         assert_eq!(pd6[1], 0x60);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&pd6[..])).unwrap(), r6);
-        assert_eq!(
-            r.with_user_data(&[0; 57], 92),
-            Err(Error::PrivateDataTooLong)
-        );
-        let mixed = Repr {
-            dst_ip: "fd00::2".parse().unwrap(),
-            ..r
-        };
+        assert_eq!(r.with_user_data(&[0; 57], 92), Err(Error::PrivateDataTooLong));
+        let mixed = Repr { dst_ip: "fd00::2".parse().unwrap(), ..r };
         assert_eq!(mixed.with_user_data(&[], 92), Err(Error::BadField));
         let mut bad = pd.clone();
         bad[1] = 0x50;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&bad[..])),
-            Err(Error::BadField)
-        );
-        assert_eq!(
-            Packet::new_checked(&pd[..35]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&bad[..])), Err(Error::BadField));
+        assert_eq!(Packet::new_checked(&pd[..35]).unwrap_err(), Error::Truncated);
     }
 }

@@ -130,14 +130,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(
-        state: ConnState,
-        active: bool,
-        path: GsiPath,
-        tid: u64,
-        service_id: u64,
-        plt: u8,
-    ) -> Conn {
+    pub(crate) fn new(state: ConnState, active: bool, path: GsiPath, tid: u64, service_id: u64, plt: u8) -> Conn {
         Conn {
             state,
             active,
@@ -264,11 +257,7 @@ impl Cm {
     pub fn qp_attrs(&self, id: ConnId) -> Option<QpAttrs> {
         let c = self.conns.get(&id.0)?;
         let (req, rep) = (c.req.as_deref()?, c.rep.as_deref()?);
-        let transport = if req.transport == 1 {
-            Transport::Uc
-        } else {
-            Transport::Rc
-        };
+        let transport = if req.transport == 1 { Transport::Uc } else { Transport::Rc };
         Some(if c.active {
             QpAttrs {
                 transport,
@@ -338,9 +327,7 @@ impl Cm {
     /// and SIDR linger ends.
     pub fn handle_timeout(&mut self, now: Instant) {
         while let Some(id) = self.timers.pop_due(now) {
-            let Some(c) = self.conns.get_mut(&id) else {
-                continue;
-            };
+            let Some(c) = self.conns.get_mut(&id) else { continue };
             c.deadline = None;
             if let Some(r) = &mut c.retry {
                 if r.left > 0 {
@@ -360,8 +347,7 @@ impl Cm {
                         let detached = c.detached;
                         self.remove(id);
                         if !detached {
-                            self.events
-                                .push_back(Event::TimewaitExit { id: ConnId(id) });
+                            self.events.push_back(Event::TimewaitExit { id: ConnId(id) });
                         }
                     }
                     ConnState::SidrRepSent => self.remove(id),
@@ -418,37 +404,15 @@ impl Cm {
     /// Emit and queue a MAD; returns it (for caching or retransmission). Our own messages
     /// are built from checked parameters, so emission cannot fail; if it ever did, nothing is
     /// sent and `None` is returned.
-    pub(crate) fn send(
-        &mut self,
-        path: GsiPath,
-        tid: u64,
-        attr_mod: u32,
-        msg: &CmMsg,
-    ) -> Option<Box<Mad>> {
+    pub(crate) fn send(&mut self, path: GsiPath, tid: u64, attr_mod: u32, msg: &CmMsg) -> Option<Box<Mad>> {
         let mad = Box::new(emit_mad(tid, attr_mod, msg).ok()?);
         self.push_tx(path, mad.clone());
         Some(mad)
     }
     /// A REJ not tied to a connection of ours (no listener, stale, no resources).
     #[allow(clippy::too_many_arguments)] // one per REJ field; a struct would just rename them
-    pub(crate) fn send_rej(
-        &mut self,
-        path: GsiPath,
-        tid: u64,
-        local: u32,
-        remote: u32,
-        message: MsgCode,
-        reason: RejReason,
-        ari: Vec<u8>,
-    ) {
-        let r = rej::Repr {
-            local_comm_id: local,
-            remote_comm_id: remote,
-            message_rejected: message,
-            reason,
-            ari,
-            private_data: Vec::new(),
-        };
+    pub(crate) fn send_rej(&mut self, path: GsiPath, tid: u64, local: u32, remote: u32, message: MsgCode, reason: RejReason, ari: Vec<u8>) {
+        let r = rej::Repr { local_comm_id: local, remote_comm_id: remote, message_rejected: message, reason, ari, private_data: Vec::new() };
         let _ = self.send(path, tid, 0, &CmMsg::Rej(r));
     }
     pub(crate) fn arm(&mut self, id: u32, at: Option<Instant>) {
@@ -458,20 +422,9 @@ impl Cm {
         }
     }
     /// Start retransmitting `mad` every `timeout_ns`, `retries` more times.
-    pub(crate) fn start_retry(
-        &mut self,
-        now: Instant,
-        id: u32,
-        mad: Box<Mad>,
-        timeout_ns: u64,
-        retries: u8,
-    ) {
+    pub(crate) fn start_retry(&mut self, now: Instant, id: u32, mad: Box<Mad>, timeout_ns: u64, retries: u8) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.retry = Some(Retry {
-                mad,
-                left: retries,
-                timeout_ns,
-            });
+            c.retry = Some(Retry { mad, left: retries, timeout_ns });
         }
         self.arm(id, Some(now.add_ns(timeout_ns)));
     }
@@ -498,9 +451,7 @@ impl Cm {
     /// Forget a connection entirely (indexes, timer, backlog slot).
     pub(crate) fn remove(&mut self, id: u32) {
         self.release_backlog(id);
-        let Some(c) = self.conns.remove(&id) else {
-            return;
-        };
+        let Some(c) = self.conns.remove(&id) else { return };
         self.timers.update(id, c.deadline, None);
         if self.by_remote.get(&(c.remote_guid, c.remote_id)) == Some(&id) {
             self.by_remote.remove(&(c.remote_guid, c.remote_id));
@@ -519,9 +470,7 @@ impl Cm {
     /// Enter TIMEWAIT: no retransmission, absorb strays until the timer ends.
     pub(crate) fn enter_timewait(&mut self, now: Instant, id: u32) {
         self.release_backlog(id);
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
+        let Some(c) = self.conns.get_mut(&id) else { return };
         c.state = ConnState::TimeWait;
         c.retry = None;
         c.cached = None;

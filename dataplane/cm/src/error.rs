@@ -42,9 +42,7 @@ impl fmt::Display for Error {
             Error::UnknownAttribute(a) => write!(f, "CM attribute {a:#06x} not supported"),
             Error::BadField => f.write_str("undefined value in an enumerated CM field"),
             Error::PrivateDataTooLong => f.write_str("private data longer than the message allows"),
-            Error::NotGsi => {
-                f.write_str("not a GSI datagram (UD SEND_ONLY to QP1, Q_Key 0x80010000)")
-            }
+            Error::NotGsi => f.write_str("not a GSI datagram (UD SEND_ONLY to QP1, Q_Key 0x80010000)"),
             Error::Frame(e) => write!(f, "frame: {e}"),
         }
     }

@@ -3,8 +3,7 @@
 //! an ICRC, built and parsed with `pmrxe_wire`'s frame functions.
 
 use pmrxe_wire::{
-    build_frame, frame_len, parse_frame, BthRepr, DethRepr, MacAddr, Opcode, Psn, Qpn,
-    TransportHeaders,
+    build_frame, frame_len, parse_frame, BthRepr, DethRepr, MacAddr, Opcode, Psn, Qpn, TransportHeaders,
 };
 
 use crate::mad::MAD_LEN;
@@ -20,48 +19,23 @@ pub fn gsi_headers(path: &GsiPath, psn: Psn) -> TransportHeaders {
     let mut bth = BthRepr::new(Opcode::UD_SEND_ONLY, path.dest_qp, psn);
     bth.pkey = path.pkey;
     let mut h = TransportHeaders::new(bth);
-    h.deth = Some(DethRepr {
-        qkey: GSI_QKEY,
-        src_qp: Qpn::GSI,
-    });
+    h.deth = Some(DethRepr { qkey: GSI_QKEY, src_qp: Qpn::GSI });
     h
 }
 
 /// Length of a GSI frame over IPv4 or IPv6.
 pub const fn mad_frame_len(ipv6: bool) -> usize {
-    frame_len(
-        ipv6,
-        pmrxe_wire::bth::HEADER_LEN + pmrxe_wire::deth::HEADER_LEN,
-        MAD_LEN,
-    )
+    frame_len(ipv6, pmrxe_wire::bth::HEADER_LEN + pmrxe_wire::deth::HEADER_LEN, MAD_LEN)
 }
 
 /// Build a complete RoCEv2 frame carrying `mad` on `path` into `buf`; returns its length.
 /// `psn` is the sending QP1's PSN (any value; the receiver's GSI does not check it).
-pub fn build_mad_frame_into(
-    buf: &mut [u8],
-    path: &GsiPath,
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    psn: Psn,
-    mad: &Mad,
-) -> Result<usize> {
-    Ok(build_frame(
-        buf,
-        &path.l3(src_mac, dst_mac),
-        &gsi_headers(path, psn),
-        mad,
-    )?)
+pub fn build_mad_frame_into(buf: &mut [u8], path: &GsiPath, src_mac: MacAddr, dst_mac: MacAddr, psn: Psn, mad: &Mad) -> Result<usize> {
+    Ok(build_frame(buf, &path.l3(src_mac, dst_mac), &gsi_headers(path, psn), mad)?)
 }
 
 /// [`build_mad_frame_into`] into a new `Vec`.
-pub fn build_mad_frame(
-    path: &GsiPath,
-    src_mac: MacAddr,
-    dst_mac: MacAddr,
-    psn: Psn,
-    mad: &Mad,
-) -> Result<Vec<u8>> {
+pub fn build_mad_frame(path: &GsiPath, src_mac: MacAddr, dst_mac: MacAddr, psn: Psn, mad: &Mad) -> Result<Vec<u8>> {
     let l3 = path.l3(src_mac, dst_mac);
     let mut v = vec![0u8; mad_frame_len(l3.is_ipv6()?)];
     let n = build_mad_frame_into(&mut v, path, src_mac, dst_mac, psn, mad)?;
@@ -110,14 +84,7 @@ mod test {
             let mut mad = [0u8; MAD_LEN];
             mad[0] = 1;
             mad[255] = 0x5A;
-            let fr = build_mad_frame(
-                &path,
-                MacAddr([2, 0, 0, 0, 0, 1]),
-                MacAddr([2, 0, 0, 0, 0, 2]),
-                Psn::new(7),
-                &mad,
-            )
-            .unwrap();
+            let fr = build_mad_frame(&path, MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]), Psn::new(7), &mad).unwrap();
             assert_eq!(fr.len(), mad_frame_len(a.contains(':')));
             let (src, m) = parse_mad_frame(&fr).unwrap();
             assert_eq!(m, &mad[..]);
@@ -128,10 +95,7 @@ mod test {
             let mut bad = fr.clone();
             let n = bad.len();
             bad[n - 10] ^= 1;
-            assert!(matches!(
-                parse_mad_frame(&bad),
-                Err(Error::Frame(pmrxe_wire::Error::BadIcrc))
-            ));
+            assert!(matches!(parse_mad_frame(&bad), Err(Error::Frame(pmrxe_wire::Error::BadIcrc))));
         }
     }
 }

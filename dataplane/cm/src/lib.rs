@@ -41,7 +41,6 @@ pub use error::{CmError, Error, Result};
 pub use msg::{emit_mad, parse_mad, CmMsg, Mad, MsgCode, RejReason, SidrStatus};
 pub use timers::{iba_ns, Instant};
 pub use types::{
-    AcceptParams, CmStats, ConnId, ConnectParams, ConnectRequest, Ece, Event, Gid, GsiPath,
-    MadSource, QpAttrs, RoutePath, SidrParams, SidrReplyParams, SidrRequest, Transmit, Transport,
-    Waiting,
+    AcceptParams, CmStats, ConnId, ConnectParams, ConnectRequest, Ece, Event, Gid, GsiPath, MadSource, QpAttrs, RoutePath,
+    SidrParams, SidrReplyParams, SidrRequest, Transmit, Transport, Waiting,
 };

@@ -167,12 +167,7 @@ impl Repr {
         if p.method() != METHOD_SEND {
             return Err(Error::BadMethod(p.method()));
         }
-        Ok(Repr {
-            status: p.status(),
-            tid: p.tid(),
-            attr_id: p.attr_id(),
-            attr_mod: p.attr_mod(),
-        })
+        Ok(Repr { status: p.status(), tid: p.tid(), attr_id: p.attr_id(), attr_mod: p.attr_mod() })
     }
     /// 24.
     pub const fn buffer_len(&self) -> usize {
@@ -194,8 +189,7 @@ mod test {
     use super::*;
 
     static HDR: [u8; 24] = [
-        0x01, 0x07, 0x02, 0x03, 0x00, 0x00, 0x00,
-        0x00, // versions, method, status, class specific
+        0x01, 0x07, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, // versions, method, status, class specific
         0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, // TID
         0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, // REQ, reserved, attr mod
     ];
@@ -203,48 +197,25 @@ mod test {
     #[test]
     fn test_parse_emit() {
         let r = Repr::parse(&Packet::new_unchecked(&HDR[..])).unwrap();
-        assert_eq!(
-            r,
-            Repr {
-                status: 0,
-                tid: 0x1234_5678_9abc_def0,
-                attr_id: 0x0010,
-                attr_mod: 5
-            }
-        );
+        assert_eq!(r, Repr { status: 0, tid: 0x1234_5678_9abc_def0, attr_id: 0x0010, attr_mod: 5 });
         let mut b = [0xFFu8; 24];
         r.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, HDR);
     }
     #[test]
     fn test_truncated_and_foreign() {
-        assert_eq!(
-            Packet::new_checked(&HDR[..23]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&HDR[..23]).unwrap_err(), Error::Truncated);
         let mut b = HDR;
         b[1] = 0x04; // PerfMgmt
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::NotCm(4))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::NotCm(4)));
         let mut b = HDR;
         b[0] = 2;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadBaseVersion(2))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadBaseVersion(2)));
         let mut b = HDR;
         b[2] = 1;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadClassVersion(1))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadClassVersion(1)));
         let mut b = HDR;
         b[3] = 0x81;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadMethod(0x81))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadMethod(0x81)));
     }
 }

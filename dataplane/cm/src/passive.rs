@@ -18,22 +18,13 @@ impl Cm {
         if self.listeners.len() >= self.cfg.max_listeners {
             return Err(CmError::TableFull);
         }
-        self.listeners.insert(
-            service_id,
-            Listener {
-                backlog: backlog.max(1),
-                pending: 0,
-            },
-        );
+        self.listeners.insert(service_id, Listener { backlog: backlog.max(1), pending: 0 });
         Ok(())
     }
 
     /// Stop listening. Requests already delivered stay valid.
     pub fn unlisten(&mut self, service_id: u64) -> Result<(), CmError> {
-        self.listeners
-            .remove(&service_id)
-            .map(|_| ())
-            .ok_or(CmError::NoListener)
+        self.listeners.remove(&service_id).map(|_| ()).ok_or(CmError::NoListener)
     }
 
     /// Answer a ConnectRequest with a REP (`rdma_accept`). The REP is retransmitted every
@@ -66,9 +57,7 @@ impl Cm {
             private_data: p.private_data.clone(),
         };
         let (path, tid, t, n) = (c.path, c.tid, c.timeout_ns, c.max_retries);
-        let mad = self
-            .send(path, tid, p.ece.attr_mod, &CmMsg::Rep(r.clone()))
-            .ok_or(CmError::PrivateDataTooLong)?;
+        let mad = self.send(path, tid, p.ece.attr_mod, &CmMsg::Rep(r.clone())).ok_or(CmError::PrivateDataTooLong)?;
         self.release_backlog(id.0);
         let c = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         c.state = ConnState::RepSent;
@@ -89,13 +78,7 @@ impl Cm {
                 if let Some(c) = self.conns.get_mut(&id.0) {
                     c.state = ConnState::Established;
                 }
-                self.event(
-                    id.0,
-                    Event::Established {
-                        id,
-                        private_data: Vec::new(),
-                    },
-                );
+                self.event(id.0, Event::Established { id, private_data: Vec::new() });
                 Ok(())
             }
             ConnState::Established => Ok(()),
@@ -112,67 +95,27 @@ impl Cm {
         let Some(l) = self.listeners.get(&r.service_id) else {
             // IBTA 12.6.7 / kernel cm_req_handler: nobody listens → REJ "invalid service ID".
             self.stats.rej_no_listener += 1;
-            self.send_rej(
-                reply,
-                tid,
-                0,
-                r.local_comm_id,
-                MsgCode::Req,
-                RejReason::INVALID_SERVICE_ID,
-                Vec::new(),
-            );
+            self.send_rej(reply, tid, 0, r.local_comm_id, MsgCode::Req, RejReason::INVALID_SERVICE_ID, Vec::new());
             return;
         };
         if r.transport > 1 {
-            self.send_rej(
-                reply,
-                tid,
-                0,
-                r.local_comm_id,
-                MsgCode::Req,
-                RejReason::INVALID_TRANSPORT_TYPE,
-                Vec::new(),
-            );
+            self.send_rej(reply, tid, 0, r.local_comm_id, MsgCode::Req, RejReason::INVALID_TRANSPORT_TYPE, Vec::new());
             return;
         }
         if let Some(&old) = self.by_remote_qpn.get(&(src.sgid, r.local_qpn.value())) {
             // Kernel cm_req_handler: the remote QPN is still bound to a connection of ours →
             // REJ stale to the new REQ, and disconnect the old one if it is up.
             self.stats.rej_stale += 1;
-            self.send_rej(
-                reply,
-                tid,
-                0,
-                r.local_comm_id,
-                MsgCode::Req,
-                RejReason::STALE_CONN,
-                Vec::new(),
-            );
-            if self
-                .conns
-                .get(&old)
-                .is_some_and(|c| c.state == ConnState::Established)
-            {
+            self.send_rej(reply, tid, 0, r.local_comm_id, MsgCode::Req, RejReason::STALE_CONN, Vec::new());
+            if self.conns.get(&old).is_some_and(|c| c.state == ConnState::Established) {
                 self.start_dreq(now, old, &[]);
             }
             return;
         }
         if self.table_full() || l.pending >= l.backlog {
             self.stats.rej_no_resources += 1;
-            let reason = if self.table_full() {
-                RejReason::NO_RESOURCES
-            } else {
-                RejReason::CONSUMER_DEFINED
-            };
-            self.send_rej(
-                reply,
-                tid,
-                0,
-                r.local_comm_id,
-                MsgCode::Req,
-                reason,
-                Vec::new(),
-            );
+            let reason = if self.table_full() { RejReason::NO_RESOURCES } else { RejReason::CONSUMER_DEFINED };
+            self.send_rej(reply, tid, 0, r.local_comm_id, MsgCode::Req, reason, Vec::new());
             return;
         }
         let id = self.alloc_id();
@@ -181,14 +124,7 @@ impl Cm {
         if r.primary.hop_limit > 1 {
             path.hop_limit = r.primary.hop_limit;
         }
-        let mut c = Conn::new(
-            ConnState::ReqRcvd,
-            false,
-            path,
-            tid,
-            r.service_id,
-            self.cfg.packet_life_time,
-        );
+        let mut c = Conn::new(ConnState::ReqRcvd, false, path, tid, r.service_id, self.cfg.packet_life_time);
         c.remote_id = r.local_comm_id;
         c.remote_guid = r.local_ca_guid;
         c.remote_qpn = Some(r.local_qpn);
@@ -198,24 +134,13 @@ impl Cm {
         c.max_retries = r.max_cm_retries;
         c.req = Some(Box::new(r.clone()));
         self.conns.insert(id, c);
-        self.by_remote
-            .insert((r.local_ca_guid, r.local_comm_id), id);
-        self.by_remote_qpn
-            .insert((src.sgid, r.local_qpn.value()), id);
+        self.by_remote.insert((r.local_ca_guid, r.local_comm_id), id);
+        self.by_remote_qpn.insert((src.sgid, r.local_qpn.value()), id);
         if let Some(l) = self.listeners.get_mut(&r.service_id) {
             l.pending += 1;
         }
-        let req = Box::new(ConnectRequest {
-            req: r,
-            source: *src,
-        });
-        self.event(
-            id,
-            Event::ConnectRequest {
-                id: ConnId(id),
-                req,
-            },
-        );
+        let req = Box::new(ConnectRequest { req: r, source: *src });
+        self.event(id, Event::ConnectRequest { id: ConnId(id), req });
     }
 
     /// A retransmitted REQ: MRA while the consumer decides, REP again once answered.
@@ -234,26 +159,16 @@ impl Cm {
     }
 
     pub(crate) fn on_rtu(&mut self, src: &MadSource, r: rtu_drep::Repr) {
-        let Some(id) = self.lookup(src, r.remote_comm_id, Some(r.local_comm_id)) else {
-            return self.stray();
-        };
+        let Some(id) = self.lookup(src, r.remote_comm_id, Some(r.local_comm_id)) else { return self.stray() };
         match self.conns[&id].state {
             ConnState::RepSent | ConnState::MraRepRcvd => {
                 self.stop_retry(id);
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.state = ConnState::Established;
                 }
-                self.event(
-                    id,
-                    Event::Established {
-                        id: ConnId(id),
-                        private_data: r.private_data,
-                    },
-                );
+                self.event(id, Event::Established { id: ConnId(id), private_data: r.private_data });
             }
-            ConnState::Established | ConnState::DreqSent | ConnState::TimeWait => {
-                self.stats.rx_duplicates += 1
-            }
+            ConnState::Established | ConnState::DreqSent | ConnState::TimeWait => self.stats.rx_duplicates += 1,
             _ => self.stray(),
         }
     }

@@ -24,23 +24,8 @@ impl Cm {
         let id = self.alloc_id();
         let tid = self.tid_for(id);
         let path = p.path.gsi();
-        let r = sidr_req::Repr {
-            request_id: id,
-            pkey: p.path.pkey,
-            service_id: p.service_id,
-            private_data: p.private_data.clone(),
-        };
-        self.conns.insert(
-            id,
-            Conn::new(
-                ConnState::SidrReqSent,
-                true,
-                path,
-                tid,
-                p.service_id,
-                p.path.packet_life_time,
-            ),
-        );
+        let r = sidr_req::Repr { request_id: id, pkey: p.path.pkey, service_id: p.service_id, private_data: p.private_data.clone() };
+        self.conns.insert(id, Conn::new(ConnState::SidrReqSent, true, path, tid, p.service_id, p.path.packet_life_time));
         let Some(mad) = self.send(path, tid, 0, &CmMsg::SidrReq(r)) else {
             self.remove(id);
             return Err(CmError::PrivateDataTooLong);
@@ -50,12 +35,7 @@ impl Cm {
     }
 
     /// Answer a `SidrRequest`.
-    pub fn sidr_reply(
-        &mut self,
-        now: Instant,
-        id: ConnId,
-        p: &SidrReplyParams,
-    ) -> Result<(), CmError> {
+    pub fn sidr_reply(&mut self, now: Instant, id: ConnId, p: &SidrReplyParams) -> Result<(), CmError> {
         Cm::check_len(&p.private_data, sidr_rep::PRIVATE_DATA_LEN)?;
         if p.info.len() > sidr_rep::INFO_LEN {
             return Err(CmError::BadParam("info"));
@@ -89,11 +69,7 @@ impl Cm {
         let key = (src.sgid, r.request_id);
         if let Some(&id) = self.sidr_by_remote.get(&key) {
             self.stats.rx_duplicates += 1;
-            if self
-                .conns
-                .get(&id)
-                .is_some_and(|c| c.state == ConnState::SidrRepSent)
-            {
+            if self.conns.get(&id).is_some_and(|c| c.state == ConnState::SidrRepSent) {
                 self.resend_cached(id);
             }
             return;
@@ -123,14 +99,7 @@ impl Cm {
             return;
         }
         let id = self.alloc_id();
-        let mut c = Conn::new(
-            ConnState::SidrReqRcvd,
-            false,
-            reply,
-            tid,
-            r.service_id,
-            self.cfg.packet_life_time,
-        );
+        let mut c = Conn::new(ConnState::SidrReqRcvd, false, reply, tid, r.service_id, self.cfg.packet_life_time);
         c.remote_id = r.request_id;
         c.listener = Some(r.service_id);
         c.sidr_key = Some(key);
@@ -139,33 +108,16 @@ impl Cm {
         if let Some(l) = self.listeners.get_mut(&r.service_id) {
             l.pending += 1;
         }
-        let req = Box::new(SidrRequest {
-            req: r,
-            source: *src,
-        });
-        self.event(
-            id,
-            Event::SidrRequest {
-                id: ConnId(id),
-                req,
-            },
-        );
+        let req = Box::new(SidrRequest { req: r, source: *src });
+        self.event(id, Event::SidrRequest { id: ConnId(id), req });
     }
 
     pub(crate) fn on_sidr_rep(&mut self, src: &MadSource, r: sidr_rep::Repr) {
-        let Some(id) = self.lookup(src, r.request_id, None) else {
-            return self.stray();
-        };
+        let Some(id) = self.lookup(src, r.request_id, None) else { return self.stray() };
         if self.conns[&id].state != ConnState::SidrReqSent {
             return self.stray();
         }
-        self.event(
-            id,
-            Event::SidrReply {
-                id: ConnId(id),
-                rep: Box::new(r),
-            },
-        );
+        self.event(id, Event::SidrReply { id: ConnId(id), rep: Box::new(r) });
         self.remove(id);
     }
 }

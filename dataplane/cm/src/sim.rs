@@ -113,11 +113,7 @@ pub struct Sim {
 
 impl core::fmt::Debug for Sim {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sim")
-            .field("now", &self.now)
-            .field("nodes", &self.nodes.len())
-            .field("in_flight", &self.in_flight.len())
-            .finish()
+        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("in_flight", &self.in_flight.len()).finish()
     }
 }
 
@@ -131,11 +127,7 @@ impl Sim {
     pub fn new(n: usize, seed: u64, cfg: CmConfig) -> Sim {
         let nodes = (0..n)
             .map(|i| Node {
-                cm: Cm::new(CmConfig {
-                    ca_guid: 0x0200_00ff_fe00_0000 | (i as u64 + 1),
-                    seed: seed ^ ((i as u64 + 1) * 0x9E37_79B9),
-                    ..cfg
-                }),
+                cm: Cm::new(CmConfig { ca_guid: 0x0200_00ff_fe00_0000 | (i as u64 + 1), seed: seed ^ ((i as u64 + 1) * 0x9E37_79B9), ..cfg }),
                 ip: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
                 events: VecDeque::new(),
                 rx_errors: 0,
@@ -199,23 +191,19 @@ impl Sim {
                 attr_id: u16::from_be_bytes([t.mad[16], t.mad[17]]),
                 fault: Fault::Pass,
             };
-            let fault = self
-                .filters
-                .iter_mut()
-                .find_map(|f| f(&info))
-                .unwrap_or_else(|| {
-                    let im = self.impair;
-                    let r: f64 = self.rng.gen();
-                    if r < im.drop {
-                        Fault::Drop
-                    } else if r < im.drop + im.duplicate {
-                        Fault::Duplicate
-                    } else if r < im.drop + im.duplicate + im.reorder && im.reorder_ns > 0 {
-                        Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
-                    } else {
-                        Fault::Pass
-                    }
-                });
+            let fault = self.filters.iter_mut().find_map(|f| f(&info)).unwrap_or_else(|| {
+                let im = self.impair;
+                let r: f64 = self.rng.gen();
+                if r < im.drop {
+                    Fault::Drop
+                } else if r < im.drop + im.duplicate {
+                    Fault::Duplicate
+                } else if r < im.drop + im.duplicate + im.reorder && im.reorder_ns > 0 {
+                    Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
+                } else {
+                    Fault::Pass
+                }
+            });
             info.fault = fault;
             if self.record {
                 self.trace.push(info);
@@ -274,9 +262,7 @@ impl Sim {
         self.flush();
         let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
         let next_timer = self.nodes.iter().filter_map(|n| n.cm.poll_timeout()).min();
-        let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else {
-            return false;
-        };
+        let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else { return false };
         if next > self.now {
             self.now = next;
         }
@@ -307,11 +293,7 @@ impl Sim {
 
     /// Run until `cond` holds (checked before every step) or quiescence, at most
     /// `max_steps` steps; returns whether `cond` held.
-    pub fn drive_until(
-        &mut self,
-        max_steps: usize,
-        mut cond: impl FnMut(&mut Sim) -> bool,
-    ) -> bool {
+    pub fn drive_until(&mut self, max_steps: usize, mut cond: impl FnMut(&mut Sim) -> bool) -> bool {
         self.flush();
         for _ in 0..max_steps {
             if cond(self) {

@@ -12,14 +12,7 @@ impl Cm {
     /// `rtu`) with `reason` (consumer rejects: [`RejReason::CONSUMER_DEFINED`], 28), ARI
     /// (≤ 72 bytes) and private data (≤ 148 bytes). A rejected REQ is forgotten at once; a
     /// rejected REP enters TIMEWAIT (`TimewaitExit` follows), as in the kernel.
-    pub fn reject(
-        &mut self,
-        now: Instant,
-        id: ConnId,
-        reason: RejReason,
-        ari: &[u8],
-        private_data: &[u8],
-    ) -> Result<(), CmError> {
+    pub fn reject(&mut self, now: Instant, id: ConnId, reason: RejReason, ari: &[u8], private_data: &[u8]) -> Result<(), CmError> {
         Cm::check_len(private_data, rej::PRIVATE_DATA_LEN)?;
         if ari.len() > rej::ARI_LEN {
             return Err(CmError::BadParam("ari"));
@@ -30,14 +23,7 @@ impl Cm {
             ConnState::RepRcvd | ConnState::MraRepSent => MsgCode::Rep,
             _ => return Err(CmError::InvalidState),
         };
-        let r = rej::Repr {
-            local_comm_id: id.0,
-            remote_comm_id: c.remote_id,
-            message_rejected: message,
-            reason,
-            ari: ari.to_vec(),
-            private_data: private_data.to_vec(),
-        };
+        let r = rej::Repr { local_comm_id: id.0, remote_comm_id: c.remote_id, message_rejected: message, reason, ari: ari.to_vec(), private_data: private_data.to_vec() };
         let (path, tid) = (c.path, c.tid);
         let _ = self.send(path, tid, 0, &CmMsg::Rej(r));
         match message {
@@ -49,12 +35,7 @@ impl Cm {
 
     /// Send a DREQ (`rdma_disconnect`). `Disconnected` follows when the DREP arrives, the
     /// peer's own DREQ crosses ours, or the retries run out. Idempotent while disconnecting.
-    pub fn disconnect(
-        &mut self,
-        now: Instant,
-        id: ConnId,
-        private_data: &[u8],
-    ) -> Result<(), CmError> {
+    pub fn disconnect(&mut self, now: Instant, id: ConnId, private_data: &[u8]) -> Result<(), CmError> {
         Cm::check_len(private_data, dreq::PRIVATE_DATA_LEN)?;
         match self.conns.get(&id.0).ok_or(CmError::UnknownId)?.state {
             ConnState::Established => {
@@ -77,51 +58,19 @@ impl Cm {
         match c.state {
             ConnState::ReqSent | ConnState::MraReqRcvd => {
                 let ari = self.cfg.ca_guid.to_be_bytes().to_vec();
-                self.send_rej(
-                    path,
-                    tid,
-                    id.0,
-                    remote,
-                    MsgCode::Other,
-                    RejReason::TIMEOUT,
-                    ari,
-                );
+                self.send_rej(path, tid, id.0, remote, MsgCode::Other, RejReason::TIMEOUT, ari);
                 self.remove(id.0);
             }
             ConnState::ReqRcvd | ConnState::MraReqSent => {
-                self.send_rej(
-                    path,
-                    tid,
-                    id.0,
-                    remote,
-                    MsgCode::Req,
-                    RejReason::CONSUMER_DEFINED,
-                    Vec::new(),
-                );
+                self.send_rej(path, tid, id.0, remote, MsgCode::Req, RejReason::CONSUMER_DEFINED, Vec::new());
                 self.remove(id.0);
             }
             ConnState::RepRcvd | ConnState::MraRepSent => {
-                self.send_rej(
-                    path,
-                    tid,
-                    id.0,
-                    remote,
-                    MsgCode::Rep,
-                    RejReason::CONSUMER_DEFINED,
-                    Vec::new(),
-                );
+                self.send_rej(path, tid, id.0, remote, MsgCode::Rep, RejReason::CONSUMER_DEFINED, Vec::new());
                 self.remove(id.0);
             }
             ConnState::RepSent | ConnState::MraRepRcvd => {
-                self.send_rej(
-                    path,
-                    tid,
-                    id.0,
-                    remote,
-                    MsgCode::Other,
-                    RejReason::CONSUMER_DEFINED,
-                    Vec::new(),
-                );
+                self.send_rej(path, tid, id.0, remote, MsgCode::Other, RejReason::CONSUMER_DEFINED, Vec::new());
                 self.remove(id.0);
             }
             ConnState::Established => {
@@ -167,9 +116,7 @@ impl Cm {
         // A fresh transaction for the disconnect (the handshake's TID with the high word + 1).
         let tid = self.tid_for(id).wrapping_add(1 << 32);
         let (path, t, n) = (c.path, c.timeout_ns, c.max_retries);
-        let Some(mad) = self.send(path, tid, 0, &CmMsg::Dreq(d)) else {
-            return;
-        };
+        let Some(mad) = self.send(path, tid, 0, &CmMsg::Dreq(d)) else { return };
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = ConnState::DreqSent;
             c.cached = None;
@@ -178,23 +125,12 @@ impl Cm {
     }
 
     pub(crate) fn on_dreq(&mut self, now: Instant, src: &MadSource, tid: u64, d: dreq::Repr) {
-        let drep = |local: u32, remote: u32| {
-            CmMsg::Drep(rtu_drep::Repr {
-                local_comm_id: local,
-                remote_comm_id: remote,
-                private_data: Vec::new(),
-            })
-        };
+        let drep = |local: u32, remote: u32| CmMsg::Drep(rtu_drep::Repr { local_comm_id: local, remote_comm_id: remote, private_data: Vec::new() });
         let Some(id) = self.lookup(src, d.remote_comm_id, Some(d.local_comm_id)) else {
             // Kernel cm_dreq_handler: unknown connection → DREP anyway, so the peer's
             // disconnect completes (it may have outlived our TIMEWAIT).
             self.stray();
-            let _ = self.send(
-                src.reply_path(),
-                tid,
-                0,
-                &drep(d.remote_comm_id, d.local_comm_id),
-            );
+            let _ = self.send(src.reply_path(), tid, 0, &drep(d.remote_comm_id, d.local_comm_id));
             return;
         };
         let c = &self.conns[&id];
@@ -202,21 +138,12 @@ impl Cm {
             return self.stray();
         }
         match c.state {
-            ConnState::Established
-            | ConnState::RepSent
-            | ConnState::MraRepRcvd
-            | ConnState::DreqSent => {
+            ConnState::Established | ConnState::RepSent | ConnState::MraRepRcvd | ConnState::DreqSent => {
                 if matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd) {
                     // The RTU was lost but the peer, established, already disconnects: report
                     // the establishment first so the consumer always sees Established before
                     // Disconnected (the kernel reports only DISCONNECTED here).
-                    self.event(
-                        id,
-                        Event::Established {
-                            id: ConnId(id),
-                            private_data: Vec::new(),
-                        },
-                    );
+                    self.event(id, Event::Established { id: ConnId(id), private_data: Vec::new() });
                 }
                 let c = &self.conns[&id];
                 let path = c.path;
@@ -225,14 +152,7 @@ impl Cm {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.cached = mad;
                 }
-                self.event(
-                    id,
-                    Event::Disconnected {
-                        id: ConnId(id),
-                        timed_out: false,
-                        private_data: d.private_data,
-                    },
-                );
+                self.event(id, Event::Disconnected { id: ConnId(id), timed_out: false, private_data: d.private_data });
             }
             ConnState::TimeWait => {
                 self.stats.rx_duplicates += 1;
@@ -244,20 +164,11 @@ impl Cm {
     }
 
     pub(crate) fn on_drep(&mut self, now: Instant, src: &MadSource, d: rtu_drep::Repr) {
-        let Some(id) = self.lookup(src, d.remote_comm_id, Some(d.local_comm_id)) else {
-            return self.stray();
-        };
+        let Some(id) = self.lookup(src, d.remote_comm_id, Some(d.local_comm_id)) else { return self.stray() };
         match self.conns[&id].state {
             ConnState::DreqSent => {
                 self.enter_timewait(now, id);
-                self.event(
-                    id,
-                    Event::Disconnected {
-                        id: ConnId(id),
-                        timed_out: false,
-                        private_data: d.private_data,
-                    },
-                );
+                self.event(id, Event::Disconnected { id: ConnId(id), timed_out: false, private_data: d.private_data });
             }
             ConnState::TimeWait => self.stats.rx_duplicates += 1,
             _ => self.stray(),
@@ -273,35 +184,21 @@ impl Cm {
             .filter(|&id| self.lookup(src, id, None).is_some());
         let id = by_ari.or_else(|| {
             let remote = (r.message_rejected != MsgCode::Req).then_some(r.local_comm_id);
-            self.lookup(src, r.remote_comm_id, remote).or_else(|| {
-                self.lookup(src, r.remote_comm_id, None)
-                    .filter(|id| self.conns[id].remote_id == 0)
-            })
+            self.lookup(src, r.remote_comm_id, remote)
+                .or_else(|| self.lookup(src, r.remote_comm_id, None).filter(|id| self.conns[id].remote_id == 0))
         });
         let Some(id) = id else { return self.stray() };
         let state = self.conns[&id].state;
         let timewait = match state {
-            ConnState::ReqSent
-            | ConnState::MraReqRcvd
-            | ConnState::ReqRcvd
-            | ConnState::MraReqSent
-            | ConnState::RepSent
-            | ConnState::MraRepRcvd => r.reason == RejReason::STALE_CONN,
-            ConnState::RepRcvd
-            | ConnState::MraRepSent
-            | ConnState::Established
-            | ConnState::DreqSent => true,
+            ConnState::ReqSent | ConnState::MraReqRcvd | ConnState::ReqRcvd | ConnState::MraReqSent | ConnState::RepSent | ConnState::MraRepRcvd => {
+                r.reason == RejReason::STALE_CONN
+            }
+            ConnState::RepRcvd | ConnState::MraRepSent | ConnState::Established | ConnState::DreqSent => true,
             _ => return self.stray(),
         };
         self.event(
             id,
-            Event::Rejected {
-                id: ConnId(id),
-                reason: r.reason,
-                message: r.message_rejected,
-                ari: r.ari,
-                private_data: r.private_data,
-            },
+            Event::Rejected { id: ConnId(id), reason: r.reason, message: r.message_rejected, ari: r.ari, private_data: r.private_data },
         );
         if timewait {
             self.enter_timewait(now, id);
@@ -320,14 +217,7 @@ impl Cm {
             ConnState::SidrReqSent => Waiting::SidrRep,
             ConnState::DreqSent => {
                 self.enter_timewait(now, id);
-                self.event(
-                    id,
-                    Event::Disconnected {
-                        id: ConnId(id),
-                        timed_out: true,
-                        private_data: Vec::new(),
-                    },
-                );
+                self.event(id, Event::Disconnected { id: ConnId(id), timed_out: true, private_data: Vec::new() });
                 return;
             }
             _ => return,
@@ -336,23 +226,9 @@ impl Cm {
             // IBTA 12.9.x: tell the peer we gave up, so it does not hold a half-open entry
             // (REJ reason 4, ARI = our CA GUID, as `ib_destroy_cm_id` sends it).
             let ari = self.cfg.ca_guid.to_be_bytes().to_vec();
-            self.send_rej(
-                path,
-                tid,
-                id,
-                remote,
-                MsgCode::Other,
-                RejReason::TIMEOUT,
-                ari,
-            );
+            self.send_rej(path, tid, id, remote, MsgCode::Other, RejReason::TIMEOUT, ari);
         }
-        self.event(
-            id,
-            Event::TimedOut {
-                id: ConnId(id),
-                waiting_for: waiting,
-            },
-        );
+        self.event(id, Event::TimedOut { id: ConnId(id), waiting_for: waiting });
         self.remove(id);
     }
 }

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use pmrxe_wire::{udp_sport, L3Info, MacAddr, Psn, Qpn};
 
-use crate::msg::{rep, req, sidr_rep, sidr_req, Mad, MsgCode, RejReason, SidrStatus};
+use crate::msg::{req, rep, sidr_rep, sidr_req, Mad, MsgCode, RejReason, SidrStatus};
 
 /// A port GID. RoCEv2 GIDs are IP addresses; IPv4 ones are IPv4-mapped (`::ffff:a.b.c.d`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -277,12 +277,7 @@ pub struct ConnectParams {
 
 impl ConnectParams {
     /// RC to `service_id` over `path` with the kernel CMA's timeouts and retry counts.
-    pub fn new(
-        path: RoutePath,
-        service_id: u64,
-        local_qpn: Qpn,
-        starting_psn: Psn,
-    ) -> ConnectParams {
+    pub fn new(path: RoutePath, service_id: u64, local_qpn: Qpn, starting_psn: Psn) -> ConnectParams {
         ConnectParams {
             path,
             service_id,

@@ -7,19 +7,14 @@ use proptest::prelude::*;
 
 /// A 256-byte MAD with a valid CM header and a chosen attribute ID, random data.
 fn cm_mad() -> impl Strategy<Value = Vec<u8>> {
-    (
-        0x10u16..=0x18,
-        any::<u64>(),
-        proptest::collection::vec(any::<u8>(), 232),
-    )
-        .prop_map(|(attr, tid, data)| {
-            let mut m = vec![1, 7, 2, 3, 0, 0, 0, 0];
-            m.extend_from_slice(&tid.to_be_bytes());
-            m.extend_from_slice(&attr.to_be_bytes());
-            m.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-            m.extend_from_slice(&data);
-            m
-        })
+    (0x10u16..=0x18, any::<u64>(), proptest::collection::vec(any::<u8>(), 232)).prop_map(|(attr, tid, data)| {
+        let mut m = vec![1, 7, 2, 3, 0, 0, 0, 0];
+        m.extend_from_slice(&tid.to_be_bytes());
+        m.extend_from_slice(&attr.to_be_bytes());
+        m.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        m.extend_from_slice(&data);
+        m
+    })
 }
 
 proptest! {

@@ -43,10 +43,7 @@ pub enum ConfigError {
 impl ConfigError {
     /// Builds an [`ConfigError::Invalid`].
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            message: message.into(),
-        }
+        ConfigError::Invalid { field: field.into(), message: message.into() }
     }
 
     /// The key path or table this error is about, if any.
@@ -69,12 +66,7 @@ impl fmt::Display for ConfigError {
         f.write_str("config error: ")?;
         match self {
             ConfigError::Io { path, source } => {
-                write!(
-                    f,
-                    "cannot read {}: {}",
-                    path.display(),
-                    one_line(&source.to_string())
-                )
+                write!(f, "cannot read {}: {}", path.display(), one_line(&source.to_string()))
             }
             ConfigError::Syntax { line, message } => match line {
                 Some(l) => write!(f, "line {l}: {}", one_line(message)),

@@ -111,12 +111,7 @@ pub struct IdleConfig {
 
 impl Default for IdleConfig {
     fn default() -> Self {
-        IdleConfig {
-            mode: IdleMode::Wait,
-            spin_iterations: 1000,
-            max_sleep_us: 200,
-            spin_us: 100,
-        }
+        IdleConfig { mode: IdleMode::Wait, spin_iterations: 1000, max_sleep_us: 200, spin_us: 100 }
     }
 }
 
@@ -168,9 +163,7 @@ impl Default for EalSection {
 impl EalSection {
     /// The effective `--file-prefix`: the configured one or `pmrxe-<pid>`.
     pub fn file_prefix(&self) -> String {
-        self.file_prefix
-            .clone()
-            .unwrap_or_else(|| format!("pmrxe-{}", std::process::id()))
+        self.file_prefix.clone().unwrap_or_else(|| format!("pmrxe-{}", std::process::id()))
     }
 }
 
@@ -192,9 +185,8 @@ pub struct LcoreConfig {
     /// Scheduling niceness of the poll-mode lcore threads (-20..=19; default -10). On a CPU
     /// shared with application threads, an lcore woken by work must get the CPU at once, and
     /// in `wait` mode it gives the CPU back when idle: -10 weights it about 9:1 against a
-    /// nice-0 thread (an `ib_send_lat` between two services on a shared 2-vCPU VM: average
-    /// 107 µs at 0, 45 µs at -10). 0 leaves the threads as started. Needs root or
-    /// CAP_SYS_NICE for a negative value; without it the service logs a warning and runs on.
+    /// nice-0 thread. 0 leaves the threads as started. Needs root or CAP_SYS_NICE for a
+    /// negative value; without it the service logs a warning and runs on.
     pub nice: i32,
 }
 
@@ -204,13 +196,7 @@ pub const MAX_LCORES: usize = 64;
 
 impl Default for LcoreConfig {
     fn default() -> Self {
-        LcoreConfig {
-            cores: vec![1],
-            main_core: 0,
-            allow_main_core: false,
-            allow_shared_cores: false,
-            nice: -10,
-        }
+        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false, allow_shared_cores: false, nice: -10 }
     }
 }
 
@@ -364,9 +350,7 @@ impl PortConfig {
         }
         match (&self.peer, &self.devargs) {
             (Some(_), None) => PortKind::RingPair,
-            (_, Some(d)) if validate::is_pci_addr(d.split(',').next().unwrap_or("")) => {
-                PortKind::Pci
-            }
+            (_, Some(d)) if validate::is_pci_addr(d.split(',').next().unwrap_or("")) => PortKind::Pci,
             _ => PortKind::Vdev,
         }
     }
@@ -478,15 +462,7 @@ pub enum LimitKind {
 
 impl LimitKind {
     /// Every kind, in a fixed order (arrays of counters are indexed by `kind as usize`).
-    pub const ALL: [LimitKind; 7] = [
-        LimitKind::Pd,
-        LimitKind::Cq,
-        LimitKind::Qp,
-        LimitKind::Srq,
-        LimitKind::Mr,
-        LimitKind::Mw,
-        LimitKind::Ah,
-    ];
+    pub const ALL: [LimitKind; 7] = [LimitKind::Pd, LimitKind::Cq, LimitKind::Qp, LimitKind::Srq, LimitKind::Mr, LimitKind::Mw, LimitKind::Ah];
 
     /// The `[limits]` key (`max_<name>`) and stats name.
     pub fn name(self) -> &'static str {
@@ -595,10 +571,8 @@ impl Config {
     /// Reads and validates a config file against this machine ([`SystemInfo::probe`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
         Config::from_str(&text)
     }
 

@@ -21,11 +21,7 @@ impl SystemInfo {
             .ok()
             .and_then(|s| parse_cpu_list_max(&s))
             .map(|max| max + 1)
-            .or_else(|| {
-                std::thread::available_parallelism()
-                    .ok()
-                    .map(|n| n.get() as u32)
-            })
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get() as u32))
             .unwrap_or(1);
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         SystemInfo {
@@ -47,9 +43,7 @@ pub(crate) fn parse_cpu_list_max(s: &str) -> Option<u32> {
         .split(',')
         .filter(|p| !p.is_empty())
         .map(|p| p.rsplit('-').next().unwrap_or(p).trim().parse::<u32>().ok())
-        .try_fold(None, |acc: Option<u32>, v| {
-            v.map(|v| Some(acc.map_or(v, |a| a.max(v))))
-        })?
+        .try_fold(None, |acc: Option<u32>, v| v.map(|v| Some(acc.map_or(v, |a| a.max(v)))))?
 }
 
 /// The number after `key:` in /proc/meminfo text.

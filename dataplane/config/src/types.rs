@@ -52,11 +52,7 @@ impl FromStr for MacAddr {
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
     }
 }
 
@@ -99,9 +95,7 @@ fn split_cidr<'a>(s: &'a str, max: u8, what: &str) -> Result<(&'a str, u8), Stri
     match s.split_once('/') {
         None => Ok((s, max)),
         Some((a, p)) => {
-            let prefix: u8 = p
-                .parse()
-                .map_err(|_| format!("invalid {what} prefix length in {s:?}"))?;
+            let prefix: u8 = p.parse().map_err(|_| format!("invalid {what} prefix length in {s:?}"))?;
             if prefix > max {
                 return Err(format!("invalid {what} prefix length in {s:?} (max {max})"));
             }
@@ -114,9 +108,7 @@ impl FromStr for Ipv4Cidr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let (a, prefix) = split_cidr(s, 32, "IPv4")?;
-        let addr = a
-            .parse()
-            .map_err(|_| format!("invalid IPv4 address {s:?}"))?;
+        let addr = a.parse().map_err(|_| format!("invalid IPv4 address {s:?}"))?;
         Ok(Ipv4Cidr { addr, prefix })
     }
 }
@@ -125,9 +117,7 @@ impl FromStr for Ipv6Cidr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let (a, prefix) = split_cidr(s, 128, "IPv6")?;
-        let addr = a
-            .parse()
-            .map_err(|_| format!("invalid IPv6 address {s:?}"))?;
+        let addr = a.parse().map_err(|_| format!("invalid IPv6 address {s:?}"))?;
         Ok(Ipv6Cidr { addr, prefix })
     }
 }
@@ -187,14 +177,7 @@ mod tests {
 
     #[test]
     fn mac_rejects() {
-        for bad in [
-            "zz",
-            "",
-            "02:00:c6:12:00",
-            "02:00:c6:12:00:01:02",
-            "002:00:c6:12:00:01",
-            "02::c6:12:00:01",
-        ] {
+        for bad in ["zz", "", "02:00:c6:12:00", "02:00:c6:12:00:01:02", "002:00:c6:12:00:01", "02::c6:12:00:01"] {
             let e = bad.parse::<MacAddr>().unwrap_err();
             assert_eq!(e, format!("invalid MAC {bad:?}"));
         }

@@ -7,12 +7,7 @@ use crate::{Config, ConfigError, PortKind, SystemInfo};
 
 /// 1-based line number of byte offset `pos` in `text`.
 fn line_of(text: &str, pos: usize) -> usize {
-    text.as_bytes()
-        .iter()
-        .take(pos)
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+    text.as_bytes().iter().take(pos).filter(|&&b| b == b'\n').count() + 1
 }
 
 /// Converts a path-tracking TOML deserializer error into a [`ConfigError`].
@@ -39,79 +34,46 @@ pub(crate) fn map_de_error(
     if path.is_empty() {
         return ConfigError::Syntax { line, message };
     }
-    ConfigError::Invalid {
-        field: path,
-        message,
-    }
+    ConfigError::Invalid { field: path, message }
 }
 
 /// The `[ports.congestion]` ranges: (key, message) of the first bad value.
 fn validate_congestion(c: &crate::CongestionConfig) -> Result<(), (&'static str, String)> {
     if c.cnp_interval_us > 1_000_000 {
-        return Err((
-            "cnp_interval_us",
-            format!("{} is outside 0..=1000000", c.cnp_interval_us),
-        ));
+        return Err(("cnp_interval_us", format!("{} is outside 0..=1000000", c.cnp_interval_us)));
     }
     if c.cnp_dscp > 63 {
         return Err(("cnp_dscp", format!("{} is outside 0..=63", c.cnp_dscp)));
     }
     if !(1..=1_000_000).contains(&c.line_rate_mbps) {
-        return Err((
-            "line_rate_mbps",
-            format!("{} is outside 1..=1000000", c.line_rate_mbps),
-        ));
+        return Err(("line_rate_mbps", format!("{} is outside 1..=1000000", c.line_rate_mbps)));
     }
     if c.min_rate_mbps == 0 || c.min_rate_mbps > c.line_rate_mbps {
-        return Err((
-            "min_rate_mbps",
-            format!(
-                "{} is outside 1..=line_rate_mbps ({})",
-                c.min_rate_mbps, c.line_rate_mbps
-            ),
-        ));
+        return Err(("min_rate_mbps", format!("{} is outside 1..=line_rate_mbps ({})", c.min_rate_mbps, c.line_rate_mbps)));
     }
     if !(c.alpha_g > 0.0 && c.alpha_g <= 1.0) {
         return Err(("alpha_g", format!("{} is outside (0, 1]", c.alpha_g)));
     }
     if !(0.0..=1.0).contains(&c.initial_alpha) {
-        return Err((
-            "initial_alpha",
-            format!("{} is outside [0, 1]", c.initial_alpha),
-        ));
+        return Err(("initial_alpha", format!("{} is outside [0, 1]", c.initial_alpha)));
     }
-    for (k, v) in [
-        ("alpha_timer_us", c.alpha_timer_us),
-        ("rate_increase_timer_us", c.rate_increase_timer_us),
-    ] {
+    for (k, v) in [("alpha_timer_us", c.alpha_timer_us), ("rate_increase_timer_us", c.rate_increase_timer_us)] {
         if !(1..=1_000_000).contains(&v) {
             return Err((k, format!("{v} is outside 1..=1000000")));
         }
     }
     if c.rate_reduce_period_us > 1_000_000 {
-        return Err((
-            "rate_reduce_period_us",
-            format!("{} is outside 0..=1000000", c.rate_reduce_period_us),
-        ));
+        return Err(("rate_reduce_period_us", format!("{} is outside 0..=1000000", c.rate_reduce_period_us)));
     }
     if c.byte_counter == 0 {
         return Err(("byte_counter", "must be at least 1".into()));
     }
     if c.fast_recovery_steps == 0 || c.fast_recovery_steps > 1000 {
-        return Err((
-            "fast_recovery_steps",
-            format!("{} is outside 1..=1000", c.fast_recovery_steps),
-        ));
+        return Err(("fast_recovery_steps", format!("{} is outside 1..=1000", c.fast_recovery_steps)));
     }
-    for (k, v) in [
-        ("ai_rate_mbps", c.ai_rate_mbps),
-        ("hai_rate_mbps", c.hai_rate_mbps),
-    ] {
+    for (k, v) in [("ai_rate_mbps", c.ai_rate_mbps), ("hai_rate_mbps", c.hai_rate_mbps)] {
         if v > c.line_rate_mbps {
-            return Err((
-                k,
-                format!("{v} is above line_rate_mbps ({})", c.line_rate_mbps),
-            ));
+            return Err((k, format!("{v} is above line_rate_mbps ({})", c.line_rate_mbps)));
         }
     }
     Ok(())
@@ -138,8 +100,7 @@ pub(crate) fn is_pci_addr(s: &str) -> bool {
 fn valid_ident(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
 fn inv(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -147,6 +108,7 @@ fn inv(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
 }
 
 pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError> {
+
     // [service]
     if cfg.service.socket.as_os_str().is_empty() {
         return Err(inv("service.socket", "must not be empty"));
@@ -157,29 +119,17 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     if cfg.service.idle.max_sleep_us > 1_000_000 {
         return Err(inv(
             "service.idle.max_sleep_us",
-            format!(
-                "{} is above the 1000000 us maximum",
-                cfg.service.idle.max_sleep_us
-            ),
+            format!("{} is above the 1000000 us maximum", cfg.service.idle.max_sleep_us),
         ));
     }
     if cfg.service.idle.spin_us > 1_000_000 {
-        return Err(inv(
-            "service.idle.spin_us",
-            format!(
-                "{} is above the 1000000 us maximum",
-                cfg.service.idle.spin_us
-            ),
-        ));
+        return Err(inv("service.idle.spin_us", format!("{} is above the 1000000 us maximum", cfg.service.idle.spin_us)));
     }
 
     // [eal]
     let eal = &cfg.eal;
     if !(64..=1_048_576).contains(&eal.memory_mb) {
-        return Err(inv(
-            "eal.memory_mb",
-            format!("{} is outside 64..=1048576", eal.memory_mb),
-        ));
+        return Err(inv("eal.memory_mb", format!("{} is outside 64..=1048576", eal.memory_mb)));
     }
     if let Some(p) = &eal.file_prefix {
         if !valid_ident(p) {
@@ -225,10 +175,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         ));
     }
     if !(-20..=19).contains(&lc.nice) {
-        return Err(inv(
-            "lcores.nice",
-            format!("{} is outside -20..=19", lc.nice),
-        ));
+        return Err(inv("lcores.nice", format!("{} is outside -20..=19", lc.nice)));
     }
     if lc.allow_shared_cores && cfg.service.idle.mode == crate::IdleMode::Busy {
         return Err(inv("lcores.allow_shared_cores", "lcores sharing a CPU need an idle mode that sleeps (service.idle.mode = \"wait\" or \"backoff\"); busy-polling lcores would starve each other"));
@@ -238,10 +185,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         if c >= sys.cpus {
             return Err(inv(
                 format!("lcores.cores[{i}]"),
-                format!(
-                    "CPU {c} does not exist (this machine has CPUs 0..{})",
-                    sys.cpus - 1
-                ),
+                format!("CPU {c} does not exist (this machine has CPUs 0..{})", sys.cpus - 1),
             ));
         }
         if !seen.insert(c) && !lc.allow_shared_cores {
@@ -257,11 +201,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     if lc.main_core >= sys.cpus {
         return Err(inv(
             "lcores.main_core",
-            format!(
-                "CPU {} does not exist (this machine has CPUs 0..{})",
-                lc.main_core,
-                sys.cpus - 1
-            ),
+            format!("CPU {} does not exist (this machine has CPUs 0..{})", lc.main_core, sys.cpus - 1),
         ));
     }
 
@@ -273,16 +213,10 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     let mut names = HashSet::new();
     for (i, p) in cfg.ports.iter().enumerate() {
         if !valid_ident(&p.name) {
-            return Err(inv(
-                format!("ports[{i}].name"),
-                format!("invalid name {:?} (use 1-63 of [A-Za-z0-9_.-])", p.name),
-            ));
+            return Err(inv(format!("ports[{i}].name"), format!("invalid name {:?} (use 1-63 of [A-Za-z0-9_.-])", p.name)));
         }
         if !names.insert(p.name.as_str()) {
-            return Err(inv(
-                format!("ports[{i}].name"),
-                format!("duplicate port name {:?}", p.name),
-            ));
+            return Err(inv(format!("ports[{i}].name"), format!("duplicate port name {:?}", p.name)));
         }
     }
     let mut macs = HashSet::new();
@@ -292,15 +226,9 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         match p.kind() {
             PortKind::RingPair => {
                 if p.devargs.is_some() {
-                    return Err(inv(
-                        f("devargs"),
-                        "a ring_pair port takes no devargs (it is made in-process)",
-                    ));
+                    return Err(inv(f("devargs"), "a ring_pair port takes no devargs (it is made in-process)"));
                 }
-                let peer = p
-                    .peer
-                    .as_deref()
-                    .ok_or_else(|| inv(f("peer"), "a ring_pair port needs a peer"))?;
+                let peer = p.peer.as_deref().ok_or_else(|| inv(f("peer"), "a ring_pair port needs a peer"))?;
                 if peer == p.name {
                     return Err(inv(f("peer"), "a port cannot be its own peer"));
                 }
@@ -309,15 +237,10 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                     .iter()
                     .find(|q| q.name == peer)
                     .ok_or_else(|| inv(f("peer"), format!("no port named {peer:?}")))?;
-                if other.kind() != PortKind::RingPair
-                    || other.peer.as_deref() != Some(p.name.as_str())
-                {
+                if other.kind() != PortKind::RingPair || other.peer.as_deref() != Some(p.name.as_str()) {
                     return Err(inv(
                         f("peer"),
-                        format!(
-                            "port {peer:?} must be a ring_pair port whose peer is {:?}",
-                            p.name
-                        ),
+                        format!("port {peer:?} must be a ring_pair port whose peer is {:?}", p.name),
                     ));
                 }
             }
@@ -341,13 +264,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                         ));
                     }
                     if let Some(missing) = missing_pmd(head) {
-                        return Err(inv(
-                            f("devargs"),
-                            format!(
-                                "bad devargs {d:?}: no DPDK driver {missing:?} is installed ({})",
-                                PMD_DIR
-                            ),
-                        ));
+                        return Err(inv(f("devargs"), format!("bad devargs {d:?}: no DPDK driver {missing:?} is installed ({})", PMD_DIR)));
                     }
                 } else if !is_pci_addr(head) {
                     return Err(inv(
@@ -356,10 +273,7 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
                     ));
                 }
                 if d.contains(char::is_whitespace) {
-                    return Err(inv(
-                        f("devargs"),
-                        format!("bad devargs {d:?}: contains whitespace"),
-                    ));
+                    return Err(inv(f("devargs"), format!("bad devargs {d:?}: contains whitespace")));
                 }
             }
         }
@@ -399,36 +313,23 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         }
         for (k, v) in [("rx_desc", p.rx_desc), ("tx_desc", p.tx_desc)] {
             if !(32..=16384).contains(&v) || !v.is_power_of_two() {
-                return Err(inv(
-                    f(k),
-                    format!("{v} is not a power of two in 32..=16384"),
-                ));
+                return Err(inv(f(k), format!("{v} is not a power of two in 32..=16384")));
             }
         }
         if let Some(v) = p.vendor_id.filter(|v| *v == 0 || *v > 0xff_ffff) {
-            return Err(inv(
-                f("vendor_id"),
-                format!("{v:#x} is not a 24-bit vendor id (1..=0xffffff)"),
-            ));
+            return Err(inv(f("vendor_id"), format!("{v:#x} is not a 24-bit vendor id (1..=0xffffff)")));
         }
-        validate_congestion(&p.congestion)
-            .map_err(|(k, m)| inv(f(&format!("congestion.{k}")), m))?;
+        validate_congestion(&p.congestion).map_err(|(k, m)| inv(f(&format!("congestion.{k}")), m))?;
     }
 
     // [[neighbors]]
     let mut nips = HashSet::new();
     for (i, n) in cfg.neighbors.iter().enumerate() {
         if !nips.insert(n.ip) {
-            return Err(inv(
-                format!("neighbors[{i}].ip"),
-                format!("duplicate neighbor {}", n.ip),
-            ));
+            return Err(inv(format!("neighbors[{i}].ip"), format!("duplicate neighbor {}", n.ip)));
         }
         if n.mac.is_multicast() || n.mac == crate::MacAddr::ZERO {
-            return Err(inv(
-                format!("neighbors[{i}].mac"),
-                format!("{} is not a unicast MAC", n.mac),
-            ));
+            return Err(inv(format!("neighbors[{i}].mac"), format!("{} is not a unicast MAC", n.mac)));
         }
     }
 
@@ -455,43 +356,23 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
         }
     }
     // QPNs, MR indexes and CQ numbers are 24-bit on the wire / in keys.
-    for (k, v) in [
-        ("max_qp", l.max_qp),
-        ("max_mr", l.max_mr),
-        ("max_mw", l.max_mw),
-        ("max_cq", l.max_cq),
-    ] {
+    for (k, v) in [("max_qp", l.max_qp), ("max_mr", l.max_mr), ("max_mw", l.max_mw), ("max_cq", l.max_cq)] {
         if v >= 1 << 24 {
-            return Err(inv(
-                format!("limits.{k}"),
-                format!("{v} exceeds the 24-bit index space"),
-            ));
+            return Err(inv(format!("limits.{k}"), format!("{v} exceeds the 24-bit index space")));
         }
     }
     // A CQ ring holds a power of two of 64-byte entries (cqe + 1 rounded up).
     if l.max_cqe >= 1 << 24 {
-        return Err(inv(
-            "limits.max_cqe",
-            format!("{} exceeds 2^24 - 1", l.max_cqe),
-        ));
+        return Err(inv("limits.max_cqe", format!("{} exceeds 2^24 - 1", l.max_cqe)));
     }
     if l.max_msg_size > 1 << 31 {
-        return Err(inv(
-            "limits.max_msg_size",
-            format!(
-                "{} exceeds 2^31 (IBTA maximum message size)",
-                l.max_msg_size
-            ),
-        ));
+        return Err(inv("limits.max_msg_size", format!("{} exceeds 2^31 (IBTA maximum message size)", l.max_msg_size)));
     }
     if l.max_mr_size == 0 {
         return Err(inv("limits.max_mr_size", "must be at least 1"));
     }
     if l.max_rd_atomic > 255 {
-        return Err(inv(
-            "limits.max_rd_atomic",
-            format!("{} exceeds 255", l.max_rd_atomic),
-        ));
+        return Err(inv("limits.max_rd_atomic", format!("{} exceeds 255", l.max_rd_atomic)));
     }
     let devices = cfg.ports.len().max(1) as u64;
     // Every lcore may hold QPs of every device (one lcore per device, or clients spread over
@@ -500,69 +381,36 @@ pub(crate) fn validate(cfg: &Config, sys: &SystemInfo) -> Result<(), ConfigError
     if u64::from(l.max_qp) * devices > lcores * u64::from(crate::LCORE_QP_SLOTS) {
         return Err(inv(
             "limits.max_qp",
-            format!(
-                "{} on each of {devices} devices exceeds the {} QP slots of {lcores} lcores",
-                l.max_qp,
-                lcores * u64::from(crate::LCORE_QP_SLOTS)
-            ),
+            format!("{} on each of {devices} devices exceeds the {} QP slots of {lcores} lcores", l.max_qp, lcores * u64::from(crate::LCORE_QP_SLOTS)),
         ));
     }
     // One MR table serves every device; its indexes stop below the MW index base (2^19).
     if u64::from(l.max_mr) * devices >= 1 << 19 {
-        return Err(inv(
-            "limits.max_mr",
-            format!(
-                "{} on each of {devices} devices exceeds the 524287 slots of the MR table",
-                l.max_mr
-            ),
-        ));
+        return Err(inv("limits.max_mr", format!("{} on each of {devices} devices exceeds the 524287 slots of the MR table", l.max_mr)));
     }
     if u64::from(l.max_mw) * devices >= 1 << 23 {
-        return Err(inv(
-            "limits.max_mw",
-            format!(
-                "{} on each of {devices} devices exceeds the MW index space",
-                l.max_mw
-            ),
-        ));
+        return Err(inv("limits.max_mw", format!("{} on each of {devices} devices exceeds the MW index space", l.max_mw)));
     }
     if !(1..=65536).contains(&l.max_clients) {
-        return Err(inv(
-            "limits.max_clients",
-            format!("{} is outside 1..=65536", l.max_clients),
-        ));
+        return Err(inv("limits.max_clients", format!("{} is outside 1..=65536", l.max_clients)));
     }
     for kind in crate::LimitKind::ALL {
         let (cap, max) = (l.client_cap(kind), l.device_max(kind));
         if cap == 0 || cap > max {
-            return Err(inv(
-                format!("limits.per_client.max_{}", kind.name()),
-                format!("{cap} is outside 1..=limits.max_{} ({max})", kind.name()),
-            ));
+            return Err(inv(format!("limits.per_client.max_{}", kind.name()), format!("{cap} is outside 1..=limits.max_{} ({max})", kind.name())));
         }
     }
     if let Some(f) = l.per_client.max_fds {
         if !(16..=1 << 20).contains(&f) {
-            return Err(inv(
-                "limits.per_client.max_fds",
-                format!("{f} is outside 16..=1048576"),
-            ));
+            return Err(inv("limits.per_client.max_fds", format!("{f} is outside 16..=1048576")));
         }
     }
 
     // [faults]
     if let Some(fc) = &cfg.faults {
-        for (k, v) in [
-            ("loss", fc.loss),
-            ("duplicate", fc.duplicate),
-            ("reorder", fc.reorder),
-            ("corrupt", fc.corrupt),
-        ] {
+        for (k, v) in [("loss", fc.loss), ("duplicate", fc.duplicate), ("reorder", fc.reorder), ("corrupt", fc.corrupt)] {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(inv(
-                    format!("faults.{k}"),
-                    format!("{v} is not a fraction in 0..=1"),
-                ));
+                return Err(inv(format!("faults.{k}"), format!("{v} is not a fraction in 0..=1")));
             }
         }
     }

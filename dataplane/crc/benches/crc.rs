@@ -44,16 +44,12 @@ fn bench(c: &mut Criterion) {
         let mut dst = Buf::new(size, 70);
         g.throughput(Throughput::Bytes(size as u64));
         for k in Kernel::available() {
-            g.bench_with_input(
-                BenchmarkId::new(format!("copy_and_crc/{}", k.name()), size),
-                &size,
-                |b, _| b.iter(|| k.copy_and_crc(0, dst.get_mut(), black_box(src.get()))),
-            );
-            g.bench_with_input(
-                BenchmarkId::new(format!("crc/{}", k.name()), size),
-                &size,
-                |b, _| b.iter(|| k.crc_update(0, black_box(src.get()))),
-            );
+            g.bench_with_input(BenchmarkId::new(format!("copy_and_crc/{}", k.name()), size), &size, |b, _| {
+                b.iter(|| k.copy_and_crc(0, dst.get_mut(), black_box(src.get())))
+            });
+            g.bench_with_input(BenchmarkId::new(format!("crc/{}", k.name()), size), &size, |b, _| {
+                b.iter(|| k.crc_update(0, black_box(src.get())))
+            });
         }
         g.bench_with_input(BenchmarkId::new("crc/crc32fast", size), &size, |b, _| {
             b.iter(|| crc32fast::hash(black_box(src.get())))

@@ -81,19 +81,9 @@ mod test {
             for off in [0usize, 1, 3, 7, 15, 31] {
                 let mut dst = vec![0xEEu8; len + 64];
                 copy_short(&mut dst[off..off + len], &src[off..off + len]);
-                assert_eq!(
-                    &dst[off..off + len],
-                    &src[off..off + len],
-                    "len {len} off {off}"
-                );
-                assert!(
-                    dst[..off].iter().all(|&b| b == 0xEE),
-                    "wrote before: len {len} off {off}"
-                );
-                assert!(
-                    dst[off + len..].iter().all(|&b| b == 0xEE),
-                    "wrote after: len {len} off {off}"
-                );
+                assert_eq!(&dst[off..off + len], &src[off..off + len], "len {len} off {off}");
+                assert!(dst[..off].iter().all(|&b| b == 0xEE), "wrote before: len {len} off {off}");
+                assert!(dst[off + len..].iter().all(|&b| b == 0xEE), "wrote after: len {len} off {off}");
             }
         }
     }

@@ -108,10 +108,7 @@ impl Kernel {
     pub fn avx2() -> Option<Kernel> {
         #[cfg(target_arch = "x86_64")]
         {
-            if Self::pclmul().is_some()
-                && std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("vpclmulqdq")
-            {
+            if Self::pclmul().is_some() && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("vpclmulqdq") {
                 return Some(Kernel(Kind::Avx2));
             }
         }
@@ -137,14 +134,7 @@ impl Kernel {
 
     /// Every kernel this CPU can run, narrowest first (the last is the default best).
     pub fn available() -> impl Iterator<Item = Kernel> {
-        [
-            Some(Self::PORTABLE),
-            Self::pclmul(),
-            Self::avx2(),
-            Self::avx512(),
-        ]
-        .into_iter()
-        .flatten()
+        [Some(Self::PORTABLE), Self::pclmul(), Self::avx2(), Self::avx512()].into_iter().flatten()
     }
 
     /// The names of every kernel built for this architecture, narrowest first, whether or not
@@ -185,9 +175,7 @@ impl Kernel {
 
     #[cold]
     fn detect() -> Kernel {
-        let k = Self::forced()
-            .or_else(|| Self::available().last())
-            .unwrap_or(Self::PORTABLE);
+        let k = Self::forced().or_else(|| Self::available().last()).unwrap_or(Self::PORTABLE);
         BEST.store(k.0 as u8, Ordering::Relaxed);
         k
     }
@@ -195,9 +183,7 @@ impl Kernel {
     /// The kernel `PMRXE_CRC_KERNEL` names, if it names one this CPU has (a name it lacks, or
     /// an unknown one, is ignored: `None`). Read from the environment at each call.
     pub fn forced() -> Option<Kernel> {
-        std::env::var("PMRXE_CRC_KERNEL")
-            .ok()
-            .and_then(|n| Self::by_name(n.trim()))
+        std::env::var("PMRXE_CRC_KERNEL").ok().and_then(|n| Self::by_name(n.trim()))
     }
 
     /// Make `k` the process-wide [`best`](Kernel::best) kernel, unless `PMRXE_CRC_KERNEL`
@@ -222,9 +208,7 @@ impl Kernel {
     pub fn calibrate(frame: usize, budget: Duration) -> Calibration {
         const ROUNDS: u32 = 8;
         let kernels: Vec<Kernel> = Self::available().collect();
-        let src: Vec<u8> = (0..frame + 4096)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
-            .collect();
+        let src: Vec<u8> = (0..frame + 4096).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect();
         let s0 = (4096 - src.as_ptr() as usize % 4096) % 4096;
         let src = &src[s0..s0 + frame];
         let mut dbuf = vec![0u8; frame + 256];
@@ -299,9 +283,7 @@ impl Kernel {
             // SAFETY: a `Kernel(Pclmul)`, `Kernel(Avx2)` or `Kernel(Avx512)` exists only if
             // `pclmul()` detected the features; `data` is readable for its length.
             #[cfg(target_arch = "x86_64")]
-            Kind::Pclmul | Kind::Avx2 | Kind::Avx512 => unsafe {
-                x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask)
-            },
+            Kind::Pclmul | Kind::Avx2 | Kind::Avx512 => unsafe { x86::pclmul_masked(crc, data.as_ptr(), data.len(), mask) },
         }
     }
 
@@ -324,13 +306,7 @@ impl Kernel {
     /// As `core::ptr::copy_nonoverlapping(src, dst, len)`: `src` valid for reads and `dst` for
     /// writes of `len` bytes, the two ranges disjoint. No alignment needed.
     #[inline]
-    pub unsafe fn copy_and_crc_raw(
-        self,
-        crc: u32,
-        dst: *mut u8,
-        src: *const u8,
-        len: usize,
-    ) -> u32 {
+    pub unsafe fn copy_and_crc_raw(self, crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
         // SAFETY: forwarded contract.
         unsafe { self.run::<true>(crc, dst, src, len) }
     }
@@ -348,13 +324,7 @@ impl Kernel {
     /// # Safety
     /// `src` readable for `len`; with COPY, `dst` writable for `len` and disjoint from `src`.
     #[inline]
-    unsafe fn run<const COPY: bool>(
-        self,
-        crc: u32,
-        dst: *mut u8,
-        src: *const u8,
-        len: usize,
-    ) -> u32 {
+    unsafe fn run<const COPY: bool>(self, crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
         match self.0 {
             // SAFETY: forwarded pointer contract.
             Kind::Portable => unsafe { portable::run::<COPY>(crc, dst, src, len) },
@@ -440,23 +410,11 @@ pub fn crc_update(crc: u32, data: &[u8]) -> u32 {
         // SAFETY: BEST holds 4 only for a `Kernel(Avx512)`, which exists only after `avx512()`
         // detected its features; `data` is readable for its length and, without COPY, the
         // destination is never accessed.
-        4 => {
-            return unsafe {
-                x86::avx512::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len())
-            }
-        }
+        4 => return unsafe { x86::avx512::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
         // SAFETY: as above, with 3 and `avx2()`.
-        3 => {
-            return unsafe {
-                x86::avx2::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len())
-            }
-        }
+        3 => return unsafe { x86::avx2::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
         // SAFETY: as above, with 2 and `pclmul()`.
-        2 => {
-            return unsafe {
-                x86::pclmul::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len())
-            }
-        }
+        2 => return unsafe { x86::pclmul::<false>(crc, core::ptr::null_mut(), data.as_ptr(), data.len()) },
         _ => {}
     }
     crc_update_detect(crc, data)
@@ -542,11 +500,7 @@ mod test {
         }
         // Each name once, and the available kernels in the same order.
         let avail: Vec<&str> = Kernel::available().map(Kernel::name).collect();
-        let in_order: Vec<&str> = Kernel::all_names()
-            .iter()
-            .copied()
-            .filter(|n| avail.contains(n))
-            .collect();
+        let in_order: Vec<&str> = Kernel::all_names().iter().copied().filter(|n| avail.contains(n)).collect();
         assert_eq!(avail, in_order);
     }
 

@@ -10,12 +10,7 @@ use crate::gf::TABLES;
 /// `src` must be valid for reads of `len` bytes; with `COPY`, `dst` valid for writes of `len`
 /// bytes and not overlapping `src`. Without `COPY`, `dst` is never used.
 #[inline]
-pub(crate) unsafe fn run<const COPY: bool>(
-    crc: u32,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-) -> u32 {
+pub(crate) unsafe fn run<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     let mut c = !crc;
     let mut i = 0;
     while i + 8 <= len {
@@ -78,12 +73,5 @@ pub(crate) unsafe fn masked(crc: u32, src: *const u8, len: usize, mask: &crate::
         *h = unsafe { *src.add(j) } | (mask[j / 16] >> (8 * (j % 16))) as u8;
     }
     // SAFETY: `head` holds `n` bytes; the rest is `src[n..len]`.
-    unsafe {
-        run::<false>(
-            run::<false>(crc, core::ptr::null_mut(), head.as_ptr(), n),
-            core::ptr::null_mut(),
-            src.add(n),
-            len - n,
-        )
-    }
+    unsafe { run::<false>(run::<false>(crc, core::ptr::null_mut(), head.as_ptr(), n), core::ptr::null_mut(), src.add(n), len - n) }
 }

@@ -66,13 +66,7 @@ fn keys512(k: (i64, i64)) -> __m512i {
 #[inline]
 #[target_feature(enable = "pclmulqdq")]
 fn fold128(a: __m128i, b: __m128i, k: __m128i) -> __m128i {
-    _mm_xor_si128(
-        _mm_xor_si128(
-            _mm_clmulepi64_si128(a, k, 0x00),
-            _mm_clmulepi64_si128(a, k, 0x11),
-        ),
-        b,
-    )
+    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), b)
 }
 
 #[inline]
@@ -85,24 +79,13 @@ fn keys256(k: (i64, i64)) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,vpclmulqdq")]
 fn fold256(a: __m256i, b: __m256i, k: __m256i) -> __m256i {
-    _mm256_xor_si256(
-        _mm256_xor_si256(
-            _mm256_clmulepi64_epi128(a, k, 0x00),
-            _mm256_clmulepi64_epi128(a, k, 0x11),
-        ),
-        b,
-    )
+    _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(a, k, 0x00), _mm256_clmulepi64_epi128(a, k, 0x11)), b)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,vpclmulqdq")]
 fn fold512(a: __m512i, b: __m512i, k: __m512i) -> __m512i {
-    _mm512_ternarylogic_epi64(
-        _mm512_clmulepi64_epi128(a, k, 0x00),
-        _mm512_clmulepi64_epi128(a, k, 0x11),
-        b,
-        0x96,
-    )
+    _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00), _mm512_clmulepi64_epi128(a, k, 0x11), b, 0x96)
 }
 
 /// Load 16 bytes at `s`; with `COPY` store them at `d`.
@@ -185,11 +168,7 @@ unsafe fn mv_partial<const COPY: bool>(s: *const u8, d: *mut u8, n: usize) -> __
                 wr(d.add(n - 4).cast::<u32>(), b);
                 wr(d.cast::<u32>(), a);
             }
-            let top = if n == 4 {
-                0
-            } else {
-                u64::from(b >> (8 * (8 - n))) << 32
-            };
+            let top = if n == 4 { 0 } else { u64::from(b >> (8 * (8 - n))) << 32 };
             (u64::from(a) | top, 0)
         }
     } else {
@@ -254,14 +233,8 @@ fn fold_top(x: __m128i, top: __m128i, n: usize) -> __m128i {
 fn reduce(x: __m128i) -> u32 {
     let mask32 = _mm_set_epi32(0, 0, 0, -1);
     // 128 → 96 → 64 bits, then Barrett: T1 = low32 · μ, T2 = low32(T1) · P, CRC = (x ^ T2)[32..64].
-    let x = _mm_xor_si128(
-        _mm_clmulepi64_si128(x, keys128(K128), 0x10),
-        _mm_srli_si128(x, 8),
-    );
-    let x = _mm_xor_si128(
-        _mm_clmulepi64_si128(_mm_and_si128(x, mask32), _mm_set_epi64x(0, K64), 0x00),
-        _mm_srli_si128(x, 4),
-    );
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(x, keys128(K128), 0x10), _mm_srli_si128(x, 8));
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x, mask32), _mm_set_epi64x(0, K64), 0x00), _mm_srli_si128(x, 4));
     let pu = _mm_set_epi64x(MU as i64, P33 as i64);
     let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, mask32), pu, 0x10);
     let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, mask32), pu, 0x00);
@@ -276,23 +249,13 @@ fn init_at(ncrc: u32, o: usize) -> (__m512i, __m512i) {
     let (lane, off) = (o / 16, o % 16);
     let x = u128::from(ncrc) << (8 * off);
     // The bytes that fall past this 16-byte lane, into the next one.
-    let spill = if off > 12 {
-        u128::from(ncrc) >> (8 * (16 - off))
-    } else {
-        0
-    };
+    let spill = if off > 12 { u128::from(ncrc) >> (8 * (16 - off)) } else { 0 };
     let v = |a: u128| _mm_set_epi64x((a >> 64) as i64, a as i64);
     let i0 = _mm512_maskz_broadcast_i32x4(0xF << (4 * lane), v(x));
     if spill == 0 {
         (i0, _mm512_setzero_si512())
     } else if lane < 3 {
-        (
-            _mm512_or_si512(
-                i0,
-                _mm512_maskz_broadcast_i32x4(0xF << (4 * (lane + 1)), v(spill)),
-            ),
-            _mm512_setzero_si512(),
-        )
+        (_mm512_or_si512(i0, _mm512_maskz_broadcast_i32x4(0xF << (4 * (lane + 1)), v(spill))), _mm512_setzero_si512())
     } else {
         (i0, _mm512_maskz_broadcast_i32x4(0xF, v(spill)))
     }
@@ -304,11 +267,7 @@ fn init_at(ncrc: u32, o: usize) -> (__m512i, __m512i) {
 /// The CPU must have PCLMULQDQ.
 #[target_feature(enable = "pclmulqdq")]
 pub(crate) unsafe fn clmul32(a: u32, b: u32) -> u64 {
-    _mm_cvtsi128_si64(_mm_clmulepi64_si128(
-        _mm_cvtsi32_si128(a as i32),
-        _mm_cvtsi32_si128(b as i32),
-        0x00,
-    )) as u64
+    _mm_cvtsi128_si64(_mm_clmulepi64_si128(_mm_cvtsi32_si128(a as i32), _mm_cvtsi32_si128(b as i32), 0x00)) as u64
 }
 
 /// PCLMULQDQ kernel: fold (and with `COPY` copy) `len` bytes.
@@ -317,12 +276,7 @@ pub(crate) unsafe fn clmul32(a: u32, b: u32) -> u64 {
 /// The CPU must have PCLMULQDQ, SSE4.1 and SSSE3. `src` readable for `len` bytes; with `COPY`,
 /// `dst` writable for `len` bytes and disjoint from `src` (without, `dst` is never accessed).
 #[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
-pub(crate) unsafe fn pclmul<const COPY: bool>(
-    crc: u32,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-) -> u32 {
+pub(crate) unsafe fn pclmul<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     // SAFETY: forwarded contract; MASK is off, so the mask is never read.
     unsafe { pclmul_with::<COPY, false>(crc, dst, src, len, &crate::NO_MASK) }
 }
@@ -334,12 +288,7 @@ pub(crate) unsafe fn pclmul<const COPY: bool>(
 /// # Safety
 /// As [`pclmul`] without a destination.
 #[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
-pub(crate) unsafe fn pclmul_masked(
-    crc: u32,
-    src: *const u8,
-    len: usize,
-    mask: &crate::Mask,
-) -> u32 {
+pub(crate) unsafe fn pclmul_masked(crc: u32, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
     // SAFETY: forwarded contract; without COPY the destination is never accessed.
     unsafe { pclmul_with::<false, true>(crc, core::ptr::null_mut(), src, len, mask) }
 }
@@ -351,20 +300,13 @@ pub(crate) unsafe fn pclmul_masked(
 /// As [`pclmul`]; with `MASK`, not `COPY`.
 #[inline]
 #[target_feature(enable = "pclmulqdq,sse4.1,ssse3")]
-unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
-    crc: u32,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-    mask: &crate::Mask,
-) -> u32 {
+unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize, mask: &crate::Mask) -> u32 {
     debug_assert!(!(COPY && MASK));
     // Only the first `r` (1..=15) bytes of mask lane `j`: a partial block's register is zero
     // above them.
     // A mask word as a register (lane byte 0 = the block's first byte).
     let reg = |w: u128| -> __m128i { _mm_set_epi64x((w >> 64) as i64, w as i64) };
-    let lane_head =
-        |j: usize, r: usize| -> __m128i { reg(mask[j] & (u128::MAX >> (8 * (16 - r)))) };
+    let lane_head = |j: usize, r: usize| -> __m128i { reg(mask[j] & (u128::MAX >> (8 * (16 - r)))) };
     if len < 16 {
         if !COPY && len >= 4 {
             // One block: the `len` bytes, the initial CRC folded into their first four,
@@ -376,26 +318,18 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
             if MASK {
                 v = _mm_or_si128(v, lane_head(0, len));
             }
-            return reduce(_mm_shuffle_epi8(
-                _mm_xor_si128(v, _mm_cvtsi32_si128(!crc as i32)),
-                shift_up(len),
-            ));
+            return reduce(_mm_shuffle_epi8(_mm_xor_si128(v, _mm_cvtsi32_si128(!crc as i32)), shift_up(len)));
         }
         if MASK && len > 0 {
             // 1..=3 bytes: the masked bytes made in a register and stored whole (the portable
             // kernel's loads from them are forwarded from that one store).
             // SAFETY: `src` readable for `len` bytes (caller); no destination without COPY.
-            let v = _mm_or_si128(
-                unsafe { mv_partial::<false>(src, core::ptr::null_mut(), len) },
-                lane_head(0, len),
-            );
+            let v = _mm_or_si128(unsafe { mv_partial::<false>(src, core::ptr::null_mut(), len) }, lane_head(0, len));
             let mut b = [0u8; 16];
             // SAFETY: `b` is 16 writable bytes.
             unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) };
             // SAFETY: `b` holds `len` readable bytes.
-            return unsafe {
-                crate::portable::run::<false>(crc, core::ptr::null_mut(), b.as_ptr(), len)
-            };
+            return unsafe { crate::portable::run::<false>(crc, core::ptr::null_mut(), b.as_ptr(), len) };
         }
         // SAFETY: the caller's contract is the portable kernel's.
         return unsafe { crate::portable::run::<COPY>(crc, dst, src, len) };
@@ -418,12 +352,7 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
     let mut x;
     if len >= 64 {
         let (mut x0, mut x1, mut x2, mut x3) = if MASK {
-            (
-                _mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init),
-                _mm_or_si128(ld!(16), lane(16)),
-                _mm_or_si128(ld!(32), lane(32)),
-                _mm_or_si128(ld!(48), lane(48)),
-            )
+            (_mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init), _mm_or_si128(ld!(16), lane(16)), _mm_or_si128(ld!(32), lane(32)), _mm_or_si128(ld!(48), lane(48)))
         } else {
             (_mm_xor_si128(ld!(0), init), ld!(16), ld!(32), ld!(48))
         };
@@ -446,12 +375,7 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
                 i += 128;
             }
             // Eight → four: accumulator j folded by 512 bits lands on j + 4 (independent).
-            (x0, x1, x2, x3) = (
-                fold128(x0, x4, k),
-                fold128(x1, x5, k),
-                fold128(x2, x6, k),
-                fold128(x3, x7, k),
-            );
+            (x0, x1, x2, x3) = (fold128(x0, x4, k), fold128(x1, x5, k), fold128(x2, x6, k), fold128(x3, x7, k));
         }
         while len - i >= 64 {
             x0 = fold128(x0, ld!(i), k);
@@ -462,26 +386,14 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
         }
         // (A chain, but only its XORs wait: every multiply's input is at hand. A tree of
         // three independent folds measured no faster on a 64-byte header.)
-        x = fold128(
-            x0,
-            fold128(x1, fold128(x2, x3, keys128(K128)), keys128(K256)),
-            keys128(K384),
-        );
+        x = fold128(x0, fold128(x1, fold128(x2, x3, keys128(K128)), keys128(K256)), keys128(K384));
     } else {
-        x = if MASK {
-            _mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init)
-        } else {
-            _mm_xor_si128(ld!(0), init)
-        };
+        x = if MASK { _mm_xor_si128(_mm_or_si128(ld!(0), lane(0)), init) } else { _mm_xor_si128(ld!(0), init) };
         i = 16;
     }
     let k = keys128(K128);
     while len - i >= 16 {
-        let v = if MASK {
-            _mm_or_si128(ld!(i), lane(i))
-        } else {
-            ld!(i)
-        };
+        let v = if MASK { _mm_or_si128(ld!(i), lane(i)) } else { ld!(i) };
         x = fold128(x, v, k);
         i += 16;
     }
@@ -497,14 +409,9 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
             // The mask's bytes at the same offsets, from its 64 bytes in memory (lanes are
             // little-endian u128s: byte `j` of the mask is byte j % 16 of lane j / 16).
             // SAFETY: `len - 16 + 16 <= 64`: inside the mask's 64 bytes.
-            last = _mm_or_si128(last, unsafe {
-                _mm_loadu_si128(mask.as_ptr().cast::<u8>().add(len - 16).cast())
-            });
+            last = _mm_or_si128(last, unsafe { _mm_loadu_si128(mask.as_ptr().cast::<u8>().add(len - 16).cast()) });
         }
-        let top = _mm_cmpgt_epi8(
-            _mm_add_epi8(seq128(), _mm_set1_epi8(r as i8 - 16)),
-            _mm_set1_epi8(-1),
-        );
+        let top = _mm_cmpgt_epi8(_mm_add_epi8(seq128(), _mm_set1_epi8(r as i8 - 16)), _mm_set1_epi8(-1));
         return reduce(fold_top(x, _mm_and_si128(last, top), r));
     }
     if r > 0 {
@@ -525,12 +432,7 @@ unsafe fn pclmul_with<const COPY: bool, const MASK: bool>(
 /// The CPU must have AVX2, VPCLMULQDQ, PCLMULQDQ, SSE4.1 and SSSE3. Pointer contract as
 /// [`pclmul`].
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
-pub(crate) unsafe fn avx2<const COPY: bool>(
-    crc: u32,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-) -> u32 {
+pub(crate) unsafe fn avx2<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     if len < AVX2_MIN {
         // SAFETY: same contract, subset of the features.
         return unsafe { pclmul::<COPY>(crc, dst, src, len) };
@@ -542,8 +444,7 @@ pub(crate) unsafe fn avx2<const COPY: bool>(
         };
     }
     let init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(!crc as i32));
-    let (mut v0, mut v1, mut v2, mut v3) =
-        (_mm256_xor_si256(ld!(0), init), ld!(32), ld!(64), ld!(96));
+    let (mut v0, mut v1, mut v2, mut v3) = (_mm256_xor_si256(ld!(0), init), ld!(32), ld!(64), ld!(96));
     let mut i = 128;
     let k = keys256(K1024);
     while len - i >= 128 {
@@ -554,10 +455,7 @@ pub(crate) unsafe fn avx2<const COPY: bool>(
         i += 128;
     }
     // Four → one: accumulator j folded by (3 − j)·256 bits, the three multiplies independent.
-    let t = _mm256_xor_si256(
-        fold256(v0, v3, keys256(K768)),
-        fold256(v1, _mm256_setzero_si256(), keys256(K512)),
-    );
+    let t = _mm256_xor_si256(fold256(v0, v3, keys256(K768)), fold256(v1, _mm256_setzero_si256(), keys256(K512)));
     let k256 = keys256(K256);
     let mut v = fold256(v2, t, k256);
     while len - i >= 32 {
@@ -569,11 +467,7 @@ pub(crate) unsafe fn avx2<const COPY: bool>(
     let mut x = fold128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), k);
     if len - i >= 16 {
         // SAFETY: `i + 16 <= len`.
-        x = fold128(
-            x,
-            unsafe { mv128::<COPY>(src.add(i), dst.wrapping_add(i)) },
-            k,
-        );
+        x = fold128(x, unsafe { mv128::<COPY>(src.add(i), dst.wrapping_add(i)) }, k);
         i += 16;
     }
     let r = len - i;
@@ -586,10 +480,7 @@ pub(crate) unsafe fn avx2<const COPY: bool>(
             // The last 16 bytes in one load, the ones already folded dropped (as in `pclmul`).
             // SAFETY: `len >= 16`: bytes len − 16 .. len lie inside `src`.
             let last = unsafe { _mm_loadu_si128(src.add(len - 16).cast()) };
-            let top = _mm_cmpgt_epi8(
-                _mm_add_epi8(seq128(), _mm_set1_epi8(r as i8 - 16)),
-                _mm_set1_epi8(-1),
-            );
+            let top = _mm_cmpgt_epi8(_mm_add_epi8(seq128(), _mm_set1_epi8(r as i8 - 16)), _mm_set1_epi8(-1));
             x = fold_top(x, _mm_and_si128(last, top), r);
         }
     }
@@ -602,12 +493,7 @@ pub(crate) unsafe fn avx2<const COPY: bool>(
 /// The CPU must have AVX512F, AVX512BW, AVX512VL, VPCLMULQDQ, PCLMULQDQ, SSE4.1 and SSSE3.
 /// Pointer contract as [`pclmul`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
-pub(crate) unsafe fn avx512<const COPY: bool>(
-    crc: u32,
-    dst: *mut u8,
-    src: *const u8,
-    len: usize,
-) -> u32 {
+pub(crate) unsafe fn avx512<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     if len < AVX512_MIN {
         // SAFETY: same contract, subset of the features.
         return unsafe { pclmul::<COPY>(crc, dst, src, len) };
@@ -625,21 +511,10 @@ pub(crate) unsafe fn avx512<const COPY: bool>(
     // (one masked load and store), so that every later 64-byte store is aligned (a store across
     // two cache lines costs two). Leading zeros do not change the CRC: the initial CRC is folded
     // in at the first real byte, which may straddle into the next block.
-    let head = if COPY && len >= ALIGN_MIN {
-        (dst as usize).wrapping_neg() & 63
-    } else {
-        0
-    };
+    let head = if COPY && len >= ALIGN_MIN { (dst as usize).wrapping_neg() & 63 } else { 0 };
     let zero = _mm512_setzero_si512();
     let (first, carry, start) = if head == 0 {
-        (
-            _mm512_xor_si512(
-                ld!(0),
-                _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32)),
-            ),
-            zero,
-            64,
-        )
+        (_mm512_xor_si512(ld!(0), _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32))), zero, 64)
     } else {
         let m: __mmask64 = !0u64 << (64 - head);
         // SAFETY: only the lanes selected by `m` are accessed (masked-off lanes neither read,
@@ -655,12 +530,7 @@ pub(crate) unsafe fn avx512<const COPY: bool>(
     let mut i;
     let mut v;
     if len - start >= 192 {
-        let (mut v0, mut v1, mut v2, mut v3) = (
-            first,
-            _mm512_xor_si512(ld!(start), carry),
-            ld!(start + 64),
-            ld!(start + 128),
-        );
+        let (mut v0, mut v1, mut v2, mut v3) = (first, _mm512_xor_si512(ld!(start), carry), ld!(start + 64), ld!(start + 128));
         i = start + 192;
         let k = keys512(K2048);
         while len - i >= 256 {
@@ -683,21 +553,14 @@ pub(crate) unsafe fn avx512<const COPY: bool>(
     }
     // Four lanes → one: lane j folded by (3 − j)·128 bits, lane 3 as is, all XORed.
     let kl = _mm512_set_epi64(0, 0, K128.1, K128.0, K256.1, K256.0, K384.1, K384.0);
-    let t = _mm512_xor_si512(
-        _mm512_clmulepi64_epi128(v, kl, 0x00),
-        _mm512_clmulepi64_epi128(v, kl, 0x11),
-    );
+    let t = _mm512_xor_si512(_mm512_clmulepi64_epi128(v, kl, 0x00), _mm512_clmulepi64_epi128(v, kl, 0x11));
     let t = _mm512_mask_blend_epi64(0xC0, t, v);
     let y = _mm256_xor_si256(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
     let mut x = _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
     let k = keys128(K128);
     while len - i >= 16 {
         // SAFETY: `i + 16 <= len`.
-        x = fold128(
-            x,
-            unsafe { mv128::<COPY>(src.add(i), dst.wrapping_add(i)) },
-            k,
-        );
+        x = fold128(x, unsafe { mv128::<COPY>(src.add(i), dst.wrapping_add(i)) }, k);
         i += 16;
     }
     let r = len - i;

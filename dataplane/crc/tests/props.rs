@@ -5,9 +5,7 @@
 //! a masked header prefix with a payload's CRC. A kernel this CPU lacks is reported on stderr
 //! (`kernel avx512: not tested on this CPU`), never passed silently.
 
-use pmrxe_crc::{
-    copy_and_crc, crc32, crc32_combine, crc_update, crc_update_masked, CrcShift, Kernel, Mask,
-};
+use pmrxe_crc::{copy_and_crc, crc32, crc32_combine, crc_update, crc_update_masked, CrcShift, Kernel, Mask};
 use proptest::prelude::*;
 
 fn reference(crc: u32, data: &[u8]) -> u32 {
@@ -36,41 +34,14 @@ const GUARD: usize = 80;
 fn check(k: Kernel, src: &[u8], so: usize, doff: usize, len: usize, init: u32) {
     let data = &src[so..so + len];
     let want = reference(init, data);
-    assert_eq!(
-        Kernel::PORTABLE.crc_update(init, data),
-        want,
-        "portable update len {len}"
-    );
-    assert_eq!(
-        k.crc_update(init, data),
-        want,
-        "{} update len {len} off {so}",
-        k.name()
-    );
+    assert_eq!(Kernel::PORTABLE.crc_update(init, data), want, "portable update len {len}");
+    assert_eq!(k.crc_update(init, data), want, "{} update len {len} off {so}", k.name());
     let mut dst = vec![0xA5u8; GUARD + doff + len + GUARD];
     let got = k.copy_and_crc(init, &mut dst[GUARD + doff..GUARD + doff + len], data);
-    assert_eq!(
-        got,
-        want,
-        "{} copy len {len} src off {so} dst off {doff}",
-        k.name()
-    );
-    assert_eq!(
-        &dst[GUARD + doff..GUARD + doff + len],
-        data,
-        "{} copied bytes len {len}",
-        k.name()
-    );
-    assert!(
-        dst[..GUARD + doff].iter().all(|&b| b == 0xA5),
-        "{} wrote before dst (len {len})",
-        k.name()
-    );
-    assert!(
-        dst[GUARD + doff + len..].iter().all(|&b| b == 0xA5),
-        "{} wrote past dst (len {len})",
-        k.name()
-    );
+    assert_eq!(got, want, "{} copy len {len} src off {so} dst off {doff}", k.name());
+    assert_eq!(&dst[GUARD + doff..GUARD + doff + len], data, "{} copied bytes len {len}", k.name());
+    assert!(dst[..GUARD + doff].iter().all(|&b| b == 0xA5), "{} wrote before dst (len {len})", k.name());
+    assert!(dst[GUARD + doff + len..].iter().all(|&b| b == 0xA5), "{} wrote past dst (len {len})", k.name());
 }
 
 #[test]
@@ -93,10 +64,7 @@ fn every_length_to_8k_every_kernel() {
 fn every_kernel_is_tested_or_reported() {
     let available: Vec<&str> = Kernel::available().map(Kernel::name).collect();
     for n in &available {
-        assert!(
-            Kernel::all_names().contains(n),
-            "{n} missing from all_names"
-        );
+        assert!(Kernel::all_names().contains(n), "{n} missing from all_names");
         assert_eq!(Kernel::by_name(n).map(Kernel::name), Some(*n));
     }
     for n in Kernel::all_names() {
@@ -115,8 +83,7 @@ fn every_length_to_600_at_many_alignments() {
     for len in 0..=600 {
         for so in [0usize, 1, 3, 8, 15, 16, 31, 32, 63] {
             for doff in [0usize, 1, 7, 16, 31, 32, 33, 63] {
-                let init = (len as u32 ^ (so << 12) as u32 ^ (doff << 20) as u32)
-                    .wrapping_mul(0x9E37_79B9);
+                let init = (len as u32 ^ (so << 12) as u32 ^ (doff << 20) as u32).wrapping_mul(0x9E37_79B9);
                 for k in Kernel::available() {
                     check(k, &src, so, doff, len, init);
                 }
@@ -136,10 +103,7 @@ fn raw_pointer_entry_points_agree() {
             assert_eq!(c, reference(1, &src[..len]));
             assert_eq!(dst, src[..len]);
             // SAFETY: `src` readable for `len` bytes.
-            assert_eq!(
-                unsafe { k.crc_update_raw(2, src.as_ptr(), len) },
-                reference(2, &src[..len])
-            );
+            assert_eq!(unsafe { k.crc_update_raw(2, src.as_ptr(), len) }, reference(2, &src[..len]));
         }
     }
 }
@@ -165,61 +129,24 @@ fn copy_with_unequal_lengths_panics() {
 fn combine_of_zero_runs_matches_hashing_the_zeros() {
     let a = pattern(100, 5);
     let zeros = vec![0u8; 1 << 20];
-    for n in [
-        0usize,
-        1,
-        3,
-        4,
-        7,
-        64,
-        4096,
-        9000,
-        65536,
-        (1 << 20) - 1,
-        1 << 20,
-    ] {
+    for n in [0usize, 1, 3, 4, 7, 64, 4096, 9000, 65536, (1 << 20) - 1, 1 << 20] {
         let whole = {
             let mut h = crc32fast::Hasher::new();
             h.update(&a);
             h.update(&zeros[..n]);
             h.finalize()
         };
-        assert_eq!(
-            crc32_combine(crc32fast::hash(&a), crc32fast::hash(&zeros[..n]), n as u64),
-            whole,
-            "n {n}"
-        );
+        assert_eq!(crc32_combine(crc32fast::hash(&a), crc32fast::hash(&zeros[..n]), n as u64), whole, "n {n}");
     }
 }
 
 /// The masked update against crc32fast of an explicitly masked copy, for kernel `k` and the
 /// free function.
 fn check_masked(k: Kernel, data: &[u8], mask: &Mask, init: u32) {
-    let masked: Vec<u8> = data
-        .iter()
-        .enumerate()
-        .map(|(j, &b)| {
-            b | if j < 64 {
-                (mask[j / 16] >> (8 * (j % 16))) as u8
-            } else {
-                0
-            }
-        })
-        .collect();
+    let masked: Vec<u8> = data.iter().enumerate().map(|(j, &b)| b | if j < 64 { (mask[j / 16] >> (8 * (j % 16))) as u8 } else { 0 }).collect();
     let want = reference(init, &masked);
-    assert_eq!(
-        k.crc_update_masked(init, data, mask),
-        want,
-        "{} masked len {}",
-        k.name(),
-        data.len()
-    );
-    assert_eq!(
-        crc_update_masked(init, data, mask),
-        want,
-        "free masked len {}",
-        data.len()
-    );
+    assert_eq!(k.crc_update_masked(init, data, mask), want, "{} masked len {}", k.name(), data.len());
+    assert_eq!(crc_update_masked(init, data, mask), want, "free masked len {}", data.len());
 }
 
 #[test]
@@ -227,19 +154,8 @@ fn masked_update_every_length_every_kernel() {
     let data = pattern(300, 11);
     // Every byte of every lane set once (the lane boundaries and partial tails included), and
     // the ICRC's own IPv4 mask shape.
-    let mut masks: Vec<Mask> = (0..64)
-        .map(|j| {
-            let mut m = [0u128; 4];
-            m[j / 16] = 0xA5 << (8 * (j % 16));
-            m
-        })
-        .collect();
-    masks.push([
-        (0xFF << 8) | (0xFF << 64) | (0xFFFF << 80),
-        0xFFFF << 80,
-        0xFF,
-        0,
-    ]);
+    let mut masks: Vec<Mask> = (0..64).map(|j| { let mut m = [0u128; 4]; m[j / 16] = 0xA5 << (8 * (j % 16)); m }).collect();
+    masks.push([(0xFF << 8) | (0xFF << 64) | (0xFFFF << 80), 0xFFFF << 80, 0xFF, 0]);
     masks.push([u128::MAX; 4]);
     for len in 0..=300 {
         for (i, m) in masks.iter().enumerate() {
@@ -256,17 +172,7 @@ fn masked_update_every_length_every_kernel() {
 /// payload from zero with `copy_and_crc` as it is gathered, joined with `crc32_combine` (and
 /// `CrcShift`): equal to crc32fast over the masked header followed by the payload.
 fn check_prefix_combine(k: Kernel, head: &[u8], mask: &Mask, payload: &[u8], init: u32) {
-    let masked: Vec<u8> = head
-        .iter()
-        .enumerate()
-        .map(|(j, &b)| {
-            b | if j < 64 {
-                (mask[j / 16] >> (8 * (j % 16))) as u8
-            } else {
-                0
-            }
-        })
-        .collect();
+    let masked: Vec<u8> = head.iter().enumerate().map(|(j, &b)| b | if j < 64 { (mask[j / 16] >> (8 * (j % 16))) as u8 } else { 0 }).collect();
     let mut h = crc32fast::Hasher::new_with_initial(init);
     h.update(&masked);
     h.update(payload);
@@ -275,42 +181,19 @@ fn check_prefix_combine(k: Kernel, head: &[u8], mask: &Mask, payload: &[u8], ini
     let mut out = vec![0u8; payload.len()];
     let cp = k.copy_and_crc(0, &mut out, payload);
     assert_eq!(out, payload, "{} copy", k.name());
-    assert_eq!(
-        crc32_combine(ch, cp, payload.len() as u64),
-        want,
-        "{} head {} payload {}",
-        k.name(),
-        head.len(),
-        payload.len()
-    );
-    assert_eq!(
-        CrcShift::new(payload.len() as u64).combine(ch, cp),
-        want,
-        "{} shift",
-        k.name()
-    );
+    assert_eq!(crc32_combine(ch, cp, payload.len() as u64), want, "{} head {} payload {}", k.name(), head.len(), payload.len());
+    assert_eq!(CrcShift::new(payload.len() as u64).combine(ch, cp), want, "{} shift", k.name());
 }
 
 #[test]
 fn header_prefix_combines_with_payload_every_kernel() {
     // IPv4/UDP/BTH (+RETH) masks as the ICRC's, heads of the data path's lengths.
-    const MASK: Mask = [
-        (0xFF << 8) | (0xFF << 64) | (0xFFFF << 80),
-        0xFFFF << 80,
-        0xFF,
-        0,
-    ];
+    const MASK: Mask = [(0xFF << 8) | (0xFF << 64) | (0xFFFF << 80), 0xFFFF << 80, 0xFF, 0];
     let bytes = pattern(64 + 5000, 41);
     for k in Kernel::available() {
         for hl in [12usize, 40, 44, 48, 56, 64] {
             for pl in [0usize, 1, 8, 63, 64, 255, 256, 1024, 4096, 4999] {
-                check_prefix_combine(
-                    k,
-                    &bytes[..hl],
-                    &MASK,
-                    &bytes[64..64 + pl],
-                    (hl * pl) as u32,
-                );
+                check_prefix_combine(k, &bytes[..hl], &MASK, &bytes[64..64 + pl], (hl * pl) as u32);
             }
         }
     }
@@ -388,12 +271,8 @@ proptest! {
 fn detection_finds_what_the_cpu_reports() {
     // The kernels are only trusted if they are actually exercised: on a CPU whose flags list
     // the features, the corresponding kernel must be available (and so tested above).
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return;
-    };
-    let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else {
-        return;
-    };
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+    let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else { return };
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);
     if has("pclmulqdq") && has("sse4_1") && has("ssse3") {
         assert!(Kernel::pclmul().is_some());
@@ -401,8 +280,7 @@ fn detection_finds_what_the_cpu_reports() {
     if has("pclmulqdq") && has("sse4_1") && has("ssse3") && has("avx2") && has("vpclmulqdq") {
         assert!(Kernel::avx2().is_some());
     }
-    if has("pclmulqdq") && has("avx512f") && has("avx512bw") && has("avx512vl") && has("vpclmulqdq")
-    {
+    if has("pclmulqdq") && has("avx512f") && has("avx512bw") && has("avx512vl") && has("vpclmulqdq") {
         assert!(Kernel::avx512().is_some());
     }
 }

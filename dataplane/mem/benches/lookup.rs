@@ -100,23 +100,13 @@ fn bench(c: &mut Criterion) {
     // Counted lookup + 4 KiB copy out of `key` at `va`.
     let copy_out_4k = |key: Key, va: u64, dst: &mut [u8]| {
         let va = black_box(va);
-        let m = t
-            .lookup(key, PD, 0, va, N as u64, Access::REMOTE_READ)
-            .unwrap();
+        let m = t.lookup(key, PD, 0, va, N as u64, Access::REMOTE_READ).unwrap();
         m.copy_out(va, dst).unwrap();
     };
     for (name, key, va) in [
         ("lookup_copy_out_4k_user_mr", user, 0x1_0000 + 8 * N as u64),
-        (
-            "lookup_copy_out_4k_fastreg_aligned",
-            fr,
-            fr_iova + 8 * N as u64,
-        ),
-        (
-            "lookup_copy_out_4k_fastreg_straddle",
-            fr,
-            fr_iova + 8 * N as u64 + 2048,
-        ),
+        ("lookup_copy_out_4k_fastreg_aligned", fr, fr_iova + 8 * N as u64),
+        ("lookup_copy_out_4k_fastreg_straddle", fr, fr_iova + 8 * N as u64 + 2048),
     ] {
         g.bench_function(name, |b| b.iter(|| copy_out_4k(key, va, &mut dst)));
     }
@@ -161,9 +151,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for i in 0..32u64 {
                 let va = black_box(0x1_0000 + 8 * i);
-                let m = reader
-                    .lookup(user, PD, 0, va, 8, Access::LOCAL_WRITE)
-                    .unwrap();
+                let m = reader.lookup(user, PD, 0, va, 8, Access::LOCAL_WRITE).unwrap();
                 m.copy_in(va, &src8).unwrap();
             }
             reader.quiescent();

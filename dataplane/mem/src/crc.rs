@@ -57,9 +57,7 @@ pub fn gather_crc<M: MemAccess + ?Sized>(
     crc: u32,
 ) -> Result<u32, MemError> {
     if let Some((s, addr)) = single(sges, offset, dst.len()) {
-        return table
-            .lookup(s.lkey, pd, qpn, addr, dst.len() as u64, Access::EMPTY)?
-            .copy_out_crc(addr, dst, crc);
+        return table.lookup(s.lkey, pd, qpn, addr, dst.len() as u64, Access::EMPTY)?.copy_out_crc(addr, dst, crc);
     }
     let mut c = crc;
     walk(sges, offset, dst.len(), |s, addr, done, n| {
@@ -81,9 +79,7 @@ pub fn scatter_crc<M: MemAccess + ?Sized>(
     crc: u32,
 ) -> Result<u32, MemError> {
     if let Some((s, addr)) = single(sges, offset, src.len()) {
-        return table
-            .lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?
-            .copy_in_crc(addr, src, crc);
+        return table.lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?.copy_in_crc(addr, src, crc);
     }
     let mut c = crc;
     walk(sges, offset, src.len(), |s, addr, done, n| {

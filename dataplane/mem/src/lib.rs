@@ -45,8 +45,7 @@ pub use reader::{MemAccess, Reader};
 pub use region::{Backing, Region};
 pub use sge::{gather, scatter, sge_total_len, Sge};
 pub use table::{
-    MemLimits, MemTable, MrInfo, MrKind, MrRef, MrState, MwType, SgEntry, Translation, MAX_INDEX,
-    MW_INDEX_BASE,
+    MemLimits, MemTable, MrInfo, MrKind, MrRef, MrState, MwType, SgEntry, Translation, MAX_INDEX, MW_INDEX_BASE,
 };
 
 #[cfg(test)]

@@ -17,58 +17,22 @@ pub trait MemAccess {
     /// The table behind this view.
     fn table(&self) -> &MemTable;
     /// See [`MemTable::lookup`].
-    fn lookup(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<MrRef<'_>, MemError>;
+    fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError>;
     /// See [`MemTable::exec_reg_mr_for`].
-    fn exec_reg_mr_for(
-        &self,
-        qp_pd: PdHandle,
-        mr: Key,
-        wr_key: Key,
-        access: Access,
-        iova: Option<u64>,
-        length: Option<u64>,
-    ) -> Result<(), MemError>;
+    fn exec_reg_mr_for(&self, qp_pd: PdHandle, mr: Key, wr_key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemError>;
     /// See [`MemTable::exec_local_inv`].
     fn exec_local_inv(&self, qp_pd: PdHandle, key: Key) -> Result<(), MemError>;
     /// See [`MemTable::remote_invalidate`].
     fn remote_invalidate(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemError>;
     /// See [`MemTable::exec_bind_mw`].
     #[allow(clippy::too_many_arguments)]
-    fn exec_bind_mw(
-        &self,
-        qp_pd: PdHandle,
-        qpn: u32,
-        mw: Key,
-        new_key: Key,
-        mr: Key,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), MemError>;
+    fn exec_bind_mw(&self, qp_pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
     /// [`lookup`](Self::lookup) of `[iova, iova + len)`, returned as a [`Translation`] that the
     /// later packets of the same message [`resume`](Self::resume). The table's counted lookups
     /// cannot be carried (a count held across packets would stall invalidation): their
     /// translation looks the key up again on every resume.
-    fn lookup_carried(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<Translation, MemError> {
-        Ok(self
-            .lookup(key, pd, qpn, iova, len, need)?
-            .carry(key, pd, qpn, need, 0))
+    fn lookup_carried(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<Translation, MemError> {
+        Ok(self.lookup(key, pd, qpn, iova, len, need)?.carry(key, pd, qpn, need, 0))
     }
     /// `t`'s window for `[iova, iova + len)`: without a lookup while `t` is still valid and
     /// covers the range (an lcore's reader), else by looking `t`'s key up again with its PD, QP
@@ -83,26 +47,10 @@ impl MemAccess for MemTable {
         self
     }
     #[inline]
-    fn lookup(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<MrRef<'_>, MemError> {
+    fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError> {
         MemTable::lookup(self, key, pd, qpn, iova, len, need)
     }
-    fn exec_reg_mr_for(
-        &self,
-        qp_pd: PdHandle,
-        mr: Key,
-        wr_key: Key,
-        access: Access,
-        iova: Option<u64>,
-        length: Option<u64>,
-    ) -> Result<(), MemError> {
+    fn exec_reg_mr_for(&self, qp_pd: PdHandle, mr: Key, wr_key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemError> {
         MemTable::exec_reg_mr_for(self, qp_pd, mr, wr_key, access, iova, length)
     }
     fn exec_local_inv(&self, qp_pd: PdHandle, key: Key) -> Result<(), MemError> {
@@ -111,17 +59,7 @@ impl MemAccess for MemTable {
     fn remote_invalidate(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemError> {
         MemTable::remote_invalidate(self, pd, qpn, key)
     }
-    fn exec_bind_mw(
-        &self,
-        qp_pd: PdHandle,
-        qpn: u32,
-        mw: Key,
-        new_key: Key,
-        mr: Key,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), MemError> {
+    fn exec_bind_mw(&self, qp_pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         MemTable::exec_bind_mw(self, qp_pd, qpn, mw, new_key, mr, addr, len, access)
     }
 }
@@ -153,21 +91,13 @@ pub struct Reader {
 
 impl std::fmt::Debug for Reader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reader")
-            .field("slot", &self.slot)
-            .field("announced", &self.last.get())
-            .finish_non_exhaustive()
+        f.debug_struct("Reader").field("slot", &self.slot).field("announced", &self.last.get()).finish_non_exhaustive()
     }
 }
 
 impl Reader {
     pub(crate) fn new(table: Arc<MemTable>, slot: u32) -> Reader {
-        Reader {
-            table,
-            slot,
-            last: Cell::new(0),
-            live: Cell::new(0),
-        }
+        Reader { table, slot, last: Cell::new(0), live: Cell::new(0) }
     }
 
     /// The table this reader reads.
@@ -179,20 +109,11 @@ impl Reader {
     /// by this reader's next quiescent point. Brings an offline reader online first (one RMW
     /// on the reader's own slot).
     #[inline(always)]
-    pub fn lookup(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<MrRef<'_>, MemError> {
+    pub fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError> {
         if self.last.get() == 0 {
             self.go_online();
         }
-        self.table
-            .lookup_epoch(&self.live, key, pd, qpn, iova, len, need)
+        self.table.lookup_epoch(&self.live, key, pd, qpn, iova, len, need)
     }
 
     #[cold]
@@ -228,11 +149,7 @@ impl Reader {
     /// Would [`resume`](MemAccess::resume) return `t`'s window for `[iova, iova + len)`
     /// without a lookup now? (Diagnostics and tests.)
     pub fn is_current(&self, t: &Translation, iova: u64, len: u64) -> bool {
-        self.last.get() != 0
-            && self
-                .table
-                .resume_epoch(&self.live, self.last.get(), t, iova, len)
-                .is_some()
+        self.last.get() != 0 && self.table.resume_epoch(&self.live, self.last.get(), t, iova, len).is_some()
     }
 
     /// Is the reader online?
@@ -248,11 +165,7 @@ impl Reader {
 
     /// Run a control operation with the reader offline (see the type's documentation).
     fn control<R>(&self, f: impl FnOnce(&MemTable) -> R) -> R {
-        assert_eq!(
-            self.live.get(),
-            0,
-            "memory control operation through a Reader that holds an MrRef"
-        );
+        assert_eq!(self.live.get(), 0, "memory control operation through a Reader that holds an MrRef");
         self.go_offline();
         f(&self.table)
     }
@@ -265,26 +178,10 @@ impl MemAccess for Reader {
     // Always inlined: the data path's lookups (one per gathered SGE and per placed payload)
     // then keep the window in registers instead of returning a 64-byte `MrRef` through memory.
     #[inline(always)]
-    fn lookup(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<MrRef<'_>, MemError> {
+    fn lookup(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<MrRef<'_>, MemError> {
         Reader::lookup(self, key, pd, qpn, iova, len, need)
     }
-    fn exec_reg_mr_for(
-        &self,
-        qp_pd: PdHandle,
-        mr: Key,
-        wr_key: Key,
-        access: Access,
-        iova: Option<u64>,
-        length: Option<u64>,
-    ) -> Result<(), MemError> {
+    fn exec_reg_mr_for(&self, qp_pd: PdHandle, mr: Key, wr_key: Key, access: Access, iova: Option<u64>, length: Option<u64>) -> Result<(), MemError> {
         // No wait for readers, but it takes the slot lock, which an invalidator may hold while
         // it waits for this lcore: offline first.
         self.control(|t| t.exec_reg_mr_for(qp_pd, mr, wr_key, access, iova, length))
@@ -295,30 +192,12 @@ impl MemAccess for Reader {
     fn remote_invalidate(&self, pd: PdHandle, qpn: u32, key: Key) -> Result<(), MemError> {
         self.control(|t| t.remote_invalidate(pd, qpn, key))
     }
-    fn exec_bind_mw(
-        &self,
-        qp_pd: PdHandle,
-        qpn: u32,
-        mw: Key,
-        new_key: Key,
-        mr: Key,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), MemError> {
+    fn exec_bind_mw(&self, qp_pd: PdHandle, qpn: u32, mw: Key, new_key: Key, mr: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.control(|t| t.exec_bind_mw(qp_pd, qpn, mw, new_key, mr, addr, len, access))
     }
     /// Stamped with the grace period this reader announces (`epoch.rs`, "Carried
     /// translations").
-    fn lookup_carried(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: Access,
-    ) -> Result<Translation, MemError> {
+    fn lookup_carried(&self, key: Key, pd: PdHandle, qpn: u32, iova: u64, len: u64, need: Access) -> Result<Translation, MemError> {
         let r = Reader::lookup(self, key, pd, qpn, iova, len, need)?;
         Ok(r.carry(key, pd, qpn, need, self.last.get()))
     }
@@ -330,10 +209,7 @@ impl MemAccess for Reader {
         if self.last.get() == 0 {
             self.go_online();
         }
-        match self
-            .table
-            .resume_epoch(&self.live, self.last.get(), t, iova, len)
-        {
+        match self.table.resume_epoch(&self.live, self.last.get(), t, iova, len) {
             Some(r) => Ok(r),
             None => t.lookup_again(self, iova, len),
         }

@@ -57,9 +57,7 @@ pub(crate) fn walk(
 /// them, errors included, so results and error precedence stay the walk's).
 #[inline]
 pub(crate) fn single(sges: &[Sge], offset: u64, n: usize) -> Option<(&Sge, u64)> {
-    let ([s], false) = (sges, n == 0) else {
-        return None;
-    };
+    let ([s], false) = (sges, n == 0) else { return None };
     if offset.checked_add(n as u64)? > u64::from(s.len) {
         return None;
     }
@@ -78,9 +76,7 @@ pub fn gather<M: MemAccess + ?Sized>(
 ) -> Result<(), MemError> {
     let total = dst.len();
     if let Some((s, addr)) = single(sges, offset, total) {
-        return table
-            .lookup(s.lkey, pd, qpn, addr, total as u64, Access::EMPTY)?
-            .copy_out(addr, dst);
+        return table.lookup(s.lkey, pd, qpn, addr, total as u64, Access::EMPTY)?.copy_out(addr, dst);
     }
     walk(sges, offset, total, |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::EMPTY)?;
@@ -99,9 +95,7 @@ pub fn scatter<M: MemAccess + ?Sized>(
     src: &[u8],
 ) -> Result<(), MemError> {
     if let Some((s, addr)) = single(sges, offset, src.len()) {
-        return table
-            .lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?
-            .copy_in(addr, src);
+        return table.lookup(s.lkey, pd, qpn, addr, src.len() as u64, Access::LOCAL_WRITE)?.copy_in(addr, src);
     }
     walk(sges, offset, src.len(), |s, addr, done, n| {
         let r = table.lookup(s.lkey, pd, qpn, addr, n as u64, Access::LOCAL_WRITE)?;

@@ -19,9 +19,7 @@ fn reference(crc: u32, data: &[u8]) -> u32 {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 struct Fixture {
@@ -35,39 +33,18 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let t = MemTable::new(MemLimits {
-        max_mr: 8,
-        max_mw: 8,
-        max_fast_reg_pages: 64,
-        page_slots: 1 << 10,
-        ..MemLimits::default()
-    });
-    let user = t
-        .reg_mr(PD, Region::zeroed(PAGES * PG), 0x10000, RW)
-        .unwrap();
+    let t = MemTable::new(MemLimits { max_mr: 8, max_mw: 8, max_fast_reg_pages: 64, page_slots: 1 << 10, ..MemLimits::default() });
+    let user = t.reg_mr(PD, Region::zeroed(PAGES * PG), 0x10000, RW).unwrap();
     let big = Region::zeroed((PAGES + 1) * PG);
     let off = (PG - big.addr() as usize % PG) % PG;
     let backing = big.slice(off, PAGES * PG).unwrap();
     let k = t.alloc_mr(PD, PAGES as u32).unwrap();
-    let sg: Vec<SgEntry> = (0..PAGES)
-        .rev()
-        .map(|i| SgEntry {
-            region: &backing,
-            offset: i * PG,
-            len: PG,
-        })
-        .collect();
+    let sg: Vec<SgEntry> = (0..PAGES).rev().map(|i| SgEntry { region: &backing, offset: i * PG, len: PG }).collect();
     assert_eq!(t.map_mr_sg(k, &sg, 0, PG as u64).unwrap(), PAGES);
     let paged = k.inc();
     t.exec_reg_mr(PD, paged, RW, None, None).unwrap();
     let paged_iova = t.query(paged).unwrap().iova;
-    Fixture {
-        t,
-        user,
-        paged,
-        paged_iova,
-        backing,
-    }
+    Fixture { t, user, paged, paged_iova, backing }
 }
 
 proptest! {
@@ -168,31 +145,12 @@ proptest! {
 #[test]
 fn crc_copies_check_keys_and_ranges_like_the_plain_ones() {
     let f = fixture();
-    let sges = [Sge {
-        addr: 0x10000,
-        len: 100,
-        lkey: f.user,
-    }];
+    let sges = [Sge { addr: 0x10000, len: 100, lkey: f.user }];
     let mut out = [0u8; 101];
-    assert_eq!(
-        gather_crc(&f.t, PD, QPN, &sges, 0, &mut out, 0),
-        Err(MemError::OutOfRange)
-    );
-    assert_eq!(
-        gather_crc(&f.t, PD + 1, QPN, &sges, 0, &mut out[..10], 0),
-        Err(MemError::PdMismatch)
-    );
-    let bad = [Sge {
-        addr: 0x10000,
-        len: 100,
-        lkey: f.user.inc(),
-    }];
+    assert_eq!(gather_crc(&f.t, PD, QPN, &sges, 0, &mut out, 0), Err(MemError::OutOfRange));
+    assert_eq!(gather_crc(&f.t, PD + 1, QPN, &sges, 0, &mut out[..10], 0), Err(MemError::PdMismatch));
+    let bad = [Sge { addr: 0x10000, len: 100, lkey: f.user.inc() }];
     assert!(scatter_crc(&f.t, PD, QPN, &bad, 0, &[1, 2, 3], 0).is_err());
-    let r =
-        f.t.lookup(f.user, PD, QPN, 0x10000, 16, Access::LOCAL_WRITE)
-            .unwrap();
-    assert_eq!(
-        r.copy_in_crc(0x10000 + 8, &[0u8; 16], 0),
-        Err(MemError::OutOfRange)
-    );
+    let r = f.t.lookup(f.user, PD, QPN, 0x10000, 16, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(r.copy_in_crc(0x10000 + 8, &[0u8; 16], 0), Err(MemError::OutOfRange));
 }

@@ -30,25 +30,12 @@ fn table_with_mrs(n: usize) -> (MemTable, Vec<Key>, Vec<u64>, Region) {
     });
     // 64 bytes per MR that never straddle a 4 KiB page (max_num_sg = 1).
     let big = Region::zeroed(64 * n + 64);
-    let r = big
-        .slice((64 - big.addr() as usize % 64) % 64, 64 * n)
-        .unwrap();
+    let r = big.slice((64 - big.addr() as usize % 64) % 64, 64 * n).unwrap();
     let (mut keys, mut iovas) = (Vec::new(), Vec::new());
     for i in 0..n {
         let k = t.alloc_mr(PD, 1).unwrap();
-        t.map_mr_sg(
-            k,
-            &[SgEntry {
-                region: &r,
-                offset: 64 * i,
-                len: 64,
-            }],
-            0,
-            4096,
-        )
-        .unwrap();
-        t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None)
-            .unwrap();
+        t.map_mr_sg(k, &[SgEntry { region: &r, offset: 64 * i, len: 64 }], 0, 4096).unwrap();
+        t.exec_reg_mr(PD, k, Access::LOCAL_WRITE | Access::REMOTE_READ, None, None).unwrap();
         iovas.push(t.query(k).unwrap().iova);
         keys.push(k);
     }
@@ -65,15 +52,9 @@ fn epoch_table() -> (std::sync::Arc<MemTable>, Key, u64, Region) {
 /// Copy through `m`, checking that the invalidation has not returned (`done`) before the copy
 /// starts or while it runs.
 fn copy_before_invalidate_returns(m: MrRef<'_>, iova: u64, done: &AtomicBool) {
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "copy started after invalidate returned"
-    );
+    assert!(!done.load(Ordering::SeqCst), "copy started after invalidate returned");
     m.copy_out(iova, &mut [0; 8]).unwrap();
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "copy ran after invalidate returned"
-    );
+    assert!(!done.load(Ordering::SeqCst), "copy ran after invalidate returned");
 }
 
 /// Run `lcore` on a thread of its own while this thread executes a LOCAL_INV of `k`, then
@@ -204,11 +185,7 @@ fn loom_failed_lookup_racing_reregister_keeps_the_count() {
         };
         // Thread A. Stale key: never valid in this model, but takes a transient reference.
         assert!(t.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ).is_err());
-        assert_eq!(
-            t.inflight(k),
-            0,
-            "a VALID transition wiped a transient reference"
-        );
+        assert_eq!(t.inflight(k), 0, "a VALID transition wiped a transient reference");
         if let Ok(m) = t.lookup(k2, PD, 0, iova, 8, Access::REMOTE_READ) {
             assert!(
                 !inv_done.load(Ordering::SeqCst),
@@ -220,11 +197,7 @@ fn loom_failed_lookup_racing_reregister_keeps_the_count() {
                 "copy ran after exec_local_inv returned"
             );
         }
-        assert_eq!(
-            t.inflight(k),
-            0,
-            "a VALID transition wiped a transient reference"
-        );
+        assert_eq!(t.inflight(k), 0, "a VALID transition wiped a transient reference");
         registrar.join().unwrap();
         assert_eq!(t.inflight(k2), 0, "reference count not back to 0");
     });
@@ -268,10 +241,7 @@ fn loom_epoch_reader_offline_then_online_races_invalidate() {
         let (t, k, iova, _r) = epoch_table();
         let mut r = t.reader().unwrap();
         // Online before the invalidation starts, then parked.
-        r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ)
-            .unwrap()
-            .copy_out(iova, &mut [0; 8])
-            .unwrap();
+        r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap().copy_out(iova, &mut [0; 8]).unwrap();
         r.offline();
         race_local_inv(&t, k, move |done| {
             if let Ok(m) = r.lookup(k, PD, 0, iova, 8, Access::REMOTE_READ) {
@@ -301,10 +271,7 @@ fn loom_epoch_two_lcores_invalidate_each_others_mr() {
     b.check(|| {
         let (t, k, iova, _r) = table_with_mrs(2);
         let t = std::sync::Arc::new(t);
-        let done = [
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        ];
+        let done = [Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false))];
         let lcore = |mine: usize| {
             let theirs = 1 - mine;
             let (t, k, iova) = (t.clone(), k.clone(), iova.clone());
@@ -312,15 +279,9 @@ fn loom_epoch_two_lcores_invalidate_each_others_mr() {
             thread::spawn(move || {
                 let mut r = t.reader().unwrap();
                 if let Ok(m) = r.lookup(k[mine], PD, 0, iova[mine], 8, Access::REMOTE_READ) {
-                    assert!(
-                        !my_done.load(Ordering::SeqCst),
-                        "copy started after its MR's invalidate returned"
-                    );
+                    assert!(!my_done.load(Ordering::SeqCst), "copy started after its MR's invalidate returned");
                     m.copy_out(iova[mine], &mut [0; 8]).unwrap();
-                    assert!(
-                        !my_done.load(Ordering::SeqCst),
-                        "copy ran after its MR's invalidate returned"
-                    );
+                    assert!(!my_done.load(Ordering::SeqCst), "copy ran after its MR's invalidate returned");
                 }
                 r.quiescent();
                 r.exec_local_inv(PD, k[theirs]).unwrap();
@@ -349,9 +310,7 @@ fn loom_epoch_carried_translation_ends_with_invalidation() {
         let t2 = t.clone();
         race_local_inv(&t, k, move |done| {
             let mut r = t2.reader().unwrap();
-            let Ok(tr) = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ) else {
-                return;
-            };
+            let Ok(tr) = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ) else { return };
             r.quiescent();
             if let Ok(m) = r.resume(&tr, iova, 8) {
                 copy_before_invalidate_returns(m, iova, &done);
@@ -372,9 +331,7 @@ fn loom_epoch_carried_translation_survives_parking_only_without_invalidation() {
     loom::model(|| {
         let (t, k, iova, _r) = epoch_table();
         let mut r = t.reader().unwrap();
-        let tr = r
-            .lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ)
-            .unwrap();
+        let tr = r.lookup_carried(k, PD, 0, iova, 8, Access::REMOTE_READ).unwrap();
         r.offline();
         race_local_inv(&t, k, move |done| {
             if let Ok(m) = r.resume(&tr, iova, 8) {

@@ -1066,11 +1066,7 @@ fn invalidate_waits_for_inflight_ref() {
     });
     let t0 = Instant::now();
     while t.slot_state(k) != Some((MrState::Free, 1)) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "LOCAL_INV never started draining: {:?}",
-            t.slot_state(k)
-        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "LOCAL_INV never started draining: {:?}", t.slot_state(k));
         std::thread::yield_now();
     }
     // The invalidator has blocked the key and is waiting for our reference.
@@ -1078,18 +1074,12 @@ fn invalidate_waits_for_inflight_ref() {
         !done.load(Ordering::SeqCst),
         "LOCAL_INV returned while a copy was in flight"
     );
-    assert!(
-        t.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).is_err(),
-        "new lookups fail"
-    );
+    assert!(t.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).is_err(), "new lookups fail");
     // The copy in flight still completes through its reference.
     m.copy_out(io, &mut [0; 8]).unwrap();
     released.store(true, Ordering::SeqCst);
     drop(m);
-    assert!(
-        h.join().unwrap(),
-        "LOCAL_INV returned before the copy released the MR"
-    );
+    assert!(h.join().unwrap(), "LOCAL_INV returned before the copy released the MR");
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(t.slot_state(k), Some((MrState::Free, 0)));
 }
@@ -1106,73 +1096,36 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
     let (mr, io) = mw_setup(&t, &r);
     let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
     let k1 = mw.inc();
-    t.exec_bind_mw(PD, QPN, mw, k1, mr, io, 256, Access::REMOTE_WRITE)
-        .unwrap();
+    t.exec_bind_mw(PD, QPN, mw, k1, mr, io, 256, Access::REMOTE_WRITE).unwrap();
     t.exec_local_inv(PD, k1).unwrap();
     assert_eq!(t.query(mw).unwrap().state, MrState::Free);
-    assert_eq!(
-        t.query(mw).unwrap().qpn,
-        0,
-        "an invalidated window belongs to no QP"
-    );
+    assert_eq!(t.query(mw).unwrap().qpn, 0, "an invalidated window belongs to no QP");
     assert_eq!(t.query(mr).unwrap().mw_bound, 0);
     // Rebind from another QP of the same PD, with a new key, naming the MW by `ibv_mw.rkey`
     // (the allocation key `mw`).
     let other_qp = QPN + 1;
     let k2 = k1.inc();
-    t.exec_bind_mw(PD, other_qp, mw, k2, mr, io + 64, 128, Access::REMOTE_WRITE)
-        .unwrap();
+    t.exec_bind_mw(PD, other_qp, mw, k2, mr, io + 64, 128, Access::REMOTE_WRITE).unwrap();
     assert_eq!(t.query(mw).unwrap().state, MrState::Valid);
     assert_eq!(t.query(mr).unwrap().mw_bound, 1);
-    let m = t
-        .lookup(k2, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE)
-        .unwrap();
+    let m = t.lookup(k2, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE).unwrap();
     m.copy_in(io + 64, b"qp2!").unwrap();
     drop(m);
     assert_eq!(read(&r, 64, 4), b"qp2!");
     // The new binding belongs to the new QP only; the old key is dead.
-    assert_eq!(
-        t.lookup(k2, PD, QPN, io + 64, 4, Access::REMOTE_WRITE)
-            .unwrap_err(),
-        MemError::QpMismatch
-    );
-    assert_eq!(
-        t.lookup(k1, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE)
-            .unwrap_err(),
-        MemError::KeyMismatch
-    );
+    assert_eq!(t.lookup(k2, PD, QPN, io + 64, 4, Access::REMOTE_WRITE).unwrap_err(), MemError::QpMismatch);
+    assert_eq!(t.lookup(k1, PD, other_qp, io + 64, 4, Access::REMOTE_WRITE).unwrap_err(), MemError::KeyMismatch);
     // Remote invalidation follows the binding QP, and the window can go back to the first QP.
-    assert_eq!(
-        t.remote_invalidate(PD, QPN, k2).unwrap_err(),
-        MemError::QpMismatch
-    );
+    assert_eq!(t.remote_invalidate(PD, QPN, k2).unwrap_err(), MemError::QpMismatch);
     t.remote_invalidate(PD, other_qp, k2).unwrap();
     let k3 = k2.inc();
     // Naming it by its last key works as well.
-    t.exec_bind_mw(PD, QPN, k2, k3, mr, io, 8, Access::REMOTE_READ)
-        .unwrap();
+    t.exec_bind_mw(PD, QPN, k2, k3, mr, io, 8, Access::REMOTE_READ).unwrap();
     t.lookup(k3, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
     // Still refused: a bound type-2 window (whatever name), another PD.
-    assert_eq!(
-        t.exec_bind_mw(PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ)
-            .unwrap_err(),
-        MemError::NotFree
-    );
+    assert_eq!(t.exec_bind_mw(PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotFree);
     t.exec_local_inv(PD, k3).unwrap();
-    assert_eq!(
-        t.exec_bind_mw(
-            OTHER_PD,
-            other_qp,
-            mw,
-            k3.inc(),
-            mr,
-            io,
-            8,
-            Access::REMOTE_READ
-        )
-        .unwrap_err(),
-        MemError::PdMismatch
-    );
+    assert_eq!(t.exec_bind_mw(OTHER_PD, other_qp, mw, k3.inc(), mr, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::PdMismatch);
 }
 
 /// Issue 13 item 8: `ibv_rereg_mr` that changes access, PD or translation keeps the MR's keys
@@ -1181,51 +1134,22 @@ fn mw2_invalidated_can_be_rebound_from_another_qp() {
 fn rereg_keeps_keys_and_applies_access_pd_and_translation() {
     let t = table();
     let k = t.reg_mr(PD, Region::zeroed(4096), 0x1000, ALL_RW).unwrap();
-    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-        .unwrap();
+    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap();
     // Access only: same key, remote write now refused.
-    t.rereg_mr(
-        k,
-        PD,
-        Region::zeroed(4096),
-        0x1000,
-        Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0),
-    )
-    .unwrap();
-    assert_eq!(
-        t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-            .unwrap_err(),
-        MemError::AccessDenied
-    );
-    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_READ)
-        .unwrap();
+    t.rereg_mr(k, PD, Region::zeroed(4096), 0x1000, Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0)).unwrap();
+    assert_eq!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(), MemError::AccessDenied);
+    t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_READ).unwrap();
     // PD: same key, the old PD no longer reaches it.
-    t.rereg_mr(k, OTHER_PD, Region::zeroed(4096), 0x1000, ALL_RW)
-        .unwrap();
-    assert!(t
-        .lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-        .is_err());
-    t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-        .unwrap();
+    t.rereg_mr(k, OTHER_PD, Region::zeroed(4096), 0x1000, ALL_RW).unwrap();
+    assert!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_err());
+    t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).unwrap();
     // Translation: same key over a new region and iova.
-    t.rereg_mr(k, OTHER_PD, Region::zeroed(100), 0x9000, ALL_RW)
-        .unwrap();
+    t.rereg_mr(k, OTHER_PD, Region::zeroed(100), 0x9000, ALL_RW).unwrap();
     let info = t.query(k).unwrap();
-    assert_eq!(
-        (info.state, info.iova, info.length),
-        (MrState::Valid, 0x9000, 100)
-    );
-    assert_eq!(
-        t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_READ)
-            .unwrap_err(),
-        MemError::OutOfRange
-    );
+    assert_eq!((info.state, info.iova, info.length), (MrState::Valid, 0x9000, 100));
+    assert_eq!(t.lookup(k, OTHER_PD, QPN, 0x1000, 8, Access::REMOTE_READ).unwrap_err(), MemError::OutOfRange);
     // Not a user MR (or a stale key): refused, nothing changed.
-    assert_eq!(
-        t.rereg_mr(k.inc(), PD, Region::zeroed(10), 0, ALL_RW)
-            .unwrap_err(),
-        MemError::NoSuchKey
-    );
+    assert_eq!(t.rereg_mr(k.inc(), PD, Region::zeroed(10), 0, ALL_RW).unwrap_err(), MemError::NoSuchKey);
 }
 
 /// DESIGN invariant 3 with an epoch reader (the lcores' lookups, QSBR): LOCAL_INV must not
@@ -1245,9 +1169,7 @@ fn invalidate_waits_for_reader_quiescent_point() {
     let io = iova(&t, k);
     let mut reader = t.reader().unwrap();
     assert!(!reader.is_online());
-    let m = reader
-        .lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-        .unwrap();
+    let m = reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
     assert!(reader.is_online());
     // No counted reference: the reader wrote nothing to the slot.
     assert_eq!(t.slot_state(k), Some((MrState::Valid, 0)));
@@ -1264,25 +1186,12 @@ fn invalidate_waits_for_reader_quiescent_point() {
     });
     let t0 = Instant::now();
     while t.slot_state(k) != Some((MrState::Free, 0)) || t.grace_period() <= announced {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "LOCAL_INV never started waiting: {:?}",
-            t.slot_state(k)
-        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "LOCAL_INV never started waiting: {:?}", t.slot_state(k));
         std::thread::yield_now();
     }
     // The invalidator has blocked the key and waits for our quiescent point.
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "LOCAL_INV returned while a reader's copy was in flight"
-    );
-    assert_eq!(
-        reader
-            .lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-            .unwrap_err(),
-        MemError::NotValid,
-        "new lookups fail"
-    );
+    assert!(!done.load(Ordering::SeqCst), "LOCAL_INV returned while a reader's copy was in flight");
+    assert_eq!(reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotValid, "new lookups fail");
     // The copy in flight still completes through its reference.
     m.copy_out(io, &mut [0; 8]).unwrap();
     released.store(true, Ordering::SeqCst);
@@ -1291,10 +1200,7 @@ fn invalidate_waits_for_reader_quiescent_point() {
     assert!(!done.load(Ordering::SeqCst));
     reader.quiescent();
     assert!(reader.announced() > announced);
-    assert!(
-        h.join().unwrap(),
-        "LOCAL_INV returned before the copy released the MR"
-    );
+    assert!(h.join().unwrap(), "LOCAL_INV returned before the copy released the MR");
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(t.slot_state(k), Some((MrState::Free, 0)));
 }
@@ -1313,15 +1219,9 @@ fn reader_invalidates_without_waiting_for_itself_and_offline_readers_do_not_bloc
     // Two lcores: `a` invalidates, `b` went offline (parked) after a copy.
     let a = t.reader().unwrap();
     let mut b = t.reader().unwrap();
-    b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-        .unwrap()
-        .copy_out(io, &mut [0; 8])
-        .unwrap();
+    b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap().copy_out(io, &mut [0; 8]).unwrap();
     b.offline();
-    a.lookup(k, PD, QPN, io, 8, Access::REMOTE_WRITE)
-        .unwrap()
-        .copy_in(io, b"abcdefgh")
-        .unwrap();
+    a.lookup(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap().copy_in(io, b"abcdefgh").unwrap();
     assert!(a.is_online());
     // On this thread: would hang if it waited for `a` (online, never quiescent) or `b`.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -1329,18 +1229,11 @@ fn reader_invalidates_without_waiting_for_itself_and_offline_readers_do_not_bloc
         a.exec_local_inv(PD, k).unwrap();
         tx.send(a.is_online()).unwrap();
         // Back online with the next lookup, which sees the new state.
-        let e = a
-            .lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-            .unwrap_err();
+        let e = a.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err();
         (a.is_online(), e)
     });
-    let online_after_inv = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("LOCAL_INV through a reader waited for a reader");
-    assert!(
-        !online_after_inv,
-        "a control operation takes the reader offline"
-    );
+    let online_after_inv = rx.recv_timeout(Duration::from_secs(60)).expect("LOCAL_INV through a reader waited for a reader");
+    assert!(!online_after_inv, "a control operation takes the reader offline");
     assert_eq!(h.join().unwrap(), (true, MemError::NotValid));
     assert_eq!(read(&r, 0, 8), b"abcdefgh");
     // Re-register; the parked reader `b` comes back online with its next lookup.
@@ -1348,21 +1241,14 @@ fn reader_invalidates_without_waiting_for_itself_and_offline_readers_do_not_bloc
     t.exec_reg_mr(PD, k2, ALL_RW, None, None).unwrap();
     b.lookup(k2, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
     assert!(b.is_online());
-    assert_eq!(
-        b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-            .unwrap_err(),
-        MemError::KeyMismatch
-    );
+    assert_eq!(b.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::KeyMismatch);
 }
 
 /// Readers are a table resource: `max_readers` of them, slots reused after drop.
 #[test]
 fn reader_slots_are_limited_and_reused() {
     use std::sync::Arc;
-    let t = Arc::new(MemTable::new(MemLimits {
-        max_readers: 2,
-        ..MemLimits::default()
-    }));
+    let t = Arc::new(MemTable::new(MemLimits { max_readers: 2, ..MemLimits::default() }));
     let a = t.reader().unwrap();
     let b = t.reader().unwrap();
     assert_eq!(t.reader().unwrap_err(), MemError::TableFull);
@@ -1382,9 +1268,7 @@ fn reader_control_operation_with_a_live_reference_panics() {
     let k = valid_fmr(&t, &r, 4, 0, ALL_RW);
     let io = iova(&t, k);
     let reader = t.reader().unwrap();
-    let _m = reader
-        .lookup(k, PD, QPN, io, 8, Access::REMOTE_READ)
-        .unwrap();
+    let _m = reader.lookup(k, PD, QPN, io, 8, Access::REMOTE_READ).unwrap();
     let _ = reader.exec_local_inv(PD, k);
 }
 
@@ -1404,42 +1288,28 @@ fn carried_translation_resumes_until_any_invalidation() {
     let other = valid_fmr(&t, &aligned(PG, PG), 1, 0, ALL_RW);
     let io = iova(&t, k);
     let mut reader = t.reader().unwrap();
-    let tr = reader
-        .lookup_carried(k, PD, QPN, io, 2 * PG as u64, Access::REMOTE_WRITE)
-        .unwrap();
+    let tr = reader.lookup_carried(k, PD, QPN, io, 2 * PG as u64, Access::REMOTE_WRITE).unwrap();
     assert_eq!(tr.key(), k);
     reader.quiescent();
     assert!(reader.is_current(&tr, io + 100, 8));
     let mut got = [0u8; 8];
-    reader
-        .resume(&tr, io + 100, 8)
-        .unwrap()
-        .copy_out(io + 100, &mut got)
-        .unwrap();
+    reader.resume(&tr, io + 100, 8).unwrap().copy_out(io + 100, &mut got).unwrap();
     assert_eq!(&got, b"carried!");
     // Outside the window validated: looked up again (the MR is larger, so that succeeds)...
     assert!(!reader.is_current(&tr, io + 2 * PG as u64 - 4, 8));
     assert!(reader.resume(&tr, io + 2 * PG as u64 - 4, 8).is_ok());
     // ...and past the MR it fails as a lookup does.
-    assert_eq!(
-        reader.resume(&tr, io + 4 * PG as u64 - 4, 8).unwrap_err(),
-        MemError::OutOfRange
-    );
+    assert_eq!(reader.resume(&tr, io + 4 * PG as u64 - 4, 8).unwrap_err(), MemError::OutOfRange);
     reader.offline();
     assert!(reader.resume(&tr, io, 8).is_ok());
-    assert!(
-        reader.is_current(&tr, io, 8),
-        "parking alone does not end it"
-    );
+    assert!(reader.is_current(&tr, io, 8), "parking alone does not end it");
     reader.offline();
     // Another MR's deregistration: a grace period begins, every carried translation ends.
     t.dereg_mr(other).unwrap();
     reader.resume(&tr, io, 8).unwrap();
     assert!(!reader.is_current(&tr, io, 8));
     // A fresh lookup carries again.
-    let tr2 = reader
-        .lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE)
-        .unwrap();
+    let tr2 = reader.lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap();
     reader.quiescent();
     assert!(reader.is_current(&tr2, io, 8));
 }
@@ -1456,47 +1326,19 @@ fn carried_translation_is_not_resumed_after_local_inv_and_reregistration() {
     t.exec_reg_mr(PD, k, ALL_RW, None, None).unwrap();
     let io = iova(&t, k);
     let mut reader = t.reader().unwrap();
-    let tr = reader
-        .lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE)
-        .unwrap();
+    let tr = reader.lookup_carried(k, PD, QPN, io, 8, Access::REMOTE_WRITE).unwrap();
     reader.quiescent();
     let word = t.slot_state(k);
     // Through the reader (an lcore executing the WRs): it goes offline for each.
     reader.exec_local_inv(PD, k).unwrap();
-    assert_eq!(
-        t.map_mr_sg(
-            k,
-            &[SgEntry {
-                region: &new,
-                offset: 0,
-                len: PG
-            }],
-            0,
-            PG as u64
-        )
-        .unwrap(),
-        1
-    );
-    reader
-        .exec_reg_mr_for(PD, k, k, ALL_RW, Some(io), None)
-        .unwrap();
+    assert_eq!(t.map_mr_sg(k, &[SgEntry { region: &new, offset: 0, len: PG }], 0, PG as u64).unwrap(), 1);
+    reader.exec_reg_mr_for(PD, k, k, ALL_RW, Some(io), None).unwrap();
     assert_eq!(t.slot_state(k), word, "the slot word repeats");
-    assert!(
-        !reader.is_current(&tr, io, 8),
-        "a translation of the old registration is current"
-    );
+    assert!(!reader.is_current(&tr, io, 8), "a translation of the old registration is current");
     let before = read(&old, 0, 8);
-    reader
-        .resume(&tr, io, 8)
-        .unwrap()
-        .copy_in(io, b"new map!")
-        .unwrap();
+    reader.resume(&tr, io, 8).unwrap().copy_in(io, b"new map!").unwrap();
     assert_eq!(read(&new, 0, 8), b"new map!");
-    assert_eq!(
-        read(&old, 0, 8),
-        before,
-        "written through the old registration's mapping"
-    );
+    assert_eq!(read(&old, 0, 8), before, "written through the old registration's mapping");
 }
 
 /// Counted lookups (the table, any thread) are never carried: a count held across packets
@@ -1513,10 +1355,7 @@ fn counted_lookups_are_not_carried() {
     assert!(!reader.is_current(&tr, io, 8));
     assert!(MemAccess::resume(&*t, &tr, io, 8).is_ok());
     t.exec_local_inv(PD, k).unwrap();
-    assert_eq!(
-        MemAccess::resume(&*t, &tr, io, 8).unwrap_err(),
-        MemError::NotValid
-    );
+    assert_eq!(MemAccess::resume(&*t, &tr, io, 8).unwrap_err(), MemError::NotValid);
 }
 
 // ---- Revocation by the service (issue 37: a client's memory faulted under an lcore) -------
@@ -1526,23 +1365,12 @@ fn revoked_user_mr_refuses_every_access_until_dereg() {
     let t = table();
     let r = aligned(2 * PG, PG);
     let k = t.reg_mr(PD, r.clone(), 0x1000, ALL_RW).unwrap();
-    assert!(t
-        .lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-        .is_ok());
+    assert!(t.lookup(k, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
     assert_eq!(t.revoke_mr(k), Ok(PD));
     assert!(t.is_revoked(k));
     assert_eq!(t.query(k).unwrap().state, MrState::Free);
-    for need in [
-        Access::EMPTY,
-        Access::LOCAL_WRITE,
-        Access::REMOTE_WRITE,
-        Access::REMOTE_READ,
-    ] {
-        assert_eq!(
-            t.lookup(k, PD, QPN, 0x1000, 8, need).unwrap_err(),
-            MemError::NotValid,
-            "{need:?}"
-        );
+    for need in [Access::EMPTY, Access::LOCAL_WRITE, Access::REMOTE_WRITE, Access::REMOTE_READ] {
+        assert_eq!(t.lookup(k, PD, QPN, 0x1000, 8, need).unwrap_err(), MemError::NotValid, "{need:?}");
     }
     // Revoking twice is harmless; deregistration still works and frees the slot.
     assert_eq!(t.revoke_mr(k), Ok(PD));
@@ -1552,9 +1380,7 @@ fn revoked_user_mr_refuses_every_access_until_dereg() {
     // A new MR in the same slot is not revoked.
     let k2 = t.reg_mr(PD, r, 0x1000, ALL_RW).unwrap();
     assert_eq!(k2.index(), k.index());
-    assert!(t
-        .lookup(k2, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE)
-        .is_ok());
+    assert!(t.lookup(k2, PD, QPN, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
 }
 
 #[test]
@@ -1564,40 +1390,21 @@ fn revoked_fast_reg_mr_cannot_be_reregistered_and_its_windows_are_blocked() {
     let k = valid_fmr(&t, &r, 4, 0, ALL_RW | Access::MW_BIND);
     let io = iova(&t, k);
     let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
-    t.exec_bind_mw(PD, QPN, mw, mw.inc(), k, io, 64, Access::REMOTE_READ)
-        .unwrap();
-    assert!(t
-        .lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ)
-        .is_ok());
+    t.exec_bind_mw(PD, QPN, mw, mw.inc(), k, io, 64, Access::REMOTE_READ).unwrap();
+    assert!(t.lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ).is_ok());
     assert_eq!(t.revoke_mr(k), Ok(PD));
-    assert_eq!(
-        t.lookup(k, PD, QPN, io, 8, Access::EMPTY).unwrap_err(),
-        MemError::NotValid
-    );
-    assert_eq!(
-        t.lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ)
-            .unwrap_err(),
-        MemError::NotValid
-    );
+    assert_eq!(t.lookup(k, PD, QPN, io, 8, Access::EMPTY).unwrap_err(), MemError::NotValid);
+    assert_eq!(t.lookup(mw.inc(), PD, QPN, io, 8, Access::REMOTE_READ).unwrap_err(), MemError::NotValid);
     // The window was unbound, so the client's usual teardown works (LOCAL_INV of the window
     // and of the MR); REG_MR (a revalidation would make the MR valid again) is refused.
     assert_eq!(t.query(k).unwrap().mw_bound, 0);
     t.exec_local_inv(PD, mw.inc()).unwrap();
     t.exec_local_inv(PD, k).unwrap();
-    assert_eq!(
-        t.exec_reg_mr(PD, k.inc(), ALL_RW, None, None),
-        Err(MemError::NotValid)
-    );
-    assert_eq!(
-        t.lookup(k.inc(), PD, QPN, io, 8, Access::EMPTY)
-            .unwrap_err(),
-        MemError::KeyMismatch
-    );
+    assert_eq!(t.exec_reg_mr(PD, k.inc(), ALL_RW, None, None), Err(MemError::NotValid));
+    assert_eq!(t.lookup(k.inc(), PD, QPN, io, 8, Access::EMPTY).unwrap_err(), MemError::KeyMismatch);
     // A new bind to it fails too.
     let mw2 = t.alloc_mw(PD, MwType::Type2).unwrap();
-    assert!(t
-        .exec_bind_mw(PD, QPN, mw2, mw2.inc(), k, io, 64, Access::REMOTE_READ)
-        .is_err());
+    assert!(t.exec_bind_mw(PD, QPN, mw2, mw2.inc(), k, io, 64, Access::REMOTE_READ).is_err());
     t.dealloc_mw(mw).unwrap();
     t.dereg_mr(k).unwrap();
 }

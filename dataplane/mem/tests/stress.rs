@@ -69,8 +69,8 @@ fn stress(epoch: bool) {
                 i += 1;
                 let k = Key(cur.load(Ordering::Relaxed));
                 let at = iova + LEN as u64 - 256 + (i % 7) * 8; // straddles the page boundary
-                                                                // (The reader's quiescent point below takes `&mut`: the borrow checker refuses
-                                                                // it while this reference lives.)
+                // (The reader's quiescent point below takes `&mut`: the borrow checker refuses
+                // it while this reference lives.)
                 if let Ok(m) = match &reader {
                     Some(r) => r.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE),
                     None => t.lookup(k, PD, 0, at, 512, Access::REMOTE_WRITE),
@@ -133,8 +133,5 @@ fn stress(epoch: bool) {
         copies.load(Ordering::Relaxed)
     );
     assert!(rounds > 100);
-    assert!(
-        copies.load(Ordering::Relaxed) > 100,
-        "the copier hardly ever ran: the test tested nothing"
-    );
+    assert!(copies.load(Ordering::Relaxed) > 100, "the copier hardly ever ran: the test tested nothing");
 }

@@ -129,11 +129,7 @@ impl EalConfig {
         EalConfig {
             hugepages: e.hugepages,
             memory_mb: e.memory_mb,
-            file_prefix: if e.in_memory {
-                None
-            } else {
-                Some(e.file_prefix())
-            },
+            file_prefix: if e.in_memory { None } else { Some(e.file_prefix()) },
             in_memory: e.in_memory,
             no_pci: pci_allow.is_empty(),
             vdevs,
@@ -227,9 +223,7 @@ pub struct Eal {
 
 impl std::fmt::Debug for Eal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Eal")
-            .field("runtime_dir", &self.inner.runtime_dir)
-            .finish()
+        f.debug_struct("Eal").field("runtime_dir", &self.inner.runtime_dir).finish()
     }
 }
 
@@ -248,8 +242,7 @@ impl Eal {
             .collect::<Result<_, _>>()?;
         let mut ptrs: Vec<*mut c_char> = argv.iter().map(|c| c.as_ptr().cast_mut()).collect();
         ptrs.push(std::ptr::null_mut());
-        let argc =
-            c_int::try_from(argv.len()).map_err(|_| PortError::Nul("too many args".into()))?;
+        let argc = c_int::try_from(argv.len()).map_err(|_| PortError::Nul("too many args".into()))?;
         tracing::debug!(args = %args.join(" "), "rte_eal_init");
         // SAFETY: `ptrs` is a NULL-terminated array of `argc` valid C strings that outlive
         // EAL (kept in `EalInner::_argv`); EAL permutes the pointer array only. EAL_STATE
@@ -264,11 +257,7 @@ impl Eal {
                 let dir = std::path::Path::new("/var/run/dpdk").join(prefix);
                 let _ = std::fs::remove_dir_all(dir);
             }
-            return Err(PortError::EalInit {
-                reason: strerror(errno),
-                errno,
-                args: args.join(" "),
-            });
+            return Err(PortError::EalInit { reason: strerror(errno), errno, args: args.join(" ") });
         }
         *st = EalState::Running;
         let runtime_dir = if cfg.in_memory || cfg.file_prefix.is_none() {
@@ -284,12 +273,7 @@ impl Eal {
                 Some(PathBuf::from(s))
             }
         };
-        Ok(Eal {
-            inner: Arc::new(EalInner {
-                runtime_dir,
-                _argv: argv,
-            }),
-        })
+        Ok(Eal { inner: Arc::new(EalInner { runtime_dir, _argv: argv }) })
     }
 
     /// The runtime directory EAL created (removed on cleanup), if any.
@@ -307,11 +291,7 @@ impl Eal {
         if rc != 0 {
             return Err(PortError::ThreadRegister(strerror(rte_errno())));
         }
-        Ok(LcoreGuard {
-            lcore_id: lcore_id(),
-            _eal: self.clone(),
-            _not_send: std::marker::PhantomData,
-        })
+        Ok(LcoreGuard { lcore_id: lcore_id(), _eal: self.clone(), _not_send: std::marker::PhantomData })
     }
 
     /// Number of ethdev ports EAL knows (from `--vdev`, PCI probing, hotplug, ring pairs).
@@ -390,39 +370,21 @@ mod tests {
 
     #[test]
     fn af_packet_rings_hold_4096_frames_unless_the_config_says() {
-        assert_eq!(
-            vdev_devargs("net_af_packet0,iface=v0,qpairs=1"),
-            "net_af_packet0,iface=v0,qpairs=1,framecnt=4096"
-        );
-        assert_eq!(
-            vdev_devargs("net_af_packet1,iface=v0,framecnt=1024"),
-            "net_af_packet1,iface=v0,framecnt=1024"
-        );
+        assert_eq!(vdev_devargs("net_af_packet0,iface=v0,qpairs=1"), "net_af_packet0,iface=v0,qpairs=1,framecnt=4096");
+        assert_eq!(vdev_devargs("net_af_packet1,iface=v0,framecnt=1024"), "net_af_packet1,iface=v0,framecnt=1024");
         assert_eq!(vdev_devargs("net_af_xdp0,iface=v0"), "net_af_xdp0,iface=v0");
         assert_eq!(vdev_devargs("net_ring0"), "net_ring0");
     }
 
     #[test]
     fn args_no_huge() {
-        let c = EalConfig {
-            file_prefix: Some("t1".into()),
-            vdevs: vec!["net_null0".into()],
-            ..Default::default()
-        };
+        let c = EalConfig { file_prefix: Some("t1".into()), vdevs: vec!["net_null0".into()], ..Default::default() };
         let a = c.args();
         assert_eq!(
             a,
             [
-                "pmrxe",
-                "-l0",
-                "--main-lcore=0",
-                "--no-huge",
-                "-m256",
-                "--file-prefix=t1",
-                "--no-pci",
-                "--vdev=net_null0",
-                "--log-level=notice",
-                "--no-telemetry"
+                "pmrxe", "-l0", "--main-lcore=0", "--no-huge", "-m256", "--file-prefix=t1", "--no-pci",
+                "--vdev=net_null0", "--log-level=notice", "--no-telemetry"
             ]
         );
     }
@@ -443,34 +405,18 @@ mod tests {
         let a = c.args();
         assert_eq!(
             a,
-            [
-                "pmrxe",
-                "-l1,2,3",
-                "--main-lcore=1",
-                "--huge-unlink",
-                "-m256",
-                "--in-memory",
-                "-a0000:3b:00.0",
-                "--no-telemetry"
-            ]
+            ["pmrxe", "-l1,2,3", "--main-lcore=1", "--huge-unlink", "-m256", "--in-memory", "-a0000:3b:00.0", "--no-telemetry"]
         );
     }
 
     #[test]
     fn from_loopback_config() {
-        let sys = pmrxe_config::SystemInfo {
-            cpus: 2,
-            hugepages_free: 0,
-            hugepage_kb: 2048,
-        };
+        let sys = pmrxe_config::SystemInfo { cpus: 2, hugepages_free: 0, hugepage_kb: 2048 };
         let cfg = Config::parse_with(pmrxe_config::DEFAULT_LOOPBACK, &sys).unwrap();
         let e = EalConfig::from_config(&cfg);
         assert!(!e.hugepages);
         assert!(e.no_pci);
-        assert!(
-            e.vdevs.is_empty(),
-            "ring pairs are made in-process, not by --vdev"
-        );
+        assert!(e.vdevs.is_empty(), "ring pairs are made in-process, not by --vdev");
         assert_eq!(e.file_prefix, Some(format!("pmrxe-{}", std::process::id())));
     }
 }

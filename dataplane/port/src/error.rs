@@ -56,11 +56,7 @@ impl PortError {
     /// Builds [`PortError::Dpdk`] from a negative DPDK return code (or a positive errno).
     pub fn dpdk(call: impl Into<String>, rc: i32) -> PortError {
         let errno = rc.abs();
-        PortError::Dpdk {
-            call: call.into(),
-            reason: crate::eal::strerror(errno),
-            errno,
-        }
+        PortError::Dpdk { call: call.into(), reason: crate::eal::strerror(errno), errno }
     }
 
     /// Builds [`PortError::Dpdk`] from the current `rte_errno` (for calls returning NULL).

@@ -217,11 +217,7 @@ pub fn port_name(port_id: u16) -> Option<String> {
         return None;
     }
     // SAFETY: DPDK wrote a NUL-terminated name into `buf`.
-    Some(
-        unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned(),
-    )
+    Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 /// The port id of the ethdev called `name` (vdev name such as `net_memif0`, or a PCI address).
@@ -252,23 +248,13 @@ static RING_SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl EthPort {
     /// Configures `port_id` with `settings` (queues on `pool`) and starts it.
-    pub fn open(
-        eal: &Eal,
-        pool: &Mempool,
-        port_id: u16,
-        settings: &PortSettings,
-    ) -> Result<EthPort, PortError> {
+    pub fn open(eal: &Eal, pool: &Mempool, port_id: u16, settings: &PortSettings) -> Result<EthPort, PortError> {
         Self::open_inner(eal, pool, port_id, settings, None)
     }
 
     /// Finds the device of `devargs` (probing it with `rte_dev_probe` if EAL does not have it
     /// yet, e.g. a vdev not given with `--vdev`), then [`EthPort::open`]s it.
-    pub fn probe(
-        eal: &Eal,
-        pool: &Mempool,
-        devargs: &str,
-        settings: &PortSettings,
-    ) -> Result<EthPort, PortError> {
+    pub fn probe(eal: &Eal, pool: &Mempool, devargs: &str, settings: &PortSettings) -> Result<EthPort, PortError> {
         let name = devargs_name(devargs);
         let id = match find_port(&name) {
             Ok(id) => id,
@@ -291,11 +277,7 @@ impl EthPort {
         a: &PortSettings,
         b: &PortSettings,
     ) -> Result<(EthPort, EthPort), PortError> {
-        let nq = a
-            .rx_queues
-            .max(a.tx_queues)
-            .max(b.rx_queues)
-            .max(b.tx_queues);
+        let nq = a.rx_queues.max(a.tx_queues).max(b.rx_queues).max(b.tx_queues);
         let ring_size = u32::from(a.rx_desc.max(b.rx_desc)).next_power_of_two();
         let mut rings = RingSet { rings: Vec::new() };
         let mut make = |dir: &str| -> Result<NonNull<sys::rte_ring>, PortError> {
@@ -305,10 +287,8 @@ impl EthPort {
             // Each ring has one producer (one TX queue) and one consumer (one RX queue).
             let flags = sys::RING_F_SP_ENQ | sys::RING_F_SC_DEQ;
             // SAFETY: EAL initialised; valid name; size is a power of two.
-            let r =
-                unsafe { sys::rte_ring_create(c.as_ptr(), ring_size, sys::SOCKET_ID_ANY, flags) };
-            let r = NonNull::new(r)
-                .ok_or_else(|| PortError::from_rte_errno(format!("rte_ring_create({name})")))?;
+            let r = unsafe { sys::rte_ring_create(c.as_ptr(), ring_size, sys::SOCKET_ID_ANY, flags) };
+            let r = NonNull::new(r).ok_or_else(|| PortError::from_rte_errno(format!("rte_ring_create({name})")))?;
             rings.rings.push(r);
             Ok(r)
         };
@@ -319,10 +299,7 @@ impl EthPort {
             b_to_a.push(make("ba")?.as_ptr());
         }
         let rings = Arc::new(rings);
-        let mk_port = |s: &PortSettings,
-                       rx: &[*mut sys::rte_ring],
-                       tx: &[*mut sys::rte_ring]|
-         -> Result<u16, PortError> {
+        let mk_port = |s: &PortSettings, rx: &[*mut sys::rte_ring], tx: &[*mut sys::rte_ring]| -> Result<u16, PortError> {
             let c = cstring(&s.name)?;
             // SAFETY: EAL initialised; ring arrays hold `nq` live rings each; the rings
             // outlive the port (RingSet is released after the port is closed).
@@ -357,33 +334,17 @@ impl EthPort {
         let name = &s.name;
         let mut info = sys::rte_eth_dev_info::default();
         // SAFETY: valid port id checked by DPDK; `info` is a valid out-struct.
-        check(|| format!("rte_eth_dev_info_get({name})"), unsafe {
-            sys::rte_eth_dev_info_get(id, &mut info)
-        })?;
+        check(|| format!("rte_eth_dev_info_get({name})"), unsafe { sys::rte_eth_dev_info_get(id, &mut info) })?;
         let mut conf = sys::rte_eth_conf::default();
         if let Some(mtu) = s.mtu {
             if mtu > info.max_mtu && info.max_mtu != 0 {
-                return Err(PortError::dpdk(
-                    format!(
-                        "{name}: MTU {mtu} above the driver maximum {}",
-                        info.max_mtu
-                    ),
-                    -22,
-                ));
+                return Err(PortError::dpdk(format!("{name}: MTU {mtu} above the driver maximum {}", info.max_mtu), -22));
             }
             conf.rxmode.mtu = u32::from(mtu);
         }
         // SAFETY: `conf` is a valid, zero-initialised config (DPDK's documented idiom).
         let rc = unsafe { sys::rte_eth_dev_configure(id, s.rx_queues, s.tx_queues, &conf) };
-        check(
-            || {
-                format!(
-                    "rte_eth_dev_configure({name}, rxq={}, txq={})",
-                    s.rx_queues, s.tx_queues
-                )
-            },
-            rc,
-        )?;
+        check(|| format!("rte_eth_dev_configure({name}, rxq={}, txq={})", s.rx_queues, s.tx_queues), rc)?;
         let (mut nrx, mut ntx) = (s.rx_desc, s.tx_desc);
         // SAFETY: valid pointers to locals.
         let rc = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id, &mut nrx, &mut ntx) };
@@ -394,9 +355,7 @@ impl EthPort {
         for q in 0..s.rx_queues {
             // SAFETY: port configured with rx_queues queues; NULL rxconf = driver defaults;
             // the pool outlives the port (PortInner holds it).
-            let rc = unsafe {
-                sys::rte_eth_rx_queue_setup(id, q, nrx, socket, std::ptr::null(), pool.as_raw())
-            };
+            let rc = unsafe { sys::rte_eth_rx_queue_setup(id, q, nrx, socket, std::ptr::null(), pool.as_raw()) };
             check(|| format!("rte_eth_rx_queue_setup({name}, q={q})"), rc)?;
         }
         for q in 0..s.tx_queues {
@@ -419,9 +378,7 @@ impl EthPort {
             None => {
                 let mut addr = sys::rte_ether_addr::default();
                 // SAFETY: valid out-pointer.
-                check(|| format!("rte_eth_macaddr_get({name})"), unsafe {
-                    sys::rte_eth_macaddr_get(id, &mut addr)
-                })?;
+                check(|| format!("rte_eth_macaddr_get({name})"), unsafe { sys::rte_eth_macaddr_get(id, &mut addr) })?;
                 MacAddr(addr.addr_bytes)
             }
         };
@@ -429,11 +386,7 @@ impl EthPort {
             // SAFETY: plain call; unsupported is fine.
             let _ = unsafe { sys::rte_eth_promiscuous_enable(id) };
         }
-        let kick_fds = if cstr_eq(info.driver_name, "net_af_packet") {
-            af_packet_sockets(info.if_index)
-        } else {
-            Vec::new()
-        };
+        let kick_fds = if cstr_eq(info.driver_name, "net_af_packet") { af_packet_sockets(info.if_index) } else { Vec::new() };
         tracing::debug!(port = %name, sockets = ?kick_fds, "af_packet sockets to kick");
         // What wakes an lcore in `wait` mode. DPDK 22.11's af_packet and af_xdp PMDs have no Rx
         // interrupts (no rx_queue_intr_enable; `rte_eth_dev_rx_intr_ctl_q_get_fd` has nothing
@@ -470,9 +423,7 @@ impl EthPort {
         });
         // From here on a failure closes the port through PortInner::drop.
         // SAFETY: configured with all queues set up.
-        check(|| format!("rte_eth_dev_start({name})"), unsafe {
-            sys::rte_eth_dev_start(id)
-        })?;
+        check(|| format!("rte_eth_dev_start({name})"), unsafe { sys::rte_eth_dev_start(id) })?;
         inner.started.store(true, Ordering::Release);
         let mut mtu = 0u16;
         // SAFETY: valid out-pointer.
@@ -481,8 +432,7 @@ impl EthPort {
         if let Some(i) = Arc::get_mut(&mut inner) {
             i.mtu = if mtu != 0 { mtu } else { s.mtu.unwrap_or(1500) };
         }
-        EthPort::claim(&inner, 0, 0)
-            .ok_or_else(|| PortError::Verify("queue 0 already claimed".into()))
+        EthPort::claim(&inner, 0, 0).ok_or_else(|| PortError::Verify("queue 0 already claimed".into()))
     }
 
     fn claim(inner: &Arc<PortInner>, rxq: u16, txq: u16) -> Option<EthPort> {
@@ -495,12 +445,7 @@ impl EthPort {
             rx.store(false, Ordering::Release);
             return None;
         }
-        Some(EthPort {
-            inner: inner.clone(),
-            rxq,
-            txq,
-            unkicked: false,
-        })
+        Some(EthPort { inner: inner.clone(), rxq, txq, unkicked: false })
     }
 
     /// Another handle on the same port owning RX queue `rxq` and TX queue `txq` (for another
@@ -536,11 +481,7 @@ impl EthPort {
         // SAFETY: valid port and out-pointer.
         let rc = unsafe { sys::rte_eth_link_get_nowait(self.inner.port_id, &mut l) };
         if rc != 0 {
-            return LinkStatus {
-                up: false,
-                speed_mbps: 0,
-                full_duplex: false,
-            };
+            return LinkStatus { up: false, speed_mbps: 0, full_duplex: false };
         }
         LinkStatus {
             up: l.link_status() == sys::RTE_ETH_LINK_UP as u16,
@@ -553,10 +494,9 @@ impl EthPort {
     pub fn stats(&self) -> Result<PortStats, PortError> {
         let mut s = sys::rte_eth_stats::default();
         // SAFETY: valid port and out-pointer.
-        check(
-            || format!("rte_eth_stats_get({})", self.inner.name),
-            unsafe { sys::rte_eth_stats_get(self.inner.port_id, &mut s) },
-        )?;
+        check(|| format!("rte_eth_stats_get({})", self.inner.name), unsafe {
+            sys::rte_eth_stats_get(self.inner.port_id, &mut s)
+        })?;
         Ok(PortStats {
             ipackets: s.ipackets,
             opackets: s.opackets,
@@ -578,9 +518,7 @@ impl EthPort {
         }
         let mut ptrs = [std::ptr::null_mut::<sys::rte_mbuf>(); N];
         // SAFETY: this handle exclusively owns `rxq` (claimed); `ptrs` has room for `room`.
-        let n = usize::from(unsafe {
-            sys::pmrxe_eth_rx_burst(self.inner.port_id, self.rxq, ptrs.as_mut_ptr(), room)
-        });
+        let n = usize::from(unsafe { sys::pmrxe_eth_rx_burst(self.inner.port_id, self.rxq, ptrs.as_mut_ptr(), room) });
         for &p in &ptrs[..n] {
             // SAFETY: the driver handed us ownership of `n` valid mbufs.
             out.push(unsafe { Mbuf::from_raw(p) });
@@ -600,12 +538,7 @@ impl EthPort {
         // storage is an array of `len` valid `rte_mbuf *`; this handle owns `txq`. The driver
         // takes ownership of the first `n`, which we forget below without freeing.
         let n = usize::from(unsafe {
-            sys::pmrxe_eth_tx_burst(
-                self.inner.port_id,
-                self.txq,
-                bufs.as_mut_ptr().cast::<*mut sys::rte_mbuf>(),
-                len as u16,
-            )
+            sys::pmrxe_eth_tx_burst(self.inner.port_id, self.txq, bufs.as_mut_ptr().cast::<*mut sys::rte_mbuf>(), len as u16)
         });
         for m in bufs.drain(..n) {
             std::mem::forget(m);
@@ -643,9 +576,7 @@ impl EthPort {
             match rustix::net::send(fd, &[], rustix::net::SendFlags::DONTWAIT) {
                 Ok(0) => {}
                 Ok(_) => held = true,
-                Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::NOBUFS => {
-                    held = true
-                }
+                Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::NOBUFS => held = true,
                 Err(_) => {}
             }
         }
@@ -669,19 +600,13 @@ fn af_xdp_sockets() -> Vec<RawFd> {
 
 /// The socket fds of this process (from /proc/self/fd) that `keep(fd, inode)` accepts, sorted.
 fn socket_fds(mut keep: impl FnMut(RawFd, &str) -> bool) -> Vec<RawFd> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let mut fds: Vec<RawFd> = dir
         .flatten()
         .filter_map(|e| {
             let fd = e.file_name().to_str()?.parse::<RawFd>().ok()?;
             let link = std::fs::read_link(e.path()).ok()?;
-            let ino = link
-                .to_str()?
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .to_string();
+            let ino = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string();
             keep(fd, &ino).then_some(fd)
         })
         .collect();
@@ -701,9 +626,7 @@ fn cstr_eq(p: *const c_char, want: &str) -> bool {
 /// one per queue pair): /proc/net/packet maps socket inodes to interfaces, /proc/self/fd maps
 /// fds to inodes. Read once when the port opens.
 fn af_packet_sockets(if_index: u32) -> Vec<RawFd> {
-    let Ok(table) = std::fs::read_to_string("/proc/net/packet") else {
-        return Vec::new();
-    };
+    let Ok(table) = std::fs::read_to_string("/proc/net/packet") else { return Vec::new() };
     // Columns: sk RefCnt Type Proto Iface R Rmem User Inode.
     let inodes: Vec<String> = table
         .lines()
@@ -776,9 +699,7 @@ impl PacketBuf for Mbuf {
         }
         // SAFETY: Mbuf is repr(transparent) over NonNull<rte_mbuf>, so the ArrayVec's storage
         // is `n` valid `rte_mbuf *` that we own; DPDK frees every one of them.
-        unsafe {
-            sys::pmrxe_pktmbuf_free_bulk(bufs.as_mut_ptr().cast::<*mut sys::rte_mbuf>(), n as u32)
-        };
+        unsafe { sys::pmrxe_pktmbuf_free_bulk(bufs.as_mut_ptr().cast::<*mut sys::rte_mbuf>(), n as u32) };
         // SAFETY: the `n` handles were freed above: forget them (no second free by Drop).
         unsafe { bufs.set_len(0) };
     }
@@ -819,19 +740,13 @@ impl Port for EthPort {
 fn pool_size(cfg: &Config) -> u32 {
     let mut n: u32 = 4096;
     for p in &cfg.ports {
-        n += u32::from(p.rx_queues) * u32::from(p.rx_desc)
-            + u32::from(p.tx_queues) * u32::from(p.tx_desc);
+        n += u32::from(p.rx_queues) * u32::from(p.rx_desc) + u32::from(p.tx_queues) * u32::from(p.tx_desc);
         if p.kind() == PortKind::RingPair {
             n += u32::from(p.rx_desc) * u32::from(p.rx_queues.max(p.tx_queues));
         }
     }
     // Keep the pool within half of EAL's memory (about 2.5 KiB per default mbuf).
-    let max_frame = cfg
-        .ports
-        .iter()
-        .map(|p| u32::from(p.mtu) + 18)
-        .max()
-        .unwrap_or(1518);
+    let max_frame = cfg.ports.iter().map(|p| u32::from(p.mtu) + 18).max().unwrap_or(1518);
     let per = max_frame.max(2048) + 512;
     let cap = ((u64::from(cfg.eal.memory_mb) << 20) / 2 / u64::from(per)) as u32;
     n.min(cap.max(1024))
@@ -841,12 +756,7 @@ fn pool_size(cfg: &Config) -> u32 {
 /// ring pairs are created in-process, vdev/PCI ports are found by name (EAL was given them
 /// through [`crate::EalConfig::from_config`]) or probed.
 pub fn open_ports(cfg: &Config, eal: &Eal) -> Result<Vec<EthPort>, PortError> {
-    let max_frame = cfg
-        .ports
-        .iter()
-        .map(|p| u32::from(p.mtu) + 18)
-        .max()
-        .unwrap_or(1518);
+    let max_frame = cfg.ports.iter().map(|p| u32::from(p.mtu) + 18).max().unwrap_or(1518);
     let pool = Mempool::new(eal, pool_size(cfg), 256, max_frame)?;
     let mut out: Vec<Option<EthPort>> = (0..cfg.ports.len()).map(|_| None).collect();
     for (i, p) in cfg.ports.iter().enumerate() {
@@ -857,9 +767,7 @@ pub fn open_ports(cfg: &Config, eal: &Eal) -> Result<Vec<EthPort>, PortError> {
         match p.kind() {
             PortKind::RingPair => {
                 let peer = p.peer.as_deref().unwrap_or_default();
-                let (j, q) = cfg
-                    .port(peer)
-                    .ok_or_else(|| PortError::NoSuchPort(peer.to_string(), "config".into()))?;
+                let (j, q) = cfg.port(peer).ok_or_else(|| PortError::NoSuchPort(peer.to_string(), "config".into()))?;
                 let (a, b) = EthPort::ring_pair(eal, &pool, &s, &PortSettings::from_config(q))?;
                 out[i] = Some(a);
                 out[j] = Some(b);
@@ -889,11 +797,7 @@ mod tests {
             return;
         };
         let fd = s.as_raw_fd();
-        assert!(
-            af_packet_sockets(0).contains(&fd),
-            "fd {fd} not found among {:?}",
-            af_packet_sockets(0)
-        );
+        assert!(af_packet_sockets(0).contains(&fd), "fd {fd} not found among {:?}", af_packet_sockets(0));
         assert!(!af_packet_sockets(u32::MAX).contains(&fd));
         drop(s);
         assert!(!af_packet_sockets(0).contains(&fd));

@@ -32,13 +32,7 @@ pub struct Faults {
 
 impl From<&FaultConfig> for Faults {
     fn from(c: &FaultConfig) -> Faults {
-        Faults {
-            loss: c.loss,
-            duplicate: c.duplicate,
-            reorder: c.reorder,
-            corrupt: c.corrupt,
-            seed: c.seed,
-        }
+        Faults { loss: c.loss, duplicate: c.duplicate, reorder: c.reorder, corrupt: c.corrupt, seed: c.seed }
     }
 }
 
@@ -175,9 +169,7 @@ impl<P: Port> Port for FaultyPort<P> {
     fn rx_burst<const N: usize>(&mut self, out: &mut ArrayVec<P::Buf, N>) -> usize {
         let mut n = 0;
         while !out.is_full() {
-            let Some(b) = self.overflow.pop_front() else {
-                break;
-            };
+            let Some(b) = self.overflow.pop_front() else { break };
             out.push(b);
             n += 1;
         }
@@ -212,9 +204,7 @@ impl<P: Port> Port for FaultyPort<P> {
                 continue;
             }
             let dup = if self.hit(self.faults.duplicate) {
-                self.inner
-                    .alloc()
-                    .and_then(|mut c| c.extend_from_slice(b.data()).then_some(c))
+                self.inner.alloc().and_then(|mut c| c.extend_from_slice(b.data()).then_some(c))
             } else {
                 None
             };
@@ -243,29 +233,16 @@ mod tests {
         let mut seen = Vec::new();
         let mut rx: Burst<SimBuf> = Burst::new();
         for chunk in (0..frames).collect::<Vec<_>>().chunks(16) {
-            let mut tx: Burst<SimBuf> = chunk
-                .iter()
-                .map(|i| SimBuf::from_slice(&i.to_be_bytes()))
-                .collect();
+            let mut tx: Burst<SimBuf> = chunk.iter().map(|i| SimBuf::from_slice(&i.to_be_bytes())).collect();
             assert_eq!(a.tx_burst(&mut tx), chunk.len());
             while b.rx_burst(&mut rx) > 0 {
-                seen.extend(
-                    rx.drain(..)
-                        .map(|b| u32::from_be_bytes(b.data()[..4].try_into().unwrap())),
-                );
+                seen.extend(rx.drain(..).map(|b| u32::from_be_bytes(b.data()[..4].try_into().unwrap())));
             }
         }
         while b.rx_burst(&mut rx) > 0 {
-            seen.extend(
-                rx.drain(..)
-                    .map(|b| u32::from_be_bytes(b.data()[..4].try_into().unwrap())),
-            );
+            seen.extend(rx.drain(..).map(|b| u32::from_be_bytes(b.data()[..4].try_into().unwrap())));
         }
-        assert_eq!(
-            live.snapshot(),
-            b.stats(),
-            "the shared counters are the port's"
-        );
+        assert_eq!(live.snapshot(), b.stats(), "the shared counters are the port's");
         (seen, b.stats())
     }
 
@@ -273,65 +250,32 @@ mod tests {
     fn no_faults_is_transparent() {
         let (seen, st) = pump(Faults::default(), 1000);
         assert_eq!(seen, (0..1000).collect::<Vec<_>>());
-        assert_eq!(
-            st,
-            FaultStats {
-                seen: 1000,
-                ..Default::default()
-            }
-        );
+        assert_eq!(st, FaultStats { seen: 1000, ..Default::default() });
     }
 
     #[test]
     fn loss_drops_exactly_the_counted_frames() {
-        let (seen, st) = pump(
-            Faults {
-                loss: 0.1,
-                seed: 1,
-                ..Default::default()
-            },
-            2000,
-        );
+        let (seen, st) = pump(Faults { loss: 0.1, seed: 1, ..Default::default() }, 2000);
         assert!(st.dropped > 100 && st.dropped < 300, "{st:?}");
         assert_eq!(seen.len() as u64, 2000 - st.dropped);
-        assert!(
-            seen.windows(2).all(|w| w[0] < w[1]),
-            "loss alone keeps order"
-        );
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "loss alone keeps order");
     }
 
     #[test]
     fn duplicate_and_reorder_keep_every_frame() {
-        let (seen, st) = pump(
-            Faults {
-                duplicate: 0.05,
-                reorder: 0.05,
-                seed: 2,
-                ..Default::default()
-            },
-            2000,
-        );
+        let (seen, st) = pump(Faults { duplicate: 0.05, reorder: 0.05, seed: 2, ..Default::default() }, 2000);
         assert!(st.duplicated > 0 && st.reordered > 0, "{st:?}");
         assert_eq!(seen.len() as u64, 2000 + st.duplicated);
         let mut uniq = seen.clone();
         uniq.sort_unstable();
         uniq.dedup();
         assert_eq!(uniq, (0..2000).collect::<Vec<_>>());
-        assert!(
-            seen.windows(2).any(|w| w[0] > w[1]),
-            "something arrived out of order"
-        );
+        assert!(seen.windows(2).any(|w| w[0] > w[1]), "something arrived out of order");
     }
 
     #[test]
     fn same_seed_same_faults() {
-        let f = Faults {
-            loss: 0.1,
-            duplicate: 0.1,
-            reorder: 0.1,
-            corrupt: 0.1,
-            seed: 42,
-        };
+        let f = Faults { loss: 0.1, duplicate: 0.1, reorder: 0.1, corrupt: 0.1, seed: 42 };
         assert_eq!(pump(f, 500), pump(f, 500));
         let (_, st) = pump(f, 500);
         assert!(st.corrupted > 0);

@@ -28,10 +28,8 @@ mod traits;
 
 pub use eal::{Eal, EalConfig, LcoreGuard};
 pub use error::PortError;
-pub use ethdev::{
-    devargs_name, find_port, open_ports, port_name, EthPort, LinkStatus, PortSettings, PortStats,
-};
-pub use faulty::{FaultCounters, FaultStats, Faults, FaultyPort};
+pub use ethdev::{devargs_name, find_port, open_ports, port_name, EthPort, LinkStatus, PortSettings, PortStats};
+pub use faulty::{FaultCounters, FaultStats, FaultyPort, Faults};
 pub use mbuf::Mbuf;
 pub use mempool::{Mempool, MBUF_HEADROOM};
 pub use port_test::PortTestReport;

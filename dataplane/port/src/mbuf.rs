@@ -30,9 +30,7 @@ impl Mbuf {
     pub unsafe fn from_raw(raw: *mut sys::rte_mbuf) -> Mbuf {
         debug_assert!(!raw.is_null());
         // SAFETY: caller guarantees non-NULL.
-        Mbuf {
-            raw: unsafe { NonNull::new_unchecked(raw) },
-        }
+        Mbuf { raw: unsafe { NonNull::new_unchecked(raw) } }
     }
 
     /// Gives up ownership; the caller must free or transmit the mbuf.
@@ -171,9 +169,7 @@ impl Mbuf {
     /// Removes `len` bytes from the tail. `false` (and no change) if `len > len()`.
     #[inline]
     pub fn trim(&mut self, len: usize) -> bool {
-        let Ok(l) = u16::try_from(len) else {
-            return false;
-        };
+        let Ok(l) = u16::try_from(len) else { return false };
         if let Some(m) = self.single_mut() {
             if l > m.data_len {
                 return false;
@@ -222,9 +218,7 @@ impl Mbuf {
     /// Removes `len` bytes from the head. `false` (and no change) if `len > len()`.
     #[inline]
     pub fn adj(&mut self, len: usize) -> bool {
-        let Ok(l) = u16::try_from(len) else {
-            return false;
-        };
+        let Ok(l) = u16::try_from(len) else { return false };
         // SAFETY: we own the mbuf; DPDK checks the length and returns NULL if too long.
         unsafe { !sys::pmrxe_pktmbuf_adj(self.raw.as_ptr(), l).is_null() }
     }
@@ -247,9 +241,6 @@ impl Drop for Mbuf {
 
 impl std::fmt::Debug for Mbuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mbuf")
-            .field("len", &self.len())
-            .field("headroom", &self.headroom())
-            .finish()
+        f.debug_struct("Mbuf").field("len", &self.len()).field("headroom", &self.headroom()).finish()
     }
 }

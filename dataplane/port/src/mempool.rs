@@ -44,10 +44,7 @@ pub struct Mempool {
 
 impl std::fmt::Debug for Mempool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mempool")
-            .field("name", &self.inner.name)
-            .field("data_room", &self.inner.data_room)
-            .finish()
+        f.debug_struct("Mempool").field("name", &self.inner.name).field("data_room", &self.inner.data_room).finish()
     }
 }
 
@@ -65,17 +62,8 @@ impl Mempool {
         let raw = unsafe {
             sys::rte_pktmbuf_pool_create(cname.as_ptr(), n, cache, 0, data_room, sys::SOCKET_ID_ANY)
         };
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            PortError::from_rte_errno(format!("rte_pktmbuf_pool_create({name}, n={n})"))
-        })?;
-        Ok(Mempool {
-            inner: Arc::new(PoolInner {
-                raw,
-                name,
-                data_room,
-                _eal: eal.clone(),
-            }),
-        })
+        let raw = NonNull::new(raw).ok_or_else(|| PortError::from_rte_errno(format!("rte_pktmbuf_pool_create({name}, n={n})")))?;
+        Ok(Mempool { inner: Arc::new(PoolInner { raw, name, data_room, _eal: eal.clone() }) })
     }
 
     /// Allocates one mbuf (empty, default headroom). `None` when the pool is exhausted.
@@ -96,9 +84,7 @@ impl Mempool {
         }
         let mut ptrs = [std::ptr::null_mut::<sys::rte_mbuf>(); N];
         // SAFETY: `ptrs` has room for `want <= N` pointers; the pool is alive.
-        let rc = unsafe {
-            sys::pmrxe_pktmbuf_alloc_bulk(self.inner.raw.as_ptr(), ptrs.as_mut_ptr(), want as u32)
-        };
+        let rc = unsafe { sys::pmrxe_pktmbuf_alloc_bulk(self.inner.raw.as_ptr(), ptrs.as_mut_ptr(), want as u32) };
         if rc != 0 {
             return 0;
         }

@@ -83,16 +83,8 @@ pub fn pattern_byte(seq: u64, i: usize) -> u8 {
 }
 
 /// Writes test frame `seq` into an empty buffer. `false` if it does not fit.
-pub fn build_frame<B: PacketBuf>(
-    buf: &mut B,
-    dst: MacAddr,
-    src: MacAddr,
-    seq: u64,
-    frame_len: usize,
-) -> bool {
-    let Some(d) = buf.append(frame_len) else {
-        return false;
-    };
+pub fn build_frame<B: PacketBuf>(buf: &mut B, dst: MacAddr, src: MacAddr, seq: u64, frame_len: usize) -> bool {
+    let Some(d) = buf.append(frame_len) else { return false };
     d[0..6].copy_from_slice(&dst.0);
     d[6..12].copy_from_slice(&src.0);
     d[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
@@ -104,44 +96,24 @@ pub fn build_frame<B: PacketBuf>(
 }
 
 /// What is wrong with a received frame, if anything.
-pub fn check_frame(
-    d: &[u8],
-    src: Option<MacAddr>,
-    expect_seq: u64,
-    frame_len: usize,
-) -> Result<(), String> {
+pub fn check_frame(d: &[u8], src: Option<MacAddr>, expect_seq: u64, frame_len: usize) -> Result<(), String> {
     if d.len() != frame_len {
-        return Err(format!(
-            "frame {expect_seq}: length {} != {frame_len}",
-            d.len()
-        ));
+        return Err(format!("frame {expect_seq}: length {} != {frame_len}", d.len()));
     }
     if d[12..14] != ETHERTYPE.to_be_bytes() {
-        return Err(format!(
-            "frame {expect_seq}: ethertype {:02x}{:02x}",
-            d[12], d[13]
-        ));
+        return Err(format!("frame {expect_seq}: ethertype {:02x}{:02x}", d[12], d[13]));
     }
     if let Some(s) = src {
         if d[6..12] != s.0 {
-            return Err(format!(
-                "frame {expect_seq}: source MAC {}",
-                MacAddr(d[6..12].try_into().unwrap_or([0; 6]))
-            ));
+            return Err(format!("frame {expect_seq}: source MAC {}", MacAddr(d[6..12].try_into().unwrap_or([0; 6]))));
         }
     }
     let seq = u64::from_be_bytes(d[SEQ_OFF..PAT_OFF].try_into().unwrap_or([0; 8]));
     if seq != expect_seq {
-        return Err(format!(
-            "frame {expect_seq}: got sequence number {seq} (order or loss)"
-        ));
+        return Err(format!("frame {expect_seq}: got sequence number {seq} (order or loss)"));
     }
     if let Some(i) = (PAT_OFF..d.len()).find(|&i| d[i] != pattern_byte(seq, i)) {
-        return Err(format!(
-            "frame {seq}: byte {i} is {:#04x}, want {:#04x}",
-            d[i],
-            pattern_byte(seq, i)
-        ));
+        return Err(format!("frame {seq}: byte {i} is {:#04x}, want {:#04x}", d[i], pattern_byte(seq, i)));
     }
     Ok(())
 }
@@ -160,11 +132,7 @@ struct Stall {
 
 impl Stall {
     fn new() -> Stall {
-        Stall {
-            last: Instant::now(),
-            last_mark: (0, 0),
-            iter: 0,
-        }
+        Stall { last: Instant::now(), last_mark: (0, 0), iter: 0 }
     }
     fn check(&mut self, mark: (u64, u64), what: impl FnOnce() -> String) -> Result<(), PortError> {
         self.iter = self.iter.wrapping_add(1);
@@ -203,9 +171,7 @@ pub fn run_pair<A: Port, B: Port>(
         while built < frames && !pending.is_full() {
             let Some(mut buf) = a.alloc() else { break };
             if !build_frame(&mut buf, dst, src, built, frame_len) {
-                return Err(PortError::Verify(format!(
-                    "frame of {frame_len} B does not fit a {a_name} buffer"
-                )));
+                return Err(PortError::Verify(format!("frame of {frame_len} B does not fit a {a_name} buffer")));
             }
             pending.push(buf);
             built += 1;
@@ -221,9 +187,7 @@ pub fn run_pair<A: Port, B: Port>(
             received += 1;
         }
         let sent = built - pending.len() as u64;
-        stall.check((sent, received), || {
-            format!("{a_name} -> {b_name}: sent {sent}, received {received} of {frames}")
-        })?;
+        stall.check((sent, received), || format!("{a_name} -> {b_name}: sent {sent}, received {received} of {frames}"))?;
     }
     let report = PortTestReport {
         tx_port: a_name.into(),
@@ -235,21 +199,13 @@ pub fn run_pair<A: Port, B: Port>(
         elapsed: start.elapsed(),
     };
     match first_error {
-        Some(e) => Err(PortError::Verify(format!(
-            "{errors} bad frames, first: {e}; {report}"
-        ))),
+        Some(e) => Err(PortError::Verify(format!("{errors} bad frames, first: {e}; {report}"))),
         None => Ok(report),
     }
 }
 
 /// Sends `frames` test frames to `dst` (no verification on this side).
-pub fn send<P: Port>(
-    p: &mut P,
-    name: &str,
-    dst: MacAddr,
-    frames: u64,
-    frame_len: usize,
-) -> Result<PortTestReport, PortError> {
+pub fn send<P: Port>(p: &mut P, name: &str, dst: MacAddr, frames: u64, frame_len: usize) -> Result<PortTestReport, PortError> {
     let src = p.mac();
     let mut pending: ArrayVec<P::Buf, BURST> = ArrayVec::new();
     let (mut built, mut bytes) = (0u64, 0u64);
@@ -259,9 +215,7 @@ pub fn send<P: Port>(
         while built < frames && !pending.is_full() {
             let Some(mut buf) = p.alloc() else { break };
             if !build_frame(&mut buf, dst, src, built, frame_len) {
-                return Err(PortError::Verify(format!(
-                    "frame of {frame_len} B does not fit a {name} buffer"
-                )));
+                return Err(PortError::Verify(format!("frame of {frame_len} B does not fit a {name} buffer")));
             }
             pending.push(buf);
             built += 1;
@@ -271,25 +225,12 @@ pub fn send<P: Port>(
         let sent = built - pending.len() as u64;
         stall.check((sent, 0), || format!("{name}: sent {sent} of {frames}"))?;
     }
-    Ok(PortTestReport {
-        tx_port: name.into(),
-        rx_port: "peer".into(),
-        frames,
-        bytes,
-        errors: 0,
-        frame_len,
-        elapsed: start.elapsed(),
-    })
+    Ok(PortTestReport { tx_port: name.into(), rx_port: "peer".into(), frames, bytes, errors: 0, frame_len, elapsed: start.elapsed() })
 }
 
 /// Receives and verifies `frames` test frames (any source MAC; frames of other ethertypes
 /// are ignored, as a kernel interface may inject its own traffic).
-pub fn receive<P: Port>(
-    p: &mut P,
-    name: &str,
-    frames: u64,
-    frame_len: usize,
-) -> Result<PortTestReport, PortError> {
+pub fn receive<P: Port>(p: &mut P, name: &str, frames: u64, frame_len: usize) -> Result<PortTestReport, PortError> {
     let mut rx: ArrayVec<P::Buf, BURST> = ArrayVec::new();
     let (mut received, mut errors, mut bytes) = (0u64, 0u64, 0u64);
     let mut first_error = None;
@@ -310,9 +251,7 @@ pub fn receive<P: Port>(
             bytes += d.len() as u64;
             received += 1;
         }
-        stall.check((received, 0), || {
-            format!("{name}: received {received} of {frames}")
-        })?;
+        stall.check((received, 0), || format!("{name}: received {received} of {frames}"))?;
     }
     let report = PortTestReport {
         tx_port: "peer".into(),
@@ -324,9 +263,7 @@ pub fn receive<P: Port>(
         elapsed: start.map(|s| s.elapsed()).unwrap_or_default(),
     };
     match first_error {
-        Some(e) => Err(PortError::Verify(format!(
-            "{errors} bad frames, first: {e}; {report}"
-        ))),
+        Some(e) => Err(PortError::Verify(format!("{errors} bad frames, first: {e}; {report}"))),
         None => Ok(report),
     }
 }
@@ -336,11 +273,7 @@ pub fn wait_link_up(p: &EthPort, timeout: Duration) -> Result<(), PortError> {
     let start = Instant::now();
     while !p.link().up {
         if start.elapsed() > timeout {
-            return Err(PortError::Timeout(format!(
-                "link of {} still down after {:?}",
-                p.name(),
-                timeout
-            )));
+            return Err(PortError::Timeout(format!("link of {} still down after {:?}", p.name(), timeout)));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -384,15 +317,9 @@ fn first_port(cfg: &Config) -> Result<(Eal, EthPort), PortError> {
 
 /// Sender half of a two-process port test: sends `frames` frames from the config's first
 /// port to `dst` (default: the first `[[neighbors]]` MAC, else broadcast).
-pub fn run_sender(
-    cfg: &Config,
-    frames: u64,
-    dst: Option<MacAddr>,
-) -> Result<PortTestReport, PortError> {
+pub fn run_sender(cfg: &Config, frames: u64, dst: Option<MacAddr>) -> Result<PortTestReport, PortError> {
     let (eal, mut p) = first_port(cfg)?;
-    let dst = dst
-        .or_else(|| cfg.neighbors.first().map(|n| n.mac))
-        .unwrap_or(MacAddr::BROADCAST);
+    let dst = dst.or_else(|| cfg.neighbors.first().map(|n| n.mac)).unwrap_or(MacAddr::BROADCAST);
     let name = p.name().to_string();
     let frame_len = frame_len_for(p.mtu());
     let r = send(&mut p, &name, dst, frames, frame_len);
@@ -416,7 +343,7 @@ pub fn run_receiver(cfg: &Config, frames: u64) -> Result<PortTestReport, PortErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Faults, FaultyPort, SimPort};
+    use crate::{FaultyPort, Faults, SimPort};
 
     #[test]
     fn sim_pair_moves_and_checks_every_byte() {
@@ -433,14 +360,7 @@ mod tests {
     fn corruption_is_detected() {
         let (a, b) = SimPort::pair(1500, 256);
         let mut a = a;
-        let mut b = FaultyPort::new(
-            b,
-            Faults {
-                corrupt: 0.01,
-                seed: 3,
-                ..Faults::default()
-            },
-        );
+        let mut b = FaultyPort::new(b, Faults { corrupt: 0.01, seed: 3, ..Faults::default() });
         let e = run_pair(&mut a, "a", &mut b, "b", 2000, 1024).unwrap_err();
         assert!(matches!(e, PortError::Verify(_)), "{e}");
         assert!(b.stats().corrupted > 0);
@@ -449,14 +369,7 @@ mod tests {
     #[test]
     fn reorder_is_detected() {
         let (mut a, b) = SimPort::pair(1500, 256);
-        let mut b = FaultyPort::new(
-            b,
-            Faults {
-                reorder: 0.05,
-                seed: 9,
-                ..Faults::default()
-            },
-        );
+        let mut b = FaultyPort::new(b, Faults { reorder: 0.05, seed: 9, ..Faults::default() });
         let e = run_pair(&mut a, "a", &mut b, "b", 2000, 256).unwrap_err();
         assert!(e.to_string().contains("sequence number"), "{e}");
     }
@@ -464,19 +377,11 @@ mod tests {
     #[test]
     fn check_frame_reports_the_byte() {
         let mut buf = crate::SimBuf::with_capacity(2048, 64);
-        assert!(build_frame(
-            &mut buf,
-            MacAddr::BROADCAST,
-            MacAddr([2, 0, 0, 0, 0, 1]),
-            7,
-            100
-        ));
+        assert!(build_frame(&mut buf, MacAddr::BROADCAST, MacAddr([2, 0, 0, 0, 0, 1]), 7, 100));
         assert!(check_frame(buf.data(), None, 7, 100).is_ok());
         buf.data_mut()[50] ^= 1;
         let e = check_frame(buf.data(), None, 7, 100).unwrap_err();
         assert!(e.contains("byte 50"), "{e}");
-        assert!(check_frame(buf.data(), None, 7, 99)
-            .unwrap_err()
-            .contains("length"));
+        assert!(check_frame(buf.data(), None, 7, 99).unwrap_err().contains("length"));
     }
 }

@@ -20,11 +20,7 @@ pub struct SimBuf {
 impl SimBuf {
     /// A buffer of `room` bytes in total whose data starts after `headroom` bytes.
     pub fn with_capacity(room: usize, headroom: usize) -> SimBuf {
-        SimBuf {
-            storage: vec![0; room].into_boxed_slice(),
-            head: headroom.min(room),
-            len: 0,
-        }
+        SimBuf { storage: vec![0; room].into_boxed_slice(), head: headroom.min(room), len: 0 }
     }
 
     /// A buffer holding a copy of `bytes` (default headroom).
@@ -96,12 +92,7 @@ impl SimPort {
     /// Two ports wired back to back, ids 0 and 1, MACs `02:00:00:00:00:01`/`:02`, each
     /// direction buffering up to `depth` frames.
     pub fn pair(mtu: u16, depth: usize) -> (SimPort, SimPort) {
-        SimPort::pair_with(
-            MacAddr([2, 0, 0, 0, 0, 1]),
-            MacAddr([2, 0, 0, 0, 0, 2]),
-            mtu,
-            depth,
-        )
+        SimPort::pair_with(MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]), mtu, depth)
     }
 
     /// As [`SimPort::pair`] with chosen MACs.
@@ -109,20 +100,8 @@ impl SimPort {
         let (tx_ab, rx_ab) = bounded(depth.max(1));
         let (tx_ba, rx_ba) = bounded(depth.max(1));
         (
-            SimPort {
-                id: 0,
-                mac: mac_a,
-                mtu,
-                tx: tx_ab,
-                rx: rx_ba,
-            },
-            SimPort {
-                id: 1,
-                mac: mac_b,
-                mtu,
-                tx: tx_ba,
-                rx: rx_ab,
-            },
+            SimPort { id: 0, mac: mac_a, mtu, tx: tx_ab, rx: rx_ba },
+            SimPort { id: 1, mac: mac_b, mtu, tx: tx_ba, rx: rx_ab },
         )
     }
 

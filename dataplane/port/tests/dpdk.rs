@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pmrxe_config::{Config, MacAddr, SystemInfo, DEFAULT_LOOPBACK};
-use pmrxe_port::{open_ports, port_test, ArrayVec, Burst, Eal, EalConfig, Mbuf, Port, PortError};
+use pmrxe_port::{
+    open_ports, port_test, ArrayVec, Burst, Eal, EalConfig, Mbuf, Port, PortError,
+};
 
 const CHILD_ENV: &str = "PMRXE_PORT_CHILD";
 const CFG_ENV: &str = "PMRXE_PORT_CHILD_CFG";
@@ -22,10 +24,7 @@ fn sys() -> SystemInfo {
 fn loopback_cfg(tag: &str) -> String {
     DEFAULT_LOOPBACK.replacen(
         "in_memory = false",
-        &format!(
-            "in_memory = false\nfile_prefix = \"pmrxe-t{}-{tag}\"",
-            std::process::id()
-        ),
+        &format!("in_memory = false\nfile_prefix = \"pmrxe-t{}-{tag}\"", std::process::id()),
         1,
     )
 }
@@ -69,10 +68,7 @@ fn finish(mut child: Child, limit: Duration) -> (bool, String, String) {
 }
 
 fn assert_child_ok(name: &str, (ok, out, err): (bool, String, String)) -> String {
-    assert!(
-        ok && out.contains("CHILD-OK"),
-        "{name} child failed\n--- stdout\n{out}\n--- stderr\n{err}"
-    );
+    assert!(ok && out.contains("CHILD-OK"), "{name} child failed\n--- stdout\n{out}\n--- stderr\n{err}");
     out
 }
 
@@ -83,9 +79,7 @@ fn assert_child_ok(name: &str, (ok, out, err): (bool, String, String)) -> String
 /// Entry point of child processes; a no-op in the parent test run.
 #[test]
 fn child_entry() {
-    let Ok(mode) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+    let Ok(mode) = std::env::var(CHILD_ENV) else { return };
     let text = std::env::var(CFG_ENV).expect("child config");
     let cfg = Config::parse_with(&text, &sys()).unwrap_or_else(|e| panic!("{e}"));
     match mode.as_str() {
@@ -114,10 +108,7 @@ fn child_ring(cfg: &Config) {
     let again = Eal::init(&EalConfig::from_config(cfg)).unwrap_err();
     assert!(matches!(again, PortError::EalAlreadyInitialized), "{again}");
     assert!(again.to_string().contains("only once per process"));
-    let runtime_dir = eal
-        .runtime_dir()
-        .map(Path::to_path_buf)
-        .expect("file-prefix runtime dir");
+    let runtime_dir = eal.runtime_dir().map(Path::to_path_buf).expect("file-prefix runtime dir");
     assert!(runtime_dir.exists());
 
     // (2) Both ring ports come up with the configured MACs and MTU.
@@ -155,10 +146,7 @@ fn child_ring(cfg: &Config) {
     assert!(m.prepend(m.headroom() + 1).is_none());
     let hr = m.headroom();
     assert_eq!(m.prepend(hr).map(|s| s.len()), Some(hr));
-    assert_eq!(
-        (m.headroom(), m.len(), m.pkt_len()),
-        (0, 96 + room + hr, 96 + room + hr)
-    );
+    assert_eq!((m.headroom(), m.len(), m.pkt_len()), (0, 96 + room + hr, 96 + room + hr));
     assert!(m.trim(room + hr));
     assert_eq!(m.pkt_len(), 96);
     // open_aligned: a fresh mbuf opens with data byte 12 on a cache line, its start moved back
@@ -166,27 +154,14 @@ fn child_ring(cfg: &Config) {
     // refused; one whose headroom cannot spare the move opens where it starts.
     let mut f: Mbuf = pool.alloc().expect("mbuf");
     let (head0, room0) = (f.headroom(), f.tailroom());
-    let n = f
-        .open_aligned(12, 62)
-        .map(|d| (d.as_ptr() as usize + 12) % 64);
+    let n = f.open_aligned(12, 62).map(|d| (d.as_ptr() as usize + 12) % 64);
     assert_eq!(n, Some(0));
     assert!(f.headroom() >= 62 && f.headroom() <= head0 && head0 - f.headroom() < 64);
-    assert_eq!(
-        (f.tailroom(), f.len(), f.pkt_len()),
-        (
-            0,
-            room0 + head0 - f.headroom(),
-            room0 + head0 - f.headroom()
-        )
-    );
+    assert_eq!((f.tailroom(), f.len(), f.pkt_len()), (0, room0 + head0 - f.headroom(), room0 + head0 - f.headroom()));
     assert!(f.open_aligned(12, 62).is_none(), "not empty");
     assert!(f.trim(f.len()));
     let at = f.headroom();
-    assert_eq!(
-        f.open_aligned(12, at).map(|d| d.len()),
-        Some(room0 + head0 - at),
-        "no headroom to spare: start stays"
-    );
+    assert_eq!(f.open_aligned(12, at).map(|d| d.len()), Some(room0 + head0 - at), "no headroom to spare: start stays");
     assert_eq!(f.headroom(), at);
     drop(f);
     let raw = m.into_raw();
@@ -207,18 +182,12 @@ fn child_ring(cfg: &Config) {
     })
     .join()
     .unwrap();
-    assert_eq!(
-        pool.in_use(),
-        in_use_before,
-        "mbufs allocated by the thread were freed"
-    );
+    assert_eq!(pool.in_use(), in_use_before, "mbufs allocated by the thread were freed");
 
     // (5) Real frames through the ring pair, every byte checked, both directions.
-    let r = port_test::run_pair(&mut a, "pmrxe0", &mut b, "pmrxe1", FRAMES, 1024)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = port_test::run_pair(&mut a, "pmrxe0", &mut b, "pmrxe1", FRAMES, 1024).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((r.frames, r.bytes, r.errors), (FRAMES, FRAMES * 1024, 0));
-    let r2 = port_test::run_pair(&mut b, "pmrxe1", &mut a, "pmrxe0", 1000, 1514)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r2 = port_test::run_pair(&mut b, "pmrxe1", &mut a, "pmrxe0", 1000, 1514).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r2.frames, 1000);
     let (sa, sb) = (a.stats().unwrap(), b.stats().unwrap());
     assert_eq!(sa.opackets, FRAMES);
@@ -250,24 +219,14 @@ fn child_ring(cfg: &Config) {
         got += rx.len();
         rx.clear();
     }
-    assert_eq!(
-        got, sent,
-        "every accepted frame arrives ({unsent} were returned unsent)"
-    );
+    assert_eq!(got, sent, "every accepted frame arrives ({unsent} were returned unsent)");
     assert_eq!(pool.in_use(), 0, "no mbuf leaked");
 
     drop((a, b, pool));
     drop(eal);
-    assert!(
-        !runtime_dir.exists(),
-        "runtime dir {} removed on cleanup",
-        runtime_dir.display()
-    );
+    assert!(!runtime_dir.exists(), "runtime dir {} removed on cleanup", runtime_dir.display());
     // (7) Still an error after cleanup: EAL never re-initialises.
-    assert!(matches!(
-        Eal::init(&EalConfig::from_config(cfg)),
-        Err(PortError::EalAlreadyInitialized)
-    ));
+    assert!(matches!(Eal::init(&EalConfig::from_config(cfg)), Err(PortError::EalAlreadyInitialized)));
     println!("CHILD-OK {r}");
 }
 
@@ -276,8 +235,7 @@ fn child_tx(cfg: &Config) {
     let mut ports = open_ports(cfg, &eal).unwrap_or_else(|e| panic!("{e}"));
     let mut p = ports.remove(0);
     port_test::wait_link_up(&p, Duration::from_secs(15)).unwrap_or_else(|e| panic!("{e}"));
-    let r = port_test::send(&mut p, "tx", MacAddr::BROADCAST, FRAMES, 1024)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = port_test::send(&mut p, "tx", MacAddr::BROADCAST, FRAMES, 1024).unwrap_or_else(|e| panic!("{e}"));
     println!("SENT {r}");
     // Keep the memif region alive until the parent says the receiver is done (stdin EOF):
     // a memif peer must not disconnect while the other side is still polling.
@@ -300,13 +258,7 @@ fn ring_pair_moves_real_frames() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    let out = assert_child_ok(
-        "ring",
-        finish(
-            spawn("ring", &loopback_cfg("ring"), Stdio::null()),
-            Duration::from_secs(60),
-        ),
-    );
+    let out = assert_child_ok("ring", finish(spawn("ring", &loopback_cfg("ring"), Stdio::null()), Duration::from_secs(60)));
     assert!(out.contains("frames/s"), "{out}");
 }
 
@@ -316,13 +268,7 @@ fn port_test_run_on_loopback() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    let out = assert_child_ok(
-        "run",
-        finish(
-            spawn("run", &loopback_cfg("run"), Stdio::null()),
-            Duration::from_secs(60),
-        ),
-    );
+    let out = assert_child_ok("run", finish(spawn("run", &loopback_cfg("run"), Stdio::null()), Duration::from_secs(60)));
     assert!(out.contains(&format!("{FRAMES} frames of 1024 B")), "{out}");
 }
 

@@ -102,33 +102,17 @@ pub fn transition(ty: u32, cur: u32, next: u32) -> Option<Masks> {
         _ => rc,
     };
     let t = |required: u32, optional: u32| Some(Masks { required, optional });
-    let init = by(
-        PKEY_INDEX | PORT | QKEY,
-        PKEY_INDEX | PORT | ACCESS_FLAGS,
-        PKEY_INDEX | PORT | ACCESS_FLAGS,
-    );
+    let init = by(PKEY_INDEX | PORT | QKEY, PKEY_INDEX | PORT | ACCESS_FLAGS, PKEY_INDEX | PORT | ACCESS_FLAGS);
     match (cur, next) {
         (_, RESET) | (_, ERR) => t(0, 0),
         (RESET, INIT) => t(init, 0),
         (INIT, INIT) => t(0, init),
         (INIT, RTR) => t(
-            by(
-                0,
-                AV | PATH_MTU | DEST_QPN | RQ_PSN,
-                AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
-            ),
-            by(
-                PKEY_INDEX | QKEY,
-                ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
-                ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
-            ),
+            by(0, AV | PATH_MTU | DEST_QPN | RQ_PSN, AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER),
+            by(PKEY_INDEX | QKEY, ALT_PATH | ACCESS_FLAGS | PKEY_INDEX, ALT_PATH | ACCESS_FLAGS | PKEY_INDEX),
         ),
         (RTR, RTS) => t(
-            by(
-                SQ_PSN,
-                SQ_PSN,
-                TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC,
-            ),
+            by(SQ_PSN, SQ_PSN, TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC),
             by(
                 CUR_STATE | QKEY,
                 CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE,
@@ -174,9 +158,7 @@ pub fn transition(ty: u32, cur: u32, next: u32) -> Option<Masks> {
 /// judge) are not checked. Without `IBV_QP_STATE` the QP stays in `cur` and every attribute
 /// must be optional for `cur → cur`.
 pub fn check(ty: u32, cur: u32, next: u32, mask: u32, extra: u32) -> bool {
-    let Some(m) = transition(ty, cur, next) else {
-        return false;
-    };
+    let Some(m) = transition(ty, cur, next) else { return false };
     let rest = mask & !attr::STATE;
     rest & m.required == m.required && rest & !(m.required | m.optional | extra) == 0
 }
@@ -194,20 +176,8 @@ mod tests {
     /// valid transitions per type, independently of `transition`'s match: every pair listed
     /// exists, every pair not listed does not.
     fn valid(ty: u32, cur: u32, next: u32) -> bool {
-        let listed: &[(u32, u32)] = &[
-            (RESET, INIT),
-            (INIT, INIT),
-            (INIT, RTR),
-            (RTR, RTS),
-            (RTS, RTS),
-            (SQD, RTS),
-            (RTS, SQD),
-            (SQD, SQD),
-        ];
-        next == RESET
-            || next == ERR
-            || listed.contains(&(cur, next))
-            || (cur == SQE && next == RTS && ty != RC)
+        let listed: &[(u32, u32)] = &[(RESET, INIT), (INIT, INIT), (INIT, RTR), (RTR, RTS), (RTS, RTS), (SQD, RTS), (RTS, SQD), (SQD, SQD)];
+        next == RESET || next == ERR || listed.contains(&(cur, next)) || (cur == SQE && next == RTS && ty != RC)
     }
 
     #[test]
@@ -215,11 +185,7 @@ mod tests {
         for ty in [RC, UC, UD] {
             for cur in STATES {
                 for next in STATES {
-                    assert_eq!(
-                        transition(ty, cur, next).is_some(),
-                        valid(ty, cur, next),
-                        "type {ty}: {cur} -> {next}"
-                    );
+                    assert_eq!(transition(ty, cur, next).is_some(), valid(ty, cur, next), "type {ty}: {cur} -> {next}");
                 }
             }
         }
@@ -239,29 +205,15 @@ mod tests {
                         assert!(!check(ty, cur, next, STATE, 0));
                         continue;
                     };
-                    assert_eq!(
-                        m.required & m.optional,
-                        0,
-                        "a bit is both required and optional"
-                    );
+                    assert_eq!(m.required & m.optional, 0, "a bit is both required and optional");
                     for bit in (1..=20).map(|b| 1u32 << b) {
                         let ok = check(ty, cur, next, STATE | m.required | bit, 0);
-                        assert_eq!(
-                            ok,
-                            (m.required | m.optional) & bit != 0,
-                            "type {ty} {cur}->{next} bit {bit:#x}"
-                        );
+                        assert_eq!(ok, (m.required | m.optional) & bit != 0, "type {ty} {cur}->{next} bit {bit:#x}");
                         if m.required & bit != 0 {
-                            assert!(
-                                !check(ty, cur, next, STATE | (m.required & !bit), 0),
-                                "required bit {bit:#x} dropped"
-                            );
+                            assert!(!check(ty, cur, next, STATE | (m.required & !bit), 0), "required bit {bit:#x} dropped");
                         }
                     }
-                    assert!(
-                        check(ty, cur, next, STATE | m.required | CAP, CAP),
-                        "extra bits are left to the caller"
-                    );
+                    assert!(check(ty, cur, next, STATE | m.required | CAP, CAP), "extra bits are left to the caller");
                 }
             }
         }

@@ -60,16 +60,9 @@ impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CallError::Stopping => write!(f, "service is stopping"),
-            CallError::Gone { index } => write!(
-                f,
-                "lcore {index} is not running (its thread exited); the service is stopping"
-            ),
+            CallError::Gone { index } => write!(f, "lcore {index} is not running (its thread exited); the service is stopping"),
             CallError::Stuck { index, stalled } => {
-                write!(
-                    f,
-                    "lcore {index} made no progress for {} s (wedged?); command abandoned",
-                    stalled.as_secs()
-                )
+                write!(f, "lcore {index} made no progress for {} s (wedged?); command abandoned", stalled.as_secs())
             }
         }
     }
@@ -91,12 +84,7 @@ pub(crate) trait Watch {
 }
 
 /// Wait for the reply on `rx` from lcore `index` under the rules in the module documentation.
-pub(crate) fn wait_reply<R>(
-    rx: &Receiver<R>,
-    index: usize,
-    w: &impl Watch,
-    stall_limit: Duration,
-) -> Result<R, CallError> {
+pub(crate) fn wait_reply<R>(rx: &Receiver<R>, index: usize, w: &impl Watch, stall_limit: Duration) -> Result<R, CallError> {
     let mut seen = w.progress();
     let mut seen_at = w.elapsed();
     loop {
@@ -104,11 +92,7 @@ pub(crate) fn wait_reply<R>(
             Ok(r) => return Ok(r),
             Err(TryRecvError::Disconnected) => {
                 // The lcore dropped the command unanswered: it exited (or discarded its queue).
-                return Err(if w.stopping() {
-                    CallError::Stopping
-                } else {
-                    CallError::Gone { index }
-                });
+                return Err(if w.stopping() { CallError::Stopping } else { CallError::Gone { index } });
             }
             Err(TryRecvError::Empty) => {}
         }
@@ -121,10 +105,7 @@ pub(crate) fn wait_reply<R>(
             seen = p;
             seen_at = now;
         } else if now.saturating_sub(seen_at) >= stall_limit {
-            return Err(CallError::Stuck {
-                index,
-                stalled: now.saturating_sub(seen_at),
-            });
+            return Err(CallError::Stuck { index, stalled: now.saturating_sub(seen_at) });
         }
         w.pause();
     }
@@ -144,10 +125,7 @@ impl Watch for LiveWatch<'_> {
     fn progress(&self) -> u64 {
         use std::sync::atomic::Ordering::Relaxed;
         let s = self.stats;
-        s.busy_iterations
-            .load(Relaxed)
-            .wrapping_add(s.idle_iterations.load(Relaxed))
-            .wrapping_add(s.commands.load(Relaxed))
+        s.busy_iterations.load(Relaxed).wrapping_add(s.idle_iterations.load(Relaxed)).wrapping_add(s.commands.load(Relaxed))
     }
     fn elapsed(&self) -> Duration {
         self.t0.elapsed()
@@ -178,16 +156,7 @@ mod tests {
 
     impl<'a> Fake<'a> {
         fn new(tx: Sender<u32>, tick: Duration, progressing: &'a dyn Fn(u64) -> bool) -> Self {
-            Fake {
-                polls: Cell::new(0),
-                tick,
-                counter: Cell::new(0),
-                progressing,
-                reply_at: None,
-                stop_at: None,
-                tx: RefCell::new(Some(tx)),
-                drop_at: None,
-            }
+            Fake { polls: Cell::new(0), tick, counter: Cell::new(0), progressing, reply_at: None, stop_at: None, tx: RefCell::new(Some(tx)), drop_at: None }
         }
     }
 
@@ -247,23 +216,10 @@ mod tests {
         let until_100 = |n: u64| n <= 100;
         let f = Fake::new(tx, Duration::from_secs(1), &until_100);
         let e = wait_reply(&rx, 3, &f, STALL_LIMIT).unwrap_err();
-        assert_eq!(
-            e,
-            CallError::Stuck {
-                index: 3,
-                stalled: STALL_LIMIT
-            }
-        );
-        assert_eq!(
-            f.polls.get(),
-            100 + 60,
-            "gave up exactly STALL_LIMIT after the last progress"
-        );
+        assert_eq!(e, CallError::Stuck { index: 3, stalled: STALL_LIMIT });
+        assert_eq!(f.polls.get(), 100 + 60, "gave up exactly STALL_LIMIT after the last progress");
         assert_eq!(e.errno(), libc::ETIMEDOUT);
-        assert!(
-            e.to_string().contains("lcore 3 made no progress for 60 s"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("lcore 3 made no progress for 60 s"), "{e}");
     }
 
     /// ESHUTDOWN only when the stop flag is set, and then promptly.
@@ -311,18 +267,11 @@ mod tests {
             }
             tx.send(42u32).unwrap();
         });
-        let w = LiveWatch {
-            stop: &stop,
-            stats: &stats,
-            t0: std::time::Instant::now(),
-        };
+        let w = LiveWatch { stop: &stop, stats: &stats, t0: std::time::Instant::now() };
         assert_eq!(wait_reply(&rx, 0, &w, STALL_LIMIT), Ok(42));
         lcore.join().unwrap();
         stop.store(true, Ordering::Release);
         let (_tx, rx2) = bounded::<u32>(1);
-        assert_eq!(
-            wait_reply(&rx2, 0, &w, STALL_LIMIT),
-            Err(CallError::Stopping)
-        );
+        assert_eq!(wait_reply(&rx2, 0, &w, STALL_LIMIT), Err(CallError::Stopping));
     }
 }

@@ -27,18 +27,12 @@ impl Clock {
     /// Start a clock at 0 ns (calibrates the TSC for a few milliseconds where it is used).
     pub fn new() -> Clock {
         let origin = std::time::Instant::now();
-        Clock {
-            origin,
-            tsc: Tsc::calibrate(origin, Duration::from_millis(4)),
-        }
+        Clock { origin, tsc: Tsc::calibrate(origin, Duration::from_millis(4)) }
     }
 
     /// A clock that reads CLOCK_MONOTONIC only (no TSC).
     pub fn monotonic() -> Clock {
-        Clock {
-            origin: std::time::Instant::now(),
-            tsc: None,
-        }
+        Clock { origin: std::time::Instant::now(), tsc: None }
     }
 
     /// Does this clock read the TSC?
@@ -52,9 +46,7 @@ impl Clock {
         match self.tsc {
             // Saturating: a read below the calibration point (another core's TSC behind by
             // more than the time since) is time zero, never the far future.
-            Some(t) => Instant(
-                ((u128::from(rdtsc().saturating_sub(t.base)) * u128::from(t.mult)) >> 32) as u64,
-            ),
+            Some(t) => Instant(((u128::from(rdtsc().saturating_sub(t.base)) * u128::from(t.mult)) >> 32) as u64),
             None => Instant(self.origin.elapsed().as_nanos() as u64),
         }
     }
@@ -124,9 +116,7 @@ fn invariant_tsc() -> bool {
     if !cfg!(target_arch = "x86_64") {
         return false;
     }
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return false;
-    };
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return false };
     let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);
     has("constant_tsc") && has("nonstop_tsc")
@@ -158,10 +148,7 @@ mod tests {
         let (m1a, c1, m1b) = (ns(), c.now(), ns());
         let d = (c1.0 - c0.0) as f64;
         let (lo, hi) = ((m1a - m0b) * 0.99, (m1b - m0a) * 1.01);
-        assert!(
-            lo <= d && d <= hi,
-            "TSC clock advanced {d} ns; CLOCK_MONOTONIC between {lo} and {hi}"
-        );
+        assert!(lo <= d && d <= hi, "TSC clock advanced {d} ns; CLOCK_MONOTONIC between {lo} and {hi}");
         let mono = Clock::monotonic();
         assert!(!mono.uses_tsc());
     }

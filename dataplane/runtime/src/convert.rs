@@ -3,9 +3,7 @@
 //! client could not legitimately have posted.
 use pmrxe_abi::{send_flags, wr_opcode, ShmCqe, ShmRecvWqe, ShmSendWqe, MAX_RECV_SGE};
 use pmrxe_mem::{Access, Key, Sge};
-use pmrxe_transport::{
-    AddressVector, Cqe, RecvWqe, RecvWr, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE,
-};
+use pmrxe_transport::{AddressVector, Cqe, RecvWqe, RecvWr, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Why a client WQE was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,14 +44,9 @@ fn send_op(w: &ShmSendWqe) -> Option<SendOp> {
         wr_opcode::RDMA_WRITE => SendOp::Write,
         wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteImm(w.imm_or_inv),
         wr_opcode::RDMA_READ => SendOp::Read,
-        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
-            compare: w.compare_add,
-            swap: w.swap,
-        },
+        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CmpSwap { compare: w.compare_add, swap: w.swap },
         wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd { add: w.compare_add },
-        wr_opcode::LOCAL_INV => SendOp::LocalInv {
-            key: Key(w.imm_or_inv),
-        },
+        wr_opcode::LOCAL_INV => SendOp::LocalInv { key: Key(w.imm_or_inv) },
         wr_opcode::PMRXE_REG_MR => SendOp::RegMr {
             mr: Key(w.mr_key),
             key: Key(w.new_key),
@@ -75,29 +68,18 @@ fn send_op(w: &ShmSendWqe) -> Option<SendOp> {
 
 /// Local operations (REG_MR, LOCAL_INV, BIND_MW) by client opcode.
 fn is_local_opcode(op: u32) -> bool {
-    matches!(
-        op,
-        wr_opcode::LOCAL_INV | wr_opcode::PMRXE_REG_MR | wr_opcode::BIND_MW
-    )
+    matches!(op, wr_opcode::LOCAL_INV | wr_opcode::PMRXE_REG_MR | wr_opcode::BIND_MW)
 }
 
 impl<'a> ShmSendWr<'a> {
     /// Check `w` (`ah` resolves UD address handles; `is_ud`: the QP is UD).
     #[inline]
-    pub fn new(
-        w: &'a ShmSendWqe,
-        ah: impl Fn(u32) -> Option<AddressVector>,
-        is_ud: bool,
-    ) -> Result<Self, WqeError> {
+    pub fn new(w: &'a ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool) -> Result<Self, WqeError> {
         if send_op(w).is_none() {
             return Err(WqeError::BadOpcode(w.opcode));
         }
         let local = is_local_opcode(w.opcode);
-        let mut flags = w.send_flags
-            & (send_flags::FENCE
-                | send_flags::SIGNALED
-                | send_flags::SOLICITED
-                | send_flags::INLINE);
+        let mut flags = w.send_flags & (send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE);
         let (mut num_sge, mut inline_len) = (0, 0);
         if local {
             // A local operation carries no payload: INLINE means nothing for it.
@@ -116,21 +98,11 @@ impl<'a> ShmSendWr<'a> {
         }
         let ud = if is_ud && !local {
             let av = ah(w.ah).ok_or(WqeError::BadAh(w.ah))?;
-            Some(UdDest {
-                av,
-                remote_qpn: w.remote_qpn & 0xFF_FFFF,
-                remote_qkey: w.remote_qkey,
-            })
+            Some(UdDest { av, remote_qpn: w.remote_qpn & 0xFF_FFFF, remote_qkey: w.remote_qkey })
         } else {
             None
         };
-        Ok(ShmSendWr {
-            w,
-            flags,
-            num_sge,
-            inline_len,
-            ud,
-        })
+        Ok(ShmSendWr { w, flags, num_sge, inline_len, ud })
     }
 }
 
@@ -163,11 +135,7 @@ impl SendWr for ShmSendWr<'_> {
     #[inline]
     fn sge(&self, i: usize) -> Sge {
         let s = self.w.sge(i);
-        Sge {
-            addr: s.addr,
-            len: s.length,
-            lkey: Key(s.lkey),
-        }
+        Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) }
     }
     #[inline]
     fn inline_len(&self) -> usize {
@@ -215,11 +183,7 @@ impl RecvWr for ShmRecvWr<'_> {
     #[inline]
     fn sge(&self, i: usize) -> Sge {
         let s = self.w.sge[i];
-        Sge {
-            addr: s.addr,
-            len: s.length,
-            lkey: Key(s.lkey),
-        }
+        Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) }
     }
 }
 
@@ -262,165 +226,52 @@ mod tests {
 
     #[test]
     fn write_with_sges_converts_and_bad_fields_are_rejected() {
-        let mut w = ShmSendWqe {
-            wr_id: 7,
-            opcode: wr_opcode::RDMA_WRITE,
-            send_flags: send_flags::SIGNALED,
-            num_sge: 2,
-            remote_addr: 0x1000,
-            rkey: 0x1234,
-            ..Default::default()
-        };
-        w.set_sge(
-            0,
-            ShmSge {
-                addr: 10,
-                length: 20,
-                lkey: 30,
-            },
-        );
-        w.set_sge(
-            1,
-            ShmSge {
-                addr: 40,
-                length: 50,
-                lkey: 60,
-            },
-        );
+        let mut w = ShmSendWqe { wr_id: 7, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 2, remote_addr: 0x1000, rkey: 0x1234, ..Default::default() };
+        w.set_sge(0, ShmSge { addr: 10, length: 20, lkey: 30 });
+        w.set_sge(1, ShmSge { addr: 40, length: 50, lkey: 60 });
         let s = ShmSendWr::new(&w, |_| None, false).unwrap();
-        assert_eq!(
-            (s.wr_id(), s.op(), s.remote_addr(), s.rkey()),
-            (7, SendOp::Write, 0x1000, 0x1234)
-        );
-        assert_eq!(
-            (0..s.num_sge()).map(|i| s.sge(i)).collect::<Vec<_>>(),
-            [
-                Sge {
-                    addr: 10,
-                    len: 20,
-                    lkey: Key(30)
-                },
-                Sge {
-                    addr: 40,
-                    len: 50,
-                    lkey: Key(60)
-                }
-            ]
-        );
+        assert_eq!((s.wr_id(), s.op(), s.remote_addr(), s.rkey()), (7, SendOp::Write, 0x1000, 0x1234));
+        assert_eq!((0..s.num_sge()).map(|i| s.sge(i)).collect::<Vec<_>>(), [Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }]);
         assert_eq!(s.flags(), SendFlags::SIGNALED);
-        assert_eq!(
-            (s.inline_len(), s.inline()),
-            (0, &[][..]),
-            "a gather WQE has no inline payload"
-        );
+        assert_eq!((s.inline_len(), s.inline()), (0, &[][..]), "a gather WQE has no inline payload");
         w.num_sge = 99;
-        assert_eq!(
-            ShmSendWr::new(&w, |_| None, false).err(),
-            Some(WqeError::TooManySge(99))
-        );
+        assert_eq!(ShmSendWr::new(&w, |_| None, false).err(), Some(WqeError::TooManySge(99)));
         w.opcode = 0xdead;
-        assert_eq!(
-            ShmSendWr::new(&w, |_| None, false).err(),
-            Some(WqeError::BadOpcode(0xdead))
-        );
-        let mut i = ShmSendWqe {
-            opcode: wr_opcode::SEND,
-            send_flags: send_flags::INLINE,
-            inline_len: 5,
-            num_sge: 3,
-            ..Default::default()
-        };
+        assert_eq!(ShmSendWr::new(&w, |_| None, false).err(), Some(WqeError::BadOpcode(0xdead)));
+        let mut i = ShmSendWqe { opcode: wr_opcode::SEND, send_flags: send_flags::INLINE, inline_len: 5, num_sge: 3, ..Default::default() };
         i.data[..5].copy_from_slice(b"hello");
         let s = ShmSendWr::new(&i, |_| None, false).unwrap();
         assert_eq!((s.inline_len(), s.inline()), (5, &b"hello"[..]));
-        assert_eq!(
-            s.num_sge(),
-            0,
-            "an inline WQE has no gather list, whatever num_sge says"
-        );
+        assert_eq!(s.num_sge(), 0, "an inline WQE has no gather list, whatever num_sge says");
         i.inline_len = 100_000;
-        assert!(matches!(
-            ShmSendWr::new(&i, |_| None, false),
-            Err(WqeError::InlineTooLong(_))
-        ));
-        let ud = ShmSendWqe {
-            opcode: wr_opcode::SEND,
-            ah: 5,
-            ..Default::default()
-        };
-        assert_eq!(
-            ShmSendWr::new(&ud, |_| None, true).err(),
-            Some(WqeError::BadAh(5))
-        );
+        assert!(matches!(ShmSendWr::new(&i, |_| None, false), Err(WqeError::InlineTooLong(_))));
+        let ud = ShmSendWqe { opcode: wr_opcode::SEND, ah: 5, ..Default::default() };
+        assert_eq!(ShmSendWr::new(&ud, |_| None, true).err(), Some(WqeError::BadAh(5)));
         // A local operation: no payload, INLINE dropped, no address handle needed on UD.
-        let inv = ShmSendWqe {
-            opcode: wr_opcode::LOCAL_INV,
-            imm_or_inv: 0x4242,
-            send_flags: send_flags::INLINE | send_flags::FENCE,
-            inline_len: 9,
-            num_sge: 2,
-            ..Default::default()
-        };
+        let inv = ShmSendWqe { opcode: wr_opcode::LOCAL_INV, imm_or_inv: 0x4242, send_flags: send_flags::INLINE | send_flags::FENCE, inline_len: 9, num_sge: 2, ..Default::default() };
         let s = ShmSendWr::new(&inv, |_| None, true).unwrap();
         assert_eq!(s.op(), SendOp::LocalInv { key: Key(0x4242) });
-        assert_eq!(
-            (s.flags(), s.num_sge(), s.inline_len(), s.ud()),
-            (SendFlags::FENCE, 0, 0, None)
-        );
+        assert_eq!((s.flags(), s.num_sge(), s.inline_len(), s.ud()), (SendFlags::FENCE, 0, 0, None));
     }
 
     /// A receive WQE read in place (QP receive queues) and converted to an owned one (SRQs):
     /// the same fields either way, and the same refusal of too long a scatter list.
     #[test]
     fn recv_with_sges_reads_in_place_and_too_many_are_rejected() {
-        let mut w = ShmRecvWqe {
-            wr_id: 9,
-            num_sge: 2,
-            ..Default::default()
-        };
-        w.sge[0] = ShmSge {
-            addr: 10,
-            length: 20,
-            lkey: 30,
-        };
-        w.sge[1] = ShmSge {
-            addr: 40,
-            length: 50,
-            lkey: 60,
-        };
-        w.sge[2] = ShmSge {
-            addr: 1,
-            length: 1,
-            lkey: 1,
-        }; // past num_sge: not read
-        let want = [
-            Sge {
-                addr: 10,
-                len: 20,
-                lkey: Key(30),
-            },
-            Sge {
-                addr: 40,
-                len: 50,
-                lkey: Key(60),
-            },
-        ];
+        let mut w = ShmRecvWqe { wr_id: 9, num_sge: 2, ..Default::default() };
+        w.sge[0] = ShmSge { addr: 10, length: 20, lkey: 30 };
+        w.sge[1] = ShmSge { addr: 40, length: 50, lkey: 60 };
+        w.sge[2] = ShmSge { addr: 1, length: 1, lkey: 1 }; // past num_sge: not read
+        let want = [Sge { addr: 10, len: 20, lkey: Key(30) }, Sge { addr: 40, len: 50, lkey: Key(60) }];
         let v = ShmRecvWr::new(&w).unwrap();
         assert_eq!((v.wr_id(), v.num_sge()), (9, 2));
         assert_eq!((0..v.num_sge()).map(|i| v.sge(i)).collect::<Vec<_>>(), want);
         let owned = recv_wqe(&w).unwrap();
         assert_eq!((owned.wr_id, owned.sg_list()), (9, &want[..]));
         w.num_sge = (MAX_RECV_SGE.min(MAX_SGE) + 1) as u32;
-        assert_eq!(
-            ShmRecvWr::new(&w).err(),
-            Some(WqeError::TooManySge(w.num_sge))
-        );
+        assert_eq!(ShmRecvWr::new(&w).err(), Some(WqeError::TooManySge(w.num_sge)));
         assert_eq!(recv_wqe(&w).err(), Some(WqeError::TooManySge(w.num_sge)));
         w.num_sge = 0;
-        assert_eq!(
-            ShmRecvWr::new(&w).map(|v| v.num_sge()).ok(),
-            Some(0),
-            "a zero-length receive is valid"
-        );
+        assert_eq!(ShmRecvWr::new(&w).map(|v| v.num_sge()).ok(), Some(0), "a zero-length receive is valid");
     }
 }

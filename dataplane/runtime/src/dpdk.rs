@@ -3,9 +3,7 @@
 //! simulated ports the tests use; bursts go straight through (no container copies).
 use std::sync::Arc;
 
-use pmrxe_port::{
-    ArrayVec, EthPort, FaultCounters, FaultStats, Faults, FaultyPort, MacAddr, Mbuf, Port,
-};
+use pmrxe_port::{ArrayVec, EthPort, FaultCounters, FaultStats, FaultyPort, Faults, MacAddr, Mbuf, Port};
 
 enum Inner {
     Plain(EthPort),
@@ -20,17 +18,13 @@ pub struct DpdkLink {
 impl DpdkLink {
     /// Wrap an opened, started port.
     pub fn new(port: EthPort) -> DpdkLink {
-        DpdkLink {
-            port: Inner::Plain(port),
-        }
+        DpdkLink { port: Inner::Plain(port) }
     }
     /// Wrap an opened, started port; with `Some(faults)` every received frame goes through a
     /// seeded [`FaultyPort`] (loss, duplication, reordering, corruption).
     pub fn with_faults(port: EthPort, faults: Option<Faults>) -> DpdkLink {
         match faults {
-            Some(f) => DpdkLink {
-                port: Inner::Faulty(Box::new(FaultyPort::new(port, f))),
-            },
+            Some(f) => DpdkLink { port: Inner::Faulty(Box::new(FaultyPort::new(port, f))) },
             None => DpdkLink::new(port),
         }
     }
@@ -110,15 +104,8 @@ impl Port for DpdkLink {
 impl Drop for DpdkLink {
     fn drop(&mut self) {
         if let Some(s) = self.fault_stats() {
-            tracing::info!(
-                port = self.port().port_id(),
-                seen = s.seen,
-                dropped = s.dropped,
-                duplicated = s.duplicated,
-                reordered = s.reordered,
-                corrupted = s.corrupted,
-                "injected faults"
-            );
+            tracing::info!(port = self.port().port_id(), seen = s.seen, dropped = s.dropped, duplicated = s.duplicated,
+                reordered = s.reordered, corrupted = s.corrupted, "injected faults");
         }
     }
 }

@@ -67,13 +67,9 @@ impl GsiPipe {
     pub fn new(lcores: usize) -> std::sync::Arc<GsiPipe> {
         std::sync::Arc::new(GsiPipe {
             rx: ArrayQueue::new(GSI_QUEUE_DEPTH),
-            tx: (0..lcores.max(1))
-                .map(|_| ArrayQueue::new(GSI_QUEUE_DEPTH))
-                .collect(),
+            tx: (0..lcores.max(1)).map(|_| ArrayQueue::new(GSI_QUEUE_DEPTH)).collect(),
             waker: std::sync::OnceLock::new(),
-            lcore_wakers: (0..lcores.max(1))
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
+            lcore_wakers: (0..lcores.max(1)).map(|_| std::sync::OnceLock::new()).collect(),
         })
     }
 
@@ -93,9 +89,7 @@ impl GsiPipe {
     /// lcore) and wake it if it sleeps. Full → `false` (dropped; the CM retransmits).
     pub fn push_tx(&self, lcore: usize, out: GsiOut) -> bool {
         let i = if lcore < self.tx.len() { lcore } else { 0 };
-        let Some(q) = self.tx.get(i) else {
-            return false;
-        };
+        let Some(q) = self.tx.get(i) else { return false };
         if q.push(out).is_err() {
             return false;
         }

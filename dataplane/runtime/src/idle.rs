@@ -46,10 +46,7 @@ impl Waker {
     pub fn new() -> std::io::Result<Waker> {
         use rustix::event::EventfdFlags;
         let efd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        Ok(Waker {
-            efd,
-            sleeping: AtomicBool::new(false),
-        })
+        Ok(Waker { efd, sleeping: AtomicBool::new(false) })
     }
 
     /// The eventfd (to give to clients and to poll).
@@ -121,11 +118,7 @@ impl Contention {
 
     /// No competition seen yet.
     pub fn new() -> Contention {
-        Contention {
-            last: None,
-            hold_until: None,
-            hold: Self::HOLD_MIN,
-        }
+        Contention { last: None, hold_until: None, hold: Self::HOLD_MIN }
     }
 
     /// Is spinning held off at `now`?
@@ -135,10 +128,7 @@ impl Contention {
 
     /// Is a sample due at `now` (spinning, not holding, [`Self::CHECK`] since the last)?
     pub fn due(&self, now: Instant) -> bool {
-        !self.holding(now)
-            && self
-                .last
-                .is_none_or(|(t, _)| now.saturating_duration_since(t) >= Self::CHECK)
+        !self.holding(now) && self.last.is_none_or(|(t, _)| now.saturating_duration_since(t) >= Self::CHECK)
     }
 
     /// A sample of the thread's involuntary context switches at `now`. Returns true when it
@@ -152,14 +142,8 @@ impl Contention {
         if now.saturating_duration_since(t) > Self::STALE || nivcsw <= n {
             return false;
         }
-        let right_after = self
-            .hold_until
-            .is_some_and(|end| now.saturating_duration_since(end) <= Self::STALE);
-        self.hold = if right_after {
-            (self.hold * 2).min(Self::HOLD_MAX)
-        } else {
-            Self::HOLD_MIN
-        };
+        let right_after = self.hold_until.is_some_and(|end| now.saturating_duration_since(end) <= Self::STALE);
+        self.hold = if right_after { (self.hold * 2).min(Self::HOLD_MAX) } else { Self::HOLD_MIN };
         self.hold_until = Some(now + self.hold);
         true
     }
@@ -222,14 +206,7 @@ impl Idle {
         // PR_SET_TIMERSLACK: 1 µs, this thread only. A failure (never seen) leaves the default
         // 50 µs slack: sleeps get longer, nothing breaks.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1000));
-        Idle {
-            cfg,
-            idle_since: None,
-            spin,
-            sleep_us: 1,
-            epoll: None,
-            contention: Contention::new(),
-        }
+        Idle { cfg, idle_since: None, spin, sleep_us: 1, epoll: None, contention: Contention::new() }
     }
 
     /// The idle mode.
@@ -278,23 +255,13 @@ impl Idle {
     pub fn arm(&mut self, waker: &Waker, fds: &[RawFd]) -> std::io::Result<()> {
         use rustix::event::epoll;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &ep,
-            waker.fd(),
-            epoll::EventData::new_u64(u64::MAX),
-            epoll::EventFlags::IN,
-        )?;
+        epoll::add(&ep, waker.fd(), epoll::EventData::new_u64(u64::MAX), epoll::EventFlags::IN)?;
         for (i, &fd) in fds.iter().enumerate() {
             // SAFETY: the port's PMD owns this fd and keeps it open while the port is open (it
             // closes after the lcore's loop ends); epoll_ctl only registers it, and the kernel
             // drops the registration itself when the file closes.
             let b = unsafe { BorrowedFd::borrow_raw(fd) };
-            if let Err(e) = epoll::add(
-                &ep,
-                b,
-                epoll::EventData::new_u64(i as u64),
-                epoll::EventFlags::IN,
-            ) {
+            if let Err(e) = epoll::add(&ep, b, epoll::EventData::new_u64(i as u64), epoll::EventFlags::IN) {
                 tracing::warn!(fd, error = %e, "cannot poll a port's receive fd; the lcore wakes every max_sleep_us");
             }
         }
@@ -311,41 +278,17 @@ impl Idle {
             return false;
         };
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
-        let ts = timeout.map(|d| libc::timespec {
-            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        });
-        let tsp = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        let ts = timeout.map(|d| libc::timespec { tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // epoll_pwait2 (Linux 5.11): a nanosecond timeout (epoll_wait's is in milliseconds,
         // too coarse for an RNR timer). SAFETY: valid epoll fd, an 8-entry buffer, a timespec
         // (or NULL) that outlives the call, no signal mask.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_epoll_pwait2,
-                ep.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as libc::c_int,
-                tsp,
-                std::ptr::null::<libc::sigset_t>(),
-                0usize,
-            )
-        };
+        let rc = unsafe { libc::syscall(libc::SYS_epoll_pwait2, ep.as_raw_fd(), events.as_mut_ptr(), events.len() as libc::c_int, tsp, std::ptr::null::<libc::sigset_t>(), 0usize) };
         if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
             // An older kernel: milliseconds, rounded up.
-            let ms = timeout.map_or(-1, |d| {
-                d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int
-            });
+            let ms = timeout.map_or(-1, |d| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int);
             // SAFETY: as above.
-            unsafe {
-                libc::epoll_wait(
-                    ep.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as libc::c_int,
-                    ms,
-                )
-            };
+            unsafe { libc::epoll_wait(ep.as_raw_fd(), events.as_mut_ptr(), events.len() as libc::c_int, ms) };
         }
         waker.drain();
         true
@@ -388,15 +331,9 @@ mod tests {
         let mut c = Contention::new();
         assert!(c.due(t0));
         assert!(!c.sample(t0, 5), "the first sample only sets the baseline");
-        assert!(
-            !c.due(t0 + Duration::from_micros(500)),
-            "samples are a CHECK apart"
-        );
+        assert!(!c.due(t0 + Duration::from_micros(500)), "samples are a CHECK apart");
         assert!(!c.sample(t0 + ms(1), 5), "no switch: no competition");
-        assert!(
-            c.sample(t0 + ms(2), 6),
-            "a switch since a fresh sample is competition"
-        );
+        assert!(c.sample(t0 + ms(2), 6), "a switch since a fresh sample is competition");
         assert!(c.holding(t0 + ms(2)) && c.holding(t0 + ms(21)) && !c.holding(t0 + ms(22)));
         assert!(!c.due(t0 + ms(10)), "no samples while holding");
     }
@@ -425,10 +362,7 @@ mod tests {
             assert!(!c.sample(end, n * 10));
             assert!(c.sample(end + ms(1), n * 10 + 1));
             want = (want * 2).min(Contention::HOLD_MAX);
-            assert!(
-                c.holding(end + ms(1) + want - ms(1)) && !c.holding(end + ms(1) + want),
-                "hold {n} is {want:?}"
-            );
+            assert!(c.holding(end + ms(1) + want - ms(1)) && !c.holding(end + ms(1) + want), "hold {n} is {want:?}");
             end = end + ms(1) + want;
         }
         assert_eq!(want, Contention::HOLD_MAX);
@@ -445,10 +379,7 @@ mod tests {
         // The kernel's own figure for this thread lies between two reads.
         let a = Contention::read();
         let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("nonvoluntary_ctxt_switches:"))
-            .unwrap();
+        let line = status.lines().find(|l| l.starts_with("nonvoluntary_ctxt_switches:")).unwrap();
         let k: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
         let b = Contention::read();
         assert!(a <= k && k <= b, "getrusage {a}..{b}, /proc {k}");

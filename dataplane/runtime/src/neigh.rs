@@ -44,36 +44,21 @@ impl Neighbors {
     /// An empty table with its capacity reserved.
     pub fn new() -> Neighbors {
         // Twice the bound: churn (remove + insert at the bound) rehashes in place, never grows.
-        Neighbors {
-            entries: HashMap::with_capacity(2 * MAX_NEIGHBORS),
-            wanted: HashMap::with_capacity(2 * MAX_WANTED),
-            generation: 1,
-        }
+        Neighbors { entries: HashMap::with_capacity(2 * MAX_NEIGHBORS), wanted: HashMap::with_capacity(2 * MAX_WANTED), generation: 1 }
     }
     /// A static entry (never replaced by learning, never expires).
     pub fn add_static(&mut self, ip: IpAddr, mac: [u8; 6]) {
         self.generation += 1;
-        if self.entries.len() >= MAX_NEIGHBORS
-            && !self.entries.contains_key(&ip)
-            && !self.evict_oldest()
-        {
+        if self.entries.len() >= MAX_NEIGHBORS && !self.entries.contains_key(&ip) && !self.evict_oldest() {
             return;
         }
-        self.entries.insert(
-            ip,
-            Entry {
-                mac,
-                fixed: true,
-                at: 0,
-            },
-        );
+        self.entries.insert(ip, Entry { mac, fixed: true, at: 0 });
     }
     /// `ip` is being resolved (we sent an ARP request / neighbour solicitation for it): an
     /// answer for it will be learned.
     pub fn want(&mut self, ip: IpAddr, now: u64) {
         if self.wanted.len() >= MAX_WANTED && !self.wanted.contains_key(&ip) {
-            self.wanted
-                .retain(|_, t| now.saturating_sub(*t) < WANT_TTL_NS);
+            self.wanted.retain(|_, t| now.saturating_sub(*t) < WANT_TTL_NS);
             if self.wanted.len() >= MAX_WANTED {
                 return;
             }
@@ -97,14 +82,7 @@ impl Neighbors {
         if self.entries.len() >= MAX_NEIGHBORS && !self.evict_oldest() {
             return;
         }
-        self.entries.insert(
-            ip,
-            Entry {
-                mac,
-                fixed: false,
-                at: now,
-            },
-        );
+        self.entries.insert(ip, Entry { mac, fixed: false, at: now });
         self.generation += 1;
     }
     /// An answer (ARP reply, neighbour advertisement): learned only if we asked for `ip` or
@@ -119,10 +97,7 @@ impl Neighbors {
     }
     /// The MAC of `ip`, if known and not expired.
     pub fn lookup(&self, ip: IpAddr, now: u64) -> Option<[u8; 6]> {
-        self.entries
-            .get(&ip)
-            .filter(|e| e.fixed || now.saturating_sub(e.at) < NEIGH_TTL_NS)
-            .map(|e| e.mac)
+        self.entries.get(&ip).filter(|e| e.fixed || now.saturating_sub(e.at) < NEIGH_TTL_NS).map(|e| e.mac)
     }
     /// Changes so far (a path cache stamped with an older value is stale).
     pub fn generation(&self) -> u64 {
@@ -138,15 +113,7 @@ impl Neighbors {
     }
     /// Make room: drop the learned entry confirmed longest ago (control path: only when full).
     fn evict_oldest(&mut self) -> bool {
-        let Some(ip) = self
-            .entries
-            .iter()
-            .filter(|(_, e)| !e.fixed)
-            .min_by_key(|(_, e)| e.at)
-            .map(|(ip, _)| *ip)
-        else {
-            return false;
-        };
+        let Some(ip) = self.entries.iter().filter(|(_, e)| !e.fixed).min_by_key(|(_, e)| e.at).map(|(ip, _)| *ip) else { return false };
         self.entries.remove(&ip);
         self.generation += 1;
         true
@@ -186,22 +153,14 @@ mod tests {
         let ip: IpAddr = "198.18.0.2".parse().unwrap();
         n.add_static(ip, [2, 0, 0, 0, 0, 2]);
         n.learn(ip, [9; 6], 5);
-        assert_eq!(
-            n.lookup(ip, u64::MAX),
-            Some([2, 0, 0, 0, 0, 2]),
-            "static: never replaced, never expires"
-        );
+        assert_eq!(n.lookup(ip, u64::MAX), Some([2, 0, 0, 0, 0, 2]), "static: never replaced, never expires");
         let other: IpAddr = "10.0.0.9".parse().unwrap();
         n.learn(other, [7; 6], 1);
         let g = n.generation();
         n.learn(other, [8; 6], 2);
         assert!(n.generation() > g, "a changed MAC invalidates cached paths");
         assert_eq!(n.lookup(other, 3), Some([8; 6]));
-        assert_eq!(
-            n.lookup(other, 2 + NEIGH_TTL_NS),
-            None,
-            "learned entries expire"
-        );
+        assert_eq!(n.lookup(other, 2 + NEIGH_TTL_NS), None, "learned entries expire");
         assert_eq!(gid_to_ip(&ip_to_gid(ip)), ip);
         let v6: IpAddr = "fd00::5".parse().unwrap();
         assert_eq!(gid_to_ip(&ip_to_gid(v6)), v6);
@@ -221,18 +180,10 @@ mod tests {
         // A flood of peers resolving our address: the oldest learned entries make room, the
         // table never grows past its capacity and static entries stay.
         for i in 0..(3 * MAX_NEIGHBORS as u32) {
-            n.learn(
-                IpAddr::V4(std::net::Ipv4Addr::from(0x0b00_0000 + i)),
-                [4; 6],
-                10 + i as u64,
-            );
+            n.learn(IpAddr::V4(std::net::Ipv4Addr::from(0x0b00_0000 + i)), [4; 6], 10 + i as u64);
         }
         assert_eq!(n.len(), MAX_NEIGHBORS);
         assert_eq!(n.lookup(fixed, 0), Some([3; 6]));
-        assert_eq!(
-            n.lookup(asked, 2),
-            None,
-            "the oldest learned entry was evicted"
-        );
+        assert_eq!(n.lookup(asked, 2), None, "the oldest learned entry was evicted");
     }
 }

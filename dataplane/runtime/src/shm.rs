@@ -24,7 +24,6 @@
 //! The guard table grows in chunks that are never freed (the handler walks it without a
 //! lock); it holds [`GUARD_CAPACITY`] ranges. One range covers a run of pieces with the same
 //! page size, usually a whole MR.
-use pmrxe_abi::client::Mapping;
 use rustix::fs::SealFlags;
 use rustix::mm::{self, MapFlags, ProtFlags};
 use std::cell::Cell;
@@ -34,6 +33,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
+use pmrxe_abi::client::Mapping;
 
 /// `statfs.f_type` of hugetlbfs (linux/magic.h).
 const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
@@ -93,8 +93,7 @@ pub fn fs_name(magic: u32) -> &'static str {
 /// fault in them blocks the lcore (a FUSE server that never answers, a dead NFS server, a
 /// failing disk). `Err` is a sentence naming the filesystem.
 pub fn client_memory_page(fd: BorrowedFd<'_>) -> Result<u64, String> {
-    let sfs =
-        rustix::fs::fstatfs(fd).map_err(|e| format!("fstatfs on the memory's file failed: {e}"))?;
+    let sfs = rustix::fs::fstatfs(fd).map_err(|e| format!("fstatfs on the memory's file failed: {e}"))?;
     let magic = sfs.f_type as u32;
     match magic {
         TMPFS_MAGIC => Ok(SMALL_PAGE),
@@ -139,17 +138,12 @@ impl Segment {
     /// Its guard is tagged with this thread's [`set_segment_owner`] tag.
     pub fn create(name: &str, len: usize) -> io::Result<Segment> {
         let len = (len.max(1) + 4095) & !4095;
-        let cname = std::ffi::CString::new(name)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // Huge pages when the length allows and some are free, else ordinary shared memory.
         // Clients get this fd: it is sealed against resizing (a client that shrank it would
         // make the lcore's next access to the mapping raise SIGBUS). Holes can still be
         // punched: the guard covers that.
-        let huge = if len.is_multiple_of(2 << 20) {
-            pmrxe_abi::client::memfd(&cname, len as u64, 2 << 20, true).ok()
-        } else {
-            None
-        };
+        let huge = if len.is_multiple_of(2 << 20) { pmrxe_abi::client::memfd(&cname, len as u64, 2 << 20, true).ok() } else { None };
         let fd = match huge {
             Some(fd) => fd,
             None => pmrxe_abi::client::memfd(&cname, len as u64, 0, true)?,
@@ -166,10 +160,7 @@ impl Segment {
     fn map_populated(fd: OwnedFd, len: usize, populate: bool) -> io::Result<Segment> {
         let st = rustix::fs::fstat(&fd)?;
         if len == 0 || (st.st_size as u64) < len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "segment shorter than declared",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "segment shorter than declared"));
         }
         let page = file_page_size(fd.as_fd())? as usize;
         let map = Mapping::map(fd.as_raw_fd(), 0, len, populate)?;
@@ -239,15 +230,8 @@ impl MrMapping {
     /// page file at consecutive offsets. Every offset/length must be page aligned and inside its
     /// file.
     pub fn assemble(pieces: &[(&OwnedFd, u64, u64)]) -> io::Result<MrMapping> {
-        let p: Vec<MapPiece<'_>> = pieces
-            .iter()
-            .map(|&(fd, offset, len)| MapPiece {
-                fd,
-                offset,
-                len,
-                page: SMALL_PAGE,
-            })
-            .collect();
+        let p: Vec<MapPiece<'_>> =
+            pieces.iter().map(|&(fd, offset, len)| MapPiece { fd, offset, len, page: SMALL_PAGE }).collect();
         MrMapping::assemble_at(0, &p)
     }
 
@@ -276,21 +260,15 @@ impl MrMapping {
             }
             let head = p.offset % p.page;
             if span_start.wrapping_add(at) % p.page != head {
-                return Err(bad(
-                    "huge-page piece not at its file offset modulo the page size",
-                ));
+                return Err(bad("huge-page piece not at its file offset modulo the page size"));
             }
             let end_in_page = (p.offset + p.len) % p.page;
             if (head != 0 && i != 0) || (end_in_page != 0 && i + 1 != pieces.len()) {
-                return Err(bad(
-                    "huge-page piece starts or ends inside a huge page in the middle of the MR",
-                ));
+                return Err(bad("huge-page piece starts or ends inside a huge page in the middle of the MR"));
             }
             let st = rustix::fs::fstat(p.fd)?;
             // Mapped bytes up to the end of the last (partial) page of the file are valid.
-            let size = (st.st_size as u64)
-                .checked_next_multiple_of(p.page)
-                .unwrap_or(u64::MAX);
+            let size = (st.st_size as u64).checked_next_multiple_of(p.page).unwrap_or(u64::MAX);
             let map_end = (p.offset + p.len).checked_next_multiple_of(p.page);
             if map_end.is_none_or(|e| e > size) {
                 return Err(bad("piece beyond segment end"));
@@ -302,14 +280,7 @@ impl MrMapping {
         let res_len = (total + slack) as usize;
         // SAFETY: anonymous PROT_NONE reservation at an address the kernel chooses (no
         // MAP_FIXED): no existing memory is touched.
-        let base = unsafe {
-            mm::mmap_anonymous(
-                core::ptr::null_mut(),
-                res_len,
-                ProtFlags::empty(),
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
-            )
-        }?;
+        let base = unsafe { mm::mmap_anonymous(core::ptr::null_mut(), res_len, ProtFlags::empty(), MapFlags::PRIVATE | MapFlags::NORESERVE) }?;
         let res = NonNull::new(base.cast::<u8>()).expect("mmap returned null");
         let view = if maxpg > SMALL_PAGE {
             // A = first maxpg boundary in the reservation; the view starts at A + phase, so the
@@ -335,14 +306,7 @@ impl MrMapping {
             // SAFETY: MAP_FIXED inside our own reservation: [addr, addr+map_len) lies in
             // [res, res+res_len) by the slack computation above and the checks on head/tail.
             let r = unsafe {
-                mm::mmap(
-                    addr as *mut core::ffi::c_void,
-                    map_len as usize,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED | MapFlags::FIXED,
-                    p.fd,
-                    p.offset - head,
-                )
+                mm::mmap(addr as *mut core::ffi::c_void, map_len as usize, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED | MapFlags::FIXED, p.fd, p.offset - head)
             };
             if let Err(e) = r {
                 return Err(e.into()); // `m` drops and unmaps everything
@@ -428,13 +392,7 @@ struct GuardSlot {
 
 impl GuardSlot {
     const fn new() -> GuardSlot {
-        GuardSlot {
-            start: AtomicUsize::new(0),
-            end: AtomicUsize::new(0),
-            page: AtomicUsize::new(0),
-            tag: AtomicU64::new(0),
-            faulted: AtomicBool::new(false),
-        }
+        GuardSlot { start: AtomicUsize::new(0), end: AtomicUsize::new(0), page: AtomicUsize::new(0), tag: AtomicU64::new(0), faulted: AtomicBool::new(false) }
     }
 }
 
@@ -448,18 +406,14 @@ pub const GUARD_CAPACITY: usize = GUARD_CHUNK * GUARD_CHUNKS;
 
 /// The table: chunk pointers, published with Release once their slots are initialised, never
 /// freed or moved (the handler may be reading them at any moment).
-static GUARDS: [AtomicPtr<GuardSlot>; GUARD_CHUNKS] =
-    [const { AtomicPtr::new(core::ptr::null_mut()) }; GUARD_CHUNKS];
+static GUARDS: [AtomicPtr<GuardSlot>; GUARD_CHUNKS] = [const { AtomicPtr::new(core::ptr::null_mut()) }; GUARD_CHUNKS];
 
 /// Slot allocation (control threads only; never taken in the handler).
 struct GuardAlloc {
     free: Vec<usize>,
     chunks: usize,
 }
-static GUARD_ALLOC: Mutex<GuardAlloc> = Mutex::new(GuardAlloc {
-    free: Vec::new(),
-    chunks: 0,
-});
+static GUARD_ALLOC: Mutex<GuardAlloc> = Mutex::new(GuardAlloc { free: Vec::new(), chunks: 0 });
 static GUARD_INSTALL: Once = Once::new();
 static OLD_SIGBUS: OnceLock<OldAction> = OnceLock::new();
 static RESCUED: AtomicU64 = AtomicU64::new(0);
@@ -500,17 +454,12 @@ impl FaultGuard {
             return Err(io::Error::other("SIGBUS handler not installed"));
         }
         if start == 0 || len == 0 || !page.is_power_of_two() || start.checked_add(len).is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "bad guarded range",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad guarded range"));
         }
         let mut a = GUARD_ALLOC.lock().unwrap_or_else(|e| e.into_inner());
         if a.free.is_empty() {
             if a.chunks == GUARD_CHUNKS {
-                return Err(io::Error::other(format!(
-                    "too many guarded mappings of client memory (the limit is {GUARD_CAPACITY})"
-                )));
+                return Err(io::Error::other(format!("too many guarded mappings of client memory (the limit is {GUARD_CAPACITY})")));
             }
             let chunk: Box<[GuardSlot]> = (0..GUARD_CHUNK).map(|_| GuardSlot::new()).collect();
             let p = Box::leak(chunk).as_mut_ptr();
@@ -547,11 +496,7 @@ impl Drop for FaultGuard {
         let s = guard_slot(self.slot);
         s.start.store(0, Ordering::Release);
         s.faulted.store(false, Ordering::Relaxed);
-        GUARD_ALLOC
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free
-            .push(self.slot);
+        GUARD_ALLOC.lock().unwrap_or_else(|e| e.into_inner()).free.push(self.slot);
     }
 }
 
@@ -563,10 +508,7 @@ pub fn take_faulted() -> Vec<u64> {
         let Some(chunk) = guard_chunk(c) else { break };
         for s in chunk {
             // Acquire pairs with the handler's Release store: the tag read after is current.
-            if s.faulted.load(Ordering::Relaxed)
-                && s.faulted.swap(false, Ordering::Acquire)
-                && s.start.load(Ordering::Acquire) != 0
-            {
+            if s.faulted.load(Ordering::Relaxed) && s.faulted.swap(false, Ordering::Acquire) && s.start.load(Ordering::Acquire) != 0 {
                 out.push(s.tag.load(Ordering::Relaxed));
             }
         }
@@ -584,14 +526,8 @@ pub fn wait_for_faults(timeout: Duration) -> bool {
     }
     // SAFETY: the eventfd is created once and never closed (a process-lifetime fd).
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-    let mut pfd = [rustix::event::PollFd::new(
-        &fd,
-        rustix::event::PollFlags::IN,
-    )];
-    let ts = rustix::event::Timespec {
-        tv_sec: timeout.as_secs() as i64,
-        tv_nsec: timeout.subsec_nanos() as i64,
-    };
+    let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    let ts = rustix::event::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
     if !matches!(rustix::event::poll(&mut pfd, Some(&ts)), Ok(n) if n > 0) {
         return false;
     }
@@ -601,10 +537,7 @@ pub fn wait_for_faults(timeout: Duration) -> bool {
 
 fn install_sigbus_handler() {
     // The eventfd first: the handler signals it after every rescue.
-    match rustix::event::eventfd(
-        0,
-        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-    ) {
+    match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK) {
         Ok(fd) => FAULT_EVENT.store(fd.into_raw_fd(), Ordering::Release),
         Err(e) => tracing::warn!("fault guard eventfd: {e}; rescued faults will be noticed late"),
     }
@@ -613,9 +546,7 @@ fn install_sigbus_handler() {
     // sigemptyset and sigaction get pointers to these locals; `on_sigbus` is async-signal-safe.
     let (ok, old) = unsafe {
         let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = on_sigbus
-            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-            as usize;
+        sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         let mut old: libc::sigaction = core::mem::zeroed();
         libc::sigemptyset(&mut sa.sa_mask);
@@ -638,10 +569,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             if start == 0 || addr < start {
                 continue;
             }
-            let (end, page) = (
-                s.end.load(Ordering::Relaxed),
-                s.page.load(Ordering::Relaxed),
-            );
+            let (end, page) = (s.end.load(Ordering::Relaxed), s.page.load(Ordering::Relaxed));
             if addr >= end || s.start.load(Ordering::Acquire) != start || page == 0 {
                 continue;
             }
@@ -650,24 +578,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
             // only raw copies access) with private anonymous memory; the range stays mapped
             // until its owner unmaps it (after dropping the guard).
             // (rustix issues the raw system call: async-signal-safe, errno untouched.)
-            let r = unsafe {
-                mm::mmap_anonymous(
-                    p as *mut core::ffi::c_void,
-                    page,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::PRIVATE | MapFlags::FIXED,
-                )
-            };
+            let r = unsafe { mm::mmap_anonymous(p as *mut core::ffi::c_void, page, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE | MapFlags::FIXED) };
             if r.is_ok() {
                 RESCUED.fetch_add(1, Ordering::Relaxed);
                 s.faulted.store(true, Ordering::Release);
                 let efd = FAULT_EVENT.load(Ordering::Acquire);
                 if efd >= 0 {
                     // SAFETY: the process-lifetime eventfd; a raw write(2), async-signal-safe.
-                    let _ = rustix::io::write(
-                        unsafe { BorrowedFd::borrow_raw(efd) },
-                        &1u64.to_ne_bytes(),
-                    );
+                    let _ = rustix::io::write(unsafe { BorrowedFd::borrow_raw(efd) }, &1u64.to_ne_bytes());
                 }
                 return;
             }
@@ -675,13 +593,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut
         }
     }
     // Not ours: hand over to whatever was installed before.
-    let Some(OldAction(old)) = OLD_SIGBUS.get() else {
-        return;
-    };
+    let Some(OldAction(old)) = OLD_SIGBUS.get() else { return };
     if old.sa_flags & libc::SA_SIGINFO != 0 && old.sa_sigaction > 1 {
         // SAFETY: the previous handler was installed as an SA_SIGINFO handler with this type.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { core::mem::transmute(old.sa_sigaction) };
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { core::mem::transmute(old.sa_sigaction) };
         f(sig, info, uctx);
     } else if old.sa_sigaction > 1 {
         // SAFETY: a plain handler installed without SA_SIGINFO.
@@ -701,10 +616,7 @@ impl EventFd {
     /// A new non-blocking, close-on-exec eventfd.
     pub fn new() -> io::Result<EventFd> {
         use rustix::event::EventfdFlags;
-        Ok(EventFd(rustix::event::eventfd(
-            0,
-            EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
-        )?))
+        Ok(EventFd(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?))
     }
     /// Signal once (the completion-event path; the only syscall an lcore makes, and only for
     /// CQs the application armed).
@@ -738,20 +650,10 @@ mod tests {
             assert_eq!(m.as_ptr().read(), 0xaa);
             assert_eq!(m.as_ptr().add(4096).read(), 0xbb);
             m.as_ptr().add(4096).write(0xcc);
-            assert_eq!(
-                b.as_ptr().read(),
-                0xcc,
-                "writes through the MR mapping reach the segment"
-            );
+            assert_eq!(b.as_ptr().read(), 0xcc, "writes through the MR mapping reach the segment");
         }
-        assert!(
-            MrMapping::assemble(&[(&fb, 4096, 4096)]).is_err(),
-            "beyond the end is refused"
-        );
-        assert!(
-            MrMapping::assemble(&[(&fb, 100, 4096)]).is_err(),
-            "unaligned is refused"
-        );
+        assert!(MrMapping::assemble(&[(&fb, 4096, 4096)]).is_err(), "beyond the end is refused");
+        assert!(MrMapping::assemble(&[(&fb, 100, 4096)]).is_err(), "unaligned is refused");
     }
 
     #[test]
@@ -780,25 +682,11 @@ mod tests {
         // at the huge page end; then a 4 KiB piece of another file.
         let span = 0x7f00_0000_0000 + 3 * 4096;
         let pieces = [
-            MapPiece {
-                fd: &f,
-                offset: H + 3 * 4096,
-                len: H - 3 * 4096,
-                page: H,
-            },
-            MapPiece {
-                fd: &g,
-                offset: 0,
-                len: 4096,
-                page: 4096,
-            },
+            MapPiece { fd: &f, offset: H + 3 * 4096, len: H - 3 * 4096, page: H },
+            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096 },
         ];
         let m = MrMapping::assemble_at(span, &pieces).unwrap();
-        assert_eq!(
-            m.as_ptr() as u64 % H,
-            span % H,
-            "view not at the client's huge-page phase"
-        );
+        assert_eq!(m.as_ptr() as u64 % H, span % H, "view not at the client's huge-page phase");
         assert_eq!(m.len() as u64, H - 3 * 4096 + 4096);
         // SAFETY: reads inside the view.
         unsafe {
@@ -810,18 +698,8 @@ mod tests {
         assert_eq!(b[0], 0x55);
         // A huge piece that starts inside a huge page is only possible first in the MR.
         let bad = [
-            MapPiece {
-                fd: &g,
-                offset: 0,
-                len: 4096,
-                page: 4096,
-            },
-            MapPiece {
-                fd: &f,
-                offset: H + 4096,
-                len: 4096,
-                page: H,
-            },
+            MapPiece { fd: &g, offset: 0, len: 4096, page: 4096 },
+            MapPiece { fd: &f, offset: H + 4096, len: 4096, page: H },
         ];
         assert!(MrMapping::assemble_at(span - 4096, &bad).is_err());
         // ... and its client address must match its file offset modulo the page size.
@@ -832,16 +710,7 @@ mod tests {
     fn shrinking_a_guarded_file_does_not_kill_the_service() {
         let _g = FAULT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = plain_memfd(4 * 4096);
-        let m = MrMapping::assemble_at(
-            0,
-            &[MapPiece {
-                fd: &f,
-                offset: 0,
-                len: 4 * 4096,
-                page: 4096,
-            }],
-        )
-        .unwrap();
+        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 4 * 4096, page: 4096 }]).unwrap();
         // SAFETY: writes inside the view (file still full size).
         unsafe { m.as_ptr().add(3 * 4096).write(9) };
         // The client shrinks its file: the pages behind the view's tail are gone.
@@ -849,11 +718,7 @@ mod tests {
         let before = FaultGuard::rescued();
         // SAFETY: raw accesses inside the view; the guard turns the SIGBUS into a fresh page.
         unsafe {
-            assert_eq!(
-                m.as_ptr().add(2 * 4096 + 5).read_volatile(),
-                0,
-                "a rescued page reads zeros"
-            );
+            assert_eq!(m.as_ptr().add(2 * 4096 + 5).read_volatile(), 0, "a rescued page reads zeros");
             m.as_ptr().add(3 * 4096).write_volatile(1);
             assert_eq!(m.as_ptr().add(3 * 4096).read_volatile(), 1);
             m.as_ptr().write_volatile(4); // still the file's page
@@ -873,12 +738,7 @@ mod tests {
 
     fn meminfo(key: &str) -> u64 {
         let m = std::fs::read_to_string("/proc/meminfo").unwrap();
-        m.lines()
-            .find_map(|l| {
-                l.strip_prefix(key)
-                    .map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap())
-            })
-            .unwrap()
+        m.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap())).unwrap()
     }
 
     /// `vm.nr_hugepages` set so that exactly `free` 2 MiB pages are free; the previous value
@@ -888,16 +748,8 @@ mod tests {
     }
     impl HugePool {
         fn with_free(free: u64) -> HugePool {
-            assert_eq!(
-                meminfo("Hugepagesize:"),
-                2048,
-                "these tests need 2 MiB default huge pages"
-            );
-            let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
+            assert_eq!(meminfo("Hugepagesize:"), 2048, "these tests need 2 MiB default huge pages");
+            let prev: u64 = std::fs::read_to_string(NR_HUGEPAGES).unwrap().trim().parse().unwrap();
             let h = HugePool { prev };
             h.set_free(free);
             h
@@ -905,14 +757,9 @@ mod tests {
         fn set_free(&self, free: u64) {
             let total = meminfo("HugePages_Total:");
             let in_use = total - meminfo("HugePages_Free:");
-            std::fs::write(NR_HUGEPAGES, (in_use + free).to_string()).unwrap_or_else(|e| {
-                panic!("cannot write {NR_HUGEPAGES} (these tests need root): {e}")
-            });
-            assert_eq!(
-                meminfo("HugePages_Free:"),
-                free,
-                "the kernel would not make exactly {free} huge pages free"
-            );
+            std::fs::write(NR_HUGEPAGES, (in_use + free).to_string())
+                .unwrap_or_else(|e| panic!("cannot write {NR_HUGEPAGES} (these tests need root): {e}"));
+            assert_eq!(meminfo("HugePages_Free:"), free, "the kernel would not make exactly {free} huge pages free");
         }
     }
     impl Drop for HugePool {
@@ -923,13 +770,7 @@ mod tests {
 
     fn punch(fd: BorrowedFd<'_>, offset: u64, len: u64) {
         use rustix::fs::FallocateFlags;
-        rustix::fs::fallocate(
-            fd,
-            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-            offset,
-            len,
-        )
-        .unwrap();
+        rustix::fs::fallocate(fd, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len).unwrap();
     }
 
     /// Wait (briefly) for the handler's wake-up, then collect the faulted tags.
@@ -947,24 +788,11 @@ mod tests {
         let f = pmrxe_abi::client::memfd(c"client-huge", 2 * H as u64, H as u64, true).unwrap();
         assert!(sealed_against_shrink(f.as_fd()));
         assert_eq!(client_memory_page(f.as_fd()), Ok(H as u64));
-        let m = MrMapping::assemble_at(
-            0,
-            &[MapPiece {
-                fd: &f,
-                offset: 0,
-                len: 2 * H as u64,
-                page: H as u64,
-            }],
-        )
-        .unwrap();
+        let m = MrMapping::assemble_at(0, &[MapPiece { fd: &f, offset: 0, len: 2 * H as u64, page: H as u64 }]).unwrap();
         const TAG: u64 = 0x5eed_0001;
         m.set_tag(TAG);
         // Populated at registration: both huge pages are taken now.
-        assert_eq!(
-            meminfo("HugePages_Free:"),
-            0,
-            "registration did not populate the huge pages"
-        );
+        assert_eq!(meminfo("HugePages_Free:"), 0, "registration did not populate the huge pages");
         // SAFETY: writes inside the view.
         unsafe {
             m.as_ptr().write_volatile(1);
@@ -977,23 +805,11 @@ mod tests {
         let before = FaultGuard::rescued();
         // SAFETY: raw accesses inside the view; the guard turns the SIGBUS into a fresh page.
         unsafe {
-            assert_eq!(
-                m.as_ptr().add(H + 100).read_volatile(),
-                0,
-                "a rescued page reads zeros"
-            );
+            assert_eq!(m.as_ptr().add(H + 100).read_volatile(), 0, "a rescued page reads zeros");
             m.as_ptr().add(H + 200).write_volatile(3);
-            assert_eq!(
-                m.as_ptr().read_volatile(),
-                1,
-                "the page still in the file is untouched"
-            );
+            assert_eq!(m.as_ptr().read_volatile(), 1, "the page still in the file is untouched");
         }
-        assert_eq!(
-            FaultGuard::rescued(),
-            before + 1,
-            "one rescue replaces the whole huge page"
-        );
+        assert_eq!(FaultGuard::rescued(), before + 1, "one rescue replaces the whole huge page");
         assert_eq!(faulted_tags(), vec![TAG]);
         assert_eq!(take_faulted(), Vec::<u64>::new(), "reported once");
         drop(m);
@@ -1009,11 +825,7 @@ mod tests {
         // A ring the service creates and hands to a client: hugetlb when the length allows.
         let seg = Segment::create("ring", H).unwrap();
         set_segment_owner(0);
-        assert_eq!(
-            file_page_size(seg.fd()).unwrap(),
-            H as u64,
-            "the segment should be hugetlb-backed"
-        );
+        assert_eq!(file_page_size(seg.fd()).unwrap(), H as u64, "the segment should be hugetlb-backed");
         // SAFETY: write inside the segment.
         unsafe { seg.as_ptr().write_volatile(7) };
         // The client (holding the fd) punches the page out; the pool has nothing to refill it.
@@ -1043,23 +855,11 @@ mod tests {
         let file = std::fs::File::create(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         let magic = rustix::fs::fstatfs(&file).unwrap().f_type as u32;
-        assert_ne!(
-            magic, TMPFS_MAGIC,
-            "the test directory is on tmpfs: cannot test refusal here"
-        );
+        assert_ne!(magic, TMPFS_MAGIC, "the test directory is on tmpfs: cannot test refusal here");
         let why = client_memory_page(file.as_fd()).unwrap_err();
-        assert!(
-            why.contains(fs_name(magic)) && why.contains("cannot be registered"),
-            "{why}"
-        );
+        assert!(why.contains(fs_name(magic)) && why.contains("cannot be registered"), "{why}");
         // /dev/shm is tmpfs: accepted.
-        if let Ok(shm) = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open("/dev/shm/pmrxe-shm-test")
-        {
+        if let Ok(shm) = std::fs::File::options().read(true).write(true).create(true).truncate(true).open("/dev/shm/pmrxe-shm-test") {
             let _ = std::fs::remove_file("/dev/shm/pmrxe-shm-test");
             assert_eq!(client_memory_page(shm.as_fd()), Ok(4096));
         }
@@ -1071,9 +871,7 @@ mod tests {
         let _g = FAULT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         // More live guards than one chunk holds (the old table's fixed limit was 4096).
         let n = GUARD_CHUNK + 10;
-        let guards: Vec<FaultGuard> = (0..n)
-            .map(|i| FaultGuard::new(0x1000_0000 + i * 4096, 4096, 4096, i as u64).unwrap())
-            .collect();
+        let guards: Vec<FaultGuard> = (0..n).map(|i| FaultGuard::new(0x1000_0000 + i * 4096, 4096, 4096, i as u64).unwrap()).collect();
         assert!(GUARD_ALLOC.lock().unwrap().chunks >= 2);
         drop(guards);
     }

@@ -131,11 +131,7 @@ pub struct DropStats {
 
 impl Default for DropStats {
     fn default() -> Self {
-        DropStats {
-            by_reason: (0..pmrxe_wire::Error::COUNT)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-        }
+        DropStats { by_reason: (0..pmrxe_wire::Error::COUNT).map(|_| AtomicU64::new(0)).collect() }
     }
 }
 

@@ -22,44 +22,16 @@ use pmrxe_transport::{Instant, PathMtu};
 
 #[test]
 fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
-    let common::Pair {
-        mut lc,
-        h,
-        mem,
-        ips: [ip0, ip1],
-        to_dev0,
-        to_dev1,
-        ..
-    } = common::lcore_pair(common::jumbo_buf);
-    let p = PairParams {
-        mtu: PathMtu::Mtu4096,
-        access: 0x7,
-        ..PairParams::default()
-    };
-    let Rig {
-        page,
-        events: _events,
-        mut cq_rings,
-        mut sqs,
-        lkey,
-        rkey,
-        ..
-    } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
+    let common::Pair { mut lc, h, mem, ips: [ip0, ip1], to_dev0, to_dev1, .. } = common::lcore_pair(common::jumbo_buf);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
     let cpage = client_page(&page);
 
     // QP 0x12 has a receive posted (its own RQ, doorbell slot 1).
     let seg = sqs[1].0.clone();
     let mut rq = common::own_rq(&seg);
-    let mut r = ShmRecvWqe {
-        wr_id: 9,
-        num_sge: 1,
-        ..Default::default()
-    };
-    r.sge[0] = ShmSge {
-        addr: 0x20_0000,
-        length: 64,
-        lkey: rkey.0,
-    };
+    let mut r = ShmRecvWqe { wr_id: 9, num_sge: 1, ..Default::default() };
+    r.sge[0] = ShmSge { addr: 0x20_0000, length: 64, lkey: rkey.0 };
     rq.push(r).unwrap();
     cpage.ring(Doorbell { lcore: 0, slot: 1 });
 
@@ -72,38 +44,18 @@ fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
     let c = cq_rings[1].1.pop().unwrap().expect("the receive completed");
     assert_eq!((c.wr_id, c.status, c.byte_len), (9, 0, 8));
     assert_eq!(common::lock(&to_dev0).len(), 1, "the ACK is on the wire");
-    assert!(
-        cq_rings[0].1.pop().unwrap().is_none(),
-        "the SEND is not complete before its ACK is received"
-    );
+    assert!(cq_rings[0].1.pop().unwrap().is_none(), "the SEND is not complete before its ACK is received");
 
     // What the receiver's completion caused (its program exits, the disconnect reaches the
     // sender) moves QP 0x11 to ERR before the lcore's next pass.
     let (tx, rx) = bounded(1);
-    let attr = QpAttr {
-        qp_state: QpState::Err,
-        ..QpAttr::default()
-    };
-    h.cmds
-        .send(Cmd::ModifyQp {
-            qpn: 0x11,
-            attr: Box::new(attr),
-            mask: AttrMask::STATE,
-            done: tx,
-        })
-        .unwrap();
+    let attr = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+    h.cmds.send(Cmd::ModifyQp { qpn: 0x11, attr: Box::new(attr), mask: AttrMask::STATE, done: tx }).unwrap();
     lc.poll_once(now);
     rx.recv().unwrap().unwrap();
     let s = cq_rings[0].1.pop().unwrap().expect("the SEND completed");
-    assert_eq!(
-        (s.wr_id, s.status),
-        (7, 0),
-        "the ACK sent before the command retired the SEND (status 5 = flushed)"
-    );
-    assert!(
-        cq_rings[0].1.pop().unwrap().is_none(),
-        "nothing else completed"
-    );
+    assert_eq!((s.wr_id, s.status), (7, 0), "the ACK sent before the command retired the SEND (status 5 = flushed)");
+    assert!(cq_rings[0].1.pop().unwrap().is_none(), "nothing else completed");
     let flushed = || h.stats.snapshot().cqes_flushed;
     assert_eq!(flushed(), 0, "QP 0x11 went to ERR with nothing outstanding");
 
@@ -112,25 +64,10 @@ fn a_command_after_the_peer_completed_does_not_overtake_the_ack() {
     cpage.ring(Doorbell { lcore: 0, slot: 1 });
     lc.poll_once(now);
     let (tx, rx) = bounded(1);
-    h.cmds
-        .send(Cmd::ModifyQp {
-            qpn: 0x12,
-            attr: Box::new(attr),
-            mask: AttrMask::STATE,
-            done: tx,
-        })
-        .unwrap();
+    h.cmds.send(Cmd::ModifyQp { qpn: 0x12, attr: Box::new(attr), mask: AttrMask::STATE, done: tx }).unwrap();
     lc.poll_once(now);
     rx.recv().unwrap().unwrap();
-    let f = cq_rings[1]
-        .1
-        .pop()
-        .unwrap()
-        .expect("the receive was flushed");
+    let f = cq_rings[1].1.pop().unwrap().expect("the receive was flushed");
     assert_eq!((f.wr_id, f.status), (10, 5));
-    assert_eq!(
-        flushed(),
-        1,
-        "the flushed receive is counted in cqes_flushed"
-    );
+    assert_eq!(flushed(), 1, "the flushed receive is counted in cqes_flushed");
 }

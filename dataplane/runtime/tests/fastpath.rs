@@ -61,50 +61,16 @@ fn uncounted_buf() -> SimBuf {
 
 #[test]
 fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
-    let common::Pair {
-        mut lc,
-        h,
-        mem,
-        ips: [ip0, ip1],
-        ..
-    } = common::lcore_pair(uncounted_buf);
+    let common::Pair { mut lc, h, mem, ips: [ip0, ip1], .. } = common::lcore_pair(uncounted_buf);
 
     // Client page, CQs, QPs and memory exactly as the service sets them up.
-    let p = PairParams {
-        mtu: PathMtu::Mtu4096,
-        access: 0x7,
-        ..PairParams::default()
-    };
-    let Rig {
-        page,
-        events: _events,
-        mut cq_rings,
-        mut sqs,
-        lkey,
-        rkey,
-        dst,
-        ..
-    } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, .. } = rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, None);
     let cpage = client_page(&page);
 
     let write = |i: u64| {
-        let mut w = ShmSendWqe {
-            wr_id: i,
-            opcode: wr_opcode::RDMA_WRITE,
-            send_flags: send_flags::SIGNALED,
-            num_sge: 1,
-            remote_addr: 0x20_0000 + (i % 16) * 65536,
-            rkey: rkey.0,
-            ..Default::default()
-        };
-        w.set_sge(
-            0,
-            ShmSge {
-                addr: 0x10_0000 + (i % 16) * 65536,
-                length: 65536,
-                lkey: lkey.0,
-            },
-        );
+        let mut w = ShmSendWqe { wr_id: i, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + (i % 16) * 65536, rkey: rkey.0, ..Default::default() };
+        w.set_sge(0, ShmSge { addr: 0x10_0000 + (i % 16) * 65536, length: 65536, lkey: lkey.0 });
         w
     };
     let mut now = 1_000u64;
@@ -129,21 +95,14 @@ fn lcore_loop_allocates_nothing_in_steady_state_write_traffic() {
     };
     // Warm-up: first packets create neighbour entries, hash slots, engine queues.
     run(2_000, &mut posted, &mut completed, &mut now);
-    assert!(
-        completed > 100,
-        "traffic flows during warm-up ({completed} WRITEs): {:?}",
-        h.stats.snapshot()
-    );
+    assert!(completed > 100, "traffic flows during warm-up ({completed} WRITEs): {:?}", h.stats.snapshot());
     ALLOCS.with(|a| a.set(0));
     let before = completed;
     run(5_000, &mut posted, &mut completed, &mut now);
     let moved = completed - before;
     let allocs = ALLOCS.with(|a| a.get());
     assert!(moved > 500, "steady state moved {moved} 64 KiB WRITEs");
-    assert_eq!(
-        allocs, 0,
-        "the lcore loop allocated {allocs} times while moving {moved} WRITEs"
-    );
+    assert_eq!(allocs, 0, "the lcore loop allocated {allocs} times while moving {moved} WRITEs");
     // And the bytes landed.
     let mut b = [0u8; 64];
     dst.read(65536 * 3, &mut b).unwrap();

@@ -11,19 +11,8 @@ use pmrxe_wire::{parse_frame, Opcode};
 
 #[test]
 fn write_middle_and_last_payloads_start_on_a_cache_line_and_the_write_completes() {
-    let common::Pair {
-        mut lc,
-        h,
-        mem,
-        ips,
-        to_dev1,
-        ..
-    } = common::lcore_pair(common::jumbo_buf);
-    let p = PairParams {
-        mtu: PathMtu::Mtu4096,
-        access: 0x7,
-        ..PairParams::default()
-    };
+    let common::Pair { mut lc, h, mem, ips, to_dev1, .. } = common::lcore_pair(common::jumbo_buf);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
     let mut r = rig(&mut lc, &h, &mem, ips, &p, bring_up, None);
     post_write_64k(&mut r, 5, 0, 0);
     let mut now = 1_000u64;
@@ -37,22 +26,13 @@ fn write_middle_and_last_payloads_start_on_a_cache_line_and_the_write_completes(
         let op = f.headers.bth.opcode;
         assert_eq!(f.payload.len(), 4096, "{op:?} carries a full path MTU");
         if op == Opcode::RC_RDMA_WRITE_MIDDLE || op == Opcode::RC_RDMA_WRITE_LAST {
-            assert_eq!(
-                f.payload.as_ptr() as usize % 64,
-                0,
-                "{op:?} payload at {:p}: not on a cache line",
-                f.payload.as_ptr()
-            );
+            assert_eq!(f.payload.as_ptr() as usize % 64, 0, "{op:?} payload at {:p}: not on a cache line", f.payload.as_ptr());
             aligned += 1;
         } else {
             others.push(op);
         }
     }
-    assert_eq!(
-        (aligned, others),
-        (15, vec![Opcode::RC_RDMA_WRITE_FIRST]),
-        "the 64 KiB WRITE's packets, sent in one pass"
-    );
+    assert_eq!((aligned, others), (15, vec![Opcode::RC_RDMA_WRITE_FIRST]), "the 64 KiB WRITE's packets, sent in one pass");
 
     // Delivered, acknowledged, completed; the bytes landed.
     let c = poll_completion(&mut lc, &h, &mut r.cq_rings[0].1, &mut now);

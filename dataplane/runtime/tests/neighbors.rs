@@ -5,8 +5,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use pmrxe_mem::{MemLimits, MemTable};
-use pmrxe_port::{ArrayVec, PacketBuf, Port, SimPort};
 use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
+use pmrxe_port::{ArrayVec, PacketBuf, Port, SimPort};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_transport::Instant;
 use pmrxe_wire::{self as wire, MacAddr};
@@ -18,26 +18,9 @@ fn setup() -> (Lcore<SimPort>, SimPort) {
     let (ours, peer) = SimPort::pair(1500, 64);
     let v4: IpAddr = "10.1.0.1".parse().unwrap();
     let v6: IpAddr = "fd00::1".parse().unwrap();
-    let dev = DeviceConfig {
-        index: 0,
-        mac: OUR_MAC,
-        gids: vec![ip_to_gid(v4), ip_to_gid(v6)],
-        mtu: 1500,
-        ..Default::default()
-    };
-    let idle = pmrxe_config::IdleConfig {
-        mode: pmrxe_config::IdleMode::Busy,
-        ..Default::default()
-    };
-    let (lc, _h) = Lcore::new(
-        0,
-        vec![(ours, dev)],
-        Arc::new(MemTable::new(MemLimits::default())),
-        &[],
-        idle,
-        Arc::new(AtomicBool::new(false)),
-        None,
-    );
+    let dev = DeviceConfig { index: 0, mac: OUR_MAC, gids: vec![ip_to_gid(v4), ip_to_gid(v6)], mtu: 1500, ..Default::default() };
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
+    let (lc, _h) = Lcore::new(0, vec![(ours, dev)], Arc::new(MemTable::new(MemLimits::default())), &[], idle, Arc::new(AtomicBool::new(false)), None);
     (lc, peer)
 }
 
@@ -91,20 +74,9 @@ fn answers_neighbour_solicitation_for_its_ipv6_address() {
     let ours: Ipv6Addr = "fd00::1".parse().unwrap();
     let theirs: Ipv6Addr = "fd00::9".parse().unwrap();
     let sn = wire::icmpv6::solicited_node(&ours);
-    let ns = wire::NdRepr::Solicit {
-        target: ours,
-        src_lladdr: Some(MacAddr(PEER_MAC)),
-    };
+    let ns = wire::NdRepr::Solicit { target: ours, src_lladdr: Some(MacAddr(PEER_MAC)) };
     let mut f = [0u8; 128];
-    let n = wire::emit_nd_frame(
-        &mut f,
-        MacAddr(PEER_MAC),
-        wire::icmpv6::multicast_mac(&sn),
-        theirs,
-        sn,
-        &ns,
-    )
-    .unwrap();
+    let n = wire::emit_nd_frame(&mut f, MacAddr(PEER_MAC), wire::icmpv6::multicast_mac(&sn), theirs, sn, &ns).unwrap();
     send(&mut peer, &f[..n]);
     lc.poll_once(Instant(1));
     let out = recv_all(&mut peer);
@@ -113,12 +85,7 @@ fn answers_neighbour_solicitation_for_its_ipv6_address() {
     assert_eq!(na.src_ip, ours);
     assert_eq!(na.dst_ip, theirs);
     match na.nd {
-        wire::NdRepr::Advert {
-            solicited,
-            target,
-            target_lladdr,
-            ..
-        } => {
+        wire::NdRepr::Advert { solicited, target, target_lladdr, .. } => {
             assert!(solicited);
             assert_eq!(target, ours);
             assert_eq!(target_lladdr, Some(MacAddr(OUR_MAC)));

@@ -25,37 +25,10 @@ fn send_finds_an_srq_receive_posted_before_its_doorbell_was_read() {
 /// receive is posted and its doorbell rung after the SEND is on the wire, so the lcore pass
 /// that receives the SEND has not read that doorbell.
 fn send_meets_unread_doorbell(on_srq: bool) {
-    let common::Pair {
-        mut lc,
-        h,
-        mem,
-        ips: [ip0, ip1],
-        to_dev1: q1,
-        ..
-    } = common::lcore_pair(common::jumbo_buf);
-    let p = PairParams {
-        mtu: PathMtu::Mtu4096,
-        access: 0x7,
-        ..PairParams::default()
-    };
-    let Rig {
-        page,
-        events: _events,
-        mut cq_rings,
-        mut sqs,
-        lkey,
-        rkey,
-        dst,
-        srq,
-    } = rig(
-        &mut lc,
-        &h,
-        &mem,
-        [ip0, ip1],
-        &p,
-        bring_up,
-        on_srq.then_some(5),
-    );
+    let common::Pair { mut lc, h, mem, ips: [ip0, ip1], to_dev1: q1, .. } = common::lcore_pair(common::jumbo_buf);
+    let p = PairParams { mtu: PathMtu::Mtu4096, access: 0x7, ..PairParams::default() };
+    let Rig { page, events: _events, mut cq_rings, mut sqs, lkey, rkey, dst, srq } =
+        rig(&mut lc, &h, &mem, [ip0, ip1], &p, bring_up, on_srq.then_some(5));
     let cpage = client_page(&page);
 
     // Where 0x12's receives go: the SRQ's ring (doorbell slot 2), or its own receive ring
@@ -75,16 +48,8 @@ fn send_meets_unread_doorbell(on_srq: bool) {
 
     // Now 0x12's client posts a receive and rings: the next pass receives the SEND before it
     // reads that doorbell.
-    let mut r = ShmRecvWqe {
-        wr_id: 9,
-        num_sge: 1,
-        ..Default::default()
-    };
-    r.sge[0] = ShmSge {
-        addr: 0x20_0100,
-        length: 64,
-        lkey: rkey.0,
-    };
+    let mut r = ShmRecvWqe { wr_id: 9, num_sge: 1, ..Default::default() };
+    r.sge[0] = ShmSge { addr: 0x20_0100, length: 64, lkey: rkey.0 };
     rq.push(r).unwrap();
     cpage.ring(Doorbell { lcore: 0, slot });
 
@@ -100,20 +65,11 @@ fn send_meets_unread_doorbell(on_srq: bool) {
             recv_done = Some(c);
         }
     }
-    let s = send_done.unwrap_or_else(|| {
-        panic!(
-            "the SEND completed without waiting for an RNR timer: {:?}",
-            h.stats.snapshot()
-        )
-    });
+    let s = send_done.unwrap_or_else(|| panic!("the SEND completed without waiting for an RNR timer: {:?}", h.stats.snapshot()));
     assert_eq!((s.wr_id, s.status), (7, 0));
     let r = recv_done.expect("the receive completed");
     assert_eq!((r.wr_id, r.status, r.byte_len), (9, 0, 8));
     let mut b = [0u8; 9];
     dst.read(0x100, &mut b).unwrap();
-    assert_eq!(
-        b,
-        [0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0],
-        "the 8 bytes landed in the receive buffer"
-    );
+    assert_eq!(b, [0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0], "the 8 bytes landed in the receive buffer");
 }

@@ -42,12 +42,7 @@ impl Peer {
     pub fn of(sock: &impl AsRawFd) -> io::Result<Peer> {
         let (pid, uid, gid) = ctrl::peer_cred(sock)?;
         let groups = ctrl::peer_groups(sock)?;
-        Ok(Peer {
-            pid,
-            uid,
-            gid,
-            groups,
-        })
+        Ok(Peer { pid, uid, gid, groups })
     }
 
     /// Whether the peer holds CAP_NET_RAW in its effective set (what the kernel asks of a
@@ -63,9 +58,7 @@ impl Peer {
         if !same_user_namespace(self.pid) {
             return false;
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
-            return false;
-        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else { return false };
         cap_eff_has(&status, CAP_NET_RAW)
     }
 }
@@ -75,10 +68,7 @@ impl Peer {
 fn same_user_namespace(pid: i32) -> bool {
     use std::os::unix::fs::MetadataExt;
     let ns = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    match (
-        ns(&format!("/proc/{pid}/ns/user")),
-        ns("/proc/self/ns/user"),
-    ) {
+    match (ns(&format!("/proc/{pid}/ns/user")), ns("/proc/self/ns/user")) {
         (Some(theirs), Some(ours)) => theirs == ours,
         _ => false,
     }
@@ -96,11 +86,7 @@ fn cap_eff_has(status: &str, cap: u32) -> bool {
 impl Access {
     /// The policy for a service running as `service_uid` that admits group `group_name`.
     pub fn new(service_uid: u32, group_name: &str) -> Access {
-        Access {
-            service_uid,
-            group_name: group_name.to_string(),
-            group: ctrl::group_gid(group_name),
-        }
+        Access { service_uid, group_name: group_name.to_string(), group: ctrl::group_gid(group_name) }
     }
 
     /// Admit `p` (root, the service's user, or a member of the group), or say why not in the
@@ -153,53 +139,29 @@ mod tests {
     use super::*;
 
     fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
-        Peer {
-            pid: 0,
-            uid,
-            gid,
-            groups: groups.to_vec(),
-        }
+        Peer { pid: 0, uid, gid, groups: groups.to_vec() }
     }
 
     #[test]
     fn admission_by_uid_and_group() {
-        let a = Access {
-            service_uid: 990,
-            group_name: "pmrxe".into(),
-            group: Some(977),
-        };
+        let a = Access { service_uid: 990, group_name: "pmrxe".into(), group: Some(977) };
         assert!(a.admit(&peer(0, 0, &[])).is_ok(), "root");
-        assert!(
-            a.admit(&peer(990, 990, &[])).is_ok(),
-            "the service's own user"
-        );
+        assert!(a.admit(&peer(990, 990, &[])).is_ok(), "the service's own user");
         assert!(a.admit(&peer(1000, 977, &[])).is_ok(), "primary group");
-        assert!(
-            a.admit(&peer(1000, 1000, &[4, 977])).is_ok(),
-            "supplementary group"
-        );
+        assert!(a.admit(&peer(1000, 1000, &[4, 977])).is_ok(), "supplementary group");
         let e = a.admit(&peer(1001, 1001, &[4, 27])).unwrap_err();
         assert!(e.contains("not in group pmrxe"), "{e}");
         let none = Access { group: None, ..a };
-        assert!(
-            none.admit(&peer(1000, 977, &[977])).is_err(),
-            "no such group on this host: nobody else"
-        );
+        assert!(none.admit(&peer(1000, 977, &[977])).is_err(), "no such group on this host: nobody else");
         assert!(none.admit(&peer(0, 0, &[])).is_ok());
     }
 
     #[test]
     fn cap_net_raw_from_proc_status() {
-        assert!(cap_eff_has(
-            "Name:\tx\nCapEff:\t000001ffffffffff\n",
-            CAP_NET_RAW
-        ));
+        assert!(cap_eff_has("Name:\tx\nCapEff:\t000001ffffffffff\n", CAP_NET_RAW));
         assert!(!cap_eff_has("CapEff:\t0000000000000000\n", CAP_NET_RAW));
         assert!(cap_eff_has("CapEff:\t0000000000002000\n", CAP_NET_RAW));
-        assert!(
-            !cap_eff_has("CapPrm:\t0000000000002000\n", CAP_NET_RAW),
-            "only the effective set counts"
-        );
+        assert!(!cap_eff_has("CapPrm:\t0000000000002000\n", CAP_NET_RAW), "only the effective set counts");
     }
 
     #[test]

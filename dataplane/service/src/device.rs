@@ -28,10 +28,7 @@ pub fn congestion(ecn: bool, c: &pmrxe_config::CongestionConfig) -> pmrxe_transp
     let us = |v: u32| u64::from(v) * 1_000;
     let mbps = |v: u64| v.saturating_mul(1_000_000);
     pmrxe_transport::CcConfig {
-        np: Some(pmrxe_transport::NpParams {
-            cnp_interval_ns: us(c.cnp_interval_us),
-            cnp_dscp: c.cnp_dscp,
-        }),
+        np: Some(pmrxe_transport::NpParams { cnp_interval_ns: us(c.cnp_interval_us), cnp_dscp: c.cnp_dscp }),
         rp: Some(pmrxe_transport::DcqcnParams {
             line_rate_bps: mbps(c.line_rate_mbps),
             min_rate_bps: mbps(c.min_rate_mbps),
@@ -89,16 +86,7 @@ pub fn ibv_mtu(eth_mtu: u16) -> u32 {
 pub fn device_info(cfg: &Config, index: usize, mac: [u8; 6]) -> DeviceInfo {
     let p = &cfg.ports[index];
     let l = &cfg.limits;
-    let guid = u64::from_be_bytes([
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]);
+    let guid = u64::from_be_bytes([mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
     let gids = gids(p, mac);
     let mtu = ibv_mtu(p.mtu);
     DeviceInfo {
@@ -119,13 +107,7 @@ pub fn device_info(cfg: &Config, index: usize, mac: [u8; 6]) -> DeviceInfo {
             max_qp_wr: l.max_qp_wr.min(pmrxe_transport::attr::MAX_QP_WR),
             // CURR_QP_STATE_MOD | PORT_ACTIVE_EVENT | SYS_IMAGE_GUID | RC_RNR_NAK_GEN |
             // MEM_WINDOW | MEM_MGT_EXTENSIONS | MEM_WINDOW_TYPE_2B (IBV_DEVICE_* bits)
-            device_cap_flags: (1 << 7)
-                | (1 << 10)
-                | (1 << 11)
-                | (1 << 12)
-                | (1 << 17)
-                | (1 << 21)
-                | (1 << 24),
+            device_cap_flags: (1 << 7) | (1 << 10) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24),
             max_sge: l.max_sge.min(ENGINE_MAX_SGE),
             max_sge_rd: l.max_sge.min(ENGINE_MAX_SGE),
             max_cq: l.max_cq,
@@ -158,15 +140,7 @@ pub fn device_info(cfg: &Config, index: usize, mac: [u8; 6]) -> DeviceInfo {
             phys_state: 5,    // LINKUP
             link_layer: 2,    // Ethernet
         },
-        gids: gids
-            .iter()
-            .enumerate()
-            .map(|(i, g)| GidEntry {
-                index: i as u32,
-                gid: *g,
-                gid_type: GID_TYPE_ROCE_V2,
-            })
-            .collect(),
+        gids: gids.iter().enumerate().map(|(i, g)| GidEntry { index: i as u32, gid: *g, gid_type: GID_TYPE_ROCE_V2 }).collect(),
     }
 }
 
@@ -181,10 +155,7 @@ mod tests {
         assert_eq!(d.name, "pmrxe0");
         assert_eq!(d.gids[1].gid[10..], [0xff, 0xff, 198, 18, 0, 1]);
         assert_eq!(d.port.link_layer, 2);
-        assert_eq!(
-            d.port.active_mtu, 5,
-            "9000-byte Ethernet → 4096-byte RoCE MTU"
-        );
+        assert_eq!(d.port.active_mtu, 5, "9000-byte Ethernet → 4096-byte RoCE MTU");
         assert_eq!(ibv_mtu(1500), 3, "1500-byte Ethernet → 1024-byte RoCE MTU");
         assert!(d.attr.max_sge <= ENGINE_MAX_SGE);
     }
@@ -198,9 +169,6 @@ mod congestion_test {
         let cc = super::congestion(true, &pmrxe_config::CongestionConfig::default());
         assert_eq!(cc.np, Some(pmrxe_transport::NpParams::default()));
         assert_eq!(cc.rp, Some(pmrxe_transport::DcqcnParams::default()));
-        assert_eq!(
-            super::congestion(false, &pmrxe_config::CongestionConfig::default()),
-            pmrxe_transport::CcConfig::default()
-        );
+        assert_eq!(super::congestion(false, &pmrxe_config::CongestionConfig::default()), pmrxe_transport::CcConfig::default());
     }
 }

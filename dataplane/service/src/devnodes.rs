@@ -19,8 +19,8 @@
 //!
 //! Creating them needs write access to `/dev` (root, as the systemd unit runs the service).
 //! Without it the service logs one warning and serves anyway; UCX then does not see the devices.
-use rustix::fs::FlockOperation;
 use std::fs::File;
+use rustix::fs::FlockOperation;
 use std::path::{Path, PathBuf};
 
 const DIR: &str = "/dev/infiniband";
@@ -43,38 +43,20 @@ impl DevNodes {
 
     /// As [`DevNodes::create`], in another directory (tests).
     pub fn create_in(dir: &Path, count: usize) -> DevNodes {
-        let names: Vec<String> = (0..count as u32)
-            .map(pmrxe_abi::ctrl::dev_node_name)
-            .collect();
-        let mut nodes = DevNodes {
-            dir: dir.to_path_buf(),
-            names: Vec::new(),
-            lock: None,
-        };
+        let names: Vec<String> = (0..count as u32).map(pmrxe_abi::ctrl::dev_node_name).collect();
+        let mut nodes = DevNodes { dir: dir.to_path_buf(), names: Vec::new(), lock: None };
         if let Err(e) = std::fs::create_dir_all(dir) {
-            tracing::warn!(
-                "cannot create {}: {e}; UCX will not list the pmrxe devices",
-                dir.display()
-            );
+            tracing::warn!("cannot create {}: {e}; UCX will not list the pmrxe devices", dir.display());
             return nodes;
         }
-        match File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(LOCK))
-        {
+        match File::options().read(true).write(true).create(true).truncate(false).open(dir.join(LOCK)) {
             Ok(f) => {
                 if flock(&f, FlockOperation::LockShared).is_ok() {
                     nodes.lock = Some(f);
                 }
             }
             Err(e) => {
-                tracing::warn!(
-                    "cannot create {}: {e}; UCX will not list the pmrxe devices",
-                    dir.join(LOCK).display()
-                );
+                tracing::warn!("cannot create {}: {e}; UCX will not list the pmrxe devices", dir.join(LOCK).display());
                 return nodes;
             }
         }
@@ -88,15 +70,9 @@ impl DevNodes {
                 Ok(()) => nodes.names.push(n),
                 // Something else (a real device node?) has that name: leave it alone.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    tracing::warn!(
-                        "{} exists and is not a pmrxe link; left as it is",
-                        p.display()
-                    )
+                    tracing::warn!("{} exists and is not a pmrxe link; left as it is", p.display())
                 }
-                Err(e) => tracing::warn!(
-                    "cannot create {}: {e}; UCX will not list this device",
-                    p.display()
-                ),
+                Err(e) => tracing::warn!("cannot create {}: {e}; UCX will not list this device", p.display()),
             }
         }
         nodes
@@ -155,26 +131,16 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         let d = tmpdir("refcount");
         let a = DevNodes::create_in(&d, 2);
-        assert_eq!(
-            a.paths(),
-            vec![d.join("pmrxe_uverbs0"), d.join("pmrxe_uverbs1")]
-        );
+        assert_eq!(a.paths(), vec![d.join("pmrxe_uverbs0"), d.join("pmrxe_uverbs1")]);
         for p in a.paths() {
-            assert!(
-                std::fs::metadata(&p).unwrap().file_type().is_char_device(),
-                "{}",
-                p.display()
-            );
+            assert!(std::fs::metadata(&p).unwrap().file_type().is_char_device(), "{}", p.display());
         }
         // A second service adopts them; the first one stopping leaves them for it.
         let b = DevNodes::create_in(&d, 1);
         assert_eq!(b.paths(), vec![d.join("pmrxe_uverbs0")]);
         drop(a);
         assert!(is_ours(&d.join("pmrxe_uverbs0")));
-        assert!(
-            is_ours(&d.join("pmrxe_uverbs1")),
-            "only the last service removes links"
-        );
+        assert!(is_ours(&d.join("pmrxe_uverbs1")), "only the last service removes links");
         drop(b);
         assert!(!d.join("pmrxe_uverbs0").exists());
         let _ = std::fs::remove_dir_all(&d);

@@ -25,8 +25,8 @@ pub mod devnodes;
 pub mod limits;
 pub mod metrics;
 
-pub mod native;
 pub mod serve;
+pub mod native;
 pub mod session;
 pub mod stats;
 

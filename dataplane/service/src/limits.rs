@@ -30,8 +30,7 @@ use serde_json::json;
 
 const KINDS: usize = LimitKind::ALL.len();
 // The config's fair share of QP slots is taken from the lcore's real table.
-const _: () =
-    assert!(pmrxe_config::LCORE_QP_SLOTS as usize == pmrxe_runtime::lcore::MAX_QPS_PER_LCORE);
+const _: () = assert!(pmrxe_config::LCORE_QP_SLOTS as usize == pmrxe_runtime::lcore::MAX_QPS_PER_LCORE);
 
 /// Fds the service keeps free for itself beyond what start-up opened: stats and capture
 /// connections, the CM's sockets, the metrics endpoint, log files.
@@ -55,9 +54,7 @@ impl Obj {
     /// Fds the service holds for one such object.
     fn fds(self) -> u32 {
         match self {
-            Obj::Kind(LimitKind::Cq | LimitKind::Qp | LimitKind::Srq)
-            | Obj::Channel
-            | Obj::Segment => 1,
+            Obj::Kind(LimitKind::Cq | LimitKind::Qp | LimitKind::Srq) | Obj::Channel | Obj::Segment => 1,
             Obj::Kind(_) => 0,
         }
     }
@@ -95,13 +92,7 @@ pub struct FdPlan {
 /// raises the soft limit to what every cap could use (at most the hard limit). `Err`: one
 /// line with the numbers when the hard limit cannot cover even the device limits (the
 /// service refuses to start: `ibv_query_device` would report limits it cannot reach).
-pub fn fd_plan(
-    limits: &Limits,
-    devices: usize,
-    open_now: u64,
-    soft: u64,
-    hard: u64,
-) -> Result<FdPlan, String> {
+pub fn fd_plan(limits: &Limits, devices: usize, open_now: u64, soft: u64, hard: u64) -> Result<FdPlan, String> {
     let rings = LimitKind::ALL
         .iter()
         .filter(|k| Obj::Kind(**k).fds() > 0)
@@ -110,12 +101,7 @@ pub fn fd_plan(
         .saturating_mul(devices.max(1) as u64);
     let fixed = open_now + FD_RESERVE + u64::from(limits.max_clients) * FDS_PER_CLIENT;
     let need = fixed + rings;
-    let client_extra = u64::from(
-        limits
-            .per_client
-            .max_fds
-            .unwrap_or(pmrxe_config::DEFAULT_CLIENT_FDS),
-    );
+    let client_extra = u64::from(limits.per_client.max_fds.unwrap_or(pmrxe_config::DEFAULT_CLIENT_FDS));
     let want = need.saturating_add(u64::from(limits.max_clients).saturating_mul(client_extra));
     if hard < need {
         return Err(format!(
@@ -131,62 +117,31 @@ pub fn fd_plan(
         Some(f) => f,
         None => (object_budget / 4).clamp(16, u64::from(pmrxe_config::DEFAULT_CLIENT_FDS)) as u32,
     };
-    Ok(FdPlan {
-        need,
-        want,
-        soft,
-        hard,
-        object_budget,
-        client_fds,
-    })
+    Ok(FdPlan { need, want, soft, hard, object_budget, client_fds })
 }
 
 /// Reads RLIMIT_NOFILE, counts the fds open now, computes the [`fd_plan`] and raises the soft
 /// limit to it. Logs one line with the numbers.
 pub fn size_fd_limit(limits: &Limits, devices: usize) -> Result<FdPlan, String> {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct we pass.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return Err(format!(
-            "getrlimit(RLIMIT_NOFILE): {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("getrlimit(RLIMIT_NOFILE): {}", std::io::Error::last_os_error()));
     }
-    let open_now = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count() as u64)
-        .unwrap_or(64);
+    let open_now = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(64);
     let plan = fd_plan(limits, devices, open_now, rl.rlim_cur, rl.rlim_max)?;
     if plan.soft > rl.rlim_cur {
-        let new = libc::rlimit {
-            rlim_cur: plan.soft,
-            rlim_max: rl.rlim_max,
-        };
+        let new = libc::rlimit { rlim_cur: plan.soft, rlim_max: rl.rlim_max };
         // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
         // one needs no privilege.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
-            return Err(format!(
-                "setrlimit(RLIMIT_NOFILE, {}): {}",
-                plan.soft,
-                std::io::Error::last_os_error()
-            ));
+            return Err(format!("setrlimit(RLIMIT_NOFILE, {}): {}", plan.soft, std::io::Error::last_os_error()));
         }
     }
     // One line with the numbers: what the limits need, what was set, what clients' objects share.
     tracing::info!(
-        soft = plan.soft,
-        hard = plan.hard,
-        need = plan.need,
-        object_budget = plan.object_budget,
-        client_fds = plan.client_fds,
-        "fd limit sized from [limits]{}",
-        if plan.soft < plan.want {
-            " (not every client can reach its max_fds at once)"
-        } else {
-            ""
-        }
+        soft = plan.soft, hard = plan.hard, need = plan.need, object_budget = plan.object_budget, client_fds = plan.client_fds,
+        "fd limit sized from [limits]{}", if plan.soft < plan.want { " (not every client can reach its max_fds at once)" } else { "" }
     );
     Ok(plan)
 }
@@ -212,12 +167,7 @@ pub struct RateLimited {
 impl RateLimited {
     /// A limiter allowing one line per `period`.
     pub fn new(period: Duration) -> RateLimited {
-        RateLimited {
-            period,
-            last: Mutex::new(None),
-            suppressed: AtomicU64::new(0),
-            total: AtomicU64::new(0),
-        }
+        RateLimited { period, last: Mutex::new(None), suppressed: AtomicU64::new(0), total: AtomicU64::new(0) }
     }
 
     /// Counts one event. `Some(n)`: log it now, saying `n` were suppressed before it.
@@ -288,12 +238,7 @@ impl Budget {
     /// connection). Give it back with [`Budget::disconnected`].
     pub fn connect(&self) -> bool {
         let max = self.cfg.max_clients;
-        let ok = self
-            .connected
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok();
+        let ok = self.connected.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok();
         if !ok {
             self.refused_clients.fetch_add(1, Ordering::Relaxed);
         }
@@ -302,96 +247,44 @@ impl Budget {
 
     /// A connection taken with [`Budget::connect`] closed.
     pub fn disconnected(&self) {
-        let _ = self
-            .connected
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        let _ = self.connected.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Reserve one `obj` on `device` for a client whose holdings are `usage`: checks the
     /// client's cap, then takes the device's slot and the fds race-free.
-    pub fn reserve(
-        self: &Arc<Self>,
-        usage: &Usage,
-        obj: Obj,
-        device: u32,
-    ) -> Result<Reservation, Refusal> {
+    pub fn reserve(self: &Arc<Self>, usage: &Usage, obj: Obj, device: u32) -> Result<Reservation, Refusal> {
         let fds = obj.fds();
         if let Obj::Kind(kind) = obj {
             let k = kind as usize;
-            let Some(used) = self.used.get(device as usize) else {
-                return Err(Refusal {
-                    errno: libc::ENODEV,
-                    msg: "no such device".into(),
-                });
-            };
+            let Some(used) = self.used.get(device as usize) else { return Err(Refusal { errno: libc::ENODEV, msg: "no such device".into() }) };
             let cap = self.cfg.client_cap(kind);
             if usage.count(kind, device) >= cap {
                 self.refused_client[k].fetch_add(1, Ordering::Relaxed);
                 usage.refused();
                 return Err(Refusal {
                     errno: libc::EAGAIN,
-                    msg: format!(
-                        "this client holds {cap} {}s on {}: its [limits.per_client] max_{}",
-                        kind.name(),
-                        self.names[device as usize],
-                        kind.name()
-                    ),
+                    msg: format!("this client holds {cap} {}s on {}: its [limits.per_client] max_{}", kind.name(), self.names[device as usize], kind.name()),
                 });
             }
             let max = self.cfg.device_max(kind);
-            if used[k]
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .is_err()
-            {
+            if used[k].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
                 self.refused_device[k].fetch_add(1, Ordering::Relaxed);
                 usage.refused();
-                return Err(Refusal {
-                    errno: libc::ENOMEM,
-                    msg: format!(
-                        "{} has its [limits] max_{} = {max} in use",
-                        self.names[device as usize],
-                        kind.name()
-                    ),
-                });
+                return Err(Refusal { errno: libc::ENOMEM, msg: format!("{} has its [limits] max_{} = {max} in use", self.names[device as usize], kind.name()) });
             }
         }
-        let mut r = Reservation {
-            budget: self.clone(),
-            obj,
-            device,
-            fds: 0,
-            done: false,
-        };
+        let mut r = Reservation { budget: self.clone(), obj, device, fds: 0, done: false };
         if fds > 0 {
             if usage.fds + fds > self.plan.client_fds {
                 self.refused_fds_client.fetch_add(1, Ordering::Relaxed);
                 usage.refused();
-                return Err(Refusal {
-                    errno: libc::EAGAIN,
-                    msg: format!(
-                        "this client holds {} service fds: its [limits.per_client] max_fds",
-                        usage.fds
-                    ),
-                });
+                return Err(Refusal { errno: libc::EAGAIN, msg: format!("this client holds {} service fds: its [limits.per_client] max_fds", usage.fds) });
             }
             let budget = self.plan.object_budget;
-            if self
-                .fds
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n + u64::from(fds) <= budget).then_some(n + u64::from(fds))
-                })
-                .is_err()
-            {
+            if self.fds.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n + u64::from(fds) <= budget).then_some(n + u64::from(fds))).is_err() {
                 self.refused_fds_service.fetch_add(1, Ordering::Relaxed);
                 usage.refused();
-                return Err(Refusal {
-                    errno: libc::ENOMEM,
-                    msg: format!(
-                        "the service's fd budget ({budget} for clients' objects) is spent"
-                    ),
-                });
+                return Err(Refusal { errno: libc::ENOMEM, msg: format!("the service's fd budget ({budget} for clients' objects) is spent") });
             }
         }
         r.fds = fds;
@@ -401,24 +294,17 @@ impl Budget {
     fn release(&self, obj: Obj, device: u32, fds: u32) {
         if let Obj::Kind(kind) = obj {
             if let Some(u) = self.used.get(device as usize) {
-                let _ = u[kind as usize]
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+                let _ = u[kind as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
             }
         }
         if fds > 0 {
-            let _ = self
-                .fds
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    n.checked_sub(u64::from(fds))
-                });
+            let _ = self.fds.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(u64::from(fds)));
         }
     }
 
     /// Objects of `kind` in use on `device`.
     pub fn in_use(&self, device: usize, kind: LimitKind) -> u32 {
-        self.used
-            .get(device)
-            .map_or(0, |u| u[kind as usize].load(Ordering::Relaxed))
+        self.used.get(device).map_or(0, |u| u[kind as usize].load(Ordering::Relaxed))
     }
 
     /// The effective per-client fd cap.
@@ -429,19 +315,8 @@ impl Budget {
     /// The `limits` object of `pmrxe stats --json`; `client_visible` filters the per-client
     /// list (a non-root user sees only their own clients).
     pub fn json(&self, client_visible: &dyn Fn(u32) -> bool) -> serde_json::Value {
-        let kinds = |f: &dyn Fn(LimitKind) -> u64| {
-            LimitKind::ALL
-                .iter()
-                .map(|k| (k.name().to_string(), json!(f(*k))))
-                .collect::<serde_json::Map<_, _>>()
-        };
-        let mut clients: Vec<_> = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(id, c)| (*id, c.clone()))
-            .collect();
+        let kinds = |f: &dyn Fn(LimitKind) -> u64| LimitKind::ALL.iter().map(|k| (k.name().to_string(), json!(f(*k)))).collect::<serde_json::Map<_, _>>();
+        let mut clients: Vec<_> = self.clients.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(id, c)| (*id, c.clone())).collect();
         clients.sort_by_key(|(id, _)| *id);
         json!({
             "devices": self.names.iter().enumerate().map(|(i, n)| json!({
@@ -479,25 +354,10 @@ impl Budget {
     pub fn text(&self) -> String {
         let mut out = String::new();
         for (i, n) in self.names.iter().enumerate() {
-            let row: Vec<String> = LimitKind::ALL
-                .iter()
-                .map(|k| {
-                    format!(
-                        "{} {}/{}",
-                        k.name(),
-                        self.in_use(i, *k),
-                        self.cfg.device_max(*k)
-                    )
-                })
-                .collect();
+            let row: Vec<String> = LimitKind::ALL.iter().map(|k| format!("{} {}/{}", k.name(), self.in_use(i, *k), self.cfg.device_max(*k))).collect();
             out.push_str(&format!("limits {n}: {}\n", row.join(", ")));
         }
-        let refused: u64 = (0..KINDS)
-            .map(|k| {
-                self.refused_device[k].load(Ordering::Relaxed)
-                    + self.refused_client[k].load(Ordering::Relaxed)
-            })
-            .sum::<u64>()
+        let refused: u64 = (0..KINDS).map(|k| self.refused_device[k].load(Ordering::Relaxed) + self.refused_client[k].load(Ordering::Relaxed)).sum::<u64>()
             + self.refused_fds_client.load(Ordering::Relaxed)
             + self.refused_fds_service.load(Ordering::Relaxed)
             + self.refused_clients.load(Ordering::Relaxed);
@@ -563,11 +423,7 @@ impl Usage {
         r.done = true;
         if self.budget.is_none() {
             self.client = client;
-            r.budget
-                .clients
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(client, self.counters.clone());
+            r.budget.clients.lock().unwrap_or_else(|e| e.into_inner()).insert(client, self.counters.clone());
             self.budget = Some(r.budget.clone());
         }
         if let Some((dev, fds)) = self.owned.insert((r.obj, handle), (r.device, r.fds)) {
@@ -588,17 +444,10 @@ impl Usage {
             if let Some(n) = self.count.get_mut(&(k, dev)) {
                 *n = n.saturating_sub(1);
             }
-            let _ = self.counters.held[k as usize].fetch_update(
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-                |n| n.checked_sub(1),
-            );
+            let _ = self.counters.held[k as usize].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
         self.fds = self.fds.saturating_sub(fds);
-        let _ = self
-            .counters
-            .fds
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(fds));
+        let _ = self.counters.fds.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(fds));
     }
 
     /// The object `handle` of `obj` is destroyed: give its counts back.
@@ -618,10 +467,7 @@ impl Drop for Usage {
         for ((obj, _), (dev, fds)) in self.owned.drain() {
             b.release(obj, dev, fds);
         }
-        b.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.client);
+        b.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.client);
     }
 }
 
@@ -631,19 +477,11 @@ mod tests {
 
     fn budget(cfg: Limits) -> Arc<Budget> {
         let plan = fd_plan(&cfg, 2, 10, 1 << 20, 1 << 20).unwrap();
-        Arc::new(Budget::new(
-            cfg,
-            vec!["pmrxe0".into(), "pmrxe1".into()],
-            plan,
-        ))
+        Arc::new(Budget::new(cfg, vec!["pmrxe0".into(), "pmrxe1".into()], plan))
     }
 
     fn small() -> Limits {
-        let mut l = Limits {
-            max_qp: 8,
-            max_cq: 8,
-            ..Limits::default()
-        };
+        let mut l = Limits { max_qp: 8, max_cq: 8, ..Limits::default() };
         l.per_client.max_qp = Some(5);
         l
     }
@@ -656,22 +494,12 @@ mod tests {
             let r = b.reserve(&a, Obj::Kind(LimitKind::Qp), 0).unwrap();
             a.commit(r, 1, h);
         }
-        assert_eq!(
-            b.reserve(&a, Obj::Kind(LimitKind::Qp), 0)
-                .err()
-                .map(|r| r.errno),
-            Some(libc::EAGAIN)
-        );
+        assert_eq!(b.reserve(&a, Obj::Kind(LimitKind::Qp), 0).err().map(|r| r.errno), Some(libc::EAGAIN));
         for h in 0..3 {
             let r = b.reserve(&c, Obj::Kind(LimitKind::Qp), 0).unwrap();
             c.commit(r, 2, 100 + h);
         }
-        assert_eq!(
-            b.reserve(&c, Obj::Kind(LimitKind::Qp), 0)
-                .err()
-                .map(|r| r.errno),
-            Some(libc::ENOMEM)
-        );
+        assert_eq!(b.reserve(&c, Obj::Kind(LimitKind::Qp), 0).err().map(|r| r.errno), Some(libc::ENOMEM));
         assert_eq!(b.in_use(0, LimitKind::Qp), 8);
         // The other device is independent.
         assert!(b.reserve(&c, Obj::Kind(LimitKind::Qp), 1).is_ok());
@@ -679,20 +507,13 @@ mod tests {
         c.release(Obj::Kind(LimitKind::Qp), 100);
         assert_eq!(b.in_use(0, LimitKind::Qp), 7);
         drop(a);
-        assert_eq!(
-            b.in_use(0, LimitKind::Qp),
-            2,
-            "a client's counts go with it"
-        );
+        assert_eq!(b.in_use(0, LimitKind::Qp), 2, "a client's counts go with it");
         assert_eq!(b.fds.load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn racing_threads_never_pass_the_device_limit() {
-        let mut cfg = Limits {
-            max_cq: 100,
-            ..Limits::default()
-        };
+        let mut cfg = Limits { max_cq: 100, ..Limits::default() };
         cfg.per_client.max_cq = Some(100);
         let b = budget(cfg);
         let won: u32 = std::thread::scope(|s| {
@@ -821,9 +642,7 @@ mod fit_tests {
 
     #[test]
     fn stats_of_thousands_of_qps_fit_one_message() {
-        let qps: Vec<_> = (0..5000)
-            .map(|i| json!({"qpn": i, "tx_packets": 1, "rx_packets": 2, "name": "x".repeat(40)}))
-            .collect();
+        let qps: Vec<_> = (0..5000).map(|i| json!({"qpn": i, "tx_packets": 1, "rx_packets": 2, "name": "x".repeat(40)})).collect();
         let v = json!({"lcores": [{"index": 0, "qps": qps}], "clients": [], "limits": {"per_client": []}});
         let s = fit_json(v);
         assert!(s.len() <= STATS_BUDGET);

@@ -37,59 +37,46 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Bind `addr` and serve `/metrics` from `stats` on a new thread. Binding happens before this
 /// returns, so a port in use is reported to the caller (and `pmrxe serve` fails fast).
-pub fn spawn(
-    addr: SocketAddr,
-    stats: Arc<dyn StatsSource>,
-) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+pub fn spawn(addr: SocketAddr, stats: Arc<dyn StatsSource>) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
-    let h = std::thread::Builder::new()
-        .name("pmrxe-metrics".into())
-        .spawn(move || {
-            let busy = Arc::new(AtomicUsize::new(0));
-            let mut backoff = Duration::from_millis(1);
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(s) => {
-                        backoff = Duration::from_millis(1);
-                        // Each scrape on its own thread, at most MAX_CONNS at once, each bounded by
-                        // DEADLINE overall: a client that sends its request a byte at a time (or
-                        // never reads the answer) delays nobody else.
-                        if busy.load(Ordering::Relaxed) >= MAX_CONNS {
-                            let mut s = s;
-                            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-                            let _ = respond(
-                                &mut s,
-                                "503 Service Unavailable",
-                                "text/plain",
-                                b"too many scrapes at once\n",
-                                false,
-                            );
-                            continue;
-                        }
-                        busy.fetch_add(1, Ordering::Relaxed);
-                        let (busy2, stats2) = (busy.clone(), stats.clone());
-                        let spawned = std::thread::Builder::new()
-                            .name("pmrxe-scrape".into())
-                            .spawn(move || {
-                                if let Err(e) = handle(s, &*stats2) {
-                                    tracing::debug!("metrics client: {e}");
-                                }
-                                busy2.fetch_sub(1, Ordering::Relaxed);
-                            });
-                        if spawned.is_err() {
-                            busy.fetch_sub(1, Ordering::Relaxed);
-                        }
+    let h = std::thread::Builder::new().name("pmrxe-metrics".into()).spawn(move || {
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut backoff = Duration::from_millis(1);
+        for conn in listener.incoming() {
+            match conn {
+                Ok(s) => {
+                    backoff = Duration::from_millis(1);
+                    // Each scrape on its own thread, at most MAX_CONNS at once, each bounded by
+                    // DEADLINE overall: a client that sends its request a byte at a time (or
+                    // never reads the answer) delays nobody else.
+                    if busy.load(Ordering::Relaxed) >= MAX_CONNS {
+                        let mut s = s;
+                        let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                        let _ = respond(&mut s, "503 Service Unavailable", "text/plain", b"too many scrapes at once\n", false);
+                        continue;
                     }
-                    Err(e) => {
-                        // EMFILE and the like: back off (never spin), say it at debug level only.
-                        tracing::debug!("metrics accept: {e}");
-                        std::thread::sleep(backoff);
-                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                    busy.fetch_add(1, Ordering::Relaxed);
+                    let (busy2, stats2) = (busy.clone(), stats.clone());
+                    let spawned = std::thread::Builder::new().name("pmrxe-scrape".into()).spawn(move || {
+                        if let Err(e) = handle(s, &*stats2) {
+                            tracing::debug!("metrics client: {e}");
+                        }
+                        busy2.fetch_sub(1, Ordering::Relaxed);
+                    });
+                    if spawned.is_err() {
+                        busy.fetch_sub(1, Ordering::Relaxed);
                     }
                 }
+                Err(e) => {
+                    // EMFILE and the like: back off (never spin), say it at debug level only.
+                    tracing::debug!("metrics accept: {e}");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
             }
-        })?;
+        }
+    })?;
     tracing::info!(addr = %local, "metrics endpoint: http://{local}/metrics");
     Ok((local, h))
 }
@@ -101,12 +88,7 @@ const DEADLINE: Duration = Duration::from_secs(2);
 
 fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
     let t0 = Instant::now();
-    let left = || {
-        DEADLINE
-            .checked_sub(t0.elapsed())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "scrape deadline"))
-    };
+    let left = || DEADLINE.checked_sub(t0.elapsed()).filter(|d| !d.is_zero()).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "scrape deadline"));
     s.set_write_timeout(Some(DEADLINE))?;
     // Read the request head (up to the blank line, at most 8 KiB); bodies are ignored.
     let mut buf = Vec::with_capacity(1024);
@@ -119,13 +101,7 @@ fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > 8192 {
-            return respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                b"request head too large\n",
-                false,
-            );
+            return respond(&mut s, "431 Request Header Fields Too Large", "text/plain", b"request head too large\n", false);
         }
     }
     s.set_write_timeout(Some(left()?))?;
@@ -146,30 +122,12 @@ fn handle(mut s: TcpStream, stats: &dyn StatsSource) -> std::io::Result<()> {
             b"<html><body><h1>pmrxe</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n",
             head_only,
         ),
-        ("GET" | "HEAD", _) => respond(
-            &mut s,
-            "404 Not Found",
-            "text/plain",
-            b"not found: try /metrics\n",
-            head_only,
-        ),
-        _ => respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "text/plain",
-            b"only GET and HEAD\n",
-            false,
-        ),
+        ("GET" | "HEAD", _) => respond(&mut s, "404 Not Found", "text/plain", b"not found: try /metrics\n", head_only),
+        _ => respond(&mut s, "405 Method Not Allowed", "text/plain", b"only GET and HEAD\n", false),
     }
 }
 
-fn respond(
-    s: &mut TcpStream,
-    status: &str,
-    ctype: &str,
-    body: &[u8],
-    head_only: bool,
-) -> std::io::Result<()> {
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8], head_only: bool) -> std::io::Result<()> {
     let hdr = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
         body.len(),
@@ -184,8 +142,7 @@ fn respond(
 
 /// Render the service's counters in the Prometheus text format.
 pub fn render(stats: &dyn StatsSource) -> String {
-    let v: Value = serde_json::from_str(&stats.render(true, crate::access::Viewer::Admin))
-        .unwrap_or(Value::Null);
+    let v: Value = serde_json::from_str(&stats.render(true, crate::access::Viewer::Admin)).unwrap_or(Value::Null);
     from_stats_json(&v)
 }
 
@@ -198,14 +155,7 @@ struct Families {
 }
 
 impl Families {
-    fn sample(
-        &mut self,
-        name: &str,
-        kind: &'static str,
-        help: &str,
-        labels: &[(&str, &str)],
-        value: f64,
-    ) {
+    fn sample(&mut self, name: &str, kind: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
         let e = self.fams.entry(name.to_string()).or_insert_with(|| {
             self.order.push(name.to_string());
             (kind, help.to_string(), Vec::new())
@@ -229,11 +179,7 @@ impl Families {
         let mut out = String::new();
         for n in &self.order {
             let (kind, help, lines) = &self.fams[n];
-            let _ = writeln!(
-                out,
-                "# HELP {n} {}",
-                help.replace('\\', "\\\\").replace('\n', "\\n")
-            );
+            let _ = writeln!(out, "# HELP {n} {}", help.replace('\\', "\\\\").replace('\n', "\\n"));
             let _ = writeln!(out, "# TYPE {n} {kind}");
             for l in lines {
                 out.push_str(l);
@@ -245,9 +191,7 @@ impl Families {
 }
 
 fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 fn fmt_value(v: f64) -> String {
@@ -260,44 +204,16 @@ fn fmt_value(v: f64) -> String {
 
 /// Metric-name-safe version of a JSON key.
 fn sanitize(k: &str) -> String {
-    k.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    k.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c.to_ascii_lowercase() } else { '_' }).collect()
 }
 
 /// `ibv_wc_status` names (rdma-core `ibv_wc_status_str`, snake case).
 pub fn wc_status_name(code: u64) -> &'static str {
     const NAMES: [&str; 24] = [
-        "success",
-        "loc_len_err",
-        "loc_qp_op_err",
-        "loc_eec_op_err",
-        "loc_prot_err",
-        "wr_flush_err",
-        "mw_bind_err",
-        "bad_resp_err",
-        "loc_access_err",
-        "rem_inv_req_err",
-        "rem_access_err",
-        "rem_op_err",
-        "retry_exc_err",
-        "rnr_retry_exc_err",
-        "loc_rdd_viol_err",
-        "rem_inv_rd_req_err",
-        "rem_abort_err",
-        "inv_eecn_err",
-        "inv_eec_state_err",
-        "fatal_err",
-        "resp_timeout_err",
-        "general_err",
-        "tm_err",
-        "tm_rndv_incomplete",
+        "success", "loc_len_err", "loc_qp_op_err", "loc_eec_op_err", "loc_prot_err", "wr_flush_err", "mw_bind_err",
+        "bad_resp_err", "loc_access_err", "rem_inv_req_err", "rem_access_err", "rem_op_err", "retry_exc_err",
+        "rnr_retry_exc_err", "loc_rdd_viol_err", "rem_inv_rd_req_err", "rem_abort_err", "inv_eecn_err",
+        "inv_eec_state_err", "fatal_err", "resp_timeout_err", "general_err", "tm_err", "tm_rndv_incomplete",
     ];
     NAMES.get(code as usize).copied().unwrap_or("unknown")
 }
@@ -381,38 +297,17 @@ fn qp_help(k: &str) -> &'static str {
 
 /// The counters of a `[faults]` injector in `pmrxe stats --json` (`faults[]`), with their help.
 const FAULT_COUNTERS: [(&str, &str); 5] = [
-    (
-        "seen",
-        "Received frames that went through the [faults] injector.",
-    ),
-    (
-        "dropped",
-        "Received frames the [faults] injector dropped (loss).",
-    ),
-    (
-        "duplicated",
-        "Received frames the [faults] injector delivered twice.",
-    ),
-    (
-        "reordered",
-        "Received frames the [faults] injector held back and delivered later.",
-    ),
-    (
-        "corrupted",
-        "Received frames the [faults] injector delivered with a flipped bit.",
-    ),
+    ("seen", "Received frames that went through the [faults] injector."),
+    ("dropped", "Received frames the [faults] injector dropped (loss)."),
+    ("duplicated", "Received frames the [faults] injector delivered twice."),
+    ("reordered", "Received frames the [faults] injector held back and delivered later."),
+    ("corrupted", "Received frames the [faults] injector delivered with a flipped bit."),
 ];
 
 /// Convert the JSON of `pmrxe stats --json` into the Prometheus text format.
 pub fn from_stats_json(v: &Value) -> String {
     let mut f = Families::default();
-    f.sample(
-        "pmrxe_up",
-        "gauge",
-        "1 while the pmrxe service answers.",
-        &[],
-        1.0,
-    );
+    f.sample("pmrxe_up", "gauge", "1 while the pmrxe service answers.", &[], 1.0);
     f.sample(
         "pmrxe_build_info",
         "gauge",
@@ -420,67 +315,25 @@ pub fn from_stats_json(v: &Value) -> String {
         &[("version", env!("CARGO_PKG_VERSION"))],
         1.0,
     );
-    f.sample(
-        "pmrxe_uptime_seconds",
-        "gauge",
-        "Seconds since the service started.",
-        &[],
-        v["uptime_s"].as_f64().unwrap_or(0.0),
-    );
+    f.sample("pmrxe_uptime_seconds", "gauge", "Seconds since the service started.", &[], v["uptime_s"].as_f64().unwrap_or(0.0));
     let ndev = v["devices"].as_array().map_or(0, Vec::len);
-    f.sample(
-        "pmrxe_devices",
-        "gauge",
-        "Verbs devices served.",
-        &[],
-        ndev as f64,
-    );
+    f.sample("pmrxe_devices", "gauge", "Verbs devices served.", &[], ndev as f64);
     for d in v["devices"].as_array().into_iter().flatten() {
         if let Some(name) = d.as_str() {
-            f.sample(
-                "pmrxe_device_info",
-                "gauge",
-                "A verbs device served (value is always 1).",
-                &[("device", name)],
-                1.0,
-            );
+            f.sample("pmrxe_device_info", "gauge", "A verbs device served (value is always 1).", &[("device", name)], 1.0);
         }
     }
-    f.sample(
-        "pmrxe_clients",
-        "gauge",
-        "Connected clients (verbs processes, pmrxe tools).",
-        &[],
-        v["clients"].as_array().map_or(0, Vec::len) as f64,
-    );
+    f.sample("pmrxe_clients", "gauge", "Connected clients (verbs processes, pmrxe tools).", &[], v["clients"].as_array().map_or(0, Vec::len) as f64);
     for l in v["lcores"].as_array().into_iter().flatten() {
         let lc = l["index"].as_u64().unwrap_or(0).to_string();
-        f.sample(
-            "pmrxe_lcore_load_ratio",
-            "gauge",
-            "Time spent in iterations that found work / time since the service started.",
-            &[("lcore", &lc)],
-            l["load"].as_f64().unwrap_or(0.0),
-        );
+        f.sample("pmrxe_lcore_load_ratio", "gauge", "Time spent in iterations that found work / time since the service started.", &[("lcore", &lc)], l["load"].as_f64().unwrap_or(0.0));
         for (k, val) in l["counters"].as_object().into_iter().flatten() {
             if let Some(n) = val.as_u64() {
                 if LCORE_GAUGES.contains(&k.as_str()) {
                     // A level, not a count of events.
-                    f.sample(
-                        &format!("pmrxe_lcore_{}", sanitize(k)),
-                        "gauge",
-                        lcore_help(k),
-                        &[("lcore", &lc)],
-                        n as f64,
-                    );
+                    f.sample(&format!("pmrxe_lcore_{}", sanitize(k)), "gauge", lcore_help(k), &[("lcore", &lc)], n as f64);
                 } else {
-                    f.sample(
-                        &format!("pmrxe_lcore_{}_total", sanitize(k)),
-                        "counter",
-                        lcore_help(k),
-                        &[("lcore", &lc)],
-                        n as f64,
-                    );
+                    f.sample(&format!("pmrxe_lcore_{}_total", sanitize(k)), "counter", lcore_help(k), &[("lcore", &lc)], n as f64);
                 }
             }
         }
@@ -493,13 +346,7 @@ pub fn from_stats_json(v: &Value) -> String {
                 val.as_u64().unwrap_or(0) as f64,
             );
         }
-        f.sample(
-            "pmrxe_lcore_qps",
-            "gauge",
-            "QPs owned by the lcore.",
-            &[("lcore", &lc)],
-            l["qps"].as_array().map_or(0, Vec::len) as f64,
-        );
+        f.sample("pmrxe_lcore_qps", "gauge", "QPs owned by the lcore.", &[("lcore", &lc)], l["qps"].as_array().map_or(0, Vec::len) as f64);
         for q in l["qps"].as_array().into_iter().flatten() {
             let qpn = format!("{:#08x}", q["qpn"].as_u64().unwrap_or(0));
             for (k, val) in q.as_object().into_iter().flatten() {
@@ -520,63 +367,23 @@ pub fn from_stats_json(v: &Value) -> String {
                 } else if k == "cc_rate_mbps" {
                     // A gauge, not a counter: the QP's current DCQCN rate.
                     let n = val.as_u64().unwrap_or(0) as f64;
-                    f.sample(
-                        "pmrxe_qp_cc_rate_mbps",
-                        "gauge",
-                        qp_help(k),
-                        &[("lcore", &lc), ("qpn", &qpn)],
-                        n,
-                    );
+                    f.sample("pmrxe_qp_cc_rate_mbps", "gauge", qp_help(k), &[("lcore", &lc), ("qpn", &qpn)], n);
                 } else if let Some(n) = val.as_u64() {
-                    f.sample(
-                        &format!("pmrxe_qp_{}_total", sanitize(k)),
-                        "counter",
-                        qp_help(k),
-                        &[("lcore", &lc), ("qpn", &qpn)],
-                        n as f64,
-                    );
+                    f.sample(&format!("pmrxe_qp_{}_total", sanitize(k)), "counter", qp_help(k), &[("lcore", &lc), ("qpn", &qpn)], n as f64);
                 }
             }
         }
     }
     let cap = &v["capture"];
-    f.sample(
-        "pmrxe_capture_active",
-        "gauge",
-        "1 while a live capture runs.",
-        &[],
-        if cap["active"].as_bool().unwrap_or(false) {
-            1.0
-        } else {
-            0.0
-        },
-    );
-    f.sample(
-        "pmrxe_capture_frames_total",
-        "counter",
-        "Frames written by live captures.",
-        &[],
-        cap["frames"].as_u64().unwrap_or(0) as f64,
-    );
-    f.sample(
-        "pmrxe_capture_dropped_total",
-        "counter",
-        "Frames a live capture dropped because its writer fell behind.",
-        &[],
-        cap["dropped"].as_u64().unwrap_or(0) as f64,
-    );
+    f.sample("pmrxe_capture_active", "gauge", "1 while a live capture runs.", &[], if cap["active"].as_bool().unwrap_or(false) { 1.0 } else { 0.0 });
+    f.sample("pmrxe_capture_frames_total", "counter", "Frames written by live captures.", &[], cap["frames"].as_u64().unwrap_or(0) as f64);
+    f.sample("pmrxe_capture_dropped_total", "counter", "Frames a live capture dropped because its writer fell behind.", &[], cap["dropped"].as_u64().unwrap_or(0) as f64);
     // The `[faults]` injectors (one per port and lcore; none without the table).
     for fi in v["faults"].as_array().into_iter().flatten() {
         let device = fi["device"].as_str().unwrap_or("");
         let lc = fi["lcore"].as_u64().unwrap_or(0).to_string();
         for (k, help) in FAULT_COUNTERS {
-            f.sample(
-                &format!("pmrxe_faults_{k}_total"),
-                "counter",
-                help,
-                &[("device", device), ("lcore", &lc)],
-                fi[k].as_u64().unwrap_or(0) as f64,
-            );
+            f.sample(&format!("pmrxe_faults_{k}_total"), "counter", help, &[("device", device), ("lcore", &lc)], fi[k].as_u64().unwrap_or(0) as f64);
         }
     }
     f.finish()
@@ -612,27 +419,15 @@ mod tests {
         assert!(t.contains("pmrxe_lcore_rx_icrc_errors_total{lcore=\"0\"} 0\n"));
         assert!(t.contains("pmrxe_lcore_drops_total{lcore=\"0\",reason=\"BadIcrc\"} 3\n"));
         assert!(t.contains("pmrxe_qp_retransmits_total{lcore=\"0\",qpn=\"0x000011\"} 2\npmrxe_qp_retransmits_total{lcore=\"0\",qpn=\"0x000012\"} 0\n"), "{t}");
-        assert!(t.contains(
-            "pmrxe_qp_completions_total{lcore=\"0\",qpn=\"0x000011\",status=\"wr_flush_err\"} 1\n"
-        ));
+        assert!(t.contains("pmrxe_qp_completions_total{lcore=\"0\",qpn=\"0x000011\",status=\"wr_flush_err\"} 1\n"));
         assert!(t.contains("pmrxe_lcore_load_ratio{lcore=\"0\"} 0.25\n"));
         assert!(t.contains("pmrxe_clients 1\n"));
         assert!(
             t.contains("# TYPE pmrxe_faults_dropped_total counter\npmrxe_faults_dropped_total{device=\"pmrxe0\",lcore=\"0\"} 4\npmrxe_faults_dropped_total{device=\"pmrxe1\",lcore=\"0\"} 5\n"),
             "{t}"
         );
-        for (k, v) in [
-            ("seen", 100),
-            ("duplicated", 2),
-            ("reordered", 3),
-            ("corrupted", 1),
-        ] {
-            assert!(
-                t.contains(&format!(
-                    "pmrxe_faults_{k}_total{{device=\"pmrxe0\",lcore=\"0\"}} {v}\n"
-                )),
-                "{k}: {t}"
-            );
+        for (k, v) in [("seen", 100), ("duplicated", 2), ("reordered", 3), ("corrupted", 1)] {
+            assert!(t.contains(&format!("pmrxe_faults_{k}_total{{device=\"pmrxe0\",lcore=\"0\"}} {v}\n")), "{k}: {t}");
         }
         // Every family has exactly one HELP and one TYPE line, and its samples follow them.
         let mut seen = std::collections::HashSet::new();
@@ -665,9 +460,6 @@ mod tests {
         assert!(get("GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         let h = get("HEAD /metrics HTTP/1.1\r\n\r\n");
-        assert!(
-            h.starts_with("HTTP/1.1 200") && h.ends_with("\r\n\r\n"),
-            "{h}"
-        );
+        assert!(h.starts_with("HTTP/1.1 200") && h.ends_with("\r\n\r\n"), "{h}");
     }
 }

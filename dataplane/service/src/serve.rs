@@ -13,9 +13,9 @@ use pmrxe_port::{Eal, EalConfig};
 use pmrxe_runtime::lcore::{DeviceConfig, Lcore};
 
 use crate::device;
+use pmrxe_runtime::dpdk::DpdkLink;
 use crate::session::{self, Shared};
 use crate::stats::{Capture, CaptureTap, FaultSource, ServiceStats};
-use pmrxe_runtime::dpdk::DpdkLink;
 
 // The config refuses more lcores than a client page has doorbell rows for.
 const _: () = assert!(pmrxe_config::MAX_LCORES == pmrxe_abi::MAX_LCORES);
@@ -78,8 +78,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     let ports = pmrxe_port::open_ports(&port_cfg, &eal)?;
     // RLIMIT_NOFILE sized from the limits, once EAL and the ports hold their fds: every
     // CQ/QP/SRQ ring, channel and segment costs the service one (crate::limits).
-    let fd_plan =
-        crate::limits::size_fd_limit(&cfg.limits, cfg.ports.len()).map_err(ServeError::Limits)?;
+    let fd_plan = crate::limits::size_fd_limit(&cfg.limits, cfg.ports.len()).map_err(ServeError::Limits)?;
     // One MR table for every device; each device's share is enforced by crate::limits.
     let n_dev = cfg.ports.len().max(1) as u32;
     let mem = Arc::new(MemTable::new(MemLimits {
@@ -91,25 +90,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         max_readers: pmrxe_abi::MAX_LCORES as u32,
         ..MemLimits::default()
     }));
-    let devices: Vec<_> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mac = cfg.ports[i]
-                .mac
-                .map(|m| m.octets())
-                .unwrap_or_else(|| pmrxe_port::Port::mac(p).octets());
-            device::device_info(&cfg, i, mac)
-        })
-        .collect();
+    let devices: Vec<_> = ports.iter().enumerate().map(|(i, p)| {
+        let mac = cfg.ports[i].mac.map(|m| m.octets()).unwrap_or_else(|| pmrxe_port::Port::mac(p).octets());
+        device::device_info(&cfg, i, mac)
+    }).collect();
     let device_lcore: Vec<usize> = (0..devices.len()).map(|i| i % nl).collect();
     // /dev/infiniband/pmrxe_uverbs<i> while we run (UCX's device probe); removed when dropped.
     let dev_nodes = crate::devnodes::DevNodes::create(devices.len());
-    let neighbors: Vec<(IpAddr, [u8; 6])> = cfg
-        .neighbors
-        .iter()
-        .map(|n| (n.ip, n.mac.octets()))
-        .collect();
+    let neighbors: Vec<(IpAddr, [u8; 6])> = cfg.neighbors.iter().map(|n| (n.ip, n.mac.octets())).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let capture = Arc::new(Capture::default());
 
@@ -118,32 +106,15 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         let d = &devices[i];
         let p = &cfg.ports[i];
         let ecn = p.ecn_enabled();
-        DeviceConfig {
-            index: i as u32,
-            mac: d.mac,
-            gids: d.gids.iter().map(|g| g.gid).collect(),
-            mtu: p.mtu,
-            ecn,
-            cc: crate::device::congestion(ecn, &p.congestion),
-        }
+        DeviceConfig { index: i as u32, mac: d.mac, gids: d.gids.iter().map(|g| g.gid).collect(), mtu: p.mtu, ecn, cc: crate::device::congestion(ecn, &p.congestion) }
     };
     // `[faults]`: a seeded injector on every port's receive side (seed + port index + lcore).
     // Their counters are exported by `pmrxe stats --json` ("faults").
     let mut fault_counters = Vec::new();
     let mut link = |p: pmrxe_port::EthPort, i: usize, li: usize| {
-        let l = DpdkLink::with_faults(
-            p,
-            cfg.faults.as_ref().map(|f| pmrxe_port::Faults {
-                seed: f.seed.wrapping_add((i + 64 * li) as u64),
-                ..f.into()
-            }),
-        );
+        let l = DpdkLink::with_faults(p, cfg.faults.as_ref().map(|f| pmrxe_port::Faults { seed: f.seed.wrapping_add((i + 64 * li) as u64), ..f.into() }));
         if let Some(c) = l.fault_counters() {
-            fault_counters.push(FaultSource {
-                device: devices[i].name.clone(),
-                lcore: li,
-                counters: c,
-            });
+            fault_counters.push(FaultSource { device: devices[i].name.clone(), lcore: li, counters: c });
         }
         l
     };
@@ -151,12 +122,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     if nl > 1 {
         for (li, lane) in per_lcore.iter_mut().enumerate().skip(1) {
             for (i, p) in ports.iter().enumerate() {
-                let q = p.for_queues(li as u16, li as u16).ok_or_else(|| {
-                    ServeError::Lcore(
-                        li as u32,
-                        format!("port {} has no queue pair {li}", cfg.ports[i].name),
-                    )
-                })?;
+                let q = p.for_queues(li as u16, li as u16).ok_or_else(|| ServeError::Lcore(li as u32, format!("port {} has no queue pair {li}", cfg.ports[i].name)))?;
                 lane.push((link(q, i, li), dev_cfg(i)));
             }
         }
@@ -175,15 +141,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     let mut threads = Vec::new();
     for (li, links) in per_lcore.into_iter().enumerate() {
         let core = cfg.lcores.cores.get(li).copied().unwrap_or(0);
-        let (mut lc, h) = Lcore::new(
-            li,
-            links,
-            mem.clone(),
-            &neighbors,
-            cfg.service.idle.clone(),
-            stop.clone(),
-            Some(Box::new(CaptureTap(capture.clone()))),
-        );
+        let (mut lc, h) = Lcore::new(li, links, mem.clone(), &neighbors, cfg.service.idle.clone(), stop.clone(), Some(Box::new(CaptureTap(capture.clone()))));
         if let Some(hd) = &handoff {
             lc.set_handoff(hd.clone());
         }
@@ -210,9 +168,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         threads.push(t);
     }
     // The control thread stays off the lcore CPUs.
-    let _ = core_affinity::set_for_current(core_affinity::CoreId {
-        id: cfg.lcores.main_core as usize,
-    });
+    let _ = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.lcores.main_core as usize });
 
     let cm_ports: Vec<crate::cm::CmPort> = devices
         .iter()
@@ -243,21 +199,14 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             for t in threads {
                 let _ = t.join();
             }
-            return Err(ServeError::Lcore(
-                0,
-                format!("connection manager thread: {e}"),
-            ));
+            return Err(ServeError::Lcore(0, format!("connection manager thread: {e}")));
         }
     };
 
     let (listener, sock_id) = bind_socket(&sock_path, &access)?;
     // `pmrxe stats` lists the sessions' own client table (`Shared::clients`, filled at Hello and
     // emptied when a client goes): the stats closure reaches it through a weak reference.
-    let budget = Arc::new(crate::limits::Budget::new(
-        cfg.limits.clone(),
-        devices.iter().map(|d| d.name.clone()).collect(),
-        fd_plan,
-    ));
+    let budget = Arc::new(crate::limits::Budget::new(cfg.limits.clone(), devices.iter().map(|d| d.name.clone()).collect(), fd_plan));
     let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| Shared {
         devices: devices.clone(),
         device_lcore,
@@ -277,12 +226,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                 let w = weak.clone();
                 Arc::new(move || {
                     w.upgrade().map_or_else(Vec::new, |sh| {
-                        sh.clients
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .values()
-                            .cloned()
-                            .collect()
+                        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
                     })
                 })
             },
@@ -312,17 +256,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
     // Accept clients until a signal arrives (the listener is non-blocking; between clients the
     // control thread blocks in poll(2) on the listener and a signalfd — it is never on the fast
     // path).
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| ServeError::Socket {
-            path: sock_path.clone(),
-            source: e,
-        })?;
+    listener.set_nonblocking(true).map_err(|e| ServeError::Socket { path: sock_path.clone(), source: e })?;
     // A failing accept (EMFILE, ENFILE, ENOBUFS...) backs off, 5 ms doubling to 100 ms, and is
     // logged at most once per limits::WARN_PERIOD with the count suppressed: a client flood
     // must not spin the control thread or flood the log (counted: limits.accept_errors).
-    const ACCEPT_BACKOFF: (Duration, Duration) =
-        (Duration::from_millis(5), Duration::from_millis(100));
+    const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
     let mut backoff = ACCEPT_BACKOFF.0;
     let limits = shared.limits.clone();
     let sigfd = signal_fd(&sigs).map_err(ServeError::Signal)?;
@@ -335,23 +273,17 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                 backoff = ACCEPT_BACKOFF.0;
                 if !limits.connect() {
                     if let Some(n) = limits.refused_client_warn.hit() {
-                        tracing::warn!(
-                            suppressed = n,
-                            max_clients = cfg.limits.max_clients,
-                            "closing a new connection: [limits] max_clients are connected"
-                        );
+                        tracing::warn!(suppressed = n, max_clients = cfg.limits.max_clients, "closing a new connection: [limits] max_clients are connected");
                     }
                     continue;
                 }
                 let _ = s.set_nonblocking(false);
                 let sh = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("pmrxe-client".into())
-                    .spawn(move || {
-                        let limits = sh.limits.clone();
-                        session::run(sh, s);
-                        limits.disconnected();
-                    });
+                let spawned = std::thread::Builder::new().name("pmrxe-client".into()).spawn(move || {
+                    let limits = sh.limits.clone();
+                    session::run(sh, s);
+                    limits.disconnected();
+                });
                 if let Err(e) = spawned {
                     limits.disconnected();
                     if let Some(n) = limits.accept_errors.hit() {
@@ -362,9 +294,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             // Nothing to accept: block until a client connects or SIGINT/SIGTERM arrives (no
             // polling interval: an idle service's control thread costs nothing), waking once
             // a second to see that the lcores are alive.
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                wait_for_client_or_signal(&listener, &sigfd, Duration::from_secs(1))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_for_client_or_signal(&listener, &sigfd, Duration::from_secs(1)),
             Err(e) => {
                 if let Some(n) = limits.accept_errors.hit() {
                     tracing::warn!(suppressed = n, "accept: {e}; backing off (repeats are counted in pmrxe stats: limits.accept_errors)");
@@ -402,40 +332,16 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
 fn calibrate_crc(cfg: &Config) -> pmrxe_crc::Calibration {
     // The largest IBTA path MTU (256..4096) that fits the Ethernet MTU with the RoCEv2
     // headers (IPv6 40 + UDP 8 + BTH 12 + RETH 16 + ICRC 4 < 80).
-    let eth = cfg
-        .ports
-        .iter()
-        .map(|p| usize::from(p.mtu))
-        .max()
-        .unwrap_or(1500);
-    let frame = [4096, 2048, 1024, 512, 256]
-        .into_iter()
-        .find(|&m| m + 80 <= eth)
-        .unwrap_or(256);
+    let eth = cfg.ports.iter().map(|p| usize::from(p.mtu)).max().unwrap_or(1500);
+    let frame = [4096, 2048, 1024, 512, 256].into_iter().find(|&m| m + 80 <= eth).unwrap_or(256);
     let cal = pmrxe_crc::Kernel::calibrate(frame, Duration::from_millis(30));
     let k = cal.install();
-    let figures: Vec<String> = cal
-        .gb_per_s
-        .iter()
-        .map(|(k, g)| format!("{} {g:.1}", k.name()))
-        .collect();
-    if let Some(bad) = std::env::var("PMRXE_CRC_KERNEL")
-        .ok()
-        .filter(|n| cal.forced.is_none() && !n.is_empty())
-    {
+    let figures: Vec<String> = cal.gb_per_s.iter().map(|(k, g)| format!("{} {g:.1}", k.name())).collect();
+    if let Some(bad) = std::env::var("PMRXE_CRC_KERNEL").ok().filter(|n| cal.forced.is_none() && !n.is_empty()) {
         let have: Vec<&str> = pmrxe_crc::Kernel::available().map(|k| k.name()).collect();
-        tracing::warn!(
-            "PMRXE_CRC_KERNEL={bad}: no such kernel on this CPU (have {}); measuring instead",
-            have.join(", ")
-        );
+        tracing::warn!("PMRXE_CRC_KERNEL={bad}: no such kernel on this CPU (have {}); measuring instead", have.join(", "));
     }
-    tracing::info!(
-        kernel = k.name(),
-        forced = cal.is_forced(),
-        frame,
-        "ICRC kernel chosen; GB/s at {frame} B: {}",
-        figures.join(", ")
-    );
+    tracing::info!(kernel = k.name(), forced = cal.is_forced(), frame, "ICRC kernel chosen; GB/s at {frame} B: {}", figures.join(", "));
     cal
 }
 
@@ -444,23 +350,11 @@ fn calibrate_crc(cfg: &Config) -> pmrxe_crc::Calibration {
 /// replaced. Also refuses a directory others may write: every client would refuse it
 /// (`pmrxe_abi::ctrl::untrusted_socket_dir`).
 fn probe_socket(path: &Path) -> Result<(), ServeError> {
-    let err = |source| ServeError::Socket {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| ServeError::Socket { path: path.to_path_buf(), source };
     match pmrxe_abi::ctrl::seqpacket_connect(path) {
         Ok(_) => return Err(ServeError::InUse(path.to_path_buf())),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOENT) | Some(libc::ECONNREFUSED)
-            ) => {}
-        Err(e) => {
-            return Err(err(std::io::Error::new(
-                e.kind(),
-                format!("cannot tell whether a service listens there ({e}); not replacing it"),
-            )))
-        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ECONNREFUSED)) => {}
+        Err(e) => return Err(err(std::io::Error::new(e.kind(), format!("cannot tell whether a service listens there ({e}); not replacing it")))),
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         use std::os::unix::fs::MetadataExt;
@@ -479,15 +373,9 @@ fn probe_socket(path: &Path) -> Result<(), ServeError> {
 /// Bind the control socket: `service-user:group` mode 0660 (the group's members and root may
 /// connect), in a directory made 0750 with the group when the service creates it. Returns the
 /// socket's (device, inode), so the service removes it at stop only if it is still its own.
-fn bind_socket(
-    path: &Path,
-    access: &crate::access::Access,
-) -> Result<(UnixListener, (u64, u64)), ServeError> {
+fn bind_socket(path: &Path, access: &crate::access::Access) -> Result<(UnixListener, (u64, u64)), ServeError> {
     use std::os::unix::fs::MetadataExt;
-    let err = |source| ServeError::Socket {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = |source| ServeError::Socket { path: path.to_path_buf(), source };
     let gid = access.group.map(rustix::fs::Gid::from_raw);
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() && !dir.exists() {
@@ -520,9 +408,7 @@ fn remove_own_socket(path: &Path, id: (u64, u64)) {
 
 fn seqpacket_listener(path: &Path) -> std::io::Result<UnixListener> {
     // UnixListener only needs a listening AF_UNIX fd (accept works the same for SEQPACKET).
-    Ok(UnixListener::from(pmrxe_abi::ctrl::seqpacket_listen(
-        path, 128,
-    )?))
+    Ok(UnixListener::from(pmrxe_abi::ctrl::seqpacket_listen(path, 128)?))
 }
 
 /// No client disconnect may take the service down: a write into a pipe or socket whose reader
@@ -566,29 +452,16 @@ fn signal_fd(set: &libc::sigset_t) -> std::io::Result<std::os::fd::OwnedFd> {
 }
 
 /// Block until the listener has a connection waiting, a signal is pending, or `limit` passes.
-fn wait_for_client_or_signal(
-    listener: &UnixListener,
-    sigfd: &std::os::fd::OwnedFd,
-    limit: Duration,
-) {
+fn wait_for_client_or_signal(listener: &UnixListener, sigfd: &std::os::fd::OwnedFd, limit: Duration) {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [
-        PollFd::new(listener, PollFlags::IN),
-        PollFd::new(sigfd, PollFlags::IN),
-    ];
-    let t = Timespec {
-        tv_sec: limit.as_secs() as i64,
-        tv_nsec: i64::from(limit.subsec_nanos()),
-    };
+    let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(sigfd, PollFlags::IN)];
+    let t = Timespec { tv_sec: limit.as_secs() as i64, tv_nsec: i64::from(limit.subsec_nanos()) };
     // EINTR or an error: the loop looks again (accept, signals) and comes back here.
     let _ = poll(&mut fds, Some(&t));
 }
 
 fn pending_signal(set: &libc::sigset_t) -> Option<i32> {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: sigtimedwait with a zero timeout on our blocked set; no info requested.
     let s = unsafe { libc::sigtimedwait(set, core::ptr::null_mut(), &ts) };
     (s > 0).then_some(s)

@@ -104,10 +104,7 @@ fn qp_json(qpn: u32, s: &pmrxe_transport::QpStats) -> serde_json::Value {
 
 impl StatsSource for ServiceStats {
     fn render(&self, as_json: bool, viewer: Viewer) -> String {
-        let clients: Vec<ClientInfo> = (self.clients)()
-            .into_iter()
-            .filter(|c| viewer.sees(c.uid))
-            .collect();
+        let clients: Vec<ClientInfo> = (self.clients)().into_iter().filter(|c| viewer.sees(c.uid)).collect();
         let mut lcores = Vec::new();
         for lc in &self.lcores {
             let mut qps = lc.call(|tx| Cmd::QpStats { done: tx }).unwrap_or_default();
@@ -153,11 +150,7 @@ impl StatsSource for ServiceStats {
             return serde_json::to_string_pretty(&v).unwrap_or_default();
         }
         let mut out = String::new();
-        out.push_str(&format!(
-            "pmrxe: up {:.1} s, devices {}\n",
-            v["uptime_s"].as_f64().unwrap_or(0.0),
-            self.devices.join(", ")
-        ));
+        out.push_str(&format!("pmrxe: up {:.1} s, devices {}\n", v["uptime_s"].as_f64().unwrap_or(0.0), self.devices.join(", ")));
         let f = &v["memory_faults"];
         if f["rescued"].as_u64().unwrap_or(0) > 0 {
             out.push_str(&format!(
@@ -166,19 +159,11 @@ impl StatsSource for ServiceStats {
             ));
         }
         if let Some(c) = &self.crc {
-            let figures: Vec<String> = c
-                .gb_per_s
-                .iter()
-                .map(|(k, g)| format!("{} {g:.1}", k.name()))
-                .collect();
+            let figures: Vec<String> = c.gb_per_s.iter().map(|(k, g)| format!("{} {g:.1}", k.name())).collect();
             out.push_str(&format!(
                 "icrc kernel {}{} (GB/s at {} B, measured at start: {})\n",
                 c.chosen().name(),
-                if c.is_forced() {
-                    ", forced by PMRXE_CRC_KERNEL"
-                } else {
-                    ""
-                },
+                if c.is_forced() { ", forced by PMRXE_CRC_KERNEL" } else { "" },
                 c.frame,
                 figures.join(", ")
             ));
@@ -187,12 +172,7 @@ impl StatsSource for ServiceStats {
         if c.is_object() {
             out.push_str(&format!(
                 "cm: ids {} channels {} listeners {} conns {} events {} (dropped {})\n",
-                c["ids"],
-                c["channels"],
-                c["listeners"],
-                c["conns"],
-                c["events"],
-                c["events_dropped"]
+                c["ids"], c["channels"], c["listeners"], c["conns"], c["events"], c["events_dropped"]
             ));
             for p in c["ports"].as_array().into_iter().flatten() {
                 out.push_str(&format!(
@@ -202,11 +182,7 @@ impl StatsSource for ServiceStats {
             }
         }
         for l in v["lcores"].as_array().into_iter().flatten() {
-            out.push_str(&format!(
-                "lcore {} load {:.1}%\n",
-                l["index"],
-                l["load"].as_f64().unwrap_or(0.0) * 100.0
-            ));
+            out.push_str(&format!("lcore {} load {:.1}%\n", l["index"], l["load"].as_f64().unwrap_or(0.0) * 100.0));
             if let Some(c) = l["counters"].as_object() {
                 for (k, val) in c {
                     if val.as_u64().unwrap_or(0) > 0 {
@@ -262,19 +238,13 @@ impl Capture {
     /// (SIGPIPE is ignored by the service, see `serve`), or, with no frames to write, the fd
     /// polls as hung up. Either way the capture is marked inactive and one line is logged;
     /// the service itself never notices beyond that.
-    pub fn start(
-        self: &Arc<Self>,
-        fd: OwnedFd,
-        count: u64,
-        qpn: Option<u32>,
-    ) -> Result<(), String> {
+    pub fn start(self: &Arc<Self>, fd: OwnedFd, count: u64, qpn: Option<u32>) -> Result<(), String> {
         let mut slot = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         if self.active() {
             return Err("a capture is already running".into());
         }
         let (tx, rx): (Sender<Frame>, Receiver<_>) = bounded(4096);
-        self.qpn
-            .store(qpn.map_or(u64::MAX, u64::from), Ordering::Relaxed);
+        self.qpn.store(qpn.map_or(u64::MAX, u64::from), Ordering::Relaxed);
         let _ = self.origin.get_or_init(Instant::now);
         let me = self.clone();
         std::thread::Builder::new()
@@ -289,11 +259,7 @@ impl Capture {
                     *slot = None;
                 }
                 drop(rx);
-                tracing::info!(
-                    frames = n,
-                    dropped_total = me.dropped.load(Ordering::Relaxed),
-                    "capture ended: {why}"
-                );
+                tracing::info!(frames = n, dropped_total = me.dropped.load(Ordering::Relaxed), "capture ended: {why}");
             })
             .map_err(|e| e.to_string())?;
         *slot = Some(tx);
@@ -318,27 +284,13 @@ fn write_failure(e: &std::io::Error) -> String {
 fn reader_gone(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let mut p = [PollFd::new(&fd, PollFlags::empty())];
-    let r = rustix::event::poll(
-        &mut p,
-        Some(&Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        }),
-    );
-    r.is_ok_and(|n| n > 0)
-        && p[0]
-            .revents()
-            .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL)
+    let r = rustix::event::poll(&mut p, Some(&Timespec { tv_sec: 0, tv_nsec: 0 }));
+    r.is_ok_and(|n| n > 0) && p[0].revents().intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL)
 }
 
 /// The capture writer: pcap header, then frames from `rx` until `count` (0 = no limit) or the
 /// reader goes away. Returns the frames written and why it stopped.
-fn write_capture(
-    fd: OwnedFd,
-    rx: &Receiver<(Duration, Vec<u8>)>,
-    count: u64,
-    frames: &AtomicU64,
-) -> (u64, String) {
+fn write_capture(fd: OwnedFd, rx: &Receiver<(Duration, Vec<u8>)>, count: u64, frames: &AtomicU64) -> (u64, String) {
     use std::os::fd::AsFd;
     let file = File::from(fd);
     let mut w = match pmrxe_wire::PcapWriter::new(std::io::BufWriter::new(&file), false) {
@@ -398,15 +350,12 @@ impl Tap for CaptureTap {
             // also when the sender is a QP of this host (same-port frames are tapped once,
             // when sent).
             let ours = local_qpn.is_some_and(|q| u64::from(q) == want)
-                || pmrxe_wire::parse_frame(data)
-                    .is_ok_and(|f| u64::from(u32::from(f.headers.bth.dest_qp)) == want);
+                || pmrxe_wire::parse_frame(data).is_ok_and(|f| u64::from(u32::from(f.headers.bth.dest_qp)) == want);
             if !ours {
                 return;
             }
         }
-        let ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let guard = self.0.tx.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = guard.as_ref() {
             if tx.try_send((ts, data.to_vec())).is_err() {
@@ -446,8 +395,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("cap.pcap");
         let cap = Arc::new(Capture::default());
-        cap.start(File::create(&path).unwrap().into(), 3, Some(0x22))
-            .unwrap();
+        cap.start(File::create(&path).unwrap().into(), 3, Some(0x22)).unwrap();
         let tap = CaptureTap(cap.clone());
         tap.frame(true, Some(0x11), &frame(&mut rng, 0x22)); // A's request to B: kept
         tap.frame(true, Some(0x11), &frame(&mut rng, 0x33)); // A to C: not B's
@@ -456,24 +404,13 @@ mod tests {
         tap.frame(false, None, &frame(&mut rng, 0x22)); // received for B: kept
         let t0 = Instant::now();
         while cap.active() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the capture did not end after 3 frames"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(10), "the capture did not end after 3 frames");
             std::thread::yield_now();
         }
         let dests: Vec<u32> = pmrxe_wire::read_pcap(&path)
             .unwrap()
             .iter()
-            .map(|r| {
-                u32::from(
-                    pmrxe_wire::parse_frame(&r.data)
-                        .unwrap()
-                        .headers
-                        .bth
-                        .dest_qp,
-                )
-            })
+            .map(|r| u32::from(pmrxe_wire::parse_frame(&r.data).unwrap().headers.bth.dest_qp))
             .collect();
         assert_eq!(dests, vec![0x22, 0x11, 0x22]);
         let _ = std::fs::remove_dir_all(&dir);

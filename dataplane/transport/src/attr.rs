@@ -139,13 +139,7 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-        }
+        QpCaps { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 }
     }
 }
 
@@ -304,10 +298,7 @@ pub fn transition_masks(ty: QpType, cur: QpState, next: QpState) -> Option<Trans
         QpType::Uc => qp_type::UC,
         QpType::Ud => qp_type::UD,
     };
-    transition(t, cur as u32, next as u32).map(|m| TransitionMasks {
-        required: AttrMask(m.required),
-        optional: AttrMask(m.optional),
-    })
+    transition(t, cur as u32, next as u32).map(|m| TransitionMasks { required: AttrMask(m.required), optional: AttrMask(m.optional) })
 }
 
 /// `create_qp` failure.

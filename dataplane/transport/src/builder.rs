@@ -15,19 +15,11 @@ pub const DEFAULT_PKEY: u16 = 0xFFFF;
 pub(crate) enum Payload<'a> {
     None,
     /// Gather from SGEs at a message offset.
-    Gather {
-        sges: &'a [pmrxe_mem::Sge],
-        offset: u64,
-        len: usize,
-    },
+    Gather { sges: &'a [pmrxe_mem::Sge], offset: u64, len: usize },
     /// Inline bytes.
     Bytes(&'a [u8]),
     /// Read through the window a READ request was validated with (READ responses): va, len.
-    Remote {
-        tr: &'a pmrxe_mem::Translation,
-        va: u64,
-        len: usize,
-    },
+    Remote { tr: &'a pmrxe_mem::Translation, va: u64, len: usize },
 }
 
 /// Write `hdr` + payload + pad into `buf`; returns the length and, for a long payload, the tail
@@ -50,9 +42,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     };
     let pad = (4 - (plen & 3)) & 3;
     hdr.bth.pad = pad as u8;
-    let Ok(hlen) = hdr.emit(buf) else {
-        return Ok(None);
-    };
+    let Ok(hlen) = hdr.emit(buf) else { return Ok(None) };
     let total = hlen + plen + pad;
     if buf.len() < total {
         return Ok(None);
@@ -62,13 +52,9 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         // payload update and a pad update cost more than the bytes they hash).
         match payload {
             Payload::None => {}
-            Payload::Gather { sges, offset, len } => {
-                mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?
-            }
+            Payload::Gather { sges, offset, len } => mem.gather(pd, qpn, sges, offset, &mut buf[hlen..hlen + len])?,
             Payload::Bytes(b) => pmrxe_crc::copy_short(&mut buf[hlen..hlen + b.len()], b),
-            Payload::Remote { tr, va, len } => {
-                mem.read_carried(tr, va, &mut buf[hlen..hlen + len])?
-            }
+            Payload::Remote { tr, va, len } => mem.read_carried(tr, va, &mut buf[hlen..hlen + len])?,
         }
         zero_pad(&mut buf[hlen + plen..total]);
         return Ok(Some((total, None)));
@@ -78,13 +64,9 @@ pub(crate) fn build<M: MemOps + ?Sized>(
     // two CRCs are joined by combination (x^(8·len) for this length: one or two multiplies).
     let body = match payload {
         Payload::None => 0,
-        Payload::Gather { sges, offset, len } => {
-            mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], 0)?
-        }
+        Payload::Gather { sges, offset, len } => mem.gather_crc(pd, qpn, sges, offset, &mut buf[hlen..hlen + len], 0)?,
         Payload::Bytes(b) => pmrxe_crc::copy_and_crc(0, &mut buf[hlen..hlen + b.len()], b),
-        Payload::Remote { tr, va, len } => {
-            mem.read_carried_crc(tr, va, &mut buf[hlen..hlen + len], 0)?
-        }
+        Payload::Remote { tr, va, len } => mem.read_carried_crc(tr, va, &mut buf[hlen..hlen + len], 0)?,
     };
     let body = if pad > 0 {
         zero_pad(&mut buf[hlen + plen..total]);
@@ -93,10 +75,7 @@ pub(crate) fn build<M: MemOps + ?Sized>(
         body
     };
     let head = pmrxe_wire::icrc::transport_crc(&buf[..hlen]);
-    Ok(Some((
-        total,
-        Some(pmrxe_crc::crc32_combine(head, body, (total - hlen) as u64)),
-    )))
+    Ok(Some((total, Some(pmrxe_crc::crc32_combine(head, body, (total - hlen) as u64)))))
 }
 
 /// Zero the 0..=3 pad bytes, unrolled (a `fill` of so few bytes was a memset call per packet).

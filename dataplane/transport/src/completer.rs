@@ -26,9 +26,9 @@
 
 use pmrxe_wire::{IcrcCheck, MsgPos, NakCode, OpKind, Psn, Syndrome, TransportHeaders};
 
-use crate::attr::{QpAttr, QpState};
 use crate::cq::{CompletionSink, WcStatus};
 use crate::memops::MemOps;
+use crate::attr::{QpAttr, QpState};
 use crate::qp::Qp;
 use crate::requester::MAX_UNACKED_PSNS;
 use crate::timers::{local_ack_timeout_ns, rnr_delay_ns, Instant, RetryLimit, Timer};
@@ -140,8 +140,7 @@ impl Qp {
     /// timeout (capped; never past the 5-bit encoding's 4.096 µs × 2^31). `None`: timer off.
     pub(crate) fn retransmit_period_ns(&self) -> Option<u64> {
         let t = self.attr.timeout;
-        local_ack_timeout_ns(t)
-            .and_then(|_| local_ack_timeout_ns(t.saturating_add(self.comp.backoff).min(31)))
+        local_ack_timeout_ns(t).and_then(|_| local_ack_timeout_ns(t.saturating_add(self.comp.backoff).min(31)))
     }
 
     fn rearm_retransmit(&mut self, now: Instant) {
@@ -266,11 +265,7 @@ impl Qp {
     }
 
     /// Local ACK timer fired.
-    pub(crate) fn on_retransmit_timeout<C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        cq: &mut C,
-    ) {
+    pub(crate) fn on_retransmit_timeout<C: CompletionSink + ?Sized>(&mut self, now: Instant, cq: &mut C) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || !self.outstanding() {
             return;
         }
@@ -303,22 +298,12 @@ impl Qp {
     /// A response packet (ACK/NAK, atomic ACK, READ response) for our requester. `deferred`:
     /// an ICRC check still to make (only for READ response MIDDLE, see
     /// `may_place_before_icrc`); returns false if it failed (the packet then had no effect).
-    pub(crate) fn on_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        hdr: &TransportHeaders,
-        payload: &[u8],
-        mem: &M,
-        deferred: Option<IcrcCheck>,
-        cq: &mut C,
-    ) -> bool {
+    pub(crate) fn on_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.stats.dropped += 1;
             return true;
         }
-        let Some(info) = hdr.bth.opcode.info() else {
-            return true;
-        };
+        let Some(info) = hdr.bth.opcode.info() else { return true };
         let p = hdr.bth.psn;
         // A response must be for a PSN we sent: [comp.psn - 2^23, max_sent).
         if p.distance(self.req.max_sent()) >= 0 {
@@ -328,10 +313,7 @@ impl Qp {
         if let OpKind::ReadResponse = info.kind {
             return self.on_read_response(now, hdr, payload, mem, deferred, cq);
         }
-        debug_assert!(
-            deferred.is_none(),
-            "only READ responses are checked while placed"
-        );
+        debug_assert!(deferred.is_none(), "only READ responses are checked while placed");
         match info.kind {
             OpKind::Ack => {
                 let Some(aeth) = hdr.aeth else { return true };
@@ -352,8 +334,7 @@ impl Qp {
                         if self.comp.rnr.take() {
                             self.comp.rnr_psn = p;
                             self.timers.stop(Timer::Retransmit);
-                            self.timers
-                                .set(Timer::RnrWait, now.add_ns(rnr_delay_ns(timer)));
+                            self.timers.set(Timer::RnrWait, now.add_ns(rnr_delay_ns(timer)));
                         } else {
                             self.stats.rnr_retry_exceeded += 1;
                             self.fail_at(p, WcStatus::RnrRetryExcErr, cq);
@@ -364,10 +345,7 @@ impl Qp {
                             self.stats.dropped += 1;
                             return true;
                         }
-                        let progress = matches!(
-                            self.ack_through_and_apply(now, p.wrapping_sub(1), cq),
-                            Some(true)
-                        );
+                        let progress = matches!(self.ack_through_and_apply(now, p.wrapping_sub(1), cq), Some(true));
                         if self.state == QpState::Err {
                             return true;
                         }
@@ -394,9 +372,7 @@ impl Qp {
                 }
             }
             OpKind::AtomicAck => {
-                let Some(ack) = hdr.atomic_ack else {
-                    return true;
-                };
+                let Some(ack) = hdr.atomic_ack else { return true };
                 let Some(idx) = self.wqe_with_psn(p) else {
                     self.stats.dropped += 1;
                     return true;
@@ -406,20 +382,11 @@ impl Qp {
                     self.stats.dropped += 1;
                     return true;
                 }
-                if self
-                    .ack_through_and_apply(now, p.wrapping_sub(1), cq)
-                    .is_none()
-                {
+                if self.ack_through_and_apply(now, p.wrapping_sub(1), cq).is_none() {
                     return true;
                 }
                 let bytes = ack.orig.to_le_bytes();
-                match mem.scatter(
-                    self.pd,
-                    self.qpn,
-                    self.sq_side.sges(idx, e.num_sge),
-                    0,
-                    &bytes,
-                ) {
+                match mem.scatter(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), 0, &bytes) {
                     Ok(()) => self.finish_wqe(idx, WcStatus::Success),
                     Err(_) => self.finish_wqe(idx, WcStatus::LocProtErr),
                 }
@@ -437,12 +404,7 @@ impl Qp {
 
     /// ACK processing shared by ACK/NAK/atomic ACK. Returns `None` if an implicit NAK started
     /// a retry (the caller stops), else whether progress was made.
-    fn ack_through_and_apply<C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        p: Psn,
-        cq: &mut C,
-    ) -> Option<bool> {
+    fn ack_through_and_apply<C: CompletionSink + ?Sized>(&mut self, now: Instant, p: Psn, cq: &mut C) -> Option<bool> {
         match self.ack_through(p) {
             AckOutcome::Progress(progress) => {
                 if progress {
@@ -465,15 +427,7 @@ impl Qp {
         let _ = self.ack_through_and_apply(now, p, cq);
     }
 
-    fn on_read_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        hdr: &TransportHeaders,
-        payload: &[u8],
-        mem: &M,
-        deferred: Option<IcrcCheck>,
-        cq: &mut C,
-    ) -> bool {
+    fn on_read_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, hdr: &TransportHeaders, payload: &[u8], mem: &M, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         // (The caller looked the opcode up: a READ response.)
         let pos = hdr.bth.opcode.info().map_or(MsgPos::Only, |i| i.pos);
         // Under a deferred check, anything but placing the payload (or dropping) waits for it.
@@ -494,11 +448,7 @@ impl Qp {
         }
         // The response implies every earlier request was executed. (No AETH under a deferred
         // check: MIDDLE only.)
-        if hdr.aeth.is_some()
-            && self
-                .ack_through_and_apply(now, e.first_psn.wrapping_sub(1), cq)
-                .is_none()
-        {
+        if hdr.aeth.is_some() && self.ack_through_and_apply(now, e.first_psn.wrapping_sub(1), cq).is_none() {
             return true;
         }
         if self.state == QpState::Err {
@@ -534,28 +484,11 @@ impl Qp {
         }
         if !payload.is_empty() {
             let placed = match deferred {
-                None => mem
-                    .scatter(
-                        self.pd,
-                        self.qpn,
-                        self.sq_side.sges(idx, e.num_sge),
-                        off,
-                        payload,
-                    )
-                    .map(|()| true),
+                None => mem.scatter(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), off, payload).map(|()| true),
                 // Verify while placing: the bytes land at [off, off + MTU) of this READ's local
                 // buffer, which the response at this PSN (retransmitted if need be) rewrites and
                 // which the consumer may not read before the completion.
-                Some(c) => mem
-                    .scatter_crc(
-                        self.pd,
-                        self.qpn,
-                        self.sq_side.sges(idx, e.num_sge),
-                        off,
-                        payload,
-                        c.seed(),
-                    )
-                    .map(|crc| c.matches(crc)),
+                Some(c) => mem.scatter_crc(self.pd, self.qpn, self.sq_side.sges(idx, e.num_sge), off, payload, c.seed()).map(|crc| c.matches(crc)),
             };
             match placed {
                 Ok(true) => {}

@@ -79,10 +79,7 @@ pub struct NpParams {
 
 impl Default for NpParams {
     fn default() -> Self {
-        NpParams {
-            cnp_interval_ns: 50_000,
-            cnp_dscp: 48,
-        }
+        NpParams { cnp_interval_ns: 50_000, cnp_dscp: 48 }
     }
 }
 
@@ -185,10 +182,7 @@ impl Dcqcn {
         } else {
             self.alpha = (1.0 - self.p.g) * self.alpha + self.p.g;
         }
-        if self
-            .last_decrease
-            .is_some_and(|t| now.since(t) < self.p.rate_reduce_period_ns)
-        {
+        if self.last_decrease.is_some_and(|t| now.since(t) < self.p.rate_reduce_period_ns) {
             return;
         }
         self.last_decrease = Some(now);
@@ -222,11 +216,7 @@ impl Dcqcn {
         }
         self.t_stage = self.t_stage.saturating_add(1);
         self.increase();
-        self.increase_due = if self.active {
-            Some(now.add_ns(self.p.rate_increase_timer_ns))
-        } else {
-            None
-        };
+        self.increase_due = if self.active { Some(now.add_ns(self.p.rate_increase_timer_ns)) } else { None };
     }
 
     /// `bytes` (whole frame) left at `now`: byte counter and pacer.
@@ -277,10 +267,7 @@ mod tests {
     use super::*;
 
     fn p() -> DcqcnParams {
-        DcqcnParams {
-            line_rate_bps: 10_000_000_000,
-            ..DcqcnParams::default()
-        }
+        DcqcnParams { line_rate_bps: 10_000_000_000, ..DcqcnParams::default() }
     }
 
     #[test]
@@ -289,10 +276,7 @@ mod tests {
         assert!(!d.is_limiting() && d.next_send().is_none());
         d.on_cnp(Instant(0));
         // α0 = 1: Rc = Rc (1 − 1/2), Rt = the old Rc.
-        assert_eq!(
-            (d.rate_bps(), d.target_bps()),
-            (5_000_000_000, 10_000_000_000)
-        );
+        assert_eq!((d.rate_bps(), d.target_bps()), (5_000_000_000, 10_000_000_000));
         assert_eq!(d.alpha_deadline(), Some(Instant(55_000)));
         assert_eq!(d.increase_deadline(), Some(Instant(300_000)));
         // A second CNP within the monitor period raises α but does not cut again.
@@ -320,11 +304,7 @@ mod tests {
             t = t.add_ns(300_000);
             d.on_increase_timer(t);
             let want = 10e9 - 5e9 / f64::from(1u32 << k);
-            assert!(
-                (d.rate_bps() as f64 - want).abs() < 2.0,
-                "stage {k}: {}",
-                d.rate_bps()
-            );
+            assert!((d.rate_bps() as f64 - want).abs() < 2.0, "stage {k}: {}", d.rate_bps());
             assert_eq!(d.target_bps(), 10_000_000_000);
         }
         // Eventually back at line rate: released, no timers, no pacing.
@@ -361,10 +341,7 @@ mod tests {
 
     #[test]
     fn pacer_spaces_packets_at_rc_and_min_rate_holds() {
-        let mut d = Dcqcn::new(DcqcnParams {
-            min_rate_bps: 100_000_000,
-            ..p()
-        });
+        let mut d = Dcqcn::new(DcqcnParams { min_rate_bps: 100_000_000, ..p() });
         d.on_cnp(Instant(0)); // 5 Gb/s
         d.on_sent(Instant(1_000), 1250); // 10 000 bits at 5 Gb/s = 2 µs
         assert_eq!(d.next_send(), Some(Instant(3_000)));

@@ -23,17 +23,17 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::attr::AddressVector;
 use crate::attr::{AttrMask, QpAttr, QpState};
 use crate::cq::{Bound, Completions, Delivery};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
+use crate::attr::AddressVector;
+use pmrxe_wire::{MsgPos, RxPrediction};
 use crate::qp::{PostError, Qp, Transmit};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::timers::Instant;
 use crate::wqe::{RecvWqe, SendWqe};
-use pmrxe_wire::{MsgPos, RxPrediction};
 
 /// How QPNs map to lcores and slab slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,10 +46,7 @@ pub struct QpnLayout {
 
 impl Default for QpnLayout {
     fn default() -> Self {
-        QpnLayout {
-            lcores: 1,
-            slots: DEFAULT_SLOTS,
-        }
+        QpnLayout { lcores: 1, slots: DEFAULT_SLOTS }
     }
 }
 
@@ -66,11 +63,7 @@ impl QpnLayout {
     #[inline]
     pub fn slot(&self, qpn: u32) -> usize {
         let l = self.lcores.max(1);
-        let q = if l.is_power_of_two() {
-            qpn >> l.trailing_zeros()
-        } else {
-            qpn / l
-        };
+        let q = if l.is_power_of_two() { qpn >> l.trailing_zeros() } else { qpn / l };
         rem(q, self.slots.max(1)) as usize
     }
 }
@@ -151,11 +144,7 @@ pub struct Engine<X = ()> {
 
 impl<X> core::fmt::Debug for Engine<X> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Engine")
-            .field("layout", &self.layout)
-            .field("qps", &self.live)
-            .field("ready", &self.ready.len())
-            .finish()
+        f.debug_struct("Engine").field("layout", &self.layout).field("qps", &self.live).field("ready", &self.ready.len()).finish()
     }
 }
 
@@ -238,15 +227,7 @@ impl<X> Engine<X> {
         if self.entries[s].is_some() {
             return Err(AddError::SlotTaken);
         }
-        self.entries[s] = Some(Box::new(Entry {
-            qp,
-            ext,
-            ready: false,
-            pending: false,
-            armed: None,
-            hold_since: None,
-            rx_predict: None,
-        }));
+        self.entries[s] = Some(Box::new(Entry { qp, ext, ready: false, pending: false, armed: None, hold_since: None, rx_predict: None }));
         self.live += 1;
         self.touch(s);
         Ok(())
@@ -292,9 +273,7 @@ impl<X> Engine<X> {
 
     /// A QP.
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
-        self.slot_of(qpn)
-            .and_then(|s| self.entries[s].as_deref())
-            .map(|e| &e.qp)
+        self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.qp)
     }
     /// A QP, mutably (after changing it call [`Engine::kick`], or use [`Engine::with`]).
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
@@ -304,9 +283,7 @@ impl<X> Engine<X> {
     /// A QP's attachment.
     #[inline]
     pub fn ext(&self, qpn: u32) -> Option<&X> {
-        self.slot_of(qpn)
-            .and_then(|s| self.entries[s].as_deref())
-            .map(|e| &e.ext)
+        self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.ext)
     }
     /// The slab slot of QP `qpn` if this engine has it: one lookup for a caller that goes on
     /// to [`Engine::ext_at`], [`Engine::qp_at`] and `Engine::handle_packet_at` (the receive
@@ -328,9 +305,7 @@ impl<X> Engine<X> {
     /// Run `f` on a QP and its attachment, then re-file the QP on the work lists.
     pub fn with<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut X) -> R) -> Option<R> {
         let s = self.slot_of(qpn)?;
-        let r = self.entries[s]
-            .as_deref_mut()
-            .map(|e| f(&mut e.qp, &mut e.ext));
+        let r = self.entries[s].as_deref_mut().map(|e| f(&mut e.qp, &mut e.ext));
         self.touch(s);
         r
     }
@@ -340,20 +315,10 @@ impl<X> Engine<X> {
     }
     /// Move every QP to ERROR (shutdown): their outstanding WRs flush into `cq`.
     pub fn fail_all<C: Completions<X> + ?Sized>(&mut self, cq: &mut C) {
-        let a = QpAttr {
-            qp_state: QpState::Err,
-            ..QpAttr::default()
-        };
+        let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
         for s in 0..self.entries.len() {
             if let Some(e) = self.entries[s].as_deref_mut() {
-                let _ = e.qp.modify(
-                    &a,
-                    AttrMask::STATE,
-                    &mut Bound {
-                        out: &mut *cq,
-                        ext: &e.ext,
-                    },
-                );
+                let _ = e.qp.modify(&a, AttrMask::STATE, &mut Bound { out: &mut *cq, ext: &e.ext });
                 self.touch(s);
             }
         }
@@ -379,9 +344,7 @@ impl<X> Engine<X> {
     /// claims work: it was just polled and produced nothing (a fence, the RDMA-read credit or
     /// the window holds it), and only an event (a packet, a timer, a post) can change that.
     fn refile(&mut self, s: usize, may_ready: bool) {
-        let Some(e) = self.entries[s].as_deref_mut() else {
-            return;
-        };
+        let Some(e) = self.entries[s].as_deref_mut() else { return };
         if may_ready && !e.ready && e.qp.wants_transmit() {
             e.ready = true;
             self.ready.push_back(s as u32);
@@ -409,69 +372,32 @@ impl<X> Engine<X> {
             .entries
             .iter()
             .enumerate()
-            .filter_map(|(s, e)| {
-                e.as_deref()
-                    .and_then(|e| e.armed.map(|t| Reverse((t, s as u32, e.qp.qpn()))))
-            })
+            .filter_map(|(s, e)| e.as_deref().and_then(|e| e.armed.map(|t| Reverse((t, s as u32, e.qp.qpn())))))
             .collect();
         self.timers.clear();
         self.timers.extend(live);
     }
 
     /// Post a send WR to `qpn`.
-    pub fn post_send<C: Completions<X> + ?Sized>(
-        &mut self,
-        qpn: u32,
-        now: Instant,
-        wqe: SendWqe,
-        cq: &mut C,
-    ) -> Result<(), PostError> {
+    pub fn post_send<C: Completions<X> + ?Sized>(&mut self, qpn: u32, now: Instant, wqe: SendWqe, cq: &mut C) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
-        let e = self.entries[s]
-            .as_deref_mut()
-            .ok_or(PostError::InvalidState)?;
-        let r = e.qp.post_send(
-            now,
-            &wqe,
-            &mut Bound {
-                out: cq,
-                ext: &e.ext,
-            },
-        );
+        let e = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?;
+        let r = e.qp.post_send(now, &wqe, &mut Bound { out: cq, ext: &e.ext });
         self.touch(s);
         r
     }
     /// Post a receive WR to `qpn`.
-    pub fn post_recv<C: Completions<X> + ?Sized>(
-        &mut self,
-        qpn: u32,
-        wqe: &RecvWqe,
-        cq: &mut C,
-    ) -> Result<(), PostError> {
+    pub fn post_recv<C: Completions<X> + ?Sized>(&mut self, qpn: u32, wqe: &RecvWqe, cq: &mut C) -> Result<(), PostError> {
         let s = self.slot_of(qpn).ok_or(PostError::InvalidState)?;
-        let e = self.entries[s]
-            .as_deref_mut()
-            .ok_or(PostError::InvalidState)?;
-        let r = e.qp.post_recv(
-            wqe,
-            &mut Bound {
-                out: cq,
-                ext: &e.ext,
-            },
-        );
+        let e = self.entries[s].as_deref_mut().ok_or(PostError::InvalidState)?;
+        let r = e.qp.post_recv(wqe, &mut Bound { out: cq, ext: &e.ext });
         self.touch(s);
         r
     }
 
     /// Dispatch a parsed packet by its destination QPN. Returns true if the QP dropped it for a
     /// bad ICRC (a deferred check that failed; counted in the QP's `icrc_errors`).
-    pub fn handle_packet<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(
-        &mut self,
-        now: Instant,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        cq: &mut C,
-    ) -> bool {
+    pub fn handle_packet<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
         let Some(s) = self.slot_of(pkt.hdr.bth.dest_qp.value()) else {
             self.unknown_qpn += 1;
             return false;
@@ -496,19 +422,9 @@ impl<X> Engine<X> {
     /// [`Engine::predict`] for a frame whose BTH names a MIDDLE packet for `qpn` (out of line:
     /// small packets never get here).
     #[inline(never)]
-    fn predict_for<'a>(
-        &self,
-        qpn: u32,
-        port: u32,
-        data: &'a [u8],
-        pkt: &mut RxPacket<'a>,
-    ) -> Option<u32> {
+    fn predict_for<'a>(&self, qpn: u32, port: u32, data: &'a [u8], pkt: &mut RxPacket<'a>) -> Option<u32> {
         let s = self.slot_of(qpn)?;
-        let (_, p) = self.entries[s]
-            .as_deref()?
-            .rx_predict
-            .as_ref()
-            .filter(|(at, _)| *at == port)?;
+        let (_, p) = self.entries[s].as_deref()?.rx_predict.as_ref().filter(|(at, _)| *at == port)?;
         if !p.parse_into(data, &mut pkt.hdr, &mut pkt.frame) {
             return None;
         }
@@ -524,30 +440,12 @@ impl<X> Engine<X> {
     /// packet for a bad ICRC.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub fn receive<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(
-        &mut self,
-        now: Instant,
-        slot: u32,
-        port: u32,
-        data: &[u8],
-        pkt: &RxPacket<'_>,
-        predicted: bool,
-        mem: &M,
-        cq: &mut C,
-    ) -> bool {
+    pub fn receive<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, port: u32, data: &[u8], pkt: &RxPacket<'_>, predicted: bool, mem: &M, cq: &mut C) -> bool {
         if predicted {
             self.rx_predicted += 1;
         }
         let bad_icrc = self.handle_packet_at(now, slot, pkt, mem, cq);
-        if !bad_icrc
-            && !predicted
-            && pkt
-                .hdr
-                .bth
-                .opcode
-                .info()
-                .is_some_and(|i| i.pos == MsgPos::Middle)
-        {
+        if !bad_icrc && !predicted && pkt.hdr.bth.opcode.info().is_some_and(|i| i.pos == MsgPos::Middle) {
             self.record_prediction(slot, port, data);
         }
         bad_icrc
@@ -557,13 +455,7 @@ impl<X> Engine<X> {
     /// once per QP and then rewritten in place). Out of line: once per message.
     #[inline(never)]
     fn record_prediction(&mut self, slot: u32, port: u32, data: &[u8]) {
-        let Some(e) = self
-            .entries
-            .get_mut(slot as usize)
-            .and_then(|e| e.as_deref_mut())
-        else {
-            return;
-        };
+        let Some(e) = self.entries.get_mut(slot as usize).and_then(|e| e.as_deref_mut()) else { return };
         match (RxPrediction::record(data), &mut e.rx_predict) {
             (Some(r), Some((at, b))) => {
                 *at = port;
@@ -583,36 +475,16 @@ impl<X> Engine<X> {
 
     /// [`Engine::handle_packet`] for the QP in `slot`, [`Engine::slot`] of the packet's
     /// destination QPN.
-    pub(crate) fn handle_packet_at<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(
-        &mut self,
-        now: Instant,
-        slot: u32,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        cq: &mut C,
-    ) -> bool {
+    pub(crate) fn handle_packet_at<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, slot: u32, pkt: &RxPacket<'_>, mem: &M, cq: &mut C) -> bool {
         let s = slot as usize;
         let Some(e) = self.entries.get_mut(s).and_then(|e| e.as_deref_mut()) else {
             self.unknown_qpn += 1;
             return false;
         };
-        debug_assert_eq!(
-            e.qp.qpn(),
-            pkt.hdr.bth.dest_qp.value(),
-            "a packet handed to another QP's slot"
-        );
+        debug_assert_eq!(e.qp.qpn(), pkt.hdr.bth.dest_qp.value(), "a packet handed to another QP's slot");
         let srq = e.qp.srq().and_then(|n| self.srqs.get_mut(&n));
         let before = e.qp.stats().icrc_errors;
-        e.qp.handle_packet(
-            now,
-            pkt,
-            mem,
-            srq,
-            &mut Bound {
-                out: cq,
-                ext: &e.ext,
-            },
-        );
+        e.qp.handle_packet(now, pkt, mem, srq, &mut Bound { out: cq, ext: &e.ext });
         let bad_icrc = e.qp.stats().icrc_errors != before;
         self.touch(s);
         bad_icrc
@@ -631,34 +503,20 @@ impl<X> Engine<X> {
     }
 
     /// Service the timers that expired by `now`; returns whether any QP had one.
-    pub fn handle_timeout<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        cq: &mut C,
-    ) -> bool {
+    pub fn handle_timeout<M: MemOps + ?Sized, C: Completions<X> + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut C) -> bool {
         let mut any = false;
         while let Some(&Reverse((t, s, qpn))) = self.timers.peek() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            let Some(e) = self.entries[s as usize].as_deref_mut() else {
-                continue;
-            };
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             if e.qp.qpn() != qpn || e.armed != Some(t) {
                 continue; // stale
             }
             e.armed = None;
             if e.qp.poll_timeout().is_some_and(|d| d <= now) {
-                e.qp.handle_timeout(
-                    now,
-                    mem,
-                    &mut Bound {
-                        out: cq,
-                        ext: &e.ext,
-                    },
-                );
+                e.qp.handle_timeout(now, mem, &mut Bound { out: cq, ext: &e.ext });
                 any = true;
             }
             self.touch(s as usize);
@@ -694,14 +552,7 @@ impl<X> Engine<X> {
     ///
     /// Completions a send produces (a UC/UD send, a local operation, a failed gather) go to
     /// `cq`. Returns whether any packet was built.
-    pub fn transmit<M, C, P>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        port: &mut P,
-        cq: &mut C,
-        burst: usize,
-    ) -> bool
+    pub fn transmit<M, C, P>(&mut self, now: Instant, mem: &M, port: &mut P, cq: &mut C, burst: usize) -> bool
     where
         M: MemOps + ?Sized,
         C: Completions<X> + ?Sized,
@@ -711,12 +562,8 @@ impl<X> Engine<X> {
         let mut any = false;
         let mut deferred = core::mem::take(&mut self.deferred);
         for _ in 0..self.ready.len() {
-            let Some(s) = self.ready.pop_front() else {
-                break;
-            };
-            let Some(e) = self.entries[s as usize].as_deref_mut() else {
-                continue;
-            };
+            let Some(s) = self.ready.pop_front() else { break };
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             e.ready = false;
             if !port.has_room(&e.ext) {
                 deferred.push(s);
@@ -743,11 +590,7 @@ impl<X> Engine<X> {
         }
         // Cut off by a full port: first in line next time, in the order they were waiting.
         for &s in deferred.iter().rev() {
-            if let Some(e) = self
-                .entries
-                .get_mut(s as usize)
-                .and_then(|e| e.as_deref_mut())
-            {
+            if let Some(e) = self.entries.get_mut(s as usize).and_then(|e| e.as_deref_mut()) {
                 if !e.ready {
                     e.ready = true;
                     self.ready.push_front(s);
@@ -793,24 +636,16 @@ impl<X> Engine<X> {
         let mut list = core::mem::take(&mut self.pending);
         core::mem::swap(&mut self.pending, &mut self.pending_spare);
         for &s in &list {
-            let Some(e) = self.entries[s as usize].as_deref_mut() else {
-                continue;
-            };
+            let Some(e) = self.entries[s as usize].as_deref_mut() else { continue };
             e.pending = false;
-            let mut sink = Bound {
-                out: &mut *out,
-                ext: &e.ext,
-            };
+            let mut sink = Bound { out: &mut *out, ext: &e.ext };
             let kept = e.qp.drain_completions(&mut sink);
             if kept {
                 if let Some(side) = e.qp.kept_side() {
                     sink.out.overflow(sink.ext, e.qp.qpn(), side);
                 }
                 if e.qp.state() != QpState::Err {
-                    let a = QpAttr {
-                        qp_state: QpState::Err,
-                        ..QpAttr::default()
-                    };
+                    let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
                     let _ = e.qp.modify(&a, AttrMask::STATE, &mut sink);
                 }
             }
@@ -868,14 +703,7 @@ pub trait TxPort<X> {
     fn neigh_generation(&self) -> u64;
     /// Is the path on `av` from `src_qpn` to `dest_qpn` resolved (its next hop's MAC known)?
     /// May fill a path cache in `ext`.
-    fn resolve(
-        &mut self,
-        ext: &mut X,
-        av: &AddressVector,
-        src_qpn: u32,
-        dest_qpn: u32,
-        now: Instant,
-    ) -> bool;
+    fn resolve(&mut self, ext: &mut X, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> bool;
     /// The QP is held for the unresolved neighbour of `av` (count it; ask for it).
     fn held(&mut self, ext: &X, av: &AddressVector);
     /// An empty frame for the QP's next packet (`None`: no buffer; the burst ends).
@@ -885,14 +713,7 @@ pub trait TxPort<X> {
     fn room(frame: &mut Self::Frame) -> &mut [u8];
     /// The QP wrote packet `t` (path `av`) into `frame`: add the outer headers and the ICRC and
     /// queue it (or drop it, counted, if its path cannot be resolved now).
-    fn emit(
-        &mut self,
-        ext: &mut X,
-        frame: Self::Frame,
-        t: &Transmit,
-        av: &AddressVector,
-        now: Instant,
-    );
+    fn emit(&mut self, ext: &mut X, frame: Self::Frame, t: &Transmit, av: &AddressVector, now: Instant);
     /// The QP had nothing to write: `frame` goes back unused.
     fn give_back(&mut self, ext: &mut X, frame: Self::Frame);
     /// The QP's burst is over (finish what was deferred to the end of the burst).
@@ -904,15 +725,7 @@ pub trait TxPort<X> {
 /// until an event). Out of line (one call per QP burst): profiles and
 /// `scripts/instructions.sh` see the per-packet work here.
 #[inline(never)]
-fn send_burst<X, M, C, P>(
-    qp: &mut Qp,
-    ext: &mut X,
-    port: &mut P,
-    now: Instant,
-    mem: &M,
-    cq: &mut C,
-    burst: usize,
-) -> (bool, bool)
+fn send_burst<X, M, C, P>(qp: &mut Qp, ext: &mut X, port: &mut P, now: Instant, mem: &M, cq: &mut C, burst: usize) -> (bool, bool)
 where
     M: MemOps + ?Sized,
     C: Completions<X> + ?Sized,
@@ -926,15 +739,7 @@ where
         let Some(mut f) = port.frame(ext) else { break };
         // Read in place: moving the returned value out copied it in wide words right after
         // poll_transmit wrote it field by field (a store-forwarding stall).
-        let sent = qp.poll_transmit(
-            now,
-            mem,
-            P::room(&mut f),
-            &mut Bound {
-                out: &mut *cq,
-                ext: &*ext,
-            },
-        );
+        let sent = qp.poll_transmit(now, mem, P::room(&mut f), &mut Bound { out: &mut *cq, ext: &*ext });
         let Some(t) = &sent else {
             port.give_back(ext, f);
             progressed = n > 1;
@@ -959,42 +764,26 @@ mod tests {
                 let l = QpnLayout { lcores, slots };
                 for qpn in (0..5000).chain([u32::MAX - 3, u32::MAX, 0x00ff_ffff]) {
                     assert_eq!(l.owner(qpn), (qpn % lcores.max(1)) as usize, "{l:?} {qpn}");
-                    assert_eq!(
-                        l.slot(qpn),
-                        ((qpn / lcores.max(1)) % slots.max(1)) as usize,
-                        "{l:?} {qpn}"
-                    );
+                    assert_eq!(l.slot(qpn), ((qpn / lcores.max(1)) % slots.max(1)) as usize, "{l:?} {qpn}");
                 }
             }
         }
     }
 
     fn qp(qpn: u32) -> Qp {
-        let caps = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
         Qp::new(qpn, QpType::Rc, 1, caps, None).unwrap()
     }
 
     #[test]
     fn slab_slots_follow_the_qpn_layout() {
-        let layout = QpnLayout {
-            lcores: 3,
-            slots: 8,
-        };
+        let layout = QpnLayout { lcores: 3, slots: 8 };
         let mut e: Engine<u8> = Engine::with_layout(layout, 1);
         // qpn 4: owner 1, slot 1. qpn 28 = 4 + 3*8: same owner, same slot, another generation.
         e.insert(qp(4), 7).unwrap();
         assert_eq!(e.insert(qp(28), 8), Err(AddError::SlotTaken));
         assert_eq!(e.insert(qp(5), 9), Err(AddError::WrongOwner));
-        assert!(
-            e.qp(28).is_none(),
-            "a QPN of another generation does not find the slot's QP"
-        );
+        assert!(e.qp(28).is_none(), "a QPN of another generation does not find the slot's QP");
         assert_eq!(e.ext(4), Some(&7));
         assert_eq!(e.remove(4).map(|(_, x)| x), Some(7));
         e.insert(qp(28), 8).unwrap();

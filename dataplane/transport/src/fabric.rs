@@ -14,10 +14,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
-use pmrxe_wire::{
-    ecn, emit_frame_headers, finish_frame, frame_header_len, parse_cnp_frame, parse_frame,
-    udp_sport, Error, Ipv4Packet, L3Info, MacAddr, ICRC_LEN,
-};
+use pmrxe_wire::{ecn, emit_frame_headers, finish_frame, frame_header_len, parse_cnp_frame, parse_frame, udp_sport, Error, Ipv4Packet, L3Info, MacAddr, ICRC_LEN};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -51,16 +48,7 @@ impl Default for FabricParams {
     /// a shallow 200 KB drop-tail buffer (= Kmax; less than two RC windows of 128 × 1 KiB packets, so
     /// that even two unregulated flows overflow it), ECN on.
     fn default() -> Self {
-        FabricParams {
-            link_bps: 10_000_000_000,
-            prop_ns: 1_000,
-            kmin: 5_000,
-            kmax: 100_000,
-            pmax: 0.01,
-            buffer: 200_000,
-            ecn_marking: true,
-            ect: true,
-        }
+        FabricParams { link_bps: 10_000_000_000, prop_ns: 1_000, kmin: 5_000, kmax: 100_000, pmax: 0.01, buffer: 200_000, ecn_marking: true, ect: true }
     }
 }
 
@@ -115,11 +103,7 @@ pub struct Fabric {
 
 impl core::fmt::Debug for Fabric {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Fabric")
-            .field("now", &self.now)
-            .field("port", &self.port)
-            .field("queue_bytes", &self.queue_bytes)
-            .finish()
+        f.debug_struct("Fabric").field("now", &self.now).field("port", &self.port).field("queue_bytes", &self.queue_bytes).finish()
     }
 }
 
@@ -202,11 +186,7 @@ impl Fabric {
             let node_ip = node.ip;
             let dst = self.nodes.iter().position(|n| n.gid() == av.dgid);
             let dst_ip = Ipv4Addr::from(<[u8; 4]>::try_from(&av.dgid[12..16]).expect("4 bytes"));
-            let tclass = if self.p.ect {
-                ecn::with_ecn(av.traffic_class, ecn::ECT0)
-            } else {
-                av.traffic_class
-            };
+            let tclass = if self.p.ect { ecn::with_ecn(av.traffic_class, ecn::ECT0) } else { av.traffic_class };
             let l3 = L3Info {
                 src_mac: MacAddr([2, 0, 0, 0, 0, i as u8]),
                 dst_mac: MacAddr([2, 0, 0, 0, 0, dst.unwrap_or(255) as u8]),
@@ -250,8 +230,7 @@ impl Fabric {
             } else if q >= self.p.kmax {
                 true
             } else {
-                let prob =
-                    (q - self.p.kmin) as f64 / (self.p.kmax - self.p.kmin) as f64 * self.p.pmax;
+                let prob = (q - self.p.kmin) as f64 / (self.p.kmax - self.p.kmin) as f64 * self.p.pmax;
                 self.rng.gen::<f64>() < prob
             };
             if mark {
@@ -323,18 +302,9 @@ impl Fabric {
         self.transmit();
         self.collect();
         let next_ev = self.events.peek().map(|Reverse((t, ..))| *t);
-        let next_timer = self
-            .nodes
-            .iter()
-            .filter_map(|n| n.engine.poll_timeout())
-            .min();
-        let next_nic = (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].engine.has_ready())
-            .map(|i| self.nic_free[i].max(self.now))
-            .min();
-        let Some(next) = [next_ev, next_timer, next_nic].into_iter().flatten().min() else {
-            return false;
-        };
+        let next_timer = self.nodes.iter().filter_map(|n| n.engine.poll_timeout()).min();
+        let next_nic = (0..self.nodes.len()).filter(|&i| self.nodes[i].engine.has_ready()).map(|i| self.nic_free[i].max(self.now)).min();
+        let Some(next) = [next_ev, next_timer, next_nic].into_iter().flatten().min() else { return false };
         if next > self.now {
             self.now = next;
         }

@@ -64,18 +64,12 @@ pub mod stats;
 pub mod timers;
 pub mod wqe;
 
-pub use attr::{
-    AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType,
-    UnknownValue, PRIVILEGED_QKEY_BIT,
-};
-pub use cq::{
-    Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, Delivery, WcFlags, WcOpcode,
-    WcStatus,
-};
-pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
 pub use engine::{AddError, Engine, QpnLayout, TxPort};
+pub use dcqcn::{CcConfig, Dcqcn, DcqcnParams, NpParams};
+pub use cq::{Bound, CompletionSink, Completions, CqSide, Cqe, Deferred, Delivery, WcFlags, WcOpcode, WcStatus};
 pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
+pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, UnknownValue};
 pub use qp::{AsyncEvent, PostError, Qp, Transmit};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;

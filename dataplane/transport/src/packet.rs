@@ -25,25 +25,13 @@ pub struct RxPacket<'a> {
 impl<'a> RxPacket<'a> {
     /// A packet with only headers and payload (addressing zeroed, hop limit 64).
     pub fn new(hdr: TransportHeaders, payload: &'a [u8]) -> Self {
-        RxPacket {
-            hdr,
-            frame: RxFrame {
-                payload,
-                ttl: 64,
-                ..RxFrame::BLANK
-            },
-            deferred: false,
-        }
+        RxPacket { hdr, frame: RxFrame { payload, ttl: 64, ..RxFrame::BLANK }, deferred: false }
     }
 
     /// A packet of a parsed frame; `check`: its ICRC check when deferred, `None` when the
     /// parse verified it.
     pub fn of_frame(f: &pmrxe_wire::RoceFrame<'a>, check: Option<IcrcCheck>) -> Self {
-        RxPacket {
-            hdr: f.headers,
-            frame: f.rx_frame(check.unwrap_or(IcrcCheck::BLANK)),
-            deferred: check.is_some(),
-        }
+        RxPacket { hdr: f.headers, frame: f.rx_frame(check.unwrap_or(IcrcCheck::BLANK)), deferred: check.is_some() }
     }
 
     /// Payload without pad and ICRC.

@@ -9,19 +9,16 @@ use std::collections::VecDeque;
 use pmrxe_mem::PdHandle;
 use pmrxe_wire::Psn;
 
-use crate::attr::{
-    transition_masks, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps,
-    QpState, QpType, MAX_QP_WR, MAX_RD_ATOMIC,
-};
+use crate::attr::{transition_masks, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, MAX_QP_WR, MAX_RD_ATOMIC};
 use crate::completer::CompState;
 use crate::cq::{CompletionSink, CqSide, Cqe, WcOpcode, WcStatus};
 use crate::dcqcn::{CcConfig, Dcqcn};
 use crate::requester::{ReqState, TxStream};
 use crate::responder::RespState;
-use crate::rq::RecvQueue;
 use crate::sq::{SqEntry, SqRing, SqSide};
 use crate::stats::QpStats;
 use crate::timers::{Instant, Timer, TimerTable};
+use crate::rq::RecvQueue;
 use crate::wqe::{RecvWr, SendFlags, SendOp, SendWr, MAX_INLINE, MAX_SGE};
 
 /// `post_send`/`post_recv` failure (the WR is returned as `bad_wr`; no CQE).
@@ -137,13 +134,7 @@ pub struct Qp {
 
 impl Qp {
     /// Create a QP in RESET. Queues are allocated here, never on the fast path.
-    pub fn new(
-        qpn: u32,
-        qp_type: QpType,
-        pd: PdHandle,
-        caps: QpCaps,
-        srq: Option<u32>,
-    ) -> Result<Self, CreateError> {
+    pub fn new(qpn: u32, qp_type: QpType, pd: PdHandle, caps: QpCaps, srq: Option<u32>) -> Result<Self, CreateError> {
         if caps.max_send_wr > MAX_QP_WR
             || caps.max_recv_wr > MAX_QP_WR
             || caps.max_send_sge as usize > MAX_SGE
@@ -155,10 +146,7 @@ impl Qp {
         if qpn == 0 || qpn > 0x00FF_FFFF {
             return Err(CreateError::InvalidArgument);
         }
-        let attr = QpAttr {
-            cap: caps,
-            ..QpAttr::default()
-        };
+        let attr = QpAttr { cap: caps, ..QpAttr::default() };
         Ok(Qp {
             qpn,
             qp_type,
@@ -258,18 +246,10 @@ impl Qp {
         }
         self.stats.ecn_ce_received += 1;
         let Some(np) = self.cc.np else { return };
-        if self.qp_type == QpType::Ud
-            || !matches!(
-                self.state,
-                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            )
-        {
+        if self.qp_type == QpType::Ud || !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return;
         }
-        if self
-            .np_last_cnp
-            .is_some_and(|t| now.since(t) < np.cnp_interval_ns)
-        {
+        if self.np_last_cnp.is_some_and(|t| now.since(t) < np.cnp_interval_ns) {
             return;
         }
         self.np_last_cnp = Some(now);
@@ -284,19 +264,11 @@ impl Qp {
         }
         self.cnp_pending = false;
         let dest = self.attr.dest_qp_num;
-        let len = pmrxe_wire::CnpRepr::new(pmrxe_wire::Qpn::new(dest))
-            .emit(buf)
-            .ok()?;
+        let len = pmrxe_wire::CnpRepr::new(pmrxe_wire::Qpn::new(dest)).emit(buf).ok()?;
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        Some(Transmit {
-            len,
-            av: Some(av),
-            dest_qpn: dest,
-            src_qpn: self.qpn,
-            tail_crc: None,
-        })
+        Some(Transmit { len, av: Some(av), dest_qpn: dest, src_qpn: self.qpn, tail_crc: None })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
@@ -342,27 +314,15 @@ impl Qp {
     /// `ibv_modify_qp`: checks the transition and the attribute mask against the IBTA table
     /// ([`transition_masks`]), validates values, then applies. Entering ERR flushes both
     /// queues (the flushed completions go to `cq`); entering RESET clears everything.
-    pub fn modify<C: CompletionSink + ?Sized>(
-        &mut self,
-        attr: &QpAttr,
-        mask: AttrMask,
-        cq: &mut C,
-    ) -> Result<(), ModifyError> {
+    pub fn modify<C: CompletionSink + ?Sized>(&mut self, attr: &QpAttr, mask: AttrMask, cq: &mut C) -> Result<(), ModifyError> {
         let cur = self.state;
         if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
             // IBA 11.2.4.2 allows CUR_STATE only to confirm the state (or SQE/RTS recovery).
             return Err(ModifyError::CurrentStateMismatch);
         }
-        let next = if mask.contains(AttrMask::STATE) {
-            attr.qp_state
-        } else {
-            cur
-        };
-        let t =
-            transition_masks(self.qp_type, cur, next).ok_or(ModifyError::InvalidTransition {
-                from: cur,
-                to: next,
-            })?;
+        let next = if mask.contains(AttrMask::STATE) { attr.qp_state } else { cur };
+        let t = transition_masks(self.qp_type, cur, next)
+            .ok_or(ModifyError::InvalidTransition { from: cur, to: next })?;
         let given = mask.minus(AttrMask::STATE);
         let missing = t.required.minus(given);
         if !missing.is_empty() {
@@ -441,16 +401,7 @@ impl Qp {
     }
 
     fn reset(&mut self) {
-        let (qpn, ty, pd, caps, srq, sig, port_mtu, cc) = (
-            self.qpn,
-            self.qp_type,
-            self.pd,
-            self.caps,
-            self.srq,
-            self.sq_sig_all,
-            self.port_mtu,
-            self.cc,
-        );
+        let (qpn, ty, pd, caps, srq, sig, port_mtu, cc) = (self.qpn, self.qp_type, self.pd, self.caps, self.srq, self.sq_sig_all, self.port_mtu, self.cc);
         // Reuse the allocations.
         let mut sq = core::mem::replace(&mut self.sq, SqRing::new(0));
         let mut rq = core::mem::take(&mut self.rq);
@@ -460,8 +411,7 @@ impl Qp {
         rq.clear();
         cqes.clear();
         events.clear();
-        *self = Qp::new(qpn, ty, pd, caps, srq)
-            .unwrap_or_else(|_| unreachable!("caps validated at create"));
+        *self = Qp::new(qpn, ty, pd, caps, srq).unwrap_or_else(|_| unreachable!("caps validated at create"));
         self.sq = sq;
         self.rq = rq;
         self.cqes = cqes;
@@ -501,30 +451,17 @@ impl Qp {
         // The RQ's current WQE is its head: flushed first, in order.
         while let Some(wr_id) = self.rq.pop() {
             self.stats.completion(WcStatus::WrFlushErr);
-            self.complete(
-                cq,
-                CqSide::Recv,
-                Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-            );
+            self.complete(cq, CqSide::Recv, Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
         }
         if let Some(r) = self.resp.take_current_recv() {
             self.stats.completion(WcStatus::WrFlushErr);
-            self.complete(
-                cq,
-                CqSide::Recv,
-                Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-            );
+            self.complete(cq, CqSide::Recv, Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
         }
     }
 
     /// `ibv_post_send`. Validation failures return an error and produce no CQE
     /// (rxe `validate_send_wr`). In ERR the WR is accepted and flushed (its completion to `cq`).
-    pub fn post_send<W: SendWr + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        wqe: &W,
-        cq: &mut C,
-    ) -> Result<(), PostError> {
+    pub fn post_send<W: SendWr + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, wqe: &W, cq: &mut C) -> Result<(), PostError> {
         let _ = now;
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
@@ -536,12 +473,8 @@ impl Qp {
         let op = wqe.op();
         let ok_for_type = match self.qp_type {
             QpType::Rc => true,
-            QpType::Uc => {
-                matches!(
-                    op,
-                    SendOp::Send | SendOp::SendImm(_) | SendOp::Write | SendOp::WriteImm(_)
-                ) || op.is_local()
-            }
+            QpType::Uc => matches!(op, SendOp::Send | SendOp::SendImm(_) | SendOp::Write | SendOp::WriteImm(_))
+                || op.is_local(),
             QpType::Ud => matches!(op, SendOp::Send | SendOp::SendImm(_)),
         };
         if !ok_for_type {
@@ -555,13 +488,9 @@ impl Qp {
         let inline = flags.contains(SendFlags::INLINE);
         let inline_len = wqe.inline_len();
         if inline
-            && (op.is_local()
-                || op.is_rd_atomic()
-                || inline_len > self.caps.max_inline_data as usize
-                || inline_len > MAX_INLINE)
-        {
-            return Err(PostError::BadInline);
-        }
+            && (op.is_local() || op.is_rd_atomic() || inline_len > self.caps.max_inline_data as usize || inline_len > MAX_INLINE) {
+                return Err(PostError::BadInline);
+            }
         // The out-of-line parts go into the free slot at the queue's end now (they count only
         // once the entry is pushed below), so each gather entry is read once: `store` sums
         // their lengths as it copies them.
@@ -612,11 +541,7 @@ impl Qp {
 
     /// `ibv_post_recv` (QP without SRQ). Accepted from INIT on; flushed in ERR (its completion
     /// to `cq`).
-    pub fn post_recv<W: RecvWr + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        wqe: &W,
-        cq: &mut C,
-    ) -> Result<(), PostError> {
+    pub fn post_recv<W: RecvWr + ?Sized, C: CompletionSink + ?Sized>(&mut self, wqe: &W, cq: &mut C) -> Result<(), PostError> {
         if self.srq.is_some() {
             return Err(PostError::InvalidState);
         }
@@ -649,12 +574,7 @@ impl Qp {
 
     /// Hand `c` to `cq`, or keep it (in order) if `cq` is full or completions already wait.
     #[inline]
-    pub(crate) fn complete<C: CompletionSink + ?Sized>(
-        &mut self,
-        cq: &mut C,
-        side: CqSide,
-        c: Cqe,
-    ) {
+    pub(crate) fn complete<C: CompletionSink + ?Sized>(&mut self, cq: &mut C, side: CqSide, c: Cqe) {
         if !(self.cqes.is_empty() && cq.complete(side, &c)) {
             self.cqes.push_back((side, c));
         }
@@ -702,12 +622,7 @@ impl Qp {
     }
 
     /// Service every expired timer (completions of a failed retry to `cq`).
-    pub fn handle_timeout<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        cq: &mut C,
-    ) {
+    pub fn handle_timeout<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut C) {
         let _ = mem;
         for t in Timer::ALL {
             if self.timers.is_expired(t, now) {
@@ -812,13 +727,7 @@ impl Qp {
     /// requester packets. Local operations execute here when the SQ walk reaches them; what
     /// completes (a local operation, a UC/UD send, a failed gather) goes to `cq`.
     #[must_use]
-    pub fn poll_transmit<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        buf: &mut [u8],
-        cq: &mut C,
-    ) -> Option<Transmit> {
+    pub fn poll_transmit<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         if let Some(t) = self.poll_cnp(buf) {
             return Some(t);
         }
@@ -838,11 +747,7 @@ impl Qp {
         }
         if self.qp_type == QpType::Ud {
             let i = self.req.net_cursor();
-            return if i < self.sq_end() {
-                self.sq_side.ud(i).map(|u| (&u.av, u.remote_qpn))
-            } else {
-                None
-            };
+            return if i < self.sq_end() { self.sq_side.ud(i).map(|u| (&u.av, u.remote_qpn)) } else { None };
         }
         Some(connected)
     }
@@ -862,9 +767,7 @@ impl Qp {
         }
         match self.state {
             QpState::Rts | QpState::Sqd => {
-                self.req.net_cursor() < self.sq_end()
-                    && self.timers.get(Timer::RnrWait).is_none()
-                    && self.timers.get(Timer::Pacing).is_none()
+                self.req.net_cursor() < self.sq_end() && self.timers.get(Timer::RnrWait).is_none() && self.timers.get(Timer::Pacing).is_none()
             }
             _ => false,
         }
@@ -897,79 +800,33 @@ mod tests {
     #[test]
     fn reset_to_init_requires_pkey_port_access() {
         let mut q = rc();
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            ..QpAttr::default()
-        };
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
         assert_eq!(
             q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX, &mut Deferred),
-            Err(ModifyError::MissingAttributes(
-                AttrMask::PORT | AttrMask::ACCESS_FLAGS
-            ))
+            Err(ModifyError::MissingAttributes(AttrMask::PORT | AttrMask::ACCESS_FLAGS))
         );
-        q.modify(
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            &mut Deferred,
-        )
-        .unwrap();
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
         assert_eq!(q.state(), QpState::Init);
     }
 
     #[test]
     fn init_to_rts_is_invalid_and_extra_bits_rejected() {
         let mut q = rc();
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            ..QpAttr::default()
-        };
-        q.modify(
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            &mut Deferred,
-        )
-        .unwrap();
-        let a = QpAttr {
-            qp_state: QpState::Rts,
-            ..QpAttr::default()
-        };
-        assert!(matches!(
-            q.modify(&a, AttrMask::STATE, &mut Deferred),
-            Err(ModifyError::InvalidTransition { .. })
-        ));
-        let a = QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        };
-        let need = AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER;
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
+        let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+        assert!(matches!(q.modify(&a, AttrMask::STATE, &mut Deferred), Err(ModifyError::InvalidTransition { .. })));
+        let a = QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() };
+        let need = AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         assert_eq!(
             q.modify(&a, AttrMask::STATE | need | AttrMask::SQ_PSN, &mut Deferred),
             Err(ModifyError::InvalidAttributes(AttrMask::SQ_PSN))
         );
         q.modify(&a, AttrMask::STATE | need, &mut Deferred).unwrap();
-        let a = QpAttr {
-            qp_state: QpState::Rts,
-            timeout: 32,
-            ..QpAttr::default()
-        };
-        let need = AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC;
-        assert_eq!(
-            q.modify(&a, AttrMask::STATE | need, &mut Deferred),
-            Err(ModifyError::InvalidValue("timeout > 31"))
-        );
-        let a = QpAttr {
-            qp_state: QpState::Rts,
-            ..QpAttr::default()
-        };
+        let a = QpAttr { qp_state: QpState::Rts, timeout: 32, ..QpAttr::default() };
+        let need = AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN | AttrMask::MAX_QP_RD_ATOMIC;
+        assert_eq!(q.modify(&a, AttrMask::STATE | need, &mut Deferred), Err(ModifyError::InvalidValue("timeout > 31")));
+        let a = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
         q.modify(&a, AttrMask::STATE | need, &mut Deferred).unwrap();
         assert_eq!(q.query().qp_state, QpState::Rts);
     }
@@ -977,54 +834,13 @@ mod tests {
     #[test]
     fn ud_transitions() {
         let mut q = Qp::new(5, QpType::Ud, 1, QpCaps::default(), None).unwrap();
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            qkey: 0x1111,
-            ..QpAttr::default()
-        };
-        q.modify(
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-            &mut Deferred,
-        )
-        .unwrap();
-        q.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..a
-            },
-            AttrMask::STATE,
-            &mut Deferred,
-        )
-        .unwrap();
-        q.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                ..a
-            },
-            AttrMask::STATE | AttrMask::SQ_PSN,
-            &mut Deferred,
-        )
-        .unwrap();
+        let a = QpAttr { qp_state: QpState::Init, qkey: 0x1111, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Rts, ..a }, AttrMask::STATE | AttrMask::SQ_PSN, &mut Deferred).unwrap();
         assert_eq!(q.query().qkey, 0x1111);
-        q.modify(
-            &QpAttr {
-                qp_state: QpState::Err,
-                ..a
-            },
-            AttrMask::STATE,
-            &mut Deferred,
-        )
-        .unwrap();
-        q.modify(
-            &QpAttr {
-                qp_state: QpState::Reset,
-                ..a
-            },
-            AttrMask::STATE,
-            &mut Deferred,
-        )
-        .unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Reset, ..a }, AttrMask::STATE, &mut Deferred).unwrap();
         assert_eq!(q.state(), QpState::Reset);
     }
 
@@ -1045,64 +861,30 @@ mod tests {
     /// (even when the sink would take it): the consumer sees them in order once it makes room.
     #[test]
     fn refused_completions_wait_in_order_behind_the_first() {
-        let caps = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 8,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
+        let caps = QpCaps { max_send_wr: 4, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
         let mut q = Qp::new(9, QpType::Rc, 1, caps, None).unwrap();
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            ..QpAttr::default()
-        };
-        q.modify(
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            &mut Deferred,
-        )
-        .unwrap();
+        let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+        q.modify(&a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS, &mut Deferred).unwrap();
         for i in 0..5 {
-            q.post_recv(&crate::wqe::RecvWqe::new(i), &mut Deferred)
-                .unwrap();
+            q.post_recv(&crate::wqe::RecvWqe::new(i), &mut Deferred).unwrap();
         }
         assert!(!q.has_output(), "posting completes nothing");
         // Into ERR: five flushed receives, the CQ has room for two.
         let mut cq = Room(2, Vec::new());
-        q.modify(
-            &QpAttr {
-                qp_state: QpState::Err,
-                ..a
-            },
-            AttrMask::STATE,
-            &mut cq,
-        )
-        .unwrap();
+        q.modify(&QpAttr { qp_state: QpState::Err, ..a }, AttrMask::STATE, &mut cq).unwrap();
         assert_eq!(cq.1, vec![(CqSide::Recv, 0), (CqSide::Recv, 1)]);
         assert!(q.has_output(), "three kept");
         // A post in ERR completes at once (flushed), but only behind the kept ones.
         cq.0 = 10;
         q.post_recv(&crate::wqe::RecvWqe::new(5), &mut cq).unwrap();
-        assert_eq!(
-            cq.1.len(),
-            2,
-            "a new completion does not overtake kept ones"
-        );
+        assert_eq!(cq.1.len(), 2, "a new completion does not overtake kept ones");
         // Room for one more: one moves, the rest stay.
         cq.0 = 1;
         assert!(q.drain_completions(&mut cq), "some still kept");
         cq.0 = 10;
         assert!(!q.drain_completions(&mut cq), "all moved");
-        assert_eq!(
-            cq.1.iter().map(|&(_, w)| w).collect::<Vec<_>>(),
-            vec![0, 1, 2, 3, 4, 5]
-        );
+        assert_eq!(cq.1.iter().map(|&(_, w)| w).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
         assert!(!q.has_output());
-        assert_eq!(
-            q.stats().completions[WcStatus::WrFlushErr as usize],
-            6,
-            "each counted once, when produced"
-        );
+        assert_eq!(q.stats().completions[WcStatus::WrFlushErr as usize], 6, "each counted once, when produced");
     }
 }

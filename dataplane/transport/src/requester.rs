@@ -19,15 +19,12 @@
 
 use pmrxe_crc::CrcShift;
 use pmrxe_mem::Translation;
-use pmrxe_wire::{
-    bth as wire_bth, next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr,
-    TransportHeaders,
-};
+use pmrxe_wire::{bth as wire_bth, next_opcode, AtomicEthRepr, DethRepr, MsgPos, OpKind, Psn, Qpn, RethRepr, TransportHeaders};
 
-use crate::attr::{QpState, QpType, PRIVILEGED_QKEY_BIT};
 use crate::builder::{bth, build, Payload};
 use crate::cq::{CompletionSink, WcStatus};
 use crate::memops::MemOps;
+use crate::attr::{QpState, QpType, PRIVILEGED_QKEY_BIT};
 use crate::qp::{Qp, Transmit};
 use crate::timers::{local_ack_timeout_ns, Instant, Timer};
 use crate::wqe::{SendFlags, SendOp};
@@ -83,12 +80,7 @@ pub(crate) struct TxStream {
 impl TxStream {
     /// For no WQE.
     pub(crate) fn none() -> TxStream {
-        TxStream {
-            idx: u64::MAX,
-            plen: 0,
-            shift: CrcShift::new(0),
-            tr: None,
-        }
+        TxStream { idx: u64::MAX, plen: 0, shift: CrcShift::new(0), tr: None }
     }
 }
 
@@ -155,13 +147,7 @@ impl ReqState {
 
 impl Qp {
     /// Requester half of `poll_transmit`.
-    pub(crate) fn poll_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        buf: &mut [u8],
-        cq: &mut C,
-    ) -> Option<Transmit> {
+    pub(crate) fn poll_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         loop {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                 return None;
@@ -238,14 +224,10 @@ impl Qp {
                 if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
                     return None;
                 }
-                if op.is_rd_atomic()
-                    && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1))
-                {
+                if op.is_rd_atomic() && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1)) {
                     return None;
                 }
-                if self.qp_type == QpType::Rc
-                    && self.req.next_psn.distance(self.comp.psn()) >= self.unacked_window()
-                {
+                if self.qp_type == QpType::Rc && self.req.next_psn.distance(self.comp.psn()) >= self.unacked_window() {
                     return None;
                 }
                 if self.qp_type == QpType::Ud && len > u64::from(self.mtu()) {
@@ -281,13 +263,7 @@ impl Qp {
     fn execute_local<M: MemOps + ?Sized>(&mut self, mem: &M, op: &SendOp) -> WcStatus {
         self.stats.local_op_executions += 1;
         match *op {
-            SendOp::RegMr {
-                mr,
-                key,
-                access,
-                iova,
-                length,
-            } => match mem.reg_mr(self.pd, self.qpn, mr, key, access, iova, length) {
+            SendOp::RegMr { mr, key, access, iova, length } => match mem.reg_mr(self.pd, self.qpn, mr, key, access, iova, length) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocQpOpErr,
             },
@@ -295,38 +271,22 @@ impl Qp {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocQpOpErr,
             },
-            SendOp::BindMw {
-                mw,
-                new_key,
-                mr,
-                addr,
-                len,
-                access,
-            } => match mem.bind_mw(self.pd, self.qpn, mw, new_key, mr, addr, len, access) {
-                Ok(()) => WcStatus::Success,
-                Err(_) => WcStatus::MwBindErr,
-            },
+            SendOp::BindMw { mw, new_key, mr, addr, len, access } => {
+                match mem.bind_mw(self.pd, self.qpn, mw, new_key, mr, addr, len, access) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                }
+            }
             _ => WcStatus::LocQpOpErr,
         }
     }
 
     /// Emit the next packet of started WQE `idx` (at its `tx_pkt`).
-    fn transmit_wqe<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        idx: u64,
-        buf: &mut [u8],
-        cq: &mut C,
-    ) -> Option<Transmit> {
+    fn transmit_wqe<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         let e = *self.entry(idx);
         let mtu = self.mtu();
         let wire_ty = self.qp_type.wire();
-        let ud = if self.qp_type == QpType::Ud {
-            self.sq_side.ud(idx)
-        } else {
-            None
-        };
+        let ud = if self.qp_type == QpType::Ud { self.sq_side.ud(idx) } else { None };
         let (dest_qpn, av) = match ud {
             Some(ud) => (ud.remote_qpn, Some(ud.av)),
             _ => (self.attr.dest_qp_num, None),
@@ -342,11 +302,7 @@ impl Qp {
         let (hdr, payload, last) = match op {
             SendOp::Read => {
                 let off = u64::from(k) * u64::from(mtu);
-                let mut h = TransportHeaders::new(bth(
-                    pmrxe_wire::Opcode::RC_RDMA_READ_REQUEST,
-                    dest_qpn,
-                    psn,
-                ));
+                let mut h = TransportHeaders::new(bth(pmrxe_wire::Opcode::RC_RDMA_READ_REQUEST, dest_qpn, psn));
                 h.bth.ack_req = true;
                 h.reth = Some(RethRepr {
                     va: e.remote_addr.wrapping_add(off),
@@ -357,20 +313,13 @@ impl Qp {
             }
             SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => {
                 let (opc, swap_add, compare) = match op {
-                    SendOp::CmpSwap { compare, swap } => {
-                        (pmrxe_wire::Opcode::RC_COMPARE_SWAP, swap, compare)
-                    }
+                    SendOp::CmpSwap { compare, swap } => (pmrxe_wire::Opcode::RC_COMPARE_SWAP, swap, compare),
                     SendOp::FetchAdd { add } => (pmrxe_wire::Opcode::RC_FETCH_ADD, add, 0),
                     _ => unreachable!(),
                 };
                 let mut h = TransportHeaders::new(bth(opc, dest_qpn, psn));
                 h.bth.ack_req = true;
-                h.atomic_eth = Some(AtomicEthRepr {
-                    va: e.remote_addr,
-                    rkey: e.rkey,
-                    swap_add,
-                    compare,
-                });
+                h.atomic_eth = Some(AtomicEthRepr { va: e.remote_addr, rkey: e.rkey, swap_add, compare });
                 (h, Payload::None, true)
             }
             _ => {
@@ -381,11 +330,7 @@ impl Qp {
                     (false, true) => MsgPos::Last,
                     (false, false) => MsgPos::Middle,
                 };
-                let kind = if op.is_write() {
-                    OpKind::Write
-                } else {
-                    OpKind::Send
-                };
+                let kind = if op.is_write() { OpKind::Write } else { OpKind::Send };
                 let imm = op.imm();
                 let inv = match op {
                     SendOp::SendInv(k) => Some(k),
@@ -396,50 +341,30 @@ impl Qp {
                 if pos.is_end() {
                     h.imm = imm;
                     h.ieth = inv;
-                    h.bth.solicited = e.flags.contains(SendFlags::SOLICITED)
-                        && (kind == OpKind::Send || imm.is_some());
+                    h.bth.solicited = e.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || imm.is_some());
                 }
                 if kind == OpKind::Write && pos.is_start() {
-                    h.reth = Some(RethRepr {
-                        va: e.remote_addr,
-                        rkey: e.rkey,
-                        len: e.len as u32,
-                    });
+                    h.reth = Some(RethRepr { va: e.remote_addr, rkey: e.rkey, len: e.len as u32 });
                 }
                 if let Some(ud) = ud {
                     // IBTA 10.2.5 / C10-15: a WR Q_Key with its most significant bit set is not
                     // sent; the QP's own Q_Key is (which only a privileged client may make
                     // privileged: the service refuses such a QKEY in modify_qp otherwise).
-                    let qkey = if ud.remote_qkey & PRIVILEGED_QKEY_BIT != 0 {
-                        self.attr.qkey
-                    } else {
-                        ud.remote_qkey
-                    };
-                    h.deth = Some(DethRepr {
-                        qkey,
-                        src_qp: Qpn::new(self.qpn),
-                    });
+                    let qkey = if ud.remote_qkey & PRIVILEGED_QKEY_BIT != 0 { self.attr.qkey } else { ud.remote_qkey };
+                    h.deth = Some(DethRepr { qkey, src_qp: Qpn::new(self.qpn) });
                 }
                 let off = u64::from(k) * u64::from(mtu);
                 let len = (e.len - off.min(e.len)).min(u64::from(mtu)) as usize;
                 let payload = if inline {
                     Payload::Bytes(&self.sq_side.inline(idx, off as usize + len)[off as usize..])
                 } else {
-                    Payload::Gather {
-                        sges: self.sq_side.sges(idx, e.num_sge),
-                        offset: off,
-                        len,
-                    }
+                    Payload::Gather { sges: self.sq_side.sges(idx, e.num_sge), offset: off, len }
                 };
                 (h, payload, pos.is_end())
             }
         };
         let mut hdr = hdr;
-        if self.qp_type == QpType::Rc
-            && self
-                .req
-                .wants_ack(psn, self.comp.psn(), window, last || hdr.bth.ack_req)
-        {
+        if self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, last || hdr.bth.ack_req) {
             hdr.bth.ack_req = true;
         }
         let plen = match &payload {
@@ -479,13 +404,7 @@ impl Qp {
             _ => psn.wrapping_add(1),
         };
         self.packet_sent(now, idx, psn, end_psn, plen, len, all_sent, cq);
-        Some(Transmit {
-            len,
-            av,
-            dest_qpn,
-            src_qpn: self.qpn,
-            tail_crc,
-        })
+        Some(Transmit { len, av, dest_qpn, src_qpn: self.qpn, tail_crc })
     }
 
     /// Transmit header prediction: the MIDDLE packet `tx_pkt` of started WQE `idx` — a WRITE or
@@ -507,22 +426,9 @@ impl Qp {
     /// in cache): a tenth of the lcore's time at 64 KiB. The BTH is written from registers
     /// for the same reason (`BthRepr::emit_bytes` inlined).
     #[inline(always)]
-    fn transmit_middle<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        mem: &M,
-        idx: u64,
-        buf: &mut [u8],
-        cq: &mut C,
-    ) -> Option<Option<Transmit>> {
+    fn transmit_middle<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, idx: u64, buf: &mut [u8], cq: &mut C) -> Option<Option<Transmit>> {
         let e = self.entry(idx);
-        let (op, k, first_psn, num_sge, inline) = (
-            e.op,
-            e.tx_pkt,
-            e.first_psn,
-            e.num_sge,
-            e.flags.contains(SendFlags::INLINE),
-        );
+        let (op, k, first_psn, num_sge, inline) = (e.op, e.tx_pkt, e.first_psn, e.num_sge, e.flags.contains(SendFlags::INLINE));
         let kind = match op {
             SendOp::Write | SendOp::WriteImm(_) => OpKind::Write,
             SendOp::Send | SendOp::SendImm(_) | SendOp::SendInv(_) => OpKind::Send,
@@ -539,15 +445,8 @@ impl Qp {
         }
         let s = &mut self.tx_stream;
         if s.idx != idx || s.plen != plen {
-            let tr = mem
-                .check_local(self.pd, self.qpn, sge.lkey, sge.addr, u64::from(sge.len))
-                .ok();
-            *s = TxStream {
-                idx,
-                plen,
-                shift: CrcShift::new(plen as u64),
-                tr,
-            };
+            let tr = mem.check_local(self.pd, self.qpn, sge.lkey, sge.addr, u64::from(sge.len)).ok();
+            *s = TxStream { idx, plen, shift: CrcShift::new(plen as u64), tr };
         }
         let (tr, shift) = (s.tr?, s.shift);
         let opcode = next_opcode(self.qp_type.wire(), kind, MsgPos::Middle, false, false)?;
@@ -558,8 +457,7 @@ impl Qp {
             return Some(None);
         }
         let mut h = bth(opcode, self.attr.dest_qp_num, psn);
-        h.ack_req =
-            self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, false);
+        h.ack_req = self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, false);
         let (head, body) = buf[..len].split_at_mut(wire_bth::HEADER_LEN);
         h.emit_bytes(head.try_into().ok()?);
         let off = u64::from(k) * plen as u64;
@@ -571,13 +469,7 @@ impl Qp {
         self.entry_mut(idx).tx_pkt += 1;
         self.stats.tx_fast_path += 1;
         self.packet_sent(now, idx, psn, psn.wrapping_add(1), plen, len, false, cq);
-        Some(Some(Transmit {
-            len,
-            av: None,
-            dest_qpn: self.attr.dest_qp_num,
-            src_qpn: self.qpn,
-            tail_crc: Some(tail_crc),
-        }))
+        Some(Some(Transmit { len, av: None, dest_qpn: self.attr.dest_qp_num, src_qpn: self.qpn, tail_crc: Some(tail_crc) }))
     }
 
     /// A local protection error while gathering (IBTA / mlx5 status; rxe reports
@@ -593,17 +485,7 @@ impl Qp {
     /// completion of an unreliable WQE.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn packet_sent<C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        idx: u64,
-        psn: Psn,
-        end_psn: Psn,
-        plen: usize,
-        len: usize,
-        all_sent: bool,
-        cq: &mut C,
-    ) {
+    fn packet_sent<C: CompletionSink + ?Sized>(&mut self, now: Instant, idx: u64, psn: Psn, end_psn: Psn, plen: usize, len: usize, all_sent: bool, cq: &mut C) {
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += plen as u64;
         if psn.distance(self.req.max_sent) < 0 {

@@ -12,18 +12,15 @@
 
 use std::collections::VecDeque;
 
+use pmrxe_wire::{next_opcode, AethRepr, IcrcCheck, AtomicAckEthRepr, MsgPos, Msn, NakCode, OpKind, Opcode, Psn, Syndrome, TransportHeaders};
 use pmrxe_mem::{Access, MemError, Translation};
-use pmrxe_wire::{
-    next_opcode, AethRepr, AtomicAckEthRepr, IcrcCheck, MsgPos, Msn, NakCode, OpKind, Opcode, Psn,
-    Syndrome, TransportHeaders,
-};
 
-use crate::attr::{QpState, QpType};
-use crate::builder::{bth, build, Payload};
 use crate::cq::{CompletionSink, CqSide, Cqe, WcFlags, WcOpcode, WcStatus};
 use crate::memops::{AtomicOp, MemOps};
 use crate::packet::RxPacket;
+use crate::attr::{QpState, QpType};
 use crate::qp::{AsyncEvent, Qp, Transmit};
+use crate::builder::{bth, build, Payload};
 use crate::srq::Srq;
 use crate::timers::Instant;
 use crate::wqe::RecvWqe;
@@ -56,14 +53,10 @@ impl RespError {
     /// The NAK syndrome sent for this error.
     pub fn nak(self, min_rnr_timer: u8) -> Syndrome {
         match self {
-            RespError::InvalidRequest | RespError::LocalLength | RespError::InvalidInvalidate => {
-                Syndrome::Nak(NakCode::InvalidRequest)
-            }
+            RespError::InvalidRequest | RespError::LocalLength | RespError::InvalidInvalidate => Syndrome::Nak(NakCode::InvalidRequest),
             RespError::RemoteAccess => Syndrome::Nak(NakCode::RemoteAccess),
             RespError::RemoteOp => Syndrome::Nak(NakCode::RemoteOpErr),
-            RespError::Rnr => Syndrome::RnrNak {
-                timer: min_rnr_timer,
-            },
+            RespError::Rnr => Syndrome::RnrNak { timer: min_rnr_timer },
         }
     }
     /// Status of the receive WQE involved, if any.
@@ -104,20 +97,9 @@ struct Resource {
 
 #[derive(Clone, Copy, Debug)]
 enum Out {
-    Ack {
-        psn: Psn,
-        syndrome: Syndrome,
-    },
-    AtomicAck {
-        psn: Psn,
-        orig: u64,
-    },
-    Read {
-        slot: usize,
-        gen: u64,
-        next: Psn,
-        sfirst: Psn,
-    },
+    Ack { psn: Psn, syndrome: Syndrome },
+    AtomicAck { psn: Psn, orig: u64 },
+    Read { slot: usize, gen: u64, next: Psn, sfirst: Psn },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,12 +108,7 @@ enum InMsg {
     Send,
     /// A WRITE being placed: `[va, va + len)` through `rkey`, `off` bytes so far (the
     /// translation validated at FIRST is `RespState::write_tr`).
-    Write {
-        rkey: u32,
-        va: u64,
-        len: u64,
-        off: u64,
-    },
+    Write { rkey: u32, va: u64, len: u64, off: u64 },
     /// UC: drop until the next FIRST/ONLY.
     Drop,
 }
@@ -188,15 +165,7 @@ impl RespState {
     }
     /// Entering ERR: only NAKs already queued may still leave.
     pub(crate) fn on_error(&mut self) {
-        self.out.retain(|o| {
-            matches!(
-                o,
-                Out::Ack {
-                    syndrome: Syndrome::Nak(_),
-                    ..
-                }
-            )
-        });
+        self.out.retain(|o| matches!(o, Out::Ack { syndrome: Syndrome::Nak(_), .. }));
         self.in_msg = InMsg::None;
     }
     /// The SRQ receive WQE a message was filling, for flushing.
@@ -205,17 +174,7 @@ impl RespState {
         self.recv.take()
     }
     fn push(&mut self, o: Out) {
-        if let (
-            Out::Ack {
-                syndrome: Syndrome::Ack { .. },
-                ..
-            },
-            Some(Out::Ack {
-                syndrome: Syndrome::Ack { .. },
-                ..
-            }),
-        ) = (&o, self.out.back())
-        {
+        if let (Out::Ack { syndrome: Syndrome::Ack { .. }, .. }, Some(Out::Ack { syndrome: Syndrome::Ack { .. }, .. })) = (&o, self.out.back()) {
             // ACK coalescing: a later cumulative ACK replaces a queued one.
             *self.out.back_mut().expect("checked") = o;
             return;
@@ -256,14 +215,7 @@ impl Qp {
     /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
     /// land where the rest of the message will write them anyway): see docs/reliability.md,
     /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
-    pub fn handle_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        now: Instant,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        srq: Option<&mut Srq>,
-        cq: &mut C,
-    ) {
+    pub fn handle_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut C) {
         self.stats.rx_packets += 1;
         if self.write_middle_predicted(now, pkt, mem) {
             return;
@@ -317,10 +269,7 @@ impl Qp {
     /// RC/UC path check: the source must be our peer (when both are known).
     #[inline]
     fn is_from_peer(&self, pkt: &RxPacket<'_>) -> bool {
-        self.qp_type == QpType::Ud
-            || self.attr.ah_attr.dgid == [0; 16]
-            || pkt.frame.src_gid == [0; 16]
-            || pkt.frame.src_gid == self.attr.ah_attr.dgid
+        self.qp_type == QpType::Ud || self.attr.ah_attr.dgid == [0; 16] || pkt.frame.src_gid == [0; 16] || pkt.frame.src_gid == self.attr.ah_attr.dgid
     }
 
     /// Header prediction's second half (the first is the receiver's `RxPrediction`): the
@@ -336,28 +285,16 @@ impl Qp {
     /// offset and the expected PSN advanced, an ACK queued for AckReq (RC), ECN noted after
     /// the check. `tests/fast_path.rs` runs both paths over the same packet streams.
     #[inline]
-    fn write_middle_predicted<M: MemOps + ?Sized>(
-        &mut self,
-        now: Instant,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-    ) -> bool {
+    fn write_middle_predicted<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
         // RC and UC WRITE MIDDLE share their low five opcode bits: every other packet (an 8 B
         // WRITE's ONLY, an ACK) leaves at this first compare, and the rest is out of line (the
         // small-packet path keeps its code compact).
-        pkt.hdr.bth.opcode.0 & 0x1F == Opcode::RC_RDMA_WRITE_MIDDLE.0
-            && self.fast_paths
-            && self.write_middle_fast(now, pkt, mem)
+        pkt.hdr.bth.opcode.0 & 0x1F == Opcode::RC_RDMA_WRITE_MIDDLE.0 && self.fast_paths && self.write_middle_fast(now, pkt, mem)
     }
 
     /// [`Qp::write_middle_predicted`] past its first compare.
     #[inline(never)]
-    fn write_middle_fast<M: MemOps + ?Sized>(
-        &mut self,
-        now: Instant,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-    ) -> bool {
+    fn write_middle_fast<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
         let h = &pkt.hdr;
         let want = match self.qp_type {
             QpType::Rc => Opcode::RC_RDMA_WRITE_MIDDLE,
@@ -365,22 +302,15 @@ impl Qp {
             _ => return false,
         };
         // (A write in progress implies communication established: its FIRST set it.)
-        let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else {
-            return false;
-        };
-        let (Some(c), Some(t)) = (pkt.icrc(), self.resp.write_tr.as_ref()) else {
-            return false;
-        };
+        let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else { return false };
+        let (Some(c), Some(t)) = (pkt.icrc(), self.resp.write_tr.as_ref()) else { return false };
         let data = pkt.payload();
         let plen = data.len() as u64;
         let end = off + plen;
         if h.bth.opcode != want
             || h.bth.psn != self.resp.epsn
             || self.resp.nak_sent
-            || !matches!(
-                self.state,
-                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            )
+            || !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
             || plen != u64::from(self.mtu())
             || end > len
             || self.attr.qp_access_flags & QP_REMOTE_WRITE == 0
@@ -388,26 +318,17 @@ impl Qp {
         {
             return false;
         }
-        let Some(at) = va.checked_add(off) else {
-            return false;
-        };
+        let Some(at) = va.checked_add(off) else { return false };
         // (A full-PMTU datagram is longer than `SETTLE_LEN`: its check is never settled at
         // parse, and `matches` would give a settled result anyway.)
-        let Ok(crc) = mem.write_carried_crc(t, at, data, c.seed()) else {
-            return false;
-        };
+        let Ok(crc) = mem.write_carried_crc(t, at, data, c.seed()) else { return false };
         if !c.matches(crc) {
             self.stats.icrc_errors += 1;
             return true;
         }
         self.stats.resp_bytes_written += plen;
         self.stats.rx_fast_path += 1;
-        self.resp.in_msg = InMsg::Write {
-            rkey,
-            va,
-            len,
-            off: end,
-        };
+        self.resp.in_msg = InMsg::Write { rkey, va, len, off: end };
         let p = h.bth.psn;
         self.resp.epsn = p.wrapping_add(1);
         if h.bth.ack_req && self.qp_type == QpType::Rc {
@@ -432,18 +353,13 @@ impl Qp {
         match info.kind {
             OpKind::Write => {
                 matches!(self.qp_type, QpType::Rc | QpType::Uc)
-                    && matches!(
-                        self.state,
-                        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-                    )
+                    && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
                     && self.resp.comm_est
                     && matches!(self.resp.in_msg, InMsg::Write { .. })
                     && pkt.hdr.bth.psn == self.resp.epsn
             }
             OpKind::ReadResponse => {
-                info.pos == MsgPos::Middle
-                    && self.qp_type == QpType::Rc
-                    && matches!(self.state, QpState::Rts | QpState::Sqd)
+                info.pos == MsgPos::Middle && self.qp_type == QpType::Rc && matches!(self.state, QpState::Rts | QpState::Sqd)
             }
             _ => false,
         }
@@ -451,14 +367,7 @@ impl Qp {
 
     /// The request half of `handle_packet` (after the ICRC gate); returns false if a deferred
     /// ICRC check failed (the packet then had no effect).
-    fn on_request_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        srq: Option<&mut Srq>,
-        deferred: Option<IcrcCheck>,
-        cq: &mut C,
-    ) -> bool {
+    fn on_request_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         match self.state {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
             _ => {
@@ -481,13 +390,7 @@ impl Qp {
         }
     }
 
-    fn on_ud_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        srq: Option<&mut Srq>,
-        cq: &mut C,
-    ) {
+    fn on_ud_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut C) {
         let Some(deth) = pkt.hdr.deth else { return };
         if deth.qkey != self.attr.qkey || pkt.payload().len() > self.mtu() as usize {
             self.stats.dropped += 1;
@@ -503,13 +406,7 @@ impl Qp {
             let wqe = self.cur_recv().expect("started");
             let st = if total > wqe.capacity() {
                 WcStatus::LocLenErr
-            } else if mem
-                .scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh)
-                .is_err()
-                || mem
-                    .scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload())
-                    .is_err()
-            {
+            } else if mem.scatter(self.pd, self.qpn, wqe.sg_list(), 0, &grh).is_err() || mem.scatter(self.pd, self.qpn, wqe.sg_list(), 40, pkt.payload()).is_err() {
                 WcStatus::LocProtErr
             } else {
                 WcStatus::Success
@@ -540,12 +437,9 @@ impl Qp {
         }
         match (self.srq, srq) {
             (Some(n), Some(s)) => {
-                let Some((w, fire)) = s.take() else {
-                    return false;
-                };
+                let Some((w, fire)) = s.take() else { return false };
                 if fire {
-                    self.events
-                        .push_back(AsyncEvent::SrqLimitReached { srqn: n });
+                    self.events.push_back(AsyncEvent::SrqLimitReached { srqn: n });
                 }
                 self.resp.recv = Some(w);
                 true
@@ -582,22 +476,12 @@ impl Qp {
     }
 
     fn queue_ack(&mut self, psn: Psn) {
-        self.resp.push(Out::Ack {
-            psn,
-            syndrome: Syndrome::ACK_UNLIMITED,
-        });
+        self.resp.push(Out::Ack { psn, syndrome: Syndrome::ACK_UNLIMITED });
     }
 
     /// Returns false if a deferred ICRC check failed: the packet then changed nothing (the
     /// bytes it placed lie in the range the rest of the message rewrites).
-    fn on_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        mut srq: Option<&mut Srq>,
-        deferred: Option<IcrcCheck>,
-        cq: &mut C,
-    ) -> bool {
+    fn on_request<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, mut srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked by caller");
         let p = h.bth.psn;
@@ -612,10 +496,7 @@ impl Qp {
                     self.resp.nak_sent = true;
                     self.stats.seq_naks_sent += 1;
                     let e = self.resp.epsn;
-                    self.resp.push(Out::Ack {
-                        psn: e,
-                        syndrome: Syndrome::Nak(NakCode::PsnSeqErr),
-                    });
+                    self.resp.push(Out::Ack { psn: e, syndrome: Syndrome::Nak(NakCode::PsnSeqErr) });
                 }
                 return true;
             }
@@ -643,9 +524,7 @@ impl Qp {
             Ok(()) => Ok(()),
             // Under a deferred check, an error acts on the packet only once the check passed
             // (a second pass, on error paths only).
-            Err(Exec::Resp(_)) if deferred.is_some_and(|c| !c.verify(pkt.payload())) => {
-                Err(Exec::BadIcrc)
-            }
+            Err(Exec::Resp(_)) if deferred.is_some_and(|c| !c.verify(pkt.payload())) => Err(Exec::BadIcrc),
             Err(e) => Err(e),
         };
         let r = match r {
@@ -662,10 +541,7 @@ impl Qp {
                 if rc {
                     self.stats.rnr_naks_sent += 1;
                     let t = self.attr.min_rnr_timer;
-                    self.resp.push(Out::Ack {
-                        psn: p,
-                        syndrome: Syndrome::RnrNak { timer: t },
-                    });
+                    self.resp.push(Out::Ack { psn: p, syndrome: Syndrome::RnrNak { timer: t } });
                 } else {
                     self.resp.in_msg = InMsg::Drop;
                     self.resp.epsn = p.wrapping_add(1);
@@ -689,11 +565,7 @@ impl Qp {
                         self.end_recv();
                         let st = e.wc_status();
                         self.stats.completion(st);
-                        self.complete(
-                            cq,
-                            CqSide::Recv,
-                            Cqe::new(wr_id, st, WcOpcode::Recv, self.qpn),
-                        );
+                        self.complete(cq, CqSide::Recv, Cqe::new(wr_id, st, WcOpcode::Recv, self.qpn));
                     }
                     None => self.events.push_back(match e {
                         RespError::RemoteAccess => AsyncEvent::QpAccessError,
@@ -703,10 +575,7 @@ impl Qp {
                 self.enter_error(cq);
                 self.stats.err_naks_sent += 1;
                 let t = self.attr.min_rnr_timer;
-                self.resp.push(Out::Ack {
-                    psn: p,
-                    syndrome: e.nak(t),
-                });
+                self.resp.push(Out::Ack { psn: p, syndrome: e.nak(t) });
             }
         }
         true
@@ -715,14 +584,7 @@ impl Qp {
     /// Execute the in-sequence request packet `pkt`. With a `deferred` ICRC check (only for the
     /// packets `may_place_before_icrc` admits) the payload is placed while checked, and a
     /// mismatch returns `Exec::BadIcrc` before any other state changed.
-    fn execute<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        pkt: &RxPacket<'_>,
-        mem: &M,
-        srq: &mut Option<&mut Srq>,
-        deferred: Option<IcrcCheck>,
-        cq: &mut C,
-    ) -> Result<(), Exec> {
+    fn execute<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: &mut Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> Result<(), Exec> {
         let h = &pkt.hdr;
         let info = h.bth.opcode.info().expect("checked");
         let p = h.bth.psn;
@@ -732,9 +594,7 @@ impl Qp {
         // Opcode sequence (C9-90/91).
         let seq_ok = match (self.resp.in_msg, info.kind) {
             (InMsg::None | InMsg::Drop, _) => info.pos.is_start(),
-            (InMsg::Send, OpKind::Send) | (InMsg::Write { .. }, OpKind::Write) => {
-                !info.pos.is_start()
-            }
+            (InMsg::Send, OpKind::Send) | (InMsg::Write { .. }, OpKind::Write) => !info.pos.is_start(),
             _ => false,
         };
         if !seq_ok {
@@ -773,23 +633,11 @@ impl Qp {
                 }
                 // Read in place (RQ slot or the SRQ's copy): no copy of the WQE per packet.
                 let wr_id = {
-                    let Some(w) = self.cur_recv() else {
-                        return Err(RespError::InvalidRequest.into());
-                    };
+                    let Some(w) = self.cur_recv() else { return Err(RespError::InvalidRequest.into()) };
                     if self.resp.recv_off + plen as u64 > w.capacity() {
                         return Err(RespError::LocalLength.into());
                     }
-                    if plen > 0
-                        && mem
-                            .scatter(
-                                self.pd,
-                                self.qpn,
-                                w.sg_list(),
-                                self.resp.recv_off,
-                                pkt.payload(),
-                            )
-                            .is_err()
-                    {
+                    if plen > 0 && mem.scatter(self.pd, self.qpn, w.sg_list(), self.resp.recv_off, pkt.payload()).is_err() {
                         return Err(RespError::RemoteOp.into());
                     }
                     w.wr_id
@@ -833,34 +681,16 @@ impl Qp {
                     // (one MR lookup instead of two). Anything else is checked here first.
                     placed_whole = info.pos == MsgPos::Only && !info.imm && plen as u64 == len;
                     if len > 0 && !placed_whole {
-                        self.resp.write_tr = Some(
-                            mem.check_remote(
-                                self.pd,
-                                self.qpn,
-                                r.rkey,
-                                r.va,
-                                len,
-                                Access::REMOTE_WRITE,
-                            )
-                            .map_err(mem_to_resp)?,
-                        );
+                        self.resp.write_tr = Some(mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_WRITE).map_err(mem_to_resp)?);
                     }
-                    self.resp.in_msg = InMsg::Write {
-                        rkey: r.rkey,
-                        va: r.va,
-                        len,
-                        off: 0,
-                    };
+                    self.resp.in_msg = InMsg::Write { rkey: r.rkey, va: r.va, len, off: 0 };
                 }
-                let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else {
-                    return Err(RespError::InvalidRequest.into());
-                };
+                let InMsg::Write { rkey, va, len, off } = self.resp.in_msg else { return Err(RespError::InvalidRequest.into()) };
                 let end = off + plen as u64;
                 if end > len || (info.pos.is_end() && end != len) {
                     return Err(RespError::InvalidRequest.into());
                 }
-                if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.cur_recv().is_none()
-                {
+                if info.pos.is_end() && info.imm && !self.has_recv(srq) && self.cur_recv().is_none() {
                     // WRITE with immediate consumes a receive WQE: check before writing.
                     return Err(RespError::Rnr.into());
                 }
@@ -870,26 +700,16 @@ impl Qp {
                     let crc = if placed_whole {
                         // Verified before placing (an ONLY's RETH is untrusted).
                         match deferred {
-                            None => mem
-                                .write_remote(self.pd, self.qpn, rkey, at, data)
-                                .map(|()| None),
-                            Some(c) => mem
-                                .write_remote_crc(self.pd, self.qpn, rkey, at, data, c.seed())
-                                .map(|crc| Some((c, crc))),
+                            None => mem.write_remote(self.pd, self.qpn, rkey, at, data).map(|()| None),
+                            Some(c) => mem.write_remote_crc(self.pd, self.qpn, rkey, at, data, c.seed()).map(|crc| Some((c, crc))),
                         }
                     } else {
                         // Every other packet continues the window its FIRST validated (set
                         // above: `len > 0` whenever there is payload).
-                        let t = self
-                            .resp
-                            .write_tr
-                            .as_ref()
-                            .ok_or(RespError::InvalidRequest)?;
+                        let t = self.resp.write_tr.as_ref().ok_or(RespError::InvalidRequest)?;
                         match deferred {
                             None => mem.write_carried(t, at, data).map(|()| None),
-                            Some(c) => mem
-                                .write_carried_crc(t, at, data, c.seed())
-                                .map(|crc| Some((c, crc))),
+                            Some(c) => mem.write_carried_crc(t, at, data, c.seed()).map(|crc| Some((c, crc))),
                         }
                     };
                     // Verified while placing: the bytes land in [va + off, va + end), inside the
@@ -912,12 +732,7 @@ impl Qp {
                         }
                         let wr_id = self.cur_recv().expect("started").wr_id;
                         self.end_recv();
-                        let mut c = Cqe::new(
-                            wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            self.qpn,
-                        );
+                        let mut c = Cqe::new(wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
                         c.byte_len = len as u32;
                         c.imm_data = h.imm;
                         c.wc_flags |= WcFlags::WITH_IMM;
@@ -925,12 +740,7 @@ impl Qp {
                         self.complete(cq, CqSide::Recv, c);
                     }
                 } else {
-                    self.resp.in_msg = InMsg::Write {
-                        rkey,
-                        va,
-                        len,
-                        off: end,
-                    };
+                    self.resp.in_msg = InMsg::Write { rkey, va, len, off: end };
                 }
             }
             OpKind::ReadRequest => {
@@ -940,10 +750,7 @@ impl Qp {
                     return Err(RespError::InvalidRequest.into());
                 }
                 let tr = if len > 0 {
-                    Some(
-                        mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ)
-                            .map_err(mem_to_resp)?,
-                    )
+                    Some(mem.check_remote(self.pd, self.qpn, r.rkey, r.va, len, Access::REMOTE_READ).map_err(mem_to_resp)?)
                 } else {
                     None
                 };
@@ -960,12 +767,7 @@ impl Qp {
                     tr,
                 });
                 let gen = self.resp.res[slot].as_ref().map_or(0, |r| r.gen);
-                self.resp.push(Out::Read {
-                    slot,
-                    gen,
-                    next: p,
-                    sfirst: p,
-                });
+                self.resp.push(Out::Read { slot, gen, next: p, sfirst: p });
                 self.resp.msn = self.resp.msn.wrapping_add(1);
                 self.resp.epsn = p.wrapping_add(npkts);
                 return Ok(());
@@ -976,28 +778,13 @@ impl Qp {
                     return Err(RespError::InvalidRequest.into()); // E11
                 }
                 let op = if info.kind == OpKind::CompareSwap {
-                    AtomicOp::CmpSwap {
-                        compare: a.compare,
-                        swap: a.swap_add,
-                    }
+                    AtomicOp::CmpSwap { compare: a.compare, swap: a.swap_add }
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add }
                 };
-                let orig = mem
-                    .atomic_remote(self.pd, self.qpn, a.rkey, a.va, op)
-                    .map_err(mem_to_resp)?;
+                let orig = mem.atomic_remote(self.pd, self.qpn, a.rkey, a.va, op).map_err(mem_to_resp)?;
                 self.stats.resp_bytes_written += 8;
-                self.alloc_res(Resource {
-                    kind: ResKind::Atomic,
-                    gen: 0,
-                    first: p,
-                    last: p,
-                    rkey: a.rkey,
-                    va: a.va,
-                    len: 8,
-                    orig,
-                    tr: None,
-                });
+                self.alloc_res(Resource { kind: ResKind::Atomic, gen: 0, first: p, last: p, rkey: a.rkey, va: a.va, len: 8, orig, tr: None });
                 self.resp.push(Out::AtomicAck { psn: p, orig });
                 self.resp.msn = self.resp.msn.wrapping_add(1);
                 self.resp.epsn = p.wrapping_add(1);
@@ -1019,9 +806,7 @@ impl Qp {
         self.resp.gen += 1;
         r.gen = self.resp.gen;
         // Drop any queued response stream of the slot being reused.
-        self.resp
-            .out
-            .retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
+        self.resp.out.retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
         self.resp.res[slot] = Some(r);
         slot
     }
@@ -1043,13 +828,7 @@ impl Qp {
                 let Some(r) = h.reth else { return };
                 let mtu = u64::from(self.mtu());
                 let found = self.resp.res.iter().enumerate().find_map(|(i, s)| match s {
-                    Some(res)
-                        if res.kind == ResKind::Read
-                            && p.distance(res.first) >= 0
-                            && p.distance(res.last) <= 0 =>
-                    {
-                        Some((i, *res))
-                    }
+                    Some(res) if res.kind == ResKind::Read && p.distance(res.first) >= 0 && p.distance(res.last) <= 0 => Some((i, *res)),
                     _ => None,
                 });
                 let Some((slot, res)) = found else {
@@ -1058,39 +837,20 @@ impl Qp {
                 };
                 // Must be the original request or a subset of it starting at p.
                 let skip = p.distance(res.first) as u64 * mtu;
-                if r.rkey != res.rkey
-                    || r.va != res.va.wrapping_add(skip)
-                    || u64::from(r.len) > res.len.saturating_sub(skip)
-                {
+                if r.rkey != res.rkey || r.va != res.va.wrapping_add(skip) || u64::from(r.len) > res.len.saturating_sub(skip) {
                     self.stats.dropped += 1;
                     return;
                 }
-                self.resp
-                    .out
-                    .retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
+                self.resp.out.retain(|o| !matches!(o, Out::Read { slot: s, .. } if *s == slot));
                 self.stats.read_replays += 1;
-                self.resp.push(Out::Read {
-                    slot,
-                    gen: res.gen,
-                    next: p,
-                    sfirst: p,
-                });
+                self.resp.push(Out::Read { slot, gen: res.gen, next: p, sfirst: p });
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
-                let found = self
-                    .resp
-                    .res
-                    .iter()
-                    .flatten()
-                    .find(|r| r.kind == ResKind::Atomic && r.first == p)
-                    .copied();
+                let found = self.resp.res.iter().flatten().find(|r| r.kind == ResKind::Atomic && r.first == p).copied();
                 match found {
                     Some(r) => {
                         self.stats.atomic_replays += 1;
-                        self.resp.push(Out::AtomicAck {
-                            psn: p,
-                            orig: r.orig,
-                        });
+                        self.resp.push(Out::AtomicAck { psn: p, orig: r.orig });
                     }
                     None => self.stats.dropped += 1,
                 }
@@ -1100,24 +860,13 @@ impl Qp {
     }
 
     /// Responder half of `poll_transmit`.
-    pub(crate) fn poll_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(
-        &mut self,
-        mem: &M,
-        buf: &mut [u8],
-        cq: &mut C,
-    ) -> Option<Transmit> {
+    pub(crate) fn poll_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         loop {
             let o = *self.resp.out.front()?;
             let dest = self.attr.dest_qp_num;
             let msn = Msn::new(self.resp.msn);
             let me = self.qpn;
-            let tx = |(len, tail_crc)| Transmit {
-                len,
-                av: None,
-                dest_qpn: dest,
-                src_qpn: me,
-                tail_crc,
-            };
+            let tx = |(len, tail_crc)| Transmit { len, av: None, dest_qpn: dest, src_qpn: me, tail_crc };
             match o {
                 Out::Ack { psn, syndrome } => {
                     self.resp.out.pop_front();
@@ -1132,23 +881,14 @@ impl Qp {
                     if self.state == QpState::Err {
                         continue;
                     }
-                    let mut hdr =
-                        TransportHeaders::new(bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
-                    hdr.aeth = Some(AethRepr {
-                        syndrome: Syndrome::ACK_UNLIMITED,
-                        msn,
-                    });
+                    let mut hdr = TransportHeaders::new(bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
+                    hdr.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
                     hdr.atomic_ack = Some(AtomicAckEthRepr { orig });
                     let len = build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
                     self.stats.acks_sent += 1;
                     return Some(tx(len));
                 }
-                Out::Read {
-                    slot,
-                    gen,
-                    next,
-                    sfirst,
-                } => {
+                Out::Read { slot, gen, next, sfirst } => {
                     // By reference: the resource (with its carried translation) is not copied
                     // per response packet.
                     let res = match self.resp.res.get(slot).and_then(Option::as_ref) {
@@ -1167,35 +907,20 @@ impl Qp {
                         (false, true) => MsgPos::Last,
                         (false, false) => MsgPos::Middle,
                     };
-                    let opc = next_opcode(
-                        pmrxe_wire::QpType::Rc,
-                        OpKind::ReadResponse,
-                        pos,
-                        false,
-                        false,
-                    )?;
+                    let opc = next_opcode(pmrxe_wire::QpType::Rc, OpKind::ReadResponse, pos, false, false)?;
                     let mut hdr = TransportHeaders::new(bth(opc, dest, next));
                     if pos != MsgPos::Middle {
-                        hdr.aeth = Some(AethRepr {
-                            syndrome: Syndrome::ACK_UNLIMITED,
-                            msn,
-                        });
+                        hdr.aeth = Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn });
                     }
                     let payload = match &res.tr {
-                        Some(tr) if plen > 0 => Payload::Remote {
-                            tr,
-                            va: res.va.wrapping_add(off),
-                            len: plen,
-                        },
+                        Some(tr) if plen > 0 => Payload::Remote { tr, va: res.va.wrapping_add(off), len: plen },
                         _ => Payload::None,
                     };
                     match build(mem, self.pd, self.qpn, hdr, payload, buf) {
                         Ok(Some(built)) => {
                             if next == res.last {
                                 self.resp.out.pop_front();
-                            } else if let Some(Out::Read { next: n, .. }) =
-                                self.resp.out.front_mut()
-                            {
+                            } else if let Some(Out::Read { next: n, .. }) = self.resp.out.front_mut() {
                                 *n = next.wrapping_add(1);
                             }
                             self.stats.read_responses_sent += 1;
@@ -1210,14 +935,9 @@ impl Qp {
                             self.events.push_back(AsyncEvent::QpAccessError);
                             self.enter_error(cq);
                             self.resp.out.clear();
-                            let mut hdr =
-                                TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, dest, next));
-                            hdr.aeth = Some(AethRepr {
-                                syndrome: Syndrome::Nak(NakCode::RemoteAccess),
-                                msn,
-                            });
-                            let len =
-                                build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
+                            let mut hdr = TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, dest, next));
+                            hdr.aeth = Some(AethRepr { syndrome: Syndrome::Nak(NakCode::RemoteAccess), msn });
+                            let len = build(mem, self.pd, self.qpn, hdr, Payload::None, buf).ok()??;
                             return Some(tx(len));
                         }
                     }

@@ -34,12 +34,7 @@ fn wrap(i: usize, n: usize) -> usize {
 impl RecvQueue {
     /// A queue for `cap` WQEs (at least one slot is allocated).
     pub(crate) fn with_capacity(cap: usize) -> RecvQueue {
-        RecvQueue {
-            slots: vec![RecvWqe::new(0); cap.max(1)],
-            head: 0,
-            len: 0,
-            current: false,
-        }
+        RecvQueue { slots: vec![RecvWqe::new(0); cap.max(1)], head: 0, len: 0, current: false }
     }
 
     /// WQEs held, the current one included.
@@ -121,13 +116,7 @@ mod tests {
     use pmrxe_mem::{Key, Sge};
 
     fn wqe(id: u64, n: u32) -> RecvWqe {
-        (0..n).fold(RecvWqe::new(id), |w, k| {
-            w.sge(Sge {
-                addr: u64::from(k) * 100,
-                len: 10 + k,
-                lkey: Key(k),
-            })
-        })
+        (0..n).fold(RecvWqe::new(id), |w, k| w.sge(Sge { addr: u64::from(k) * 100, len: 10 + k, lkey: Key(k) }))
     }
 
     #[test]
@@ -153,10 +142,7 @@ mod tests {
         let c = q.current().unwrap();
         assert_eq!((c.wr_id, c.sg_list().len(), c.capacity()), (3, 1, 10));
         assert_eq!(q.pop(), Some(3));
-        assert_eq!(
-            (q.len(), q.has_next(), q.current().is_none()),
-            (0, false, true)
-        );
+        assert_eq!((q.len(), q.has_next(), q.current().is_none()), (0, false, true));
     }
 
     /// Many laps of a ring whose capacity is not a power of two: FIFO order throughout.

@@ -16,22 +16,19 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use pmrxe_mem::{MemTable, Reader};
-use pmrxe_wire::{
-    emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame,
-    parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN,
-};
 use pmrxe_wire::{BthRepr, Psn, Qpn, TransportHeaders};
+use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
+use pmrxe_mem::{MemTable, Reader};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cq::{Completions, CqSide, Cqe, Deferred, Delivery};
 use crate::engine::{Engine, TxPort};
+use crate::AddressVector;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
-use crate::timers::Instant;
 use crate::wqe::{RecvWqe, SendWqe};
-use crate::AddressVector;
+use crate::timers::Instant;
 
 /// What happens to one packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,14 +165,7 @@ impl<X> TxPort<X> for SimPort<'_> {
     fn neigh_generation(&self) -> u64 {
         self.gen
     }
-    fn resolve(
-        &mut self,
-        _ext: &mut X,
-        av: &AddressVector,
-        _src_qpn: u32,
-        _dest_qpn: u32,
-        _now: Instant,
-    ) -> bool {
+    fn resolve(&mut self, _ext: &mut X, av: &AddressVector, _src_qpn: u32, _dest_qpn: u32, _now: Instant) -> bool {
         !self.unresolved.contains(&av.dgid)
     }
     fn held(&mut self, _ext: &X, _av: &AddressVector) {
@@ -193,25 +183,14 @@ impl<X> TxPort<X> for SimPort<'_> {
     fn room(frame: &mut Vec<u8>) -> &mut [u8] {
         frame
     }
-    fn emit(
-        &mut self,
-        _ext: &mut X,
-        frame: Vec<u8>,
-        t: &Transmit,
-        av: &AddressVector,
-        _now: Instant,
-    ) {
+    fn emit(&mut self, _ext: &mut X, frame: Vec<u8>, t: &Transmit, av: &AddressVector, _now: Instant) {
         if self.unresolved.contains(&av.dgid) {
             // Built for a neighbour that never resolved (the hold ran out): dropped, counted.
             *self.no_neighbor += 1;
             self.spare.push(frame);
             return;
         }
-        self.out.push(Outgoing {
-            t: *t,
-            av: *av,
-            roce: frame,
-        });
+        self.out.push(Outgoing { t: *t, av: *av, roce: frame });
     }
     fn give_back(&mut self, _ext: &mut X, frame: Vec<u8>) {
         self.spare.push(frame);
@@ -244,14 +223,7 @@ impl<X> TxPort<X> for Collect {
     fn neigh_generation(&self) -> u64 {
         0
     }
-    fn resolve(
-        &mut self,
-        _ext: &mut X,
-        _av: &AddressVector,
-        _src_qpn: u32,
-        _dest_qpn: u32,
-        _now: Instant,
-    ) -> bool {
+    fn resolve(&mut self, _ext: &mut X, _av: &AddressVector, _src_qpn: u32, _dest_qpn: u32, _now: Instant) -> bool {
         true
     }
     fn held(&mut self, _ext: &X, _av: &AddressVector) {}
@@ -261,19 +233,8 @@ impl<X> TxPort<X> for Collect {
     fn room(frame: &mut Vec<u8>) -> &mut [u8] {
         frame
     }
-    fn emit(
-        &mut self,
-        _ext: &mut X,
-        frame: Vec<u8>,
-        t: &Transmit,
-        av: &AddressVector,
-        _now: Instant,
-    ) {
-        self.out.push(Outgoing {
-            t: *t,
-            av: *av,
-            roce: frame,
-        });
+    fn emit(&mut self, _ext: &mut X, frame: Vec<u8>, t: &Transmit, av: &AddressVector, _now: Instant) {
+        self.out.push(Outgoing { t: *t, av: *av, roce: frame });
     }
     fn give_back(&mut self, _ext: &mut X, _frame: Vec<u8>) {}
     fn end_burst(&mut self, _ext: &mut X, _qpn: u32) {}
@@ -321,25 +282,8 @@ pub struct Node {
 impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
-        let mem = Arc::new(MemTable::new(Default::default()))
-            .reader()
-            .expect("a fresh table has reader slots");
-        Node {
-            engine: Engine::new(),
-            mem,
-            ip,
-            cqes: VecDeque::new(),
-            events: VecDeque::new(),
-            cq_limit: None,
-            cq_overflows: Vec::new(),
-            unresolved: Vec::new(),
-            neigh_gen: 0,
-            tx_neigh_holds: 0,
-            tx_no_neighbor: 0,
-            tx_spare: Vec::new(),
-            rx_parse_drops: 0,
-            rx_unknown_qp: 0,
-        }
+        let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0 }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -362,12 +306,7 @@ impl Node {
     }
     /// The engine, the memory reader and the node's CQ, borrowed apart.
     fn parts(&mut self) -> (&mut Engine, &Reader, NodeCq<'_>) {
-        let cq = NodeCq {
-            log: &mut self.cqes,
-            events: &mut self.events,
-            limit: self.cq_limit,
-            overflows: &mut self.cq_overflows,
-        };
+        let cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
         (&mut self.engine, &self.mem, cq)
     }
     /// Post a send WR to `qpn` (its completions join [`Node::cqes`]).
@@ -388,13 +327,7 @@ impl Node {
     /// Let the engine serve its ready list ([`Engine::transmit`], as the lcore's pass does):
     /// up to `burst` packets per QP visit, `limit` packets in all (the port's room); the
     /// packets join `out`.
-    pub fn transmit(
-        &mut self,
-        now: Instant,
-        limit: usize,
-        burst: usize,
-        out: &mut Vec<Outgoing>,
-    ) -> bool {
+    pub fn transmit(&mut self, now: Instant, limit: usize, burst: usize, out: &mut Vec<Outgoing>) -> bool {
         let mut port = SimPort {
             unresolved: &self.unresolved,
             gen: self.neigh_gen,
@@ -404,14 +337,8 @@ impl Node {
             holds: &mut self.tx_neigh_holds,
             no_neighbor: &mut self.tx_no_neighbor,
         };
-        let mut cq = NodeCq {
-            log: &mut self.cqes,
-            events: &mut self.events,
-            limit: self.cq_limit,
-            overflows: &mut self.cq_overflows,
-        };
-        self.engine
-            .transmit(now, &self.mem, &mut port, &mut cq, burst)
+        let mut cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
+        self.engine.transmit(now, &self.mem, &mut port, &mut cq, burst)
     }
     /// Make the next hop of `gid` resolvable or not (a neighbour entry appears or goes).
     pub fn set_reachable(&mut self, gid: [u8; 16], reachable: bool) {
@@ -512,11 +439,7 @@ pub struct Sim {
 
 impl core::fmt::Debug for Sim {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sim")
-            .field("now", &self.now)
-            .field("nodes", &self.nodes.len())
-            .field("in_flight", &self.in_flight.len())
-            .finish()
+        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("in_flight", &self.in_flight.len()).finish()
     }
 }
 
@@ -591,9 +514,7 @@ impl Sim {
             // The ICRC from the tail CRC the engine folded while writing (one pass), checked in
             // full by `parse_frame` right below.
             match t.tail_crc {
-                Some(c) => {
-                    finish_frame_with_tail_crc(&mut self.buf[..total], c).expect("finish frame")
-                }
+                Some(c) => finish_frame_with_tail_crc(&mut self.buf[..total], c).expect("finish frame"),
                 None => finish_frame(&mut self.buf[..total]).expect("finish frame"),
             }
             let frame = self.buf[..total].to_vec();
@@ -629,8 +550,7 @@ impl Sim {
                     Fault::Duplicate
                 } else if r < im.drop + im.duplicate + im.corrupt {
                     Fault::Corrupt
-                } else if r < im.drop + im.duplicate + im.corrupt + im.reorder && im.reorder_ns > 0
-                {
+                } else if r < im.drop + im.duplicate + im.corrupt + im.reorder && im.reorder_ns > 0 {
                     Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
                 } else {
                     Fault::Pass
@@ -716,11 +636,7 @@ impl Sim {
         }
         self.collect();
         let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
-        let next_timer = self
-            .nodes
-            .iter()
-            .filter_map(|n| n.engine.poll_timeout())
-            .min();
+        let next_timer = self.nodes.iter().filter_map(|n| n.engine.poll_timeout()).min();
         let busy = self.nodes.iter().any(|n| n.engine.has_ready());
         let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else {
             return busy;
@@ -822,13 +738,7 @@ impl Default for PairParams {
             max_dest_rd_atomic: 4,
             access: 2 | 4 | 8,
             sq_psn: 100,
-            caps: crate::QpCaps {
-                max_send_wr: 1024,
-                max_recv_wr: 1024,
-                max_send_sge: 8,
-                max_recv_sge: 8,
-                max_inline_data: 256,
-            },
+            caps: crate::QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 8, max_recv_sge: 8, max_inline_data: 256 },
             pd: 1,
             traffic_class: 0,
         }
@@ -844,16 +754,7 @@ impl Sim {
 
     /// [`Sim::connect`] with SRQs.
     #[allow(clippy::too_many_arguments)]
-    pub fn connect_with_srq(
-        &mut self,
-        a: usize,
-        qa: u32,
-        srq_a: Option<u32>,
-        b: usize,
-        qb: u32,
-        srq_b: Option<u32>,
-        p: &PairParams,
-    ) {
+    pub fn connect_with_srq(&mut self, a: usize, qa: u32, srq_a: Option<u32>, b: usize, qb: u32, srq_b: Option<u32>, p: &PairParams) {
         let (ga, gb) = (self.nodes[a].gid(), self.nodes[b].gid());
         for (node, qpn, srq, peer, peer_gid) in [(a, qa, srq_a, qb, gb), (b, qb, srq_b, qa, ga)] {
             let mut qp = Qp::new(qpn, p.qp_type, p.pd, p.caps, srq).expect("create QP");
@@ -866,13 +767,7 @@ impl Sim {
 /// RESET → INIT → RTR → RTS with the masks the IBTA table requires.
 pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
     use crate::attr::{AddressVector, AttrMask as M, QpAttr, QpState};
-    let av = AddressVector {
-        dgid: peer_gid,
-        hop_limit: 64,
-        port: 1,
-        traffic_class: p.traffic_class,
-        ..AddressVector::default()
-    };
+    let av = AddressVector { dgid: peer_gid, hop_limit: 64, port: 1, traffic_class: p.traffic_class, ..AddressVector::default() };
     let a = QpAttr {
         qp_state: QpState::Init,
         qkey: 0x1111_1111,
@@ -900,40 +795,14 @@ pub fn bring_up(qp: &mut Qp, peer: u32, peer_gid: [u8; 16], p: &PairParams) {
     let rtr = match ty {
         crate::QpType::Ud => M::STATE,
         crate::QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-        crate::QpType::Rc => {
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER
-        }
+        crate::QpType::Rc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
     };
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        rtr,
-        &mut Deferred,
-    )
-    .expect("RTR");
+    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, rtr, &mut Deferred).expect("RTR");
     let rts = match ty {
-        crate::QpType::Rc => {
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
-        }
+        crate::QpType::Rc => M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
         _ => M::STATE | M::SQ_PSN,
     };
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        rts,
-        &mut Deferred,
-    )
-    .expect("RTS");
+    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, rts, &mut Deferred).expect("RTS");
     if ty == crate::QpType::Ud {
         // A UD QP's path MTU is the port's active MTU.
         qp.set_port_mtu(p.mtu);

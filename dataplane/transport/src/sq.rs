@@ -94,12 +94,7 @@ pub(crate) struct SqRing {
 impl SqRing {
     pub(crate) fn new(depth: u32) -> SqRing {
         let slots = (depth.max(1) as usize).next_power_of_two();
-        SqRing {
-            entries: vec![SqEntry::NOT_STARTED; slots].into_boxed_slice(),
-            mask: slots as u64 - 1,
-            head: 0,
-            end: 0,
-        }
+        SqRing { entries: vec![SqEntry::NOT_STARTED; slots].into_boxed_slice(), mask: slots as u64 - 1, head: 0, end: 0 }
     }
     /// Absolute index of the oldest WQE.
     #[inline]
@@ -126,22 +121,12 @@ impl SqRing {
     /// The entry of WQE `idx` (`head() <= idx < end()`).
     #[inline]
     pub(crate) fn get(&self, idx: u64) -> &SqEntry {
-        debug_assert!(
-            (self.head..self.end).contains(&idx),
-            "SQ index {idx} outside {}..{}",
-            self.head,
-            self.end
-        );
+        debug_assert!((self.head..self.end).contains(&idx), "SQ index {idx} outside {}..{}", self.head, self.end);
         &self.entries[(idx & self.mask) as usize]
     }
     #[inline]
     pub(crate) fn get_mut(&mut self, idx: u64) -> &mut SqEntry {
-        debug_assert!(
-            (self.head..self.end).contains(&idx),
-            "SQ index {idx} outside {}..{}",
-            self.head,
-            self.end
-        );
+        debug_assert!((self.head..self.end).contains(&idx), "SQ index {idx} outside {}..{}", self.head, self.end);
         &mut self.entries[(idx & self.mask) as usize]
     }
     /// The oldest entry, if any.
@@ -254,12 +239,7 @@ mod tests {
     #[test]
     fn slots_of_a_window_never_collide() {
         for depth in [1u32, 3, 5, 7, 100, 128] {
-            let caps = QpCaps {
-                max_send_wr: depth,
-                max_send_sge: 2,
-                max_inline_data: 8,
-                ..Default::default()
-            };
+            let caps = QpCaps { max_send_wr: depth, max_send_sge: 2, max_inline_data: 8, ..Default::default() };
             let mut side = SqSide::new(&caps, QpType::Rc);
             for idx in 0..20 * u64::from(depth) + 7 {
                 let mut w = SendWqe::new(idx, SendOp::Send);
@@ -268,11 +248,7 @@ mod tests {
                 side.store(idx, &w, true);
                 // The oldest WQE still in a full queue is intact.
                 let oldest = idx.saturating_sub(u64::from(depth) - 1);
-                assert_eq!(
-                    side.inline(oldest, 8),
-                    &oldest.to_le_bytes(),
-                    "depth {depth} idx {idx}"
-                );
+                assert_eq!(side.inline(oldest, 8), &oldest.to_le_bytes(), "depth {depth} idx {idx}");
             }
         }
     }

@@ -32,15 +32,7 @@ impl Srq {
         if attr.max_sge as usize > MAX_SGE {
             return Err(PostError::TooManySge);
         }
-        Ok(Srq {
-            srqn,
-            attr: SrqAttr {
-                srq_limit: 0,
-                ..attr
-            },
-            q: VecDeque::with_capacity(attr.max_wr as usize),
-            armed: false,
-        })
+        Ok(Srq { srqn, attr: SrqAttr { srq_limit: 0, ..attr }, q: VecDeque::with_capacity(attr.max_wr as usize), armed: false })
     }
     /// SRQ number.
     pub fn srqn(&self) -> u32 {

@@ -34,13 +34,7 @@ pub enum Timer {
 
 impl Timer {
     /// Every timer, in the order `handle_timeout` services them.
-    pub const ALL: [Timer; 5] = [
-        Timer::Retransmit,
-        Timer::RnrWait,
-        Timer::Pacing,
-        Timer::DcqcnAlpha,
-        Timer::DcqcnIncrease,
-    ];
+    pub const ALL: [Timer; 5] = [Timer::Retransmit, Timer::RnrWait, Timer::Pacing, Timer::DcqcnAlpha, Timer::DcqcnIncrease];
 }
 
 /// One optional deadline per [`Timer`].

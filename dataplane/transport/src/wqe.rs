@@ -74,17 +74,11 @@ pub enum SendOp {
 impl SendOp {
     /// REG_MR, LOCAL_INV or BIND_MW: executed locally, never on the wire.
     pub fn is_local(&self) -> bool {
-        matches!(
-            self,
-            SendOp::RegMr { .. } | SendOp::LocalInv { .. } | SendOp::BindMw { .. }
-        )
+        matches!(self, SendOp::RegMr { .. } | SendOp::LocalInv { .. } | SendOp::BindMw { .. })
     }
     /// READ or an atomic: needs an rd_atomic credit and is covered by FENCE.
     pub fn is_rd_atomic(&self) -> bool {
-        matches!(
-            self,
-            SendOp::Read | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
-        )
+        matches!(self, SendOp::Read | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. })
     }
     /// CMP_SWP or FETCH_ADD.
     pub fn is_atomic(&self) -> bool {
@@ -353,11 +347,7 @@ pub struct RecvWqe {
 impl RecvWqe {
     /// An empty receive WQE.
     pub fn new(wr_id: u64) -> Self {
-        RecvWqe {
-            wr_id,
-            sges: [Sge::default(); MAX_SGE],
-            num_sge: 0,
-        }
+        RecvWqe { wr_id, sges: [Sge::default(); MAX_SGE], num_sge: 0 }
     }
     /// Builder: add a scatter entry.
     #[must_use]

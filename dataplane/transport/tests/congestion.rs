@@ -7,10 +7,7 @@
 use pmrxe_mem::{Access, Region};
 use pmrxe_transport::fabric::{Fabric, FabricParams};
 use pmrxe_transport::sim::{bring_up, PairParams};
-use pmrxe_transport::{
-    CcConfig, CqSide, DcqcnParams, Instant, NpParams, Qp, QpCaps, SendFlags, SendOp, SendWqe,
-    WcStatus,
-};
+use pmrxe_transport::{CcConfig, CqSide, DcqcnParams, Instant, NpParams, Qp, QpCaps, SendFlags, SendOp, SendWqe, WcStatus};
 
 const MS: u64 = 1_000_000;
 const LINE: u64 = 10_000_000_000;
@@ -25,13 +22,7 @@ fn receiver_qpn(s: usize) -> u32 {
 
 fn cc(on: bool) -> CcConfig {
     if on {
-        CcConfig {
-            np: Some(NpParams::default()),
-            rp: Some(DcqcnParams {
-                line_rate_bps: LINE,
-                ..DcqcnParams::default()
-            }),
-        }
+        CcConfig { np: Some(NpParams::default()), rp: Some(DcqcnParams { line_rate_bps: LINE, ..DcqcnParams::default() }) }
     } else {
         CcConfig::default()
     }
@@ -53,13 +44,7 @@ fn setup(n: usize, on: bool, seed: u64, msgs: u32, len: u32) -> (Fabric, Vec<Flo
     let p = PairParams {
         timeout: 10,
         retry_cnt: 7,
-        caps: QpCaps {
-            max_send_wr: 4096,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
+        caps: QpCaps { max_send_wr: 4096, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
         ..PairParams::default()
     };
     let mut flows = Vec::new();
@@ -76,26 +61,10 @@ fn setup(n: usize, on: bool, seed: u64, msgs: u32, len: u32) -> (Fabric, Vec<Flo
         b.set_congestion(cc(on));
         f.nodes[0].engine.add_qp(b);
         let src = Region::zeroed(len as usize);
-        let src_key = f.nodes[s]
-            .mem
-            .table()
-            .reg_mr(p.pd, src.clone(), src.addr(), Access(1))
-            .unwrap()
-            .0;
+        let src_key = f.nodes[s].mem.table().reg_mr(p.pd, src.clone(), src.addr(), Access(1)).unwrap().0;
         let dst = Region::zeroed(len as usize);
-        let dst_rkey = f.nodes[0]
-            .mem
-            .table()
-            .reg_mr(p.pd, dst.clone(), dst.addr(), Access(1 | 2))
-            .unwrap()
-            .0;
-        let mut fl = Flow {
-            src,
-            src_key,
-            dst_addr: dst.addr(),
-            dst_rkey,
-            posted: 0,
-        };
+        let dst_rkey = f.nodes[0].mem.table().reg_mr(p.pd, dst.clone(), dst.addr(), Access(1 | 2)).unwrap().0;
+        let mut fl = Flow { src, src_key, dst_addr: dst.addr(), dst_rkey, posted: 0 };
         for _ in 0..msgs {
             post(&mut f, s, &mut fl, len);
         }
@@ -107,11 +76,7 @@ fn setup(n: usize, on: bool, seed: u64, msgs: u32, len: u32) -> (Fabric, Vec<Flo
 
 fn post(f: &mut Fabric, s: usize, fl: &mut Flow, len: u32) {
     let w = SendWqe::new(fl.posted, SendOp::Write)
-        .sge(pmrxe_mem::Sge {
-            addr: fl.src.addr(),
-            len,
-            lkey: pmrxe_mem::Key(fl.src_key),
-        })
+        .sge(pmrxe_mem::Sge { addr: fl.src.addr(), len, lkey: pmrxe_mem::Key(fl.src_key) })
         .remote(fl.dst_addr, fl.dst_rkey)
         .flags(SendFlags::SIGNALED);
     fl.posted += 1;
@@ -120,12 +85,7 @@ fn post(f: &mut Fabric, s: usize, fl: &mut Flow, len: u32) {
 }
 
 fn delivered(f: &Fabric, s: usize) -> u64 {
-    f.nodes[0]
-        .engine
-        .qp(receiver_qpn(s))
-        .unwrap()
-        .stats()
-        .resp_bytes_written
+    f.nodes[0].engine.qp(receiver_qpn(s)).unwrap().stats().resp_bytes_written
 }
 
 fn jain(x: &[f64]) -> f64 {
@@ -169,30 +129,15 @@ fn long_flows(n: usize, on: bool, seed: u64, warm_ms: u64, end_ms: u64) -> Outco
             }
         }
     }
-    let got: Vec<f64> = (1..=n)
-        .map(|s| (delivered(&f, s) - b0[s - 1]) as f64)
-        .collect();
+    let got: Vec<f64> = (1..=n).map(|s| (delivered(&f, s) - b0[s - 1]) as f64).collect();
     let secs = (end_ms - warm_ms) as f64 / 1e3;
     let p = f.p;
-    let above_kmax = f.queue_samples.iter().filter(|&&q| q > p.kmax).count() as f64
-        / f.queue_samples.len().max(1) as f64;
-    let in_band = f
-        .queue_samples
-        .iter()
-        .filter(|&&q| q >= p.kmin / 2 && q <= p.kmax)
-        .count() as f64
-        / f.queue_samples.len().max(1) as f64;
+    let above_kmax = f.queue_samples.iter().filter(|&&q| q > p.kmax).count() as f64 / f.queue_samples.len().max(1) as f64;
+    let in_band = f.queue_samples.iter().filter(|&&q| q >= p.kmin / 2 && q <= p.kmax).count() as f64 / f.queue_samples.len().max(1) as f64;
     let sum = |g: &dyn Fn(&pmrxe_transport::QpStats) -> u64| -> u64 {
-        (1..=n)
-            .map(|s| g(f.nodes[s].engine.qp(sender_qpn(s)).unwrap().stats()))
-            .sum()
+        (1..=n).map(|s| g(f.nodes[s].engine.qp(sender_qpn(s)).unwrap().stats())).sum()
     };
-    let errors = f
-        .nodes
-        .iter()
-        .flat_map(|nd| nd.cqes.iter())
-        .filter(|(_, _, c)| c.status != WcStatus::Success)
-        .count() as u64;
+    let errors = f.nodes.iter().flat_map(|nd| nd.cqes.iter()).filter(|(_, _, c)| c.status != WcStatus::Success).count() as u64;
     Outcome {
         jain: jain(&got),
         goodput_gbps: got.iter().sum::<f64>() * 8.0 / secs / 1e9,
@@ -220,23 +165,12 @@ fn fair_share(n: usize) {
     // Queue samples (at every arrival) between Kmin/2 and Kmax: 69 % (2 flows), 69 % (4),
     // 40 % (8 flows: the rest is a near-empty queue after deep α-driven cuts, not overflow).
     let min_in_band = if n >= 8 { 0.35 } else { 0.5 };
-    assert!(
-        on.in_band >= min_in_band,
-        "queue between Kmin/2 and Kmax only {:.0} % of the time",
-        on.in_band * 100.0
-    );
+    assert!(on.in_band >= min_in_band, "queue between Kmin/2 and Kmax only {:.0} % of the time", on.in_band * 100.0);
     // Above Kmax: 0 % (2), 3.5 % (4), 7.8 % (8 flows, oscillation; see docs/congestion.md).
-    assert!(
-        on.above_kmax <= 0.10,
-        "queue above Kmax {:.1} % of the time",
-        on.above_kmax * 100.0
-    );
+    assert!(on.above_kmax <= 0.10, "queue above Kmax {:.1} % of the time", on.above_kmax * 100.0);
     assert!(on.cnps > 0);
     // Without congestion control the same fabric overflows and go-back-N resends.
-    assert!(
-        off.drops > 0 && off.retransmits > 0,
-        "CC off shows no problem: {off:?}"
-    );
+    assert!(off.drops > 0 && off.retransmits > 0, "CC off shows no problem: {off:?}");
 }
 
 #[test]
@@ -274,25 +208,9 @@ fn dcqcn_incast_8_to_1_of_1mib_writes() {
                 }
             }
         }
-        let tail = done_at[1..]
-            .iter()
-            .map(|t| t.map_or(u64::MAX, |t| t.0))
-            .max()
-            .unwrap();
-        let retrans: u64 = (1..=n)
-            .map(|s| {
-                f.nodes[s]
-                    .engine
-                    .qp(sender_qpn(s))
-                    .unwrap()
-                    .stats()
-                    .retransmits
-            })
-            .sum();
-        let rexc = statuses
-            .iter()
-            .filter(|s| **s == WcStatus::RetryExcErr)
-            .count();
+        let tail = done_at[1..].iter().map(|t| t.map_or(u64::MAX, |t| t.0)).max().unwrap();
+        let retrans: u64 = (1..=n).map(|s| f.nodes[s].engine.qp(sender_qpn(s)).unwrap().stats().retransmits).sum();
+        let rexc = statuses.iter().filter(|s| **s == WcStatus::RetryExcErr).count();
         println!(
             "incast 8:1 x 1 MiB, CC {}: tail completion {:.2} ms (ideal 6.7), drops {}, marks {}, retransmitted packets {}, RETRY_EXC_ERR {}, statuses {:?}",
             if on { "on " } else { "off" },
@@ -307,10 +225,7 @@ fn dcqcn_incast_8_to_1_of_1mib_writes() {
             assert_eq!(statuses, vec![WcStatus::Success; n]);
             assert!(tail < 20 * MS, "tail completion {tail} ns");
         } else {
-            assert!(
-                f.port.drops > 0 && retrans > 0,
-                "CC off: the incast must overflow the buffer"
-            );
+            assert!(f.port.drops > 0 && retrans > 0, "CC off: the incast must overflow the buffer");
         }
     }
 }

@@ -9,17 +9,8 @@ use pmrxe_transport::{AddressVector, QpCaps, QpType, SendOp, SendWqe, UdDest, Wc
 
 #[test]
 fn rc_slots_wrap_with_inline_and_gathered_writes_under_loss() {
-    let caps = QpCaps {
-        max_send_wr: 3,
-        max_recv_wr: 4,
-        max_send_sge: 2,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
-    let p = PairParams {
-        caps,
-        ..Default::default()
-    };
+    let caps = QpCaps { max_send_wr: 3, max_recv_wr: 4, max_send_sge: 2, max_recv_sge: 1, max_inline_data: 64 };
+    let p = PairParams { caps, ..Default::default() };
     let mut sim = pair_with(&p, 11);
     // Every fifth request packet is lost once: go-back-N re-reads the side arrays.
     let mut n = 0u32;
@@ -42,10 +33,7 @@ fn rc_slots_wrap_with_inline_and_gathered_writes_under_loss() {
                 0 => {
                     let d = pattern(60, id as u8);
                     expect[dst as usize..dst as usize + 60].copy_from_slice(&d);
-                    SendWqe::new(id, SendOp::Write)
-                        .flags(sig())
-                        .inline_data(&d)
-                        .remote(b.addr + dst, b.rkey())
+                    SendWqe::new(id, SendOp::Write).flags(sig()).inline_data(&d).remote(b.addr + dst, b.rkey())
                 }
                 // Two gather entries, multi-packet (MTU 1024).
                 _ => {
@@ -70,29 +58,15 @@ fn rc_slots_wrap_with_inline_and_gathered_writes_under_loss() {
         assert_eq!(ids(&c), (round * 3..round * 3 + 3).collect::<Vec<_>>());
     }
     let got = b.read(0, 36 * 1200);
-    let bad =
-        (0..36).find(|&m| got[m * 1200..m * 1200 + 1100] != expect[m * 1200..m * 1200 + 1100]);
+    let bad = (0..36).find(|&m| got[m * 1200..m * 1200 + 1100] != expect[m * 1200..m * 1200 + 1100]);
     assert_eq!(bad, None, "first message whose bytes differ");
-    assert!(
-        sim.nodes[A].qp(QA).stats().retries > 0,
-        "losses forced go-back-N"
-    );
+    assert!(sim.nodes[A].qp(QA).stats().retries > 0, "losses forced go-back-N");
 }
 
 #[test]
 fn ud_destinations_follow_their_slot() {
-    let caps = QpCaps {
-        max_send_wr: 2,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 32,
-    };
-    let p = PairParams {
-        qp_type: QpType::Ud,
-        caps,
-        ..Default::default()
-    };
+    let caps = QpCaps { max_send_wr: 2, max_recv_wr: 64, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 32 };
+    let p = PairParams { qp_type: QpType::Ud, caps, ..Default::default() };
     let mut sim = Sim::new(3, 1);
     const QC: u32 = 0x33;
     sim.connect(A, QA, B, QB, &p);
@@ -104,12 +78,7 @@ fn ud_destinations_follow_their_slot() {
         post_recv(&mut sim, 2, QC, recv(i, &c, i * 256, 256));
     }
     let to = |node: usize, qpn: u32, sim: &Sim| UdDest {
-        av: AddressVector {
-            dgid: gid_of(sim.nodes[node].ip),
-            hop_limit: 64,
-            port: 1,
-            ..Default::default()
-        },
+        av: AddressVector { dgid: gid_of(sim.nodes[node].ip), hop_limit: 64, port: 1, ..Default::default() },
         remote_qpn: qpn,
         remote_qkey: 0x1111_1111,
     };
@@ -118,38 +87,19 @@ fn ud_destinations_follow_their_slot() {
     // WQE said, with its own inline bytes.
     for i in 0..16u64 {
         let d = if i % 2 == 0 { db } else { dc };
-        post(
-            &mut sim,
-            A,
-            QA,
-            SendWqe::new(i, SendOp::Send)
-                .flags(sig())
-                .inline_data(&[i as u8 + 1; 20])
-                .ud(d),
-        );
+        post(&mut sim, A, QA, SendWqe::new(i, SendOp::Send).flags(sig()).inline_data(&[i as u8 + 1; 20]).ud(d));
         if i % 2 == 1 {
             drive(&mut sim);
         }
     }
     drive(&mut sim);
-    assert_eq!(
-        statuses(&send_cqes(&mut sim, A, QA)),
-        vec![WcStatus::Success; 16]
-    );
+    assert_eq!(statuses(&send_cqes(&mut sim, A, QA)), vec![WcStatus::Success; 16]);
     let (rb, rc) = (recv_cqes(&mut sim, B, QB), recv_cqes(&mut sim, 2, QC));
     assert_eq!((rb.len(), rc.len()), (8, 8));
     for (k, cqe) in rb.iter().enumerate() {
-        assert_eq!(
-            b.read(k * 256 + 40, 20),
-            vec![(2 * k + 1) as u8; 20],
-            "B's datagram {k} ({cqe:?})"
-        );
+        assert_eq!(b.read(k * 256 + 40, 20), vec![(2 * k + 1) as u8; 20], "B's datagram {k} ({cqe:?})");
     }
     for k in 0..8 {
-        assert_eq!(
-            c.read(k * 256 + 40, 20),
-            vec![(2 * k + 2) as u8; 20],
-            "C's datagram {k}"
-        );
+        assert_eq!(c.read(k * 256 + 40, 20), vec![(2 * k + 2) as u8; 20], "C's datagram {k}");
     }
 }

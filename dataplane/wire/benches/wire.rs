@@ -5,8 +5,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pmrxe_wire::{
-    build_frame, emit_frame_headers, finish_frame, frame_header_len, frame_len, parse_frame,
-    BthRepr, L3Info, MacAddr, Opcode, Psn, Qpn, RethRepr, TransportHeaders,
+    build_frame, emit_frame_headers, finish_frame, frame_header_len, frame_len, parse_frame, BthRepr,
+    L3Info, MacAddr, Opcode, Psn, Qpn, RethRepr, TransportHeaders,
 };
 
 fn setup(size: usize) -> (L3Info, TransportHeaders, Vec<u8>) {
@@ -18,16 +18,8 @@ fn setup(size: usize) -> (L3Info, TransportHeaders, Vec<u8>) {
         ..L3Info::default()
     };
     let h = TransportHeaders {
-        reth: Some(RethRepr {
-            va: 0x1000,
-            rkey: 0x42,
-            len: size as u32,
-        }),
-        ..TransportHeaders::new(BthRepr::new(
-            Opcode::RC_RDMA_WRITE_ONLY,
-            Qpn::new(0x11),
-            Psn::new(1),
-        ))
+        reth: Some(RethRepr { va: 0x1000, rkey: 0x42, len: size as u32 }),
+        ..TransportHeaders::new(BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY, Qpn::new(0x11), Psn::new(1)))
     };
     (l3, h, (0..size).map(|i| i as u8).collect())
 }

@@ -158,10 +158,7 @@ impl Repr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
-        Ok(Repr {
-            syndrome: p.syndrome(),
-            msn: p.msn(),
-        })
+        Ok(Repr { syndrome: p.syndrome(), msn: p.msn() })
     }
     /// 4.
     pub const fn buffer_len(&self) -> usize {
@@ -184,36 +181,21 @@ mod test {
         }
         assert_eq!(Syndrome::from_u8(0x1F), Syndrome::ACK_UNLIMITED);
         assert_eq!(Syndrome::from_u8(0x60), Syndrome::Nak(NakCode::PsnSeqErr));
-        assert_eq!(
-            Syndrome::from_u8(0x61),
-            Syndrome::Nak(NakCode::InvalidRequest)
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x62),
-            Syndrome::Nak(NakCode::RemoteAccess)
-        );
+        assert_eq!(Syndrome::from_u8(0x61), Syndrome::Nak(NakCode::InvalidRequest));
+        assert_eq!(Syndrome::from_u8(0x62), Syndrome::Nak(NakCode::RemoteAccess));
         assert_eq!(Syndrome::from_u8(0x63), Syndrome::Nak(NakCode::RemoteOpErr));
-        assert_eq!(
-            Syndrome::from_u8(0x64),
-            Syndrome::Nak(NakCode::InvalidRdRequest)
-        );
+        assert_eq!(Syndrome::from_u8(0x64), Syndrome::Nak(NakCode::InvalidRdRequest));
         assert_eq!(Syndrome::from_u8(0x3A), Syndrome::RnrNak { timer: 0x1A });
         assert_eq!(Syndrome::from_u8(0x45), Syndrome::Reserved(0x45));
     }
     static BYTES: [u8; 4] = [0x61, 0x00, 0x01, 0x02];
     #[test]
     fn test_deconstruct_construct_truncated() {
-        let r = Repr {
-            syndrome: Syndrome::Nak(NakCode::InvalidRequest),
-            msn: Msn::new(0x102),
-        };
+        let r = Repr { syndrome: Syndrome::Nak(NakCode::InvalidRequest), msn: Msn::new(0x102) };
         assert_eq!(Repr::parse(&Packet::new_unchecked(&BYTES[..])).unwrap(), r);
         let mut b = [0u8; 4];
         r.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, BYTES);
-        assert_eq!(
-            Packet::new_checked(&BYTES[..3]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..3]).unwrap_err(), crate::Error::Truncated);
     }
 }

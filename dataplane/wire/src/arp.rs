@@ -167,15 +167,9 @@ pub fn emit_arp_frame(buf: &mut [u8], src_mac: MacAddr, arp: &Repr) -> Result<us
         ArpOp::Request => MacAddr::BROADCAST,
         _ => arp.target_mac,
     };
-    eth::Repr {
-        src: src_mac,
-        dst,
-        ethertype: EtherType::ARP,
-    }
-    .emit(&mut eth::Packet::new_unchecked(&mut buf[..eth::HEADER_LEN]));
-    arp.emit(&mut Packet::new_unchecked(
-        &mut buf[eth::HEADER_LEN..FRAME_LEN],
-    ));
+    eth::Repr { src: src_mac, dst, ethertype: EtherType::ARP }
+        .emit(&mut eth::Packet::new_unchecked(&mut buf[..eth::HEADER_LEN]));
+    arp.emit(&mut Packet::new_unchecked(&mut buf[eth::HEADER_LEN..FRAME_LEN]));
     Ok(FRAME_LEN)
 }
 
@@ -196,17 +190,11 @@ mod test {
     }
     #[test]
     fn test_deconstruct_construct_truncated() {
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&BYTES[..])).unwrap(),
-            repr()
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&BYTES[..])).unwrap(), repr());
         let mut b = [0xFFu8; 28];
         repr().emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, BYTES);
-        assert_eq!(
-            Packet::new_checked(&BYTES[..27]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..27]).unwrap_err(), Error::Truncated);
     }
     #[test]
     fn arp_frame_is_reported_and_round_trips() {

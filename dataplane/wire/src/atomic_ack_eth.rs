@@ -56,16 +56,10 @@ mod test {
     #[test]
     fn test_deconstruct_construct_truncated() {
         let bytes = [0, 0, 0, 0, 0, 0, 0, 42];
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&bytes[..])).unwrap(),
-            Repr { orig: 42 }
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&bytes[..])).unwrap(), Repr { orig: 42 });
         let mut b = [0xFFu8; 8];
         Repr { orig: 42 }.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..7]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&bytes[..7]).unwrap_err(), crate::Error::Truncated);
     }
 }

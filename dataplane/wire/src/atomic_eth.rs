@@ -78,12 +78,7 @@ impl Repr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
-        Ok(Repr {
-            va: p.va(),
-            rkey: p.rkey(),
-            swap_add: p.swap_add(),
-            compare: p.compare(),
-        })
+        Ok(Repr { va: p.va(), rkey: p.rkey(), swap_add: p.swap_add(), compare: p.compare() })
     }
     /// 28.
     pub const fn buffer_len(&self) -> usize {
@@ -108,19 +103,11 @@ mod test {
         bytes[11] = 0x77;
         bytes[19] = 1;
         bytes[27] = 2;
-        let r = Repr {
-            va: 8,
-            rkey: 0x77,
-            swap_add: 1,
-            compare: 2,
-        };
+        let r = Repr { va: 8, rkey: 0x77, swap_add: 1, compare: 2 };
         assert_eq!(Repr::parse(&Packet::new_unchecked(&bytes[..])).unwrap(), r);
         let mut b = [0xFFu8; 28];
         r.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..27]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&bytes[..27]).unwrap_err(), crate::Error::Truncated);
     }
 }

@@ -222,9 +222,7 @@ impl Repr {
 
     /// Emit (reserved bits written as zero).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        let b: &mut [u8; HEADER_LEN] = (&mut p.buffer.as_mut()[..HEADER_LEN])
-            .try_into()
-            .expect("a checked BTH");
+        let b: &mut [u8; HEADER_LEN] = (&mut p.buffer.as_mut()[..HEADER_LEN]).try_into().expect("a checked BTH");
         self.emit_bytes(b);
     }
 
@@ -240,8 +238,7 @@ impl Repr {
             | ((u32::from(self.pad) << field::PAD_SHIFT) & u32::from(field::PAD_MASK))
             | (u32::from(self.tver) & u32::from(field::TVER_MASK));
         let w0 = (u32::from(self.opcode.0) << 24) | (flags << 16) | u32::from(self.pkey);
-        let w1 = ((bit(self.fecn, field::FECN) | bit(self.becn, field::BECN)) << 24)
-            | self.dest_qp.value();
+        let w1 = ((bit(self.fecn, field::FECN) | bit(self.becn, field::BECN)) << 24) | self.dest_qp.value();
         let w2 = (bit(self.ack_req, field::A) << 24) | self.psn.value();
         b[0..4].copy_from_slice(&w0.to_be_bytes());
         b[4..8].copy_from_slice(&w1.to_be_bytes());
@@ -253,9 +250,8 @@ impl Repr {
 mod test {
     use super::*;
 
-    static PACKET_BYTES: [u8; 12] = [
-        0x0a, 0xe0, 0xff, 0xff, 0x40, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56,
-    ];
+    static PACKET_BYTES: [u8; 12] =
+        [0x0a, 0xe0, 0xff, 0xff, 0x40, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56];
 
     fn repr() -> Repr {
         Repr {
@@ -264,11 +260,7 @@ mod test {
             pad: 2,
             becn: true,
             ack_req: true,
-            ..Repr::new(
-                Opcode::RC_RDMA_WRITE_ONLY,
-                Qpn::new(0x11),
-                Psn::new(0x123456),
-            )
+            ..Repr::new(Opcode::RC_RDMA_WRITE_ONLY, Qpn::new(0x11), Psn::new(0x123456))
         }
     }
 
@@ -287,10 +279,7 @@ mod test {
         let mut buf = [0xAAu8; 12];
         repr().emit(&mut Packet::new_unchecked(&mut buf[..]));
         assert_eq!(buf, PACKET_BYTES);
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&PACKET_BYTES[..])).unwrap(),
-            repr()
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&PACKET_BYTES[..])).unwrap(), repr());
     }
 
     /// The word emit writes exactly what the field setters write, for every flag and random
@@ -332,21 +321,12 @@ mod test {
 
     #[test]
     fn test_truncated_and_bad() {
-        assert_eq!(
-            Packet::new_checked(&PACKET_BYTES[..11]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&PACKET_BYTES[..11]).unwrap_err(), Error::Truncated);
         let mut b = PACKET_BYTES;
         b[1] |= 1;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadTver)
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadTver));
         b = PACKET_BYTES;
         b[0] = 0xFF;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::UnknownOpcode(0xFF))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::UnknownOpcode(0xFF)));
     }
 }

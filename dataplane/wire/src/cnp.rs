@@ -38,10 +38,7 @@ pub struct Repr {
 impl Repr {
     /// A CNP for `dest_qp` with the default P_Key.
     pub const fn new(dest_qp: Qpn) -> Repr {
-        Repr {
-            dest_qp,
-            pkey: 0xFFFF,
-        }
+        Repr { dest_qp, pkey: 0xFFFF }
     }
 
     /// Write BTH + 16 reserved bytes at the start of `buf`; returns [`LEN`].
@@ -74,10 +71,7 @@ impl Repr {
             return Err(Error::UnknownOpcode(p.opcode().0));
         }
         match roce.len() {
-            LEN => Ok(Repr {
-                dest_qp: p.dest_qp(),
-                pkey: p.pkey(),
-            }),
+            LEN => Ok(Repr { dest_qp: p.dest_qp(), pkey: p.pkey() }),
             n if n < LEN => Err(Error::Truncated),
             _ => Err(Error::BadLength),
         }
@@ -110,14 +104,7 @@ pub fn parse_cnp_frame(frame: &[u8]) -> Result<CnpFrame> {
     if !o.icrc_ok(frame) {
         return Err(Error::BadIcrc);
     }
-    Ok(CnpFrame {
-        src_mac: o.src_mac,
-        src_ip: o.src_ip(),
-        dst_ip: o.dst_ip(),
-        tclass: o.tclass,
-        udp_sport: o.udp_sport,
-        cnp,
-    })
+    Ok(CnpFrame { src_mac: o.src_mac, src_ip: o.src_ip(), dst_ip: o.dst_ip(), tclass: o.tclass, udp_sport: o.udp_sport, cnp })
 }
 
 /// Build a complete CNP frame for `cnp` into `buf` (headers from `l3`, ICRC); returns its
@@ -141,24 +128,15 @@ mod test {
 
     /// The ConnectX-4 Lx CNP of icrc_check.py's self-test (scapy's RoCE tests), hardware ICRC.
     pub(crate) const CNP_HW: &str = concat!(
-        "e41d2dab2bc2",
-        "7cfe90643b32",
-        "0800",
-        "45c2003c718c400040119161",
-        "0a001101",
-        "0a001201",
+        "e41d2dab2bc2", "7cfe90643b32", "0800",
+        "45c2003c718c400040119161", "0a001101", "0a001201",
         "000012b700280000",
-        "8100ffff40000118",
-        "00000000",
-        "00000000000000000000000000000000",
-        "82fd002a"
+        "8100ffff40000118", "00000000",
+        "00000000000000000000000000000000", "82fd002a"
     );
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     /// The vector's Ethernet/IP/UDP parameters.
@@ -182,31 +160,18 @@ mod test {
         let mut buf = [0xAAu8; 128];
         let n = build_cnp_frame(&mut buf, &hw_l3(), &Repr::new(Qpn::new(0x118))).unwrap();
         assert_eq!(n, want.len());
-        assert_eq!(
-            &buf[..n],
-            &want[..],
-            "IP checksum, BTH, reserved bytes and ICRC 82fd002a"
-        );
+        assert_eq!(&buf[..n], &want[..], "IP checksum, BTH, reserved bytes and ICRC 82fd002a");
     }
 
     #[test]
     fn parses_the_connectx_vector() {
         let f = hex(CNP_HW);
         let c = parse_cnp_frame(&f).unwrap();
-        assert_eq!(
-            c.cnp,
-            Repr {
-                dest_qp: Qpn::new(0x118),
-                pkey: 0xFFFF
-            }
-        );
+        assert_eq!(c.cnp, Repr { dest_qp: Qpn::new(0x118), pkey: 0xFFFF });
         assert_eq!((c.tclass, c.udp_sport), (0xc2, 0));
         assert_eq!(c.src_ip, IpAddr::V4(Ipv4Addr::new(10, 0, 17, 1)));
         // The transport parser does not know the opcode: the runtime branches on this error.
-        assert_eq!(
-            crate::parse_frame(&f).unwrap_err(),
-            Error::UnknownOpcode(0x81)
-        );
+        assert_eq!(crate::parse_frame(&f).unwrap_err(), Error::UnknownOpcode(0x81));
     }
 
     #[test]
@@ -217,14 +182,8 @@ mod test {
         assert_eq!(parse_cnp_frame(&bad).unwrap_err(), Error::BadIcrc);
         let mut bad = f.clone();
         bad[14 + 20 + 8] = 0x11; // an ACK opcode
-        assert_eq!(
-            parse_cnp_frame(&bad).unwrap_err(),
-            Error::UnknownOpcode(0x11)
-        );
-        assert_eq!(
-            Repr::parse(&f[42..42 + LEN - 1]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(parse_cnp_frame(&bad).unwrap_err(), Error::UnknownOpcode(0x11));
+        assert_eq!(Repr::parse(&f[42..42 + LEN - 1]).unwrap_err(), Error::Truncated);
         assert_eq!(Repr::parse(&f[42..f.len()]).unwrap_err(), Error::BadLength);
         let mut tv = f[42..42 + LEN].to_vec();
         tv[1] = 1;

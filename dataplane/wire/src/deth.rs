@@ -54,10 +54,7 @@ impl Repr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
-        Ok(Repr {
-            qkey: p.qkey(),
-            src_qp: p.src_qp(),
-        })
+        Ok(Repr { qkey: p.qkey(), src_qp: p.src_qp() })
     }
     /// 8.
     pub const fn buffer_len(&self) -> usize {
@@ -76,17 +73,11 @@ mod test {
     #[test]
     fn test_deconstruct_construct_truncated() {
         let bytes = [0x11, 0x11, 0x11, 0x11, 0, 0, 0, 1];
-        let r = Repr {
-            qkey: 0x11111111,
-            src_qp: Qpn::GSI,
-        };
+        let r = Repr { qkey: 0x11111111, src_qp: Qpn::GSI };
         assert_eq!(Repr::parse(&Packet::new_unchecked(&bytes[..])).unwrap(), r);
         let mut b = [0xFFu8; 8];
         r.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..7]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&bytes[..7]).unwrap_err(), crate::Error::Truncated);
     }
 }

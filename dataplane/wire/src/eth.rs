@@ -40,11 +40,7 @@ impl fmt::Debug for MacAddr {
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
     }
 }
 
@@ -120,11 +116,7 @@ impl Repr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
-        Ok(Repr {
-            src: p.src(),
-            dst: p.dst(),
-            ethertype: p.ethertype(),
-        })
+        Ok(Repr { src: p.src(), dst: p.dst(), ethertype: p.ethertype() })
     }
     /// 14.
     pub const fn buffer_len(&self) -> usize {
@@ -153,10 +145,7 @@ mod test {
         let mut b = [0u8; 14];
         r.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, BYTES);
-        assert_eq!(
-            Packet::new_checked(&BYTES[..13]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..13]).unwrap_err(), crate::Error::Truncated);
         assert_eq!(r.src.to_string(), "02:00:00:00:00:01");
     }
 }

@@ -47,12 +47,7 @@ pub fn wr64(b: &mut [u8], f: Field, v: u64) {
 #[macro_export]
 macro_rules! fixed_packet {
     ($len:expr) => {
-        $crate::fixed_packet!(
-            $len,
-            $crate::Error,
-            $crate::Error::Truncated,
-            "A read/write view of this header over a buffer."
-        );
+        $crate::fixed_packet!($len, $crate::Error, $crate::Error::Truncated, "A read/write view of this header over a buffer.");
     };
     ($len:expr, $error:ty, $truncated:expr, $doc:literal) => {
         #[doc = $doc]

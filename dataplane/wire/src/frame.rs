@@ -98,13 +98,7 @@ pub fn udp_sport(flow_label: u32, src_qpn: u32, dst_qpn: u32) -> u16 {
 
 /// Ethernet + IP + UDP header length.
 pub const fn frame_header_len(ipv6: bool) -> usize {
-    eth::HEADER_LEN
-        + if ipv6 {
-            ipv6::HEADER_LEN
-        } else {
-            ipv4::HEADER_LEN
-        }
-        + udp::HEADER_LEN
+    eth::HEADER_LEN + if ipv6 { ipv6::HEADER_LEN } else { ipv4::HEADER_LEN } + udp::HEADER_LEN
 }
 
 /// Pad count for a payload of `len` bytes: (−len) mod 4.
@@ -155,12 +149,8 @@ pub fn emit_frame_headers(buf: &mut [u8], l3: &L3Info, roce_len: usize) -> Resul
         .emit(&mut ipv6::Packet::new_unchecked(ip))?,
         _ => return Err(Error::BadAddress),
     }
-    udp::Repr {
-        src_port: l3.udp_sport,
-        dst_port: ROCE_PORT,
-        payload_len: udp_payload,
-    }
-    .emit(&mut udp::Packet::new_unchecked(u))?;
+    udp::Repr { src_port: l3.udp_sport, dst_port: ROCE_PORT, payload_len: udp_payload }
+        .emit(&mut udp::Packet::new_unchecked(u))?;
     eth::Repr {
         src: l3.src_mac,
         dst: l3.dst_mac,
@@ -240,13 +230,7 @@ impl HeaderTemplate {
         let hl = emit_frame_headers(&mut bytes, l3, roce_len)?;
         let udp = hl - udp::HEADER_LEN;
         let prefix_crc = crate::icrc::icrc_span(&bytes[eth::HEADER_LEN..hl], udp - eth::HEADER_LEN);
-        Ok(HeaderTemplate {
-            bytes,
-            hl: hl as u8,
-            roce_len,
-            prefix_crc,
-            shift: pmrxe_crc::CrcShift::new(roce_len as u64),
-        })
+        Ok(HeaderTemplate { bytes, hl: hl as u8, roce_len, prefix_crc, shift: pmrxe_crc::CrcShift::new(roce_len as u64) })
     }
 
     /// The RoCE length it was built for.
@@ -286,9 +270,7 @@ impl HeaderTemplate {
 /// their stores have long settled.
 pub fn seal_frame(frame: &mut [u8], header_len: usize) -> Result<()> {
     let n = frame.len();
-    if (header_len != frame_header_len(false) && header_len != frame_header_len(true))
-        || n < header_len + ICRC_LEN
-    {
+    if (header_len != frame_header_len(false) && header_len != frame_header_len(true)) || n < header_len + ICRC_LEN {
         return Err(Error::BadLength);
     }
     let udp = header_len - udp::HEADER_LEN;
@@ -309,10 +291,7 @@ fn layout(frame: &[u8]) -> Result<Layout> {
         }
         EtherType::IPV6 => {
             let p = ipv6::Packet::new_checked(&frame[ip..])?;
-            (
-                ip + ipv6::HEADER_LEN,
-                ip + ipv6::HEADER_LEN + usize::from(p.payload_len()),
-            )
+            (ip + ipv6::HEADER_LEN, ip + ipv6::HEADER_LEN + usize::from(p.payload_len()))
         }
         _ => return Err(Error::NotIp),
     };
@@ -324,11 +303,7 @@ fn layout(frame: &[u8]) -> Result<Layout> {
     if usize::from(u.len()) < udp::HEADER_LEN + crate::bth::HEADER_LEN + ICRC_LEN {
         return Err(Error::Truncated);
     }
-    Ok(Layout {
-        ip,
-        udp: udp_off,
-        end,
-    })
+    Ok(Layout { ip, udp: udp_off, end })
 }
 
 /// Options for [`parse_frame_with`] (offload knobs are parameters, not globals).
@@ -450,10 +425,7 @@ impl Outer {
     }
     /// Does the stored ICRC match?
     pub(crate) fn icrc_ok(&self, frame: &[u8]) -> bool {
-        crate::icrc::icrc_span(
-            &frame[self.ip..self.ip_end - ICRC_LEN],
-            self.udp_off - self.ip,
-        ) == self.stored_icrc(frame)
+        crate::icrc::icrc_span(&frame[self.ip..self.ip_end - ICRC_LEN], self.udp_off - self.ip) == self.stored_icrc(frame)
     }
 }
 
@@ -497,8 +469,7 @@ pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
                 _ => return Err(Error::NotUdp),
             }
             (src_gid, dst_gid, v6) = (p.src_addr().octets(), p.dst_addr().octets(), true);
-            (tclass, ttl, flow_label, ip_id) =
-                (p.traffic_class(), p.hop_limit(), p.flow_label(), 0);
+            (tclass, ttl, flow_label, ip_id) = (p.traffic_class(), p.hop_limit(), p.flow_label(), 0);
             udp_off = ip + ipv6::HEADER_LEN;
             ip_end = udp_off + usize::from(p.payload_len());
         }
@@ -517,22 +488,7 @@ pub(crate) fn outer(frame: &[u8]) -> Result<Outer> {
         return Err(Error::Truncated);
     }
     let udp_sport = u.src_port();
-    Ok(Outer {
-        src_mac,
-        dst_mac,
-        src_gid,
-        dst_gid,
-        v6,
-        tclass,
-        ttl,
-        flow_label,
-        ip_id,
-        udp_sport,
-        ip,
-        udp_off,
-        ip_end,
-        bth_offset,
-    })
+    Ok(Outer { src_mac, dst_mac, src_gid, dst_gid, v6, tclass, ttl, flow_label, ip_id, udp_sport, ip, udp_off, ip_end, bth_offset })
 }
 
 /// [`parse_frame`] with options.
@@ -551,13 +507,7 @@ pub fn parse_frame_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Roce
 /// before its check passed (see docs/reliability.md, "ICRC and placement").
 pub fn parse_frame_deferred(frame: &[u8]) -> Result<(RoceFrame<'_>, IcrcCheck)> {
     let (f, o, payload_off) = parse_unverified(frame)?;
-    let check = IcrcCheck::new(
-        &frame[o.ip..o.ip_end - ICRC_LEN],
-        o.udp_off - o.ip,
-        payload_off - o.udp_off,
-        f.payload.len(),
-        f.icrc,
-    );
+    let check = IcrcCheck::new(&frame[o.ip..o.ip_end - ICRC_LEN], o.udp_off - o.ip, payload_off - o.udp_off, f.payload.len(), f.icrc);
     Ok((f, check))
 }
 
@@ -591,11 +541,7 @@ fn parse_unverified(frame: &[u8]) -> Result<(RoceFrame<'_>, Outer, usize)> {
 /// FIRST/MIDDLE carry full-MTU payloads and so never a pad, opcodes without payload have none.
 #[inline]
 fn payload_of<'a>(h: &TransportHeaders, body: &'a [u8], hlen: usize) -> Result<&'a [u8]> {
-    let info = h
-        .bth
-        .opcode
-        .info()
-        .ok_or(Error::UnknownOpcode(h.bth.opcode.0))?;
+    let info = h.bth.opcode.info().ok_or(Error::UnknownOpcode(h.bth.opcode.0))?;
     let rest = body.len() - hlen; // payload + pad
     let pad = usize::from(h.bth.pad);
     if !info.has_payload() {
@@ -690,11 +636,7 @@ fn gid_to_ip(gid: &[u8; 16], v6: bool) -> IpAddr {
 /// words what was just written field by field, were most of the parse's cost per small
 /// packet). On error `headers` and `out` hold no meaning.
 #[inline]
-pub fn parse_frame_into<'a>(
-    frame: &'a [u8],
-    headers: &mut TransportHeaders,
-    out: &mut RxFrame<'a>,
-) -> Result<()> {
+pub fn parse_frame_into<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>) -> Result<()> {
     parse_frame_routed(frame, headers, out, |_| true).map(|_| ())
 }
 
@@ -705,12 +647,7 @@ pub fn parse_frame_into<'a>(
 /// byte hashed: the receiver that owns the QP parses the frame again, checks everything else
 /// and verifies the ICRC once, there.
 #[inline]
-pub fn parse_frame_routed<'a>(
-    frame: &'a [u8],
-    headers: &mut TransportHeaders,
-    out: &mut RxFrame<'a>,
-    here: impl FnOnce(u32) -> bool,
-) -> Result<bool> {
+pub fn parse_frame_routed<'a>(frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>, here: impl FnOnce(u32) -> bool) -> Result<bool> {
     let o = outer(frame)?;
     let span = &frame[o.ip..o.ip_end - ICRC_LEN];
     let body = &frame[o.bth_offset..o.ip_end - ICRC_LEN];
@@ -723,13 +660,7 @@ pub fn parse_frame_routed<'a>(
     let hlen = headers.parse_into(body)?;
     let payload = payload_of(headers, body, hlen)?;
     let payload_off = o.bth_offset + hlen - o.udp_off;
-    out.check = IcrcCheck::new(
-        span,
-        o.udp_off - o.ip,
-        payload_off,
-        payload.len(),
-        o.stored_icrc(frame),
-    );
+    out.check = IcrcCheck::new(span, o.udp_off - o.ip, payload_off, payload.len(), o.stored_icrc(frame));
     out.src_mac = o.src_mac;
     out.src_gid = o.src_gid;
     out.dst_gid = o.dst_gid;
@@ -744,12 +675,7 @@ pub fn parse_frame_routed<'a>(
 
 /// Build a complete frame into `buf`: headers, payload, zero pad, ICRC. The BTH pad count
 /// is set from `payload.len()` (whatever `headers.bth.pad` says). Returns the frame length.
-pub fn build_frame(
-    buf: &mut [u8],
-    l3: &L3Info,
-    headers: &TransportHeaders,
-    payload: &[u8],
-) -> Result<usize> {
+pub fn build_frame(buf: &mut [u8], l3: &L3Info, headers: &TransportHeaders, payload: &[u8]) -> Result<usize> {
     let v6 = l3.is_ipv6()?;
     let mut h = *headers;
     h.bth.pad = pad_for(payload.len());

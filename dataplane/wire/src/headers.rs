@@ -4,7 +4,7 @@
 use crate::opcode::ExtSet;
 use crate::{
     aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, AethRepr, AtomicAckEthRepr,
-    AtomicEthRepr, BthRepr, DethRepr, Error, Result, RethRepr,
+    AtomicEthRepr, BthRepr, DethRepr, Error, RethRepr, Result,
 };
 
 /// BTH and extension headers of one RoCE packet. Exactly the `Option`s named by the
@@ -32,11 +32,8 @@ pub struct TransportHeaders {
 impl TransportHeaders {
     /// A value to parse into ([`parse_into`](TransportHeaders::parse_into)): a zero BTH
     /// (opcode 0, QP 0, PSN 0) and no extension headers.
-    pub const BLANK: TransportHeaders = TransportHeaders::new(BthRepr::new(
-        crate::Opcode(0),
-        crate::Qpn::new(0),
-        crate::Psn::new(0),
-    ));
+    pub const BLANK: TransportHeaders =
+        TransportHeaders::new(BthRepr::new(crate::Opcode(0), crate::Qpn::new(0), crate::Psn::new(0)));
 
     /// Headers with only a BTH (fill in the extension headers the opcode needs).
     pub const fn new(bth: BthRepr) -> TransportHeaders {
@@ -75,11 +72,7 @@ impl TransportHeaders {
 
     /// Check that the opcode is known and the present headers are exactly its set.
     pub fn check(&self) -> Result<()> {
-        let info = self
-            .bth
-            .opcode
-            .info()
-            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        let info = self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
         if info.ext != self.ext_set() {
             return Err(Error::HeaderMismatch);
         }
@@ -90,11 +83,7 @@ impl TransportHeaders {
     /// written. `Err(HeaderMismatch)` if the headers do not match the opcode,
     /// `Err(Truncated)` if `buf` is too short. The pad count is `bth.pad` as given.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        let info = self
-            .bth
-            .opcode
-            .info()
-            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        let info = self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
         if info.ext != self.ext_set() {
             return Err(Error::HeaderMismatch);
         }
@@ -164,11 +153,7 @@ impl TransportHeaders {
     pub fn parse_into(&mut self, buf: &[u8]) -> Result<usize> {
         self.bth = BthRepr::parse(&bth::Packet::new_checked(buf)?)?;
         // Known: BthRepr::parse rejects unknown opcodes.
-        let info = self
-            .bth
-            .opcode
-            .info()
-            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        let info = self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
         let len = info.header_len();
         if buf.len() < len {
             return Err(Error::Truncated);
@@ -185,55 +170,21 @@ impl TransportHeaders {
             s
         }
         let mut next = |n: usize| take(buf, &mut at, n);
-        self.deth = if e.contains(ExtSet::DETH) {
-            Some(DethRepr::parse(&deth::Packet::new_unchecked(next(
-                deth::HEADER_LEN,
-            )))?)
-        } else {
-            None
-        };
-        self.reth = if e.contains(ExtSet::RETH) {
-            Some(RethRepr::parse(&reth::Packet::new_unchecked(next(
-                reth::HEADER_LEN,
-            )))?)
-        } else {
-            None
-        };
+        self.deth = if e.contains(ExtSet::DETH) { Some(DethRepr::parse(&deth::Packet::new_unchecked(next(deth::HEADER_LEN)))?) } else { None };
+        self.reth = if e.contains(ExtSet::RETH) { Some(RethRepr::parse(&reth::Packet::new_unchecked(next(reth::HEADER_LEN)))?) } else { None };
         self.atomic_eth = if e.contains(ExtSet::ATOMIC_ETH) {
-            Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(
-                next(atomic_eth::HEADER_LEN),
-            ))?)
+            Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(next(atomic_eth::HEADER_LEN)))?)
         } else {
             None
         };
-        self.aeth = if e.contains(ExtSet::AETH) {
-            Some(AethRepr::parse(&aeth::Packet::new_unchecked(next(
-                aeth::HEADER_LEN,
-            )))?)
-        } else {
-            None
-        };
+        self.aeth = if e.contains(ExtSet::AETH) { Some(AethRepr::parse(&aeth::Packet::new_unchecked(next(aeth::HEADER_LEN)))?) } else { None };
         self.atomic_ack = if e.contains(ExtSet::ATOMIC_ACK) {
-            Some(AtomicAckEthRepr::parse(
-                &atomic_ack_eth::Packet::new_unchecked(next(atomic_ack_eth::HEADER_LEN)),
-            )?)
+            Some(AtomicAckEthRepr::parse(&atomic_ack_eth::Packet::new_unchecked(next(atomic_ack_eth::HEADER_LEN)))?)
         } else {
             None
         };
-        self.imm = if e.contains(ExtSet::IMMDT) {
-            Some(immdt::parse(&immdt::Packet::new_unchecked(next(
-                immdt::HEADER_LEN,
-            )))?)
-        } else {
-            None
-        };
-        self.ieth = if e.contains(ExtSet::IETH) {
-            Some(ieth::parse(&ieth::Packet::new_unchecked(next(
-                ieth::HEADER_LEN,
-            )))?)
-        } else {
-            None
-        };
+        self.imm = if e.contains(ExtSet::IMMDT) { Some(immdt::parse(&immdt::Packet::new_unchecked(next(immdt::HEADER_LEN)))?) } else { None };
+        self.ieth = if e.contains(ExtSet::IETH) { Some(ieth::parse(&ieth::Packet::new_unchecked(next(ieth::HEADER_LEN)))?) } else { None };
         debug_assert_eq!(at, len);
         Ok(len)
     }

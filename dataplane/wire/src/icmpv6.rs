@@ -113,11 +113,7 @@ pub enum NdRepr {
 impl NdRepr {
     /// Parse an ICMPv6 message (checksum verified against `src`/`dst`). Other ICMPv6 types
     /// give `Unsupported`. Options other than the link-layer address are skipped.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(
-        p: &Packet<&T>,
-        src: &Ipv6Addr,
-        dst: &Ipv6Addr,
-    ) -> Result<NdRepr> {
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>, src: &Ipv6Addr, dst: &Ipv6Addr) -> Result<NdRepr> {
         p.check_len()?;
         let b = p.buffer.as_ref();
         if !matches!(p.msg_type(), TYPE_NS | TYPE_NA) || p.code() != 0 {
@@ -132,11 +128,7 @@ impl NdRepr {
         let mut t = [0u8; 16];
         t.copy_from_slice(&b[field::TARGET]);
         let target = Ipv6Addr::from(t);
-        let want = if p.msg_type() == TYPE_NS {
-            OPT_SRC_LLADDR
-        } else {
-            OPT_TGT_LLADDR
-        };
+        let want = if p.msg_type() == TYPE_NS { OPT_SRC_LLADDR } else { OPT_TGT_LLADDR };
         let mut lladdr = None;
         let mut opts = &b[field::OPTIONS..];
         while !opts.is_empty() {
@@ -156,10 +148,7 @@ impl NdRepr {
             opts = &opts[len..];
         }
         Ok(if p.msg_type() == TYPE_NS {
-            NdRepr::Solicit {
-                target,
-                src_lladdr: lladdr,
-            }
+            NdRepr::Solicit { target, src_lladdr: lladdr }
         } else {
             let f = b[field::FLAGS];
             NdRepr::Advert {
@@ -195,13 +184,7 @@ impl NdRepr {
         b.fill(0);
         let (ty, target, ll, opt) = match *self {
             NdRepr::Solicit { target, src_lladdr } => (TYPE_NS, target, src_lladdr, OPT_SRC_LLADDR),
-            NdRepr::Advert {
-                router,
-                solicited,
-                override_,
-                target,
-                target_lladdr,
-            } => {
+            NdRepr::Advert { router, solicited, override_, target, target_lladdr } => {
                 b[field::FLAGS] = (if router { field::R } else { 0 })
                     | (if solicited { field::S } else { 0 })
                     | (if override_ { field::O } else { 0 });
@@ -226,16 +209,7 @@ impl NdRepr {
 /// The solicited-node multicast address ff02::1:ffXX:XXXX of `addr`.
 pub fn solicited_node(addr: &Ipv6Addr) -> Ipv6Addr {
     let o = addr.octets();
-    Ipv6Addr::new(
-        0xff02,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0xff00 | u16::from(o[13]),
-        u16::from_be_bytes([o[14], o[15]]),
-    )
+    Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00 | u16::from(o[13]), u16::from_be_bytes([o[14], o[15]]))
 }
 
 /// The Ethernet multicast MAC 33:33:xx:xx:xx:xx of an IPv6 multicast address.
@@ -274,14 +248,7 @@ pub fn parse_nd_frame(frame: &[u8]) -> Result<NdFrame> {
         return Err(Error::Unsupported);
     }
     let nd = NdRepr::parse(&Packet::new_checked(p.payload())?, &ip.src, &ip.dst)?;
-    Ok(NdFrame {
-        src_mac: e.src,
-        dst_mac: e.dst,
-        src_ip: ip.src,
-        dst_ip: ip.dst,
-        hop_limit: ip.hop_limit,
-        nd,
-    })
+    Ok(NdFrame { src_mac: e.src, dst_mac: e.dst, src_ip: ip.src, dst_ip: ip.dst, hop_limit: ip.hop_limit, nd })
 }
 
 /// Build an Ethernet/IPv6 (hop limit 255)/ICMPv6 ND frame. Returns its length.
@@ -298,12 +265,8 @@ pub fn emit_nd_frame(
     if buf.len() < total {
         return Err(Error::Truncated);
     }
-    eth::Repr {
-        src: src_mac,
-        dst: dst_mac,
-        ethertype: EtherType::IPV6,
-    }
-    .emit(&mut eth::Packet::new_unchecked(&mut buf[..eth::HEADER_LEN]));
+    eth::Repr { src: src_mac, dst: dst_mac, ethertype: EtherType::IPV6 }
+        .emit(&mut eth::Packet::new_unchecked(&mut buf[..eth::HEADER_LEN]));
     ipv6::Repr {
         src: src_ip,
         dst: dst_ip,
@@ -313,14 +276,8 @@ pub fn emit_nd_frame(
         flow_label: 0,
         hop_limit: 255,
     }
-    .emit(&mut ipv6::Packet::new_unchecked(
-        &mut buf[eth::HEADER_LEN..eth::HEADER_LEN + ipv6::HEADER_LEN],
-    ))?;
-    nd.emit(
-        &mut buf[eth::HEADER_LEN + ipv6::HEADER_LEN..total],
-        &src_ip,
-        &dst_ip,
-    )?;
+    .emit(&mut ipv6::Packet::new_unchecked(&mut buf[eth::HEADER_LEN..eth::HEADER_LEN + ipv6::HEADER_LEN]))?;
+    nd.emit(&mut buf[eth::HEADER_LEN + ipv6::HEADER_LEN..total], &src_ip, &dst_ip)?;
     Ok(total)
 }
 
@@ -335,20 +292,9 @@ mod test {
         let sn = solicited_node(&t);
         assert_eq!(sn, "ff02::1:ff00:2".parse::<Ipv6Addr>().unwrap());
         assert_eq!(multicast_mac(&sn), MacAddr([0x33, 0x33, 0xff, 0, 0, 2]));
-        let ns = NdRepr::Solicit {
-            target: t,
-            src_lladdr: Some(MacAddr([2, 0, 0, 0, 0, 1])),
-        };
+        let ns = NdRepr::Solicit { target: t, src_lladdr: Some(MacAddr([2, 0, 0, 0, 0, 1])) };
         let mut f = [0u8; 128];
-        let n = emit_nd_frame(
-            &mut f,
-            MacAddr([2, 0, 0, 0, 0, 1]),
-            multicast_mac(&sn),
-            a,
-            sn,
-            &ns,
-        )
-        .unwrap();
+        let n = emit_nd_frame(&mut f, MacAddr([2, 0, 0, 0, 0, 1]), multicast_mac(&sn), a, sn, &ns).unwrap();
         assert_eq!(crate::parse_frame(&f[..n]).unwrap_err(), Error::Icmpv6);
         let p = parse_nd_frame(&f[..n]).unwrap();
         assert_eq!((p.nd, p.hop_limit, p.src_ip, p.dst_ip), (ns, 255, a, sn));
@@ -359,15 +305,7 @@ mod test {
             target: t,
             target_lladdr: Some(MacAddr([2, 0, 0, 0, 0, 2])),
         };
-        let n = emit_nd_frame(
-            &mut f,
-            MacAddr([2, 0, 0, 0, 0, 2]),
-            MacAddr([2, 0, 0, 0, 0, 1]),
-            t,
-            a,
-            &na,
-        )
-        .unwrap();
+        let n = emit_nd_frame(&mut f, MacAddr([2, 0, 0, 0, 0, 2]), MacAddr([2, 0, 0, 0, 0, 1]), t, a, &na).unwrap();
         assert_eq!(parse_nd_frame(&f[..n]).unwrap().nd, na);
         f[n - 1] ^= 1;
         assert_eq!(parse_nd_frame(&f[..n]).unwrap_err(), Error::BadChecksum);

@@ -81,11 +81,7 @@ pub fn icrc(ip_header: &[u8], udp_datagram: &[u8]) -> u32 {
 
     let m = udp_datagram.len().min(HEAD);
     buf[n..n + m].copy_from_slice(&udp_datagram[..m]);
-    for o in [
-        udp::CHECKSUM_OFFSET,
-        udp::CHECKSUM_OFFSET + 1,
-        udp::HEADER_LEN + bth::FECN_BECN_OFFSET,
-    ] {
+    for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
         if o < m {
             buf[n + o] = 0xFF;
         }
@@ -116,21 +112,11 @@ pub fn icrc_span(span: &[u8], ip_len: usize) -> u32 {
 /// The bytes the ICRC sets to ones in IPv4 (IHL 5) ‖ UDP ‖ BTH, as 16-byte little-endian lanes:
 /// TOS (1), TTL (8), header checksum (10, 11); UDP checksum (20 + 6, 20 + 7); BTH byte 4
 /// (20 + 8 + 4). A test checks them against the byte offsets the general path uses.
-const V4_MASK: Mask = [
-    (0xFF << 8) | (0xFF << 64) | (0xFFFF << 80),
-    0xFFFF << 80,
-    0xFF,
-    0,
-];
+const V4_MASK: Mask = [(0xFF << 8) | (0xFF << 64) | (0xFFFF << 80), 0xFFFF << 80, 0xFF, 0];
 
 /// The same for IPv6 ‖ UDP ‖ BTH: traffic class and flow label (the low nibble of byte 0,
 /// bytes 1..4), hop limit (7); UDP checksum (40 + 6, 40 + 7); BTH byte 4 (40 + 8 + 4).
-const V6_MASK: Mask = [
-    0x0F | (0xFF_FFFF << 8) | (0xFF << 56),
-    0,
-    0xFFFF << 112,
-    0xFF << 32,
-];
+const V6_MASK: Mask = [0x0F | (0xFF_FFFF << 8) | (0xFF << 56), 0, 0xFFFF << 112, 0xFF << 32];
 
 /// CRC-32 of 8 bytes of 0xFF (the masked LRH); `!` of rxe's seed 0xDEBB20E3.
 const CRC_OF_8_FF: u32 = !0xDEBB_20E3;
@@ -141,11 +127,7 @@ fn finish_udp(h: u32, udp_datagram: &[u8]) -> u32 {
     let mut head = [0u8; HEAD];
     let m = udp_datagram.len().min(HEAD);
     head[..m].copy_from_slice(&udp_datagram[..m]);
-    for o in [
-        udp::CHECKSUM_OFFSET,
-        udp::CHECKSUM_OFFSET + 1,
-        udp::HEADER_LEN + bth::FECN_BECN_OFFSET,
-    ] {
+    for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
         if o < m {
             head[o] = 0xFF;
         }
@@ -198,35 +180,17 @@ pub const SETTLE_LEN: usize = 128;
 
 impl IcrcCheck {
     /// A placeholder to be overwritten (it matches nothing in particular).
-    pub const BLANK: IcrcCheck = IcrcCheck {
-        seed: 0,
-        pad: [0; 3],
-        pad_len: 0,
-        stored: 0,
-        settled: 0,
-    };
+    pub const BLANK: IcrcCheck = IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored: 0, settled: 0 };
 
     /// `span` = the IP header (`ip_len` bytes) and the UDP datagram without its ICRC, where the
     /// payload starts in the datagram and how long it is (the pad follows), and the stored
     /// ICRC.
     #[inline]
-    pub(crate) fn new(
-        span: &[u8],
-        ip_len: usize,
-        payload_off: usize,
-        payload_len: usize,
-        stored: u32,
-    ) -> IcrcCheck {
+    pub(crate) fn new(span: &[u8], ip_len: usize, payload_off: usize, payload_len: usize, stored: u32) -> IcrcCheck {
         let udp_datagram = &span[ip_len..];
         if udp_datagram.len() <= SETTLE_LEN {
             let good = icrc_span(span, ip_len) == stored;
-            return IcrcCheck {
-                seed: 0,
-                pad: [0; 3],
-                pad_len: 0,
-                stored,
-                settled: if good { 1 } else { 2 },
-            };
+            return IcrcCheck { seed: 0, pad: [0; 3], pad_len: 0, stored, settled: if good { 1 } else { 2 } };
         }
         let pad_bytes = &udp_datagram[payload_off + payload_len..];
         let mut pad = [0u8; 3];
@@ -238,13 +202,7 @@ impl IcrcCheck {
                 *d = pad_bytes[i];
             }
         }
-        IcrcCheck {
-            seed: icrc_span(&span[..ip_len + payload_off], ip_len),
-            pad,
-            pad_len: pad_len as u8,
-            stored,
-            settled: 0,
-        }
+        IcrcCheck { seed: icrc_span(&span[..ip_len + payload_off], ip_len), pad, pad_len: pad_len as u8, stored, settled: 0 }
     }
 
     /// Already checked (a short datagram): the result. A consumer places such a packet's
@@ -269,11 +227,7 @@ impl IcrcCheck {
             return good;
         }
         // Full-MTU payloads have no pad: no CRC update of zero bytes.
-        let crc = if self.pad_len == 0 {
-            after_payload
-        } else {
-            crc_update(after_payload, &self.pad[..usize::from(self.pad_len)])
-        };
+        let crc = if self.pad_len == 0 { after_payload } else { crc_update(after_payload, &self.pad[..usize::from(self.pad_len)]) };
         crc == self.stored
     }
 
@@ -330,21 +284,13 @@ mod test {
                         }
                     }
                     let mut u = udp.clone();
-                    for o in [
-                        udp::CHECKSUM_OFFSET,
-                        udp::CHECKSUM_OFFSET + 1,
-                        udp::HEADER_LEN + bth::FECN_BECN_OFFSET,
-                    ] {
+                    for o in [udp::CHECKSUM_OFFSET, udp::CHECKSUM_OFFSET + 1, udp::HEADER_LEN + bth::FECN_BECN_OFFSET] {
                         if o < len {
                             u[o] = 0xFF;
                         }
                     }
                     let want = crc32fast::hash(&[&[0xFFu8; 8][..], &m, &u].concat());
-                    assert_eq!(
-                        icrc_span(&[&ip[..], &udp].concat(), il),
-                        want,
-                        "v6 {v6} {len} bytes"
-                    );
+                    assert_eq!(icrc_span(&[&ip[..], &udp].concat(), il), want, "v6 {v6} {len} bytes");
                     assert_eq!(icrc(&ip, &udp), want, "v6 {v6} {len} bytes");
                 }
             }
@@ -369,9 +315,7 @@ mod test {
         assert_eq!(transport_crc(&long), crc32fast::hash(&m));
         // Every length, through the word path (12..=64) and the byte path: byte 4 masked.
         for n in 0..=100usize {
-            let p: Vec<u8> = (0..n)
-                .map(|i| (i as u8).wrapping_mul(37).wrapping_add(1))
-                .collect();
+            let p: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(37).wrapping_add(1)).collect();
             let mut m = p.clone();
             if n > bth::FECN_BECN_OFFSET {
                 m[bth::FECN_BECN_OFFSET] = 0xFF;
@@ -395,8 +339,7 @@ mod test {
         udp.extend_from_slice(&ib);
         let tl = (20 + udp_len).to_be_bytes();
         let ip = [
-            0x45, 1, tl[0], tl[1], 0x04, 0x78, 0x40, 0, 64, 17, 0, 0, 192, 168, 0, 7, 192, 168, 0,
-            7,
+            0x45, 1, tl[0], tl[1], 0x04, 0x78, 0x40, 0, 64, 17, 0, 0, 192, 168, 0, 7, 192, 168, 0, 7,
         ];
         assert_eq!(icrc(&ip, &udp).to_le_bytes(), [0x78, 0xf3, 0x53, 0xf3]);
     }

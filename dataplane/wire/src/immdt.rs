@@ -44,16 +44,10 @@ mod test {
     #[test]
     fn test_deconstruct_construct_truncated() {
         let bytes = [0xC0, 0xDE, 0x00, 0x01];
-        assert_eq!(
-            parse(&Packet::new_unchecked(&bytes[..])).unwrap(),
-            0xC0DE0001
-        );
+        assert_eq!(parse(&Packet::new_unchecked(&bytes[..])).unwrap(), 0xC0DE0001);
         let mut b = [0u8; 4];
         emit(0xC0DE0001, &mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..3]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&bytes[..3]).unwrap_err(), crate::Error::Truncated);
     }
 }

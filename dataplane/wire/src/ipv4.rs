@@ -26,12 +26,7 @@ mod field {
 }
 
 /// Offsets of the fields masked to all ones in the ICRC.
-pub(crate) const ICRC_MASKED: [usize; 4] = [
-    field::TOS,
-    field::TTL,
-    field::CHECKSUM.start,
-    field::CHECKSUM.start + 1,
-];
+pub(crate) const ICRC_MASKED: [usize; 4] = [field::TOS, field::TTL, field::CHECKSUM.start, field::CHECKSUM.start + 1];
 
 /// Internet checksum (one's complement sum) of `data`, folded, not complemented.
 pub(crate) fn ones_sum(mut acc: u32, data: &[u8]) -> u32 {
@@ -309,9 +304,6 @@ mod test {
         assert_eq!(Packet::new_checked(&x[..]).unwrap_err(), Error::BadIpHeader);
         x = b;
         x[6] = 0x20; // MF
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&x[..])),
-            Err(Error::Fragment)
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&x[..])), Err(Error::Fragment));
     }
 }

@@ -152,15 +152,7 @@ impl ExtSet {
 
 impl fmt::Debug for ExtSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [&str; 7] = [
-            "DETH",
-            "RETH",
-            "AtomicETH",
-            "AETH",
-            "AtomicAckETH",
-            "ImmDt",
-            "IETH",
-        ];
+        const NAMES: [&str; 7] = ["DETH", "RETH", "AtomicETH", "AETH", "AtomicAckETH", "ImmDt", "IETH"];
         let mut first = true;
         f.write_str("ExtSet(")?;
         for (i, n) in NAMES.iter().enumerate() {
@@ -205,20 +197,13 @@ impl OpInfo {
     }
     /// May carry payload (SEND, WRITE, READ response).
     pub const fn has_payload(&self) -> bool {
-        matches!(
-            self.kind,
-            OpKind::Send | OpKind::Write | OpKind::ReadResponse
-        )
+        matches!(self.kind, OpKind::Send | OpKind::Write | OpKind::ReadResponse)
     }
     /// A request (requester → responder); the others are responses (responder → requester).
     pub const fn is_request(&self) -> bool {
         matches!(
             self.kind,
-            OpKind::Send
-                | OpKind::Write
-                | OpKind::ReadRequest
-                | OpKind::CompareSwap
-                | OpKind::FetchAdd
+            OpKind::Send | OpKind::Write | OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd
         )
     }
     /// A response (ACK, atomic ACK, READ response).
@@ -376,11 +361,7 @@ impl From<Opcode> for u8 {
 /// `imm`/`inv` describe the *message*: they select the `_WITH_*` variant only on
 /// `Last`/`Only` and are ignored on `First`/`Middle`.
 pub fn next_opcode(qp: QpType, kind: OpKind, pos: MsgPos, imm: bool, inv: bool) -> Option<Opcode> {
-    let (imm, inv) = if pos.is_end() {
-        (imm, inv)
-    } else {
-        (false, false)
-    };
+    let (imm, inv) = if pos.is_end() { (imm, inv) } else { (false, false) };
     NEXT[next_index(qp, kind, pos, imm, inv)]
 }
 
@@ -421,41 +402,18 @@ mod test {
     #[test]
     fn next_opcode_equals_a_table_scan() {
         for qp in [QpType::Rc, QpType::Uc, QpType::Ud] {
-            for kind in [
-                OpKind::Send,
-                OpKind::Write,
-                OpKind::ReadRequest,
-                OpKind::ReadResponse,
-                OpKind::Ack,
-                OpKind::AtomicAck,
-                OpKind::CompareSwap,
-                OpKind::FetchAdd,
-            ] {
+            for kind in [OpKind::Send, OpKind::Write, OpKind::ReadRequest, OpKind::ReadResponse, OpKind::Ack, OpKind::AtomicAck, OpKind::CompareSwap, OpKind::FetchAdd] {
                 for pos in [MsgPos::First, MsgPos::Middle, MsgPos::Last, MsgPos::Only] {
                     for (imm, inv) in [(false, false), (true, false), (false, true), (true, true)] {
-                        let (i2, v2) = if pos.is_end() {
-                            (imm, inv)
-                        } else {
-                            (false, false)
-                        };
+                        let (i2, v2) = if pos.is_end() { (imm, inv) } else { (false, false) };
                         let scan = if i2 && v2 {
                             None
                         } else {
                             (0..=255u8).map(Opcode).find(|o| {
-                                o.info().is_some_and(|r| {
-                                    r.qp == qp
-                                        && r.kind == kind
-                                        && r.pos == pos
-                                        && r.imm == i2
-                                        && r.inv == v2
-                                })
+                                o.info().is_some_and(|r| r.qp == qp && r.kind == kind && r.pos == pos && r.imm == i2 && r.inv == v2)
                             })
                         };
-                        assert_eq!(
-                            next_opcode(qp, kind, pos, imm, inv),
-                            scan,
-                            "{qp:?} {kind:?} {pos:?} imm {imm} inv {inv}"
-                        );
+                        assert_eq!(next_opcode(qp, kind, pos, imm, inv), scan, "{qp:?} {kind:?} {pos:?} imm {imm} inv {inv}");
                     }
                 }
             }
@@ -514,70 +472,27 @@ mod test {
         // The precomputed length of every row is its extension set's.
         for v in 0..=255u8 {
             if let Some(i) = Opcode(v).info() {
-                assert_eq!(
-                    i.header_len(),
-                    crate::bth::HEADER_LEN + i.ext.wire_len(),
-                    "{}",
-                    i.name
-                );
+                assert_eq!(i.header_len(), crate::bth::HEADER_LEN + i.ext.wire_len(), "{}", i.name);
             }
         }
         let e = ExtSet::RETH.with(ExtSet::IMMDT);
         assert_eq!(e.offset_of(ExtSet::IMMDT), Some(16));
-        assert_eq!(
-            ExtSet::AETH
-                .with(ExtSet::ATOMIC_ACK)
-                .offset_of(ExtSet::ATOMIC_ACK),
-            Some(4)
-        );
-        assert_eq!(
-            ExtSet::DETH.with(ExtSet::IMMDT).offset_of(ExtSet::IMMDT),
-            Some(8)
-        );
+        assert_eq!(ExtSet::AETH.with(ExtSet::ATOMIC_ACK).offset_of(ExtSet::ATOMIC_ACK), Some(4));
+        assert_eq!(ExtSet::DETH.with(ExtSet::IMMDT).offset_of(ExtSet::IMMDT), Some(8));
     }
 
     #[test]
     fn f4_next_opcode_segments() {
         use MsgPos::*;
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::Write, First, true, false),
-            Some(Opcode::RC_RDMA_WRITE_FIRST)
-        );
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::Write, Middle, false, false),
-            Some(Opcode::RC_RDMA_WRITE_MIDDLE)
-        );
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::Write, Last, true, false),
-            Some(Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE)
-        );
-        assert_eq!(
-            next_opcode(QpType::Uc, OpKind::Send, Only, false, true),
-            None
-        );
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::Send, Last, false, true),
-            Some(Opcode::RC_SEND_LAST_WITH_INVALIDATE)
-        );
-        assert_eq!(
-            next_opcode(QpType::Uc, OpKind::ReadRequest, Only, false, false),
-            None
-        );
-        assert_eq!(
-            next_opcode(QpType::Ud, OpKind::Send, First, false, false),
-            None
-        );
-        assert_eq!(
-            next_opcode(QpType::Ud, OpKind::Send, Only, true, false),
-            Some(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE)
-        );
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::ReadResponse, Middle, false, false),
-            Some(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE)
-        );
-        assert_eq!(
-            next_opcode(QpType::Rc, OpKind::Send, Only, true, true),
-            None
-        );
+        assert_eq!(next_opcode(QpType::Rc, OpKind::Write, First, true, false), Some(Opcode::RC_RDMA_WRITE_FIRST));
+        assert_eq!(next_opcode(QpType::Rc, OpKind::Write, Middle, false, false), Some(Opcode::RC_RDMA_WRITE_MIDDLE));
+        assert_eq!(next_opcode(QpType::Rc, OpKind::Write, Last, true, false), Some(Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE));
+        assert_eq!(next_opcode(QpType::Uc, OpKind::Send, Only, false, true), None);
+        assert_eq!(next_opcode(QpType::Rc, OpKind::Send, Last, false, true), Some(Opcode::RC_SEND_LAST_WITH_INVALIDATE));
+        assert_eq!(next_opcode(QpType::Uc, OpKind::ReadRequest, Only, false, false), None);
+        assert_eq!(next_opcode(QpType::Ud, OpKind::Send, First, false, false), None);
+        assert_eq!(next_opcode(QpType::Ud, OpKind::Send, Only, true, false), Some(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE));
+        assert_eq!(next_opcode(QpType::Rc, OpKind::ReadResponse, Middle, false, false), Some(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE));
+        assert_eq!(next_opcode(QpType::Rc, OpKind::Send, Only, true, true), None);
     }
 }

@@ -36,21 +36,9 @@ impl<W: Write> PcapWriter<W> {
         self.write_frame_truncated(ts, frame, frame.len())
     }
     /// Append a frame captured with `frame.len()` bytes of an original `orig_len`.
-    pub fn write_frame_truncated(
-        &mut self,
-        ts: Duration,
-        frame: &[u8],
-        orig_len: usize,
-    ) -> io::Result<()> {
-        let len = |n: usize| {
-            u32::try_from(n)
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too long"))
-        };
-        let sub = if self.nanos {
-            ts.subsec_nanos()
-        } else {
-            ts.subsec_micros()
-        };
+    pub fn write_frame_truncated(&mut self, ts: Duration, frame: &[u8], orig_len: usize) -> io::Result<()> {
+        let len = |n: usize| u32::try_from(n).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too long"));
+        let sub = if self.nanos { ts.subsec_nanos() } else { ts.subsec_micros() };
         let mut h = [0u8; 16];
         h[0..4].copy_from_slice(&(ts.as_secs() as u32).to_le_bytes());
         h[4..8].copy_from_slice(&sub.to_le_bytes());
@@ -109,23 +97,12 @@ impl<'a> PcapReader<'a> {
             (_, MAGIC_NS) => (true, true),
             _ => return Err(bad("not a classic pcap file")),
         };
-        let mut r = PcapReader {
-            data,
-            off: 24,
-            big,
-            nanos,
-            linktype: 0,
-        };
+        let mut r = PcapReader { data, off: 24, big, nanos, linktype: 0 };
         r.linktype = r.u32_at(20) & 0x0FFF_FFFF;
         Ok(r)
     }
     fn u32_at(&self, o: usize) -> u32 {
-        let b = [
-            self.data[o],
-            self.data[o + 1],
-            self.data[o + 2],
-            self.data[o + 3],
-        ];
+        let b = [self.data[o], self.data[o + 1], self.data[o + 2], self.data[o + 3]];
         if self.big {
             u32::from_be_bytes(b)
         } else {
@@ -145,12 +122,7 @@ impl Iterator for PcapReader<'_> {
             return Some(Err(bad("truncated record header")));
         }
         let o = self.off;
-        let (s, sub, cap, orig) = (
-            self.u32_at(o),
-            self.u32_at(o + 4),
-            self.u32_at(o + 8),
-            self.u32_at(o + 12),
-        );
+        let (s, sub, cap, orig) = (self.u32_at(o), self.u32_at(o + 4), self.u32_at(o + 8), self.u32_at(o + 12));
         let start = o + 16;
         let end = start.saturating_add(cap as usize);
         if end > self.data.len() {
@@ -159,16 +131,8 @@ impl Iterator for PcapReader<'_> {
         }
         self.off = end;
         let ts = Duration::from_secs(u64::from(s))
-            + if self.nanos {
-                Duration::from_nanos(u64::from(sub))
-            } else {
-                Duration::from_micros(u64::from(sub))
-            };
-        Some(Ok(PcapRecord {
-            ts,
-            data: self.data[start..end].to_vec(),
-            orig_len: orig,
-        }))
+            + if self.nanos { Duration::from_nanos(u64::from(sub)) } else { Duration::from_micros(u64::from(sub)) };
+        Some(Ok(PcapRecord { ts, data: self.data[start..end].to_vec(), orig_len: orig }))
     }
 }
 
@@ -185,10 +149,8 @@ mod test {
     fn write_read_round_trip() {
         for nanos in [false, true] {
             let mut w = PcapWriter::new(Vec::new(), nanos).unwrap();
-            w.write_frame(Duration::new(1_700_000_000, 123_456_000), &[1, 2, 3])
-                .unwrap();
-            w.write_frame(Duration::new(1_700_000_001, 0), &[4; 70])
-                .unwrap();
+            w.write_frame(Duration::new(1_700_000_000, 123_456_000), &[1, 2, 3]).unwrap();
+            w.write_frame(Duration::new(1_700_000_001, 0), &[4; 70]).unwrap();
             let v = w.into_inner();
             let r = PcapReader::new(&v).unwrap();
             assert_eq!(r.linktype, LINKTYPE_ETHERNET);
@@ -197,9 +159,7 @@ mod test {
             assert_eq!(recs[0].data, [1, 2, 3]);
             assert_eq!(recs[0].ts, Duration::new(1_700_000_000, 123_456_000));
             assert_eq!(recs[1].orig_len, 70);
-            assert!(PcapReader::new(&v[..v.len() - 1])
-                .unwrap()
-                .any(|r| r.is_err()));
+            assert!(PcapReader::new(&v[..v.len() - 1]).unwrap().any(|r| r.is_err()));
         }
     }
 }

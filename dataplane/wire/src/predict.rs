@@ -66,20 +66,13 @@ impl RxPrediction {
     /// with its headers within the first 80 bytes. `None` for anything else, and for a frame
     /// the full parse refuses.
     pub fn record(frame: &[u8]) -> Option<RxPrediction> {
-        let mut headers = TransportHeaders::new(crate::BthRepr::new(
-            crate::Opcode(0),
-            crate::Qpn::new(0),
-            Psn::new(0),
-        ));
+        let mut headers = TransportHeaders::new(crate::BthRepr::new(crate::Opcode(0), crate::Qpn::new(0), Psn::new(0)));
         let mut out = RxFrame::BLANK;
         if !crate::frame::parse_frame_routed(frame, &mut headers, &mut out, |_| true).ok()? {
             return None;
         }
         let info = headers.bth.opcode.info()?;
-        if info.pos != crate::MsgPos::Middle
-            || info.header_len() != bth::HEADER_LEN
-            || out.payload.is_empty()
-        {
+        if info.pos != crate::MsgPos::Middle || info.header_len() != bth::HEADER_LEN || out.payload.is_empty() {
             return None;
         }
         let o = outer(frame).ok()?;
@@ -116,11 +109,7 @@ impl RxPrediction {
             ip_end: o.ip_end as u16,
             payload_len: out.payload.len() as u16,
             headers,
-            frame: RxFrame {
-                payload: &[],
-                check: IcrcCheck::BLANK,
-                ..out
-            },
+            frame: RxFrame { payload: &[], check: IcrcCheck::BLANK, ..out },
         })
     }
 
@@ -136,13 +125,7 @@ impl RxPrediction {
             _ => return None,
         };
         match frame.get(bth..bth + 8)? {
-            [op, _, _, _, _, a, b, c]
-                if crate::Opcode(*op)
-                    .info()
-                    .is_some_and(|i| i.pos == crate::MsgPos::Middle) =>
-            {
-                Some(u32::from_be_bytes([0, *a, *b, *c]))
-            }
+            [op, _, _, _, _, a, b, c] if crate::Opcode(*op).info().is_some_and(|i| i.pos == crate::MsgPos::Middle) => Some(u32::from_be_bytes([0, *a, *b, *c])),
             _ => None,
         }
     }
@@ -153,22 +136,13 @@ impl RxPrediction {
     ///
     /// [`parse_frame_routed`]: crate::parse_frame_routed
     #[inline]
-    pub fn parse_into<'a>(
-        &self,
-        frame: &'a [u8],
-        headers: &mut TransportHeaders,
-        out: &mut RxFrame<'a>,
-    ) -> bool {
+    pub fn parse_into<'a>(&self, frame: &'a [u8], headers: &mut TransportHeaders, out: &mut RxFrame<'a>) -> bool {
         if frame.len() != self.len as usize {
             return false;
         }
         // (A recorded frame is at least HEAD bytes long, and so is one of the same length.)
         let mut diff = 0;
-        for ((w, m), x) in words(&frame[..HEAD])
-            .iter()
-            .zip(&self.mask)
-            .zip(&self.image)
-        {
+        for ((w, m), x) in words(&frame[..HEAD]).iter().zip(&self.mask).zip(&self.image) {
             diff |= (w & m) ^ x;
         }
         if diff != 0 {
@@ -182,11 +156,7 @@ impl RxPrediction {
         bth.ack_req = p.ack_req();
         bth.psn = p.psn();
         *headers = TransportHeaders::new(bth);
-        let (ip, udp, end) = (
-            usize::from(self.ip),
-            usize::from(self.udp),
-            usize::from(self.ip_end),
-        );
+        let (ip, udp, end) = (usize::from(self.ip), usize::from(self.udp), usize::from(self.ip_end));
         let (at, n) = (usize::from(self.payload), usize::from(self.payload_len));
         let c = &frame[end - ICRC_LEN..end];
         let stored = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -238,9 +208,7 @@ mod tests {
     fn full(f: &[u8]) -> Option<(TransportHeaders, RxFrame<'_>)> {
         let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
         let mut o = RxFrame::BLANK;
-        crate::parse_frame_routed(f, &mut h, &mut o, |_| true)
-            .ok()?
-            .then_some((h, o))
+        crate::parse_frame_routed(f, &mut h, &mut o, |_| true).ok()?.then_some((h, o))
     }
 
     /// The two parses agree, field by field (the payload by position and length).
@@ -262,37 +230,13 @@ mod tests {
     #[test]
     fn only_bare_middle_packets_are_recorded() {
         let p = vec![7u8; 256];
-        assert!(
-            RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p))
-                .is_some()
-        );
+        assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).is_some());
         assert!(RxPrediction::record(&frame(true, Opcode::RC_SEND_MIDDLE, 5, false, &p)).is_some());
-        assert!(RxPrediction::record(&frame(
-            false,
-            Opcode::RC_RDMA_WRITE_LAST,
-            5,
-            false,
-            &p[..100]
-        ))
-        .is_none());
+        assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_LAST, 5, false, &p[..100])).is_none());
         // A MIDDLE shorter than the compared head (the parse accepts it; the responder will not).
-        assert!(RxPrediction::record(&frame(
-            false,
-            Opcode::RC_RDMA_WRITE_MIDDLE,
-            5,
-            false,
-            &p[..4]
-        ))
-        .is_none());
+        assert!(RxPrediction::record(&frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p[..4])).is_none());
         // (Over IPv6 the same packet's frame is 82 bytes: it holds the head and is recorded.)
-        assert!(RxPrediction::record(&frame(
-            true,
-            Opcode::RC_RDMA_WRITE_MIDDLE,
-            5,
-            false,
-            &p[..4]
-        ))
-        .is_some());
+        assert!(RxPrediction::record(&frame(true, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p[..4])).is_some());
         assert!(RxPrediction::record(&frame(false, Opcode::RC_SEND_ONLY, 5, false, &p)).is_none());
         let mut bad = frame(false, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p);
         bad[23] = 6; // IP protocol TCP: the full parse refuses it
@@ -303,36 +247,26 @@ mod tests {
     fn the_next_middle_packets_are_predicted_with_their_psn_and_ackreq() {
         for v6 in [false, true] {
             let p = vec![9u8; 1024];
-            let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p))
-                .unwrap();
+            let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).unwrap();
             assert_eq!(r.qpn(), 0x11);
             for (psn, ack) in [(6, false), (7, true), (0xFF_FFFF, false)] {
                 let f = frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, psn, ack, &p);
                 assert_eq!(RxPrediction::dest_qp(&f), Some(0x11));
                 let only = frame(v6, Opcode::RC_SEND_ONLY, psn, ack, &p);
-                assert_eq!(
-                    RxPrediction::dest_qp(&only),
-                    None,
-                    "not a MIDDLE: no lookup"
-                );
-                let mut h =
-                    TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+                assert_eq!(RxPrediction::dest_qp(&only), None, "not a MIDDLE: no lookup");
+                let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
                 let mut o = RxFrame::BLANK;
                 assert!(r.parse_into(&f, &mut h, &mut o), "v6 {v6} psn {psn}");
                 assert_eq!(h.bth.psn, Psn::new(psn));
                 assert_eq!(h.bth.ack_req, ack);
                 assert!(same(&(h, o), &full(&f).unwrap()));
-                assert!(
-                    o.check.verify(o.payload),
-                    "the ICRC check is the frame's own"
-                );
+                assert!(o.check.verify(o.payload), "the ICRC check is the frame's own");
             }
             // Another opcode, length, or payload-carrying header is not predicted.
             let last = frame(v6, Opcode::RC_RDMA_WRITE_LAST, 6, false, &p);
             let short = frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 6, false, &p[..512]);
             for f in [last, short] {
-                let mut h =
-                    TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+                let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
                 let mut o = RxFrame::BLANK;
                 assert!(!r.parse_into(&f, &mut h, &mut o));
             }
@@ -347,8 +281,7 @@ mod tests {
     fn every_bit_of_the_compared_header_is_compared() {
         for v6 in [false, true] {
             let p: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
-            let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p))
-                .unwrap();
+            let r = RxPrediction::record(&frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 5, false, &p)).unwrap();
             let (udp, bth) = if v6 { (54, 62) } else { (34, 42) };
             let free = |at: usize, bit: u8| {
                 (!v6 && ((18..20).contains(&at) || (24..26).contains(&at)))
@@ -361,15 +294,12 @@ mod tests {
                 for bit in 0..8 {
                     let mut f = frame(v6, Opcode::RC_RDMA_WRITE_MIDDLE, 6, false, &p);
                     f[at] ^= 1 << bit;
-                    let mut h =
-                        TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
+                    let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
                     let mut o = RxFrame::BLANK;
                     let hit = r.parse_into(&f, &mut h, &mut o);
                     assert_eq!(hit, free(at, bit), "v6 {v6}: byte {at} bit {bit}");
                     if hit {
-                        let whole = full(&f).unwrap_or_else(|| {
-                            panic!("v6 {v6}: byte {at} bit {bit}: predicted, refused in full")
-                        });
+                        let whole = full(&f).unwrap_or_else(|| panic!("v6 {v6}: byte {at} bit {bit}: predicted, refused in full"));
                         assert!(same(&(h, o), &whole), "v6 {v6}: byte {at} bit {bit}");
                     }
                 }

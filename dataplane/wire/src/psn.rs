@@ -136,10 +136,7 @@ mod test {
         assert_eq!(Psn::new(0xFF_FFFE) - Psn::new(1), -3);
         assert_eq!(Psn::new(5).wrapping_sub(6), Psn::MAX);
         assert_eq!(Psn::new(0x0123_4567).value(), 0x23_4567);
-        assert_eq!(
-            Psn::from_be24(&Psn::new(0xABCDEF).to_be24()),
-            Psn::new(0xABCDEF)
-        );
+        assert_eq!(Psn::from_be24(&Psn::new(0xABCDEF).to_be24()), Psn::new(0xABCDEF));
     }
 
     #[test]

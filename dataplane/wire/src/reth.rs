@@ -65,11 +65,7 @@ impl Repr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
-        Ok(Repr {
-            va: p.va(),
-            rkey: p.rkey(),
-            len: p.len(),
-        })
+        Ok(Repr { va: p.va(), rkey: p.rkey(), len: p.len() })
     }
     /// 16.
     pub const fn buffer_len(&self) -> usize {
@@ -86,26 +82,14 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
-    static BYTES: [u8; 16] = [
-        0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0x0b, 0xb8,
-    ];
-    const REPR: Repr = Repr {
-        va: 0x7f0000001000,
-        rkey: 0x1234,
-        len: 3000,
-    };
+    static BYTES: [u8; 16] = [0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0x0b, 0xb8];
+    const REPR: Repr = Repr { va: 0x7f0000001000, rkey: 0x1234, len: 3000 };
     #[test]
     fn test_deconstruct_construct_truncated() {
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&BYTES[..])).unwrap(),
-            REPR
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&BYTES[..])).unwrap(), REPR);
         let mut b = [0u8; 16];
         REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
         assert_eq!(b, BYTES);
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&BYTES[..15])),
-            Err(crate::Error::Truncated)
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&BYTES[..15])), Err(crate::Error::Truncated));
     }
 }

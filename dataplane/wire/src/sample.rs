@@ -29,12 +29,8 @@ pub struct SampleSpec {
 
 fn rand_syndrome(rng: &mut SmallRng) -> Syndrome {
     match rng.gen_range(0..3) {
-        0 => Syndrome::Ack {
-            credits: rng.gen_range(0..32),
-        },
-        1 => Syndrome::RnrNak {
-            timer: rng.gen_range(0..32),
-        },
+        0 => Syndrome::Ack { credits: rng.gen_range(0..32) },
+        1 => Syndrome::RnrNak { timer: rng.gen_range(0..32) },
         _ => Syndrome::Nak(match rng.gen_range(0..5) {
             0 => NakCode::PsnSeqErr,
             1 => NakCode::InvalidRequest,
@@ -67,11 +63,7 @@ pub fn random_headers(rng: &mut SmallRng, op: Opcode) -> (TransportHeaders, Vec<
     let mut bth = BthRepr::new(op, Qpn::new(rng.gen()), Psn::new(rng.gen()));
     bth.solicited = info.is_end() && rng.gen();
     bth.migreq = rng.gen();
-    bth.pkey = if rng.gen() {
-        0xFFFF
-    } else {
-        rng.gen::<u16>() | 0x8000
-    };
+    bth.pkey = if rng.gen() { 0xFFFF } else { rng.gen::<u16>() | 0x8000 };
     bth.fecn = rng.gen();
     bth.becn = rng.gen();
     bth.ack_req = info.is_request() && rng.gen();
@@ -79,17 +71,10 @@ pub fn random_headers(rng: &mut SmallRng, op: Opcode) -> (TransportHeaders, Vec<
     let mut h = TransportHeaders::new(bth);
     let e = info.ext;
     if e.contains(ExtSet::DETH) {
-        h.deth = Some(DethRepr {
-            qkey: rng.gen(),
-            src_qp: Qpn::new(rng.gen()),
-        });
+        h.deth = Some(DethRepr { qkey: rng.gen(), src_qp: Qpn::new(rng.gen()) });
     }
     if e.contains(ExtSet::RETH) {
-        h.reth = Some(RethRepr {
-            va: rng.gen(),
-            rkey: rng.gen(),
-            len: rng.gen_range(0..1 << 20),
-        });
+        h.reth = Some(RethRepr { va: rng.gen(), rkey: rng.gen(), len: rng.gen_range(0..1 << 20) });
     }
     if e.contains(ExtSet::ATOMIC_ETH) {
         h.atomic_eth = Some(AtomicEthRepr {
@@ -103,14 +88,9 @@ pub fn random_headers(rng: &mut SmallRng, op: Opcode) -> (TransportHeaders, Vec<
         let syndrome = if info.kind == crate::OpKind::Ack {
             rand_syndrome(rng)
         } else {
-            Syndrome::Ack {
-                credits: rng.gen_range(0..32),
-            }
+            Syndrome::Ack { credits: rng.gen_range(0..32) }
         };
-        h.aeth = Some(AethRepr {
-            syndrome,
-            msn: Msn::new(rng.gen()),
-        });
+        h.aeth = Some(AethRepr { syndrome, msn: Msn::new(rng.gen()) });
     }
     if e.contains(ExtSet::ATOMIC_ACK) {
         h.atomic_ack = Some(AtomicAckEthRepr { orig: rng.gen() });
@@ -138,11 +118,7 @@ pub fn random_l3(rng: &mut SmallRng, ipv6: bool, src_qpn: Qpn, dst_qpn: Qpn) -> 
             IpAddr::V4(Ipv4Addr::new(198, 18, rng.gen(), rng.gen_range(1..255))),
         )
     };
-    let flow_label = if ipv6 && rng.gen() {
-        rng.gen_range(1..1 << 20)
-    } else {
-        0
-    };
+    let flow_label = if ipv6 && rng.gen() { rng.gen_range(1..1 << 20) } else { 0 };
     L3Info {
         src_mac: rand_mac(rng),
         dst_mac: rand_mac(rng),
@@ -165,11 +141,7 @@ pub fn sample_specs(seed: u64) -> Vec<SampleSpec> {
             let (headers, payload) = random_headers(&mut rng, op);
             let src_qpn = Qpn::new(rng.gen());
             let l3 = random_l3(&mut rng, ipv6, src_qpn, headers.bth.dest_qp);
-            out.push(SampleSpec {
-                l3,
-                headers,
-                payload,
-            });
+            out.push(SampleSpec { l3, headers, payload });
         }
     }
     out

@@ -139,21 +139,14 @@ mod test {
     static BYTES: [u8; 12] = [0xC0, 0x00, 0x12, 0xB7, 0x00, 0x0C, 0x00, 0x00, 1, 2, 3, 4];
     #[test]
     fn test_deconstruct_construct_truncated() {
-        let r = Repr {
-            src_port: 0xC000,
-            dst_port: ROCE_PORT,
-            payload_len: 4,
-        };
+        let r = Repr { src_port: 0xC000, dst_port: ROCE_PORT, payload_len: 4 };
         let p = Packet::new_checked(&BYTES[..]).unwrap();
         assert_eq!(Repr::parse(&p).unwrap(), r);
         assert_eq!(p.payload(), &[1, 2, 3, 4]);
         let mut o = [0xFFu8; 8];
         r.emit(&mut Packet::new_unchecked(&mut o[..])).unwrap();
         assert_eq!(o, BYTES[..8]);
-        assert_eq!(
-            Packet::new_checked(&BYTES[..11]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated);
         let mut x = BYTES;
         x[5] = 4;
         assert_eq!(Packet::new_checked(&x[..]).unwrap_err(), Error::BadLength);

@@ -4,10 +4,9 @@
 use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
-    build_frame_vec, emit_frame_headers, finish_frame, frame_header_len, icrc, next_opcode,
-    pad_for, parse_frame, parse_frame_routed, parse_frame_with, udp_sport, AethRepr, BthRepr,
-    Error, L3Info, MacAddr, MsgPos, Msn, OpKind, Opcode, ParseOptions, Psn, QpType, Qpn, RethRepr,
-    RxFrame, RxPrediction, Syndrome, TransportHeaders,
+    build_frame_vec, emit_frame_headers, finish_frame, frame_header_len, icrc, next_opcode, pad_for,
+    parse_frame, parse_frame_routed, parse_frame_with, udp_sport, AethRepr, BthRepr, Error, L3Info, MacAddr, Msn,
+    MsgPos, OpKind, Opcode, ParseOptions, Psn, QpType, Qpn, RethRepr, RxFrame, RxPrediction, Syndrome, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -160,19 +159,12 @@ proptest! {
 fn routed(f: &[u8]) -> Option<(TransportHeaders, RxFrame<'_>)> {
     let mut h = TransportHeaders::new(BthRepr::new(Opcode(0), Qpn::new(0), Psn::new(0)));
     let mut o = RxFrame::BLANK;
-    parse_frame_routed(f, &mut h, &mut o, |_| true)
-        .ok()?
-        .then_some((h, o))
+    parse_frame_routed(f, &mut h, &mut o, |_| true).ok()?.then_some((h, o))
 }
 
 /// The MIDDLE opcodes header prediction records (bare BTH, full payload).
-const MIDDLES: [Opcode; 5] = [
-    Opcode::RC_SEND_MIDDLE,
-    Opcode::RC_RDMA_WRITE_MIDDLE,
-    Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-    Opcode::UC_SEND_MIDDLE,
-    Opcode::UC_RDMA_WRITE_MIDDLE,
-];
+const MIDDLES: [Opcode; 5] =
+    [Opcode::RC_SEND_MIDDLE, Opcode::RC_RDMA_WRITE_MIDDLE, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, Opcode::UC_SEND_MIDDLE, Opcode::UC_RDMA_WRITE_MIDDLE];
 
 proptest! {
     /// Header prediction's contract (`RxPrediction`): a frame it accepts parses in full to the
@@ -236,10 +228,7 @@ fn check_bad(g: &[u8]) -> Result<(), TestCaseError> {
 
 fn l3(ipv6: bool) -> L3Info {
     let (s, d): (IpAddr, IpAddr) = if ipv6 {
-        (
-            "2001:db8::1".parse().unwrap(),
-            "2001:db8::2".parse().unwrap(),
-        )
+        ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap())
     } else {
         ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap())
     };
@@ -258,43 +247,22 @@ fn l3(ipv6: bool) -> L3Info {
 
 #[test]
 fn f1_golden_vectors_match_independent_crc() {
-    let bth = |op, psn| BthRepr {
-        fecn: true,
-        becn: true,
-        ..BthRepr::new(op, Qpn::new(0x11), Psn::new(psn))
-    };
+    let bth = |op, psn| BthRepr { fecn: true, becn: true, ..BthRepr::new(op, Qpn::new(0x11), Psn::new(psn)) };
     let send = TransportHeaders::new(bth(Opcode::RC_SEND_ONLY, 103));
     let write_first = TransportHeaders {
-        reth: Some(RethRepr {
-            va: 0x7f00_0000_1000,
-            rkey: 0x1234,
-            len: 3000,
-        }),
+        reth: Some(RethRepr { va: 0x7f00_0000_1000, rkey: 0x1234, len: 3000 }),
         ..TransportHeaders::new(bth(Opcode::RC_RDMA_WRITE_FIRST, 100))
     };
     let rr_middle = TransportHeaders::new(bth(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 105));
     let ack = TransportHeaders {
-        aeth: Some(AethRepr {
-            syndrome: Syndrome::ACK_UNLIMITED,
-            msn: Msn::new(4),
-        }),
+        aeth: Some(AethRepr { syndrome: Syndrome::ACK_UNLIMITED, msn: Msn::new(4) }),
         ..TransportHeaders::new(bth(Opcode::RC_ACKNOWLEDGE, 103))
     };
     let big: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
     for ipv6 in [false, true] {
-        for (h, p) in [
-            (send, &b"abc"[..]),
-            (write_first, &big[..]),
-            (rr_middle, &big[..]),
-            (ack, &[][..]),
-        ] {
+        for (h, p) in [(send, &b"abc"[..]), (write_first, &big[..]), (rr_middle, &big[..]), (ack, &[][..])] {
             let f = build_frame_vec(&l3(ipv6), &h, p).unwrap();
-            assert_eq!(
-                stored_icrc(&f),
-                reference_icrc(&f, ipv6),
-                "{:?} v6={ipv6}",
-                h.bth.opcode
-            );
+            assert_eq!(stored_icrc(&f), reference_icrc(&f, ipv6), "{:?} v6={ipv6}", h.bth.opcode);
             let r = parse_frame(&f).unwrap();
             assert_eq!(r.payload, p);
             if p.len() == 3 {
@@ -335,11 +303,7 @@ fn f4_write_of_two_mtu_plus_one() {
         let op = next_opcode(QpType::Rc, OpKind::Write, pos, false, false).unwrap();
         let mut h = TransportHeaders::new(BthRepr::new(op, Qpn::new(0x11), psn));
         if pos.is_start() {
-            h.reth = Some(RethRepr {
-                va: 0x1000,
-                rkey: 0x42,
-                len: data.len() as u32,
-            });
+            h.reth = Some(RethRepr { va: 0x1000, rkey: 0x42, len: data.len() as u32 });
         }
         h.bth.ack_req = pos.is_end();
         h.bth.pad = pad_for(chunk.len());
@@ -348,20 +312,10 @@ fn f4_write_of_two_mtu_plus_one() {
     }
     let parsed: Vec<_> = frames.iter().map(|f| parse_frame(f).unwrap()).collect();
     let ops: Vec<_> = parsed.iter().map(|r| r.headers.bth.opcode).collect();
-    assert_eq!(
-        ops,
-        [
-            Opcode::RC_RDMA_WRITE_FIRST,
-            Opcode::RC_RDMA_WRITE_MIDDLE,
-            Opcode::RC_RDMA_WRITE_LAST
-        ]
-    );
+    assert_eq!(ops, [Opcode::RC_RDMA_WRITE_FIRST, Opcode::RC_RDMA_WRITE_MIDDLE, Opcode::RC_RDMA_WRITE_LAST]);
     assert_eq!(parsed[0].headers.reth.unwrap().len, 2 * MTU as u32 + 1);
     assert!(parsed[1].headers.reth.is_none() && parsed[2].headers.reth.is_none());
-    assert_eq!(
-        parsed.iter().map(|r| r.payload.len()).collect::<Vec<_>>(),
-        [MTU, MTU, 1]
-    );
+    assert_eq!(parsed.iter().map(|r| r.payload.len()).collect::<Vec<_>>(), [MTU, MTU, 1]);
     assert_eq!(parsed[2].headers.bth.pad, 3);
     let psns: Vec<u32> = parsed.iter().map(|r| r.headers.bth.psn.value()).collect();
     assert_eq!(psns, [0xFF_FFFF, 0, 1]); // F5: wraps
@@ -405,47 +359,20 @@ fn malformed_pad_and_length_are_reported() {
         h.bth.pad = pad;
         let hl = frame_header_len(false);
         let mut f = vec![0u8; hl + 12 + body.len() + 4];
-        h.bth.emit(&mut pmrxe_wire::BthPacket::new_unchecked(
-            &mut f[hl..hl + 12],
-        ));
+        h.bth.emit(&mut pmrxe_wire::BthPacket::new_unchecked(&mut f[hl..hl + 12]));
         f[hl + 12..hl + 12 + body.len()].copy_from_slice(body);
         emit_frame_headers(&mut f, &l3, 12 + body.len()).unwrap();
         finish_frame(&mut f).unwrap();
         assert_eq!(hl, b);
         f
     };
-    assert_eq!(
-        parse_frame(&build(Opcode::RC_SEND_ONLY, 0, b"abc")).unwrap_err(),
-        Error::BadPad
-    );
-    assert_eq!(
-        parse_frame(&build(Opcode::RC_SEND_ONLY, 3, b"")).unwrap_err(),
-        Error::BadPad
-    );
-    assert_eq!(
-        parse_frame(&build(Opcode::RC_RDMA_WRITE_MIDDLE, 1, b"abcd")).unwrap_err(),
-        Error::BadPad
-    );
-    assert_eq!(
-        parse_frame(&build(
-            Opcode::RC_ACKNOWLEDGE,
-            0,
-            &[0x1F, 0, 0, 1, 9, 9, 9, 9]
-        ))
-        .unwrap_err(),
-        Error::BadLength
-    );
-    assert_eq!(
-        parse_frame(&build(Opcode::RC_SEND_ONLY, 1, b"abc\0"))
-            .unwrap()
-            .payload,
-        b"abc"
-    );
+    assert_eq!(parse_frame(&build(Opcode::RC_SEND_ONLY, 0, b"abc")).unwrap_err(), Error::BadPad);
+    assert_eq!(parse_frame(&build(Opcode::RC_SEND_ONLY, 3, b"")).unwrap_err(), Error::BadPad);
+    assert_eq!(parse_frame(&build(Opcode::RC_RDMA_WRITE_MIDDLE, 1, b"abcd")).unwrap_err(), Error::BadPad);
+    assert_eq!(parse_frame(&build(Opcode::RC_ACKNOWLEDGE, 0, &[0x1F, 0, 0, 1, 9, 9, 9, 9])).unwrap_err(), Error::BadLength);
+    assert_eq!(parse_frame(&build(Opcode::RC_SEND_ONLY, 1, b"abc\0")).unwrap().payload, b"abc");
     // F6 is the transport's: an empty WRITE_LAST parses (the responder NAKs it).
-    assert!(parse_frame(&build(Opcode::RC_RDMA_WRITE_LAST, 0, b""))
-        .unwrap()
-        .payload
-        .is_empty());
+    assert!(parse_frame(&build(Opcode::RC_RDMA_WRITE_LAST, 0, b"")).unwrap().payload.is_empty());
     // UDP length != IP payload length.
     let mut f = build(Opcode::RC_SEND_ONLY, 0, b"abcd");
     let u = udp_off(false);
@@ -463,39 +390,23 @@ fn malformed_pad_and_length_are_reported() {
 
 #[test]
 fn f8_encapsulation_dport_checksum_df() {
-    let h = TransportHeaders::new(BthRepr::new(
-        Opcode::RC_SEND_ONLY,
-        Qpn::new(0x12),
-        Psn::new(1),
-    ));
+    let h = TransportHeaders::new(BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::new(0x12), Psn::new(1)));
     let a = build_frame_vec(&l3(false), &h, b"x").unwrap();
     let u = udp_off(false);
     assert_eq!(&a[u + 2..u + 4], &4791u16.to_be_bytes());
     assert_eq!(&a[u + 6..u + 8], &[0, 0]);
     assert_eq!(a[ETH + 6] & 0x40, 0x40); // DF
-    assert!(pmrxe_wire::Ipv4Packet::new_checked(&a[ETH..])
-        .unwrap()
-        .verify_checksum());
-    assert_eq!(
-        u16::from_be_bytes([a[u], a[u + 1]]),
-        udp_sport(0, 0x11, 0x12)
-    );
+    assert!(pmrxe_wire::Ipv4Packet::new_checked(&a[ETH..]).unwrap().verify_checksum());
+    assert_eq!(u16::from_be_bytes([a[u], a[u + 1]]), udp_sport(0, 0x11, 0x12));
     // Mixed address families are refused.
     let mut bad = l3(false);
     bad.dst_ip = "2001:db8::2".parse().unwrap();
-    assert_eq!(
-        build_frame_vec(&bad, &h, b"x").unwrap_err(),
-        Error::BadAddress
-    );
+    assert_eq!(build_frame_vec(&bad, &h, b"x").unwrap_err(), Error::BadAddress);
 }
 
 #[test]
 fn headers_must_match_opcode() {
-    let mut h = TransportHeaders::new(BthRepr::new(
-        Opcode::RC_RDMA_WRITE_FIRST,
-        Qpn::new(1),
-        Psn::new(1),
-    ));
+    let mut h = TransportHeaders::new(BthRepr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::new(1), Psn::new(1)));
     let mut buf = [0u8; 64];
     assert_eq!(h.emit(&mut buf).unwrap_err(), Error::HeaderMismatch);
     h.reth = Some(RethRepr::default());
@@ -505,8 +416,5 @@ fn headers_must_match_opcode() {
     h.imm = None;
     assert_eq!(h.emit(&mut buf[..27]).unwrap_err(), Error::Truncated);
     assert_eq!(TransportHeaders::parse(&buf[..28]).unwrap(), (h, 28));
-    assert_eq!(
-        TransportHeaders::parse(&buf[..27]).unwrap_err(),
-        Error::Truncated
-    );
+    assert_eq!(TransportHeaders::parse(&buf[..27]).unwrap_err(), Error::Truncated);
 }

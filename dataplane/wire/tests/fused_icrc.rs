@@ -9,9 +9,8 @@ use pmrxe_wire::icrc::transport_crc;
 use pmrxe_wire::opcode::ALL;
 use pmrxe_wire::sample::{random_headers, random_l3};
 use pmrxe_wire::{
-    build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc,
-    frame_header_len, frame_len, pad_for, parse_frame, parse_frame_deferred, parse_frame_into,
-    parse_frame_routed, seal_frame, Error, Qpn, RxFrame, TransportHeaders,
+    build_frame_vec, emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, frame_len, pad_for,
+    parse_frame, parse_frame_deferred, parse_frame_into, parse_frame_routed, seal_frame, Error, Qpn, RxFrame, TransportHeaders,
 };
 use proptest::prelude::*;
 use rand::rngs::SmallRng;

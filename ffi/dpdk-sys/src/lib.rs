@@ -9,12 +9,7 @@
 //!   `rte_lcore_id`, `rte_pause`), declared here through the same bindgen pass.
 //!
 //! Everything is `unsafe` and raw; the safe layer is `pmrxe-port`.
-#![allow(
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code
-)]
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
 #![allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 #![allow(rustdoc::all, missing_docs, improper_ctypes)]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -24,11 +24,7 @@ impl Errno {
 
     /// The calling thread's last OS error.
     pub fn last() -> Errno {
-        Errno(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        )
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
     }
 }
 
@@ -131,11 +127,7 @@ pub mod cancel {
 
     /// Wait at most `ms` for `fd` to become readable.
     pub fn wait_readable(fd: c_int, ms: c_int) {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         unsafe { poll(&mut p, 1, ms) };
     }
@@ -329,21 +321,13 @@ pub struct SpinGuard<'a, T> {
 
 impl<T> SpinLock<T> {
     pub fn new(v: T) -> Self {
-        SpinLock {
-            locked: std::sync::atomic::AtomicBool::new(false),
-            value: std::cell::UnsafeCell::new(v),
-        }
+        SpinLock { locked: std::sync::atomic::AtomicBool::new(false), value: std::cell::UnsafeCell::new(v) }
     }
     pub fn lock(&self) -> SpinGuard<'_, T> {
         use std::sync::atomic::Ordering::*;
         let mut spins = 0u32;
         loop {
-            if !self.locked.load(Relaxed)
-                && self
-                    .locked
-                    .compare_exchange_weak(false, true, Acquire, Relaxed)
-                    .is_ok()
-            {
+            if !self.locked.load(Relaxed) && self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_ok() {
                 return SpinGuard { lock: self };
             }
             spins += 1;
@@ -365,8 +349,7 @@ impl<T> SpinLock<T> {
     /// # Safety
     /// The calling thread must hold the lock through `raw_lock`.
     pub unsafe fn raw_unlock(&self) {
-        self.locked
-            .store(false, std::sync::atomic::Ordering::Release);
+        self.locked.store(false, std::sync::atomic::Ordering::Release);
     }
     /// The value, assuming the lock is held through `raw_lock`.
     ///
@@ -394,9 +377,7 @@ impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
 }
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
-        self.lock
-            .locked
-            .store(false, std::sync::atomic::Ordering::Release);
+        self.lock.locked.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 

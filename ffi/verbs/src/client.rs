@@ -87,16 +87,9 @@ impl Client {
         let program = std::env::args().next().unwrap_or_default();
         let conn = Connection::connect(&path, program).map_err(|e| {
             if let (Error::Connect(_), true) = (&e, debug()) {
-                eprintln!(
-                    "pmrxe-verbs: cannot connect to the service at {}: errno {}",
-                    path.display(),
-                    e.errno()
-                );
+                eprintln!("pmrxe-verbs: cannot connect to the service at {}: errno {}", path.display(), e.errno());
             }
-            if matches!(
-                e,
-                Error::Untrusted(_) | Error::Denied(_) | Error::Timeout(_) | Error::Service { .. }
-            ) {
+            if matches!(e, Error::Untrusted(_) | Error::Denied(_) | Error::Timeout(_) | Error::Service { .. }) {
                 *CONNECT_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             }
             Errno::from(e)
@@ -109,10 +102,7 @@ impl Client {
             let fl = libc::fcntl(efd, libc::F_GETFL);
             libc::fcntl(efd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
         }
-        Ok(Client {
-            conn,
-            fatal_reported: Default::default(),
-        })
+        Ok(Client { conn, fatal_reported: Default::default() })
     }
 
     /// One request, one response. `Response::Err` becomes `Err(errno)`.

@@ -8,15 +8,12 @@
 //! it bumps `CqNotify.events` and writes the channel's eventfd. `ibv_get_cq_event` blocks on
 //! the eventfd, then looks for CQs of the channel whose `events` advanced past what it has
 //! delivered, queueing one pending event per increment.
-use crate::boundary::{
-    ffi_boundary, handle, nonnull, ret_count, ret_errno, ret_minus1, ret_ptr, set_errno, Errno,
-    Handle, Mapping, Res, SpinLock,
-};
+use crate::boundary::{ffi_boundary, handle, nonnull, ret_count, ret_errno, ret_minus1, ret_ptr, set_errno, Errno, Handle, Mapping, Res, SpinLock};
 use crate::client;
 use crate::device::ShimContext;
 use crate::sys::*;
-use pmrxe_abi::client::{poll_cq, CqSegment};
 use pmrxe_abi::ctrl::{Request, Response};
+use pmrxe_abi::client::{poll_cq, CqSegment};
 use pmrxe_abi::ring::Consumer;
 use pmrxe_abi::{CqNotify, ShmCqe};
 use std::collections::VecDeque;
@@ -170,18 +167,13 @@ struct ChanState {
 /// # Safety
 /// `context` is ours.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_comp_channel(
-    context: *mut ibv_context,
-) -> *mut ibv_comp_channel {
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     ffi_boundary(std::ptr::null_mut(), || {
         ret_ptr((|| {
             // SAFETY: magic-checked.
             let c = unsafe { ShimContext::from_ctx(context) }?;
-            let (r, mut fds) =
-                client::existing()?.call(&Request::CreateCompChannel { device: c.dev }, &[])?;
-            let Response::CompChannel { channel } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
+            let (r, mut fds) = client::existing()?.call(&Request::CreateCompChannel { device: c.dev }, &[])?;
+            let Response::CompChannel { channel } = r else { return Err(Errno(libc::EPROTO)) };
             if fds.is_empty() {
                 return Err(Errno(libc::EPROTO));
             }
@@ -197,19 +189,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                     libc::fcntl(efd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
                 }
             }
-            let ch = ibv_comp_channel {
-                context,
-                fd: efd.as_raw_fd(),
-                refcnt: 0,
-            };
-            Ok(Box::new(ShimChannel {
-                ch,
-                magic: ShimChannel::MAGIC,
-                handle: channel,
-                efd,
-                state: Mutex::new(ChanState::default()),
-            })
-            .into_c())
+            let ch = ibv_comp_channel { context, fd: efd.as_raw_fd(), refcnt: 0 };
+            Ok(Box::new(ShimChannel { ch, magic: ShimChannel::MAGIC, handle: channel, efd, state: Mutex::new(ChanState::default()) }).into_c())
         })())
     })
 }
@@ -222,13 +203,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         ret_errno((|| {
             // SAFETY: magic-checked.
             let ch = unsafe { ShimChannel::from_c(channel) }?;
-            if !ch
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .cqs
-                .is_empty()
-            {
+            if !ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.is_empty() {
                 return Err(Errno(libc::EBUSY));
             }
             client::existing()?.call_ok(&Request::DestroyCompChannel { channel: ch.handle })?;
@@ -239,13 +214,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     })
 }
 
-fn create_cq(
-    context: *mut ibv_context,
-    cqe: c_int,
-    cq_context: *mut c_void,
-    channel: *mut ibv_comp_channel,
-    comp_vector: c_int,
-) -> Res<Box<ShimCq>> {
+fn create_cq(context: *mut ibv_context, cqe: c_int, cq_context: *mut c_void, channel: *mut ibv_comp_channel, comp_vector: c_int) -> Res<Box<ShimCq>> {
     // SAFETY: magic-checked.
     let c = unsafe { ShimContext::from_ctx(context) }?;
     // As the kernel: the vector must be one the context reported (num_comp_vectors).
@@ -258,15 +227,9 @@ fn create_cq(
         // SAFETY: magic-checked.
         Some(unsafe { ShimChannel::from_c(channel) }?)
     };
-    let req = Request::CreateCq {
-        device: c.dev,
-        cqe: cqe as u32,
-        channel: ch.as_ref().map(|c| c.handle),
-    };
+    let req = Request::CreateCq { device: c.dev, cqe: cqe as u32, channel: ch.as_ref().map(|c| c.handle) };
     let (r, fds) = client::existing()?.call(&req, &[])?;
-    let Response::Cq { cq, cqe, layout } = r else {
-        return Err(Errno(libc::EPROTO));
-    };
+    let Response::Cq { cq, cqe, layout } = r else { return Err(Errno(libc::EPROTO)) };
     let seg = CqSegment::attach(&fds, &layout)?;
     let notify = seg.notify();
     let CqSegment { cons, map } = seg;
@@ -285,9 +248,7 @@ fn create_cq(
         ring: SpinLock::new(CqRing { cons, cur: None }),
         notify,
         _map: map,
-        channel: ch
-            .map(|c| c as *const ShimChannel)
-            .unwrap_or(std::ptr::null()),
+        channel: ch.map(|c| c as *const ShimChannel).unwrap_or(std::ptr::null()),
         events_seen: AtomicU32::new(start),
     });
     Ok(b)
@@ -317,11 +278,7 @@ fn attach_to_channel(cq: &ShimCq) {
     if !cq.channel.is_null() {
         // SAFETY: validated when the CQ was created; channels outlive their CQs (EBUSY).
         let ch = unsafe { &*cq.channel };
-        ch.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .cqs
-            .push(cq as *const ShimCq as usize);
+        ch.state.lock().unwrap_or_else(|e| e.into_inner()).cqs.push(cq as *const ShimCq as usize);
     }
 }
 
@@ -336,20 +293,14 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(
-            create_cq(context, cqe, cq_context, channel, comp_vector).map(|b| {
-                let p = Box::into_raw(b);
-                // SAFETY: fresh allocation.
-                attach_to_channel(unsafe { &*p });
-                // SAFETY: fresh allocation.
-                crate::registry::insert(
-                    crate::registry::Kind::Cq,
-                    unsafe { (*p).handle },
-                    p.cast::<ibv_cq>(),
-                );
-                p.cast::<ibv_cq>()
-            }),
-        )
+        ret_ptr(create_cq(context, cqe, cq_context, channel, comp_vector).map(|b| {
+            let p = Box::into_raw(b);
+            // SAFETY: fresh allocation.
+            attach_to_channel(unsafe { &*p });
+            // SAFETY: fresh allocation.
+            crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
+            p.cast::<ibv_cq>()
+        }))
     })
 }
 
@@ -367,10 +318,7 @@ const SUPPORTED_WC_FLAGS: u64 = (IBV_WC_EX_WITH_BYTE_LEN
 ///
 /// # Safety
 /// `attr` readable.
-pub unsafe extern "C" fn vctx_create_cq_ex(
-    context: *mut ibv_context,
-    attr: *mut ibv_cq_init_attr_ex,
-) -> *mut ibv_cq_ex {
+pub unsafe extern "C" fn vctx_create_cq_ex(context: *mut ibv_context, attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex {
     ffi_boundary(std::ptr::null_mut(), || {
         ret_ptr((|| {
             // SAFETY: caller contract.
@@ -378,10 +326,7 @@ pub unsafe extern "C" fn vctx_create_cq_ex(
             if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
                 return Err(Errno::OPNOTSUPP);
             }
-            if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0
-                || a.cqe == 0
-                || a.cqe > i32::MAX as u32
-            {
+            if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 || a.cqe == 0 || a.cqe > i32::MAX as u32 {
                 return Err(Errno::INVAL);
             }
             let vector = i32::try_from(a.comp_vector).map_err(|_| Errno::INVAL)?;
@@ -404,11 +349,7 @@ pub unsafe extern "C" fn vctx_create_cq_ex(
             // SAFETY: fresh allocation.
             attach_to_channel(unsafe { &*p });
             // SAFETY: fresh allocation.
-            crate::registry::insert(
-                crate::registry::Kind::Cq,
-                unsafe { (*p).handle },
-                p.cast::<ibv_cq>(),
-            );
+            crate::registry::insert(crate::registry::Kind::Cq, unsafe { (*p).handle }, p.cast::<ibv_cq>());
             Ok(p.cast::<ibv_cq_ex>())
         })())
     })
@@ -634,10 +575,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
             }
             // Hold the ring so nothing is polled while the service counts what is waiting.
             let ring = c.ring.lock();
-            let r = client::existing()?.call_ok(&Request::ResizeCq {
-                cq: c.handle,
-                cqe: cqe as u32,
-            });
+            let r = client::existing()?.call_ok(&Request::ResizeCq { cq: c.handle, cqe: cqe as u32 });
             drop(ring);
             r?;
             // SAFETY: a field of our allocation inside the UnsafeCell, written through the raw
@@ -660,11 +598,7 @@ enum CqEventStep {
 ///
 /// # Safety
 /// As `ibv_get_cq_event`.
-unsafe fn cq_event_step(
-    channel: *mut ibv_comp_channel,
-    cq: *mut *mut ibv_cq,
-    cq_context: *mut *mut c_void,
-) -> Res<Option<c_int>> {
+unsafe fn cq_event_step(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> Res<Option<c_int>> {
     // SAFETY: magic-checked.
     let ch = unsafe { ShimChannel::from_c(channel) }?;
     if cq.is_null() || cq_context.is_null() {
@@ -707,19 +641,13 @@ unsafe fn cq_event_step(
 /// # Safety
 /// `channel` ours; `cq`, `cq_context` writable.
 #[no_mangle]
-pub unsafe extern "C-unwind" fn ibv_get_cq_event(
-    channel: *mut ibv_comp_channel,
-    cq: *mut *mut ibv_cq,
-    cq_context: *mut *mut c_void,
-) -> c_int {
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
     loop {
         // SAFETY: caller contract, forwarded.
-        let step = ffi_boundary(CqEventStep::Done(-1), || {
-            match unsafe { cq_event_step(channel, cq, cq_context) } {
-                Ok(None) => CqEventStep::Done(0),
-                Ok(Some(fd)) => CqEventStep::Block(fd),
-                Err(e) => CqEventStep::Done(ret_minus1(Err(e))),
-            }
+        let step = ffi_boundary(CqEventStep::Done(-1), || match unsafe { cq_event_step(channel, cq, cq_context) } {
+            Ok(None) => CqEventStep::Done(0),
+            Ok(Some(fd)) => CqEventStep::Block(fd),
+            Err(e) => CqEventStep::Done(ret_minus1(Err(e))),
         });
         match step {
             CqEventStep::Done(r) => return r,
@@ -738,11 +666,7 @@ pub unsafe extern "C-unwind" fn ibv_get_cq_event(
 /// count between the poll and the read, and then this read waits for the next event (only
 /// when several threads wait on one channel at once).
 fn drain(fd: c_int) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd; zero timeout.
     if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLIN == 0 {
         return false;
@@ -786,9 +710,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: std::os::ra
             // the count is only ever updated atomically here; the application just reads it.
             // SAFETY: an aligned u32 field of our allocation inside the UnsafeCell, accessed
             // by the shim only through atomics, for as long as the CQ lives.
-            let n = unsafe {
-                AtomicU32::from_ptr(std::ptr::addr_of_mut!((*c.ex()).comp_events_completed))
-            };
+            let n = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*c.ex()).comp_events_completed)) };
             n.fetch_add(nevents, Ordering::Relaxed);
         }
     })
@@ -824,13 +746,7 @@ mod tests {
         assert_eq!(wc.byte_len, 4096);
         // SAFETY: union of two u32.
         assert_eq!(unsafe { wc.__bindgen_anon_1.imm_data }, 0xdead_beef);
-        assert_eq!(
-            (wc.qp_num, wc.src_qp, wc.wc_flags),
-            (0x11, 0x22, IBV_WC_WITH_IMM | IBV_WC_GRH)
-        );
-        assert_eq!(
-            (wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits),
-            (3, 4, 5, 6)
-        );
+        assert_eq!((wc.qp_num, wc.src_qp, wc.wc_flags), (0x11, 0x22, IBV_WC_WITH_IMM | IBV_WC_GRH));
+        assert_eq!((wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits), (3, 4, 5, 6));
     }
 }

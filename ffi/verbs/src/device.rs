@@ -1,8 +1,6 @@
 //! Devices and contexts: `ibv_get_device_list` … `ibv_close_device`, the query verbs, and the
 //! extended `verbs_context` whose ops table serves the verbs that `verbs.h` inlines.
-use crate::boundary::{
-    copy_cstr, ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Res,
-};
+use crate::boundary::{copy_cstr, ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Res};
 use crate::client::{self, client};
 use crate::sys::*;
 use pmrxe_abi::ctrl::DeviceInfo;
@@ -63,11 +61,7 @@ impl ShimContext {
 
     /// The `ibv_context` pointer handed to the application.
     pub fn as_ctx(&self) -> *mut ibv_context {
-        self.vctx
-            .get()
-            .cast::<u8>()
-            .wrapping_add(offset_of!(verbs_context, context))
-            .cast()
+        self.vctx.get().cast::<u8>().wrapping_add(offset_of!(verbs_context, context)).cast()
     }
 
     /// `context->num_comp_vectors` (fixed at open).
@@ -83,10 +77,7 @@ impl ShimContext {
 
     /// The device this context was opened on.
     pub fn info(&self) -> Res<&'static DeviceInfo> {
-        client::existing()?
-            .devices
-            .get(self.dev as usize)
-            .ok_or(Errno::NODEV)
+        client::existing()?.devices.get(self.dev as usize).ok_or(Errno::NODEV)
     }
 }
 
@@ -112,19 +103,9 @@ fn devices() -> Res<&'static [usize]> {
             // device: the service provides that node under this name (service devnodes.rs).
             let node = pmrxe_abi::ctrl::dev_node_name(d.index);
             copy_cstr(&mut dev.dev_name, &node);
-            copy_cstr(
-                &mut dev.dev_path,
-                &format!("/sys/class/infiniband_verbs/{node}"),
-            );
-            copy_cstr(
-                &mut dev.ibdev_path,
-                &format!("/sys/class/infiniband/{}", d.name),
-            );
-            Box::into_raw(Box::new(ShimDevice {
-                dev,
-                magic: <ShimDevice as Handle>::MAGIC,
-                index: i as u32,
-            })) as usize
+            copy_cstr(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/{node}"));
+            copy_cstr(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", d.name));
+            Box::into_raw(Box::new(ShimDevice { dev, magic: <ShimDevice as Handle>::MAGIC, index: i as u32 })) as usize
         })
         .collect();
     Ok(&DEVICES.get_or_init(|| DevList(list)).0)
@@ -138,8 +119,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
         let r = devices().and_then(|d| {
             // calloc so ibv_free_device_list can free(3) it.
             // SAFETY: plain allocation of d.len()+1 pointers.
-            let arr = unsafe { libc::calloc(d.len() + 1, size_of::<*mut ibv_device>()) }
-                .cast::<*mut ibv_device>();
+            let arr = unsafe { libc::calloc(d.len() + 1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
             if arr.is_null() {
                 return Err(Errno::NOMEM);
             }
@@ -161,8 +141,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
         // does on a host without RDMA devices — not an error the program has to special-case.
         let r = r.or_else(|e| {
             // SAFETY: a one-slot NULL-terminated array, freed by ibv_free_device_list.
-            let arr =
-                unsafe { libc::calloc(1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+            let arr = unsafe { libc::calloc(1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
             if arr.is_null() {
                 Err(e)
             } else {
@@ -187,10 +166,7 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 fn dev_info(dev: *mut ibv_device) -> Res<(&'static ShimDevice, &'static DeviceInfo)> {
     // SAFETY: devices are only ever created by us and never freed; magic is checked.
     let d: &'static ShimDevice = unsafe { ShimDevice::from_c(dev) }?;
-    let info = client::existing()?
-        .devices
-        .get(d.index as usize)
-        .ok_or(Errno::NODEV)?;
+    let info = client::existing()?.devices.get(d.index as usize).ok_or(Errno::NODEV)?;
     Ok((d, info))
 }
 
@@ -208,20 +184,14 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
 /// `device` is one of ours.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    ffi_boundary(0, || {
-        dev_info(device).map(|(_, i)| i.guid.to_be()).unwrap_or(0)
-    })
+    ffi_boundary(0, || dev_info(device).map(|(_, i)| i.guid.to_be()).unwrap_or(0))
 }
 
 /// # Safety
 /// `device` is one of ours.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    ffi_boundary(-1, || {
-        dev_info(device)
-            .map(|(_, i)| i.index as c_int)
-            .unwrap_or(-1)
-    })
+    ffi_boundary(-1, || dev_info(device).map(|(_, i)| i.index as c_int).unwrap_or(-1))
 }
 
 /// # Safety
@@ -233,10 +203,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 
 /// The device handed out for client device `index`.
 pub fn device_ptr(index: u32) -> Res<*mut ibv_device> {
-    devices()?
-        .get(index as usize)
-        .map(|p| *p as *mut ibv_device)
-        .ok_or(Errno::NODEV)
+    devices()?.get(index as usize).map(|p| *p as *mut ibv_device).ok_or(Errno::NODEV)
 }
 
 fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
@@ -247,11 +214,7 @@ fn open(device: *mut ibv_device) -> Res<*mut ibv_context> {
 /// A new context on `device` (client device `index`) whose `cmd_fd` comes from `cmd_fd` (the
 /// last fallible step: nothing fails after it, so a caller's fd is owned by the context only
 /// on success). The context closes it in `ibv_close_device`.
-pub fn open_with(
-    device: *mut ibv_device,
-    index: u32,
-    cmd_fd: impl FnOnce() -> Res<OwnedFd>,
-) -> Res<*mut ibv_context> {
+pub fn open_with(device: *mut ibv_device, index: u32, cmd_fd: impl FnOnce() -> Res<OwnedFd>) -> Res<*mut ibv_context> {
     // async_fd: a duplicate of the service's async-event eventfd for this client, so it is
     // readable while an event is pending (crate::events).
     let events_fd = client::existing()?.events_fd.as_raw_fd();
@@ -285,13 +248,7 @@ pub fn open_with(
     c.ops.alloc_mw = Some(crate::mw::op_alloc_mw);
     c.ops.bind_mw = Some(crate::mw::op_bind_mw);
     c.ops.dealloc_mw = Some(crate::mw::op_dealloc_mw);
-    let b = Box::new(ShimContext {
-        vctx: std::cell::UnsafeCell::new(vctx),
-        magic: CTX_MAGIC,
-        dev: index,
-        _async_fd: async_fd,
-        _cmd_fd: cmd_fd,
-    });
+    let b = Box::new(ShimContext { vctx: std::cell::UnsafeCell::new(vctx), magic: CTX_MAGIC, dev: index, _async_fd: async_fd, _cmd_fd: cmd_fd });
     let p = Box::into_raw(b);
     // SAFETY: `p` is a fresh, live allocation.
     Ok(unsafe { (*p).as_ctx() })
@@ -307,9 +264,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
             unsafe { ShimContext::from_ctx(context) }?;
             // SAFETY: allocated by Box in `open` (container_of as in `from_ctx`, from the
             // application's pointer); no reference to it is used after this point.
-            let mut b = unsafe {
-                Box::from_raw(context.cast::<u8>().sub(CTX_OFFSET).cast::<ShimContext>())
-            };
+            let mut b = unsafe { Box::from_raw(context.cast::<u8>().sub(CTX_OFFSET).cast::<ShimContext>()) };
             b.magic = 0;
             drop(b);
             Ok(())
@@ -322,18 +277,8 @@ fn fill_device_attr(info: &DeviceInfo, a: &mut ibv_device_attr) {
     // SAFETY: ibv_device_attr is plain C data.
     *a = unsafe { std::mem::zeroed() };
     copy_cstr(&mut a.fw_ver, &s.fw_ver);
-    a.node_guid = (if s.node_guid != 0 {
-        s.node_guid
-    } else {
-        info.guid
-    })
-    .to_be();
-    a.sys_image_guid = (if s.sys_image_guid != 0 {
-        s.sys_image_guid
-    } else {
-        info.guid
-    })
-    .to_be();
+    a.node_guid = (if s.node_guid != 0 { s.node_guid } else { info.guid }).to_be();
+    a.sys_image_guid = (if s.sys_image_guid != 0 { s.sys_image_guid } else { info.guid }).to_be();
     a.max_mr_size = s.max_mr_size;
     a.page_size_cap = s.page_size_cap;
     a.vendor_id = s.vendor_id;
@@ -366,10 +311,7 @@ fn fill_device_attr(info: &DeviceInfo, a: &mut ibv_device_attr) {
 /// # Safety
 /// `context` is ours; `device_attr` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_device(
-    context: *mut ibv_context,
-    device_attr: *mut ibv_device_attr,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked context; caller-provided out pointer.
@@ -405,11 +347,7 @@ pub unsafe extern "C" fn vctx_query_device_ex(
             // SAFETY: the caller's buffer holds `attr_size >= n` bytes.
             unsafe {
                 std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
-                std::ptr::copy_nonoverlapping(
-                    (&full as *const ibv_device_attr_ex).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    n,
-                );
+                std::ptr::copy_nonoverlapping((&full as *const ibv_device_attr_ex).cast::<u8>(), attr.cast::<u8>(), n);
             }
             Ok(())
         })())
@@ -459,16 +397,9 @@ unsafe fn copy_port_attr(c: *mut ibv_context, port: u8, out: *mut u8, len: usize
 ///
 /// # Safety
 /// `port_attr` has room for `len` bytes.
-pub unsafe extern "C" fn vctx_query_port(
-    context: *mut ibv_context,
-    port: u8,
-    port_attr: *mut ibv_port_attr,
-    len: usize,
-) -> c_int {
+pub unsafe extern "C" fn vctx_query_port(context: *mut ibv_context, port: u8, port_attr: *mut ibv_port_attr, len: usize) -> c_int {
     // SAFETY: forwarded contract.
-    ffi_boundary(libc::EIO, || {
-        ret_errno(unsafe { copy_port_attr(context, port, port_attr.cast(), len) })
-    })
+    ffi_boundary(libc::EIO, || ret_errno(unsafe { copy_port_attr(context, port, port_attr.cast(), len) }))
 }
 
 /// Exported `ibv_query_port@1.1` (legacy callers pass a `_compat_ibv_port_attr`, which ends
@@ -477,16 +408,10 @@ pub unsafe extern "C" fn vctx_query_port(
 /// # Safety
 /// `port_attr` has room for 48 bytes.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(
-    context: *mut ibv_context,
-    port: u8,
-    port_attr: *mut _compat_ibv_port_attr,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, port_attr: *mut _compat_ibv_port_attr) -> c_int {
     const COMPAT_LEN: usize = offset_of!(ibv_port_attr, port_cap_flags2);
     // SAFETY: forwarded contract.
-    ffi_boundary(libc::EIO, || {
-        ret_errno(unsafe { copy_port_attr(context, port, port_attr.cast(), COMPAT_LEN) })
-    })
+    ffi_boundary(libc::EIO, || ret_errno(unsafe { copy_port_attr(context, port, port_attr.cast(), COMPAT_LEN) }))
 }
 
 fn gid_of(c: &ShimContext, port: u8, index: c_int) -> Res<Option<pmrxe_abi::ctrl::GidEntry>> {
@@ -503,20 +428,13 @@ fn gid_of(c: &ShimContext, port: u8, index: c_int) -> Res<Option<pmrxe_abi::ctrl
 /// # Safety
 /// `gid` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_int,
-    gid: *mut ibv_gid,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
     ffi_boundary(-1, || {
         let r = (|| {
             // SAFETY: magic-checked context; caller-provided out pointer.
             let (c, out) = unsafe { (ShimContext::from_ctx(context)?, nonnull(gid)?) };
             // Empty slots below gid_tbl_len read as the zero GID (as sysfs shows them).
-            out.raw = gid_of(c, port_num, index)?
-                .map(|g| g.gid)
-                .unwrap_or([0; 16]);
+            out.raw = gid_of(c, port_num, index)?.map(|g| g.gid).unwrap_or([0; 16]);
             Ok(())
         })();
         crate::boundary::ret_minus1(r)
@@ -529,12 +447,7 @@ pub unsafe extern "C" fn ibv_query_gid(
 /// # Safety
 /// `type_` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid_type(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_uint,
-    type_: *mut c_uint,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid_type(context: *mut ibv_context, port_num: u8, index: c_uint, type_: *mut c_uint) -> c_int {
     ffi_boundary(-1, || {
         let r = (|| {
             // SAFETY: magic-checked context; caller-provided out pointer.
@@ -597,13 +510,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
                 // SAFETY: i < max_entries and the caller provides max_entries * entry_size
                 // bytes; entry_size >= size_of::<ibv_gid_entry>(), and the C structure is read
                 // unaligned-safe by writing it with write_unaligned.
-                unsafe {
-                    entries
-                        .cast::<u8>()
-                        .add(i * entry_size)
-                        .cast::<ibv_gid_entry>()
-                        .write_unaligned(e)
-                };
+                unsafe { entries.cast::<u8>().add(i * entry_size).cast::<ibv_gid_entry>().write_unaligned(e) };
             }
             Ok(gids.len() as isize)
         })();
@@ -632,12 +539,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         ret_errno((|| {
             // SAFETY: magic-checked context.
             let c = unsafe { ShimContext::from_ctx(context) }?;
-            if flags != 0
-                || entry.is_null()
-                || entry_size < size_of::<ibv_gid_entry>()
-                || port_num > 255
-                || gid_index > i32::MAX as u32
-            {
+            if flags != 0 || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() || port_num > 255 || gid_index > i32::MAX as u32 {
                 return Err(Errno::INVAL);
             }
             let g = gid_of(c, port_num as u8, gid_index as c_int)?.ok_or(Errno(libc::ENODATA))?;
@@ -652,20 +554,12 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 /// # Safety
 /// `pkey` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_int,
-    pkey: *mut u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
     ffi_boundary(-1, || {
         let r = (|| {
             // SAFETY: magic-checked context; caller-provided out pointer.
             let (c, out) = unsafe { (ShimContext::from_ctx(context)?, nonnull(pkey)?) };
-            if port_num != 1
-                || index < 0
-                || index as u32 >= u32::from(c.info()?.port.pkey_tbl_len.max(1))
-            {
+            if port_num != 1 || index < 0 || index as u32 >= u32::from(c.info()?.port.pkey_tbl_len.max(1)) {
                 return Err(Errno::INVAL);
             }
             // Only the default full-membership P_Key (network order).
@@ -679,11 +573,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
 /// # Safety
 /// `context` is ours.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_pkey_index(
-    context: *mut ibv_context,
-    port_num: u8,
-    pkey: u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pkey: u16) -> c_int {
     ffi_boundary(-1, || {
         // SAFETY: magic-checked context.
         match unsafe { ShimContext::from_ctx(context) } {
@@ -699,11 +589,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 /// # Safety
 /// `gid` is writable (unused: multicast is not supported).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(
-    _qp: *mut ibv_qp,
-    _gid: *const ibv_gid,
-    _lid: u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
     crate::boundary::set_errno(libc::EOPNOTSUPP);
     libc::EOPNOTSUPP
 }
@@ -711,11 +597,7 @@ pub unsafe extern "C" fn ibv_attach_mcast(
 /// # Safety
 /// See `ibv_attach_mcast`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(
-    _qp: *mut ibv_qp,
-    _gid: *const ibv_gid,
-    _lid: u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
     crate::boundary::set_errno(libc::EOPNOTSUPP);
     libc::EOPNOTSUPP
 }

@@ -19,15 +19,10 @@ use pmrxe_abi::ctrl::{Request, Response};
 /// # Safety
 /// `context` ours, `event` writable.
 #[no_mangle]
-pub unsafe extern "C-unwind" fn ibv_get_async_event(
-    context: *mut ibv_context,
-    event: *mut ibv_async_event,
-) -> std::os::raw::c_int {
+pub unsafe extern "C-unwind" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> std::os::raw::c_int {
     loop {
         // SAFETY: caller contract, forwarded.
-        let step = ffi_boundary(Err(-1), || {
-            cancel::no_cancel(|| unsafe { async_event_step(context, event) })
-        });
+        let step = ffi_boundary(Err(-1), || cancel::no_cancel(|| unsafe { async_event_step(context, event) }));
         match step {
             Err(r) => return r,
             Ok(fd) => cancel::wait_readable(fd, 100),
@@ -40,10 +35,7 @@ pub unsafe extern "C-unwind" fn ibv_get_async_event(
 ///
 /// # Safety
 /// As `ibv_get_async_event`.
-unsafe fn async_event_step(
-    context: *mut ibv_context,
-    event: *mut ibv_async_event,
-) -> Result<std::os::raw::c_int, std::os::raw::c_int> {
+unsafe fn async_event_step(context: *mut ibv_context, event: *mut ibv_async_event) -> Result<std::os::raw::c_int, std::os::raw::c_int> {
     let r = (|| {
         // SAFETY: magic-checked; caller-provided out pointer.
         let (c, ev) = unsafe { (ShimContext::from_ctx(context)?, nonnull(event)?) };
@@ -53,10 +45,7 @@ unsafe fn async_event_step(
         loop {
             let cl = client::existing()?;
             if cl.is_dead() || cl.service_down() {
-                if !cl
-                    .fatal_reported
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
+                if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     // SAFETY: plain C data.
                     *ev = unsafe { std::mem::zeroed() };
                     ev.event_type = IBV_EVENT_DEVICE_FATAL;
@@ -68,17 +57,9 @@ unsafe fn async_event_step(
             drain(fd);
             let r = match cl.call(&Request::GetAsyncEvent, &[]) {
                 Ok((r, _)) => r,
-                Err(_)
-                    if {
-                        let _ = cl.dead_after_empty_poll();
-                        true
-                    } =>
-                {
+                Err(_) if { let _ = cl.dead_after_empty_poll(); true } => {
                     // The control socket failed: the service is gone.
-                    if !cl
-                        .fatal_reported
-                        .swap(true, std::sync::atomic::Ordering::Relaxed)
-                    {
+                    if !cl.fatal_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         // SAFETY: plain C data.
                         *ev = unsafe { std::mem::zeroed() };
                         ev.event_type = IBV_EVENT_DEVICE_FATAL;
@@ -88,9 +69,7 @@ unsafe fn async_event_step(
                 }
                 Err(e) => return Err(e),
             };
-            let Response::AsyncEvent(e) = r else {
-                return Err(Errno(libc::EPROTO));
-            };
+            let Response::AsyncEvent(e) = r else { return Err(Errno(libc::EPROTO)) };
             if let Some(e) = e {
                 // Others may be queued behind it: stay readable until a call finds none.
                 signal(fd);
@@ -99,25 +78,15 @@ unsafe fn async_event_step(
                 // the kernel drops a destroyed uobject's pending events: handing out a NULL
                 // element crashes consumers (UCX reads event.element.qp->qp_num).
                 let element = match e.event_type {
-                    IBV_EVENT_CQ_ERR => {
-                        get(Kind::Cq, e.element).map(|cq| ibv_async_event__bindgen_ty_1 { cq })
-                    }
-                    IBV_EVENT_QP_FATAL
-                    | IBV_EVENT_QP_REQ_ERR
-                    | IBV_EVENT_QP_ACCESS_ERR
-                    | IBV_EVENT_COMM_EST
-                    | IBV_EVENT_SQ_DRAINED
-                    | IBV_EVENT_PATH_MIG
-                    | IBV_EVENT_PATH_MIG_ERR
-                    | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                    IBV_EVENT_CQ_ERR => get(Kind::Cq, e.element).map(|cq| ibv_async_event__bindgen_ty_1 { cq }),
+                    IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_COMM_EST
+                    | IBV_EVENT_SQ_DRAINED | IBV_EVENT_PATH_MIG | IBV_EVENT_PATH_MIG_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
                         get(Kind::Qp, e.element).map(|qp| ibv_async_event__bindgen_ty_1 { qp })
                     }
                     IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
                         get(Kind::Srq, e.element).map(|srq| ibv_async_event__bindgen_ty_1 { srq })
                     }
-                    _ => Some(ibv_async_event__bindgen_ty_1 {
-                        port_num: e.element as i32,
-                    }),
+                    _ => Some(ibv_async_event__bindgen_ty_1 { port_num: e.element as i32 }),
                 };
                 let Some(element) = element else { continue };
                 // SAFETY: plain C data.
@@ -141,11 +110,7 @@ unsafe fn async_event_step(
 
 /// Wait until `fd` is readable or `ms` milliseconds passed.
 fn wait_readable(fd: std::os::raw::c_int, ms: std::os::raw::c_int) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
@@ -172,3 +137,4 @@ fn signal(fd: std::os::raw::c_int) {
 /// `event` came from `ibv_get_async_event`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+

@@ -25,11 +25,7 @@ const DATA_IN_ORDER_ALIGNED_128_BYTES: c_int = 2;
 /// # Safety
 /// `qp` is one of ours.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_qp_data_in_order(
-    qp: *mut ibv_qp,
-    _op: c_int,
-    flags: u32,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(qp: *mut ibv_qp, _op: c_int, flags: u32) -> c_int {
     ffi_boundary(0, || {
         // SAFETY: magic-checked.
         if unsafe { ShimQp::from_qp(qp) }.is_err() {
@@ -76,14 +72,7 @@ pub unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_in
 /// # Safety
 /// No pointer is dereferenced.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
-) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(_pd: *mut ibv_pd, _offset: u64, _length: usize, _iova: u64, _fd: c_int, _access: c_int) -> *mut ibv_mr {
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
 }
@@ -113,17 +102,10 @@ pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut ibv_dm) {}
 /// # Safety
 /// `attr` readable, `eth_mac` has 6 writable bytes, `vid` writable or NULL.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
-    context: *mut ibv_context,
-    attr: *mut ibv_ah_attr,
-    eth_mac: *mut u8,
-    vid: *mut u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(context: *mut ibv_context, attr: *mut ibv_ah_attr, eth_mac: *mut u8, vid: *mut u16) -> c_int {
     ffi_boundary(libc::EIO, || {
         // SAFETY: magic-checked context.
-        let Ok(c) = (unsafe { ShimContext::from_ctx(context) }) else {
-            return libc::EINVAL;
-        };
+        let Ok(c) = (unsafe { ShimContext::from_ctx(context) }) else { return libc::EINVAL };
         if attr.is_null() || eth_mac.is_null() {
             return libc::EINVAL;
         }

@@ -57,11 +57,7 @@ impl Ranges {
             Some(l) if l.1 == a => l.1 = b,
             _ => out.push((a, b)),
         };
-        let inside: Vec<(u64, u64, u32)> = self
-            .0
-            .range(lo..hi)
-            .map(|(&s, &(e, c))| (s, e, c))
-            .collect();
+        let inside: Vec<(u64, u64, u32)> = self.0.range(lo..hi).map(|(&s, &(e, c))| (s, e, c)).collect();
         let mut cur = lo;
         for (s, e, c) in inside {
             if inc && cur < s {
@@ -99,11 +95,7 @@ struct State {
     ranges: Ranges,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
-    enabled: false,
-    too_late: false,
-    ranges: Ranges(BTreeMap::new()),
-});
+static STATE: Mutex<State> = Mutex::new(State { enabled: false, too_late: false, ranges: Ranges(BTreeMap::new()) });
 static ENV: Once = Once::new();
 
 fn state() -> std::sync::MutexGuard<'static, State> {
@@ -114,14 +106,9 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 /// (libibverbs does it when it initialises, with this warning when that fails).
 fn env_init() {
     ENV.call_once(|| {
-        if std::env::var_os("RDMAV_FORK_SAFE").is_some()
-            || std::env::var_os("IBV_FORK_SAFE").is_some()
-        {
+        if std::env::var_os("RDMAV_FORK_SAFE").is_some() || std::env::var_os("IBV_FORK_SAFE").is_some() {
             if let Err(e) = state().init() {
-                eprintln!(
-                    "pmrxe: Warning: fork()-safety requested but init failed (errno {})",
-                    e.0
-                );
+                eprintln!("pmrxe: Warning: fork()-safety requested but init failed (errno {})", e.0);
             }
         }
     })
@@ -149,10 +136,7 @@ impl State {
         let page = 4096;
         let probe = vec![0u8; 2 * page];
         let p = (probe.as_ptr() as u64).next_multiple_of(page as u64);
-        if madvise(p, page as u64, libc::MADV_DONTFORK)
-            .and_then(|_| madvise(p, page as u64, libc::MADV_DOFORK))
-            .is_err()
-        {
+        if madvise(p, page as u64, libc::MADV_DONTFORK).and_then(|_| madvise(p, page as u64, libc::MADV_DOFORK)).is_err() {
             return Err(Errno::NOSYS);
         }
         self.enabled = true;
@@ -165,9 +149,7 @@ impl State {
             self.too_late = true;
             return Ok(());
         }
-        let Some((lo, hi)) = pages(base, len) else {
-            return Ok(());
-        };
+        let Some((lo, hi)) = pages(base, len) else { return Ok(()) };
         for (a, b) in self.ranges.adjust(lo, hi, true) {
             if let Err(e) = madvise(a, b - a, libc::MADV_DONTFORK) {
                 // Roll back: the pages that just got their first holder lose it again.
@@ -187,9 +169,7 @@ impl State {
             self.too_late = true;
             return;
         }
-        let Some((lo, hi)) = pages(base, len) else {
-            return;
-        };
+        let Some((lo, hi)) = pages(base, len) else { return };
         for (a, b) in self.ranges.adjust(lo, hi, false) {
             let _ = madvise(a, b - a, libc::MADV_DOFORK);
         }
@@ -209,10 +189,7 @@ fn pages(base: u64, len: u64) -> Option<(u64, u64)> {
     if base == 0 || len == 0 {
         return None;
     }
-    Some((
-        base & !(PAGE - 1),
-        base.checked_add(len)?.checked_next_multiple_of(PAGE)?,
-    ))
+    Some((base & !(PAGE - 1), base.checked_add(len)?.checked_next_multiple_of(PAGE)?))
 }
 
 /// A segment `base..base+len` (page aligned) now backs registered memory: with protection on,
@@ -319,16 +296,7 @@ mod tests {
     /// A shared mapping of `pages` pages standing in for a segment.
     fn shared(pages: usize) -> u64 {
         // SAFETY: a fresh shared anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                pages * 4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), pages * 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
         assert_ne!(p, libc::MAP_FAILED);
         p as u64
     }
@@ -339,25 +307,11 @@ mod tests {
     fn ranges_count_holders_per_page() {
         let mut r = Ranges::default();
         assert_eq!(r.adjust(0x1000, 0x4000, true), vec![(0x1000, 0x4000)]);
-        assert_eq!(
-            r.adjust(0x3000, 0x6000, true),
-            vec![(0x4000, 0x6000)],
-            "only new pages"
-        );
-        assert_eq!(
-            r.adjust(0x1000, 0x4000, false),
-            vec![(0x1000, 0x3000)],
-            "0x3000 still held"
-        );
+        assert_eq!(r.adjust(0x3000, 0x6000, true), vec![(0x4000, 0x6000)], "only new pages");
+        assert_eq!(r.adjust(0x1000, 0x4000, false), vec![(0x1000, 0x3000)], "0x3000 still held");
         assert_eq!(r.adjust(0x7000, 0x8000, false), vec![], "nobody held it");
-        assert_eq!(
-            r.adjust(0x2000, 0x7000, true),
-            vec![(0x2000, 0x3000), (0x6000, 0x7000)]
-        );
-        assert_eq!(
-            r.adjust(0x2000, 0x7000, false),
-            vec![(0x2000, 0x3000), (0x6000, 0x7000)]
-        );
+        assert_eq!(r.adjust(0x2000, 0x7000, true), vec![(0x2000, 0x3000), (0x6000, 0x7000)]);
+        assert_eq!(r.adjust(0x2000, 0x7000, false), vec![(0x2000, 0x3000), (0x6000, 0x7000)]);
         assert_eq!(r.adjust(0x3000, 0x6000, false), vec![(0x3000, 0x6000)]);
         assert!(r.0.is_empty(), "{r:?}");
     }
@@ -372,11 +326,7 @@ mod tests {
         assert_eq!(s.init(), Err(Errno::INVAL));
         assert_eq!(s.status(), IBV_FORK_DISABLED);
         s.released(a, 8192);
-        assert_eq!(
-            s.init(),
-            Err(Errno::INVAL),
-            "too late even once the MR is gone (rdma-core)"
-        );
+        assert_eq!(s.init(), Err(Errno::INVAL), "too late even once the MR is gone (rdma-core)");
         // SAFETY: unmapping our own mapping.
         unsafe { libc::munmap(a as *mut c_void, 2 * 4096) };
     }
@@ -393,10 +343,7 @@ mod tests {
         s.added(b, 2 * 4096).unwrap();
         assert!(!child_has_page(b), "registered page inherited");
         assert!(!child_has_page(b + 4096), "registered page inherited");
-        assert!(
-            child_has_page(b + 2 * 4096),
-            "unregistered neighbour not inherited"
-        );
+        assert!(child_has_page(b + 2 * 4096), "unregistered neighbour not inherited");
         // The parent's memory is unaffected by the forks.
         // SAFETY: inside our mapping.
         assert_eq!(unsafe { *(b as *const u8) }, 42);
@@ -405,17 +352,10 @@ mod tests {
         s.added(b + 10, 100).unwrap();
         s.released(b, 2 * 4096);
         assert!(!child_has_page(b), "page still held");
-        assert!(
-            child_has_page(b + 4096),
-            "released page still not inherited"
-        );
+        assert!(child_has_page(b + 4096), "released page still not inherited");
         s.released(b + 10, 100);
         assert!(child_has_page(b), "released segment still not inherited");
-        assert_eq!(
-            s.init(),
-            Ok(()),
-            "registrations after fork_init are not 'too late'"
-        );
+        assert_eq!(s.init(), Ok(()), "registrations after fork_init are not 'too late'");
         // SAFETY: unmapping our own mapping.
         unsafe { libc::munmap(b as *mut c_void, 3 * 4096) };
     }

@@ -34,8 +34,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::raw::c_int;
 
 /// Seals of a context description: nothing can change it any more.
-const SEALS: c_int =
-    libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+const SEALS: c_int = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
 /// The first word of a description.
 const TAG: &str = "pmrxe-verbs-context";
 /// Longest description read back.
@@ -51,10 +50,7 @@ pub struct Owner {
 
 impl Owner {
     fn describe(&self) -> String {
-        format!(
-            "{TAG} 1 pid={} client={} device={}\n",
-            self.pid, self.client, self.device
-        )
+        format!("{TAG} 1 pid={} client={} device={}\n", self.pid, self.client, self.device)
     }
 
     fn parse(s: &str) -> Option<Owner> {
@@ -62,18 +58,8 @@ impl Owner {
         if w.next()? != TAG || w.next()? != "1" {
             return None;
         }
-        let mut field = |name: &str| {
-            w.next()?
-                .strip_prefix(name)?
-                .strip_prefix('=')?
-                .parse::<u32>()
-                .ok()
-        };
-        let o = Owner {
-            pid: field("pid")?,
-            client: field("client")?,
-            device: field("device")?,
-        };
+        let mut field = |name: &str| w.next()?.strip_prefix(name)?.strip_prefix('=')?.parse::<u32>().ok();
+        let o = Owner { pid: field("pid")?, client: field("client")?, device: field("device")? };
         w.next().is_none().then_some(o)
     }
 }
@@ -81,12 +67,7 @@ impl Owner {
 /// A sealed memfd holding `owner`'s description (close-on-exec, as libibverbs opens uverbs).
 pub fn description_fd(owner: Owner) -> Res<OwnedFd> {
     // SAFETY: plain memfd_create with a static NUL-terminated name.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"pmrxe-ctx".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
+    let raw = unsafe { libc::memfd_create(c"pmrxe-ctx".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(Errno::last());
     }
@@ -109,11 +90,7 @@ pub fn description_fd(owner: Owner) -> Res<OwnedFd> {
 pub fn context_fd(device: u32) -> Res<OwnedFd> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    description_fd(Owner {
-        pid,
-        client: client::existing()?.client_id,
-        device,
-    })
+    description_fd(Owner { pid, client: client::existing()?.client_id, device })
 }
 
 /// Read the description behind `fd` without changing or blocking on it: only a regular file
@@ -122,10 +99,7 @@ pub fn read_description(fd: RawFd) -> Res<Owner> {
     // SAFETY: plain C data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat into a local struct; a bad fd is an error return.
-    if unsafe { libc::fstat(fd, &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFREG
-        || st.st_size as usize > MAX_DESC
-    {
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as usize > MAX_DESC {
         return Err(Errno::INVAL);
     }
     // SAFETY: fcntl F_GET_SEALS only reads (EINVAL on files without sealing).
@@ -138,10 +112,7 @@ pub fn read_description(fd: RawFd) -> Res<Owner> {
     if n <= 0 {
         return Err(Errno::INVAL);
     }
-    std::str::from_utf8(&buf[..n as usize])
-        .ok()
-        .and_then(Owner::parse)
-        .ok_or(Errno::INVAL)
+    std::str::from_utf8(&buf[..n as usize]).ok().and_then(Owner::parse).ok_or(Errno::INVAL)
 }
 
 /// The device of a context description made by this process's session (see the module doc
@@ -183,14 +154,7 @@ fn import_pd(context: *mut ibv_context, pd_handle: u32) -> Res<*mut ibv_pd> {
     let c = unsafe { ShimContext::from_ctx(context) }?;
     let dev = c.dev;
     ShimPd::find_live(|p| p.pd.handle == pd_handle && p.dev == dev).ok_or(Errno::INVAL)?;
-    Ok(ShimPd::wrap(
-        ibv_pd {
-            context,
-            handle: pd_handle,
-        },
-        dev,
-    )
-    .into_c())
+    Ok(ShimPd::wrap(ibv_pd { context, handle: pd_handle }, dev).into_c())
 }
 
 /// `ibv_import_pd@IBVERBS_1.10`: another handle on this process's live PD `pd_handle`, in
@@ -200,9 +164,7 @@ fn import_pd(context: *mut ibv_context, pd_handle: u32) -> Res<*mut ibv_pd> {
 /// `context` is ours.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32) -> *mut ibv_pd {
-    ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(import_pd(context, pd_handle))
-    })
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(import_pd(context, pd_handle)))
 }
 
 /// `ibv_unimport_pd@IBVERBS_1.10`: free the handle only (the PD stays; its creator
@@ -232,37 +194,17 @@ fn import_mr(pd: *mut ibv_pd, mr_handle: u32) -> Res<*mut ibv_mr> {
     ShimMr::find_live(|m| {
         let r = m.mr();
         if r.handle == mr_handle {
-            found.push((
-                r.pd as usize,
-                r.lkey,
-                r.rkey,
-                r.length,
-                m.fast,
-                m.max_num_sg,
-            ));
+            found.push((r.pd as usize, r.lkey, r.rkey, r.length, m.fast, m.max_num_sg));
         }
         false
     });
     // The MR must be in PD `pd_handle`: one of its wrappers' PD handles is a live one of it.
     let (_, lkey, rkey, length, fast, max_num_sg) = *found
         .iter()
-        .find(|f| {
-            ShimPd::find_live(|q| {
-                q as *const ShimPd as usize == f.0 && q.pd.handle == pd_handle && q.dev == dev
-            })
-            .is_some()
-        })
+        .find(|f| ShimPd::find_live(|q| q as *const ShimPd as usize == f.0 && q.pd.handle == pd_handle && q.dev == dev).is_some())
         .ok_or(Errno::INVAL)?;
     // As rdma-core (ibv_cmd_query_mr): keys and length of the MR, address NULL.
-    let mr = ibv_mr {
-        context: p.pd.context,
-        pd,
-        addr: std::ptr::null_mut(),
-        length,
-        handle: mr_handle,
-        lkey,
-        rkey,
-    };
+    let mr = ibv_mr { context: p.pd.context, pd, addr: std::ptr::null_mut(), length, handle: mr_handle, lkey, rkey };
     Ok(ShimMr::new(mr, fast, max_num_sg, Vec::new(), 0).into_c())
 }
 
@@ -307,11 +249,7 @@ mod tests {
 
     #[test]
     fn description_round_trips_through_a_dup_and_is_sealed() {
-        let o = Owner {
-            pid: me(),
-            client: 7,
-            device: 1,
-        };
+        let o = Owner { pid: me(), client: 7, device: 1 };
         let fd = description_fd(o).unwrap();
         // SAFETY: dup of our fd.
         let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(fd.as_raw_fd())) };
@@ -326,11 +264,7 @@ mod tests {
 
     #[test]
     fn another_session_or_process_is_eopnotsupp() {
-        let o = Owner {
-            pid: me(),
-            client: 7,
-            device: 0,
-        };
+        let o = Owner { pid: me(), client: 7, device: 0 };
         assert_eq!(own_device(o, me(), 8), Err(Errno::OPNOTSUPP));
         assert_eq!(own_device(o, me() + 1, 7), Err(Errno::OPNOTSUPP));
     }
@@ -350,41 +284,18 @@ mod tests {
         let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         assert_eq!(read_description(r.as_raw_fd()), Err(Errno::INVAL));
         // SAFETY: plain memfd_create.
-        let m =
-            unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC)) };
-        let d = Owner {
-            pid: me(),
-            client: 1,
-            device: 0,
-        }
-        .describe();
+        let m = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC)) };
+        let d = Owner { pid: me(), client: 1, device: 0 }.describe();
         // SAFETY: write from a live buffer to our fd.
-        assert_eq!(
-            unsafe { libc::write(m.as_raw_fd(), d.as_ptr().cast(), d.len()) },
-            d.len() as isize
-        );
+        assert_eq!(unsafe { libc::write(m.as_raw_fd(), d.as_ptr().cast(), d.len()) }, d.len() as isize);
         assert_eq!(read_description(m.as_raw_fd()), Err(Errno::INVAL));
     }
 
     #[test]
     fn malformed_descriptions_do_not_parse() {
-        for s in [
-            "",
-            "pmrxe-verbs-context 1 pid=1 client=2 device=3",
-            "pmrxe-verbs-context 2 pid=1 client=2 device=3\n",
-            "pmrxe-verbs-context 1 pid=1 client=2\n",
-            "pmrxe-verbs-context 1 pid=1 client=2 device=3 x=4\n",
-            "pmrxe-verbs-context 1 client=2 pid=1 device=3\n",
-        ] {
+        for s in ["", "pmrxe-verbs-context 1 pid=1 client=2 device=3", "pmrxe-verbs-context 2 pid=1 client=2 device=3\n", "pmrxe-verbs-context 1 pid=1 client=2\n", "pmrxe-verbs-context 1 pid=1 client=2 device=3 x=4\n", "pmrxe-verbs-context 1 client=2 pid=1 device=3\n"] {
             assert_eq!(Owner::parse(s), None, "{s:?}");
         }
-        assert_eq!(
-            Owner::parse("pmrxe-verbs-context 1 pid=1 client=2 device=3\n"),
-            Some(Owner {
-                pid: 1,
-                client: 2,
-                device: 3
-            })
-        );
+        assert_eq!(Owner::parse("pmrxe-verbs-context 1 pid=1 client=2 device=3\n"), Some(Owner { pid: 1, client: 2, device: 3 }));
     }
 }

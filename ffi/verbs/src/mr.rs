@@ -57,18 +57,7 @@ impl SegmentSink for Client {
         }
     }
     fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()> {
-        match self
-            .call(
-                &Request::AddSharedSegment {
-                    seg,
-                    base,
-                    len,
-                    offset,
-                },
-                &[fd],
-            )?
-            .0
-        {
+        match self.call(&Request::AddSharedSegment { seg, base, len, offset }, &[fd])?.0 {
             Response::Ok => Ok(()),
             _ => Err(Errno(libc::EPROTO)),
         }
@@ -93,10 +82,7 @@ pub struct Segments {
 }
 
 /// The process-wide segment table.
-pub static SEGMENTS: Mutex<Segments> = Mutex::new(Segments {
-    by_base: BTreeMap::new(),
-    next_id: 1,
-});
+pub static SEGMENTS: Mutex<Segments> = Mutex::new(Segments { by_base: BTreeMap::new(), next_id: 1 });
 
 /// The page-aligned span `[start, end)` of `addr..addr+len`; EINVAL on zero length or overflow.
 pub fn page_span(addr: u64, len: u64) -> Res<(u64, u64)> {
@@ -112,12 +98,7 @@ impl Segments {
     /// Cover `addr..addr+len` with segments (creating and announcing the missing ones) and
     /// take one reference on each segment used. Returns the pieces in address order and the
     /// segment ids referenced (each once).
-    pub fn cover(
-        &mut self,
-        sink: &dyn SegmentSink,
-        addr: u64,
-        len: u64,
-    ) -> Res<(Vec<Piece>, Vec<u64>)> {
+    pub fn cover(&mut self, sink: &dyn SegmentSink, addr: u64, len: u64) -> Res<(Vec<Piece>, Vec<u64>)> {
         let (start, end) = page_span(addr, len)?;
         let mut pieces = Vec::new();
         let mut ids: Vec<u64> = Vec::new();
@@ -125,31 +106,17 @@ impl Segments {
         let r = (|| {
             while cur < end {
                 // A segment containing `cur`?
-                let hit = self
-                    .by_base
-                    .range(..=cur)
-                    .next_back()
-                    .filter(|(b, s)| **b + s.len > cur)
-                    .map(|(b, s)| (*b, s.id, s.len));
+                let hit = self.by_base.range(..=cur).next_back().filter(|(b, s)| **b + s.len > cur).map(|(b, s)| (*b, s.id, s.len));
                 let (base, id, seg_len) = match hit {
                     Some(h) => h,
                     None => {
                         // A gap: up to the next segment or the end.
-                        let gap_end = self
-                            .by_base
-                            .range(cur..)
-                            .next()
-                            .map(|(b, _)| (*b).min(end))
-                            .unwrap_or(end);
+                        let gap_end = self.by_base.range(cur..).next().map(|(b, _)| (*b).min(end)).unwrap_or(end);
                         self.new_segment(sink, cur, gap_end)?
                     }
                 };
                 let piece_end = (base + seg_len).min(end);
-                pieces.push(Piece {
-                    seg: id,
-                    seg_offset: cur - base,
-                    len: piece_end - cur,
-                });
+                pieces.push(Piece { seg: id, seg_offset: cur - base, len: piece_end - cur });
                 if !ids.contains(&id) {
                     ids.push(id);
                     let s = self.by_base.get_mut(&base).expect("segment just found");
@@ -176,29 +143,12 @@ impl Segments {
     /// that contains `cur`; it may end before `gap_end` (where the kind of memory changes) or
     /// extend around the gap (a whole shared mapping, whole huge pages), never over another
     /// segment. Returns (base, id, len).
-    fn new_segment(
-        &mut self,
-        sink: &dyn SegmentSink,
-        cur: u64,
-        gap_end: u64,
-    ) -> Res<(u64, u64, u64)> {
+    fn new_segment(&mut self, sink: &dyn SegmentSink, cur: u64, gap_end: u64) -> Res<(u64, u64, u64)> {
         // Room the segment may take: between the neighbouring segments.
-        let prev_end = self
-            .by_base
-            .range(..cur)
-            .next_back()
-            .map(|(b, s)| b + s.len)
-            .unwrap_or(0);
-        let next_base = self
-            .by_base
-            .range(cur..)
-            .next()
-            .map(|(b, _)| *b)
-            .unwrap_or(u64::MAX);
+        let prev_end = self.by_base.range(..cur).next_back().map(|(b, s)| b + s.len).unwrap_or(0);
+        let next_base = self.by_base.range(cur..).next().map(|(b, _)| *b).unwrap_or(u64::MAX);
         let vmas = crate::vma::read(cur, gap_end)?;
-        let Some(first) = vmas.first().filter(|v| v.start <= cur) else {
-            return Err(Errno(libc::EFAULT));
-        };
+        let Some(first) = vmas.first().filter(|v| v.start <= cur) else { return Err(Errno(libc::EFAULT)) };
         let id = self.next_id;
         let backing = if first.shared && first.has_file() {
             match crate::vma::open_backing(first) {
@@ -216,10 +166,7 @@ impl Segments {
             // vanish under the service (issue 37); otherwise refuse, as the kernel refuses to
             // pin such a mapping, rather than copy (that would break the sharing).
             if let Err(why) = crate::vma::registrable(&fd) {
-                eprintln!(
-                    "pmrxe-verbs: ibv_reg_mr: cannot register {:#x}..{:#x} ({}): {why} (EFAULT)",
-                    first.start, first.end, first.path
-                );
+                eprintln!("pmrxe-verbs: ibv_reg_mr: cannot register {:#x}..{:#x} ({}): {why} (EFAULT)", first.start, first.end, first.path);
                 return Err(Errno(libc::EFAULT));
             }
             let page = crate::vma::fd_page_size(&fd)?;
@@ -235,11 +182,7 @@ impl Segments {
             let page = crate::vma::page_size(first);
             let mut run_end = first.end;
             for v in &vmas[1..] {
-                if v.start != run_end
-                    || v.shared
-                    || first.shared
-                    || crate::vma::page_size(v) != page
-                {
+                if v.start != run_end || v.shared || first.shared || crate::vma::page_size(v) != page {
                     break;
                 }
                 run_end = v.end;
@@ -266,9 +209,7 @@ impl Segments {
     /// Drop one reference on each segment; release those that reach zero.
     pub fn release(&mut self, sink: &dyn SegmentSink, ids: &[u64]) {
         for id in ids {
-            let Some((&base, s)) = self.by_base.iter_mut().find(|(_, s)| s.id == *id) else {
-                continue;
-            };
+            let Some((&base, s)) = self.by_base.iter_mut().find(|(_, s)| s.id == *id) else { continue };
             s.refs = s.refs.saturating_sub(1);
             if s.refs == 0 {
                 crate::fork::segment_released(base, s.len);
@@ -281,10 +222,7 @@ impl Segments {
 
     /// Live segments as (id, base, len, refs), for tests and debugging.
     pub fn snapshot(&self) -> Vec<(u64, u64, u64, u32)> {
-        self.by_base
-            .iter()
-            .map(|(b, s)| (s.id, *b, s.len, s.refs))
-            .collect()
+        self.by_base.iter().map(|(b, s)| (s.id, *b, s.len, s.refs)).collect()
     }
 }
 
@@ -294,8 +232,7 @@ const OWN_MEMFD_PATH: &str = "/memfd:pmrxe-mr";
 /// A memfd of `len` bytes; `huge`: a hugetlb memfd with pages of `huge` bytes (0: 4 KiB pages).
 /// Sealable, not sealed: the service seals it against shrinking on `AddSegment`.
 fn memfd(len: u64, huge: u64) -> Res<OwnedFd> {
-    pmrxe_abi::client::memfd(c"pmrxe-mr", len, if huge > PAGE { huge } else { 0 }, false)
-        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::ENOMEM)))
+    pmrxe_abi::client::memfd(c"pmrxe-mr", len, if huge > PAGE { huge } else { 0 }, false).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::ENOMEM)))
 }
 
 /// Make the application pages `base..base+len` (aligned to `page`, the mapping's page size)
@@ -312,13 +249,7 @@ fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
     if unsafe { libc::msync(base as *mut c_void, len as usize, libc::MS_ASYNC) } != 0 {
         return Err(Errno(libc::EFAULT));
     }
-    let huge = if page > PAGE {
-        page
-    } else if base & (HUGE - 1) == 0 && len & (HUGE - 1) == 0 {
-        HUGE
-    } else {
-        0
-    };
+    let huge = if page > PAGE { page } else if base & (HUGE - 1) == 0 && len & (HUGE - 1) == 0 { HUGE } else { 0 };
     let attempts: &[u64] = if huge != 0 { &[huge, 0] } else { &[0] };
     let mut last = Errno::NOMEM;
     for &h in attempts {
@@ -331,14 +262,7 @@ fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
         };
         // SAFETY: a fresh shared mapping of our memfd at a kernel-chosen address.
         let tmp = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, fd.as_raw_fd(), 0)
         };
         if tmp == libc::MAP_FAILED {
             last = Errno::last();
@@ -353,14 +277,7 @@ fn share_pages(base: u64, len: u64, page: u64) -> Res<OwnedFd> {
         // SAFETY: moves our mapping over the application's pages; MREMAP_FIXED unmaps what
         // was there first. The contents are identical, so the application sees no change.
         let r = unsafe {
-            libc::syscall(
-                libc::SYS_mremap,
-                tmp,
-                len as usize,
-                len as usize,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                base as *mut c_void,
-            )
+            libc::syscall(libc::SYS_mremap, tmp, len as usize, len as usize, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, base as *mut c_void)
         };
         if r == -1 {
             last = Errno::last();
@@ -405,20 +322,8 @@ pub struct MrState {
 
 impl ShimMr {
     /// An MR handle over `mr` holding `segs` (registered with `access`).
-    pub fn new(
-        mr: ibv_mr,
-        fast: bool,
-        max_num_sg: u32,
-        segs: Vec<u64>,
-        access: u32,
-    ) -> Box<ShimMr> {
-        Box::new(ShimMr {
-            mr: std::cell::UnsafeCell::new(mr),
-            magic: ShimMr::MAGIC,
-            fast,
-            max_num_sg,
-            state: Mutex::new(MrState { segs, access }),
-        })
+    pub fn new(mr: ibv_mr, fast: bool, max_num_sg: u32, segs: Vec<u64>, access: u32) -> Box<ShimMr> {
+        Box::new(ShimMr { mr: std::cell::UnsafeCell::new(mr), magic: ShimMr::MAGIC, fast, max_num_sg, state: Mutex::new(MrState { segs, access }) })
     }
 
     /// A fast-registration MR (pmrxedv) with no segments yet.
@@ -454,44 +359,19 @@ fn required_access(access: c_uint) -> u32 {
 }
 
 /// Register `addr..addr+len` (a new MR, or `rereg`: the same key with a new description).
-fn register(
-    sink: &Client,
-    pd: &ShimPd,
-    addr: u64,
-    len: u64,
-    iova: u64,
-    access: u32,
-    rereg: Option<u32>,
-) -> Res<(u32, Vec<u64>)> {
+fn register(sink: &Client, pd: &ShimPd, addr: u64, len: u64, iova: u64, access: u32, rereg: Option<u32>) -> Res<(u32, Vec<u64>)> {
     if access & IBV_ACCESS_ON_DEMAND != 0 {
         return Err(Errno::OPNOTSUPP);
     }
     // Remote write/atomic require local write (IBTA o10-37).
-    if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
-        && access & IBV_ACCESS_LOCAL_WRITE == 0
-    {
+    if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0 && access & IBV_ACCESS_LOCAL_WRITE == 0 {
         return Err(Errno::INVAL);
     }
     let mut segs = SEGMENTS.lock().unwrap_or_else(|e| e.into_inner());
     let (pieces, ids) = segs.cover(sink, addr, len)?;
     let req = match rereg {
-        None => Request::RegMr {
-            pd: pd.pd.handle,
-            addr,
-            len,
-            iova,
-            access,
-            pieces,
-        },
-        Some(key) => Request::ReregMr {
-            key,
-            pd: pd.pd.handle,
-            addr,
-            len,
-            iova,
-            access,
-            pieces,
-        },
+        None => Request::RegMr { pd: pd.pd.handle, addr, len, iova, access, pieces },
+        Some(key) => Request::ReregMr { key, pd: pd.pd.handle, addr, len, iova, access, pieces },
     };
     let r = sink.call(&req, &[]);
     match r {
@@ -507,72 +387,35 @@ fn register(
     }
 }
 
-fn reg(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_uint,
-) -> Res<*mut ibv_mr> {
+fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> Res<*mut ibv_mr> {
     // SAFETY: magic-checked.
     let p = unsafe { ShimPd::from_c(pd) }?;
     let c = client::existing()?;
     let access = required_access(access);
     let (key, segs) = register(c, p, addr as u64, length as u64, iova, access, None)?;
-    let mr = ibv_mr {
-        context: p.pd.context,
-        pd,
-        addr,
-        length,
-        handle: key,
-        lkey: key,
-        rkey: key,
-    };
+    let mr = ibv_mr { context: p.pd.context, pd, addr, length, handle: key, lkey: key, rkey: key };
     Ok(ShimMr::new(mr, false, 0, segs, access).into_c())
 }
 
 /// # Safety
 /// `pd` is ours; `addr..addr+length` is mapped, readable application memory.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> *mut ibv_mr {
-    ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(reg(pd, addr, length, addr as u64, access as c_uint))
-    })
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, addr as u64, access as c_uint)))
 }
 
 /// # Safety
 /// As `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_uint,
-) -> *mut ibv_mr {
-    ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(reg(pd, addr, length, iova, access))
-    })
+pub unsafe extern "C" fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, iova, access)))
 }
 
 /// # Safety
 /// As `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_int,
-) -> *mut ibv_mr {
-    ffi_boundary(std::ptr::null_mut(), || {
-        ret_ptr(reg(pd, addr, length, iova, access as c_uint))
-    })
+pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    ffi_boundary(std::ptr::null_mut(), || ret_ptr(reg(pd, addr, length, iova, access as c_uint)))
 }
 
 /// Release an MR's key and its segment references.
@@ -581,10 +424,7 @@ pub fn dereg(m: &ShimMr) -> Res<()> {
     // The key the MR was created with (a fast-reg MR's lkey changes with its key byte).
     c.call_ok(&Request::DeregMr { key: m.mr().handle })?;
     let ids = m.update(|_, st| std::mem::take(&mut st.segs));
-    SEGMENTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .release(c, &ids);
+    SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &ids);
     Ok(())
 }
 
@@ -611,14 +451,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// # Safety
 /// `mr` is ours; `pd` is ours when `IBV_REREG_MR_CHANGE_PD`; the new range is mapped memory.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
-    mr: *mut ibv_mr,
-    flags: c_int,
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> c_int {
+pub unsafe extern "C" fn ibv_rereg_mr(mr: *mut ibv_mr, flags: c_int, pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> c_int {
     ffi_boundary(IBV_REREG_MR_ERR_INPUT, || {
         // SAFETY: magic-checked.
         let Ok(m) = (unsafe { ShimMr::from_c(mr) }) else {
@@ -630,22 +463,11 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             return IBV_REREG_MR_ERR_INPUT;
         }
         let cur = m.mr();
-        let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 {
-            pd
-        } else {
-            cur.pd
-        };
-        let (new_addr, new_len) = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-            (addr, length)
-        } else {
-            (cur.addr, cur.length)
-        };
+        let new_pd = if flags as u32 & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { cur.pd };
+        let (new_addr, new_len) =
+            if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (cur.addr, cur.length) };
         let old_access = m.update(|_, st| st.access);
-        let new_access = if flags as u32 & IBV_REREG_MR_CHANGE_ACCESS != 0 {
-            required_access(access as c_uint)
-        } else {
-            old_access
-        };
+        let new_access = if flags as u32 & IBV_REREG_MR_CHANGE_ACCESS != 0 { required_access(access as c_uint) } else { old_access };
         // The keys stay (as mlx5; rxe for PD/access): the service changes the MR in place.
         // Segments of the new translation are referenced before the old ones are released.
         let r = (|| {
@@ -653,37 +475,14 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             let p = unsafe { ShimPd::from_c(new_pd) }?;
             let c = client::existing()?;
             let key = cur.lkey;
-            let iova = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-                new_addr as u64
-            } else {
-                cur.addr as u64
-            };
-            let (_, segs) = register(
-                c,
-                p,
-                new_addr as u64,
-                new_len as u64,
-                iova,
-                new_access,
-                Some(key),
-            )?;
+            let iova = if flags as u32 & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { new_addr as u64 } else { cur.addr as u64 };
+            let (_, segs) = register(c, p, new_addr as u64, new_len as u64, iova, new_access, Some(key))?;
             let old = m.update(|mr, st| {
-                *mr = ibv_mr {
-                    context: p.pd.context,
-                    pd: new_pd,
-                    addr: new_addr,
-                    length: new_len,
-                    handle: key,
-                    lkey: key,
-                    rkey: key,
-                };
+                *mr = ibv_mr { context: p.pd.context, pd: new_pd, addr: new_addr, length: new_len, handle: key, lkey: key, rkey: key };
                 st.access = new_access;
                 std::mem::replace(&mut st.segs, segs)
             });
-            SEGMENTS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .release(c, &old);
+            SEGMENTS.lock().unwrap_or_else(|e| e.into_inner()).release(c, &old);
             Ok(())
         })();
         match r {
@@ -699,9 +498,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use crate::boundary::Mapping;
     use std::cell::RefCell;
-    use std::os::fd::FromRawFd;
 
     /// An in-process stand-in for the service side of AddSegment/ReleaseSegment: it maps every
     /// received memfd, exactly as the service does, so the test exercises our remap for real.
@@ -718,14 +517,7 @@ pub(crate) mod tests {
             self.maps.borrow_mut().insert(seg, (base, m));
             Ok(())
         }
-        fn add_shared_segment(
-            &self,
-            seg: u64,
-            base: u64,
-            len: u64,
-            offset: u64,
-            fd: RawFd,
-        ) -> Res<()> {
+        fn add_shared_segment(&self, seg: u64, base: u64, len: u64, offset: u64, fd: RawFd) -> Res<()> {
             let m = Mapping::map(fd, offset, len as usize, false)?;
             self.maps.borrow_mut().insert(seg, (base, m));
             self.shared.borrow_mut().push(seg);
@@ -741,10 +533,7 @@ pub(crate) mod tests {
     /// Service-side view of client address `a` through the segment mappings.
     fn peer_ptr(f: &FakeService, a: u64) -> *mut u8 {
         let maps = f.maps.borrow();
-        let (_, (base, m)) = maps
-            .iter()
-            .find(|(_, (b, m))| a >= *b && a < *b + m.len() as u64)
-            .expect("address not shared");
+        let (_, (base, m)) = maps.iter().find(|(_, (b, m))| a >= *b && a < *b + m.len() as u64).expect("address not shared");
         // SAFETY: in range of the mapping (checked by find).
         unsafe { m.ptr().add((a - base) as usize) }
     }
@@ -752,10 +541,7 @@ pub(crate) mod tests {
     #[test]
     fn unaligned_malloc_buffer_keeps_contents_and_is_shared_both_ways() {
         let f = FakeService::default();
-        let mut segs = Segments {
-            by_base: BTreeMap::new(),
-            next_id: 1,
-        };
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
         let mut buf = vec![0u8; 10_000];
         for (i, b) in buf.iter_mut().enumerate() {
             *b = (i * 7) as u8;
@@ -765,15 +551,8 @@ pub(crate) mod tests {
         let (start, end) = page_span(addr, 9000).unwrap();
         // One segment, or more when a test running beside this one registered heap pages next
         // to `buf` (then already shared, which the span reuses as is).
-        assert_eq!(
-            pieces.iter().map(|p| p.len).sum::<u64>(),
-            end - start,
-            "{pieces:?}"
-        );
-        assert!(
-            ids.len() == 1 || !f.shared.borrow().is_empty(),
-            "{pieces:?}"
-        );
+        assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), end - start, "{pieces:?}");
+        assert!(ids.len() == 1 || !f.shared.borrow().is_empty(), "{pieces:?}");
         // Contents preserved, including bytes outside the registration on the same pages.
         for (i, b) in buf.iter().enumerate() {
             assert_eq!(*b, (i * 7) as u8, "byte {i}");
@@ -795,10 +574,7 @@ pub(crate) mod tests {
     #[test]
     fn overlapping_registrations_reuse_segments_and_refcount() {
         let f = FakeService::default();
-        let mut segs = Segments {
-            by_base: BTreeMap::new(),
-            next_id: 1,
-        };
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
         let layout = std::alloc::Layout::from_size_align(16 * 4096, 4096).unwrap();
         // SAFETY: non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) } as u64;
@@ -807,26 +583,12 @@ pub(crate) mod tests {
         assert_eq!(pa.len(), 1);
         let (pb, ib) = segs.cover(&f, p + 4 * 4096 + 10, 6 * 4096 - 10).unwrap();
         assert_eq!(pb.len(), 2, "{pb:?}");
-        assert_eq!(
-            pb[0],
-            Piece {
-                seg: ia[0],
-                seg_offset: 2 * 4096,
-                len: 2 * 4096
-            }
-        );
+        assert_eq!(pb[0], Piece { seg: ia[0], seg_offset: 2 * 4096, len: 2 * 4096 });
         assert_eq!(pb[1].seg_offset, 0);
         assert_eq!(pb[1].len, 4 * 4096);
         assert_eq!(ib.len(), 2);
         let (pc, ic) = segs.cover(&f, p + 3 * 4096, 1).unwrap();
-        assert_eq!(
-            pc,
-            vec![Piece {
-                seg: ia[0],
-                seg_offset: 4096,
-                len: 4096
-            }]
-        );
+        assert_eq!(pc, vec![Piece { seg: ia[0], seg_offset: 4096, len: 4096 }]);
         // A's segment: refs A, B, C.
         assert_eq!(segs.snapshot().iter().find(|s| s.0 == ia[0]).unwrap().3, 3);
         segs.release(&f, &ia);
@@ -849,31 +611,18 @@ pub(crate) mod tests {
     #[test]
     fn bad_ranges_are_einval_or_efault() {
         let f = FakeService::default();
-        let mut segs = Segments {
-            by_base: BTreeMap::new(),
-            next_id: 1,
-        };
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
         assert_eq!(segs.cover(&f, 0x1000, 0).unwrap_err(), Errno::INVAL);
         assert_eq!(segs.cover(&f, 0, 10).unwrap_err(), Errno::INVAL);
-        assert_eq!(
-            segs.cover(&f, u64::MAX - 10, 100).unwrap_err(),
-            Errno::INVAL
-        );
+        assert_eq!(segs.cover(&f, u64::MAX - 10, 100).unwrap_err(), Errno::INVAL);
         // An unmapped range (low addresses are never mapped).
-        assert_eq!(
-            segs.cover(&f, 0x10000, 4096).unwrap_err(),
-            Errno(libc::EFAULT)
-        );
+        assert_eq!(segs.cover(&f, 0x10000, 4096).unwrap_err(), Errno(libc::EFAULT));
         assert!(segs.snapshot().is_empty());
     }
 
     /// The mapping (from /proc/self/maps) that contains `a`.
     fn vma_at(a: u64) -> crate::vma::Vma {
-        crate::vma::read(a, a + 1)
-            .unwrap()
-            .into_iter()
-            .next()
-            .expect("mapped")
+        crate::vma::read(a, a + 1).unwrap().into_iter().next().expect("mapped")
     }
 
     /// Register `len` bytes at `addr` of an already-shared mapping and check that it was handed
@@ -881,52 +630,21 @@ pub(crate) mod tests {
     /// untouched (same file, same offset), and the same pages on both sides.
     fn check_shared_as_is(map: u64, map_len: u64, addr: u64, len: u64) {
         let f = FakeService::default();
-        let mut segs = Segments {
-            by_base: BTreeMap::new(),
-            next_id: 1,
-        };
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
         let before = vma_at(addr);
         let (pieces, ids) = segs.cover(&f, addr, len).unwrap();
-        assert_eq!(
-            *f.shared.borrow(),
-            ids,
-            "not announced as a shared segment: {before:?} {:?}",
-            crate::vma::open_backing(&before).map(|_| ())
-        );
-        assert_eq!(
-            segs.snapshot(),
-            vec![(ids[0], map, map_len, 1)],
-            "the segment is the whole mapping"
-        );
+        assert_eq!(*f.shared.borrow(), ids, "not announced as a shared segment: {before:?} {:?}", crate::vma::open_backing(&before).map(|_| ()));
+        assert_eq!(segs.snapshot(), vec![(ids[0], map, map_len, 1)], "the segment is the whole mapping");
         let (start, end) = page_span(addr, len).unwrap();
-        assert_eq!(
-            pieces,
-            vec![Piece {
-                seg: ids[0],
-                seg_offset: start - map,
-                len: end - start
-            }]
-        );
-        assert_eq!(
-            vma_at(addr),
-            before,
-            "the application's mapping was replaced"
-        );
+        assert_eq!(pieces, vec![Piece { seg: ids[0], seg_offset: start - map, len: end - start }]);
+        assert_eq!(vma_at(addr), before, "the application's mapping was replaced");
         // SAFETY: `addr` is inside the live registered mapping; peer_ptr points into the fake
         // service's own mapping of the same file.
         unsafe {
             *(addr as *mut u8) = 0x5A;
-            assert_eq!(
-                *peer_ptr(&f, addr),
-                0x5A,
-                "app write not seen by the service"
-            );
+            assert_eq!(*peer_ptr(&f, addr), 0x5A, "app write not seen by the service");
             *peer_ptr(&f, addr + len - 1) = 0xA5;
-            assert_eq!(
-                *((addr + len - 1) as *const u8),
-                0xA5,
-                "service write not seen by the app"
-            );
+            assert_eq!(*((addr + len - 1) as *const u8), 0xA5, "service write not seen by the app");
         }
         segs.release(&f, &ids);
         assert_eq!(*f.released.borrow(), ids);
@@ -942,14 +660,7 @@ pub(crate) mod tests {
         // SAFETY: plain syscalls on our fd; the mapping starts at file offset 2 pages.
         let p = unsafe {
             assert_eq!(libc::ftruncate(fd.as_raw_fd(), 8 * PAGE as i64), 0);
-            libc::mmap(
-                std::ptr::null_mut(),
-                4 * PAGE as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                2 * PAGE as i64,
-            )
+            libc::mmap(std::ptr::null_mut(), 4 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 2 * PAGE as i64)
         };
         assert_ne!(p, libc::MAP_FAILED);
         let a = p as u64;
@@ -960,14 +671,7 @@ pub(crate) mod tests {
         check_shared_as_is(a, 4 * PAGE, a + PAGE + 10, 2 * PAGE);
         let mut b = 0u8;
         // SAFETY: pread into a local byte from our fd.
-        let n = unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                (&mut b as *mut u8).cast(),
-                1,
-                2 * PAGE as i64 + 100,
-            )
-        };
+        let n = unsafe { libc::pread(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1, 2 * PAGE as i64 + 100) };
         assert_eq!(n, 1);
         assert_eq!(b, 7);
         // SAFETY: unmapping our own mapping.
@@ -978,16 +682,7 @@ pub(crate) mod tests {
     fn shared_anonymous_and_shared_file_mappings_are_shared_as_is() {
         let len = 3 * PAGE as usize;
         // SAFETY: fresh shared anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
         assert_ne!(p, libc::MAP_FAILED);
         // Shared anonymous memory is an unlinked shmem file: only /proc/self/map_files reaches
         // it, which needs CAP_SYS_ADMIN.
@@ -996,42 +691,19 @@ pub(crate) mod tests {
             check_shared_as_is(p as u64, len as u64, p as u64 + 5, 100);
         } else {
             let f = FakeService::default();
-            let mut segs = Segments {
-                by_base: BTreeMap::new(),
-                next_id: 1,
-            };
-            assert_eq!(
-                segs.cover(&f, p as u64 + 5, 100).unwrap_err(),
-                Errno(libc::EPERM),
-                "never copied away from its sharers"
-            );
+            let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
+            assert_eq!(segs.cover(&f, p as u64 + 5, 100).unwrap_err(), Errno(libc::EPERM), "never copied away from its sharers");
         }
         // SAFETY: unmapping our own mapping.
         unsafe { libc::munmap(p, len) };
 
         // A tmpfs file mapped MAP_SHARED (found by path, or through map_files as root). A disk
         // file is refused since issue 37 (tests/security_memory.rs checks that end to end).
-        let path =
-            std::path::Path::new("/dev/shm").join(format!("pmrxe-mr-test-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let path = std::path::Path::new("/dev/shm").join(format!("pmrxe-mr-test-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
         file.set_len(len as u64 + 123).unwrap(); // the last page is partial
-                                                 // SAFETY: fresh shared mapping of our file.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len + PAGE as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
+        // SAFETY: fresh shared mapping of our file.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len + PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         assert_ne!(p, libc::MAP_FAILED);
         check_shared_as_is(p as u64, len as u64 + PAGE, p as u64 + PAGE, 2 * PAGE);
         let _ = std::fs::remove_file(&path);
@@ -1056,11 +728,7 @@ pub(crate) mod tests {
             p
         };
         assert_ne!(p as isize, -1);
-        assert!(
-            vma_at(p as u64).path.starts_with("/SYSV"),
-            "{:?}",
-            vma_at(p as u64)
-        );
+        assert!(vma_at(p as u64).path.starts_with("/SYSV"), "{:?}", vma_at(p as u64));
         check_shared_as_is(p as u64, len as u64, p as u64 + 2 * PAGE + 1, PAGE);
         // SAFETY: detaching our attachment.
         unsafe { libc::shmdt(p) };
@@ -1071,16 +739,7 @@ pub(crate) mod tests {
         // One reservation: page 0..2 private anonymous, 2..4 a shared memfd, 4..6 private again.
         let total = 6 * PAGE as usize;
         // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as u64;
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as u64;
         assert_ne!(p as *mut c_void, libc::MAP_FAILED);
         // SAFETY: memfd_create with a static name.
         let raw = unsafe { libc::memfd_create(c"app-mid".as_ptr(), libc::MFD_CLOEXEC) };
@@ -1089,34 +748,17 @@ pub(crate) mod tests {
         // SAFETY: MAP_FIXED over pages 2..4 of our own reservation.
         unsafe {
             assert_eq!(libc::ftruncate(fd.as_raw_fd(), 2 * PAGE as i64), 0);
-            let q = libc::mmap(
-                (p + 2 * PAGE) as *mut c_void,
-                2 * PAGE as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd.as_raw_fd(),
-                0,
-            );
+            let q = libc::mmap((p + 2 * PAGE) as *mut c_void, 2 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), 0);
             assert_eq!(q as u64, p + 2 * PAGE);
             *((p + 3) as *mut u8) = 3;
             *((p + 5 * PAGE) as *mut u8) = 5;
         }
         let f = FakeService::default();
-        let mut segs = Segments {
-            by_base: BTreeMap::new(),
-            next_id: 1,
-        };
+        let mut segs = Segments { by_base: BTreeMap::new(), next_id: 1 };
         let (pieces, ids) = segs.cover(&f, p + 1, total as u64 - 2).unwrap();
         assert_eq!(ids.len(), 3, "{pieces:?}");
-        assert_eq!(
-            *f.shared.borrow(),
-            vec![ids[1]],
-            "only the memfd part is shared as is"
-        );
-        assert_eq!(
-            pieces.iter().map(|x| x.len).collect::<Vec<_>>(),
-            vec![2 * PAGE; 3]
-        );
+        assert_eq!(*f.shared.borrow(), vec![ids[1]], "only the memfd part is shared as is");
+        assert_eq!(pieces.iter().map(|x| x.len).collect::<Vec<_>>(), vec![2 * PAGE; 3]);
         // Private pages were copied and keep their contents; all three are shared both ways.
         // SAFETY: inside our live reservation and the fake service's mappings.
         unsafe {

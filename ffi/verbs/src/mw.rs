@@ -49,28 +49,10 @@ pub unsafe extern "C" fn op_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mu
             if type_ != IBV_MW_TYPE_1 && type_ != IBV_MW_TYPE_2 {
                 return Err(Errno::INVAL);
             }
-            let (r, _) = client::existing()?.call(
-                &Request::AllocMw {
-                    pd: p.pd.handle,
-                    mw_type: type_,
-                },
-                &[],
-            )?;
-            let Response::Mw { key } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
-            let mw = ibv_mw {
-                context: p.pd.context,
-                pd,
-                rkey: key,
-                handle: key,
-                type_,
-            };
-            Ok(Box::new(ShimMw {
-                mw: std::cell::UnsafeCell::new(mw),
-                magic: ShimMw::MAGIC,
-            })
-            .into_c())
+            let (r, _) = client::existing()?.call(&Request::AllocMw { pd: p.pd.handle, mw_type: type_ }, &[])?;
+            let Response::Mw { key } = r else { return Err(Errno(libc::EPROTO)) };
+            let mw = ibv_mw { context: p.pd.context, pd, rkey: key, handle: key, type_ };
+            Ok(Box::new(ShimMw { mw: std::cell::UnsafeCell::new(mw), magic: ShimMw::MAGIC }).into_c())
         })())
     })
 }
@@ -80,23 +62,14 @@ pub unsafe extern "C" fn op_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mu
 ///
 /// # Safety
 /// `qp`, `mw`, `bind.bind_info.mr` ours.
-pub unsafe extern "C" fn op_bind_mw(
-    qp: *mut ibv_qp,
-    mw: *mut ibv_mw,
-    bind: *mut ibv_mw_bind,
-) -> c_int {
+pub unsafe extern "C" fn op_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked; caller-provided bind description.
             let (q, m, b) = unsafe { (ShimQp::from_qp(qp)?, ShimMw::from_c(mw)?, nonnull(bind)?) };
             let old = m.rkey();
             let new_key = (old & !0xff) | (old.wrapping_add(1) & 0xff);
-            let mut w = ShmSendWqe {
-                wr_id: b.wr_id,
-                opcode: wr_opcode::BIND_MW,
-                send_flags: b.send_flags,
-                ..Default::default()
-            };
+            let mut w = ShmSendWqe { wr_id: b.wr_id, opcode: wr_opcode::BIND_MW, send_flags: b.send_flags, ..Default::default() };
             // SAFETY: handles magic-checked inside.
             unsafe { set_bind(&mut w, mw, new_key, &b.bind_info) }?;
             let mut sq = q.sq.lock();

@@ -19,11 +19,7 @@ handle!(ShimPd, ibv_pd, 0x504d_5845_5044_3031);
 impl ShimPd {
     /// A handle for service PD `pd.handle` (a new one, or an imported one: `ibv_import_pd`).
     pub fn wrap(pd: ibv_pd, dev: u32) -> Box<ShimPd> {
-        Box::new(ShimPd {
-            pd,
-            magic: ShimPd::MAGIC,
-            dev,
-        })
+        Box::new(ShimPd { pd, magic: ShimPd::MAGIC, dev })
     }
 
     /// The context of this PD.
@@ -42,17 +38,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             // SAFETY: magic-checked.
             let c = unsafe { ShimContext::from_ctx(context) }?;
             let (r, _) = client::existing()?.call(&Request::AllocPd { device: c.dev }, &[])?;
-            let Response::Pd { pd } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
-            Ok(ShimPd::wrap(
-                ibv_pd {
-                    context,
-                    handle: pd,
-                },
-                c.dev,
-            )
-            .into_c())
+            let Response::Pd { pd } = r else { return Err(Errno(libc::EPROTO)) };
+            Ok(ShimPd::wrap(ibv_pd { context, handle: pd }, c.dev).into_c())
         })())
     })
 }
@@ -131,25 +118,9 @@ fn create_ah(pd: *mut ibv_pd, attr: AhAttr) -> Res<*mut ibv_ah> {
     // SAFETY: magic-checked.
     let p = unsafe { ShimPd::from_c(pd) }?;
     check_roce_ah(&attr)?;
-    let (r, _) = client::existing()?.call(
-        &Request::CreateAh {
-            pd: p.pd.handle,
-            attr,
-        },
-        &[],
-    )?;
-    let Response::Ah { ah } = r else {
-        return Err(Errno(libc::EPROTO));
-    };
-    Ok(Box::new(ShimAh {
-        ah: ibv_ah {
-            context: p.pd.context,
-            pd,
-            handle: ah,
-        },
-        magic: ShimAh::MAGIC,
-    })
-    .into_c())
+    let (r, _) = client::existing()?.call(&Request::CreateAh { pd: p.pd.handle, attr }, &[])?;
+    let Response::Ah { ah } = r else { return Err(Errno(libc::EPROTO)) };
+    Ok(Box::new(ShimAh { ah: ibv_ah { context: p.pd.context, pd, handle: ah }, magic: ShimAh::MAGIC }).into_c())
 }
 
 /// # Safety
@@ -187,21 +158,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
 /// # Safety
 /// `context` is NULL or a context of this shim; `wc` and `ah_attr` are NULL or valid (read,
 /// written); `grh` is NULL or readable when `wc` has IBV_WC_GRH.
-unsafe fn init_ah_from_wc(
-    context: *mut ibv_context,
-    port_num: u8,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
-    ah_attr: *mut ibv_ah_attr,
-) -> Res<()> {
+unsafe fn init_ah_from_wc(context: *mut ibv_context, port_num: u8, wc: *mut ibv_wc, grh: *mut ibv_grh, ah_attr: *mut ibv_ah_attr) -> Res<()> {
     // SAFETY: forwarded contract.
-    let (c, wc, out) = unsafe {
-        (
-            ShimContext::from_ctx(context)?,
-            nonnull(wc)?,
-            nonnull(ah_attr)?,
-        )
-    };
+    let (c, wc, out) = unsafe { (ShimContext::from_ctx(context)?, nonnull(wc)?, nonnull(ah_attr)?) };
     // SAFETY: plain C data.
     let mut a: ibv_ah_attr = unsafe { std::mem::zeroed() };
     a.dlid = wc.slid;
@@ -222,16 +181,7 @@ unsafe fn init_ah_from_wc(
         // SAFETY: union of byte arrays.
         let dgid = unsafe { g.dgid.raw };
         let info = c.info()?;
-        a.grh.sgid_index = info
-            .gids
-            .iter()
-            .find(|e| {
-                e.gid == dgid
-                    || e.gid[12..] == dgid[12..]
-                        && dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
-            })
-            .map(|e| e.index as u8)
-            .ok_or(Errno::NOENT)?;
+        a.grh.sgid_index = info.gids.iter().find(|e| e.gid == dgid || e.gid[12..] == dgid[12..] && dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]).map(|e| e.index as u8).ok_or(Errno::NOENT)?;
     }
     *out = a;
     Ok(())
@@ -240,12 +190,7 @@ unsafe fn init_ah_from_wc(
 /// # Safety
 /// As `ibv_init_ah_from_wc`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_ah_from_wc(
-    pd: *mut ibv_pd,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
-    port_num: u8,
-) -> *mut ibv_ah {
+pub unsafe extern "C" fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut ibv_grh, port_num: u8) -> *mut ibv_ah {
     ffi_boundary(std::ptr::null_mut(), || {
         ret_ptr((|| {
             // SAFETY: magic-checked PD, caller-provided wc/grh.

@@ -27,25 +27,9 @@ pub unsafe extern "C" fn pmrxedv_alloc_mr(pd: *mut ibv_pd, max_num_sg: u32) -> *
             if max_num_sg == 0 {
                 return Err(Errno::INVAL);
             }
-            let (r, _) = client::existing()?.call(
-                &Request::AllocMr {
-                    pd: p.pd.handle,
-                    max_num_sg,
-                },
-                &[],
-            )?;
-            let Response::Mr { key } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
-            let mr = ibv_mr {
-                context: p.pd.context,
-                pd,
-                addr: std::ptr::null_mut(),
-                length: 0,
-                handle: key,
-                lkey: key,
-                rkey: key,
-            };
+            let (r, _) = client::existing()?.call(&Request::AllocMr { pd: p.pd.handle, max_num_sg }, &[])?;
+            let Response::Mr { key } = r else { return Err(Errno(libc::EPROTO)) };
+            let mr = ibv_mr { context: p.pd.context, pd, addr: std::ptr::null_mut(), length: 0, handle: key, lkey: key, rkey: key };
             Ok(ShimMr::new_fast(mr, max_num_sg).into_c())
         })())
     })
@@ -78,13 +62,7 @@ pub fn check_sg_shape(sg: &[(u64, u64)], offset: u64, page_size: u64) -> Res<()>
 /// # Safety
 /// `mr` ours; `sg_list` holds `sg_nents` entries; `sg_offset` NULL or readable/writable.
 #[no_mangle]
-pub unsafe extern "C" fn pmrxedv_map_mr_sg(
-    mr: *mut ibv_mr,
-    sg_list: *const ibv_sge,
-    sg_nents: c_int,
-    sg_offset: *mut c_uint,
-    page_size: c_uint,
-) -> c_int {
+pub unsafe extern "C" fn pmrxedv_map_mr_sg(mr: *mut ibv_mr, sg_list: *const ibv_sge, sg_nents: c_int, sg_offset: *mut c_uint, page_size: c_uint) -> c_int {
     ffi_boundary(-libc::EIO, || {
         let r = (|| {
             // SAFETY: magic-checked.
@@ -95,24 +73,16 @@ pub unsafe extern "C" fn pmrxedv_map_mr_sg(
             // SAFETY: caller contract.
             let list = unsafe { std::slice::from_raw_parts(sg_list, sg_nents as usize) };
             // SAFETY: caller contract.
-            let off = if sg_offset.is_null() {
-                0
-            } else {
-                u64::from(unsafe { *sg_offset })
-            };
+            let off = if sg_offset.is_null() { 0 } else { u64::from(unsafe { *sg_offset }) };
             let sg: Vec<(u64, u64)> = list.iter().map(|s| (s.addr, u64::from(s.length))).collect();
             check_sg_shape(&sg, off, u64::from(page_size))?;
             // Pages per entry bound the MR's page slots.
             let ps = u64::from(page_size);
-            let pages: u64 = sg
-                .iter()
-                .enumerate()
-                .map(|(i, &(a, l))| {
-                    let a = if i == 0 { a + off } else { a };
-                    let l = if i == 0 { l - off } else { l };
-                    ((a + l + ps - 1) & !(ps - 1)).saturating_sub(a & !(ps - 1)) / ps
-                })
-                .sum();
+            let pages: u64 = sg.iter().enumerate().map(|(i, &(a, l))| {
+                let a = if i == 0 { a + off } else { a };
+                let l = if i == 0 { l - off } else { l };
+                ((a + l + ps - 1) & !(ps - 1)).saturating_sub(a & !(ps - 1)) / ps
+            }).sum();
             if pages > u64::from(m.max_num_sg) {
                 return Err(Errno::INVAL);
             }
@@ -135,18 +105,8 @@ pub unsafe extern "C" fn pmrxedv_map_mr_sg(
                     segs.release(c, &extra);
                 }
             }
-            let (r, _) = c.call(
-                &Request::MapMrSg {
-                    key: m.mr().handle,
-                    sg: sg.clone(),
-                    sg_offset: off,
-                    page_size: ps,
-                },
-                &[],
-            )?;
-            let Response::Mapped { n } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
+            let (r, _) = c.call(&Request::MapMrSg { key: m.mr().handle, sg: sg.clone(), sg_offset: off, page_size: ps }, &[])?;
+            let Response::Mapped { n } = r else { return Err(Errno(libc::EPROTO)) };
             let total: u64 = sg.iter().take(n as usize).map(|s| s.1).sum::<u64>() - off;
             m.update(|mr, _| {
                 mr.addr = (sg[0].0 + off) as *mut std::ffi::c_void;
@@ -192,13 +152,7 @@ const ALLOWED_FLAGS: u32 = send_flags::SIGNALED | send_flags::FENCE;
 /// # Safety
 /// `qp`, `mr` ours.
 #[no_mangle]
-pub unsafe extern "C" fn pmrxedv_post_reg_mr(
-    qp: *mut ibv_qp,
-    wr_id: u64,
-    mr: *mut ibv_mr,
-    access: c_uint,
-    flags: c_uint,
-) -> c_int {
+pub unsafe extern "C" fn pmrxedv_post_reg_mr(qp: *mut ibv_qp, wr_id: u64, mr: *mut ibv_mr, access: c_uint, flags: c_uint) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked.
@@ -226,27 +180,13 @@ pub unsafe extern "C" fn pmrxedv_post_reg_mr(
 /// # Safety
 /// `qp` ours.
 #[no_mangle]
-pub unsafe extern "C" fn pmrxedv_post_local_inv(
-    qp: *mut ibv_qp,
-    wr_id: u64,
-    key: u32,
-    flags: c_uint,
-) -> c_int {
+pub unsafe extern "C" fn pmrxedv_post_local_inv(qp: *mut ibv_qp, wr_id: u64, key: u32, flags: c_uint) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             if flags & !ALLOWED_FLAGS != 0 {
                 return Err(Errno::INVAL);
             }
-            post_one(
-                qp,
-                ShmSendWqe {
-                    wr_id,
-                    opcode: wr_opcode::LOCAL_INV,
-                    send_flags: flags,
-                    imm_or_inv: key,
-                    ..Default::default()
-                },
-            )
+            post_one(qp, ShmSendWqe { wr_id, opcode: wr_opcode::LOCAL_INV, send_flags: flags, imm_or_inv: key, ..Default::default() })
         })())
     })
 }
@@ -260,23 +200,11 @@ mod tests {
         assert!(check_sg_shape(&[(0x1000, 0x3000)], 0x10, 4096).is_ok());
         assert!(check_sg_shape(&[(0x1010, 0xff0), (0x2000, 0x100)], 0, 4096).is_ok());
         // Middle entry not page aligned.
-        assert_eq!(
-            check_sg_shape(&[(0x1000, 0x1000), (0x2010, 0x100)], 0, 4096),
-            Err(Errno::INVAL)
-        );
+        assert_eq!(check_sg_shape(&[(0x1000, 0x1000), (0x2010, 0x100)], 0, 4096), Err(Errno::INVAL));
         // First entry not ending on a page.
-        assert_eq!(
-            check_sg_shape(&[(0x1000, 0x800), (0x2000, 0x100)], 0, 4096),
-            Err(Errno::INVAL)
-        );
-        assert_eq!(
-            check_sg_shape(&[(0x1000, 0x1000)], 0, 3000),
-            Err(Errno::INVAL)
-        );
-        assert_eq!(
-            check_sg_shape(&[(0x1000, 0x10)], 0x10, 4096),
-            Err(Errno::INVAL)
-        );
+        assert_eq!(check_sg_shape(&[(0x1000, 0x800), (0x2000, 0x100)], 0, 4096), Err(Errno::INVAL));
+        assert_eq!(check_sg_shape(&[(0x1000, 0x1000)], 0, 3000), Err(Errno::INVAL));
+        assert_eq!(check_sg_shape(&[(0x1000, 0x10)], 0x10, 4096), Err(Errno::INVAL));
         assert_eq!(check_sg_shape(&[], 0, 4096), Err(Errno::INVAL));
     }
 }

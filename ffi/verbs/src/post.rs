@@ -13,10 +13,7 @@ use crate::mr::ShimMr;
 use crate::mw::ShimMw;
 use crate::pd::ShimAh;
 use crate::sys::*;
-use pmrxe_abi::{
-    send_flags, wr_opcode, ShmRecvWqe, ShmSendWqe, ShmSge, MAX_INLINE_DATA, MAX_RECV_SGE,
-    MAX_SEND_SGE,
-};
+use pmrxe_abi::{send_flags, wr_opcode, ShmRecvWqe, ShmSendWqe, ShmSge, MAX_INLINE_DATA, MAX_RECV_SGE, MAX_SEND_SGE};
 
 /// Per-QP limits checked at post time (from the QP's granted capabilities).
 #[derive(Clone, Copy, Debug)]
@@ -66,16 +63,7 @@ pub fn send_head(w: &mut ShmSendWqe, wr_id: u64, opcode: u32, flags: u32) {
     (*id, *op, *send_flags) = (wr_id, opcode, flags);
     (*num_sge, *inline_len, *imm_or_inv, *rkey) = (0, 0, 0, 0);
     (*remote_addr, *compare_add, *swap, *length) = (0, 0, 0, 0);
-    (
-        *ah,
-        *remote_qpn,
-        *remote_qkey,
-        *mr_key,
-        *mw_key,
-        *new_key,
-        *access,
-        *_reserved,
-    ) = (0, 0, 0, 0, 0, 0, 0, 0);
+    (*ah, *remote_qpn, *remote_qkey, *mr_key, *mw_key, *new_key, *access, *_reserved) = (0, 0, 0, 0, 0, 0, 0, 0);
 }
 
 /// Copy the buffers `bufs` (address, length) into the WQE as inline bytes
@@ -83,11 +71,7 @@ pub fn send_head(w: &mut ShmSendWqe, wr_id: u64, opcode: u32, flags: u32) {
 ///
 /// # Safety
 /// Every buffer's `addr..addr+length` must be readable.
-pub unsafe fn set_inline(
-    w: &mut ShmSendWqe,
-    lim: &Limits,
-    bufs: impl IntoIterator<Item = (u64, usize)>,
-) -> Res<()> {
+pub unsafe fn set_inline(w: &mut ShmSendWqe, lim: &Limits, bufs: impl IntoIterator<Item = (u64, usize)>) -> Res<()> {
     let max = lim.inline();
     let mut off = 0usize;
     for (addr, len) in bufs {
@@ -101,9 +85,7 @@ pub unsafe fn set_inline(
             return Err(Errno::INVAL);
         }
         // SAFETY: caller guarantees the source is readable; `off + len <= max <= data.len()`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(addr as *const u8, w.data.as_mut_ptr().add(off), len)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, w.data.as_mut_ptr().add(off), len) };
         off += len;
     }
     let total = off;
@@ -119,14 +101,7 @@ pub fn set_sges(w: &mut ShmSendWqe, lim: &Limits, sges: &[ibv_sge]) -> Res<()> {
         return Err(Errno::INVAL);
     }
     for (i, s) in sges.iter().enumerate() {
-        w.set_sge(
-            i,
-            ShmSge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            },
-        );
+        w.set_sge(i, ShmSge { addr: s.addr, length: s.length, lkey: s.lkey });
     }
     w.num_sge = sges.len() as u32;
     w.inline_len = 0;
@@ -136,26 +111,14 @@ pub fn set_sges(w: &mut ShmSendWqe, lim: &Limits, sges: &[ibv_sge]) -> Res<()> {
 
 /// Opcodes whose payload may be inline.
 fn may_inline(op: u32) -> bool {
-    matches!(
-        op,
-        wr_opcode::SEND
-            | wr_opcode::SEND_WITH_IMM
-            | wr_opcode::SEND_WITH_INV
-            | wr_opcode::RDMA_WRITE
-            | wr_opcode::RDMA_WRITE_WITH_IMM
-    )
+    matches!(op, wr_opcode::SEND | wr_opcode::SEND_WITH_IMM | wr_opcode::SEND_WITH_INV | wr_opcode::RDMA_WRITE | wr_opcode::RDMA_WRITE_WITH_IMM)
 }
 
 /// Fill the bind fields of a BIND_MW WQE.
 ///
 /// # Safety
 /// `mw` and `info.mr` are NULL or handles of this shim.
-pub unsafe fn set_bind(
-    w: &mut ShmSendWqe,
-    mw: *mut ibv_mw,
-    new_rkey: u32,
-    info: &ibv_mw_bind_info,
-) -> Res<()> {
+pub unsafe fn set_bind(w: &mut ShmSendWqe, mw: *mut ibv_mw, new_rkey: u32, info: &ibv_mw_bind_info) -> Res<()> {
     // SAFETY: caller contract (magic-checked).
     let mw = unsafe { ShimMw::from_c(mw) }?;
     w.mw_key = mw.rkey();
@@ -176,17 +139,12 @@ pub unsafe fn set_bind(
 /// here is an immediate errno from `ibv_post_send`/`wr_complete`, never a WR that the service
 /// rejects later without a completion (SEMANTICS E11).
 pub fn check_wqe(w: &ShmSendWqe, lim: &Limits) -> Res<()> {
-    if matches!(
-        w.opcode,
-        wr_opcode::ATOMIC_CMP_AND_SWP | wr_opcode::ATOMIC_FETCH_AND_ADD
-    ) {
+    if matches!(w.opcode, wr_opcode::ATOMIC_CMP_AND_SWP | wr_opcode::ATOMIC_FETCH_AND_ADD) {
         if lim.qp_type != IBV_QPT_RC {
             return Err(Errno::INVAL);
         }
         // The remote word is 8-byte aligned and the local buffer holds the 8-byte result.
-        let local: u64 = (0..w.num_sge as usize)
-            .map(|i| u64::from(w.sge(i).length))
-            .sum();
+        let local: u64 = (0..w.num_sge as usize).map(|i| u64::from(w.sge(i).length)).sum();
         if w.remote_addr & 7 != 0 || local < 8 || w.send_flags & send_flags::INLINE != 0 {
             return Err(Errno::INVAL);
         }
@@ -295,21 +253,12 @@ pub unsafe fn fill_recv_wqe(w: &mut ShmRecvWqe, wr: &ibv_recv_wr, max_sge: u32) 
     if wr.num_sge < 0 || wr.num_sge as usize > max || (wr.num_sge > 0 && wr.sg_list.is_null()) {
         return Err(Errno::INVAL);
     }
-    let ShmRecvWqe {
-        wr_id,
-        num_sge,
-        _reserved,
-        sge,
-    } = w;
+    let ShmRecvWqe { wr_id, num_sge, _reserved, sge } = w;
     (*wr_id, *num_sge, *_reserved) = (wr.wr_id, wr.num_sge as u32, 0);
     for (i, dst) in sge.iter_mut().take(wr.num_sge as usize).enumerate() {
         // SAFETY: caller contract, i < num_sge.
         let s = unsafe { &*wr.sg_list.add(i) };
-        *dst = ShmSge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        };
+        *dst = ShmSge { addr: s.addr, length: s.length, lkey: s.lkey };
     }
     Ok(())
 }
@@ -319,12 +268,7 @@ mod tests {
     use super::*;
 
     fn lim() -> Limits {
-        Limits {
-            max_send_sge: 4,
-            max_recv_sge: 2,
-            max_inline: 64,
-            qp_type: IBV_QPT_RC,
-        }
+        Limits { max_send_sge: 4, max_recv_sge: 2, max_inline: 64, qp_type: IBV_QPT_RC }
     }
     fn wr(op: u32, sg: &mut [ibv_sge], flags: u32) -> ibv_send_wr {
         // SAFETY: plain C data.
@@ -348,24 +292,10 @@ mod tests {
         w.__bindgen_anon_1.imm_data = 0x0102_0304;
         // SAFETY: sg_list valid, no inline.
         let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
-        assert_eq!(
-            (q.wr_id, q.opcode, q.send_flags, q.imm_or_inv, q.num_sge),
-            (77, 3, 2, 0x0102_0304, 1)
-        );
-        assert_eq!(
-            q.sge(0),
-            ShmSge {
-                addr: 0x1000,
-                length: 8,
-                lkey: 5
-            }
-        );
+        assert_eq!((q.wr_id, q.opcode, q.send_flags, q.imm_or_inv, q.num_sge), (77, 3, 2, 0x0102_0304, 1));
+        assert_eq!(q.sge(0), ShmSge { addr: 0x1000, length: 8, lkey: 5 });
         // WRITE / WRITE_IMM / READ
-        for op in [
-            IBV_WR_RDMA_WRITE,
-            IBV_WR_RDMA_WRITE_WITH_IMM,
-            IBV_WR_RDMA_READ,
-        ] {
+        for op in [IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ] {
             let mut w = wr(op, &mut sg, 0);
             w.wr.rdma.remote_addr = 0xdead_0000;
             w.wr.rdma.rkey = 0x4242;
@@ -373,14 +303,7 @@ mod tests {
             // SAFETY: as above.
             let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
             assert_eq!((q.opcode, q.remote_addr, q.rkey), (op, 0xdead_0000, 0x4242));
-            assert_eq!(
-                q.imm_or_inv,
-                if op == IBV_WR_RDMA_WRITE_WITH_IMM {
-                    9
-                } else {
-                    0
-                }
-            );
+            assert_eq!(q.imm_or_inv, if op == IBV_WR_RDMA_WRITE_WITH_IMM { 9 } else { 0 });
         }
         // Atomics
         for op in [IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD] {
@@ -391,35 +314,23 @@ mod tests {
             w.wr.atomic.swap = 22;
             // SAFETY: as above.
             let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
-            assert_eq!(
-                (q.remote_addr, q.rkey, q.compare_add, q.swap),
-                (0x8000, 3, 11, 22)
-            );
+            assert_eq!((q.remote_addr, q.rkey, q.compare_add, q.swap), (0x8000, 3, 11, 22));
         }
         // SEND_WITH_INV and LOCAL_INV carry the key; LOCAL_INV has no SGEs.
         let mut w = wr(IBV_WR_SEND_WITH_INV, &mut sg, 0);
         w.__bindgen_anon_1.invalidate_rkey = 0xabc;
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap().imm_or_inv,
-            0xabc
-        );
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap().imm_or_inv, 0xabc);
         let mut w = wr(IBV_WR_LOCAL_INV, &mut sg, IBV_SEND_FENCE);
         w.__bindgen_anon_1.invalidate_rkey = 0x1234_56ff;
         // SAFETY: as above.
         let q = unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap();
-        assert_eq!(
-            (q.imm_or_inv, q.num_sge, q.send_flags),
-            (0x1234_56ff, 0, IBV_SEND_FENCE)
-        );
+        assert_eq!((q.imm_or_inv, q.num_sge, q.send_flags), (0x1234_56ff, 0, IBV_SEND_FENCE));
         // TSO / driver / unknown opcodes are refused.
         for op in [IBV_WR_TSO, IBV_WR_DRIVER1, 99] {
             let w = wr(op, &mut sg, 0);
             // SAFETY: as above.
-            assert_eq!(
-                unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(),
-                Errno::INVAL
-            );
+            assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
         }
     }
 
@@ -439,10 +350,7 @@ mod tests {
         let mut sg = [sge(big.as_ptr() as u64, 65, 0)];
         let w = wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_INLINE);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(),
-            Errno::INVAL
-        );
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
         // INLINE on READ is ignored (SGEs kept), as providers do.
         let mut sg = [sge(0x2000, 4, 1)];
         let w = wr(IBV_WR_RDMA_READ, &mut sg, IBV_SEND_INLINE);
@@ -456,19 +364,13 @@ mod tests {
         let mut sg: Vec<ibv_sge> = (0..5).map(|i| sge(0x1000 * i, 1, 1)).collect();
         let w = wr(IBV_WR_SEND, &mut sg, 0);
         // SAFETY: valid list.
-        assert_eq!(
-            unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(),
-            Errno::INVAL
-        );
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
         let mut w = wr(IBV_WR_SEND, &mut sg[..4], 0);
         // SAFETY: valid list.
         assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap().num_sge, 4);
         w.num_sge = -1;
         // SAFETY: rejected before use.
-        assert_eq!(
-            unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(),
-            Errno::INVAL
-        );
+        assert_eq!(unsafe { send_wr_to_wqe(&w, &lim()) }.unwrap_err(), Errno::INVAL);
         // Receive side.
         // SAFETY: plain C data.
         let mut r: ibv_recv_wr = unsafe { std::mem::zeroed() };
@@ -491,10 +393,7 @@ mod tests {
         let a = *b"inline!!";
         let mut sg = [sge(a.as_ptr() as u64, 8, 0), sge(0x3000, 16, 4)];
         let mut sg_inline = [sge(a.as_ptr() as u64, 8, 0)];
-        let mut cases = [
-            wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_SIGNALED),
-            wr(IBV_WR_RDMA_WRITE, &mut sg_inline, IBV_SEND_INLINE),
-        ];
+        let mut cases = [wr(IBV_WR_RDMA_WRITE, &mut sg, IBV_SEND_SIGNALED), wr(IBV_WR_RDMA_WRITE, &mut sg_inline, IBV_SEND_INLINE)];
         cases[0].wr.rdma.remote_addr = 0x8000;
         cases[0].wr.rdma.rkey = 12;
         for w in &cases {
@@ -506,10 +405,7 @@ mod tests {
             unsafe { fill_send_wqe(&mut used, w, &lim()) }.unwrap();
             let live = ShmSendWqe::HEAD + fresh.live_tail();
             // SAFETY: both are 352-byte Pod values; `live` is within them.
-            let bytes = |q: &ShmSendWqe| {
-                unsafe { std::slice::from_raw_parts((q as *const ShmSendWqe).cast::<u8>(), live) }
-                    .to_vec()
-            };
+            let bytes = |q: &ShmSendWqe| unsafe { std::slice::from_raw_parts((q as *const ShmSendWqe).cast::<u8>(), live) }.to_vec();
             assert_eq!(bytes(&used), bytes(&fresh));
         }
         // Receive WQEs likewise (head and the live SGEs).
@@ -519,28 +415,17 @@ mod tests {
         r.sg_list = sg.as_mut_ptr();
         r.num_sge = 1;
         // SAFETY: valid list; any bytes are a valid receive WQE.
-        let (fresh, mut used) = unsafe {
-            (
-                recv_wr_to_wqe(&r, 2).unwrap(),
-                std::mem::transmute::<[u8; 144], ShmRecvWqe>([0xAB; 144]),
-            )
-        };
+        let (fresh, mut used) = unsafe { (recv_wr_to_wqe(&r, 2).unwrap(), std::mem::transmute::<[u8; 144], ShmRecvWqe>([0xAB; 144])) };
         // SAFETY: valid list.
         unsafe { fill_recv_wqe(&mut used, &r, 2) }.unwrap();
-        assert_eq!(
-            (used.wr_id, used.num_sge, used._reserved, used.sge[0]),
-            (fresh.wr_id, fresh.num_sge, 0, fresh.sge[0])
-        );
+        assert_eq!((used.wr_id, used.num_sge, used._reserved, used.sge[0]), (fresh.wr_id, fresh.num_sge, 0, fresh.sge[0]));
     }
 
     #[test]
     fn ud_needs_an_ah_of_ours() {
         let mut sg = [sge(0x1000, 8, 5)];
         let w = wr(IBV_WR_SEND, &mut sg, 0);
-        let l = Limits {
-            qp_type: IBV_QPT_UD,
-            ..lim()
-        };
+        let l = Limits { qp_type: IBV_QPT_UD, ..lim() };
         // SAFETY: NULL AH is rejected, not dereferenced.
         assert_eq!(unsafe { send_wr_to_wqe(&w, &l) }.unwrap_err(), Errno::INVAL);
     }

@@ -5,9 +5,7 @@
 //! once per call (one release store) and rings the doorbell in the client page. Each ring has
 //! one producer: a per-QP spinlock makes concurrent posters from several application threads
 //! safe without system calls.
-use crate::boundary::{
-    ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Mapping, Res, SpinLock,
-};
+use crate::boundary::{ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Mapping, Res, SpinLock};
 use crate::client;
 use crate::cq::ShimCq;
 use crate::device::ShimContext;
@@ -15,12 +13,12 @@ use crate::pd::{ah_attr_from_c, ah_attr_to_c, ShimPd};
 use crate::post::{fill_recv_wqe, fill_send_wqe, Limits};
 use crate::srq::ShimSrq;
 use crate::sys::*;
-use pmrxe_abi::client::QpSegment;
 use pmrxe_abi::ctrl::{QpAttr, QpCap, Request, Response};
+use pmrxe_abi::client::QpSegment;
 use pmrxe_abi::ring::{Pod, Producer};
 use pmrxe_abi::{Doorbell, QpShared, ShmRecvWqe, ShmSendWqe};
-use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::raw::c_int;
 
 /// Send-queue producer state (under the QP's spinlock).
 pub struct SqState {
@@ -186,11 +184,7 @@ unsafe fn stage_list<W, T: Pod>(
 /// The `ibv_post_send` contract: `qp` is NULL or one of this shim's QPs; `wr` is the
 /// application's WR list (SGE lists, inline buffers, AH/MW/MR handles valid); `bad_wr` is NULL
 /// or writable.
-unsafe fn post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
-) -> Res<()> {
+unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> Res<()> {
     // SAFETY: magic-checked.
     let q = unsafe { ShimQp::from_qp(qp) }?;
     if let Err(e) = q.may_post_send() {
@@ -203,32 +197,16 @@ unsafe fn post_send(
     let mut sq = q.sq.lock();
     // SAFETY: the application's WR list and out pointer (ibv_post_send contract); each WR's
     // SGE list and inline buffers are the application's (same contract).
-    unsafe {
-        stage_list(
-            &mut sq.prod,
-            q.doorbell,
-            wr,
-            |w| w.next,
-            |_| Ok(()),
-            |w, slot| fill_send_wqe(slot, w, &q.lim),
-            bad_wr,
-        )
-    }
+    unsafe { stage_list(&mut sq.prod, q.doorbell, wr, |w| w.next, |_| Ok(()), |w, slot| fill_send_wqe(slot, w, &q.lim), bad_wr) }
 }
 
 /// `ops.post_send`.
 ///
 /// # Safety
 /// libibverbs `ibv_post_send` contract.
-pub unsafe extern "C" fn op_post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
-) -> c_int {
+pub unsafe extern "C" fn op_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     // SAFETY: forwarded ibv_post_send contract.
-    ffi_boundary(libc::EIO, || {
-        ret_errno(unsafe { post_send(qp, wr, bad_wr) })
-    })
+    ffi_boundary(libc::EIO, || ret_errno(unsafe { post_send(qp, wr, bad_wr) }))
 }
 
 /// Post receive WRs into a receive ring (QP RQ or SRQ).
@@ -247,11 +225,7 @@ pub unsafe fn post_recv_ring(
     let mut p = ring.lock();
     // The queue holds `max_wr` WQEs from post to completion (QpShared): refuse beyond it.
     let admit = |p: &Producer<ShmRecvWqe>| match occupancy {
-        Some((retired, max_wr))
-            if p.head().wrapping_sub(retired.load(Ordering::Acquire)) >= max_wr =>
-        {
-            Err(Errno::NOMEM)
-        }
+        Some((retired, max_wr)) if p.head().wrapping_sub(retired.load(Ordering::Acquire)) >= max_wr => Err(Errno::NOMEM),
         _ => Ok(()),
     };
     // SAFETY: the WR's SGE list (ibv_post_recv contract).
@@ -264,11 +238,7 @@ pub unsafe fn post_recv_ring(
 ///
 /// # Safety
 /// libibverbs `ibv_post_recv` contract.
-pub unsafe extern "C" fn op_post_recv(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> c_int {
+pub unsafe extern "C" fn op_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked.
@@ -282,16 +252,7 @@ pub unsafe extern "C" fn op_post_recv(
                 return Err(Errno::INVAL); // RESET, or the QP uses an SRQ
             };
             // SAFETY: forwarded ibv_post_recv contract.
-            unsafe {
-                post_recv_ring(
-                    rq,
-                    q.lim.max_recv_sge,
-                    q.doorbell,
-                    Some((&q.shared().rq_retired, q.cap.max_recv_wr)),
-                    wr,
-                    bad_wr,
-                )
-            }
+            unsafe { post_recv_ring(rq, q.lim.max_recv_sge, q.doorbell, Some((&q.shared().rq_retired, q.cap.max_recv_wr)), wr, bad_wr) }
         })())
     })
 }
@@ -313,8 +274,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
         return Err(Errno::INVAL);
     }
-    let supported =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if a.comp_mask & !supported != 0 {
         return Err(Errno::OPNOTSUPP);
     }
@@ -323,9 +283,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
         return Err(Errno::OPNOTSUPP);
     }
     // Refuse at creation what the QP could not execute (rather than failing at wr_complete).
-    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
-        && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0
-    {
+    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
         return Err(Errno::OPNOTSUPP);
     }
     // SAFETY: magic-checked handles.
@@ -338,8 +296,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
         return Err(Errno::OPNOTSUPP);
     }
     // SAFETY: magic-checked handles.
-    let (send_cq, recv_cq) =
-        unsafe { (ShimCq::handle_of(a.send_cq)?, ShimCq::handle_of(a.recv_cq)?) };
+    let (send_cq, recv_cq) = unsafe { (ShimCq::handle_of(a.send_cq)?, ShimCq::handle_of(a.recv_cq)?) };
     let srq = if a.srq.is_null() {
         None
     } else {
@@ -365,15 +322,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     };
     let c = client::existing()?;
     let (r, fds) = c.call(&req, &[])?;
-    let Response::Qp {
-        qpn,
-        cap,
-        layout,
-        doorbell,
-    } = r
-    else {
-        return Err(Errno(libc::EPROTO));
-    };
+    let Response::Qp { qpn, cap, layout, doorbell } = r else { return Err(Errno(libc::EPROTO)) };
     let QpSegment { sq: prod, rq, map } = QpSegment::attach(&fds, &layout, srq.is_none())?;
     let rq = rq.map(SpinLock::new);
     // SAFETY: plain C data.
@@ -390,12 +339,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     b.state = IBV_QPS_RESET;
     b.qp_type = a.qp_type;
     crate::qpex::install(&mut ex);
-    let lim = Limits {
-        max_send_sge: cap.max_send_sge,
-        max_recv_sge: cap.max_recv_sge,
-        max_inline: cap.max_inline_data,
-        qp_type: a.qp_type,
-    };
+    let lim = Limits { max_send_sge: cap.max_send_sge, max_recv_sge: cap.max_recv_sge, max_inline: cap.max_inline_data, qp_type: a.qp_type };
     // A wr_start..wr_complete batch holds at most the ring's capacity (qpex::build refuses
     // beyond it), so it never grows on the post path. Pages of it never touched stay virtual.
     let batch = Vec::with_capacity(layout.sq_capacity as usize);
@@ -403,11 +347,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
         ex: std::cell::UnsafeCell::new(ex),
         magic: ShimQp::MAGIC,
         qpn,
-        sq: SpinLock::new(SqState {
-            prod,
-            batch,
-            batch_err: None,
-        }),
+        sq: SpinLock::new(SqState { prod, batch, batch_err: None }),
         rq,
         _map: map,
         doorbell,
@@ -431,10 +371,7 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
 /// # Safety
 /// `pd` ours, `attr` readable/writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> *mut ibv_qp {
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi_boundary(std::ptr::null_mut(), || {
         ret_ptr((|| {
             // SAFETY: caller contract.
@@ -461,17 +398,10 @@ pub unsafe extern "C" fn ibv_create_qp(
 ///
 /// # Safety
 /// `attr` readable/writable.
-pub unsafe extern "C" fn vctx_create_qp_ex(
-    context: *mut ibv_context,
-    attr: *mut ibv_qp_init_attr_ex,
-) -> *mut ibv_qp {
+pub unsafe extern "C" fn vctx_create_qp_ex(context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     ffi_boundary(std::ptr::null_mut(), || {
         // SAFETY: caller contract; context magic-checked.
-        ret_ptr(
-            unsafe { ShimContext::from_ctx(context) }
-                .and_then(|_| unsafe { nonnull(attr) })
-                .and_then(|a| create_qp(context, a)),
-        )
+        ret_ptr(unsafe { ShimContext::from_ctx(context) }.and_then(|_| unsafe { nonnull(attr) }).and_then(|a| create_qp(context, a)))
     })
 }
 
@@ -559,11 +489,7 @@ fn cap_to_c(c: &QpCap) -> ibv_qp_cap {
 /// # Safety
 /// `qp` ours, `attr` readable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    attr_mask: c_int,
-) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked; caller-provided attributes.
@@ -574,11 +500,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             if mask & IBV_QP_AV != 0 {
                 crate::pd::check_roce_ah(&ah_attr_from_c(&a.ah_attr))?;
             }
-            client::existing()?.call_ok(&Request::ModifyQp {
-                qpn: q.qpn,
-                attr: qp_attr_from_c(a),
-                mask,
-            })?;
+            client::existing()?.call_ok(&Request::ModifyQp { qpn: q.qpn, attr: qp_attr_from_c(a), mask })?;
             if mask & IBV_QP_STATE != 0 {
                 q.set_state(a.qp_state);
                 if a.qp_state == IBV_QPS_RESET {
@@ -609,20 +531,13 @@ fn purge_cqs(q: &ShimQp) -> Res<()> {
 /// # Safety
 /// `qp` ours; `attr`, `init_attr` writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    _attr_mask: c_int,
-    init_attr: *mut ibv_qp_init_attr,
-) -> c_int {
+pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _attr_mask: c_int, init_attr: *mut ibv_qp_init_attr) -> c_int {
     ffi_boundary(libc::EIO, || {
         ret_errno((|| {
             // SAFETY: magic-checked; caller-provided out pointers.
             let (q, a, ia) = unsafe { (ShimQp::from_qp(qp)?, nonnull(attr)?, nonnull(init_attr)?) };
             let (r, _) = client::existing()?.call(&Request::QueryQp { qpn: q.qpn }, &[])?;
-            let Response::QpAttr { attr: qa, init_cap } = r else {
-                return Err(Errno(libc::EPROTO));
-            };
+            let Response::QpAttr { attr: qa, init_cap } = r else { return Err(Errno(libc::EPROTO)) };
             qp_attr_to_c(&qa, a);
             // The inline limit we enforce is the granted one.
             if a.cap.max_inline_data == 0 {

@@ -64,12 +64,7 @@ unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)
         // SAFETY: fields of the QP's C struct, read through the raw pointer: the application
         // set them on this thread just before this callback.
         let (wr_id, wr_flags) = unsafe { ((*q.ex()).wr_id, (*q.ex()).wr_flags) };
-        let mut w = ShmSendWqe {
-            wr_id,
-            opcode,
-            send_flags: wr_flags & !send_flags::INLINE,
-            ..Default::default()
-        };
+        let mut w = ShmSendWqe { wr_id, opcode, send_flags: wr_flags & !send_flags::INLINE, ..Default::default() };
         f(&mut w);
         if s.batch.len() >= s.prod.capacity() as usize {
             fail(s, Errno::NOMEM);
@@ -160,13 +155,7 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`.
-unsafe extern "C" fn wr_atomic_cmp_swp(
-    qp: *mut ibv_qp_ex,
-    rkey: u32,
-    remote_addr: u64,
-    compare: u64,
-    swap: u64,
-) {
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
     // SAFETY: callback contract.
     unsafe {
         build(qp, wr_opcode::ATOMIC_CMP_AND_SWP, |w| {
@@ -179,12 +168,7 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`.
-unsafe extern "C" fn wr_atomic_fetch_add(
-    qp: *mut ibv_qp_ex,
-    rkey: u32,
-    remote_addr: u64,
-    add: u64,
-) {
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
     // SAFETY: callback contract.
     unsafe {
         build(qp, wr_opcode::ATOMIC_FETCH_AND_ADD, |w| {
@@ -197,20 +181,11 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`; `info` is NULL or readable, `mw` and `info->mr` NULL or handles of this shim.
-unsafe extern "C" fn wr_bind_mw(
-    qp: *mut ibv_qp_ex,
-    mw: *mut ibv_mw,
-    rkey: u32,
-    info: *const ibv_mw_bind_info,
-) {
+unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::BIND_MW, |_| {}) };
     // SAFETY: callback contract; `info` readable, `mw`/`info.mr` ours or rejected.
-    unsafe {
-        last(qp, |_, w| {
-            set_bind(w, mw, rkey, info.as_ref().ok_or(Errno::INVAL)?)
-        })
-    };
+    unsafe { last(qp, |_, w| set_bind(w, mw, rkey, info.as_ref().ok_or(Errno::INVAL)?)) };
 }
 /// `ibv_wr_local_inv`: append a LOCAL_INV WQE.
 ///
@@ -228,11 +203,7 @@ unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
 /// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: callback contract.
-    unsafe {
-        build(qp, wr_opcode::RDMA_READ, |w| {
-            (w.rkey, w.remote_addr) = (rkey, remote_addr)
-        })
-    }
+    unsafe { build(qp, wr_opcode::RDMA_READ, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
 }
 /// `ibv_wr_rdma_write`: append an RDMA WRITE WQE.
 ///
@@ -241,29 +212,16 @@ unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u6
 /// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: callback contract.
-    unsafe {
-        build(qp, wr_opcode::RDMA_WRITE, |w| {
-            (w.rkey, w.remote_addr) = (rkey, remote_addr)
-        })
-    }
+    unsafe { build(qp, wr_opcode::RDMA_WRITE, |w| (w.rkey, w.remote_addr) = (rkey, remote_addr)) }
 }
 /// `ibv_wr_rdma_write_imm`: append an RDMA WRITE with immediate WQE.
 ///
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`.
-unsafe extern "C" fn wr_rdma_write_imm(
-    qp: *mut ibv_qp_ex,
-    rkey: u32,
-    remote_addr: u64,
-    imm: __be32,
-) {
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: __be32) {
     // SAFETY: callback contract.
-    unsafe {
-        build(qp, wr_opcode::RDMA_WRITE_WITH_IMM, |w| {
-            (w.rkey, w.remote_addr, w.imm_or_inv) = (rkey, remote_addr, imm)
-        })
-    }
+    unsafe { build(qp, wr_opcode::RDMA_WRITE_WITH_IMM, |w| (w.rkey, w.remote_addr, w.imm_or_inv) = (rkey, remote_addr, imm)) }
 }
 /// `ibv_wr_send`: append a SEND WQE.
 ///
@@ -308,12 +266,7 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz:
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`.
-unsafe extern "C" fn wr_atomic_write(
-    qp: *mut ibv_qp_ex,
-    _rkey: u32,
-    _remote_addr: u64,
-    _atomic_wr: *const c_void,
-) {
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _remote_addr: u64, _atomic_wr: *const c_void) {
     // SAFETY: callback contract.
     unsafe { build(qp, wr_opcode::DRIVER1, |_| {}) };
     // SAFETY: callback contract.
@@ -333,12 +286,7 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`; `ah` NULL or an AH of this shim.
-unsafe extern "C" fn wr_set_ud_addr(
-    qp: *mut ibv_qp_ex,
-    ah: *mut ibv_ah,
-    remote_qpn: u32,
-    remote_qkey: u32,
-) {
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
     // SAFETY: callback contract.
     unsafe {
         last(qp, |_, w| {
@@ -356,11 +304,7 @@ unsafe extern "C" fn wr_set_ud_addr(
 /// calling thread holds its send lock since `wr_start`.
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: callback contract.
-    unsafe {
-        last(qp, |q, w| {
-            set_sges(w, &q.lim, &[ibv_sge { addr, length, lkey }])
-        })
-    }
+    unsafe { last(qp, |q, w| set_sges(w, &q.lim, &[ibv_sge { addr, length, lkey }])) }
 }
 /// `ibv_wr_set_sge_list`: the SGEs of the last WQE.
 ///
@@ -374,11 +318,7 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
             if n > 0 && list.is_null() {
                 return Err(Errno::INVAL);
             }
-            let s = if n == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(list, n)
-            };
+            let s = if n == 0 { &[][..] } else { std::slice::from_raw_parts(list, n) };
             set_sges(w, &q.lim, s)
         })
     }
@@ -397,22 +337,14 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
 /// # Safety
 /// `ibv_wr_*` contract: `qp` is one of this shim's QPs (only they carry the callback) and the
 /// calling thread holds its send lock since `wr_start`; `list` holds `n` readable entries, each naming a readable buffer.
-unsafe extern "C" fn wr_set_inline_data_list(
-    qp: *mut ibv_qp_ex,
-    n: usize,
-    list: *const ibv_data_buf,
-) {
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     // SAFETY: callback contract.
     unsafe {
         last(qp, |q, w| {
             if n > 0 && list.is_null() {
                 return Err(Errno::INVAL);
             }
-            let l = if n == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(list, n)
-            };
+            let l = if n == 0 { &[][..] } else { std::slice::from_raw_parts(list, n) };
             set_inline(w, &q.lim, l.iter().map(|b| (b.addr as u64, b.length)))
         })
     }

@@ -15,11 +15,7 @@ static OBJECTS: Mutex<Option<HashMap<(Kind, u32), usize>>> = Mutex::new(None);
 
 /// Remember `ptr` (the C pointer handed to the application) for `(kind, id)`.
 pub fn insert<T>(kind: Kind, id: u32, ptr: *mut T) {
-    OBJECTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert((kind, id), ptr as usize);
+    OBJECTS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert((kind, id), ptr as usize);
 }
 
 /// Forget `(kind, id)` (before the object is freed).
@@ -31,10 +27,5 @@ pub fn remove(kind: Kind, id: u32) {
 
 /// The application pointer for `(kind, id)`, if the object is alive.
 pub fn get<T>(kind: Kind, id: u32) -> Option<*mut T> {
-    OBJECTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()?
-        .get(&(kind, id))
-        .map(|p| *p as *mut T)
+    OBJECTS.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&(kind, id)).map(|p| *p as *mut T)
 }

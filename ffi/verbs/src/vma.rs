@@ -32,8 +32,7 @@ impl Vma {
     /// Parse one maps line: `start-end perms offset major:minor inode [path]`.
     pub fn parse(line: &str) -> Option<Vma> {
         let mut it = line.splitn(6, ' ');
-        let (range, perms, offset, dev, ino) =
-            (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+        let (range, perms, offset, dev, ino) = (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
         let path = it.next().unwrap_or("").trim_start().to_string();
         let (s, e) = range.split_once('-')?;
         let (maj, min) = dev.split_once(':')?;
@@ -42,10 +41,7 @@ impl Vma {
             end: u64::from_str_radix(e, 16).ok()?,
             shared: perms.as_bytes().get(3) == Some(&b's'),
             offset: u64::from_str_radix(offset, 16).ok()?,
-            dev: (
-                u32::from_str_radix(maj, 16).ok()?,
-                u32::from_str_radix(min, 16).ok()?,
-            ),
+            dev: (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?),
             ino: ino.parse().ok()?,
             path,
         })
@@ -70,13 +66,8 @@ impl Vma {
 /// just removed). The answer is taken once two reads in a row agree on the range.
 pub fn read(lo: u64, hi: u64) -> Res<Vec<Vma>> {
     let once = || -> Res<Vec<Vma>> {
-        let text = std::fs::read_to_string("/proc/self/maps")
-            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        let mut v: Vec<Vma> = text
-            .lines()
-            .filter_map(Vma::parse)
-            .filter(|v| v.start < hi && v.end > lo)
-            .collect();
+        let text = std::fs::read_to_string("/proc/self/maps").map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let mut v: Vec<Vma> = text.lines().filter_map(Vma::parse).filter(|v| v.start < hi && v.end > lo).collect();
         v.sort_by_key(|m| m.start);
         v.dedup_by_key(|m| m.start);
         Ok(v)
@@ -106,10 +97,7 @@ pub fn registrable(fd: &OwnedFd) -> Result<(), String> {
     let mut sfs: libc::statfs = unsafe { core::mem::zeroed() };
     // SAFETY: valid fd and out pointer.
     if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
-        return Err(format!(
-            "fstatfs on the backing file failed: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("fstatfs on the backing file failed: {}", std::io::Error::last_os_error()));
     }
     let magic = sfs.f_type as u32;
     let name = match magic {
@@ -154,12 +142,7 @@ fn statfs_page(sfs: &libc::statfs) -> u64 {
 fn default_huge_page() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| {
-            m.lines().find_map(|l| {
-                l.strip_prefix("Hugepagesize:")
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-        })
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("Hugepagesize:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
         .map(|kb| kb * 1024)
         .filter(|p| p.is_power_of_two() && *p > SMALL_PAGE)
         .unwrap_or(2 << 20)
@@ -216,10 +199,7 @@ fn is_backing(v: &Vma, fd: &OwnedFd) -> bool {
 /// `/proc/self/map_files/START-END`: the mapping's own file, whatever it is (SysV SHM, memfd,
 /// deleted files). Needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE).
 fn open_map_file(v: &Vma, flags: i32) -> Res<OwnedFd> {
-    let fd = open_path(
-        &format!("/proc/self/map_files/{:x}-{:x}", v.start, v.end),
-        flags,
-    )?;
+    let fd = open_path(&format!("/proc/self/map_files/{:x}-{:x}", v.start, v.end), flags)?;
     if is_backing(v, &fd) {
         Ok(fd)
     } else {
@@ -267,13 +247,7 @@ pub fn open_backing(v: &Vma) -> Res<OwnedFd> {
             }
         }
     }
-    Err(
-        if first == Errno(libc::EACCES) || first == Errno(libc::ENOENT) {
-            Errno(libc::EPERM)
-        } else {
-            first
-        },
-    )
+    Err(if first == Errno(libc::EACCES) || first == Errno(libc::ENOENT) { Errno(libc::EPERM) } else { first })
 }
 
 #[cfg(test)]
@@ -283,29 +257,13 @@ mod tests {
     #[test]
     fn parses_maps_lines() {
         let v = Vma::parse("7f2a40000000-7f2a40400000 rw-s 00200000 00:0f 32778                      /SYSV00000000 (deleted)").unwrap();
-        assert_eq!(
-            (v.start, v.end, v.shared, v.offset, v.dev, v.ino),
-            (
-                0x7f2a_4000_0000,
-                0x7f2a_4040_0000,
-                true,
-                0x200000,
-                (0, 0xf),
-                32778
-            )
-        );
+        assert_eq!((v.start, v.end, v.shared, v.offset, v.dev, v.ino), (0x7f2a_4000_0000, 0x7f2a_4040_0000, true, 0x200000, (0, 0xf), 32778));
         assert_eq!(v.path, "/SYSV00000000 (deleted)");
-        let a = Vma::parse(
-            "55d0c2a1e000-55d0c2a3f000 rw-p 00000000 00:00 0                          [heap]",
-        )
-        .unwrap();
+        let a = Vma::parse("55d0c2a1e000-55d0c2a3f000 rw-p 00000000 00:00 0                          [heap]").unwrap();
         assert!(!a.shared && !a.has_file() && a.path == "[heap]");
         let n = Vma::parse("7ffd1000-7ffd2000 rw-p 00000000 00:00 0").unwrap();
         assert_eq!(n.path, "");
-        let h = Vma::parse(
-            "7f0000000000-7f0000200000 rw-p 00000000 00:10 1234 /anon_hugepage (deleted)",
-        )
-        .unwrap();
+        let h = Vma::parse("7f0000000000-7f0000200000 rw-p 00000000 00:10 1234 /anon_hugepage (deleted)").unwrap();
         assert!(h.is_anon_hugetlb() && !h.shared);
         assert!(Vma::parse("garbage").is_none());
     }
@@ -320,27 +278,14 @@ mod tests {
         // SAFETY: plain syscalls on our fd / a fresh kernel-chosen mapping.
         let p = unsafe {
             assert_eq!(libc::ftruncate(fd.as_raw_fd(), 3 * 4096), 0);
-            libc::mmap(
-                std::ptr::null_mut(),
-                2 * 4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                4096,
-            )
+            libc::mmap(std::ptr::null_mut(), 2 * 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 4096)
         };
         assert_ne!(p, libc::MAP_FAILED);
         let a = p as u64;
         let vs = read(a + 100, a + 200).unwrap();
         assert_eq!(vs.len(), 1, "{vs:?}");
         let v = &vs[0];
-        assert!(
-            v.shared
-                && v.has_file()
-                && v.offset == 4096
-                && v.path.starts_with("/memfd:pmrxe-vma-test"),
-            "{v:?}"
-        );
+        assert!(v.shared && v.has_file() && v.offset == 4096 && v.path.starts_with("/memfd:pmrxe-vma-test"), "{v:?}");
         assert_eq!(page_size(v), 4096);
         let b = open_backing(v).unwrap();
         assert!(is_backing(v, &b));

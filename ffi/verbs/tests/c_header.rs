@@ -6,10 +6,7 @@ use std::process::Command;
 #[test]
 fn pmrxedv_header_and_example_compile_and_link() {
     let cc = Command::new("cc").arg("--version").output();
-    assert!(
-        cc.is_ok_and(|o| o.status.success()),
-        "no C compiler `cc`: Debian package gcc (scripts/setup.sh installs it)"
-    );
+    assert!(cc.is_ok_and(|o| o.status.success()), "no C compiler `cc`: Debian package gcc (scripts/setup.sh installs it)");
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let exe = std::env::current_exe().unwrap();
     let libdir = exe.parent().unwrap().parent().unwrap();

@@ -34,10 +34,7 @@ fn sizes_match_probe_data() {
         ("ibv_gid_entry", size_of::<ibv_gid_entry>(), 32),
     ];
     let bad: Vec<_> = cases.iter().filter(|(_, got, want)| got != want).collect();
-    assert!(
-        bad.is_empty(),
-        "size mismatches (name, ours, verbs.h): {bad:?}"
-    );
+    assert!(bad.is_empty(), "size mismatches (name, ours, verbs.h): {bad:?}");
     assert_eq!(align_of::<ibv_port_attr>(), 4);
     assert_eq!(align_of::<verbs_context>(), 8);
 }
@@ -75,10 +72,7 @@ fn offsets_match_probe_data() {
 fn verbs_context_slot_rule_holds_for_every_op_we_fill() {
     // verbs_get_ctx_op(ctx, op) needs sz >= sizeof(verbs_context) - offsetof(op); we set
     // sz = sizeof, which covers query_port at offset 0.
-    assert!(
-        size_of::<verbs_context>()
-            >= size_of::<verbs_context>() - offset_of!(verbs_context, query_port)
-    );
+    assert!(size_of::<verbs_context>() >= size_of::<verbs_context>() - offset_of!(verbs_context, query_port));
 }
 
 /// librdmacm's structs (`rdma/rdma_cma.h`, rdma-core 44), numbers measured with gcc on the
@@ -99,10 +93,7 @@ fn librdmacm_layouts_match_rdma_cma_h() {
         ("rdma_ib_addr", size_of::<rdma_ib_addr>(), 40),
     ];
     let bad: Vec<_> = sizes.iter().filter(|(_, got, want)| got != want).collect();
-    assert!(
-        bad.is_empty(),
-        "size mismatches (name, ours, rdma_cma.h): {bad:?}"
-    );
+    assert!(bad.is_empty(), "size mismatches (name, ours, rdma_cma.h): {bad:?}");
     let offsets: &[(&str, usize, usize)] = &[
         ("rdma_cm_id.verbs", offset_of!(rdma_cm_id, verbs), 0),
         ("rdma_cm_id.channel", offset_of!(rdma_cm_id, channel), 8),
@@ -112,161 +103,47 @@ fn librdmacm_layouts_match_rdma_cma_h() {
         ("rdma_cm_id.ps", offset_of!(rdma_cm_id, ps), 344),
         ("rdma_cm_id.port_num", offset_of!(rdma_cm_id, port_num), 348),
         ("rdma_cm_id.event", offset_of!(rdma_cm_id, event), 352),
-        (
-            "rdma_cm_id.send_cq_channel",
-            offset_of!(rdma_cm_id, send_cq_channel),
-            360,
-        ),
+        ("rdma_cm_id.send_cq_channel", offset_of!(rdma_cm_id, send_cq_channel), 360),
         ("rdma_cm_id.send_cq", offset_of!(rdma_cm_id, send_cq), 368),
-        (
-            "rdma_cm_id.recv_cq_channel",
-            offset_of!(rdma_cm_id, recv_cq_channel),
-            376,
-        ),
+        ("rdma_cm_id.recv_cq_channel", offset_of!(rdma_cm_id, recv_cq_channel), 376),
         ("rdma_cm_id.recv_cq", offset_of!(rdma_cm_id, recv_cq), 384),
         ("rdma_cm_id.srq", offset_of!(rdma_cm_id, srq), 392),
         ("rdma_cm_id.pd", offset_of!(rdma_cm_id, pd), 400),
         ("rdma_cm_id.qp_type", offset_of!(rdma_cm_id, qp_type), 408),
         ("rdma_route.path_rec", offset_of!(rdma_route, path_rec), 296),
-        (
-            "rdma_route.num_paths",
-            offset_of!(rdma_route, num_paths),
-            304,
-        ),
+        ("rdma_route.num_paths", offset_of!(rdma_route, num_paths), 304),
         ("rdma_addr.addr", offset_of!(rdma_addr, addr), 256),
-        (
-            "rdma_cm_event.listen_id",
-            offset_of!(rdma_cm_event, listen_id),
-            8,
-        ),
+        ("rdma_cm_event.listen_id", offset_of!(rdma_cm_event, listen_id), 8),
         ("rdma_cm_event.event", offset_of!(rdma_cm_event, event), 16),
-        (
-            "rdma_cm_event.status",
-            offset_of!(rdma_cm_event, status),
-            20,
-        ),
+        ("rdma_cm_event.status", offset_of!(rdma_cm_event, status), 20),
         ("rdma_cm_event.param", offset_of!(rdma_cm_event, param), 24),
-        (
-            "rdma_conn_param.private_data_len",
-            offset_of!(rdma_conn_param, private_data_len),
-            8,
-        ),
-        (
-            "rdma_conn_param.responder_resources",
-            offset_of!(rdma_conn_param, responder_resources),
-            9,
-        ),
-        (
-            "rdma_conn_param.initiator_depth",
-            offset_of!(rdma_conn_param, initiator_depth),
-            10,
-        ),
-        (
-            "rdma_conn_param.rnr_retry_count",
-            offset_of!(rdma_conn_param, rnr_retry_count),
-            13,
-        ),
+        ("rdma_conn_param.private_data_len", offset_of!(rdma_conn_param, private_data_len), 8),
+        ("rdma_conn_param.responder_resources", offset_of!(rdma_conn_param, responder_resources), 9),
+        ("rdma_conn_param.initiator_depth", offset_of!(rdma_conn_param, initiator_depth), 10),
+        ("rdma_conn_param.rnr_retry_count", offset_of!(rdma_conn_param, rnr_retry_count), 13),
         ("rdma_conn_param.srq", offset_of!(rdma_conn_param, srq), 14),
-        (
-            "rdma_conn_param.qp_num",
-            offset_of!(rdma_conn_param, qp_num),
-            16,
-        ),
-        (
-            "rdma_ud_param.private_data_len",
-            offset_of!(rdma_ud_param, private_data_len),
-            8,
-        ),
-        (
-            "rdma_ud_param.ah_attr",
-            offset_of!(rdma_ud_param, ah_attr),
-            16,
-        ),
-        (
-            "rdma_ud_param.qp_num",
-            offset_of!(rdma_ud_param, qp_num),
-            48,
-        ),
+        ("rdma_conn_param.qp_num", offset_of!(rdma_conn_param, qp_num), 16),
+        ("rdma_ud_param.private_data_len", offset_of!(rdma_ud_param, private_data_len), 8),
+        ("rdma_ud_param.ah_attr", offset_of!(rdma_ud_param, ah_attr), 16),
+        ("rdma_ud_param.qp_num", offset_of!(rdma_ud_param, qp_num), 48),
         ("rdma_ud_param.qkey", offset_of!(rdma_ud_param, qkey), 52),
-        (
-            "rdma_addrinfo.ai_src_len",
-            offset_of!(rdma_addrinfo, ai_src_len),
-            16,
-        ),
-        (
-            "rdma_addrinfo.ai_src_addr",
-            offset_of!(rdma_addrinfo, ai_src_addr),
-            24,
-        ),
-        (
-            "rdma_addrinfo.ai_dst_addr",
-            offset_of!(rdma_addrinfo, ai_dst_addr),
-            32,
-        ),
-        (
-            "rdma_addrinfo.ai_route_len",
-            offset_of!(rdma_addrinfo, ai_route_len),
-            56,
-        ),
-        (
-            "rdma_addrinfo.ai_connect",
-            offset_of!(rdma_addrinfo, ai_connect),
-            80,
-        ),
-        (
-            "rdma_addrinfo.ai_next",
-            offset_of!(rdma_addrinfo, ai_next),
-            88,
-        ),
-        (
-            "ibv_sa_path_rec.dlid",
-            offset_of!(ibv_sa_path_rec, dlid),
-            32,
-        ),
-        (
-            "ibv_sa_path_rec.raw_traffic",
-            offset_of!(ibv_sa_path_rec, raw_traffic),
-            36,
-        ),
-        (
-            "ibv_sa_path_rec.flow_label",
-            offset_of!(ibv_sa_path_rec, flow_label),
-            40,
-        ),
-        (
-            "ibv_sa_path_rec.reversible",
-            offset_of!(ibv_sa_path_rec, reversible),
-            48,
-        ),
-        (
-            "ibv_sa_path_rec.numb_path",
-            offset_of!(ibv_sa_path_rec, numb_path),
-            52,
-        ),
-        (
-            "ibv_sa_path_rec.pkey",
-            offset_of!(ibv_sa_path_rec, pkey),
-            54,
-        ),
+        ("rdma_addrinfo.ai_src_len", offset_of!(rdma_addrinfo, ai_src_len), 16),
+        ("rdma_addrinfo.ai_src_addr", offset_of!(rdma_addrinfo, ai_src_addr), 24),
+        ("rdma_addrinfo.ai_dst_addr", offset_of!(rdma_addrinfo, ai_dst_addr), 32),
+        ("rdma_addrinfo.ai_route_len", offset_of!(rdma_addrinfo, ai_route_len), 56),
+        ("rdma_addrinfo.ai_connect", offset_of!(rdma_addrinfo, ai_connect), 80),
+        ("rdma_addrinfo.ai_next", offset_of!(rdma_addrinfo, ai_next), 88),
+        ("ibv_sa_path_rec.dlid", offset_of!(ibv_sa_path_rec, dlid), 32),
+        ("ibv_sa_path_rec.raw_traffic", offset_of!(ibv_sa_path_rec, raw_traffic), 36),
+        ("ibv_sa_path_rec.flow_label", offset_of!(ibv_sa_path_rec, flow_label), 40),
+        ("ibv_sa_path_rec.reversible", offset_of!(ibv_sa_path_rec, reversible), 48),
+        ("ibv_sa_path_rec.numb_path", offset_of!(ibv_sa_path_rec, numb_path), 52),
+        ("ibv_sa_path_rec.pkey", offset_of!(ibv_sa_path_rec, pkey), 54),
         ("ibv_sa_path_rec.mtu", offset_of!(ibv_sa_path_rec, mtu), 58),
-        (
-            "ibv_sa_path_rec.packet_life_time",
-            offset_of!(ibv_sa_path_rec, packet_life_time),
-            62,
-        ),
-        (
-            "ibv_sa_path_rec.preference",
-            offset_of!(ibv_sa_path_rec, preference),
-            63,
-        ),
+        ("ibv_sa_path_rec.packet_life_time", offset_of!(ibv_sa_path_rec, packet_life_time), 62),
+        ("ibv_sa_path_rec.preference", offset_of!(ibv_sa_path_rec, preference), 63),
     ];
-    let bad: Vec<_> = offsets
-        .iter()
-        .filter(|(_, got, want)| got != want)
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "offset mismatches (field, ours, rdma_cma.h): {bad:?}"
-    );
+    let bad: Vec<_> = offsets.iter().filter(|(_, got, want)| got != want).collect();
+    assert!(bad.is_empty(), "offset mismatches (field, ours, rdma_cma.h): {bad:?}");
     assert_eq!(align_of::<rdma_cm_id>(), 8);
 }

@@ -12,49 +12,27 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
 fn service_bin() -> PathBuf {
-    let p = std::env::var_os("PMRXE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/release/pmrxe"));
-    assert!(
-        p.exists(),
-        "no pmrxe service binary at {} (cargo build --release, or set PMRXE_BIN)",
-        p.display()
-    );
+    let p = std::env::var_os("PMRXE_BIN").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/release/pmrxe"));
+    assert!(p.exists(), "no pmrxe service binary at {} (cargo build --release, or set PMRXE_BIN)", p.display());
     p
 }
 
 fn shim() -> PathBuf {
     // <target>/<profile>/deps/with_service-HASH → <target>/<profile>/libpmrxe_verbs.so
     let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libpmrxe_verbs.so");
+    let p = exe.parent().unwrap().parent().unwrap().join("libpmrxe_verbs.so");
     assert!(p.exists(), "{} not built", p.display());
     p
 }
 
 /// Fail the test unless `tool` is on PATH (Debian's `package`; scripts/setup.sh installs it).
 fn require(tool: &str, package: &str) {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        found,
-        "`{tool}` is not installed: Debian package {package} (scripts/setup.sh installs it)"
-    );
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    assert!(found, "`{tool}` is not installed: Debian package {package} (scripts/setup.sh installs it)");
 }
 
 struct Service {
@@ -73,14 +51,10 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn listening(port: u16) -> bool {
     let hex = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                w.len() > 3 && w[1].ends_with(&hex) && w[3] == "0A"
-            })
+        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() > 3 && w[1].ends_with(&hex) && w[3] == "0A"
+        })
     })
 }
 
@@ -103,29 +77,15 @@ impl Service {
             .expect("spawn pmrxe serve");
         let t0 = Instant::now();
         while !sock.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "service did not create {}",
-                sock.display()
-            );
+            assert!(t0.elapsed() < Duration::from_secs(20), "service did not create {}", sock.display());
             std::thread::sleep(Duration::from_millis(100));
         }
-        Service {
-            child,
-            sock,
-            dir,
-            bin,
-            _serial: serial,
-        }
+        Service { child, sock, dir, bin, _serial: serial }
     }
 
     fn run(&self, args: &[&str], timeout_s: u32) -> Command {
         let mut c = Command::new("timeout");
-        c.arg(timeout_s.to_string())
-            .arg(&self.bin)
-            .arg("run")
-            .arg("--")
-            .args(args);
+        c.arg(timeout_s.to_string()).arg(&self.bin).arg("run").arg("--").args(args);
         c.env("PMRXE_SOCKET", &self.sock).env("PMRXE_SHIM", shim());
         c
     }
@@ -136,20 +96,12 @@ impl Service {
 
     /// Server and client of a TCP-rendezvous tool (ibv_rc_pingpong, perftest).
     fn pair(&self, server: &[&str], client: &[&str]) -> (Output, Output) {
-        let srv = self
-            .run(server, 90)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let srv = self.run(server, 90).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         // The tools do not retry the TCP connect: wait until the server listens on the
         // default rendezvous port (18515 for both ibv_rc_pingpong and perftest).
         let t0 = Instant::now();
         while !listening(18515) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "{server:?} never listened on 18515"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(20), "{server:?} never listened on 18515");
             std::thread::sleep(Duration::from_millis(20));
         }
         let cli = self.run(client, 90).output().unwrap();
@@ -168,22 +120,11 @@ impl Drop for Service {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 fn assert_pair_ok(name: &str, (s, c): &(Output, Output)) {
-    assert!(
-        s.status.success() && c.status.success(),
-        "{name}: server {:?}\n{}\nclient {:?}\n{}",
-        s.status,
-        text(s),
-        c.status,
-        text(c)
-    );
+    assert!(s.status.success() && c.status.success(), "{name}: server {:?}\n{}\nclient {:?}\n{}", s.status, text(s), c.status, text(c));
 }
 
 #[test]
@@ -192,10 +133,7 @@ fn ibv_devices_and_devinfo_show_pmrxe_devices_with_roce_v2_gids() {
     require("ibv_devices", "ibverbs-utils");
     let o = svc.output(&["ibv_devices"]);
     let t = text(&o);
-    assert!(
-        o.status.success() && t.contains("pmrxe0") && t.contains("pmrxe1"),
-        "{t}"
-    );
+    assert!(o.status.success() && t.contains("pmrxe0") && t.contains("pmrxe1"), "{t}");
     let o = svc.output(&["ibv_devinfo", "-v"]);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
@@ -224,17 +162,8 @@ fn ibv_rc_pingpong_plain_events_and_new_api() {
 fn perftest_write_read_send_bw_and_write_lat() {
     require("ib_write_bw", "perftest");
     let svc = Service::start("perftest");
-    for t in [
-        "ib_write_bw",
-        "ib_read_bw",
-        "ib_send_bw",
-        "ib_write_lat",
-        "ib_atomic_bw",
-    ] {
-        let r = svc.pair(
-            &[t, "-d", "pmrxe0", "-F"],
-            &[t, "-d", "pmrxe1", "-F", "127.0.0.1"],
-        );
+    for t in ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_atomic_bw"] {
+        let r = svc.pair(&[t, "-d", "pmrxe0", "-F"], &[t, "-d", "pmrxe1", "-F", "127.0.0.1"]);
         assert_pair_ok(t, &r);
     }
 }
@@ -259,9 +188,5 @@ fn pmrxedv_fastreg_example_sees_exact_rights_and_data() {
         .unwrap();
     assert!(st.success(), "fastreg.c does not compile");
     let o = svc.output(&[out.to_str().unwrap()]);
-    assert!(
-        o.status.success() && text(&o).contains("all checks passed"),
-        "{}",
-        text(&o)
-    );
+    assert!(o.status.success() && text(&o).contains("all checks passed"), "{}", text(&o));
 }

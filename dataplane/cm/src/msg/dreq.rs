@@ -83,19 +83,11 @@ mod test {
     use super::*;
     #[test]
     fn test_layout_roundtrip() {
-        let r = Repr {
-            local_comm_id: 5,
-            remote_comm_id: 6,
-            remote_qpn: Qpn::new(0xABCDEF),
-            private_data: vec![2; PRIVATE_DATA_LEN],
-        };
+        let r = Repr { local_comm_id: 5, remote_comm_id: 6, remote_qpn: Qpn::new(0xABCDEF), private_data: vec![2; PRIVATE_DATA_LEN] };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(&b[..13], &[0, 0, 0, 5, 0, 0, 0, 6, 0xAB, 0xCD, 0xEF, 0, 2]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
-        assert_eq!(
-            Packet::new_checked(&b[..12]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&b[..12]).unwrap_err(), crate::Error::Truncated);
     }
 }

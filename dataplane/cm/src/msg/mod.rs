@@ -133,12 +133,8 @@ pub fn parse_mad(buf: &[u8]) -> Result<(mad::Repr, CmMsg)> {
         attr::RTU => CmMsg::Rtu(rtu_drep::Repr::parse(&rtu_drep::Packet::new_checked(d)?)?),
         attr::DREQ => CmMsg::Dreq(dreq::Repr::parse(&dreq::Packet::new_checked(d)?)?),
         attr::DREP => CmMsg::Drep(rtu_drep::Repr::parse(&rtu_drep::Packet::new_checked(d)?)?),
-        attr::SIDR_REQ => {
-            CmMsg::SidrReq(sidr_req::Repr::parse(&sidr_req::Packet::new_checked(d)?)?)
-        }
-        attr::SIDR_REP => {
-            CmMsg::SidrRep(sidr_rep::Repr::parse(&sidr_rep::Packet::new_checked(d)?)?)
-        }
+        attr::SIDR_REQ => CmMsg::SidrReq(sidr_req::Repr::parse(&sidr_req::Packet::new_checked(d)?)?),
+        attr::SIDR_REP => CmMsg::SidrRep(sidr_rep::Repr::parse(&sidr_rep::Packet::new_checked(d)?)?),
         other => return Err(Error::UnknownAttribute(other)),
     };
     Ok((h, m))
@@ -150,13 +146,7 @@ pub fn emit_mad(tid: u64, attr_mod: u32, msg: &CmMsg) -> Result<Mad> {
     let mut out = [0u8; MAD_LEN];
     let (h, d) = out.split_at_mut(HEADER_LEN);
     debug_assert_eq!(d.len(), DATA_LEN);
-    mad::Repr {
-        status: 0,
-        tid,
-        attr_id: msg.attr_id(),
-        attr_mod,
-    }
-    .emit(&mut mad::Packet::new_unchecked(h));
+    mad::Repr { status: 0, tid, attr_id: msg.attr_id(), attr_mod }.emit(&mut mad::Packet::new_unchecked(h));
     match msg {
         CmMsg::Req(r) => r.emit(&mut req::Packet::new_unchecked(d))?,
         CmMsg::Mra(r) => r.emit(&mut mra::Packet::new_unchecked(d))?,
@@ -176,11 +166,7 @@ mod test {
 
     #[test]
     fn whole_mad_roundtrip_and_errors() {
-        let m = CmMsg::Drep(rtu_drep::Repr {
-            local_comm_id: 1,
-            remote_comm_id: 2,
-            private_data: vec![0; rtu_drep::PRIVATE_DATA_LEN],
-        });
+        let m = CmMsg::Drep(rtu_drep::Repr { local_comm_id: 1, remote_comm_id: 2, private_data: vec![0; rtu_drep::PRIVATE_DATA_LEN] });
         let b = emit_mad(0xAA, 0, &m).unwrap();
         assert_eq!(&b[..4], &[1, 7, 2, 3]);
         assert_eq!(&b[16..18], &[0x00, 0x16]);

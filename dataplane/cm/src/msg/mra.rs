@@ -104,25 +104,13 @@ mod test {
     use super::*;
     #[test]
     fn test_layout_roundtrip_bad_code() {
-        let r = Repr {
-            local_comm_id: 1,
-            remote_comm_id: 2,
-            message_mraed: MsgCode::Rep,
-            service_timeout: 24,
-            private_data: vec![7; PRIVATE_DATA_LEN],
-        };
+        let r = Repr { local_comm_id: 1, remote_comm_id: 2, message_mraed: MsgCode::Rep, service_timeout: 24, private_data: vec![7; PRIVATE_DATA_LEN] };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(&b[..10], &[0, 0, 0, 1, 0, 0, 0, 2, 0x40, 24 << 3]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
         b[8] = 0xC0;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadField)
-        );
-        assert_eq!(
-            Packet::new_checked(&b[..100]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadField));
+        assert_eq!(Packet::new_checked(&b[..100]).unwrap_err(), Error::Truncated);
     }
 }

@@ -165,17 +165,11 @@ mod test {
         };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(
-            &b[..14],
-            &[0, 0, 0, 0, 1, 2, 3, 4, 0x00, 8 << 1, 0, 8, 1, 2]
-        );
+        assert_eq!(&b[..14], &[0, 0, 0, 0, 1, 2, 3, 4, 0x00, 8 << 1, 0, 8, 1, 2]);
         assert!(b[20..84].iter().all(|&x| x == 0));
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
         b[9] = 73 << 1;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadField)
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadField));
         assert_eq!(RejReason::CONSUMER_DEFINED.name(), Some("consumer defined"));
         assert_eq!(RejReason::TIMEOUT.0, 4);
         assert_eq!(RejReason(34).name(), None);

@@ -97,9 +97,7 @@ impl Repr {
             remote_comm_id: p.remote_comm_id(),
             local_qkey: rd32(b, field::LOCAL_QKEY),
             local_qpn: p.local_qpn(),
-            vendor_id: (u32::from(b[field::VENDOR_ID_H]) << 16)
-                | (u32::from(b[field::VENDOR_ID_M]) << 8)
-                | u32::from(b[field::VENDOR_ID_L]),
+            vendor_id: (u32::from(b[field::VENDOR_ID_H]) << 16) | (u32::from(b[field::VENDOR_ID_M]) << 8) | u32::from(b[field::VENDOR_ID_L]),
             local_eecn: rd24(b, field::LOCAL_EECN),
             starting_psn: Psn::new(rd24(b, field::STARTING_PSN)),
             responder_resources: b[field::RESPONDER_RESOURCES],
@@ -173,9 +171,6 @@ mod test {
         assert_eq!(&b[24..28], &[4, 2, (15 << 3) | 1, (7 << 5) | (1 << 4)]);
         assert_eq!(&b[28..36], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
-        assert_eq!(
-            Packet::new_checked(&b[..35]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&b[..35]).unwrap_err(), crate::Error::Truncated);
     }
 }

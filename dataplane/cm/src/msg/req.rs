@@ -3,10 +3,7 @@
 
 use pmrxe_wire::{Psn, Qpn};
 
-use crate::bits::{
-    cm_packet, get_bits, rd16, rd24, rd32, rd64, rd_gid, set_bits, wr16, wr24, wr32, wr64,
-    wr_private, Bits,
-};
+use crate::bits::{cm_packet, get_bits, rd16, rd24, rd32, rd64, rd_gid, set_bits, wr16, wr24, wr32, wr64, wr_private, Bits};
 use crate::Result;
 
 /// Private-data bytes of a REQ.
@@ -119,21 +116,13 @@ impl PathRepr {
         wr16(b, f::REMOTE_LID..f::REMOTE_LID + 2, self.remote_lid);
         b[f::LOCAL_GID..f::LOCAL_GID + 16].copy_from_slice(&self.local_gid);
         b[f::REMOTE_GID..f::REMOTE_GID + 16].copy_from_slice(&self.remote_gid);
-        wr32(
-            b,
-            f::FLOW_WORD..f::FLOW_WORD + 4,
-            (self.flow_label & 0xF_FFFF) << 12,
-        );
+        wr32(b, f::FLOW_WORD..f::FLOW_WORD + 4, (self.flow_label & 0xF_FFFF) << 12);
         set_bits(b, Bits::new(f::PACKET_RATE_BYTE, 2, 6), self.packet_rate);
         b[f::TRAFFIC_CLASS] = self.traffic_class;
         b[f::HOP_LIMIT] = self.hop_limit;
         set_bits(b, Bits::new(f::SL_BYTE, 0, 4), self.sl);
         set_bits(b, Bits::new(f::SL_BYTE, 4, 1), u8::from(self.subnet_local));
-        set_bits(
-            b,
-            Bits::new(f::ACK_TIMEOUT_BYTE, 0, 5),
-            self.local_ack_timeout,
-        );
+        set_bits(b, Bits::new(f::ACK_TIMEOUT_BYTE, 0, 5), self.local_ack_timeout);
     }
     fn is_empty(b: &[u8]) -> bool {
         b[..field::path::LEN].iter().all(|&x| x == 0)
@@ -261,11 +250,7 @@ impl Repr {
             srq: get_bits(b, field::SRQ) != 0,
             extended_transport: get_bits(b, field::EXTENDED_TRANSPORT_TYPE),
             primary: PathRepr::parse(&b[field::PRIMARY_PATH..]),
-            alternate: if PathRepr::is_empty(alt) {
-                None
-            } else {
-                Some(PathRepr::parse(alt))
-            },
+            alternate: if PathRepr::is_empty(alt) { None } else { Some(PathRepr::parse(alt)) },
             private_data: p.private_data().to_vec(),
         })
     }
@@ -289,19 +274,11 @@ impl Repr {
         wr24(b, field::LOCAL_EECN, self.local_eecn & 0xFF_FFFF);
         b[field::INITIATOR_DEPTH] = self.initiator_depth;
         wr24(b, field::REMOTE_EECN, self.remote_eecn & 0xFF_FFFF);
-        set_bits(
-            b,
-            field::REMOTE_CM_RESPONSE_TIMEOUT,
-            self.remote_cm_response_timeout,
-        );
+        set_bits(b, field::REMOTE_CM_RESPONSE_TIMEOUT, self.remote_cm_response_timeout);
         set_bits(b, field::TRANSPORT_SERVICE_TYPE, self.transport);
         set_bits(b, field::FLOW_CONTROL, u8::from(self.flow_control));
         b[field::STARTING_PSN].copy_from_slice(&self.starting_psn.to_be24());
-        set_bits(
-            b,
-            field::LOCAL_CM_RESPONSE_TIMEOUT,
-            self.local_cm_response_timeout,
-        );
+        set_bits(b, field::LOCAL_CM_RESPONSE_TIMEOUT, self.local_cm_response_timeout);
         set_bits(b, field::RETRY_COUNT, self.retry_count);
         wr16(b, field::PKEY, self.pkey);
         set_bits(b, field::PATH_MTU, self.path_mtu);
@@ -325,11 +302,7 @@ mod test {
     /// A REQ as the kernel CMA sends it for rping to 10.0.0.2:7174 from 10.0.0.1 (the cma
     /// header at the start of the private data is tested in `cma.rs`).
     fn sample() -> Repr {
-        let gid = |d: u8| {
-            std::net::Ipv4Addr::new(10, 0, 0, d)
-                .to_ipv6_mapped()
-                .octets()
-        };
+        let gid = |d: u8| std::net::Ipv4Addr::new(10, 0, 0, d).to_ipv6_mapped().octets();
         Repr {
             local_comm_id: 0x1a2b_3c4d,
             vendor_id: 0x0002c9,
@@ -369,9 +342,7 @@ mod test {
     #[test]
     fn test_emit_bytes_match_the_ibta_layout() {
         let mut b = [0xEEu8; LEN];
-        sample()
-            .emit(&mut Packet::new_unchecked(&mut b[..]))
-            .unwrap();
+        sample().emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(&b[0..4], &[0x1a, 0x2b, 0x3c, 0x4d]);
         assert_eq!(&b[4..8], &[0, 0x00, 0x02, 0xc9]);
         assert_eq!(&b[8..16], &[0, 0, 0, 0, 0x01, 0x06, 0x1c, 0x06]);
@@ -393,21 +364,9 @@ mod test {
         let mut b = [0u8; LEN];
         let r = sample();
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(),
-            r
-        );
-        assert_eq!(
-            Packet::new_checked(&b[..LEN - 1]).unwrap_err(),
-            crate::Error::Truncated
-        );
-        let long = Repr {
-            private_data: vec![0; PRIVATE_DATA_LEN + 1],
-            ..r
-        };
-        assert_eq!(
-            long.emit(&mut Packet::new_unchecked(&mut b[..])),
-            Err(crate::Error::PrivateDataTooLong)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&b[..]).unwrap()).unwrap(), r);
+        assert_eq!(Packet::new_checked(&b[..LEN - 1]).unwrap_err(), crate::Error::Truncated);
+        let long = Repr { private_data: vec![0; PRIVATE_DATA_LEN + 1], ..r };
+        assert_eq!(long.emit(&mut Packet::new_unchecked(&mut b[..])), Err(crate::Error::PrivateDataTooLong));
     }
 }

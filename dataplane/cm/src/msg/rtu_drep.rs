@@ -70,18 +70,11 @@ mod test {
     use super::*;
     #[test]
     fn test_layout_roundtrip() {
-        let r = Repr {
-            local_comm_id: 5,
-            remote_comm_id: 6,
-            private_data: vec![1; PRIVATE_DATA_LEN],
-        };
+        let r = Repr { local_comm_id: 5, remote_comm_id: 6, private_data: vec![1; PRIVATE_DATA_LEN] };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(&b[..9], &[0, 0, 0, 5, 0, 0, 0, 6, 1]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
-        assert_eq!(
-            Packet::new_checked(&b[..8]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&b[..8]).unwrap_err(), crate::Error::Truncated);
     }
 }

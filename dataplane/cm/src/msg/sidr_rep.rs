@@ -93,8 +93,7 @@ impl Repr {
         Ok(Repr {
             request_id: p.request_id(),
             status: p.status(),
-            vendor_id: (u32::from(rd16(b, field::VENDOR_ID_H)) << 8)
-                | u32::from(b[field::VENDOR_ID_L]),
+            vendor_id: (u32::from(rd16(b, field::VENDOR_ID_H)) << 8) | u32::from(b[field::VENDOR_ID_L]),
             qpn: Qpn::new(rd24(b, field::QPN)),
             service_id: rd64(b, field::SERVICE_ID),
             qkey: rd32(b, field::QKEY),
@@ -144,18 +143,9 @@ mod test {
         };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(
-            &b[..24],
-            &[
-                0, 0, 0, 9, 0, 0, 0x11, 0x22, 0, 0, 0x42, 0x33, 0, 0, 0, 0, 0x01, 0x11, 0x12, 0x34,
-                0x01, 0x23, 0x45, 0x67
-            ]
-        );
+        assert_eq!(&b[..24], &[0, 0, 0, 9, 0, 0, 0x11, 0x22, 0, 0, 0x42, 0x33, 0, 0, 0, 0, 0x01, 0x11, 0x12, 0x34, 0x01, 0x23, 0x45, 0x67]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
         b[5] = 73;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadField)
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadField));
     }
 }

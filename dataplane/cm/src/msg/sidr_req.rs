@@ -77,22 +77,11 @@ mod test {
     use super::*;
     #[test]
     fn test_layout_roundtrip() {
-        let r = Repr {
-            request_id: 7,
-            pkey: 0xFFFF,
-            service_id: 0x0000_0000_0111_1234,
-            private_data: vec![4; PRIVATE_DATA_LEN],
-        };
+        let r = Repr { request_id: 7, pkey: 0xFFFF, service_id: 0x0000_0000_0111_1234, private_data: vec![4; PRIVATE_DATA_LEN] };
         let mut b = [0xEEu8; LEN];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(
-            &b[..17],
-            &[0, 0, 0, 7, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0x01, 0x11, 0x12, 0x34, 4]
-        );
+        assert_eq!(&b[..17], &[0, 0, 0, 7, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0x01, 0x11, 0x12, 0x34, 4]);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])).unwrap(), r);
-        assert_eq!(
-            Packet::new_checked(&b[..16]).unwrap_err(),
-            crate::Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&b[..16]).unwrap_err(), crate::Error::Truncated);
     }
 }

@@ -8,12 +8,7 @@ use pmrxe_wire::{Psn, Qpn};
 /// Short timers so virtual time stays small: packet lifetime 2^8 units (≈1 ms), CM response
 /// timeout 2^12 (≈17 ms), MRA service timeout 2^14 (≈67 ms).
 pub fn cfg() -> CmConfig {
-    CmConfig {
-        packet_life_time: 8,
-        mra_service_timeout: 14,
-        sidr_linger: 16,
-        ..CmConfig::default()
-    }
+    CmConfig { packet_life_time: 8, mra_service_timeout: 14, sidr_linger: 16, ..CmConfig::default() }
 }
 
 pub const SID: u64 = 0x0000_0000_0106_1C06; // RDMA_PS_TCP port 7174
@@ -54,11 +49,7 @@ pub struct Consumer {
 
 impl Consumer {
     pub fn auto() -> Consumer {
-        Consumer {
-            auto_accept: true,
-            auto_rtu: true,
-            ..Consumer::default()
-        }
+        Consumer { auto_accept: true, auto_rtu: true, ..Consumer::default() }
     }
     /// Drain every node's events and react.
     pub fn pump(&mut self, sim: &mut Sim) {
@@ -69,14 +60,9 @@ impl Consumer {
                 match &ev {
                     Event::ConnectRequest { id, .. } if self.auto_accept => {
                         self.accepted += 1;
-                        sim.nodes[i]
-                            .cm
-                            .accept(now, *id, &accept_params(0x1000 + self.accepted))
-                            .unwrap();
+                        sim.nodes[i].cm.accept(now, *id, &accept_params(0x1000 + self.accepted)).unwrap();
                     }
-                    Event::ConnectResponse { id, .. } if self.auto_rtu => {
-                        sim.nodes[i].cm.rtu(now, *id, &[]).unwrap()
-                    }
+                    Event::ConnectResponse { id, .. } if self.auto_rtu => sim.nodes[i].cm.rtu(now, *id, &[]).unwrap(),
                     Event::SidrRequest { id, .. } => {
                         let p = SidrReplyParams {
                             status: SidrStatus::SUCCESS,
@@ -96,12 +82,7 @@ impl Consumer {
         sim.flush();
     }
     /// Step the sim, pumping events, until `cond` or quiescence.
-    pub fn run(
-        &mut self,
-        sim: &mut Sim,
-        max_steps: usize,
-        mut cond: impl FnMut(&Consumer, &Sim) -> bool,
-    ) -> bool {
+    pub fn run(&mut self, sim: &mut Sim, max_steps: usize, mut cond: impl FnMut(&Consumer, &Sim) -> bool) -> bool {
         for _ in 0..max_steps {
             self.pump(sim);
             if cond(self, sim) {
@@ -126,13 +107,7 @@ pub fn is_established(e: &Event) -> bool {
     matches!(e, Event::Established { .. })
 }
 pub fn is_disconnected(e: &Event) -> bool {
-    matches!(
-        e,
-        Event::Disconnected {
-            timed_out: false,
-            ..
-        }
-    )
+    matches!(e, Event::Disconnected { timed_out: false, .. })
 }
 pub fn is_tw_exit(e: &Event) -> bool {
     matches!(e, Event::TimewaitExit { .. })
@@ -141,12 +116,7 @@ pub fn is_tw_exit(e: &Event) -> bool {
 /// Both CMs hold nothing but listeners.
 pub fn assert_empty(sim: &Sim) {
     for (i, n) in sim.nodes.iter().enumerate() {
-        assert!(
-            n.cm.is_empty(),
-            "node {i} not empty: {} entries, stats {:?}",
-            n.cm.len(),
-            n.cm.stats()
-        );
+        assert!(n.cm.is_empty(), "node {i} not empty: {} entries, stats {:?}", n.cm.len(), n.cm.stats());
     }
 }
 

@@ -242,12 +242,7 @@ impl Translation {
 
     /// The lookup again, for `[iova, iova + len)` (`resume`'s fallback).
     #[inline]
-    pub(crate) fn lookup_again<'a, M: crate::MemAccess + ?Sized>(
-        &self,
-        m: &'a M,
-        iova: u64,
-        len: u64,
-    ) -> Result<MrRef<'a>, MemError> {
+    pub(crate) fn lookup_again<'a, M: crate::MemAccess + ?Sized>(&self, m: &'a M, iova: u64, len: u64) -> Result<MrRef<'a>, MemError> {
         m.lookup(self.key, self.pd, self.qpn, iova, len, self.need)
     }
 }
@@ -256,14 +251,7 @@ impl MemTable {
     /// `t`'s window again, for `[iova, iova + len)` inside it, if the reader whose live count
     /// is `live` still announces `last == t.stamp` (a nonzero stamp: the reader is online).
     #[inline(always)]
-    pub(crate) fn resume_epoch<'a>(
-        &'a self,
-        live: &'a Cell<u32>,
-        last: u64,
-        t: &Translation,
-        iova: u64,
-        len: u64,
-    ) -> Option<MrRef<'a>> {
+    pub(crate) fn resume_epoch<'a>(&'a self, live: &'a Cell<u32>, last: u64, t: &Translation, iova: u64, len: u64) -> Option<MrRef<'a>> {
         if t.stamp != last {
             return None;
         }
@@ -328,19 +316,8 @@ impl<'a> MrRef<'a> {
 
     /// This window as a [`Translation`] of a lookup with these parameters, stamped `stamp`
     /// (0 for a counted or empty reference: never resumed).
-    pub(crate) fn carry(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        qpn: u32,
-        need: Access,
-        stamp: u64,
-    ) -> Translation {
-        let stamp = if matches!(self._hold, Hold::Epoch(_)) {
-            stamp
-        } else {
-            0
-        };
+    pub(crate) fn carry(&self, key: Key, pd: PdHandle, qpn: u32, need: Access, stamp: u64) -> Translation {
+        let stamp = if matches!(self._hold, Hold::Epoch(_)) { stamp } else { 0 };
         Translation {
             key,
             pd,

@@ -56,7 +56,7 @@ mod slot;
 
 use std::sync::Arc;
 
-use crate::access::{Access, Key, PdHandle};
+use crate::access::{Key, PdHandle, Access};
 use crate::epoch::Epochs;
 use crate::reader::Reader;
 use crate::region::Region;

@@ -14,12 +14,7 @@ use super::{MemTable, MrKind, MrState, SgEntry};
 
 impl MemTable {
     /// What `ibv_reg_mr`/`ibv_rereg_mr` check of a user registration; returns its length.
-    fn check_user_region(
-        &self,
-        region: &Region,
-        iova: u64,
-        access: Access,
-    ) -> Result<u64, MemError> {
+    fn check_user_region(&self, region: &Region, iova: u64, access: Access) -> Result<u64, MemError> {
         if region.is_empty() {
             return Err(MemError::ZeroLength);
         }
@@ -81,14 +76,7 @@ impl MemTable {
     /// blocked and drained of in-flight copies first, so no reader sees a mix of old and new
     /// attributes; refused while memory windows are bound to it (IBA 10.6.7.2.6). On an error
     /// the MR is left unchanged and valid.
-    pub fn rereg_mr(
-        &self,
-        key: Key,
-        pd: PdHandle,
-        region: Region,
-        iova: u64,
-        access: Access,
-    ) -> Result<(), MemError> {
+    pub fn rereg_mr(&self, key: Key, pd: PdHandle, region: Region, iova: u64, access: Access) -> Result<(), MemError> {
         let len = self.check_user_region(&region, iova, access)?;
         let slot = self.mr_slot(key.index()).ok_or(MemError::NoSuchKey)?;
         let mut ctl = lock(&slot.ctl);
@@ -107,12 +95,7 @@ impl MemTable {
         ctl.pd = pd;
         ctl.access = access;
         ctl.revoked = false;
-        ctl.active = Some(Meta {
-            iova,
-            length: len,
-            mapped: len,
-            shift: 0,
-        });
+        ctl.active = Some(Meta { iova, length: len, mapped: len, shift: 0 });
         let old = std::mem::replace(&mut ctl.owners[0], vec![region.owner().clone()]);
         // Preserve the reference count: a failed lookup may hold a transient reference.
         set_word(&slot.word, MrState::Valid, key);
@@ -281,8 +264,7 @@ impl MemTable {
 
     /// Whether the MR named by `key`'s index was revoked ([`revoke_mr`](Self::revoke_mr)).
     pub fn is_revoked(&self, key: Key) -> bool {
-        self.mr_slot(key.index())
-            .is_some_and(|s| lock(&s.ctl).revoked)
+        self.mr_slot(key.index()).is_some_and(|s| lock(&s.ctl).revoked)
     }
 
     /// `ibv_dereg_mr`: any state → gone; refused while MWs are bound. Waits for in-flight copies.

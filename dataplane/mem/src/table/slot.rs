@@ -141,12 +141,7 @@ pub(super) fn set_word(word: &AtomicU64, state: MrState, key: Key) {
     let new = pack(state, key);
     let mut cur = word.load(Ordering::Relaxed);
     loop {
-        match word.compare_exchange_weak(
-            cur,
-            (cur & REF_MASK) | new,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
+        match word.compare_exchange_weak(cur, (cur & REF_MASK) | new, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return,
             Err(w) => cur = w,
         }

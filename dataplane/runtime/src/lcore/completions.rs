@@ -32,17 +32,8 @@ pub(super) struct CqWriter<'a> {
 }
 
 impl<'a> CqWriter<'a> {
-    pub(super) fn new(
-        cqs: &'a mut Vec<Option<CqSlot>>,
-        dirty: &'a mut Vec<usize>,
-        stats: &'a LcoreStats,
-    ) -> Self {
-        CqWriter {
-            cqs,
-            dirty,
-            stats,
-            clients: &[],
-        }
+    pub(super) fn new(cqs: &'a mut Vec<Option<CqSlot>>, dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
+        CqWriter { cqs, dirty, stats, clients: &[] }
     }
 
     /// The sink for calls into the QP whose completions go to `to`.
@@ -55,15 +46,9 @@ impl<'a> CqWriter<'a> {
 impl Completions<CqTarget> for CqWriter<'_> {
     #[inline]
     fn complete(&mut self, to: &CqTarget, side: CqSide, c: &Cqe) -> bool {
-        let ci = if side == CqSide::Send {
-            to.send
-        } else {
-            to.recv
-        };
+        let ci = if side == CqSide::Send { to.send } else { to.recv };
         // A CQ outlives the QPs that use it (RemoveCq refuses while referenced).
-        let Some(cq) = self.cqs.get_mut(ci).and_then(Option::as_mut) else {
-            return true;
-        };
+        let Some(cq) = self.cqs.get_mut(ci).and_then(Option::as_mut) else { return true };
         if cq.ring.stage_words(convert::cqe(c).to_words()).is_err() {
             // Full, or a consumer index the client corrupted: either way no room.
             return false;
@@ -99,18 +84,11 @@ impl Delivery<QpSlot> for CqWriter<'_> {
     /// The CQ reports IBV_EVENT_CQ_ERR to its client once (the engine moves the QP to ERROR).
     fn overflow(&mut self, s: &QpSlot, _qpn: u32, side: CqSide) {
         bump(&self.stats.cq_full, 1);
-        let ci = if side == CqSide::Send {
-            s.cq.send
-        } else {
-            s.cq.recv
-        };
+        let ci = if side == CqSide::Send { s.cq.send } else { s.cq.recv };
         if let Some(cq) = self.cqs.get(ci).and_then(Option::as_ref) {
             if cq.notify().overflow.swap(1, Ordering::AcqRel) == 0 {
                 if let Some(cl) = self.clients.iter().find(|cl| cl.id == s.client) {
-                    cl.post_event(pmrxe_abi::ctrl::AsyncEvent {
-                        event_type: 0,
-                        element: cq.handle,
-                    });
+                    cl.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: 0, element: cq.handle });
                 }
             }
         }
@@ -121,10 +99,7 @@ impl Delivery<QpSlot> for CqWriter<'_> {
                 pmrxe_transport::AsyncEvent::SrqLimitReached { srqn } => srqn,
                 _ => qpn,
             };
-            c.post_event(pmrxe_abi::ctrl::AsyncEvent {
-                event_type: event_code(ev),
-                element,
-            });
+            c.post_event(pmrxe_abi::ctrl::AsyncEvent { event_type: event_code(ev), element });
         }
     }
 }
@@ -144,9 +119,7 @@ impl<L: Port> Lcore<L> {
         }
         // Publish every CQ written this iteration (one release store each)...
         for k in 0..self.dirty_cqs.len() {
-            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_mut() else {
-                continue;
-            };
+            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_mut() else { continue };
             if cq.fresh {
                 cq.fresh = false;
                 cq.ring.publish();
@@ -158,9 +131,7 @@ impl<L: Port> Lcore<L> {
         // application's next poll sees these completions; `pmrxe_abi::CqNotify`).
         pmrxe_abi::CqNotify::fence_after_publish();
         for k in 0..self.dirty_cqs.len() {
-            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_ref() else {
-                continue;
-            };
+            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_ref() else { continue };
             if cq.notify().take_armed() {
                 if let Some(ch) = &cq.channel {
                     ch.signal();

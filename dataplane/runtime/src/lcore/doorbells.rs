@@ -43,12 +43,7 @@ impl<L: Port> Lcore<L> {
     /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
     /// the engine's queue takes goes on the backlog list, retried every iteration.
     pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let (ahs, stats, backlog, scratch) = (
-            &self.ahs,
-            &*self.stats,
-            &mut self.backlog,
-            &mut *self.scratch,
-        );
+        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.scratch);
         let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
         self.engine
             .with(qpn, |qp, s| {
@@ -87,15 +82,7 @@ impl<L: Port> Lcore<L> {
 
 /// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
 /// arriving in the same burst finds them).
-fn drain_qp_rings(
-    qp: &mut Qp,
-    s: &mut QpSlot,
-    ahs: &HashMap<(u32, u32), AddressVector>,
-    stats: &LcoreStats,
-    scratch: &mut Scratch,
-    cq: &mut CqWriter<'_>,
-    now: Instant,
-) -> bool {
+fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<(u32, u32), AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>, now: Instant) -> bool {
     s.backlog = false;
     // Receive WQEs first so a SEND arriving in the same burst finds them.
     let mut any = drain_rq(qp, s, stats, scratch, cq);
@@ -142,13 +129,7 @@ fn drain_qp_rings(
 /// Move a QP's new receive WQEs from its ring into its receive queue (a full queue sets the
 /// slot's backlog flag). Also called when a request arrives that needs a receive WQE the queue
 /// lacks ([`Lcore::pull_recv_wqes`]).
-pub(super) fn drain_rq(
-    qp: &mut Qp,
-    s: &mut QpSlot,
-    stats: &LcoreStats,
-    scratch: &mut Scratch,
-    cq: &mut CqWriter<'_>,
-) -> bool {
+pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>) -> bool {
     let mut any = false;
     if let Some(rq) = s.rq.as_mut() {
         loop {
@@ -183,12 +164,7 @@ pub(super) fn drain_rq(
     any
 }
 
-pub(super) fn drain_srq(
-    x: &mut SrqSlot,
-    srq: &mut Srq,
-    stats: &LcoreStats,
-    scratch: &mut ShmRecvWqe,
-) -> bool {
+pub(super) fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scratch: &mut ShmRecvWqe) -> bool {
     x.backlog = false;
     let mut any = false;
     loop {

@@ -32,16 +32,12 @@ use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use pmrxe_abi::ring::{Consumer, Producer};
-use pmrxe_abi::SrqSegmentLayout;
 use pmrxe_abi::{
-    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe,
-    ShmSendWqe, DOORBELL_SLOTS,
+    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS,
 };
 use pmrxe_mem::{MemTable, Reader};
-use pmrxe_transport::{
-    AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr,
-    QpType, QpnLayout, RxPacket, Srq, SrqAttr, Transmit, TxPort,
-};
+use pmrxe_abi::SrqSegmentLayout;
+use pmrxe_transport::{AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr, Transmit, TxPort};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -49,10 +45,10 @@ use crate::clock::Clock;
 use crate::convert;
 use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
 use crate::idle::{Idle, Waker};
+use pmrxe_port::{ArrayVec, PacketBuf, Port};
 use crate::neigh::{gid_to_ip, Neighbors};
 use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
-use pmrxe_port::{ArrayVec, PacketBuf, Port};
 
 mod completions;
 use completions::{CqTarget, CqWriter};
@@ -97,6 +93,7 @@ pub struct DeviceConfig {
     pub cc: pmrxe_transport::CcConfig,
 }
 
+
 /// Cross-lcore hand-off of received frames. With several lcores every lcore polls its own RX
 /// queue of every port, so a frame can arrive on an lcore that does not own its destination
 /// QP; it is passed, as the owned buffer (no copy), to the owner's inbox: a bounded lock-free
@@ -114,9 +111,7 @@ impl<B> Handoff<B> {
     /// Inboxes for `lcores` lcores, `depth` frames each (allocated here, never on the fast path).
     pub fn new(lcores: usize, depth: usize) -> Arc<Handoff<B>> {
         Arc::new(Handoff {
-            inbox: (0..lcores)
-                .map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1)))
-                .collect(),
+            inbox: (0..lcores).map(|_| crossbeam::queue::ArrayQueue::new(depth.max(1))).collect(),
             wakers: (0..lcores).map(|_| std::sync::OnceLock::new()).collect(),
         })
     }
@@ -155,97 +150,40 @@ pub enum Cmd {
     /// A client connected (its doorbell page).
     /// `events_fd`, when given, is signalled after every event queued on `events` (the client's
     /// `async_fd`, so epoll loops see pending asynchronous events).
-    AddClient {
-        client: u32,
-        page: Arc<Segment>,
-        events: Sender<pmrxe_abi::ctrl::AsyncEvent>,
-        events_fd: Option<Arc<crate::shm::EventFd>>,
-    },
+    AddClient { client: u32, page: Arc<Segment>, events: Sender<pmrxe_abi::ctrl::AsyncEvent>, events_fd: Option<Arc<crate::shm::EventFd>> },
     /// A client is gone: drop all its QPs and CQs (after flushing nothing: its memory is
     /// going away). Replies when done.
     RemoveClient { client: u32, done: Sender<()> },
     /// A CQ and its ring segment.
-    AddCq {
-        cq: u32,
-        client: u32,
-        seg: Arc<Segment>,
-        layout: CqSegmentLayout,
-        channel: Option<Arc<EventFd>>,
-        done: Sender<Result<(), String>>,
-    },
+    AddCq { cq: u32, client: u32, seg: Arc<Segment>, layout: CqSegmentLayout, channel: Option<Arc<EventFd>>, done: Sender<Result<(), String>> },
     /// Destroy a CQ (refused while a QP uses it).
-    RemoveCq {
-        cq: u32,
-        done: Sender<Result<(), i32>>,
-    },
+    RemoveCq { cq: u32, done: Sender<Result<(), i32>> },
     /// ibv_resize_cq within the CQ's ring: EOPNOTSUPP if `cqe` does not fit the ring, EINVAL if
     /// fewer than the completions already produced and not yet polled.
-    ResizeCq {
-        cq: u32,
-        cqe: u32,
-        done: Sender<Result<(), i32>>,
-    },
+    ResizeCq { cq: u32, cqe: u32, done: Sender<Result<(), i32>> },
     /// A new QP.
-    AddQp {
-        setup: Box<QpSetup>,
-        done: Sender<Result<(), String>>,
-    },
+    AddQp { setup: Box<QpSetup>, done: Sender<Result<(), String>> },
     /// ibv_modify_qp.
-    ModifyQp {
-        qpn: u32,
-        attr: Box<QpAttr>,
-        mask: AttrMask,
-        done: Sender<Result<(), i32>>,
-    },
+    ModifyQp { qpn: u32, attr: Box<QpAttr>, mask: AttrMask, done: Sender<Result<(), i32>> },
     /// ibv_query_qp.
-    QueryQp {
-        qpn: u32,
-        done: Sender<Option<QpAttr>>,
-    },
+    QueryQp { qpn: u32, done: Sender<Option<QpAttr>> },
     /// ibv_destroy_qp.
-    DestroyQp {
-        qpn: u32,
-        done: Sender<Result<(), i32>>,
-    },
+    DestroyQp { qpn: u32, done: Sender<Result<(), i32>> },
     /// An address handle of `client` for its UD WQEs (looked up by (client, ah): a post names
     /// only its own client's handles). `RemoveClient` drops the client's handles.
-    AddAh {
-        client: u32,
-        ah: u32,
-        av: AddressVector,
-    },
+    AddAh { client: u32, ah: u32, av: AddressVector },
     /// Drop an address handle.
     RemoveAh { client: u32, ah: u32 },
     /// Per-QP statistics: (QPN, owning client, counters).
-    QpStats {
-        done: Sender<Vec<(u32, u32, pmrxe_transport::QpStats)>>,
-    },
+    QpStats { done: Sender<Vec<(u32, u32, pmrxe_transport::QpStats)>> },
     /// A shared receive queue and its ring.
-    AddSrq {
-        srq: Box<Srq>,
-        client: u32,
-        seg: Arc<Segment>,
-        layout: SrqSegmentLayout,
-        db_slot: u16,
-        done: Sender<Result<(), String>>,
-    },
+    AddSrq { srq: Box<Srq>, client: u32, seg: Arc<Segment>, layout: SrqSegmentLayout, db_slot: u16, done: Sender<Result<(), String>> },
     /// ibv_modify_srq (limit only; resizing is not supported).
-    ModifySrq {
-        srqn: u32,
-        attr: SrqAttr,
-        arm: bool,
-        done: Sender<Result<(), i32>>,
-    },
+    ModifySrq { srqn: u32, attr: SrqAttr, arm: bool, done: Sender<Result<(), i32>> },
     /// ibv_query_srq.
-    QuerySrq {
-        srqn: u32,
-        done: Sender<Option<SrqAttr>>,
-    },
+    QuerySrq { srqn: u32, done: Sender<Option<SrqAttr>> },
     /// ibv_destroy_srq (refused while a QP uses it).
-    RemoveSrq {
-        srqn: u32,
-        done: Sender<Result<(), i32>>,
-    },
+    RemoveSrq { srqn: u32, done: Sender<Result<(), i32>> },
 }
 
 /// Doorbell slot values with this bit name an SRQ, not a QP.
@@ -299,11 +237,7 @@ impl PathCache {
     /// equal-length packets (every MTU-sized one of a bulk message, every small WRITE, every
     /// ACK) copy it. `None` if the length cannot be framed.
     fn header(&mut self, roce_len: usize) -> Option<&wire::frame::HeaderTemplate> {
-        let i = match self
-            .headers
-            .iter()
-            .position(|h| h.as_ref().is_some_and(|h| h.roce_len() == roce_len))
-        {
+        let i = match self.headers.iter().position(|h| h.as_ref().is_some_and(|h| h.roce_len() == roce_len)) {
             Some(i) => i,
             None => {
                 let i = self.next_header;
@@ -315,6 +249,7 @@ impl PathCache {
         self.headers[i].as_ref()
     }
 }
+
 
 struct CqSlot {
     /// The CQ's handle (what events name).
@@ -410,10 +345,7 @@ impl<L: Port> PortSlot<L> {
     }
     /// Our first address of the family of `like`.
     fn ip_like(&self, like: IpAddr) -> Option<IpAddr> {
-        self.ips
-            .iter()
-            .copied()
-            .find(|i| i.is_ipv4() == like.is_ipv4())
+        self.ips.iter().copied().find(|i| i.is_ipv4() == like.is_ipv4())
     }
 }
 
@@ -469,17 +401,9 @@ impl LcoreHandle {
     /// as the lcore is alive and making progress (see [`crate::call`] for the rules and errors).
     pub fn call<R>(&self, make: impl FnOnce(Sender<R>) -> Cmd) -> Result<R, CallError> {
         let (tx, rx) = crossbeam::channel::bounded(1);
-        let w = crate::call::LiveWatch {
-            stop: &self.stop,
-            stats: &self.stats,
-            t0: std::time::Instant::now(),
-        };
+        let w = crate::call::LiveWatch { stop: &self.stop, stats: &self.stats, t0: std::time::Instant::now() };
         if self.cmds.send(make(tx)).is_err() {
-            return Err(if crate::call::Watch::stopping(&w) {
-                CallError::Stopping
-            } else {
-                CallError::Gone { index: self.index }
-            });
+            return Err(if crate::call::Watch::stopping(&w) { CallError::Stopping } else { CallError::Gone { index: self.index } });
         }
         let r = crate::call::wait_reply(&rx, self.index, &w, crate::call::STALL_LIMIT);
         self.bury();
@@ -578,31 +502,15 @@ impl<L: Port> Lcore<L> {
             .into_iter()
             .map(|(link, dev)| {
                 let ips = dev.gids.iter().map(gid_to_ip).collect();
-                PortSlot {
-                    link,
-                    dev,
-                    ips,
-                    tx: ArrayVec::new(),
-                    lo: Box::default(),
-                    spare: ArrayVec::new(),
-                }
+                PortSlot { link, dev, ips, tx: ArrayVec::new(), lo: Box::default(), spare: ArrayVec::new() }
             })
             .collect();
         let lc = Lcore {
             index,
             ports,
-            mem: Box::new(
-                mem.reader()
-                    .expect("more lcores than MemLimits::max_readers"),
-            ),
+            mem: Box::new(mem.reader().expect("more lcores than MemLimits::max_readers")),
             cmds: rx,
-            engine: Engine::with_layout(
-                QpnLayout {
-                    lcores: 1,
-                    slots: MAX_QPS_PER_LCORE as u32,
-                },
-                0,
-            ),
+            engine: Engine::with_layout(QpnLayout { lcores: 1, slots: MAX_QPS_PER_LCORE as u32 }, 0),
             cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
             cq_index: HashMap::with_capacity(MAX_QPS_PER_LCORE),
             // Every CQ written in one iteration is a send or receive CQ of one of this lcore's
@@ -612,10 +520,7 @@ impl<L: Port> Lcore<L> {
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
             ahs: HashMap::with_capacity(1024),
-            scratch: Box::new(Scratch {
-                shm_send: ShmSendWqe::default(),
-                shm_recv: ShmRecvWqe::default(),
-            }),
+            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default() }),
             neigh,
             stats: stats.clone(),
             drops: drops.clone(),
@@ -636,21 +541,7 @@ impl<L: Port> Lcore<L> {
             gsi_psn: 0,
         };
         let stop = lc.stop.clone();
-        (
-            lc,
-            LcoreHandle {
-                cmds: CmdSender {
-                    tx,
-                    waker: waker.clone(),
-                },
-                waker,
-                stats,
-                drops,
-                index,
-                graveyard: grave_rx,
-                stop,
-            },
-        )
+        (lc, LcoreHandle { cmds: CmdSender { tx, waker: waker.clone() }, waker, stats, drops, index, graveyard: grave_rx, stop })
     }
 
     /// Join a multi-lcore service: frames for QPs owned by another lcore are handed over
@@ -688,10 +579,7 @@ impl<L: Port> Lcore<L> {
             let work = self.poll_once(now);
             if work {
                 bump(&self.stats.busy_iterations, 1);
-                bump(
-                    &self.stats.busy_ns,
-                    self.clock.now().0.saturating_sub(now.0),
-                );
+                bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
                 self.idle.work();
                 if wait {
                     if last_look {
@@ -718,8 +606,7 @@ impl<L: Port> Lcore<L> {
                 bump(&self.stats.idle_iterations, 1);
                 // The next timer bounds a sleep; only worth computing when we may sleep.
                 let next = if self.idle.may_sleep() {
-                    self.next_deadline()
-                        .map(|d| d.0.saturating_sub(self.clock.now().0) / 1000)
+                    self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000)
                 } else {
                     None
                 };
@@ -766,6 +653,7 @@ impl<L: Port> Lcore<L> {
     }
 
     // ---- control ------------------------------------------------------------------------
+
 }
 
 /// The shared header of a QP segment.
@@ -795,19 +683,16 @@ impl QpSlot {
     }
 }
 
+
+
+
 /// The QPN layout of a service with `lcores` lcores (what the service allocates QPNs by).
 pub fn qpn_layout(lcores: usize) -> QpnLayout {
-    QpnLayout {
-        lcores: lcores.max(1) as u32,
-        slots: MAX_QPS_PER_LCORE as u32,
-    }
+    QpnLayout { lcores: lcores.max(1) as u32, slots: MAX_QPS_PER_LCORE as u32 }
 }
 
 fn fatal(qp: &mut Qp, cq: &mut dyn CompletionSink) {
-    let a = QpAttr {
-        qp_state: pmrxe_transport::QpState::Err,
-        ..QpAttr::default()
-    };
+    let a = QpAttr { qp_state: pmrxe_transport::QpState::Err, ..QpAttr::default() };
     let _ = qp.modify(&a, AttrMask::STATE, cq);
 }
 

@@ -8,10 +8,7 @@ impl<L: Port> Lcore<L> {
             bump(&self.stats.rx_malformed, 1);
             return;
         };
-        let (src, for_us) = (
-            IpAddr::V4(a.source_ip),
-            self.ports[pi].owns_ip(IpAddr::V4(a.target_ip)),
-        );
+        let (src, for_us) = (IpAddr::V4(a.source_ip), self.ports[pi].owns_ip(IpAddr::V4(a.target_ip)));
         if a.operation == wire::ArpOp::Request && for_us {
             // A peer resolving our address is about to talk to us (as Linux, learn it).
             self.neigh.learn(src, a.source_mac.0, now.0);
@@ -51,24 +48,12 @@ impl<L: Port> Lcore<L> {
                 if !port.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
                     return;
                 }
-                let adv = wire::NdRepr::Advert {
-                    router: false,
-                    solicited: true,
-                    override_: true,
-                    target,
-                    target_lladdr: Some(MacAddr(port.dev.mac)),
-                };
+                let adv = wire::NdRepr::Advert { router: false, solicited: true, override_: true, target, target_lladdr: Some(MacAddr(port.dev.mac)) };
                 let (mac, dst_mac) = (port.dev.mac, src_lladdr.unwrap_or(f.src_mac));
-                self.emit_control(pi, |buf| {
-                    wire::emit_nd_frame(buf, MacAddr(mac), dst_mac, target, f.src_ip, &adv).ok()
-                });
+                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, MacAddr(mac), dst_mac, target, f.src_ip, &adv).ok());
                 bump(&self.stats.arp_replies, 1);
             }
-            wire::NdRepr::Advert {
-                target,
-                target_lladdr,
-                ..
-            } => {
+            wire::NdRepr::Advert { target, target_lladdr, .. } => {
                 if let Some(mac) = target_lladdr {
                     self.neigh.answer(IpAddr::V6(target), mac.0, now.0);
                 }
@@ -77,11 +62,7 @@ impl<L: Port> Lcore<L> {
     }
 
     /// Queue a small control frame (ARP/ND) built by `build` into a fresh buffer.
-    pub(super) fn emit_control(
-        &mut self,
-        pi: usize,
-        build: impl FnOnce(&mut [u8]) -> Option<usize>,
-    ) {
+    pub(super) fn emit_control(&mut self, pi: usize, build: impl FnOnce(&mut [u8]) -> Option<usize>) {
         let port = &mut self.ports[pi];
         if port.tx.len() >= port.tx.capacity() {
             return;
@@ -107,30 +88,16 @@ impl<L: Port> Lcore<L> {
         }
         self.last_solicit = now;
         let mac = MacAddr(self.ports[pi].dev.mac);
-        let Some(src) = self.ports[pi].ip_like(ip) else {
-            return;
-        };
+        let Some(src) = self.ports[pi].ip_like(ip) else { return };
         match (ip, src) {
             (IpAddr::V4(t), IpAddr::V4(src)) => {
-                let req = wire::ArpRepr {
-                    operation: wire::ArpOp::Request,
-                    source_mac: mac,
-                    source_ip: src,
-                    target_mac: MacAddr([0; 6]),
-                    target_ip: t,
-                };
+                let req = wire::ArpRepr { operation: wire::ArpOp::Request, source_mac: mac, source_ip: src, target_mac: MacAddr([0; 6]), target_ip: t };
                 self.emit_control(pi, |buf| wire::arp::emit_arp_frame(buf, mac, &req).ok());
             }
             (IpAddr::V6(t), IpAddr::V6(src)) => {
                 let sn = wire::icmpv6::solicited_node(&t);
-                let ns = wire::NdRepr::Solicit {
-                    target: t,
-                    src_lladdr: Some(mac),
-                };
-                self.emit_control(pi, |buf| {
-                    wire::emit_nd_frame(buf, mac, wire::icmpv6::multicast_mac(&sn), src, sn, &ns)
-                        .ok()
-                });
+                let ns = wire::NdRepr::Solicit { target: t, src_lladdr: Some(mac) };
+                self.emit_control(pi, |buf| wire::emit_nd_frame(buf, mac, wire::icmpv6::multicast_mac(&sn), src, sn, &ns).ok());
             }
             _ => {}
         }

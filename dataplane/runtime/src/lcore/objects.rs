@@ -19,47 +19,21 @@ impl<L: Port> Lcore<L> {
 
     pub(super) fn command(&mut self, c: Cmd) {
         match c {
-            Cmd::AddClient {
-                client,
-                page,
-                events,
-                events_fd,
-            } => {
-                self.clients.push(ClientSlot {
-                    id: client,
-                    page,
-                    events,
-                    events_fd,
-                    slots: vec![0; DOORBELL_SLOTS],
-                });
+            Cmd::AddClient { client, page, events, events_fd } => {
+                self.clients.push(ClientSlot { id: client, page, events, events_fd, slots: vec![0; DOORBELL_SLOTS] });
             }
             Cmd::RemoveClient { client, done } => {
-                let qpns: Vec<u32> = self
-                    .engine
-                    .iter()
-                    .filter(|(_, s)| s.client == client)
-                    .map(|(q, _)| q.qpn())
-                    .collect();
+                let qpns: Vec<u32> = self.engine.iter().filter(|(_, s)| s.client == client).map(|(q, _)| q.qpn()).collect();
                 for q in qpns {
                     self.remove_qp(q);
                 }
-                let cqs: Vec<u32> = self
-                    .cq_index
-                    .iter()
-                    .filter(|(_, &i)| self.cqs[i].as_ref().is_some_and(|c| c.client == client))
-                    .map(|(k, _)| *k)
-                    .collect();
+                let cqs: Vec<u32> = self.cq_index.iter().filter(|(_, &i)| self.cqs[i].as_ref().is_some_and(|c| c.client == client)).map(|(k, _)| *k).collect();
                 for k in cqs {
                     if let Some(c) = self.cq_index.remove(&k).and_then(|i| self.cqs[i].take()) {
                         let _ = self.grave.send(Box::new(c));
                     }
                 }
-                let srqs: Vec<u32> = self
-                    .srqs
-                    .iter()
-                    .filter(|(_, x)| x.client == client)
-                    .map(|(k, _)| *k)
-                    .collect();
+                let srqs: Vec<u32> = self.srqs.iter().filter(|(_, x)| x.client == client).map(|(k, _)| *k).collect();
                 for k in srqs {
                     if let Some(x) = self.srqs.remove(&k) {
                         let _ = self.grave.send(Box::new((x, self.engine.remove_srq(k))));
@@ -69,44 +43,22 @@ impl<L: Port> Lcore<L> {
                 if self.ahs.capacity() > 4 * self.ahs.len().max(1024) {
                     self.ahs.shrink_to(2 * self.ahs.len().max(1024));
                 }
-                self.stats
-                    .address_handles
-                    .store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
                 if let Some(i) = self.clients.iter().position(|c| c.id == client) {
                     let c = self.clients.swap_remove(i);
                     let _ = self.grave.send(Box::new(c));
                 }
                 let _ = done.send(());
             }
-            Cmd::AddCq {
-                cq,
-                client,
-                seg,
-                layout,
-                channel,
-                done,
-            } => {
+            Cmd::AddCq { cq, client, seg, layout, channel, done } => {
                 // SAFETY: the service created this segment with `layout` and initialised the
                 // ring; the Arc in the slot keeps it mapped as long as the producer lives.
                 let ring = unsafe {
-                    Producer::<ShmCqe>::attach(
-                        seg.as_ptr().add(layout.ring_offset as usize),
-                        seg.len() - layout.ring_offset as usize,
-                        layout.capacity,
-                    )
+                    Producer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - layout.ring_offset as usize, layout.capacity)
                 };
                 let r = ring.map(|ring| {
                     let notify = seg.as_ptr() as *const CqNotify;
-                    let slot = CqSlot {
-                        handle: cq,
-                        client,
-                        seg,
-                        ring,
-                        notify,
-                        channel,
-                        fresh: false,
-                        refs: 0,
-                    };
+                    let slot = CqSlot { handle: cq, client, seg, ring, notify, channel, fresh: false, refs: 0 };
                     let i = match self.cqs.iter().position(Option::is_none) {
                         Some(i) => {
                             self.cqs[i] = Some(slot);
@@ -117,8 +69,7 @@ impl<L: Port> Lcore<L> {
                             self.cqs.len() - 1
                         }
                     };
-                    if let Some(old) = self.cq_index.insert(cq, i).and_then(|o| self.cqs[o].take())
-                    {
+                    if let Some(old) = self.cq_index.insert(cq, i).and_then(|o| self.cqs[o].take()) {
                         let _ = self.grave.send(Box::new(old));
                     }
                 });
@@ -129,8 +80,7 @@ impl<L: Port> Lcore<L> {
                     None => Err(libc::EINVAL),
                     Some(c) if c.refs > 0 => Err(libc::EBUSY),
                     Some(_) => {
-                        if let Some(c) = self.cq_index.remove(&cq).and_then(|i| self.cqs[i].take())
-                        {
+                        if let Some(c) = self.cq_index.remove(&cq).and_then(|i| self.cqs[i].take()) {
                             let _ = self.grave.send(Box::new(c));
                         }
                         Ok(())
@@ -164,23 +114,13 @@ impl<L: Port> Lcore<L> {
             Cmd::AddQp { setup, done } => {
                 let _ = done.send(self.add_qp(*setup));
             }
-            Cmd::ModifyQp {
-                qpn,
-                attr,
-                mask,
-                done,
-            } => {
+            Cmd::ModifyQp { qpn, attr, mask, done } => {
                 let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
                 let r = self
                     .engine
                     .with(qpn, |qp, s| {
-                        let r = qp
-                            .modify(&attr, mask, &mut w.sink(&s.cq))
-                            .map_err(|_| libc::EINVAL);
-                        if r.is_ok()
-                            && mask.contains(AttrMask::STATE)
-                            && attr.qp_state == pmrxe_transport::QpState::Reset
-                        {
+                        let r = qp.modify(&attr, mask, &mut w.sink(&s.cq)).map_err(|_| libc::EINVAL);
+                        if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
                             s.reset_rings();
                         }
                         r
@@ -193,73 +133,35 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(a);
             }
             Cmd::DestroyQp { qpn, done } => {
-                let r = if self.remove_qp(qpn) {
-                    Ok(())
-                } else {
-                    Err(libc::EINVAL)
-                };
+                let r = if self.remove_qp(qpn) { Ok(()) } else { Err(libc::EINVAL) };
                 let _ = done.send(r);
             }
             Cmd::AddAh { client, ah, av } => {
                 self.ahs.insert((client, ah), av);
-                self.stats
-                    .address_handles
-                    .store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
             }
             Cmd::RemoveAh { client, ah } => {
                 self.ahs.remove(&(client, ah));
-                self.stats
-                    .address_handles
-                    .store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
             }
-            Cmd::AddSrq {
-                srq,
-                client,
-                seg,
-                layout,
-                db_slot,
-                done,
-            } => {
+            Cmd::AddSrq { srq, client, seg, layout, db_slot, done } => {
                 let r = (|| {
-                    let ci = self
-                        .clients
-                        .iter()
-                        .position(|c| c.id == client)
-                        .ok_or("unknown client")?;
-                    if db_slot as usize >= DOORBELL_SLOTS
-                        || self.clients[ci].slots[db_slot as usize] != 0
-                    {
+                    let ci = self.clients.iter().position(|c| c.id == client).ok_or("unknown client")?;
+                    if db_slot as usize >= DOORBELL_SLOTS || self.clients[ci].slots[db_slot as usize] != 0 {
                         return Err("doorbell slot in use".to_string());
                     }
                     // SAFETY: the service laid the segment out with `layout` and initialised the
                     // ring; the slot keeps the segment alive as long as the consumer.
-                    let ring = unsafe {
-                        Consumer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), layout.capacity)
-                    }
-                    .map_err(|e| e.to_string())?;
+                    let ring = unsafe { Consumer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), layout.capacity) }.map_err(|e| e.to_string())?;
                     let srqn = srq.srqn();
                     self.clients[ci].slots[db_slot as usize] = SRQ_SLOT | srqn;
                     self.engine.add_srq(*srq);
-                    self.srqs.insert(
-                        srqn,
-                        SrqSlot {
-                            client,
-                            _seg: seg,
-                            ring,
-                            refs: 0,
-                            backlog: false,
-                        },
-                    );
+                    self.srqs.insert(srqn, SrqSlot { client, _seg: seg, ring, refs: 0, backlog: false });
                     Ok(())
                 })();
                 let _ = done.send(r);
             }
-            Cmd::ModifySrq {
-                srqn,
-                attr,
-                arm,
-                done,
-            } => {
+            Cmd::ModifySrq { srqn, attr, arm, done } => {
                 let r = match self.engine.srq_mut(srqn) {
                     None => Err(libc::EINVAL),
                     Some(s) => {
@@ -294,32 +196,18 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(r);
             }
             Cmd::QpStats { done } => {
-                let v = self
-                    .engine
-                    .iter()
-                    .map(|(q, s)| (q.qpn(), s.client, q.stats().clone()))
-                    .collect();
+                let v = self.engine.iter().map(|(q, s)| (q.qpn(), s.client, q.stats().clone())).collect();
                 let _ = done.send(v);
             }
         }
     }
 
     pub(super) fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
-        let dev = self
-            .ports
-            .iter()
-            .position(|p| p.dev.index == s.device)
-            .ok_or("device not on this lcore")?;
-        let (Some(&send_cq), Some(&recv_cq)) =
-            (self.cq_index.get(&s.send_cq), self.cq_index.get(&s.recv_cq))
-        else {
+        let dev = self.ports.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
+        let (Some(&send_cq), Some(&recv_cq)) = (self.cq_index.get(&s.send_cq), self.cq_index.get(&s.recv_cq)) else {
             return Err("unknown CQ".into());
         };
-        let ci = self
-            .clients
-            .iter()
-            .position(|c| c.id == s.client)
-            .ok_or("unknown client")?;
+        let ci = self.clients.iter().position(|c| c.id == s.client).ok_or("unknown client")?;
         if s.db_slot as usize >= DOORBELL_SLOTS || self.clients[ci].slots[s.db_slot as usize] != 0 {
             return Err("doorbell slot in use".into());
         }
@@ -327,26 +215,11 @@ impl<L: Port> Lcore<L> {
         let len = s.seg.len();
         // SAFETY: the service laid the segment out with `layout` and initialised both rings;
         // the slot keeps the segment alive as long as the consumers.
-        let sq = unsafe {
-            Consumer::<ShmSendWqe>::attach(
-                base.add(s.layout.sq_offset as usize),
-                len - s.layout.sq_offset as usize,
-                s.layout.sq_capacity,
-            )
-        }
-        .map_err(|e| e.to_string())?;
+        let sq = unsafe { Consumer::<ShmSendWqe>::attach(base.add(s.layout.sq_offset as usize), len - s.layout.sq_offset as usize, s.layout.sq_capacity) }
+            .map_err(|e| e.to_string())?;
         let rq = if s.layout.rq_capacity > 0 {
             // SAFETY: as above.
-            Some(
-                unsafe {
-                    Consumer::<ShmRecvWqe>::attach(
-                        base.add(s.layout.rq_offset as usize),
-                        len - s.layout.rq_offset as usize,
-                        s.layout.rq_capacity,
-                    )
-                }
-                .map_err(|e| e.to_string())?,
-            )
+            Some(unsafe { Consumer::<ShmRecvWqe>::attach(base.add(s.layout.rq_offset as usize), len - s.layout.rq_offset as usize, s.layout.rq_capacity) }.map_err(|e| e.to_string())?)
         } else {
             None
         };
@@ -363,12 +236,7 @@ impl<L: Port> Lcore<L> {
         let slot = QpSlot {
             client: s.client,
             dev,
-            cq: CqTarget {
-                seg: s.seg,
-                send: send_cq,
-                recv: recv_cq,
-                own_rq: rq.is_some(),
-            },
+            cq: CqTarget { seg: s.seg, send: send_cq, recv: recv_cq, own_rq: rq.is_some() },
             sq,
             rq,
             is_ud,
@@ -390,9 +258,7 @@ impl<L: Port> Lcore<L> {
     }
 
     pub(super) fn remove_qp(&mut self, qpn: u32) -> bool {
-        let Some((qp, slot)) = self.engine.remove(qpn) else {
-            return false;
-        };
+        let Some((qp, slot)) = self.engine.remove(qpn) else { return false };
         for cq in [slot.cq.send, slot.cq.recv] {
             if let Some(c) = self.cqs[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);

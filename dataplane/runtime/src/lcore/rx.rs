@@ -67,10 +67,7 @@ impl<L: Port> Lcore<L> {
             // was 64 instructions per handed-over 8 B WRITE).
             let mut spent: ArrayVec<L::Buf, BURST> = ArrayVec::new();
             for _ in 0..BURST * 4 {
-                let item = self
-                    .handoff
-                    .as_ref()
-                    .and_then(|h| h.inbox[self.index % h.lcores()].pop());
+                let item = self.handoff.as_ref().and_then(|h| h.inbox[self.index % h.lcores()].pop());
                 let Some((pi, buf)) = item else { break };
                 any = true;
                 bump(&self.stats.handoff_in, 1);
@@ -96,33 +93,19 @@ impl<L: Port> Lcore<L> {
 
     /// Handle one received frame. Returns the lcore to hand it to when its QP lives on another
     /// lcore (only when `may_hand_off`: a frame that was already handed over is not bounced).
-    pub(super) fn on_frame(
-        &mut self,
-        pi: usize,
-        now: Instant,
-        data: &[u8],
-        may_hand_off: bool,
-    ) -> Option<usize> {
+    pub(super) fn on_frame(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
         // The ICRC check is deferred: to the owning QP (checked before the packet acts, or while
         // its payload is placed), or made here for frames the lcore itself consumes.
         // The packet is parsed in place: its headers are written once, where the engine reads
         // them.
         // Built from its parts, not copied from `TransportHeaders::BLANK`: LLVM copies a
         // 136-byte constant with a memcpy call, a literal's `None` tags with a few stores.
-        let blank = wire::TransportHeaders::new(wire::BthRepr::new(
-            wire::Opcode(0),
-            wire::Qpn::new(0),
-            wire::Psn::new(0),
-        ));
+        let blank = wire::TransportHeaders::new(wire::BthRepr::new(wire::Opcode(0), wire::Qpn::new(0), wire::Psn::new(0)));
         let mut pkt = RxPacket::new(blank, &[]);
         // Route on BTH.dest_qp once the outer headers and lengths are checked: a frame for
         // another lcore's QP is handed over with its transport headers unparsed and its bytes
         // unhashed; the owner parses it and verifies its ICRC, once.
-        let handoff = if may_hand_off {
-            self.handoff.as_ref()
-        } else {
-            None
-        };
+        let handoff = if may_hand_off { self.handoff.as_ref() } else { None };
         let me = self.index;
         let engine = &self.engine;
         let mut to = None;
@@ -164,10 +147,7 @@ impl<L: Port> Lcore<L> {
                     // QP1 takes only GSI datagrams (UD SEND_ONLY, Q_Key 0x80010000); anything
                     // else for it is a frame for a QP that does not exist.
                     let gsi = pkt.hdr.bth.opcode == wire::Opcode::UD_SEND_ONLY
-                        && pkt
-                            .hdr
-                            .deth
-                            .is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
+                        && pkt.hdr.deth.is_some_and(|d| d.qkey == pmrxe_cm::gsi::GSI_QKEY);
                     if !gsi {
                         bump(&self.stats.rx_unknown_qp, 1);
                     } else if !f.check.verify(f.payload) {
@@ -177,10 +157,7 @@ impl<L: Port> Lcore<L> {
                     }
                     return None;
                 }
-                let Some((at, slot)) = predicted
-                    .or_else(|| self.engine.slot(qpn))
-                    .and_then(|at| Some((at, self.engine.ext_at(at)?)))
-                else {
+                let Some((at, slot)) = predicted.or_else(|| self.engine.slot(qpn)).and_then(|at| Some((at, self.engine.ext_at(at)?))) else {
                     bump(&self.stats.rx_unknown_qp, 1);
                     return None;
                 };
@@ -189,10 +166,7 @@ impl<L: Port> Lcore<L> {
                 // established neighbour (ARP/ND and static entries are authoritative).
                 // (Only while the QP has no current path: steady traffic costs one compare.)
                 let gen = self.neigh.generation();
-                if slot.path.is_none_or(|p| p.neigh_gen != gen)
-                    && self.neigh.lookup(f.src_ip(), now.0).is_none()
-                    && f.check.verify(f.payload)
-                {
+                if slot.path.is_none_or(|p| p.neigh_gen != gen) && self.neigh.lookup(f.src_ip(), now.0).is_none() && f.check.verify(f.payload) {
                     self.neigh.learn(f.src_ip(), f.src_mac.0, now.0);
                 }
                 if slot.dev != pi {
@@ -203,28 +177,13 @@ impl<L: Port> Lcore<L> {
                     bump(&self.stats.rx_ecn_ce, 1);
                 }
                 pkt.deferred = true;
-                if pkt
-                    .hdr
-                    .bth
-                    .opcode
-                    .info()
-                    .is_some_and(|i| i.needs_recv_wqe())
-                {
+                if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
                     self.pull_recv_wqes(qpn, at);
                 }
                 let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
                 // The QP handles it; a MIDDLE that took the full parse becomes its prediction
                 // record (the engine's `receive`).
-                if self.engine.receive(
-                    now,
-                    at,
-                    pi as u32,
-                    data,
-                    &pkt,
-                    predicted.is_some(),
-                    &*self.mem,
-                    &mut cq,
-                ) {
+                if self.engine.receive(now, at, pi as u32, data, &pkt, predicted.is_some(), &*self.mem, &mut cq) {
                     self.count_bad_icrc();
                 }
                 None
@@ -237,19 +196,11 @@ impl<L: Port> Lcore<L> {
                 self.on_nd(pi, data, now);
                 None
             }
-            Err(wire::Error::UnknownOpcode(op)) if op == wire::cnp::OPCODE.0 => {
-                self.on_cnp(pi, now, data, may_hand_off)
-            }
+            Err(wire::Error::UnknownOpcode(op)) if op == wire::cnp::OPCODE.0 => self.on_cnp(pi, now, data, may_hand_off),
             Err(e) => {
                 if e == wire::Error::BadIcrc {
                     bump(&self.stats.rx_icrc_errors, 1);
-                } else if matches!(
-                    e,
-                    wire::Error::NotIp
-                        | wire::Error::NotUdp
-                        | wire::Error::NotRoce
-                        | wire::Error::Icmpv6
-                ) {
+                } else if matches!(e, wire::Error::NotIp | wire::Error::NotUdp | wire::Error::NotRoce | wire::Error::Icmpv6) {
                     bump(&self.stats.rx_not_for_us, 1);
                 } else {
                     bump(&self.stats.rx_malformed, 1);
@@ -269,9 +220,7 @@ impl<L: Port> Lcore<L> {
     fn pull_recv_wqes(&mut self, qpn: u32, at: u32) {
         // Looked at read-only first: a QP with receive WQEs at hand (every SEND of a steady
         // stream) costs two loads here, not a re-filing on the engine's lists.
-        let Some(qp) = self.engine.qp_at(at) else {
-            return;
-        };
+        let Some(qp) = self.engine.qp_at(at) else { return };
         if let Some(n) = qp.srq() {
             if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
                 if srq.is_empty() {
@@ -296,13 +245,7 @@ impl<L: Port> Lcore<L> {
 
     /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names
     /// cuts its rate (DCQCN reaction point). Returns the owning lcore when the QP lives there.
-    pub(super) fn on_cnp(
-        &mut self,
-        pi: usize,
-        now: Instant,
-        data: &[u8],
-        may_hand_off: bool,
-    ) -> Option<usize> {
+    pub(super) fn on_cnp(&mut self, pi: usize, now: Instant, data: &[u8], may_hand_off: bool) -> Option<usize> {
         let f = match wire::parse_cnp_frame(data) {
             Ok(f) => f,
             Err(e) => {
@@ -361,11 +304,7 @@ impl<L: Port> Lcore<L> {
             bump(&self.stats.cm_drops, 1);
             return;
         }
-        let mut f = GsiFrame {
-            device: self.ports[pi].dev.index,
-            len: data.len() as u16,
-            data: [0; MAX_GSI_FRAME],
-        };
+        let mut f = GsiFrame { device: self.ports[pi].dev.index, len: data.len() as u16, data: [0; MAX_GSI_FRAME] };
         f.data[..data.len()].copy_from_slice(data);
         if pipe.push_rx(f) {
             bump(&self.stats.cm_rx, 1);

@@ -19,17 +19,8 @@ impl<L: Port> Lcore<L> {
         let mut any = self.drain_srqs();
         any |= self.drain_backlog(now);
         let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        let mut ports = LcorePorts {
-            ports: &mut self.ports,
-            neigh: &self.neigh,
-            stats: &self.stats,
-            tap: self.tap.as_deref(),
-            unresolved: None,
-            burst: Burst::default(),
-        };
-        any |= self
-            .engine
-            .transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
+        let mut ports = LcorePorts { ports: &mut self.ports, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), unresolved: None, burst: Burst::default() };
+        any |= self.engine.transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
         if let Some((pi, ip)) = ports.unresolved {
             self.solicit(pi, ip, now);
         }
@@ -40,17 +31,10 @@ impl<L: Port> Lcore<L> {
     pub(super) fn gsi_transmit(&mut self, now: Instant) -> bool {
         // Every iteration: one load of the queue, no Arc clone (refcount traffic) unless a MAD
         // is waiting.
-        let Some(pipe) = self
-            .gsi
-            .as_ref()
-            .filter(|p| p.tx.get(self.index).is_some_and(|q| !q.is_empty()))
-            .cloned()
-        else {
+        let Some(pipe) = self.gsi.as_ref().filter(|p| p.tx.get(self.index).is_some_and(|q| !q.is_empty())).cloned() else {
             return false;
         };
-        let Some(q) = pipe.tx.get(self.index) else {
-            return false;
-        };
+        let Some(q) = pipe.tx.get(self.index) else { return false };
         let mut any = false;
         let mut unresolved: Option<(usize, IpAddr)> = None;
         for _ in 0..BURST {
@@ -67,11 +51,7 @@ impl<L: Port> Lcore<L> {
             }
             let dst_ip = out.path.dgid.to_ip();
             let local = port.owns_ip(dst_ip);
-            let dmac = if local {
-                Some(port.dev.mac)
-            } else {
-                self.neigh.lookup(dst_ip, now.0)
-            };
+            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip, now.0) };
             let Some(dmac) = dmac else {
                 bump(&self.stats.tx_no_neighbor, 1);
                 bump(&self.stats.cm_drops, 1);
@@ -90,14 +70,7 @@ impl<L: Port> Lcore<L> {
             };
             self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
             let psn = wire::Psn::new(self.gsi_psn);
-            match pmrxe_cm::gsi::build_mad_frame_into(
-                buf,
-                &out.path,
-                MacAddr(port.dev.mac),
-                MacAddr(dmac),
-                psn,
-                &out.mad,
-            ) {
+            match pmrxe_cm::gsi::build_mad_frame_into(buf, &out.path, MacAddr(port.dev.mac), MacAddr(dmac), psn, &out.mad) {
                 Ok(n) => {
                     let _ = b.resize(n);
                 }
@@ -199,24 +172,8 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
     }
 
     #[inline]
-    fn resolve(
-        &mut self,
-        s: &mut QpSlot,
-        av: &AddressVector,
-        src_qpn: u32,
-        dest_qpn: u32,
-        now: Instant,
-    ) -> bool {
-        path_for(
-            &mut s.path,
-            &self.ports[s.dev],
-            self.neigh,
-            av,
-            src_qpn,
-            dest_qpn,
-            now,
-        )
-        .is_some()
+    fn resolve(&mut self, s: &mut QpSlot, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> bool {
+        path_for(&mut s.path, &self.ports[s.dev], self.neigh, av, src_qpn, dest_qpn, now).is_some()
     }
 
     fn held(&mut self, s: &QpSlot, av: &AddressVector) {
@@ -253,33 +210,14 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
     }
 
     #[inline]
-    fn emit(
-        &mut self,
-        s: &mut QpSlot,
-        mut b: L::Buf,
-        t: &Transmit,
-        av: &AddressVector,
-        now: Instant,
-    ) {
+    fn emit(&mut self, s: &mut QpSlot, mut b: L::Buf, t: &Transmit, av: &AddressVector, now: Instant) {
         let stats = self.stats;
         if b.data()[0] == wire::cnp::OPCODE.0 {
             bump(&stats.tx_cnp, 1);
         }
         let port = &mut self.ports[s.dev];
         let connected = t.av.is_none();
-        let cached = if connected && self.burst.connected_checked {
-            s.path.as_mut()
-        } else {
-            path_for(
-                &mut s.path,
-                port,
-                self.neigh,
-                av,
-                t.src_qpn,
-                t.dest_qpn,
-                now,
-            )
-        };
+        let cached = if connected && self.burst.connected_checked { s.path.as_mut() } else { path_for(&mut s.path, port, self.neigh, av, t.src_qpn, t.dest_qpn, now) };
         let Some(path) = cached else {
             bump(&stats.tx_no_neighbor, 1);
             self.unresolved = Some((s.dev, gid_to_ip(&av.dgid)));
@@ -306,9 +244,7 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
         let seal = t.tail_crc.is_none();
         if seal || self.burst.tap {
             let at = if local { port.lo.len() } else { port.tx.len() };
-            self.burst
-                .built
-                .push((local, at as u16, header.header_len() as u8, seal));
+            self.burst.built.push((local, at as u16, header.header_len() as u8, seal));
         }
         if local {
             port.lo.push(b);
@@ -328,11 +264,7 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
     fn end_burst(&mut self, s: &mut QpSlot, qpn: u32) {
         let port = &mut self.ports[s.dev];
         for &(local, at, hl, seal) in &self.burst.built {
-            let b = if local {
-                &mut port.lo[usize::from(at)]
-            } else {
-                &mut port.tx[usize::from(at)]
-            };
+            let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
             if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
                 bump(&self.stats.tx_build_errors, 1);
             }
@@ -351,57 +283,27 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
 /// The Eth/IP/UDP addressing of a packet on `av` to `dest_qpn` from `src_qpn`, from the QP's
 /// cache when nothing it depends on changed; `None` while the next hop's MAC is unknown.
 #[allow(clippy::too_many_arguments)]
-fn path_for<'a, L: Port>(
-    cache: &'a mut Option<PathCache>,
-    port: &PortSlot<L>,
-    neigh: &Neighbors,
-    av: &AddressVector,
-    src_qpn: u32,
-    dest_qpn: u32,
-    now: Instant,
-) -> Option<&'a mut PathCache> {
+fn path_for<'a, L: Port>(cache: &'a mut Option<PathCache>, port: &PortSlot<L>, neigh: &Neighbors, av: &AddressVector, src_qpn: u32, dest_qpn: u32, now: Instant) -> Option<&'a mut PathCache> {
     let gen = neigh.generation();
-    let hit = cache
-        .as_ref()
-        .is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
+    let hit = cache.as_ref().is_some_and(|c| c.neigh_gen == gen && c.dest_qpn == dest_qpn && c.av == *av);
     if !hit {
         let dst_ip = gid_to_ip(&av.dgid);
-        let src_ip = port
-            .ips
-            .get(av.sgid_index as usize)
-            .copied()
-            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let src_ip = port.ips.get(av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         let local = port.owns_ip(dst_ip);
-        let dmac = if local {
-            Some(port.dev.mac)
-        } else {
-            av.dmac.or_else(|| neigh.lookup(dst_ip, now.0))
-        }?;
+        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip, now.0)) }?;
         let l3 = wire::L3Info {
             src_mac: MacAddr(port.dev.mac),
             dst_mac: MacAddr(dmac),
             src_ip,
             dst_ip,
             // RoCEv2 over an ECN fabric: ECT(0), the DSCP from the GRH traffic class.
-            tclass: if port.dev.ecn {
-                wire::ecn::with_ecn(av.traffic_class, wire::ecn::ECT0)
-            } else {
-                av.traffic_class
-            },
+            tclass: if port.dev.ecn { wire::ecn::with_ecn(av.traffic_class, wire::ecn::ECT0) } else { av.traffic_class },
             ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
             flow_label: av.flow_label,
             udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
             ip_id: 0,
         };
-        *cache = Some(PathCache {
-            av: *av,
-            dest_qpn,
-            neigh_gen: gen,
-            l3,
-            local,
-            headers: [None; 2],
-            next_header: 0,
-        });
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, headers: [None; 2], next_header: 0 });
     }
     cache.as_mut()
 }

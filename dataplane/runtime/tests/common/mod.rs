@@ -12,13 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crossbeam::channel::{bounded, Receiver};
 use pmrxe_abi::ctrl::AsyncEvent;
 use pmrxe_abi::ring::{init_ring, Consumer, Producer};
-use pmrxe_abi::{
-    send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe,
-    ShmRecvWqe, ShmSendWqe, ShmSge, SrqSegmentLayout, CLIENT_PAGE_LEN,
-};
+use pmrxe_abi::{send_flags, wr_opcode, ClientPage, CqSegmentLayout, Doorbell, QpSegmentLayout, ShmCqe, ShmRecvWqe, ShmSendWqe, ShmSge, SrqSegmentLayout, CLIENT_PAGE_LEN};
 use pmrxe_mem::{Access, Key, MemLimits, MemTable, Region};
-use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
 use pmrxe_runtime::lcore::{Cmd, DeviceConfig, Lcore, LcoreHandle, QpSetup};
+use pmrxe_port::{ArrayVec, MacAddr, Port, SimBuf};
 use pmrxe_runtime::neigh::ip_to_gid;
 use pmrxe_runtime::shm::Segment;
 use pmrxe_transport::sim::PairParams;
@@ -59,42 +56,17 @@ pub fn rig<L: Port>(
     let [ip0, ip1] = ips;
     let page = Arc::new(Segment::create("page", CLIENT_PAGE_LEN as usize).unwrap());
     let (etx, events) = bounded(16);
-    h.cmds
-        .send(Cmd::AddClient {
-            client: 1,
-            page: page.clone(),
-            events: etx,
-            events_fd: None,
-        })
-        .unwrap();
+    h.cmds.send(Cmd::AddClient { client: 1, page: page.clone(), events: etx, events_fd: None }).unwrap();
     let mut cq_rings = Vec::new();
     for cq in [10u32, 11] {
         let layout = CqSegmentLayout::new(1024);
         let seg = Arc::new(Segment::create("cq", layout.total_len as usize).unwrap());
         // SAFETY: fresh segment laid out by `layout`.
-        unsafe {
-            init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap()
-        };
+        unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), 1024).unwrap() };
         // SAFETY: the ring was just initialised; `seg` outlives the consumer (kept in the vec).
-        let c = unsafe {
-            Consumer::<ShmCqe>::attach(
-                seg.as_ptr().add(layout.ring_offset as usize),
-                seg.len() - 64,
-                1024,
-            )
-            .unwrap()
-        };
+        let c = unsafe { Consumer::<ShmCqe>::attach(seg.as_ptr().add(layout.ring_offset as usize), seg.len() - 64, 1024).unwrap() };
         let (tx, rx) = bounded(1);
-        h.cmds
-            .send(Cmd::AddCq {
-                cq,
-                client: 1,
-                seg: seg.clone(),
-                layout,
-                channel: None,
-                done: tx,
-            })
-            .unwrap();
+        h.cmds.send(Cmd::AddCq { cq, client: 1, seg: seg.clone(), layout, channel: None, done: tx }).unwrap();
         lc.poll_once(Instant(0));
         rx.recv().unwrap().unwrap();
         cq_rings.push((seg, c));
@@ -106,44 +78,17 @@ pub fn rig<L: Port>(
         unsafe { init_ring::<ShmRecvWqe>(seg.as_ptr(), 256).unwrap() };
         // SAFETY: as above; `seg` is returned beside the producer.
         let prod = unsafe { Producer::<ShmRecvWqe>::attach(seg.as_ptr(), seg.len(), 256).unwrap() };
-        let s = Srq::new(
-            srqn,
-            SrqAttr {
-                max_wr: 256,
-                max_sge: 4,
-                srq_limit: 0,
-            },
-        )
-        .unwrap();
+        let s = Srq::new(srqn, SrqAttr { max_wr: 256, max_sge: 4, srq_limit: 0 }).unwrap();
         let (tx, rx) = bounded(1);
-        h.cmds
-            .send(Cmd::AddSrq {
-                srq: Box::new(s),
-                client: 1,
-                seg: seg.clone(),
-                layout,
-                db_slot: 2,
-                done: tx,
-            })
-            .unwrap();
+        h.cmds.send(Cmd::AddSrq { srq: Box::new(s), client: 1, seg: seg.clone(), layout, db_slot: 2, done: tx }).unwrap();
         lc.poll_once(Instant(0));
         rx.recv().unwrap().unwrap();
         (seg, prod)
     });
     let pd = p.pd;
     let mut sqs = Vec::new();
-    for (dev, qpn, peer, peer_ip, cq) in [
-        (0u32, 0x11u32, 0x12u32, ip1, 10u32),
-        (1, 0x12, 0x11, ip0, 11),
-    ] {
-        let mut qp = Qp::new(
-            qpn,
-            QpType::Rc,
-            pd,
-            p.caps,
-            if qpn == 0x12 { srq } else { None },
-        )
-        .unwrap();
+    for (dev, qpn, peer, peer_ip, cq) in [(0u32, 0x11u32, 0x12u32, ip1, 10u32), (1, 0x12, 0x11, ip0, 11)] {
+        let mut qp = Qp::new(qpn, QpType::Rc, pd, p.caps, if qpn == 0x12 { srq } else { None }).unwrap();
         up(&mut qp, peer, ip_to_gid(peer_ip), p);
         let layout = QpSegmentLayout::new(256, 256);
         let seg = Arc::new(Segment::create("qp", layout.total_len as usize).unwrap());
@@ -154,30 +99,11 @@ pub fn rig<L: Port>(
         }
         // SAFETY: as above; `seg` is kept alive in `sqs`.
         let prod = unsafe {
-            Producer::<ShmSendWqe>::attach(
-                seg.as_ptr().add(layout.sq_offset as usize),
-                (layout.rq_offset - layout.sq_offset) as usize,
-                256,
-            )
-            .unwrap()
+            Producer::<ShmSendWqe>::attach(seg.as_ptr().add(layout.sq_offset as usize), (layout.rq_offset - layout.sq_offset) as usize, 256).unwrap()
         };
         let (tx, rx) = bounded(1);
-        let setup = QpSetup {
-            qp,
-            client: 1,
-            device: dev,
-            seg: seg.clone(),
-            layout,
-            send_cq: cq,
-            recv_cq: cq,
-            db_slot: dev as u16,
-        };
-        h.cmds
-            .send(Cmd::AddQp {
-                setup: Box::new(setup),
-                done: tx,
-            })
-            .unwrap();
+        let setup = QpSetup { qp, client: 1, device: dev, seg: seg.clone(), layout, send_cq: cq, recv_cq: cq, db_slot: dev as u16 };
+        h.cmds.send(Cmd::AddQp { setup: Box::new(setup), done: tx }).unwrap();
         lc.poll_once(Instant(0));
         rx.recv().unwrap().unwrap();
         sqs.push((seg, prod));
@@ -187,24 +113,8 @@ pub fn rig<L: Port>(
     src.fill(0, 1 << 20, 0xab).unwrap();
     let dst = Region::zeroed(1 << 20);
     let lkey = mem.reg_mr(pd, src, 0x10_0000, Access::LOCAL_WRITE).unwrap();
-    let rkey = mem
-        .reg_mr(
-            pd,
-            dst.clone(),
-            0x20_0000,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        )
-        .unwrap();
-    Rig {
-        page,
-        events,
-        cq_rings,
-        sqs,
-        lkey,
-        rkey,
-        dst,
-        srq: srq_ring,
-    }
+    let rkey = mem.reg_mr(pd, dst.clone(), 0x20_0000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    Rig { page, events, cq_rings, sqs, lkey, rkey, dst, srq: srq_ring }
 }
 
 /// The producer of a rig QP's own receive ring (the rig hands out only the send rings);
@@ -213,41 +123,14 @@ pub fn own_rq(seg: &Segment) -> Producer<ShmRecvWqe> {
     let layout = QpSegmentLayout::new(256, 256);
     // SAFETY: the rig initialised the receive ring at `rq_offset` of this segment; the caller
     // keeps the segment mapped for the producer's lifetime.
-    unsafe {
-        Producer::<ShmRecvWqe>::attach(
-            seg.as_ptr().add(layout.rq_offset as usize),
-            (layout.total_len - layout.rq_offset) as usize,
-            256,
-        )
-        .unwrap()
-    }
+    unsafe { Producer::<ShmRecvWqe>::attach(seg.as_ptr().add(layout.rq_offset as usize), (layout.total_len - layout.rq_offset) as usize, 256).unwrap() }
 }
 
 /// QP 0x11 posts a signaled 8-byte SEND (wr_id 7) of the source MR (`lkey`, 0xab bytes) and
 /// rings; one lcore pass at `now` puts it on the wire towards device 1 (`to_dev1`).
-pub fn send_8_bytes<L: Port>(
-    lc: &mut Lcore<L>,
-    page: &ClientPage,
-    sq: &mut Producer<ShmSendWqe>,
-    lkey: Key,
-    to_dev1: &Wire,
-    now: Instant,
-) {
-    let mut send = ShmSendWqe {
-        wr_id: 7,
-        opcode: wr_opcode::SEND,
-        send_flags: send_flags::SIGNALED,
-        num_sge: 1,
-        ..Default::default()
-    };
-    send.set_sge(
-        0,
-        ShmSge {
-            addr: 0x10_0000,
-            length: 8,
-            lkey: lkey.0,
-        },
-    );
+pub fn send_8_bytes<L: Port>(lc: &mut Lcore<L>, page: &ClientPage, sq: &mut Producer<ShmSendWqe>, lkey: Key, to_dev1: &Wire, now: Instant) {
+    let mut send = ShmSendWqe { wr_id: 7, opcode: wr_opcode::SEND, send_flags: send_flags::SIGNALED, num_sge: 1, ..Default::default() };
+    send.set_sge(0, ShmSge { addr: 0x10_0000, length: 8, lkey: lkey.0 });
     sq.push(send).unwrap();
     page.ring(Doorbell { lcore: 0, slot: 0 });
     lc.poll_once(now);
@@ -257,35 +140,15 @@ pub fn send_8_bytes<L: Port>(
 /// QP 0x11 posts a signaled 64 KiB RDMA WRITE (`wr_id`) from the source MR's `src_off` to the
 /// destination MR's `dst_off` and rings; the next lcore pass puts it on device 0's wire.
 pub fn post_write_64k(r: &mut Rig, wr_id: u64, src_off: u64, dst_off: u64) {
-    let mut w = ShmSendWqe {
-        wr_id,
-        opcode: wr_opcode::RDMA_WRITE,
-        send_flags: send_flags::SIGNALED,
-        num_sge: 1,
-        remote_addr: 0x20_0000 + dst_off,
-        rkey: r.rkey.0,
-        ..Default::default()
-    };
-    w.set_sge(
-        0,
-        ShmSge {
-            addr: 0x10_0000 + src_off,
-            length: 65536,
-            lkey: r.lkey.0,
-        },
-    );
+    let mut w = ShmSendWqe { wr_id, opcode: wr_opcode::RDMA_WRITE, send_flags: send_flags::SIGNALED, num_sge: 1, remote_addr: 0x20_0000 + dst_off, rkey: r.rkey.0, ..Default::default() };
+    w.set_sge(0, ShmSge { addr: 0x10_0000 + src_off, length: 65536, lkey: r.lkey.0 });
     r.sqs[0].1.push(w).unwrap();
     client_page(&r.page).ring(Doorbell { lcore: 0, slot: 0 });
 }
 
 /// Poll `lc` until `cq` has a completion (at most 200 passes, `now` advanced 2 µs before each);
 /// returns it, or panics with the lcore's counters.
-pub fn poll_completion<L: Port>(
-    lc: &mut Lcore<L>,
-    h: &LcoreHandle,
-    cq: &mut Consumer<ShmCqe>,
-    now: &mut u64,
-) -> ShmCqe {
+pub fn poll_completion<L: Port>(lc: &mut Lcore<L>, h: &LcoreHandle, cq: &mut Consumer<ShmCqe>, now: &mut u64) -> ShmCqe {
     for _ in 0..200 {
         *now += 2_000;
         lc.poll_once(Instant(*now));
@@ -311,55 +174,17 @@ pub struct Pair {
 /// Build a [`Pair`] whose ports make buffers with `new_buf`.
 pub fn lcore_pair(new_buf: fn() -> SimBuf) -> Pair {
     let (q0, q1) = (wire(), wire());
-    let l0 = QueuePort {
-        rx: q0.clone(),
-        tx: q1.clone(),
-        new_buf,
-    };
-    let l1 = QueuePort {
-        rx: q1.clone(),
-        tx: q0.clone(),
-        new_buf,
-    };
+    let l0 = QueuePort { rx: q0.clone(), tx: q1.clone(), new_buf };
+    let l1 = QueuePort { rx: q1.clone(), tx: q0.clone(), new_buf };
     let ip0: IpAddr = "198.18.0.1".parse().unwrap();
     let ip1: IpAddr = "198.18.0.2".parse().unwrap();
     let (mac0, mac1) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let d0 = DeviceConfig {
-        index: 0,
-        mac: mac0,
-        gids: vec![ip_to_gid(ip0)],
-        mtu: 9000,
-        ..Default::default()
-    };
-    let d1 = DeviceConfig {
-        index: 1,
-        mac: mac1,
-        gids: vec![ip_to_gid(ip1)],
-        mtu: 9000,
-        ..Default::default()
-    };
+    let d0 = DeviceConfig { index: 0, mac: mac0, gids: vec![ip_to_gid(ip0)], mtu: 9000, ..Default::default() };
+    let d1 = DeviceConfig { index: 1, mac: mac1, gids: vec![ip_to_gid(ip1)], mtu: 9000, ..Default::default() };
     let mem = Arc::new(MemTable::new(MemLimits::default()));
-    let idle = pmrxe_config::IdleConfig {
-        mode: pmrxe_config::IdleMode::Busy,
-        ..Default::default()
-    };
-    let (lc, h) = Lcore::new(
-        0,
-        vec![(l0, d0), (l1, d1)],
-        mem.clone(),
-        &[(ip0, mac0), (ip1, mac1)],
-        idle,
-        Arc::new(AtomicBool::new(false)),
-        None,
-    );
-    Pair {
-        lc,
-        h,
-        mem,
-        ips: [ip0, ip1],
-        to_dev1: q1,
-        to_dev0: q0,
-    }
+    let idle = pmrxe_config::IdleConfig { mode: pmrxe_config::IdleMode::Busy, ..Default::default() };
+    let (lc, h) = Lcore::new(0, vec![(l0, d0), (l1, d1)], mem.clone(), &[(ip0, mac0), (ip1, mac1)], idle, Arc::new(AtomicBool::new(false)), None);
+    Pair { lc, h, mem, ips: [ip0, ip1], to_dev1: q1, to_dev0: q0 }
 }
 
 /// The [`ClientPage`] in a client page segment (what the lcore reads doorbells from).

@@ -12,10 +12,7 @@ impl CmPort {
         self.nets.iter().any(|&(a, p)| same_subnet(a, ip, p))
     }
     pub(super) fn addr_like(&self, like: IpAddr) -> Option<IpAddr> {
-        self.nets
-            .iter()
-            .map(|(a, _)| *a)
-            .find(|a| a.is_ipv4() == like.is_ipv4())
+        self.nets.iter().map(|(a, _)| *a).find(|a| a.is_ipv4() == like.is_ipv4())
     }
     pub(super) fn sgid_index(&self, gid: Gid) -> u8 {
         self.gids.iter().position(|x| *x == gid.0).unwrap_or(0) as u8
@@ -72,25 +69,14 @@ pub(super) fn sock_ip(a: &CmSockAddr) -> IpAddr {
     if a.v6 {
         IpAddr::V6(v6)
     } else {
-        IpAddr::V4(
-            v6.to_ipv4_mapped()
-                .unwrap_or(Ipv4Addr::new(a.ip[12], a.ip[13], a.ip[14], a.ip[15])),
-        )
+        IpAddr::V4(v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::new(a.ip[12], a.ip[13], a.ip[14], a.ip[15])))
     }
 }
 
 pub(super) fn sock_addr(ip: IpAddr, port: u16) -> CmSockAddr {
     match ip {
-        IpAddr::V4(v) => CmSockAddr {
-            ip: v.to_ipv6_mapped().octets(),
-            v6: false,
-            port,
-        },
-        IpAddr::V6(v) => CmSockAddr {
-            ip: v.octets(),
-            v6: true,
-            port,
-        },
+        IpAddr::V4(v) => CmSockAddr { ip: v.to_ipv6_mapped().octets(), v6: false, port },
+        IpAddr::V6(v) => CmSockAddr { ip: v.octets(), v6: true, port },
     }
 }
 
@@ -132,40 +118,19 @@ impl CmCore {
     /// Is `port` taken for id `me` binding on `device`? `fam`: the family of the address it
     /// binds and whether it is AF-only; two AF-only ids of different families never clash
     /// (the kernel's `cma_check_port`).
-    pub(super) fn port_taken(
-        &self,
-        me: u32,
-        ps: PortSpace,
-        device: Option<usize>,
-        port: u16,
-        fam: Option<(bool, bool)>,
-    ) -> bool {
+    pub(super) fn port_taken(&self, me: u32, ps: PortSpace, device: Option<usize>, port: u16, fam: Option<(bool, bool)>) -> bool {
         self.ids.iter().any(|(&h, r)| {
-            h != me
-                && r.bound
-                && !r.child
-                && r.ps == ps
-                && r.src.port == port
-                && (r.device.is_none() || device.is_none() || r.device == device)
+            h != me && r.bound && !r.child && r.ps == ps && r.src.port == port && (r.device.is_none() || device.is_none() || r.device == device)
                 && !(r.reuseaddr && r.listen_sid.is_none())
                 && !fam.is_some_and(|(v6, afonly)| afonly && is_afonly(r) && v6 != r.src.v6)
         })
     }
 
-    pub(super) fn ephemeral(
-        &mut self,
-        me: u32,
-        ps: PortSpace,
-        device: Option<usize>,
-    ) -> Option<u16> {
+    pub(super) fn ephemeral(&mut self, me: u32, ps: PortSpace, device: Option<usize>) -> Option<u16> {
         let n = EPHEMERAL.end() - EPHEMERAL.start() + 1;
         for _ in 0..n {
             let p = self.next_port;
-            self.next_port = if p >= *EPHEMERAL.end() {
-                *EPHEMERAL.start()
-            } else {
-                p + 1
-            };
+            self.next_port = if p >= *EPHEMERAL.end() { *EPHEMERAL.start() } else { p + 1 };
             if !self.port_taken(me, ps, device, p, None) {
                 return Some(p);
             }
@@ -175,9 +140,7 @@ impl CmCore {
 
     /// Bind `id` to `addr` (wildcard = every device; port 0 = ephemeral).
     pub(super) fn bind(&mut self, id: u32, addr: CmSockAddr) -> Result<(), Fail> {
-        let Some(r) = self.ids.get(&id) else {
-            return Err((libc::EINVAL, "no such rdma_cm id"));
-        };
+        let Some(r) = self.ids.get(&id) else { return Err((libc::EINVAL, "no such rdma_cm id")) };
         if r.bound {
             return Err((libc::EINVAL, "rdma_cm id already bound"));
         }
@@ -214,22 +177,10 @@ impl CmCore {
 
     pub(super) fn addr_reply(&self, id: u32) -> Reply {
         let r = &self.ids[&id];
-        (
-            Response::CmAddr {
-                addr: r.src,
-                device: r.device.map(|p| self.ports[p].cfg.device),
-            },
-            None,
-        )
+        (Response::CmAddr { addr: r.src, device: r.device.map(|p| self.ports[p].cfg.device) }, None)
     }
 
-    pub(super) fn resolve_addr(
-        &mut self,
-        client: u32,
-        id: u32,
-        src: Option<CmSockAddr>,
-        dst: CmSockAddr,
-    ) -> Reply {
+    pub(super) fn resolve_addr(&mut self, client: u32, id: u32, src: Option<CmSockAddr>, dst: CmSockAddr) -> Reply {
         let r = match self.own(client, id) {
             Ok(r) => r,
             Err(e) => return fail(e.0, e.1),
@@ -254,12 +205,7 @@ impl CmCore {
             .or_else(|| self.ports.iter().position(|p| p.cfg.owns(dip)))
             .or_else(|| self.ports.iter().position(|p| p.cfg.routes(dip)))
             .or_else(|| (is_loopback(dip) && !self.ports.is_empty()).then_some(LOOPBACK_DEVICE));
-        let Some(pi) = chosen else {
-            return fail(
-                libc::EADDRNOTAVAIL,
-                "no pmrxe device owns or routes to the destination",
-            );
-        };
+        let Some(pi) = chosen else { return fail(libc::EADDRNOTAVAIL, "no pmrxe device owns or routes to the destination") };
         let sip = if r.bound && !is_wildcard(&r.src) {
             Some(sock_ip(&r.src))
         } else if is_loopback(dip) {
@@ -268,10 +214,7 @@ impl CmCore {
             self.ports[pi].cfg.addr_like(dip)
         };
         let Some(sip) = sip.filter(|s| s.is_ipv4() == dip.is_ipv4()) else {
-            return fail(
-                libc::EADDRNOTAVAIL,
-                "the device has no address of the destination's family",
-            );
+            return fail(libc::EADDRNOTAVAIL, "the device has no address of the destination's family");
         };
         let port = if r.bound && r.src.port != 0 {
             r.src.port

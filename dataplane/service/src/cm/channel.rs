@@ -41,11 +41,7 @@ impl CmCore {
                 dead.push(h);
                 continue;
             }
-            if self
-                .channels
-                .get_mut(&h)
-                .is_some_and(|ch| flush_backlog(ch).is_err())
-            {
+            if self.channels.get_mut(&h).is_some_and(|ch| flush_backlog(ch).is_err()) {
                 dead.push(h);
             }
         }
@@ -95,33 +91,11 @@ impl CmCore {
     pub(super) fn event_msg(&self, id: u32, event: u32, status: i32) -> Option<(u32, CmEventMsg)> {
         let r = self.ids.get(&id)?;
         let device = r.device.map(|p| self.ports[p].cfg.device);
-        Some((
-            r.channel,
-            CmEventMsg {
-                id,
-                context: r.context,
-                listen_id: None,
-                event,
-                status,
-                device,
-                src: r.src,
-                dst: r.dst,
-                ..Default::default()
-            },
-        ))
+        Some((r.channel, CmEventMsg { id, context: r.context, listen_id: None, event, status, device, src: r.src, dst: r.dst, ..Default::default() }))
     }
 
-    pub(super) fn emit(
-        &mut self,
-        id: u32,
-        event: u32,
-        status: i32,
-        conn: Option<CmConnParam>,
-        ud: Option<CmUdParam>,
-    ) {
-        let Some((ch, mut m)) = self.event_msg(id, event, status) else {
-            return;
-        };
+    pub(super) fn emit(&mut self, id: u32, event: u32, status: i32, conn: Option<CmConnParam>, ud: Option<CmUdParam>) {
+        let Some((ch, mut m)) = self.event_msg(id, event, status) else { return };
         if let Some(c) = conn {
             m.conn = c;
         }
@@ -129,16 +103,9 @@ impl CmCore {
         self.deliver(ch, &m);
     }
 
-    pub(super) fn emit_request(
-        &mut self,
-        id: u32,
-        conn: Option<CmConnParam>,
-        ud: Option<CmUdParam>,
-    ) {
+    pub(super) fn emit_request(&mut self, id: u32, conn: Option<CmConnParam>, ud: Option<CmUdParam>) {
         let parent = self.ids.get(&id).and_then(|r| r.parent);
-        let Some((ch, mut m)) = self.event_msg(id, event::CONNECT_REQUEST, 0) else {
-            return;
-        };
+        let Some((ch, mut m)) = self.event_msg(id, event::CONNECT_REQUEST, 0) else { return };
         m.listen_id = parent;
         if let Some(c) = conn {
             m.conn = c;

@@ -4,56 +4,25 @@
 use super::*;
 
 impl CmCore {
-    pub(super) fn connect(
-        &mut self,
-        now: Instant,
-        client: u32,
-        id: u32,
-        qpn: u32,
-        conn: CmConnParam,
-    ) -> Reply {
-        let Ok(qpn) = Qpn::try_from(qpn) else {
-            return fail(libc::EINVAL, "QP number does not fit 24 bits");
-        };
+    pub(super) fn connect(&mut self, now: Instant, client: u32, id: u32, qpn: u32, conn: CmConnParam) -> Reply {
+        let Ok(qpn) = Qpn::try_from(qpn) else { return fail(libc::EINVAL, "QP number does not fit 24 bits") };
         let r = match self.own(client, id) {
             Ok(r) => r,
             Err(e) => return fail(e.0, e.1),
         };
-        let Some(pi) = r.device.filter(|_| r.route_resolved) else {
-            return fail(libc::EINVAL, "resolve the route first");
-        };
+        let Some(pi) = r.device.filter(|_| r.route_resolved) else { return fail(libc::EINVAL, "resolve the route first") };
         if r.conn.is_some() || r.listen_sid.is_some() {
-            return fail(
-                libc::EISCONN,
-                "rdma_cm id is already connecting or listening",
-            );
+            return fail(libc::EISCONN, "rdma_cm id is already connecting or listening");
         }
         let path = self.route(r, pi);
-        let hdr = cma::Repr {
-            src_ip: sock_ip(&r.src),
-            src_port: r.src.port,
-            dst_ip: sock_ip(&r.dst),
-        };
+        let hdr = cma::Repr { src_ip: sock_ip(&r.src), src_port: r.src.port, dst_ip: sock_ip(&r.dst) };
         let (ud, ps, dport, psn, qp_type) = (r.is_ud(), r.ps, r.dst.port, r.psn, r.qp_type);
         let res = if ud {
             let Ok(pd) = hdr.with_user_data(&conn.private_data, sidr_req::PRIVATE_DATA_LEN) else {
                 return fail(libc::EINVAL, "private data too long");
             };
-            let sid = cma::service_id(
-                if ps == PortSpace::IPOIB {
-                    PortSpace::IPOIB
-                } else {
-                    PortSpace::UDP
-                },
-                dport,
-            );
-            let p = SidrParams {
-                path,
-                service_id: sid,
-                timeout: pmrxe_cm::types::CMA_CM_RESPONSE_TIMEOUT,
-                max_cm_retries: pmrxe_cm::types::CMA_MAX_CM_RETRIES,
-                private_data: pd,
-            };
+            let sid = cma::service_id(if ps == PortSpace::IPOIB { PortSpace::IPOIB } else { PortSpace::UDP }, dport);
+            let p = SidrParams { path, service_id: sid, timeout: pmrxe_cm::types::CMA_CM_RESPONSE_TIMEOUT, max_cm_retries: pmrxe_cm::types::CMA_MAX_CM_RETRIES, private_data: pd };
             self.ports[pi].cm.sidr_resolve(now, &p)
         } else {
             let Ok(pd) = hdr.with_user_data(&conn.private_data, req::PRIVATE_DATA_LEN) else {
@@ -61,11 +30,7 @@ impl CmCore {
             };
             let sid = cma::service_id(ps, dport);
             let mut p = ConnectParams::new(path, sid, qpn, psn);
-            p.transport = if qp_type == QpType::Uc {
-                Transport::Uc
-            } else {
-                Transport::Rc
-            };
+            p.transport = if qp_type == QpType::Uc { Transport::Uc } else { Transport::Rc };
             p.responder_resources = conn.responder_resources;
             p.initiator_depth = conn.initiator_depth;
             p.retry_count = conn.retry_count.min(7);
@@ -88,33 +53,15 @@ impl CmCore {
         }
     }
 
-    pub(super) fn accept(
-        &mut self,
-        now: Instant,
-        client: u32,
-        id: u32,
-        qpn: u32,
-        conn: CmConnParam,
-    ) -> Reply {
-        let Ok(qpn) = Qpn::try_from(qpn) else {
-            return fail(libc::EINVAL, "QP number does not fit 24 bits");
-        };
+    pub(super) fn accept(&mut self, now: Instant, client: u32, id: u32, qpn: u32, conn: CmConnParam) -> Reply {
+        let Ok(qpn) = Qpn::try_from(qpn) else { return fail(libc::EINVAL, "QP number does not fit 24 bits") };
         let r = match self.own(client, id) {
             Ok(r) => r,
             Err(e) => return fail(e.0, e.1),
         };
-        let (Some(pi), Some(cid)) = (r.device, r.conn) else {
-            return fail(libc::EINVAL, "no connection request to accept");
-        };
+        let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "no connection request to accept") };
         let res = if r.is_ud() {
-            let p = SidrReplyParams {
-                status: SidrStatus::SUCCESS,
-                qpn,
-                qkey: cma::UDP_QKEY,
-                vendor_id: 0,
-                info: vec![],
-                private_data: conn.private_data,
-            };
+            let p = SidrReplyParams { status: SidrStatus::SUCCESS, qpn, qkey: cma::UDP_QKEY, vendor_id: 0, info: vec![], private_data: conn.private_data };
             let res = self.ports[pi].cm.sidr_reply(now, cid, &p);
             if res.is_ok() {
                 self.conn_gone(pi, cid);

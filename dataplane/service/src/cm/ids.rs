@@ -18,26 +18,16 @@ impl CmCore {
 
     pub(super) fn destroy(&mut self, now: Instant, id: u32) {
         self.request_read(id);
-        let Some(r) = self.ids.remove(&id) else {
-            return;
-        };
+        let Some(r) = self.ids.remove(&id) else { return };
         if let (Some(pi), Some(cid)) = (r.device, r.conn) {
             let _ = self.ports[pi].cm.destroy(now, cid);
             self.by_conn.remove(&(pi, cid));
         }
         if let Some(sid) = r.listen_sid {
-            let keys: Vec<(usize, u64, u8)> = self
-                .listeners
-                .iter()
-                .filter(|(k, &v)| k.1 == sid && v == id)
-                .map(|(k, _)| *k)
-                .collect();
+            let keys: Vec<(usize, u64, u8)> = self.listeners.iter().filter(|(k, &v)| k.1 == sid && v == id).map(|(k, _)| *k).collect();
             for k in keys {
                 self.listeners.remove(&k);
-                if ![FAM_ANY, 4, 6]
-                    .iter()
-                    .any(|&f| self.listeners.contains_key(&(k.0, sid, f)))
-                {
+                if ![FAM_ANY, 4, 6].iter().any(|&f| self.listeners.contains_key(&(k.0, sid, f))) {
                     let _ = self.ports[k.0].cm.unlisten(sid);
                 }
             }
@@ -51,12 +41,7 @@ impl CmCore {
 
     /// A client is gone: its ids are destroyed (the CM sends DREQ/REJ) and its channels closed.
     pub fn client_gone(&mut self, now: Instant, client: u32) {
-        let ids: Vec<u32> = self
-            .ids
-            .iter()
-            .filter(|(_, r)| r.client == client)
-            .map(|(&h, _)| h)
-            .collect();
+        let ids: Vec<u32> = self.ids.iter().filter(|(_, r)| r.client == client).map(|(&h, _)| h).collect();
         for h in ids {
             self.destroy(now, h);
         }

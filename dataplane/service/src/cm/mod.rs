@@ -32,24 +32,22 @@ use addr::*;
 use channel::*;
 use listen::*;
 
-use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam::channel::{bounded, Receiver, Sender, TryRecvError};
-use pmrxe_abi::ctrl::{
-    self, AhAttr, CmConnParam, CmEventMsg, CmSockAddr, CmUdParam, QpAttr, Request, Response,
-};
+use pmrxe_abi::ctrl::{self, AhAttr, CmConnParam, CmEventMsg, CmSockAddr, CmUdParam, QpAttr, Request, Response};
 use pmrxe_cm::cma::{self, PortSpace};
 use pmrxe_cm::msg::{req, sidr_req};
 use pmrxe_cm::{
-    AcceptParams, Cm, CmConfig, ConnId, ConnState, ConnectParams, Event, Gid, Instant, RejReason,
-    RoutePath, SidrParams, SidrReplyParams, SidrStatus, Transmit, Transport, Waiting,
+    AcceptParams, Cm, CmConfig, ConnId, ConnState, ConnectParams, Event, Gid, Instant, RejReason, RoutePath, SidrParams, SidrReplyParams,
+    SidrStatus, Transmit, Transport, Waiting,
 };
 use pmrxe_runtime::gsi::{GsiOut, GsiPipe};
 use pmrxe_transport::QpType;
@@ -136,11 +134,7 @@ pub struct CmPort {
 /// A call from a session.
 pub enum CmCall {
     /// One `Request::Cm*`; the reply carries an fd for `CmOpenChannel`.
-    Request {
-        client: u32,
-        req: Request,
-        reply: Sender<(Response, Option<OwnedFd>)>,
-    },
+    Request { client: u32, req: Request, reply: Sender<(Response, Option<OwnedFd>)> },
     /// The client is gone: destroy its ids (DREQ/REJ go out) and channels.
     ClientGone { client: u32, done: Sender<()> },
     /// Table sizes and counters for `pmrxe stats`.
@@ -189,22 +183,10 @@ impl CmHandle {
     /// Forward a request and wait for its reply.
     pub fn request(&self, client: u32, req: Request) -> (Response, Option<OwnedFd>) {
         let (tx, rx) = bounded(1);
-        if !self.send(CmCall::Request {
-            client,
-            req,
-            reply: tx,
-        }) {
-            return (
-                err(libc::ESHUTDOWN, "the connection manager is stopping"),
-                None,
-            );
+        if !self.send(CmCall::Request { client, req, reply: tx }) {
+            return (err(libc::ESHUTDOWN, "the connection manager is stopping"), None);
         }
-        rx.recv().unwrap_or_else(|_| {
-            (
-                err(libc::ESHUTDOWN, "the connection manager is stopping"),
-                None,
-            )
-        })
+        rx.recv().unwrap_or_else(|_| (err(libc::ESHUTDOWN, "the connection manager is stopping"), None))
     }
     /// Tell the CM a client is gone (waits until its ids are destroyed).
     pub fn client_gone(&self, client: u32) {
@@ -224,29 +206,14 @@ impl CmHandle {
 }
 
 fn err(errno: i32, msg: &str) -> Response {
-    Response::Err {
-        errno,
-        msg: msg.to_string(),
-    }
+    Response::Err { errno, msg: msg.to_string() }
 }
 
 /// Start the CM thread.
-pub fn spawn(
-    ports: Vec<CmPort>,
-    pipe: Arc<GsiPipe>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<(CmHandle, std::thread::JoinHandle<()>)> {
+pub fn spawn(ports: Vec<CmPort>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) -> std::io::Result<(CmHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = crossbeam::channel::unbounded();
-    let t = std::thread::Builder::new()
-        .name("pmrxe-cm".into())
-        .spawn(move || run(CmCore::new(ports), rx, pipe, stop))?;
-    Ok((
-        CmHandle {
-            tx,
-            thread: t.thread().clone(),
-        },
-        t,
-    ))
+    let t = std::thread::Builder::new().name("pmrxe-cm".into()).spawn(move || run(CmCore::new(ports), rx, pipe, stop))?;
+    Ok((CmHandle { tx, thread: t.thread().clone() }, t))
 }
 
 fn run(mut core: CmCore, rx: Receiver<CmCall>, pipe: Arc<GsiPipe>, stop: Arc<AtomicBool>) {
@@ -422,24 +389,13 @@ pub struct CmCore {
 impl CmCore {
     /// A CM per port, no id.
     pub fn new(ports: Vec<CmPort>) -> CmCore {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
         let ports = ports
             .into_iter()
             .enumerate()
             .map(|(i, cfg)| {
                 let seed = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                PortState {
-                    cm: Cm::new(CmConfig {
-                        ca_guid: cfg.guid,
-                        seed,
-                        sidr_linger: SIDR_LINGER,
-                        ..CmConfig::default()
-                    }),
-                    cfg,
-                }
+                PortState { cm: Cm::new(CmConfig { ca_guid: cfg.guid, seed, sidr_linger: SIDR_LINGER, ..CmConfig::default() }), cfg }
             })
             .collect();
         CmCore {
@@ -500,11 +456,7 @@ impl CmCore {
             conns: self.conn_count(),
             backlog: self.channels.values().map(|c| c.backlog.len()).sum(),
             service: self.stats,
-            ports: self
-                .ports
-                .iter()
-                .map(|p| (p.cfg.device, p.cm.len(), *p.cm.stats()))
-                .collect(),
+            ports: self.ports.iter().map(|p| (p.cfg.device, p.cm.len(), *p.cm.stats())).collect(),
         }
     }
 }

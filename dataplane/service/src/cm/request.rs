@@ -28,9 +28,7 @@ impl CmCore {
     /// One `Request::Cm*` of `client`.
     pub fn request(&mut self, now: Instant, client: u32, req: Request) -> Reply {
         // A client that names a passive id has read its CONNECT_REQUEST.
-        if let Some(id) =
-            named_id(&req).filter(|id| self.ids.get(id).is_some_and(|r| r.client == client))
-        {
+        if let Some(id) = named_id(&req).filter(|id| self.ids.get(id).is_some_and(|r| r.client == client)) {
             self.request_read(id);
         }
         let r = self.request_inner(now, client, req);
@@ -41,52 +39,24 @@ impl CmCore {
     pub(super) fn request_inner(&mut self, now: Instant, client: u32, req: Request) -> Reply {
         match req {
             Request::CmOpenChannel => {
-                if self.channels.len() >= MAX_CHANNELS
-                    || self
-                        .channels
-                        .values()
-                        .filter(|c| c.client == client)
-                        .count()
-                        >= MAX_CHANNELS_PER_CLIENT
-                {
+                if self.channels.len() >= MAX_CHANNELS || self.channels.values().filter(|c| c.client == client).count() >= MAX_CHANNELS_PER_CLIENT {
                     return fail(libc::EMFILE, "too many rdma_cm event channels");
                 }
                 let (ours, theirs) = match seqpacket_pair() {
                     Ok(p) => p,
-                    Err(e) => {
-                        return fail(e.raw_os_error().unwrap_or(libc::EMFILE), &e.to_string())
-                    }
+                    Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), &e.to_string()),
                 };
                 let h = self.handle();
-                self.channels.insert(
-                    h,
-                    Channel {
-                        client,
-                        sock: ours,
-                        backlog: VecDeque::new(),
-                    },
-                );
+                self.channels.insert(h, Channel { client, sock: ours, backlog: VecDeque::new() });
                 (Response::CmChannel { channel: h }, Some(theirs))
             }
-            Request::CmCreateId {
-                channel,
-                ps,
-                qp_type,
-                context,
-            } => {
+            Request::CmCreateId { channel, ps, qp_type, context } => {
                 if !self.own_channel(client, channel) {
                     return fail(libc::EINVAL, "no such rdma_cm event channel");
                 }
-                let Ok(ps) = PortSpace::try_from(ps) else {
-                    return fail(libc::EPROTONOSUPPORT, "unknown rdma_cm port space");
-                };
-                let Ok(qp_type) = crate::session::decode_qp_type(qp_type) else {
-                    return fail(libc::EINVAL, "rdma_cm ids are for RC, UC or UD QPs");
-                };
-                if self.ids.len() >= MAX_IDS
-                    || self.ids.values().filter(|r| r.client == client).count()
-                        >= MAX_IDS_PER_CLIENT
-                {
+                let Ok(ps) = PortSpace::try_from(ps) else { return fail(libc::EPROTONOSUPPORT, "unknown rdma_cm port space") };
+                let Ok(qp_type) = crate::session::decode_qp_type(qp_type) else { return fail(libc::EINVAL, "rdma_cm ids are for RC, UC or UD QPs") };
+                if self.ids.len() >= MAX_IDS || self.ids.values().filter(|r| r.client == client).count() >= MAX_IDS_PER_CLIENT {
                     return fail(libc::ENOMEM, "too many rdma_cm ids");
                 }
                 let h = self.handle();
@@ -163,27 +133,12 @@ impl CmCore {
                     Ok(r) => r,
                     Err(e) => return fail(e.0, e.1),
                 };
-                let (Some(pi), Some(cid), ud) = (r.device, r.conn, r.is_ud()) else {
-                    return fail(libc::EINVAL, "no connection request to reject");
-                };
+                let (Some(pi), Some(cid), ud) = (r.device, r.conn, r.is_ud()) else { return fail(libc::EINVAL, "no connection request to reject") };
                 let res = if ud {
-                    let p = SidrReplyParams {
-                        status: SidrStatus::REJECT,
-                        qpn: Qpn::new(0),
-                        qkey: 0,
-                        vendor_id: 0,
-                        info: vec![],
-                        private_data,
-                    };
+                    let p = SidrReplyParams { status: SidrStatus::REJECT, qpn: Qpn::new(0), qkey: 0, vendor_id: 0, info: vec![], private_data };
                     self.ports[pi].cm.sidr_reply(now, cid, &p)
                 } else {
-                    self.ports[pi].cm.reject(
-                        now,
-                        cid,
-                        RejReason::CONSUMER_DEFINED,
-                        &[],
-                        &private_data,
-                    )
+                    self.ports[pi].cm.reject(now, cid, RejReason::CONSUMER_DEFINED, &[], &private_data)
                 };
                 match res {
                     Ok(()) => {
@@ -198,9 +153,7 @@ impl CmCore {
                     Ok(r) => r,
                     Err(e) => return fail(e.0, e.1),
                 };
-                let (Some(pi), Some(cid)) = (r.device, r.conn) else {
-                    return fail(libc::EINVAL, "not connecting");
-                };
+                let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "not connecting") };
                 let cm = &mut self.ports[pi].cm;
                 let res = match cm.state(cid) {
                     Some(ConnState::RepRcvd | ConnState::MraRepSent) => cm.rtu(now, cid, &[]),
@@ -218,9 +171,7 @@ impl CmCore {
                     Ok(r) => r,
                     Err(e) => return fail(e.0, e.1),
                 };
-                let (Some(pi), Some(cid)) = (r.device, r.conn) else {
-                    return fail(libc::EINVAL, "not connected");
-                };
+                let (Some(pi), Some(cid)) = (r.device, r.conn) else { return fail(libc::EINVAL, "not connected") };
                 let cm = &mut self.ports[pi].cm;
                 match cm.state(cid) {
                     Some(ConnState::Established) => match cm.disconnect(now, cid, &[]) {
@@ -235,21 +186,12 @@ impl CmCore {
                 Ok(_) => self.init_qp_attr(id, qp_state),
                 Err(e) => fail(e.0, e.1),
             },
-            Request::CmSetOption {
-                id,
-                level,
-                name,
-                value,
-            } => {
+            Request::CmSetOption { id, level, name, value } => {
                 if let Err(e) = self.own(client, id) {
                     return fail(e.0, e.1);
                 }
                 let r = self.ids.get_mut(&id).expect("owned");
-                let int = || {
-                    value
-                        .get(..4)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                };
+                let int = || value.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
                 match (level, name) {
                     (0, 0) => match value.first() {
                         Some(&t) => r.tos = t,

@@ -24,23 +24,14 @@ pub struct Context {
 impl Context {
     /// Connect to the control socket at `path` and say hello.
     pub fn connect(path: &Path) -> Result<Context> {
-        let program = std::env::args()
-            .next()
-            .unwrap_or_else(|| "pmrxe-native".into());
+        let program = std::env::args().next().unwrap_or_else(|| "pmrxe-native".into());
         let conn = Connection::connect(path, program)?;
-        Ok(Context {
-            inner: Arc::new(Inner {
-                conn,
-                next_seg: AtomicU64::new(1),
-            }),
-        })
+        Ok(Context { inner: Arc::new(Inner { conn, next_seg: AtomicU64::new(1) }) })
     }
 
     /// Connect to `$PMRXE_SOCKET`, else the default socket.
     pub fn connect_default() -> Result<Context> {
-        Context::connect(&pmrxe_abi::ctrl::socket_path(
-            pmrxe_abi::ctrl::DEFAULT_SOCKET,
-        ))
+        Context::connect(&pmrxe_abi::ctrl::socket_path(pmrxe_abi::ctrl::DEFAULT_SOCKET))
     }
 
     /// The devices the service announced (`pmrxe0`, `pmrxe1`, ...).
@@ -50,10 +41,7 @@ impl Context {
 
     /// Index of the device called `name`.
     pub fn device_index(&self, name: &str) -> Option<u32> {
-        self.devices()
-            .iter()
-            .find(|d| d.name == name)
-            .map(|d| d.index)
+        self.devices().iter().find(|d| d.name == name).map(|d| d.index)
     }
 
     /// Our client id at the service.
@@ -113,11 +101,7 @@ impl Pd {
     /// Allocate a PD on device `device` (index into [`Context::devices`]).
     pub fn alloc(ctx: &Context, device: u32) -> Result<Pd> {
         match ctx.call(&Request::AllocPd { device }, &[])?.0 {
-            Response::Pd { pd } => Ok(Pd {
-                ctx: ctx.clone(),
-                device,
-                handle: pd,
-            }),
+            Response::Pd { pd } => Ok(Pd { ctx: ctx.clone(), device, handle: pd }),
             _ => Err(proto("AllocPd")),
         }
     }

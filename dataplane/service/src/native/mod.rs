@@ -50,11 +50,7 @@ pub mod wqe {
     use super::*;
 
     fn base(wr_id: u64, opcode: u32, signaled: bool) -> ShmSendWqe {
-        let mut w = ShmSendWqe {
-            wr_id,
-            opcode,
-            ..Default::default()
-        };
+        let mut w = ShmSendWqe { wr_id, opcode, ..Default::default() };
         if signaled {
             w.send_flags |= send_flags::SIGNALED;
         }
@@ -77,13 +73,7 @@ pub mod wqe {
     }
 
     /// RDMA WRITE of one SGE to `remote_addr`/`rkey`.
-    pub fn write(
-        wr_id: u64,
-        sge: ShmSge,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> ShmSendWqe {
+    pub fn write(wr_id: u64, sge: ShmSge, remote_addr: u64, rkey: u32, signaled: bool) -> ShmSendWqe {
         let mut w = base(wr_id, wr_opcode::RDMA_WRITE, signaled);
         w.num_sge = 1;
         w.set_sge(0, sge);
@@ -93,13 +83,7 @@ pub mod wqe {
     }
 
     /// RDMA WRITE of inline bytes.
-    pub fn write_inline(
-        wr_id: u64,
-        data: &[u8],
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> ShmSendWqe {
+    pub fn write_inline(wr_id: u64, data: &[u8], remote_addr: u64, rkey: u32, signaled: bool) -> ShmSendWqe {
         let mut w = base(wr_id, wr_opcode::RDMA_WRITE, signaled);
         set_inline(&mut w, data);
         w.remote_addr = remote_addr;
@@ -108,13 +92,7 @@ pub mod wqe {
     }
 
     /// RDMA READ from `remote_addr`/`rkey` into one SGE.
-    pub fn read(
-        wr_id: u64,
-        sge: ShmSge,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> ShmSendWqe {
+    pub fn read(wr_id: u64, sge: ShmSge, remote_addr: u64, rkey: u32, signaled: bool) -> ShmSendWqe {
         let mut w = base(wr_id, wr_opcode::RDMA_READ, signaled);
         w.num_sge = 1;
         w.set_sge(0, sge);
@@ -133,11 +111,7 @@ pub mod wqe {
 
     /// A receive WQE of one SGE.
     pub fn recv(wr_id: u64, sge: ShmSge) -> ShmRecvWqe {
-        let mut r = ShmRecvWqe {
-            wr_id,
-            num_sge: 1,
-            ..Default::default()
-        };
+        let mut r = ShmRecvWqe { wr_id, num_sge: 1, ..Default::default() };
         r.sge[0] = sge;
         r
     }

@@ -31,26 +31,11 @@ impl Buffer {
         let fd = pmrxe_abi::client::memfd(c"pmrxe-native", len as u64, 0, false)?;
         let map = Mapping::map(fd.as_raw_fd(), 0, len, true)?;
         let seg = ctx.next_seg();
-        match ctx
-            .call(
-                &Request::AddSegment {
-                    seg,
-                    base: map.ptr() as u64,
-                    len: len as u64,
-                },
-                &[fd.as_raw_fd()],
-            )?
-            .0
-        {
+        match ctx.call(&Request::AddSegment { seg, base: map.ptr() as u64, len: len as u64 }, &[fd.as_raw_fd()])?.0 {
             Response::Ok => {}
             _ => return Err(proto("AddSegment")),
         }
-        Ok(Buffer {
-            ctx: ctx.clone(),
-            seg,
-            map,
-            _fd: fd,
-        })
+        Ok(Buffer { ctx: ctx.clone(), seg, map, _fd: fd })
     }
 
     /// Start address (client address space).
@@ -75,11 +60,7 @@ impl Buffer {
 
     /// The range `off..off + n`, checked against the mapping (panics outside it).
     fn range(&self, off: usize, n: usize) -> *mut u8 {
-        assert!(
-            off.checked_add(n).is_some_and(|e| e <= self.map.len()),
-            "{off}+{n} outside a {}-byte buffer",
-            self.map.len()
-        );
+        assert!(off.checked_add(n).is_some_and(|e| e <= self.map.len()), "{off}+{n} outside a {}-byte buffer", self.map.len());
         // SAFETY: `off <= len`, so the result is inside (or one past) our mapping.
         unsafe { self.map.ptr().add(off) }
     }
@@ -147,42 +128,17 @@ pub struct Mr {
 
 impl Mr {
     /// Register `len` bytes at `offset` of `buf` with `access` ([`super::access`]).
-    pub fn register_range(
-        pd: &Pd,
-        buf: &Buffer,
-        offset: usize,
-        len: usize,
-        access: u32,
-    ) -> Result<Mr> {
+    pub fn register_range(pd: &Pd, buf: &Buffer, offset: usize, len: usize, access: u32) -> Result<Mr> {
         if len == 0 || offset.checked_add(len).is_none_or(|e| e > buf.len()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "MR outside its buffer",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "MR outside its buffer"));
         }
         let addr = buf.addr() + offset as u64;
         let a0 = offset / PAGE * PAGE;
         let a1 = (offset + len).div_ceil(PAGE) * PAGE;
-        let pieces = vec![Piece {
-            seg: buf.seg,
-            seg_offset: a0 as u64,
-            len: (a1 - a0) as u64,
-        }];
-        let req = Request::RegMr {
-            pd: pd.handle,
-            addr,
-            len: len as u64,
-            iova: addr,
-            access,
-            pieces,
-        };
+        let pieces = vec![Piece { seg: buf.seg, seg_offset: a0 as u64, len: (a1 - a0) as u64 }];
+        let req = Request::RegMr { pd: pd.handle, addr, len: len as u64, iova: addr, access, pieces };
         match pd.ctx.call(&req, &[])?.0 {
-            Response::Mr { key } => Ok(Mr {
-                ctx: pd.ctx.clone(),
-                key,
-                addr,
-                len: len as u64,
-            }),
+            Response::Mr { key } => Ok(Mr { ctx: pd.ctx.clone(), key, addr, len: len as u64 }),
             _ => Err(proto("RegMr")),
         }
     }
@@ -195,11 +151,7 @@ impl Mr {
     /// An SGE of `len` bytes at `offset` into the MR.
     #[inline]
     pub fn sge(&self, offset: u64, len: u32) -> ShmSge {
-        ShmSge {
-            addr: self.addr + offset,
-            length: len,
-            lkey: self.key,
-        }
+        ShmSge { addr: self.addr + offset, length: len, lkey: self.key }
     }
 }
 

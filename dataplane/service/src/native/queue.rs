@@ -21,32 +21,16 @@ pub struct Cq {
 impl Cq {
     /// Create a CQ of at least `cqe` entries on `device`.
     pub fn create(ctx: &Context, device: u32, cqe: u32) -> Result<Cq> {
-        let (r, fds) = ctx.call(
-            &Request::CreateCq {
-                device,
-                cqe,
-                channel: None,
-            },
-            &[],
-        )?;
-        let Response::Cq { cq, cqe, layout } = r else {
-            return Err(proto("CreateCq"));
-        };
+        let (r, fds) = ctx.call(&Request::CreateCq { device, cqe, channel: None }, &[])?;
+        let Response::Cq { cq, cqe, layout } = r else { return Err(proto("CreateCq")) };
         let CqSegment { cons, map } = CqSegment::attach(&fds, &layout)?;
-        Ok(Cq {
-            ctx: ctx.clone(),
-            handle: cq,
-            cqe,
-            cons,
-            _map: map,
-        })
+        Ok(Cq { ctx: ctx.clone(), handle: cq, cqe, cons, _map: map })
     }
 
     /// Copy up to `out.len()` completions out; returns how many (0 when empty). No syscall.
     #[inline]
     pub fn poll(&mut self, out: &mut [ShmCqe]) -> Result<usize> {
-        poll_cq(&mut self.cons, out.len(), |i, e| out[i] = e)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        poll_cq(&mut self.cons, out.len(), |i, e| out[i] = e).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
     /// One completion, if any.
@@ -76,13 +60,7 @@ impl Default for QpOptions {
     fn default() -> Self {
         QpOptions {
             qp_type: pmrxe_abi::qp_table::qp_type::RC,
-            cap: QpCap {
-                max_send_wr: 256,
-                max_recv_wr: 256,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 64,
-            },
+            cap: QpCap { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 },
             sq_sig_all: false,
         }
     }
@@ -119,66 +97,25 @@ impl Qp {
             sq_sig_all: opts.sq_sig_all,
         };
         let (r, fds) = ctx.call(&req, &[])?;
-        let Response::Qp {
-            qpn,
-            cap,
-            layout,
-            doorbell,
-        } = r
-        else {
-            return Err(proto("CreateQp"));
-        };
+        let Response::Qp { qpn, cap, layout, doorbell } = r else { return Err(proto("CreateQp")) };
         let QpSegment { sq, rq, map } = QpSegment::attach(&fds, &layout, true)?;
-        Ok(Qp {
-            ctx: ctx.clone(),
-            qpn,
-            device: pd.device,
-            cap,
-            sq,
-            rq,
-            doorbell,
-            _map: map,
-        })
+        Ok(Qp { ctx: ctx.clone(), qpn, device: pd.device, cap, sq, rq, doorbell, _map: map })
     }
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: u32) -> Result<()> {
-        self.ctx.call_ok(&Request::ModifyQp {
-            qpn: self.qpn,
-            attr: *attr,
-            mask,
-        })
+        self.ctx.call_ok(&Request::ModifyQp { qpn: self.qpn, attr: *attr, mask })
     }
 
     /// The address vector to device `remote_device` (its RoCE v2 GID, IPv4-mapped at index 1
     /// when present, else the first GID).
     pub fn av_to(&self, remote_device: u32) -> Result<AhAttr> {
         let devs = self.ctx.devices();
-        let local = devs
-            .get(self.device as usize)
-            .ok_or_else(|| proto("device list"))?;
-        let remote = devs
-            .get(remote_device as usize)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such remote device"))?;
-        let pick = |d: &pmrxe_abi::ctrl::DeviceInfo| {
-            d.gids
-                .iter()
-                .find(|g| g.index == 1)
-                .or_else(|| d.gids.first())
-                .cloned()
-        };
-        let (lg, rg) = (
-            pick(local).ok_or_else(|| proto("local GID"))?,
-            pick(remote).ok_or_else(|| proto("remote GID"))?,
-        );
-        Ok(AhAttr {
-            dgid: rg.gid,
-            sgid_index: lg.index as u8,
-            hop_limit: 64,
-            is_global: true,
-            port_num: 1,
-            ..Default::default()
-        })
+        let local = devs.get(self.device as usize).ok_or_else(|| proto("device list"))?;
+        let remote = devs.get(remote_device as usize).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such remote device"))?;
+        let pick = |d: &pmrxe_abi::ctrl::DeviceInfo| d.gids.iter().find(|g| g.index == 1).or_else(|| d.gids.first()).cloned();
+        let (lg, rg) = (pick(local).ok_or_else(|| proto("local GID"))?, pick(remote).ok_or_else(|| proto("remote GID"))?);
+        Ok(AhAttr { dgid: rg.gid, sgid_index: lg.index as u8, hop_limit: 64, is_global: true, port_num: 1, ..Default::default() })
     }
 
     /// RESET → INIT → RTR → RTS towards `remote_qpn` at `av` (RC: with the given read/atomic
@@ -203,30 +140,14 @@ impl Qp {
             min_rnr_timer: 1,
             ..Default::default()
         };
-        self.modify(
-            &rtr,
-            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
-        )?;
-        let rts = QpAttr {
-            qp_state: state::RTS,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: 0,
-            max_rd_atomic: rd_atomic,
-            ..Default::default()
-        };
-        self.modify(
-            &rts,
-            STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC,
-        )
+        self.modify(&rtr, STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER)?;
+        let rts = QpAttr { qp_state: state::RTS, timeout: 14, retry_cnt: 7, rnr_retry: 7, sq_psn: 0, max_rd_atomic: rd_atomic, ..Default::default() };
+        self.modify(&rts, STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC)
     }
 
     /// Free SQ ring slots (refreshes the consumer index).
     pub fn sq_free(&mut self) -> Result<u32> {
-        self.sq
-            .free()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        self.sq.free().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
     /// Post send WQEs: all or nothing (`WouldBlock` when the ring lacks room), one publish, one
@@ -240,17 +161,9 @@ impl Qp {
                 Err(PushError::Full(_)) => {
                     // Partial batch: publish what fits so nothing staged is lost, then report.
                     self.ctx.conn().publish(&mut self.sq, self.doorbell);
-                    return Err(io::Error::new(
-                        io::ErrorKind::WouldBlock,
-                        format!("SQ ring full after {i} WQEs"),
-                    ));
+                    return Err(io::Error::new(io::ErrorKind::WouldBlock, format!("SQ ring full after {i} WQEs")));
                 }
-                Err(PushError::Corrupt(_)) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "SQ ring corrupt",
-                    ))
-                }
+                Err(PushError::Corrupt(_)) => return Err(io::Error::new(io::ErrorKind::InvalidData, "SQ ring corrupt")),
             }
         }
         self.ctx.conn().publish(&mut self.sq, self.doorbell);
@@ -272,10 +185,7 @@ impl Qp {
     /// Post receive WQEs (one publish, one doorbell).
     #[inline]
     pub fn post_recv(&mut self, wqes: &[ShmRecvWqe]) -> Result<()> {
-        let rq = self
-            .rq
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "QP has no receive queue"))?;
+        let rq = self.rq.as_mut().ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "QP has no receive queue"))?;
         for w in wqes {
             match rq.stage_prefixed(w) {
                 Ok(()) => {}
@@ -283,12 +193,7 @@ impl Qp {
                     self.ctx.conn().publish(rq, self.doorbell);
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
-                Err(PushError::Corrupt(_)) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "RQ ring corrupt",
-                    ))
-                }
+                Err(PushError::Corrupt(_)) => return Err(io::Error::new(io::ErrorKind::InvalidData, "RQ ring corrupt")),
             }
         }
         self.ctx.conn().publish(rq, self.doorbell);

@@ -36,18 +36,12 @@ impl BadValue {
 
 /// `enum ibv_qp_state` → engine state.
 pub fn qp_state(v: u32) -> Result<QpState, BadValue> {
-    QpState::try_from(v).map_err(|_| BadValue {
-        field: "qp_state",
-        value: v,
-    })
+    QpState::try_from(v).map_err(|_| BadValue { field: "qp_state", value: v })
 }
 
 /// `enum ibv_mtu` (1..=5) → path MTU.
 pub fn path_mtu(v: u32) -> Result<PathMtu, BadValue> {
-    PathMtu::try_from(v).map_err(|_| BadValue {
-        field: "path_mtu",
-        value: v,
-    })
+    PathMtu::try_from(v).map_err(|_| BadValue { field: "path_mtu", value: v })
 }
 
 /// What `ibv_create_qp` may ask for.
@@ -78,31 +72,11 @@ pub fn qp_type(v: u32) -> Result<QpType, QpTypeError> {
 /// QPN with high bits set would name another QP, so it is refused.
 pub fn to_engine_attr(a: &AbiQpAttr, mask: AttrMask) -> Result<QpAttr, BadValue> {
     let has = |m: AttrMask| mask.contains(m);
-    let state = if has(AttrMask::STATE) {
-        qp_state(a.qp_state)?
-    } else {
-        QpState::default()
-    };
-    let cur_state = if has(AttrMask::CUR_STATE) {
-        qp_state(a.cur_qp_state).map_err(|e| BadValue {
-            field: "cur_qp_state",
-            ..e
-        })?
-    } else {
-        QpState::default()
-    };
-    let mtu = if has(AttrMask::PATH_MTU) {
-        path_mtu(a.path_mtu)?
-    } else {
-        PathMtu::default()
-    };
+    let state = if has(AttrMask::STATE) { qp_state(a.qp_state)? } else { QpState::default() };
+    let cur_state = if has(AttrMask::CUR_STATE) { qp_state(a.cur_qp_state).map_err(|e| BadValue { field: "cur_qp_state", ..e })? } else { QpState::default() };
+    let mtu = if has(AttrMask::PATH_MTU) { path_mtu(a.path_mtu)? } else { PathMtu::default() };
     let dest_qp_num = if has(AttrMask::DEST_QPN) {
-        Qpn::try_from(a.dest_qp_num)
-            .map_err(|_| BadValue {
-                field: "dest_qp_num",
-                value: a.dest_qp_num,
-            })?
-            .value()
+        Qpn::try_from(a.dest_qp_num).map_err(|_| BadValue { field: "dest_qp_num", value: a.dest_qp_num })?.value()
     } else {
         0
     };
@@ -181,32 +155,12 @@ mod tests {
     #[test]
     fn unknown_enum_values_are_refused_not_defaulted() {
         for v in [7, 8, 0xff, u32::MAX] {
-            assert_eq!(
-                qp_state(v),
-                Err(BadValue {
-                    field: "qp_state",
-                    value: v
-                })
-            );
+            assert_eq!(qp_state(v), Err(BadValue { field: "qp_state", value: v }));
         }
         for v in [0, 6, 1024, u32::MAX] {
-            assert_eq!(
-                path_mtu(v),
-                Err(BadValue {
-                    field: "path_mtu",
-                    value: v
-                })
-            );
+            assert_eq!(path_mtu(v), Err(BadValue { field: "path_mtu", value: v }));
         }
-        for (v, s) in (0..=6).zip([
-            QpState::Reset,
-            QpState::Init,
-            QpState::Rtr,
-            QpState::Rts,
-            QpState::Sqd,
-            QpState::Sqe,
-            QpState::Err,
-        ]) {
+        for (v, s) in (0..=6).zip([QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err]) {
             assert_eq!(qp_state(v), Ok(s));
         }
         for v in 1..=5 {
@@ -221,73 +175,23 @@ mod tests {
 
     #[test]
     fn modify_attr_decodes_only_the_masked_fields() {
-        let rtr = AbiQpAttr {
-            qp_state: 2,
-            path_mtu: 9,
-            dest_qp_num: 0x11,
-            ..Default::default()
-        };
+        let rtr = AbiQpAttr { qp_state: 2, path_mtu: 9, dest_qp_num: 0x11, ..Default::default() };
         // path_mtu 9 is named: refused.
         let m = AttrMask::STATE | AttrMask::PATH_MTU | AttrMask::DEST_QPN;
-        assert_eq!(
-            to_engine_attr(&rtr, m),
-            Err(BadValue {
-                field: "path_mtu",
-                value: 9
-            })
-        );
+        assert_eq!(to_engine_attr(&rtr, m), Err(BadValue { field: "path_mtu", value: 9 }));
         // Not named: the garbage is not read.
-        let a = to_engine_attr(&rtr, AttrMask::STATE | AttrMask::DEST_QPN)
-            .expect("path_mtu is not in the mask");
+        let a = to_engine_attr(&rtr, AttrMask::STATE | AttrMask::DEST_QPN).expect("path_mtu is not in the mask");
         assert_eq!((a.qp_state, a.dest_qp_num), (QpState::Rtr, 0x11));
         // An unknown target state, or current state, is EINVAL, not RESET.
-        let bad = AbiQpAttr {
-            qp_state: 42,
-            cur_qp_state: 3,
-            ..Default::default()
-        };
-        assert_eq!(
-            to_engine_attr(&bad, AttrMask::STATE),
-            Err(BadValue {
-                field: "qp_state",
-                value: 42
-            })
-        );
-        let bad = AbiQpAttr {
-            qp_state: 3,
-            cur_qp_state: 42,
-            ..Default::default()
-        };
-        assert_eq!(
-            to_engine_attr(&bad, AttrMask::STATE | AttrMask::CUR_STATE),
-            Err(BadValue {
-                field: "cur_qp_state",
-                value: 42
-            })
-        );
+        let bad = AbiQpAttr { qp_state: 42, cur_qp_state: 3, ..Default::default() };
+        assert_eq!(to_engine_attr(&bad, AttrMask::STATE), Err(BadValue { field: "qp_state", value: 42 }));
+        let bad = AbiQpAttr { qp_state: 3, cur_qp_state: 42, ..Default::default() };
+        assert_eq!(to_engine_attr(&bad, AttrMask::STATE | AttrMask::CUR_STATE), Err(BadValue { field: "cur_qp_state", value: 42 }));
         // A QPN with high bits set would truncate to another QP's number.
-        let far = AbiQpAttr {
-            qp_state: 2,
-            path_mtu: 3,
-            dest_qp_num: 0x0100_0011,
-            ..Default::default()
-        };
-        assert_eq!(
-            to_engine_attr(&far, m),
-            Err(BadValue {
-                field: "dest_qp_num",
-                value: 0x0100_0011
-            })
-        );
+        let far = AbiQpAttr { qp_state: 2, path_mtu: 3, dest_qp_num: 0x0100_0011, ..Default::default() };
+        assert_eq!(to_engine_attr(&far, m), Err(BadValue { field: "dest_qp_num", value: 0x0100_0011 }));
         // PSNs keep their low 24 bits, as the kernel's drivers do.
-        let rts = AbiQpAttr {
-            qp_state: 3,
-            sq_psn: 0xAB12_3456,
-            ..Default::default()
-        };
-        assert_eq!(
-            to_engine_attr(&rts, AttrMask::STATE | AttrMask::SQ_PSN).map(|a| a.sq_psn),
-            Ok(0x12_3456)
-        );
+        let rts = AbiQpAttr { qp_state: 3, sq_psn: 0xAB12_3456, ..Default::default() };
+        assert_eq!(to_engine_attr(&rts, AttrMask::STATE | AttrMask::SQ_PSN).map(|a| a.sq_psn), Ok(0x12_3456));
     }
 }

@@ -73,66 +73,39 @@ impl Session {
             Err(e) => return (err(libc::ENOMEM, &e.to_string()), vec![]),
         };
         // SAFETY: fresh zeroed segment sized by the layout; CqNotify (zeroes) at 0, ring here.
-        if let Err(e) =
-            unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), cap) }
-        {
+        if let Err(e) = unsafe { init_ring::<ShmCqe>(seg.as_ptr().add(layout.ring_offset as usize), cap) } {
             return (err(libc::EINVAL, &e.to_string()), vec![]);
         }
         let cq = sh.handle();
         let lc = sh.lcore_for(self.home, device);
         let fd = seg.fd().as_raw_fd();
-        let r: Result<(), String> = lcore_call!(
-            sh.lcores[lc],
-            AddCq {
-                cq: cq,
-                client: self.id,
-                seg: seg.clone(),
-                layout: layout,
-                channel: ch
-            }
-        );
+        let r: Result<(), String> =
+            lcore_call!(sh.lcores[lc], AddCq { cq: cq, client: self.id, seg: seg.clone(), layout: layout, channel: ch });
         if let Err(e) = r {
             return (err(libc::EINVAL, &e), vec![]);
         }
         self.objs.cqs.insert(cq, lc);
         self.commit(reservation, cq.into());
         // `seg` stays alive in the lcore; `fd` is valid until the reply is sent (we hold `seg`).
-        let resp = (
-            Response::Cq {
-                cq,
-                cqe: cap - 1,
-                layout,
-            },
-            vec![fd],
-        );
+        let resp = (Response::Cq { cq, cqe: cap - 1, layout }, vec![fd]);
         drop_after_send(seg);
         resp
     }
 
     pub(super) fn resize_cq(&mut self, cq: u32, cqe: u32) -> Reply {
         let sh = self.shared.clone();
-        let Some(&lc) = self.objs.cqs.get(&cq) else {
-            return (err(libc::EINVAL, "no such CQ"), vec![]);
-        };
+        let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
         let r: Result<(), i32> = lcore_call!(sh.lcores[lc], ResizeCq { cq: cq, cqe: cqe });
         match r {
             Ok(()) => (Response::Ok, vec![]),
-            Err(libc::EOPNOTSUPP) => (
-                err(
-                    libc::EOPNOTSUPP,
-                    "the CQ's ring is smaller than the new size",
-                ),
-                vec![],
-            ),
+            Err(libc::EOPNOTSUPP) => (err(libc::EOPNOTSUPP, "the CQ's ring is smaller than the new size"), vec![]),
             Err(e) => (err(e, "more completions waiting than the new size"), vec![]),
         }
     }
 
     pub(super) fn destroy_cq(&mut self, cq: u32) -> Reply {
         let sh = self.shared.clone();
-        let Some(&lc) = self.objs.cqs.get(&cq) else {
-            return (err(libc::EINVAL, "no such CQ"), vec![]);
-        };
+        let Some(&lc) = self.objs.cqs.get(&cq) else { return (err(libc::EINVAL, "no such CQ"), vec![]) };
         let r: Result<(), i32> = lcore_call!(sh.lcores[lc], RemoveCq { cq: cq });
         match r {
             Ok(()) => {

@@ -132,24 +132,14 @@ impl std::ops::DerefMut for Locked {
 fn registry() -> Locked {
     let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
-        *g = Some(Registry {
-            next_tag: 1,
-            ..Default::default()
-        });
+        *g = Some(Registry { next_tag: 1, ..Default::default() });
     }
     Locked(g)
 }
 
 /// A client said Hello (on its session thread): remember how to reach it, tag its client page
 /// and every segment this thread creates for it from now on, start the watcher.
-pub(super) fn client_started(
-    client: u32,
-    sock: RawFd,
-    events: &Sender<AsyncEvent>,
-    efd: &Arc<EventFd>,
-    page: &Segment,
-    mem: &Arc<MemTable>,
-) {
+pub(super) fn client_started(client: u32, sock: RawFd, events: &Sender<AsyncEvent>, efd: &Arc<EventFd>, page: &Segment, mem: &Arc<MemTable>) {
     let tag = client_tag(client);
     shm::set_segment_owner(tag);
     page.set_tag(tag);
@@ -162,10 +152,7 @@ pub(super) fn client_started(
         Err(e) => tracing::warn!(client, "fault watch: cannot dup the session socket ({e}); a fault in this client's rings will not disconnect it"),
     }
     WATCHER.call_once(|| {
-        if let Err(e) = std::thread::Builder::new()
-            .name("pmrxe-faults".into())
-            .spawn(watch)
-        {
+        if let Err(e) = std::thread::Builder::new().name("pmrxe-faults".into()).spawn(watch) {
             tracing::error!("fault watcher thread: {e}; rescued faults will not revoke anything");
         }
     });
@@ -183,18 +170,7 @@ pub(super) fn new_mr_tag() -> u64 {
 /// pages live in segment mappings tagged [`segment_tag`]).
 pub(super) fn watch_mr(client: u32, key: u32, tag: Option<u64>) {
     let mut r = registry();
-    if let Some(old) = r
-        .mrs
-        .insert(
-            key,
-            MrEntry {
-                client,
-                tag,
-                fast: tag.is_none(),
-            },
-        )
-        .and_then(|e| e.tag)
-    {
+    if let Some(old) = r.mrs.insert(key, MrEntry { client, tag, fast: tag.is_none() }).and_then(|e| e.tag) {
         r.tags.remove(&old);
     }
     if let Some(t) = tag {
@@ -212,17 +188,8 @@ pub(super) fn forget_mr(key: u32) {
 
 /// What to do about one faulted tag, decided under the registry lock, done outside it.
 enum Action {
-    Revoke {
-        client: u32,
-        keys: Vec<u32>,
-        mem: Arc<MemTable>,
-        events: Sender<AsyncEvent>,
-        efd: Weak<EventFd>,
-    },
-    Disconnect {
-        client: u32,
-        sock: OwnedFd,
-    },
+    Revoke { client: u32, keys: Vec<u32>, mem: Arc<MemTable>, events: Sender<AsyncEvent>, efd: Weak<EventFd> },
+    Disconnect { client: u32, sock: OwnedFd },
     Nobody(u64),
 }
 
@@ -230,29 +197,16 @@ fn decide(r: &mut Registry, tag: u64) -> Action {
     let kind = tag & !ID_MASK;
     let client_of_tag = match kind {
         TAG_CLIENT | TAG_SEG => Some((tag & ID_MASK) as u32),
-        TAG_MR => r
-            .tags
-            .get(&tag)
-            .and_then(|k| r.mrs.get(k))
-            .map(|m| m.client),
+        TAG_MR => r.tags.get(&tag).and_then(|k| r.mrs.get(k)).map(|m| m.client),
         _ => None,
     };
-    let Some(client) = client_of_tag else {
-        return Action::Nobody(tag);
-    };
+    let Some(client) = client_of_tag else { return Action::Nobody(tag) };
     let keys: Vec<u32> = match kind {
         TAG_MR => r.tags.get(&tag).copied().into_iter().collect(),
-        TAG_SEG => r
-            .mrs
-            .iter()
-            .filter(|(_, m)| m.client == client && m.fast)
-            .map(|(k, _)| *k)
-            .collect(),
+        TAG_SEG => r.mrs.iter().filter(|(_, m)| m.client == client && m.fast).map(|(k, _)| *k).collect(),
         _ => Vec::new(),
     };
-    let Some(c) = r.clients.get_mut(&client) else {
-        return Action::Nobody(tag);
-    };
+    let Some(c) = r.clients.get_mut(&client) else { return Action::Nobody(tag) };
     c.faults += 1;
     if kind == TAG_CLIENT {
         return match c.sock.as_fd().try_clone_to_owned() {
@@ -260,33 +214,18 @@ fn decide(r: &mut Registry, tag: u64) -> Action {
             Err(_) => Action::Nobody(tag),
         };
     }
-    Action::Revoke {
-        client,
-        keys,
-        mem: c.mem.clone(),
-        events: c.events.clone(),
-        efd: c.efd.clone(),
-    }
+    Action::Revoke { client, keys, mem: c.mem.clone(), events: c.events.clone(), efd: c.efd.clone() }
 }
 
 fn act(a: Action, log: &mut RateLimit) {
     match a {
-        Action::Revoke {
-            client,
-            keys,
-            mem,
-            events,
-            efd,
-        } => {
+        Action::Revoke { client, keys, mem, events, efd } => {
             for key in keys {
                 match mem.revoke_mr(Key(key)) {
                     Ok(_) => {
                         REVOKED.fetch_add(1, Ordering::Relaxed);
                         log.warn(|| tracing::warn!(client, key = format_args!("{key:#x}"), "client memory vanished under the data plane (truncated file or punched hole); MR revoked"));
-                        let _ = events.try_send(AsyncEvent {
-                            event_type: EVENT_MR_REVOKED,
-                            element: key,
-                        });
+                        let _ = events.try_send(AsyncEvent { event_type: EVENT_MR_REVOKED, element: key });
                         if let Some(e) = efd.upgrade() {
                             e.signal();
                         }
@@ -302,12 +241,7 @@ fn act(a: Action, log: &mut RateLimit) {
         }
         Action::Nobody(tag) => {
             UNATTRIBUTED.fetch_add(1, Ordering::Relaxed);
-            log.warn(|| {
-                tracing::warn!(
-                    tag = format_args!("{tag:#x}"),
-                    "rescued a fault in client memory no live object owns"
-                )
-            });
+            log.warn(|| tracing::warn!(tag = format_args!("{tag:#x}"), "rescued a fault in client memory no live object owns"));
         }
     }
 }
@@ -326,16 +260,9 @@ impl RateLimit {
     fn warn(&mut self, emit: impl FnOnce()) {
         if self.start.elapsed() >= Self::WINDOW {
             if self.suppressed > 0 {
-                tracing::warn!(
-                    suppressed = self.suppressed,
-                    "more client memory faults were handled (warnings rate-limited)"
-                );
+                tracing::warn!(suppressed = self.suppressed, "more client memory faults were handled (warnings rate-limited)");
             }
-            *self = RateLimit {
-                start: Instant::now(),
-                shown: 0,
-                suppressed: 0,
-            };
+            *self = RateLimit { start: Instant::now(), shown: 0, suppressed: 0 };
         }
         if self.shown < Self::BURST {
             self.shown += 1;
@@ -349,11 +276,7 @@ impl RateLimit {
 /// The watcher thread: wait for the guard's wake-up, act on every faulted tag, forget clients
 /// that are gone.
 fn watch() {
-    let mut log = RateLimit {
-        start: Instant::now(),
-        shown: 0,
-        suppressed: 0,
-    };
+    let mut log = RateLimit { start: Instant::now(), shown: 0, suppressed: 0 };
     loop {
         shm::wait_for_faults(Duration::from_millis(500));
         let tags = shm::take_faulted();
@@ -373,24 +296,14 @@ fn watch() {
 /// Drop the entries of clients whose session is over (their socket dup closes with them).
 fn sweep() {
     let mut r = registry();
-    let gone: Vec<u32> = r
-        .clients
-        .iter()
-        .filter(|(_, c)| c.efd.strong_count() == 0)
-        .map(|(id, _)| *id)
-        .collect();
+    let gone: Vec<u32> = r.clients.iter().filter(|(_, c)| c.efd.strong_count() == 0).map(|(id, _)| *id).collect();
     if gone.is_empty() {
         return;
     }
     for id in &gone {
         r.clients.remove(id);
     }
-    let keys: Vec<u32> = r
-        .mrs
-        .iter()
-        .filter(|(_, m)| gone.contains(&m.client))
-        .map(|(k, _)| *k)
-        .collect();
+    let keys: Vec<u32> = r.mrs.iter().filter(|(_, m)| gone.contains(&m.client)).map(|(k, _)| *k).collect();
     for k in keys {
         if let Some(t) = r.mrs.remove(&k).and_then(|e| e.tag) {
             r.tags.remove(&t);
@@ -412,33 +325,13 @@ mod tests {
     }
 
     /// A registered client on one end of a socket pair (the other end is the "client").
-    fn client(
-        id: u32,
-    ) -> (
-        Arc<MemTable>,
-        crossbeam::channel::Receiver<AsyncEvent>,
-        Arc<EventFd>,
-        std::os::unix::net::UnixStream,
-        Segment,
-    ) {
-        let mem = Arc::new(MemTable::new(pmrxe_mem::MemLimits {
-            max_mr: 16,
-            max_mw: 16,
-            page_slots: 1024,
-            ..Default::default()
-        }));
+    fn client(id: u32) -> (Arc<MemTable>, crossbeam::channel::Receiver<AsyncEvent>, Arc<EventFd>, std::os::unix::net::UnixStream, Segment) {
+        let mem = Arc::new(MemTable::new(pmrxe_mem::MemLimits { max_mr: 16, max_mw: 16, page_slots: 1024, ..Default::default() }));
         let (tx, rx) = crossbeam::channel::bounded(4);
         let efd = Arc::new(EventFd::new().unwrap());
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let page = Segment::create("page", 4096).unwrap();
-        client_started(
-            id,
-            std::os::fd::AsRawFd::as_raw_fd(&ours),
-            &tx,
-            &efd,
-            &page,
-            &mem,
-        );
+        client_started(id, std::os::fd::AsRawFd::as_raw_fd(&ours), &tx, &efd, &page, &mem);
         drop(ours); // the registry holds its own dup
         (mem, rx, efd, theirs, page)
     }
@@ -446,33 +339,13 @@ mod tests {
     #[test]
     fn a_faulted_mr_is_revoked_and_its_client_told() {
         let (mem, rx, _efd, _sock, _page) = client(900_001);
-        let key = mem
-            .reg_mr(
-                5,
-                pmrxe_mem::Region::zeroed(8192),
-                0x1000,
-                pmrxe_mem::Access::LOCAL_WRITE,
-            )
-            .unwrap();
+        let key = mem.reg_mr(5, pmrxe_mem::Region::zeroed(8192), 0x1000, pmrxe_mem::Access::LOCAL_WRITE).unwrap();
         let tag = new_mr_tag();
         watch_mr(900_001, key.0, Some(tag));
         let a = decide(&mut registry(), tag);
-        act(
-            a,
-            &mut RateLimit {
-                start: Instant::now(),
-                shown: 0,
-                suppressed: 0,
-            },
-        );
+        act(a, &mut RateLimit { start: Instant::now(), shown: 0, suppressed: 0 });
         assert!(mem.is_revoked(key));
-        assert_eq!(
-            rx.try_recv(),
-            Ok(AsyncEvent {
-                event_type: EVENT_MR_REVOKED,
-                element: key.0
-            })
-        );
+        assert_eq!(rx.try_recv(), Ok(AsyncEvent { event_type: EVENT_MR_REVOKED, element: key.0 }));
         assert_eq!(client_faults(900_001), 1);
         // Deregistered: a late fault of its mapping is nobody's.
         forget_mr(key.0);
@@ -484,29 +357,12 @@ mod tests {
         let (_mem, _rx, _efd, mut sock, page) = client(900_002);
         // The client page was tagged with its client.
         let a = decide(&mut registry(), client_tag(900_002));
-        assert!(matches!(
-            a,
-            Action::Disconnect {
-                client: 900_002,
-                ..
-            }
-        ));
-        act(
-            a,
-            &mut RateLimit {
-                start: Instant::now(),
-                shown: 0,
-                suppressed: 0,
-            },
-        );
+        assert!(matches!(a, Action::Disconnect { client: 900_002, .. }));
+        act(a, &mut RateLimit { start: Instant::now(), shown: 0, suppressed: 0 });
         // The client sees its connection end.
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut b = [0u8; 8];
-        assert_eq!(
-            std::io::Read::read(&mut sock, &mut b).unwrap(),
-            0,
-            "the client's socket was not shut down"
-        );
+        assert_eq!(std::io::Read::read(&mut sock, &mut b).unwrap(), 0, "the client's socket was not shut down");
         drop(page);
     }
 
@@ -515,9 +371,6 @@ mod tests {
         let mut r = Registry::default();
         assert!(matches!(decide(&mut r, 0), Action::Nobody(0)));
         assert!(matches!(decide(&mut r, TAG_MR | 99), Action::Nobody(_)));
-        assert!(matches!(
-            decide(&mut r, client_tag(12345)),
-            Action::Nobody(_)
-        ));
+        assert!(matches!(decide(&mut r, client_tag(12345)), Action::Nobody(_)));
     }
 }

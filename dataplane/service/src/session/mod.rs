@@ -105,12 +105,7 @@ struct SegRec {
 
 impl SegRec {
     fn piece(&self, seg_offset: u64, len: u64) -> MapPiece<'_> {
-        MapPiece {
-            fd: &self.fd,
-            offset: self.offset + seg_offset,
-            len,
-            page: self.page,
-        }
+        MapPiece { fd: &self.fd, offset: self.offset + seg_offset, len, page: self.page }
     }
 }
 
@@ -127,13 +122,13 @@ struct QpRec {
 
 #[derive(Default)]
 struct Objects {
-    pds: HashMap<u32, u32>, // pd → device
+    pds: HashMap<u32, u32>,        // pd → device
     channels: HashMap<u32, Arc<EventFd>>,
-    cqs: HashMap<u32, usize>, // cq → lcore
+    cqs: HashMap<u32, usize>,      // cq → lcore
     qps: HashMap<u32, QpRec>,
-    mrs: HashMap<u32, u32>,   // key → pd
-    mws: HashMap<u32, u32>,   // key → pd
-    ahs: HashMap<u32, usize>, // ah → lcore
+    mrs: HashMap<u32, u32>,        // key → pd
+    mws: HashMap<u32, u32>,        // key → pd
+    ahs: HashMap<u32, usize>,      // ah → lcore
     srqs: HashMap<u32, SrqRec>,
     segs: HashMap<u64, SegRec>,
     db_used: Vec<bool>,
@@ -155,11 +150,7 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         return;
     }
     let pid = peer.pid;
-    let viewer = if shared.access.is_admin(peer.uid) {
-        Viewer::Admin
-    } else {
-        Viewer::User(peer.uid)
-    };
+    let viewer = if shared.access.is_admin(peer.uid) { Viewer::Admin } else { Viewer::User(peer.uid) };
     let mut s = Session {
         shared,
         fd: sock.as_raw_fd(),
@@ -171,10 +162,7 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         events: None,
         events_fd: None,
         hold: None,
-        objs: Objects {
-            db_used: vec![false; DOORBELL_SLOTS],
-            ..Default::default()
-        },
+        objs: Objects { db_used: vec![false; DOORBELL_SLOTS], ..Default::default() },
     };
     let mut buf = Vec::new();
     loop {
@@ -188,21 +176,13 @@ pub fn run(shared: Arc<Shared>, sock: UnixStream) {
         };
         let (resp, out_fds): (Response, Vec<RawFd>) = match ctrl::decode::<Request>(&buf) {
             Ok(req) => {
-                if s.id == 0
-                    && !matches!(
-                        req,
-                        Request::Hello { .. } | Request::Stats { .. } | Request::Capture { .. }
-                    )
-                {
+                if s.id == 0 && !matches!(req, Request::Hello { .. } | Request::Stats { .. } | Request::Capture { .. }) {
                     (err(libc::EPROTO, "first message must be Hello"), vec![])
                 } else {
                     s.request(req, fds, pid)
                 }
             }
-            Err(e) => (
-                err(libc::EPROTO, &format!("malformed request: {e}")),
-                vec![],
-            ),
+            Err(e) => (err(libc::EPROTO, &format!("malformed request: {e}")), vec![]),
         };
         let bytes = match ctrl::encode(&resp) {
             Ok(b) => b,
@@ -237,10 +217,7 @@ fn refuse(shared: &Shared, sock: &UnixStream, uid: u32, why: &str) {
 }
 
 fn err(errno: i32, msg: &str) -> Response {
-    Response::Err {
-        errno,
-        msg: msg.to_string(),
-    }
+    Response::Err { errno, msg: msg.to_string() }
 }
 
 struct Session {
@@ -290,38 +267,21 @@ mod segment;
 mod srq;
 mod usage;
 
-pub use attr::{
-    from_engine_attr, path_mtu, qp_state, qp_type as decode_qp_type, to_engine_attr, BadValue,
-    QpTypeError,
-};
+pub use attr::{from_engine_attr, path_mtu, qp_state, qp_type as decode_qp_type, to_engine_attr, BadValue, QpTypeError};
 
 impl Session {
     /// Dispatch one request to the handler of the object it names (one module per object).
     fn request(&mut self, req: Request, fds: Vec<OwnedFd>, pid: i32) -> Reply {
         match req {
-            Request::Hello {
-                abi_version,
-                program,
-                ..
-            } => self.hello(abi_version, program, pid),
+            Request::Hello { abi_version, program, .. } => self.hello(abi_version, program, pid),
             // Within one control message, however many QPs and clients there are.
-            Request::Stats { json } => (
-                Response::Stats(crate::limits::fit_stats(
-                    json,
-                    self.shared.stats.render(json, self.viewer),
-                )),
-                vec![],
-            ),
+            Request::Stats { json } => (Response::Stats(crate::limits::fit_stats(json, self.shared.stats.render(json, self.viewer))), vec![]),
             Request::Capture { count, qpn } => self.capture(count, qpn, fds),
             Request::AllocPd { device } => self.alloc_pd(device),
             Request::DeallocPd { pd } => self.dealloc_pd(pd),
             Request::CreateCompChannel { .. } => self.create_comp_channel(),
             Request::DestroyCompChannel { channel } => self.destroy_comp_channel(channel),
-            Request::CreateCq {
-                device,
-                cqe,
-                channel,
-            } => self.create_cq(device, cqe, channel),
+            Request::CreateCq { device, cqe, channel } => self.create_cq(device, cqe, channel),
             req @ (Request::CmOpenChannel
             | Request::CmCreateId { .. }
             | Request::CmMigrateId { .. }
@@ -339,81 +299,29 @@ impl Session {
             | Request::CmDestroyId { .. }) => self.cm(req),
             Request::ResizeCq { cq, cqe } => self.resize_cq(cq, cqe),
             Request::DestroyCq { cq } => self.destroy_cq(cq),
-            Request::AddSegment { seg, base, len } => {
-                self.counted_segment(seg, true, |s| s.add_segment(seg, base, len, fds))
-            }
-            Request::AddSharedSegment {
-                seg,
-                base,
-                len,
-                offset,
-            } => self.counted_segment(seg, true, |s| {
-                s.add_shared_segment(seg, base, len, offset, fds)
-            }),
-            Request::ReleaseSegment { seg } => {
-                self.counted_segment(seg, false, |s| s.release_segment(seg))
-            }
-            Request::RegMr {
-                pd,
-                addr,
-                len,
-                iova,
-                access,
-                pieces,
-            } => self.reg_mr(pd, addr, len, iova, access, &pieces),
-            Request::ReregMr {
-                key,
-                pd,
-                addr,
-                len,
-                iova,
-                access,
-                pieces,
-            } => self.rereg_mr(key, pd, addr, len, iova, access, &pieces),
+            Request::AddSegment { seg, base, len } => self.counted_segment(seg, true, |s| s.add_segment(seg, base, len, fds)),
+            Request::AddSharedSegment { seg, base, len, offset } => self.counted_segment(seg, true, |s| s.add_shared_segment(seg, base, len, offset, fds)),
+            Request::ReleaseSegment { seg } => self.counted_segment(seg, false, |s| s.release_segment(seg)),
+            Request::RegMr { pd, addr, len, iova, access, pieces } => self.reg_mr(pd, addr, len, iova, access, &pieces),
+            Request::ReregMr { key, pd, addr, len, iova, access, pieces } => self.rereg_mr(key, pd, addr, len, iova, access, &pieces),
             Request::DeregMr { key } => self.dereg_mr(key),
             Request::AllocMr { pd, max_num_sg } => self.alloc_mr(pd, max_num_sg),
-            Request::MapMrSg {
-                key,
-                sg,
-                sg_offset,
-                page_size,
-            } => self.map_mr_sg(key, &sg, sg_offset, page_size),
+            Request::MapMrSg { key, sg, sg_offset, page_size } => self.map_mr_sg(key, &sg, sg_offset, page_size),
             Request::AllocMw { pd, mw_type } => self.alloc_mw(pd, mw_type),
             Request::DeallocMw { key } => self.dealloc_mw(key),
-            Request::CreateQp {
-                device,
-                pd,
-                qp_type,
-                send_cq,
-                recv_cq,
-                srq,
-                cap,
-                sq_sig_all,
-            } => self.create_qp(device, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all),
+            Request::CreateQp { device, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all } => {
+                self.create_qp(device, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all)
+            }
             Request::ModifyQp { qpn, attr, mask } => self.modify_qp(qpn, attr, mask),
             Request::QueryQp { qpn } => self.query_qp(qpn),
             Request::DestroyQp { qpn } => self.destroy_qp(qpn),
-            Request::CreateSrq {
-                device,
-                pd,
-                max_wr,
-                max_sge,
-                srq_limit,
-            } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
-            Request::ModifySrq {
-                srq,
-                max_wr: _,
-                srq_limit,
-                mask,
-            } => self.modify_srq(srq, srq_limit, mask),
+            Request::CreateSrq { device, pd, max_wr, max_sge, srq_limit } => self.create_srq(device, pd, max_wr, max_sge, srq_limit),
+            Request::ModifySrq { srq, max_wr: _, srq_limit, mask } => self.modify_srq(srq, srq_limit, mask),
             Request::QuerySrq { srq } => self.query_srq(srq),
             Request::DestroySrq { srq } => self.destroy_srq(srq),
             Request::CreateAh { pd, attr } => self.create_ah(pd, attr),
             Request::DestroyAh { ah } => self.destroy_ah(ah),
-            Request::GetAsyncEvent => (
-                Response::AsyncEvent(self.events.as_ref().and_then(|r| r.try_recv().ok())),
-                vec![],
-            ),
+            Request::GetAsyncEvent => (Response::AsyncEvent(self.events.as_ref().and_then(|r| r.try_recv().ok())), vec![]),
         }
     }
 
@@ -427,19 +335,11 @@ impl Session {
             cm.client_gone(self.id);
         }
         for lc in &sh.lcores {
-            match lc.call(|tx| Cmd::RemoveClient {
-                client: self.id,
-                done: tx,
-            }) {
+            match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {
                 Ok(()) | Err(pmrxe_runtime::call::CallError::Stopping) => {}
                 Err(e) => {
                     if let Some(n) = sh.limits.session_warn.hit() {
-                        tracing::warn!(
-                            client = self.id,
-                            suppressed = n,
-                            "removing the client's objects from lcore {}: {e}",
-                            lc.index
-                        );
+                        tracing::warn!(client = self.id, suppressed = n, "removing the client's objects from lcore {}: {e}", lc.index);
                     }
                 }
             }
@@ -450,28 +350,14 @@ impl Session {
         for (&k, _) in self.objs.mrs.iter() {
             if let Err(e) = sh.mem.dereg_mr(Key(k)) {
                 if let Some(n) = sh.limits.session_warn.hit() {
-                    tracing::warn!(
-                        client = self.id,
-                        key = k,
-                        suppressed = n,
-                        "dereg on disconnect: {e}"
-                    );
+                    tracing::warn!(client = self.id, key = k, suppressed = n, "dereg on disconnect: {e}");
                 }
             }
         }
-        sh.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        sh.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
         // A client can connect and go in a loop: at most one line per second (limits::Budget).
         if let Some(n) = sh.limits.client_gone_log.hit() {
-            tracing::info!(
-                client = self.id,
-                qps = self.objs.qps.len(),
-                mrs = self.objs.mrs.len(),
-                suppressed = n,
-                "client gone; its objects are released"
-            );
+            tracing::info!(client = self.id, qps = self.objs.qps.len(), mrs = self.objs.mrs.len(), suppressed = n, "client gone; its objects are released");
         }
     }
 }

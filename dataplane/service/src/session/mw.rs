@@ -11,9 +11,7 @@ use crate::limits::Obj;
 impl Session {
     pub(super) fn alloc_mw(&mut self, pd: u32, mw_type: u32) -> Reply {
         let sh = self.shared.clone();
-        let Some(&dev) = self.objs.pds.get(&pd) else {
-            return (err(libc::EINVAL, "no such PD"), vec![]);
-        };
+        let Some(&dev) = self.objs.pds.get(&pd) else { return (err(libc::EINVAL, "no such PD"), vec![]) };
         let t = match mw_type {
             1 => MwType::Type1,
             2 => MwType::Type2,

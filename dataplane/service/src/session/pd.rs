@@ -24,12 +24,7 @@ impl Session {
     }
 
     pub(super) fn dealloc_pd(&mut self, pd: u32) -> Reply {
-        let busy = self
-            .objs
-            .mrs
-            .values()
-            .chain(self.objs.mws.values())
-            .any(|&p| p == pd);
+        let busy = self.objs.mrs.values().chain(self.objs.mws.values()).any(|&p| p == pd);
         if busy {
             return (err(libc::EBUSY, "PD still has MRs/MWs"), vec![]);
         }

@@ -10,10 +10,7 @@ impl Session {
     /// budgets; `Err`: the refusal to answer (`ENOMEM` device/service, `EAGAIN` client cap).
     #[allow(clippy::result_large_err)] // the reply itself, once per creation on the control path
     pub(super) fn reserve(&mut self, obj: Obj, device: u32) -> Result<Reservation, Reply> {
-        self.shared
-            .limits
-            .reserve(&self.objs.usage, obj, device)
-            .map_err(|r| (err(r.errno, &r.msg), vec![]))
+        self.shared.limits.reserve(&self.objs.usage, obj, device).map_err(|r| (err(r.errno, &r.msg), vec![]))
     }
 
     /// The reservation became object `handle`.
@@ -29,12 +26,7 @@ impl Session {
     /// A segment request (`AddSegment`, `AddSharedSegment`, `ReleaseSegment`) of segment
     /// `seg`, counted by what it did to this client's segment table: a new segment holds
     /// one service fd, a released one gives it back.
-    pub(super) fn counted_segment(
-        &mut self,
-        seg: u64,
-        adds: bool,
-        f: impl FnOnce(&mut Self) -> Reply,
-    ) -> Reply {
+    pub(super) fn counted_segment(&mut self, seg: u64, adds: bool, f: impl FnOnce(&mut Self) -> Reply) -> Reply {
         let r = if adds && !self.objs.segs.contains_key(&seg) {
             match self.reserve(Obj::Segment, 0) {
                 Ok(r) => Some(r),
@@ -47,9 +39,7 @@ impl Session {
         let present = self.objs.segs.contains_key(&seg);
         match r {
             Some(r) if present => self.commit(r, seg),
-            _ if !present && self.objs.usage.holds(Obj::Segment, seg) => {
-                self.release(Obj::Segment, seg)
-            }
+            _ if !present && self.objs.usage.holds(Obj::Segment, seg) => self.release(Obj::Segment, seg),
             _ => {}
         }
         reply
@@ -59,14 +49,8 @@ impl Session {
 impl Session {
     /// [`Session::reserve`] on the device of this client's PD `pd` (`EINVAL`: no such PD).
     #[allow(clippy::result_large_err)] // as `reserve`
-    pub(super) fn reserve_on_pd(
-        &mut self,
-        kind: pmrxe_config::LimitKind,
-        pd: u32,
-    ) -> Result<Reservation, Reply> {
-        let Some(&dev) = self.objs.pds.get(&pd) else {
-            return Err((err(libc::EINVAL, "no such PD"), vec![]));
-        };
+    pub(super) fn reserve_on_pd(&mut self, kind: pmrxe_config::LimitKind, pd: u32) -> Result<Reservation, Reply> {
+        let Some(&dev) = self.objs.pds.get(&pd) else { return Err((err(libc::EINVAL, "no such PD"), vec![])) };
         self.reserve(Obj::Kind(kind), dev)
     }
 }

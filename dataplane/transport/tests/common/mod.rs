@@ -32,11 +32,7 @@ impl Buf {
         self.region.write(off, d).unwrap();
     }
     pub fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: self.addr + off,
-            len,
-            lkey: self.key,
-        }
+        Sge { addr: self.addr + off, len, lkey: self.key }
     }
     pub fn rkey(&self) -> u32 {
         self.key.0
@@ -52,24 +48,13 @@ pub const ALL: Access = Access(1 | 2 | 4 | 8 | 16);
 pub fn reg(sim: &Sim, node: usize, len: usize, access: Access) -> Buf {
     let region = Region::zeroed(len);
     let addr = region.addr();
-    let key = sim.nodes[node]
-        .mem
-        .table()
-        .reg_mr(PD, region.clone(), addr, access)
-        .expect("reg_mr");
-    Buf {
-        region,
-        key,
-        addr,
-        len,
-    }
+    let key = sim.nodes[node].mem.table().reg_mr(PD, region.clone(), addr, access).expect("reg_mr");
+    Buf { region, key, addr, len }
 }
 
 /// Pattern bytes.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// A fast-reg MR (alloc_mr) over `pages` 4 KiB pages of a fresh region, mapped with
@@ -85,34 +70,19 @@ pub fn fmr(sim: &Sim, node: usize, pages: usize, first_off: usize) -> Fmr {
     let base_off = (4096 - (region.addr() % 4096) as usize) % 4096;
     let mem = sim.nodes[node].mem.table();
     let key = mem.alloc_mr(PD, 16).expect("alloc_mr");
-    let sg = [SgEntry {
-        region: &region,
-        offset: base_off + first_off,
-        len: pages * 4096 - first_off,
-    }];
+    let sg = [SgEntry { region: &region, offset: base_off + first_off, len: pages * 4096 - first_off }];
     let n = mem.map_mr_sg(key, &sg, 0, 4096).expect("map_mr_sg");
     assert_eq!(n, 1);
-    Fmr {
-        region,
-        base_off,
-        key,
-    }
+    Fmr { region, base_off, key }
 }
 
 impl Fmr {
     pub fn iova(&self, sim: &Sim, node: usize) -> u64 {
-        sim.nodes[node]
-            .mem
-            .table()
-            .query(self.key)
-            .expect("mr")
-            .next_iova
+        sim.nodes[node].mem.table().query(self.key).expect("mr").next_iova
     }
     pub fn read(&self, off_from_page0: usize, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
-        self.region
-            .read(self.base_off + off_from_page0, &mut v)
-            .unwrap();
+        self.region.read(self.base_off + off_from_page0, &mut v).unwrap();
         v
     }
 }
@@ -155,21 +125,13 @@ pub fn sig() -> SendFlags {
 }
 
 pub fn write(id: u64, src: &Buf, off: u64, len: u32, dst_addr: u64, rkey: u32) -> SendWqe {
-    SendWqe::new(id, SendOp::Write)
-        .sge(src.sge(off, len))
-        .remote(dst_addr, rkey)
-        .flags(sig())
+    SendWqe::new(id, SendOp::Write).sge(src.sge(off, len)).remote(dst_addr, rkey).flags(sig())
 }
 pub fn read(id: u64, dst: &Buf, off: u64, len: u32, src_addr: u64, rkey: u32) -> SendWqe {
-    SendWqe::new(id, SendOp::Read)
-        .sge(dst.sge(off, len))
-        .remote(src_addr, rkey)
-        .flags(sig())
+    SendWqe::new(id, SendOp::Read).sge(dst.sge(off, len)).remote(src_addr, rkey).flags(sig())
 }
 pub fn send(id: u64, src: &Buf, off: u64, len: u32) -> SendWqe {
-    SendWqe::new(id, SendOp::Send)
-        .sge(src.sge(off, len))
-        .flags(sig())
+    SendWqe::new(id, SendOp::Send).sge(src.sge(off, len)).flags(sig())
 }
 pub fn recv(id: u64, dst: &Buf, off: u64, len: u32) -> RecvWqe {
     RecvWqe::new(id).sge(dst.sge(off, len))

@@ -16,34 +16,21 @@ pub fn scratch(name: &str) -> PathBuf {
 /// frame. A missing tshark fails the test (scripts/setup.sh installs Debian's `tshark`).
 pub fn tshark_fields(path: &Path, extra: &[&str], fields: &[&str]) -> Vec<HashMap<String, String>> {
     let mut cmd = Command::new("tshark");
-    cmd.arg("-r")
-        .arg(path)
-        .args(["--disable-heuristic", "rpcrdma_infiniband"])
-        .args(extra);
+    cmd.arg("-r").arg(path).args(["--disable-heuristic", "rpcrdma_infiniband"]).args(extra);
     cmd.args(["-T", "fields", "-E", "separator=\t", "-E", "occurrence=f"]);
     for f in fields {
         cmd.args(["-e", f]);
     }
     let out = match cmd.output() {
         Ok(o) => o,
-        Err(e) => panic!(
-            "cannot run tshark ({e}): install Debian's `tshark` package (scripts/setup.sh does)"
-        ),
+        Err(e) => panic!("cannot run tshark ({e}): install Debian's `tshark` package (scripts/setup.sh does)"),
     };
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     text.lines()
         .map(|l| {
             let v: Vec<&str> = l.split('\t').collect();
-            fields
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (f.to_string(), v.get(i).unwrap_or(&"").to_string()))
-                .collect()
+            fields.iter().enumerate().map(|(i, f)| (f.to_string(), v.get(i).unwrap_or(&"").to_string())).collect()
         })
         .collect()
 }
@@ -78,21 +65,13 @@ pub fn flag(s: &str) -> bool {
 /// A missing python3 fails the test (Debian's `python3`, installed by scripts/setup.sh).
 pub fn icrc_check(pcap: &Path, args: &[&str]) -> (bool, String) {
     let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/icrc_check.py");
-    assert!(
-        checker.is_file(),
-        "the ICRC checker {} is missing from the repository",
-        checker.display()
-    );
+    assert!(checker.is_file(), "the ICRC checker {} is missing from the repository", checker.display());
     let out = Command::new("python3")
         .arg(&checker)
         .args(args)
         .arg(pcap)
         .output()
         .unwrap_or_else(|e| panic!("cannot run python3 ({e}): install Debian's `python3` package (scripts/setup.sh does)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }

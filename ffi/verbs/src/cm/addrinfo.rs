@@ -51,11 +51,7 @@ unsafe fn dup(p: *const u8, len: usize) -> Res<*mut u8> {
 ///
 /// # Safety
 /// `ai` is a getaddrinfo(3) result entry.
-pub unsafe fn ai_to_rai(
-    rai: &mut rdma_addrinfo,
-    h: &rdma_addrinfo,
-    ai: &libc::addrinfo,
-) -> Res<()> {
+pub unsafe fn ai_to_rai(rai: &mut rdma_addrinfo, h: &rdma_addrinfo, ai: &libc::addrinfo) -> Res<()> {
     rai.ai_qp_type = if h.ai_qp_type != 0 {
         h.ai_qp_type
     } else {
@@ -127,12 +123,7 @@ pub unsafe fn free_chain(mut res: *mut rdma_addrinfo) {
 ///
 /// # Safety
 /// librdmacm contract.
-pub unsafe fn getaddrinfo(
-    node: *const c_char,
-    service: *const c_char,
-    hints: *const rdma_addrinfo,
-    res: *mut *mut rdma_addrinfo,
-) -> c_int {
+pub unsafe fn getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int {
     if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         crate::boundary::set_errno(libc::EINVAL);
         return -1;
@@ -142,8 +133,7 @@ pub unsafe fn getaddrinfo(
     // SAFETY: NULL or the application's hints.
     let h = unsafe { hints.as_ref() }.unwrap_or(&nohints);
     // SAFETY: plain allocation of one zeroed node.
-    let rai =
-        unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+    let rai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
     if rai.is_null() {
         crate::boundary::set_errno(libc::ENOMEM);
         return -1;
@@ -207,12 +197,7 @@ pub unsafe fn getaddrinfo(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_getaddrinfo(
-    node: *const c_char,
-    service: *const c_char,
-    hints: *const rdma_addrinfo,
-    res: *mut *mut rdma_addrinfo,
-) -> c_int {
+pub unsafe extern "C" fn rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int {
     // SAFETY: forwarded.
     ffi_boundary(-1, || unsafe { getaddrinfo(node, service, hints, res) })
 }
@@ -228,8 +213,7 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
 fn devices() -> Res<(*mut *mut ibv_context, c_int)> {
     let n = crate::client::client()?.devices.len();
     // SAFETY: plain allocation of n+1 pointers (freed by rdma_free_devices with free(3)).
-    let arr = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_context>()) }
-        .cast::<*mut ibv_context>();
+    let arr = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_context>()) }.cast::<*mut ibv_context>();
     if arr.is_null() {
         return Err(Errno::NOMEM);
     }
@@ -286,37 +270,19 @@ mod tests {
 
     #[test]
     fn active_numeric_tcp() {
-        let (node, port) = (
-            CString::new("198.18.0.1").unwrap(),
-            CString::new("7471").unwrap(),
-        );
+        let (node, port) = (CString::new("198.18.0.1").unwrap(), CString::new("7471").unwrap());
         let h = hints(0, IBV_QPT_RC, RDMA_PS_TCP);
         let mut res = std::ptr::null_mut();
         // SAFETY: valid strings, hints and out pointer.
-        assert_eq!(
-            unsafe { getaddrinfo(node.as_ptr(), port.as_ptr(), &h, &mut res) },
-            0
-        );
+        assert_eq!(unsafe { getaddrinfo(node.as_ptr(), port.as_ptr(), &h, &mut res) }, 0);
         // SAFETY: filled above.
         let r = unsafe { &*res };
-        assert_eq!(
-            (r.ai_flags, r.ai_family, r.ai_qp_type, r.ai_port_space),
-            (0, libc::AF_INET, IBV_QPT_RC as c_int, RDMA_PS_TCP as c_int)
-        );
+        assert_eq!((r.ai_flags, r.ai_family, r.ai_qp_type, r.ai_port_space), (0, libc::AF_INET, IBV_QPT_RC as c_int, RDMA_PS_TCP as c_int));
         assert!(r.ai_src_addr.is_null());
-        assert_eq!(
-            r.ai_dst_len as usize,
-            std::mem::size_of::<libc::sockaddr_in>()
-        );
+        assert_eq!(r.ai_dst_len as usize, std::mem::size_of::<libc::sockaddr_in>());
         // SAFETY: an AF_INET address.
         let sin = unsafe { &*r.ai_dst_addr.cast::<libc::sockaddr_in>() };
-        assert_eq!(
-            (
-                u16::from_be(sin.sin_port),
-                sin.sin_addr.s_addr.to_ne_bytes()
-            ),
-            (7471, [198, 18, 0, 1])
-        );
+        assert_eq!((u16::from_be(sin.sin_port), sin.sin_addr.s_addr.to_ne_bytes()), (7471, [198, 18, 0, 1]));
         // SAFETY: ours.
         unsafe { free_chain(res) };
     }
@@ -327,25 +293,13 @@ mod tests {
         let h = hints(RAI_PASSIVE, IBV_QPT_UD, RDMA_PS_UDP);
         let mut res = std::ptr::null_mut();
         // SAFETY: as above (node NULL: the wildcard).
-        assert_eq!(
-            unsafe { getaddrinfo(std::ptr::null(), port.as_ptr(), &h, &mut res) },
-            0
-        );
+        assert_eq!(unsafe { getaddrinfo(std::ptr::null(), port.as_ptr(), &h, &mut res) }, 0);
         // SAFETY: filled above.
         let r = unsafe { &*res };
-        assert_eq!(
-            (
-                r.ai_flags as u32,
-                r.ai_qp_type as u32,
-                r.ai_port_space as u32
-            ),
-            (RAI_PASSIVE, IBV_QPT_UD, RDMA_PS_UDP)
-        );
+        assert_eq!((r.ai_flags as u32, r.ai_qp_type as u32, r.ai_port_space as u32), (RAI_PASSIVE, IBV_QPT_UD, RDMA_PS_UDP));
         assert!(!r.ai_src_addr.is_null() && r.ai_dst_addr.is_null());
         // SAFETY: a socket address from getaddrinfo.
-        let a = unsafe { super::super::read_sockaddr(r.ai_src_addr) }
-            .unwrap()
-            .unwrap();
+        let a = unsafe { super::super::read_sockaddr(r.ai_src_addr) }.unwrap().unwrap();
         assert_eq!(a.port, 7472);
         // SAFETY: ours.
         unsafe { free_chain(res) };
@@ -353,22 +307,13 @@ mod tests {
 
     #[test]
     fn no_hints_defaults_to_tcp_rc_and_names_resolve() {
-        let (node, port) = (
-            CString::new("localhost").unwrap(),
-            CString::new("7473").unwrap(),
-        );
+        let (node, port) = (CString::new("localhost").unwrap(), CString::new("7473").unwrap());
         let mut res = std::ptr::null_mut();
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { getaddrinfo(node.as_ptr(), port.as_ptr(), std::ptr::null(), &mut res) },
-            0
-        );
+        assert_eq!(unsafe { getaddrinfo(node.as_ptr(), port.as_ptr(), std::ptr::null(), &mut res) }, 0);
         // SAFETY: filled above.
         let r = unsafe { &*res };
-        assert_eq!(
-            (r.ai_qp_type as u32, r.ai_port_space as u32),
-            (IBV_QPT_RC, RDMA_PS_TCP)
-        );
+        assert_eq!((r.ai_qp_type as u32, r.ai_port_space as u32), (IBV_QPT_RC, RDMA_PS_TCP));
         assert!(r.ai_family == libc::AF_INET || r.ai_family == libc::AF_INET6);
         // SAFETY: ours.
         unsafe { free_chain(res) };
@@ -378,23 +323,10 @@ mod tests {
     fn errors_are_librdmacms() {
         let mut res = std::ptr::null_mut();
         // SAFETY: all NULL: EINVAL.
-        assert_eq!(
-            unsafe {
-                getaddrinfo(
-                    std::ptr::null(),
-                    std::ptr::null(),
-                    std::ptr::null(),
-                    &mut res,
-                )
-            },
-            -1
-        );
+        assert_eq!(unsafe { getaddrinfo(std::ptr::null(), std::ptr::null(), std::ptr::null(), &mut res) }, -1);
         let node = CString::new("not-an-address").unwrap();
         let h = hints(RAI_NUMERICHOST, 0, 0);
         // SAFETY: valid pointers; a non-numeric host with RAI_NUMERICHOST is EAI_NONAME.
-        assert_eq!(
-            unsafe { getaddrinfo(node.as_ptr(), std::ptr::null(), &h, &mut res) },
-            libc::EAI_NONAME
-        );
+        assert_eq!(unsafe { getaddrinfo(node.as_ptr(), std::ptr::null(), &h, &mut res) }, libc::EAI_NONAME);
     }
 }

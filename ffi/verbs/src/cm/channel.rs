@@ -1,6 +1,6 @@
 //! Event channels: `rdma_create_event_channel` / `rdma_destroy_event_channel`, and reading one
 //! event message from a channel's socket.
-use super::{Handle, ShimEventChannel};
+use super::{ShimEventChannel, Handle};
 use crate::boundary::{ffi_boundary, ret_ptr, Errno, Res};
 use crate::client::client;
 use crate::sys::*;
@@ -11,23 +11,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// A new channel (the service's event socket as `fd`).
 pub fn create() -> Res<*mut rdma_event_channel> {
     let (r, mut fds) = client()?.call(&Request::CmOpenChannel, &[])?;
-    let Response::CmChannel { channel } = r else {
-        return Err(Errno(libc::EPROTO));
-    };
+    let Response::CmChannel { channel } = r else { return Err(Errno(libc::EPROTO)) };
     if fds.is_empty() {
         return Err(Errno(libc::EPROTO));
     }
     let sock = fds.swap_remove(0);
-    let ch = rdma_event_channel {
-        fd: sock.as_raw_fd(),
-    };
-    let b = Box::new(ShimEventChannel {
-        ch,
-        magic: <ShimEventChannel as Handle>::MAGIC,
-        handle: channel,
-        _sock: sock,
-        users: AtomicU32::new(0),
-    });
+    let ch = rdma_event_channel { fd: sock.as_raw_fd() };
+    let b = Box::new(ShimEventChannel { ch, magic: <ShimEventChannel as Handle>::MAGIC, handle: channel, _sock: sock, users: AtomicU32::new(0) });
     Ok(b.into_c())
 }
 
@@ -45,18 +35,9 @@ pub fn recv_event(fd: i32) -> Res<CmEventMsg> {
 /// ([`ctrl::CmEventAck`]). Best effort and non-blocking: if it cannot be written, the
 /// listener's backlog slot is released when the id is next named in a request.
 pub fn ack_request(fd: i32, id: u32) {
-    let Ok(bytes) = ctrl::encode(&ctrl::CmEventAck { id }) else {
-        return;
-    };
+    let Ok(bytes) = ctrl::encode(&ctrl::CmEventAck { id }) else { return };
     // SAFETY: sending a live buffer of its length on the channel's socket.
-    let _ = unsafe {
-        libc::send(
-            fd,
-            bytes.as_ptr().cast(),
-            bytes.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+    let _ = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
 }
 
 #[no_mangle]
@@ -101,15 +82,8 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
     ffi_boundary((), || {
         // SAFETY: magic-checked; the application gives the channel up (closing the socket
         // tells the service).
-        let Ok(ch) = (unsafe { ShimEventChannel::from_c(channel) }) else {
-            return;
-        };
-        if ch
-            .users
-            .fetch_or(ShimEventChannel::DESTROYED, Ordering::AcqRel)
-            & !ShimEventChannel::DESTROYED
-            == 0
-        {
+        let Ok(ch) = (unsafe { ShimEventChannel::from_c(channel) }) else { return };
+        if ch.users.fetch_or(ShimEventChannel::DESTROYED, Ordering::AcqRel) & !ShimEventChannel::DESTROYED == 0 {
             // SAFETY: validated just above; nobody inside rdma_get_cm_event.
             drop(unsafe { ShimEventChannel::take(channel) });
         }

@@ -47,13 +47,7 @@ pub fn ud_to_c(u: &CmUdParam) -> rdma_ud_param {
 }
 
 /// Build the C event for `msg` on `id` (no side effects): `ud` selects the param member.
-pub(crate) fn build(
-    msg: &CmEventMsg,
-    id: *mut rdma_cm_id,
-    listen_id: *mut rdma_cm_id,
-    event: u32,
-    ud: bool,
-) -> Box<ShimEvent> {
+pub(crate) fn build(msg: &CmEventMsg, id: *mut rdma_cm_id, listen_id: *mut rdma_cm_id, event: u32, ud: bool) -> Box<ShimEvent> {
     // SAFETY: rdma_cm_event is plain C data.
     let mut ev: rdma_cm_event = unsafe { std::mem::zeroed() };
     ev.id = id;
@@ -62,10 +56,7 @@ pub(crate) fn build(
     ev.status = msg.status;
     let mut private_data;
     if ud {
-        let u = msg.ud.clone().unwrap_or_else(|| CmUdParam {
-            private_data: msg.conn.private_data.clone(),
-            ..Default::default()
-        });
+        let u = msg.ud.clone().unwrap_or_else(|| CmUdParam { private_data: msg.conn.private_data.clone(), ..Default::default() });
         ev.param.ud = ud_to_c(&u);
         private_data = u.private_data;
         private_data.truncate(255);
@@ -74,12 +65,7 @@ pub(crate) fn build(
         private_data = msg.conn.private_data.clone();
         private_data.truncate(255);
     }
-    let mut b = Box::new(ShimEvent {
-        ev,
-        magic: <ShimEvent as Handle>::MAGIC,
-        owner: std::ptr::null_mut(),
-        private_data,
-    });
+    let mut b = Box::new(ShimEvent { ev, magic: <ShimEvent as Handle>::MAGIC, owner: std::ptr::null_mut(), private_data });
     if !b.private_data.is_empty() {
         let p = b.private_data.as_ptr().cast();
         // Writing a Copy field of a union member is safe; it is the member filled above.
@@ -101,20 +87,11 @@ pub fn is_ud(qp_type: u32) -> bool {
 fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     let ev = msg.event;
     if ev == RDMA_CM_EVENT_CONNECT_REQUEST {
-        let Some(lp) = msg.listen_id.and_then(ids_get) else {
-            return Ok(None);
-        };
+        let Some(lp) = msg.listen_id.and_then(ids_get) else { return Ok(None) };
         // SAFETY: registered ids are live (removed from the map before they are freed).
         let listener = unsafe { &mut *lp };
         let sync = listener.sync != 0;
-        let mut new = ShimId::new(
-            listener.id.channel,
-            listener.id.context,
-            listener.id.ps,
-            listener.id.qp_type,
-            msg.id,
-            false,
-        );
+        let mut new = ShimId::new(listener.id.channel, listener.id.context, listener.id.ps, listener.id.qp_type, msg.id, false);
         if let Some(d) = msg.device {
             new.attach_device(d)?;
         }
@@ -129,9 +106,7 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
             // A synchronous listener's requests get their own channel (librdmacm
             // ucma_process_conn_req).
             // SAFETY: `np` is the id made just above.
-            if let Err(e) =
-                super::id::migrate(unsafe { &mut *np.cast::<ShimId>() }, std::ptr::null_mut())
-            {
+            if let Err(e) = super::id::migrate(unsafe { &mut *np.cast::<ShimId>() }, std::ptr::null_mut()) {
                 // SAFETY: as above; the service forgets it on destroy.
                 let _ = super::id::destroy(np);
                 return Err(e);
@@ -141,9 +116,7 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
         e.owner = lp;
         return Ok(Some(e));
     }
-    let Some(ip) = ids_get(msg.id) else {
-        return Ok(None);
-    };
+    let Some(ip) = ids_get(msg.id) else { return Ok(None) };
     // SAFETY: registered ids are live.
     let id = unsafe { &mut *ip };
     let ud = is_ud(id.id.qp_type);
@@ -179,13 +152,9 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
                 }
             }
         }
-        RDMA_CM_EVENT_REJECTED | RDMA_CM_EVENT_DISCONNECTED if id.connect_error != 0 => {
-            return Ok(None)
-        }
+        RDMA_CM_EVENT_REJECTED | RDMA_CM_EVENT_DISCONNECTED if id.connect_error != 0 => return Ok(None),
         RDMA_CM_EVENT_REJECTED => super::id::modify_qp_err(id),
-        RDMA_CM_EVENT_ESTABLISHED if !ud && (msg.dst.port != 0 || msg.dst.ip != [0; 16]) => {
-            id.set_dst(&msg.dst)
-        }
+        RDMA_CM_EVENT_ESTABLISHED if !ud && (msg.dst.port != 0 || msg.dst.ip != [0; 16]) => id.set_dst(&msg.dst),
         _ => {}
     }
     let mut e = build(&msg, &mut id.id, std::ptr::null_mut(), event, ud);
@@ -211,11 +180,7 @@ pub(crate) fn get_step(channel: *mut rdma_event_channel) -> Res<GetStep> {
     // SAFETY: fcntl on the channel's fd.
     let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         if !nonblock && unsafe { libc::poll(&mut p, 1, 0) } <= 0 {
             return Ok(GetStep::Wait(fd));
@@ -228,11 +193,7 @@ pub(crate) fn get_step(channel: *mut rdma_event_channel) -> Res<GetStep> {
         if let Some(e) = process(msg)? {
             // SAFETY: owners are live ids (they wait for their events' acks before freeing).
             let owner = unsafe { &*e.owner };
-            owner
-                .events
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .delivered += 1;
+            owner.events.lock().unwrap_or_else(|p| p.into_inner()).delivered += 1;
             return Ok(GetStep::Event(e.into_c()));
         }
     }
@@ -244,11 +205,7 @@ pub(crate) fn get(channel: *mut rdma_event_channel) -> Res<*mut rdma_cm_event> {
         match get_step(channel)? {
             GetStep::Event(e) => return Ok(e),
             GetStep::Wait(fd) => {
-                let mut p = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
+                let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd.
                 unsafe { libc::poll(&mut p, 1, -1) };
             }
@@ -302,14 +259,9 @@ pub fn complete(id: &mut ShimId) -> Res<()> {
 /// # Safety
 /// `channel` is ours; `event` writable.
 #[no_mangle]
-pub unsafe extern "C-unwind" fn rdma_get_cm_event(
-    channel: *mut rdma_event_channel,
-    event: *mut *mut rdma_cm_event,
-) -> c_int {
+pub unsafe extern "C-unwind" fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
     // SAFETY: the application's channel pointer (magic-checked inside).
-    if let Err(r) = ffi_boundary(Err(-1), || {
-        unsafe { channel::enter(channel) }.map_err(|e| super::ret(Err(e)))
-    }) {
+    if let Err(r) = ffi_boundary(Err(-1), || unsafe { channel::enter(channel) }.map_err(|e| super::ret(Err(e)))) {
         return r;
     }
     // SAFETY: after a successful enter, on every way out (a cancellation skips it: the
@@ -395,99 +347,41 @@ mod tests {
         let msg = CmEventMsg {
             event: RDMA_CM_EVENT_ESTABLISHED,
             status: 0,
-            conn: CmConnParam {
-                private_data: vec![1, 2, 3, 4],
-                responder_resources: 4,
-                initiator_depth: 2,
-                retry_count: 7,
-                rnr_retry_count: 6,
-                qp_num: 0x11,
-                ..Default::default()
-            },
+            conn: CmConnParam { private_data: vec![1, 2, 3, 4], responder_resources: 4, initiator_depth: 2, retry_count: 7, rnr_retry_count: 6, qp_num: 0x11, ..Default::default() },
             ..Default::default()
         };
-        let e = build(
-            &msg,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            msg.event,
-            false,
-        );
+        let e = build(&msg, std::ptr::null_mut(), std::ptr::null_mut(), msg.event, false);
         // SAFETY: `conn` is the member `build` filled.
         let c = unsafe { e.ev.param.conn };
         assert_eq!(c.private_data_len, 4);
         // SAFETY: points into the event's own buffer of 4 bytes.
-        assert_eq!(
-            unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), 4) },
-            &[1, 2, 3, 4]
-        );
-        assert_eq!(
-            (
-                c.responder_resources,
-                c.initiator_depth,
-                c.retry_count,
-                c.rnr_retry_count,
-                c.qp_num
-            ),
-            (4, 2, 7, 6, 0x11)
-        );
+        assert_eq!(unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), 4) }, &[1, 2, 3, 4]);
+        assert_eq!((c.responder_resources, c.initiator_depth, c.retry_count, c.rnr_retry_count, c.qp_num), (4, 2, 7, 6, 0x11));
         assert_eq!(e.ev.event, RDMA_CM_EVENT_ESTABLISHED);
     }
 
     #[test]
     fn ud_event_carries_ah_qpn_qkey_and_no_data_is_null() {
-        let mut ah = AhAttr {
-            is_global: true,
-            hop_limit: 64,
-            sgid_index: 1,
-            port_num: 1,
-            ..Default::default()
-        };
+        let mut ah = AhAttr { is_global: true, hop_limit: 64, sgid_index: 1, port_num: 1, ..Default::default() };
         ah.dgid[15] = 9;
         let msg = CmEventMsg {
             event: RDMA_CM_EVENT_ESTABLISHED,
-            ud: Some(CmUdParam {
-                private_data: vec![],
-                ah_attr: ah,
-                qp_num: 0x42,
-                qkey: RDMA_UDP_QKEY,
-            }),
+            ud: Some(CmUdParam { private_data: vec![], ah_attr: ah, qp_num: 0x42, qkey: RDMA_UDP_QKEY }),
             ..Default::default()
         };
-        let e = build(
-            &msg,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            msg.event,
-            true,
-        );
+        let e = build(&msg, std::ptr::null_mut(), std::ptr::null_mut(), msg.event, true);
         // SAFETY: `ud` is the member `build` filled.
         let u = unsafe { e.ev.param.ud };
         assert!(u.private_data.is_null());
-        assert_eq!(
-            (
-                u.qp_num,
-                u.qkey,
-                u.ah_attr.is_global,
-                u.ah_attr.grh.hop_limit,
-                u.ah_attr.port_num
-            ),
-            (0x42, RDMA_UDP_QKEY, 1, 64, 1)
-        );
+        assert_eq!((u.qp_num, u.qkey, u.ah_attr.is_global, u.ah_attr.grh.hop_limit, u.ah_attr.port_num), (0x42, RDMA_UDP_QKEY, 1, 64, 1));
         // SAFETY: plain bytes.
         assert_eq!(unsafe { u.ah_attr.grh.dgid.raw[15] }, 9);
     }
 
     #[test]
     fn event_strings_match_librdmacm() {
-        assert_eq!(
-            event_name(RDMA_CM_EVENT_ESTABLISHED).to_str().unwrap(),
-            "RDMA_CM_EVENT_ESTABLISHED"
-        );
-        assert_eq!(
-            event_name(RDMA_CM_EVENT_TIMEWAIT_EXIT).to_str().unwrap(),
-            "RDMA_CM_EVENT_TIMEWAIT_EXIT"
-        );
+        assert_eq!(event_name(RDMA_CM_EVENT_ESTABLISHED).to_str().unwrap(), "RDMA_CM_EVENT_ESTABLISHED");
+        assert_eq!(event_name(RDMA_CM_EVENT_TIMEWAIT_EXIT).to_str().unwrap(), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
         assert_eq!(event_name(77).to_str().unwrap(), "UNKNOWN EVENT");
     }
 }

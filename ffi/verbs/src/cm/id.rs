@@ -1,8 +1,6 @@
 //! `rdma_cm_id` life cycle and the connection calls, with librdmacm's semantics (cma.c).
 use super::event::{ack, complete, is_ud};
-use super::{
-    call_ok, channel, ids_insert, ids_remove, read_sockaddr, ret, ShimEventChannel, ShimId,
-};
+use super::{call_ok, channel, ids_insert, ids_remove, read_sockaddr, ret, ShimEventChannel, ShimId};
 use crate::boundary::{ffi_boundary, Errno, Handle, Res};
 use crate::client::client;
 use crate::sys::*;
@@ -13,29 +11,14 @@ const MAX_RESP_RES: u8 = RDMA_MAX_RESP_RES as u8;
 const MAX_INIT_DEPTH: u8 = RDMA_MAX_INIT_DEPTH as u8;
 
 /// librdmacm `rdma_create_id2`: `channel` NULL makes a synchronous id with a private channel.
-pub(crate) fn create(
-    channel: *mut rdma_event_channel,
-    context: *mut c_void,
-    ps: rdma_port_space,
-    qp_type: ibv_qp_type,
-) -> Res<*mut rdma_cm_id> {
+pub(crate) fn create(channel: *mut rdma_event_channel, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type) -> Res<*mut rdma_cm_id> {
     let sync = channel.is_null();
     let channel = if sync { channel::create()? } else { channel };
     let r = (|| {
         // SAFETY: magic-checked (the application's channel, or ours).
         let ch = unsafe { ShimEventChannel::from_c(channel) }?;
-        let (r, _) = client()?.call(
-            &Request::CmCreateId {
-                channel: ch.handle,
-                ps: ps as u16,
-                qp_type,
-                context: context as u64,
-            },
-            &[],
-        )?;
-        let Response::CmId { id } = r else {
-            return Err(Errno(libc::EPROTO));
-        };
+        let (r, _) = client()?.call(&Request::CmCreateId { channel: ch.handle, ps: ps as u16, qp_type, context: context as u64 }, &[])?;
+        let Response::CmId { id } = r else { return Err(Errno(libc::EPROTO)) };
         let p = ShimId::new(channel, context, ps, qp_type, id, sync).into_c();
         ids_insert(id, p.cast());
         Ok(p)
@@ -54,9 +37,7 @@ pub(crate) fn destroy(p: *mut rdma_cm_id) -> Res<()> {
     let id = unsafe { ShimId::from_id(p) }?;
     match call_ok(&Request::CmDestroyId { id: id.handle }) {
         // Unknown to the service (it stopped, or already dropped it): free our side anyway.
-        Ok(())
-        | Err(Errno(libc::ENOENT | libc::EINVAL | libc::ENODEV | libc::ECONNRESET | libc::EPIPE)) =>
-            {}
+        Ok(()) | Err(Errno(libc::ENOENT | libc::EINVAL | libc::ENODEV | libc::ECONNRESET | libc::EPIPE)) => {}
         Err(e) => return Err(e),
     }
     ids_remove(id.handle);
@@ -95,10 +76,7 @@ pub(crate) fn migrate(id: &mut ShimId, channel: *mut rdma_event_channel) -> Res<
     let r = (|| {
         // SAFETY: magic-checked.
         let ch = unsafe { ShimEventChannel::from_c(channel) }?;
-        call_ok(&Request::CmMigrateId {
-            id: id.handle,
-            channel: ch.handle,
-        })
+        call_ok(&Request::CmMigrateId { id: id.handle, channel: ch.handle })
     })();
     if let Err(e) = r {
         if sync {
@@ -121,9 +99,7 @@ pub(crate) fn migrate(id: &mut ShimId, channel: *mut rdma_event_channel) -> Res<
 }
 
 fn addr_response(id: &mut ShimId, r: Response) -> Res<()> {
-    let Response::CmAddr { addr, device } = r else {
-        return Err(Errno(libc::EPROTO));
-    };
+    let Response::CmAddr { addr, device } = r else { return Err(Errno(libc::EPROTO)) };
     id.set_src(&addr);
     if let Some(d) = device {
         id.attach_device(d)?;
@@ -138,13 +114,7 @@ fn addr_response(id: &mut ShimId, r: Response) -> Res<()> {
 pub unsafe fn bind(id: &mut ShimId, addr: *const sockaddr) -> Res<()> {
     // SAFETY: forwarded.
     let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
-    let (r, _) = client()?.call(
-        &Request::CmBindAddr {
-            id: id.handle,
-            addr: a,
-        },
-        &[],
-    )?;
+    let (r, _) = client()?.call(&Request::CmBindAddr { id: id.handle, addr: a }, &[])?;
     addr_response(id, r)
 }
 
@@ -152,25 +122,12 @@ pub unsafe fn bind(id: &mut ShimId, addr: *const sockaddr) -> Res<()> {
 ///
 /// # Safety
 /// `src`, `dst` NULL or socket addresses.
-pub unsafe fn resolve_addr(
-    id: &mut ShimId,
-    src: *const sockaddr,
-    dst: *const sockaddr,
-    timeout_ms: c_int,
-) -> Res<()> {
+pub unsafe fn resolve_addr(id: &mut ShimId, src: *const sockaddr, dst: *const sockaddr, timeout_ms: c_int) -> Res<()> {
     // SAFETY: forwarded.
     let d = unsafe { read_sockaddr(dst) }?.ok_or(Errno::INVAL)?;
     // SAFETY: forwarded.
     let s = unsafe { read_sockaddr(src) }?;
-    let (r, _) = client()?.call(
-        &Request::CmResolveAddr {
-            id: id.handle,
-            src: s,
-            dst: d,
-            timeout_ms: timeout_ms.max(0) as u32,
-        },
-        &[],
-    )?;
+    let (r, _) = client()?.call(&Request::CmResolveAddr { id: id.handle, src: s, dst: d, timeout_ms: timeout_ms.max(0) as u32 }, &[])?;
     addr_response(id, r)?;
     id.set_dst(&d);
     complete(id)
@@ -182,16 +139,10 @@ fn valid_param(id: &ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
         return Ok(());
     }
     let Some(p) = p else {
-        return if id.id.qp.is_null() {
-            Err(Errno::INVAL)
-        } else {
-            Ok(())
-        };
+        return if id.id.qp.is_null() { Err(Errno::INVAL) } else { Ok(()) };
     };
     if let Some(d) = id.device() {
-        if p.responder_resources != MAX_RESP_RES
-            && p.responder_resources > d.max_responder_resources
-        {
+        if p.responder_resources != MAX_RESP_RES && p.responder_resources > d.max_responder_resources {
             return Err(Errno::INVAL);
         }
         if p.initiator_depth != MAX_INIT_DEPTH && p.initiator_depth > d.max_initiator_depth {
@@ -212,9 +163,7 @@ fn conn_to_service(id: &ShimId, p: Option<&rdma_conn_param>, qp_num: u32, srq: u
     };
     if id.connect_len > 0 && !id.connect.is_null() {
         // SAFETY: `connect` holds `connect_len` bytes (create_ep).
-        c.private_data.extend_from_slice(unsafe {
-            std::slice::from_raw_parts(id.connect.cast::<u8>(), id.connect_len)
-        });
+        c.private_data.extend_from_slice(unsafe { std::slice::from_raw_parts(id.connect.cast::<u8>(), id.connect_len) });
     }
     match p {
         Some(p) => {
@@ -223,12 +172,7 @@ fn conn_to_service(id: &ShimId, p: Option<&rdma_conn_param>, qp_num: u32, srq: u
             c.rnr_retry_count = p.rnr_retry_count;
             if !p.private_data.is_null() && p.private_data_len > 0 {
                 // SAFETY: the application's private data of the stated length.
-                c.private_data.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(
-                        p.private_data.cast::<u8>(),
-                        p.private_data_len as usize,
-                    )
-                });
+                c.private_data.extend_from_slice(unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len as usize) });
             }
         }
         None => {
@@ -249,16 +193,8 @@ fn qp_num_srq(id: &ShimId, p: Option<&rdma_conn_param>) -> (u32, u8) {
 
 /// The attributes for moving the id's QP to `state` (`rdma_init_qp_attr`).
 pub fn init_qp_attr(id: &ShimId, state: u32) -> Res<(ibv_qp_attr, c_int)> {
-    let (r, _) = client()?.call(
-        &Request::CmInitQpAttr {
-            id: id.handle,
-            qp_state: state,
-        },
-        &[],
-    )?;
-    let Response::CmQpAttr { attr, mask } = r else {
-        return Err(Errno(libc::EPROTO));
-    };
+    let (r, _) = client()?.call(&Request::CmInitQpAttr { id: id.handle, qp_state: state }, &[])?;
+    let Response::CmQpAttr { attr, mask } = r else { return Err(Errno(libc::EPROTO)) };
     // SAFETY: plain C data.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     crate::qp::qp_attr_to_c(&attr, &mut a);
@@ -312,9 +248,7 @@ pub fn modify_qp_err(id: &ShimId) {
 
 /// librdmacm `ucma_process_conn_resp`: RTR, RTS, then the RTU.
 pub fn process_conn_resp(id: &ShimId) -> Res<()> {
-    let r = modify_qp_rtr(id, MAX_RESP_RES)
-        .and_then(|_| modify_qp_rts(id, MAX_INIT_DEPTH))
-        .and_then(|_| call_ok(&Request::CmEstablish { id: id.handle }));
+    let r = modify_qp_rtr(id, MAX_RESP_RES).and_then(|_| modify_qp_rts(id, MAX_INIT_DEPTH)).and_then(|_| call_ok(&Request::CmEstablish { id: id.handle }));
     if r.is_err() {
         modify_qp_err(id);
     }
@@ -335,11 +269,7 @@ pub fn connect(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
     };
     let (qpn, srq) = qp_num_srq(id, p);
     let conn = conn_to_service(id, p, qpn, srq);
-    call_ok(&Request::CmConnect {
-        id: id.handle,
-        qpn,
-        conn,
-    })?;
+    call_ok(&Request::CmConnect { id: id.handle, qpn, conn })?;
     if id.connect_len > 0 {
         // SAFETY: malloc'd by create_ep.
         unsafe { libc::free(id.connect) };
@@ -355,15 +285,11 @@ pub fn accept(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
     let d = id.device();
     id.initiator_depth = match p {
         Some(p) if p.initiator_depth != MAX_INIT_DEPTH => p.initiator_depth,
-        _ => id
-            .initiator_depth
-            .min(d.map(|d| d.max_initiator_depth).unwrap_or(u8::MAX)),
+        _ => id.initiator_depth.min(d.map(|d| d.max_initiator_depth).unwrap_or(u8::MAX)),
     };
     id.responder_resources = match p {
         Some(p) if p.responder_resources != MAX_RESP_RES => p.responder_resources,
-        _ => id
-            .responder_resources
-            .min(d.map(|d| d.max_responder_resources).unwrap_or(u8::MAX)),
+        _ => id.responder_resources.min(d.map(|d| d.max_responder_resources).unwrap_or(u8::MAX)),
     };
     let ud = is_ud(id.id.qp_type);
     if !ud {
@@ -372,11 +298,7 @@ pub fn accept(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
     }
     let (qpn, srq) = qp_num_srq(id, p);
     let conn = conn_to_service(id, p, qpn, srq);
-    if let Err(e) = call_ok(&Request::CmAccept {
-        id: id.handle,
-        qpn,
-        conn,
-    }) {
+    if let Err(e) = call_ok(&Request::CmAccept { id: id.handle, qpn, conn }) {
         modify_qp_err(id);
         return Err(e);
     }
@@ -448,22 +370,13 @@ pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&mut ShimId) -> Res<()>
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_id(
-    channel: *mut rdma_event_channel,
-    id: *mut *mut rdma_cm_id,
-    context: *mut c_void,
-    ps: rdma_port_space,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id, context: *mut c_void, ps: rdma_port_space) -> c_int {
     ffi_boundary(-1, || {
         ret((|| {
             if id.is_null() {
                 return Err(Errno::INVAL);
             }
-            let qp_type = if ps == RDMA_PS_IPOIB || ps == RDMA_PS_UDP {
-                IBV_QPT_UD
-            } else {
-                IBV_QPT_RC
-            };
+            let qp_type = if ps == RDMA_PS_IPOIB || ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
             let p = create(channel, context, ps, qp_type)?;
             // SAFETY: checked non-NULL.
             unsafe { *id = p };
@@ -482,10 +395,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_migrate_id(
-    id: *mut rdma_cm_id,
-    channel: *mut rdma_event_channel,
-) -> c_int {
+pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
     with_id(id, |i| migrate(i, channel))
 }
 
@@ -500,16 +410,9 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_resolve_addr(
-    id: *mut rdma_cm_id,
-    src_addr: *mut sockaddr,
-    dst_addr: *mut sockaddr,
-    timeout_ms: c_int,
-) -> c_int {
+pub unsafe extern "C" fn rdma_resolve_addr(id: *mut rdma_cm_id, src_addr: *mut sockaddr, dst_addr: *mut sockaddr, timeout_ms: c_int) -> c_int {
     // SAFETY: forwarded.
-    with_id(id, |i| unsafe {
-        resolve_addr(i, src_addr, dst_addr, timeout_ms)
-    })
+    with_id(id, |i| unsafe { resolve_addr(i, src_addr, dst_addr, timeout_ms) })
 }
 
 /// # Safety
@@ -517,10 +420,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
     with_id(id, |i| {
-        call_ok(&Request::CmResolveRoute {
-            id: i.handle,
-            timeout_ms: timeout_ms.max(0) as u32,
-        })?;
+        call_ok(&Request::CmResolveRoute { id: i.handle, timeout_ms: timeout_ms.max(0) as u32 })?;
         complete(i)
     })
 }
@@ -529,21 +429,13 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 /// librdmacm contract.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    with_id(id, |i| {
-        call_ok(&Request::CmListen {
-            id: i.handle,
-            backlog: backlog.max(0) as u32,
-        })
-    })
+    with_id(id, |i| call_ok(&Request::CmListen { id: i.handle, backlog: backlog.max(0) as u32 }))
 }
 
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut rdma_cm_id,
-    id: *mut *mut rdma_cm_id,
-) -> c_int {
+pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
     with_id(listen, |l| {
         if id.is_null() {
             return Err(Errno::INVAL);
@@ -558,10 +450,7 @@ pub unsafe extern "C" fn rdma_get_request(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_connect(
-    id: *mut rdma_cm_id,
-    conn_param: *mut rdma_conn_param,
-) -> c_int {
+pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
     // SAFETY: NULL or the application's parameters.
     with_id(id, |i| connect(i, unsafe { conn_param.as_ref() }))
 }
@@ -569,10 +458,7 @@ pub unsafe extern "C" fn rdma_connect(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_accept(
-    id: *mut rdma_cm_id,
-    conn_param: *mut rdma_conn_param,
-) -> c_int {
+pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
     // SAFETY: NULL or the application's parameters.
     with_id(id, |i| accept(i, unsafe { conn_param.as_ref() }))
 }
@@ -584,20 +470,13 @@ fn reject(id: &ShimId, data: *const c_void, len: u8) -> Res<()> {
         // SAFETY: the application's private data of the stated length.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len as usize) }.to_vec()
     };
-    call_ok(&Request::CmReject {
-        id: id.handle,
-        private_data,
-    })
+    call_ok(&Request::CmReject { id: id.handle, private_data })
 }
 
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_reject(
-    id: *mut rdma_cm_id,
-    private_data: *const c_void,
-    private_data_len: u8,
-) -> c_int {
+pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, private_data_len: u8) -> c_int {
     with_id(id, |i| reject(i, private_data, private_data_len))
 }
 
@@ -607,11 +486,7 @@ pub unsafe extern "C" fn rdma_reject(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_reject_ece(
-    id: *mut rdma_cm_id,
-    private_data: *const c_void,
-    private_data_len: u8,
-) -> c_int {
+pub unsafe extern "C" fn rdma_reject_ece(id: *mut rdma_cm_id, private_data: *const c_void, private_data_len: u8) -> c_int {
     with_id(id, |i| reject(i, private_data, private_data_len))
 }
 
@@ -654,11 +529,7 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type)
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_init_qp_attr(
-    id: *mut rdma_cm_id,
-    qp_attr: *mut ibv_qp_attr,
-    qp_attr_mask: *mut c_int,
-) -> c_int {
+pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, qp_attr: *mut ibv_qp_attr, qp_attr_mask: *mut c_int) -> c_int {
     with_id(id, |i| {
         if qp_attr.is_null() || qp_attr_mask.is_null() {
             return Err(Errno::INVAL);
@@ -678,13 +549,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_set_option(
-    id: *mut rdma_cm_id,
-    level: c_int,
-    optname: c_int,
-    optval: *mut c_void,
-    optlen: usize,
-) -> c_int {
+pub unsafe extern "C" fn rdma_set_option(id: *mut rdma_cm_id, level: c_int, optname: c_int, optval: *mut c_void, optlen: usize) -> c_int {
     with_id(id, |i| {
         if optval.is_null() && optlen > 0 {
             return Err(Errno::INVAL);
@@ -695,12 +560,7 @@ pub unsafe extern "C" fn rdma_set_option(
             // SAFETY: the application's option value of `optlen` bytes.
             unsafe { std::slice::from_raw_parts(optval.cast::<u8>(), optlen) }.to_vec()
         };
-        call_ok(&Request::CmSetOption {
-            id: i.handle,
-            level,
-            name: optname,
-            value,
-        })
+        call_ok(&Request::CmSetOption { id: i.handle, level, name: optname, value })
     })
 }
 
@@ -710,9 +570,7 @@ pub unsafe extern "C" fn rdma_set_option(
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
     ffi_boundary(0, || {
         // SAFETY: magic-checked; the union's storage member covers every family.
-        unsafe { ShimId::from_id(id) }
-            .map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_1.src_storage }))
-            .unwrap_or(0)
+        unsafe { ShimId::from_id(id) }.map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_1.src_storage })).unwrap_or(0)
     })
 }
 
@@ -722,9 +580,7 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
     ffi_boundary(0, || {
         // SAFETY: magic-checked; the union's storage member covers every family.
-        unsafe { ShimId::from_id(id) }
-            .map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_2.dst_storage }))
-            .unwrap_or(0)
+        unsafe { ShimId::from_id(id) }.map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_2.dst_storage })).unwrap_or(0)
     })
 }
 
@@ -734,12 +590,7 @@ pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_ep(
-    id: *mut *mut rdma_cm_id,
-    res: *mut rdma_addrinfo,
-    pd: *mut ibv_pd,
-    qp_init_attr: *mut ibv_qp_init_attr,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> c_int {
     ffi_boundary(-1, || {
         ret((|| {
             if id.is_null() || res.is_null() {
@@ -747,12 +598,7 @@ pub unsafe extern "C" fn rdma_create_ep(
             }
             // SAFETY: checked non-NULL; the application's addrinfo.
             let res = unsafe { &*res };
-            let p = create(
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                res.ai_port_space as rdma_port_space,
-                res.ai_qp_type as ibv_qp_type,
-            )?;
+            let p = create(std::ptr::null_mut(), std::ptr::null_mut(), res.ai_port_space as rdma_port_space, res.ai_qp_type as ibv_qp_type)?;
             // SAFETY: just made.
             let i = unsafe { ShimId::from_id(p) }?;
             let r = (|| {
@@ -772,10 +618,7 @@ pub unsafe extern "C" fn rdma_create_ep(
                 }
                 // SAFETY: the addrinfo's addresses.
                 unsafe { resolve_addr(i, res.ai_src_addr, res.ai_dst_addr, 2000) }?;
-                call_ok(&Request::CmResolveRoute {
-                    id: i.handle,
-                    timeout_ms: 2000,
-                })?;
+                call_ok(&Request::CmResolveRoute { id: i.handle, timeout_ms: 2000 })?;
                 complete(i)?;
                 // SAFETY: NULL or the application's attributes.
                 if let Some(qa) = unsafe { qp_init_attr.as_mut() } {
@@ -789,13 +632,7 @@ pub unsafe extern "C" fn rdma_create_ep(
                         return Err(Errno::NOMEM);
                     }
                     // SAFETY: both hold ai_connect_len bytes.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            res.ai_connect.cast::<u8>(),
-                            c.cast::<u8>(),
-                            res.ai_connect_len,
-                        )
-                    };
+                    unsafe { std::ptr::copy_nonoverlapping(res.ai_connect.cast::<u8>(), c.cast::<u8>(), res.ai_connect_len) };
                     i.connect = c;
                     i.connect_len = res.ai_connect_len;
                 }
@@ -839,22 +676,14 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(
-    id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-    _context: *mut c_void,
-) -> c_int {
+pub unsafe extern "C" fn rdma_join_multicast(id: *mut rdma_cm_id, _addr: *mut sockaddr, _context: *mut c_void) -> c_int {
     with_id(id, |_| Err(Errno::OPNOTSUPP))
 }
 
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast_ex(
-    id: *mut rdma_cm_id,
-    _attr: *mut rdma_cm_join_mc_attr_ex,
-    _context: *mut c_void,
-) -> c_int {
+pub unsafe extern "C" fn rdma_join_multicast_ex(id: *mut rdma_cm_id, _attr: *mut rdma_cm_join_mc_attr_ex, _context: *mut c_void) -> c_int {
     with_id(id, |_| Err(Errno::OPNOTSUPP))
 }
 

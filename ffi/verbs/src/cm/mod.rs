@@ -176,10 +176,7 @@ unsafe impl Sync for ShimId {}
 static IDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
 
 pub fn ids_insert(handle: u32, p: *mut ShimId) {
-    IDS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(handle, p as usize);
+    IDS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(handle, p as usize);
 }
 pub fn ids_remove(handle: u32) {
     if let Some(m) = IDS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
@@ -187,11 +184,7 @@ pub fn ids_remove(handle: u32) {
     }
 }
 pub fn ids_get(handle: u32) -> Option<*mut ShimId> {
-    IDS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()?
-        .get(&handle)
-        .map(|p| *p as *mut ShimId)
+    IDS.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&handle).map(|p| *p as *mut ShimId)
 }
 
 impl ShimId {
@@ -202,14 +195,7 @@ impl ShimId {
         unsafe { ShimId::from_c_exclusive(p) }
     }
 
-    pub fn new(
-        channel: *mut rdma_event_channel,
-        context: *mut c_void,
-        ps: rdma_port_space,
-        qp_type: ibv_qp_type,
-        handle: u32,
-        sync: bool,
-    ) -> Box<ShimId> {
+    pub fn new(channel: *mut rdma_event_channel, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type, handle: u32, sync: bool) -> Box<ShimId> {
         // SAFETY: rdma_cm_id is plain C data; all-zero is its initial state (calloc in librdmacm).
         let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
         id.channel = channel;
@@ -281,8 +267,7 @@ impl ShimId {
     pub fn set_path(&mut self) -> Res<()> {
         if self.id.route.path_rec.is_null() {
             // SAFETY: plain allocation, freed in destroy (free(3), as librdmacm).
-            let p = unsafe { libc::calloc(1, std::mem::size_of::<ibv_sa_path_rec>()) }
-                .cast::<ibv_sa_path_rec>();
+            let p = unsafe { libc::calloc(1, std::mem::size_of::<ibv_sa_path_rec>()) }.cast::<ibv_sa_path_rec>();
             if p.is_null() {
                 return Err(Errno::NOMEM);
             }
@@ -297,12 +282,7 @@ impl ShimId {
         // SAFETY: allocated above, owned by the id.
         let p = unsafe { &mut *self.id.route.path_rec };
         // SAFETY: the union members are plain bytes.
-        let (sgid, dgid) = unsafe {
-            (
-                self.id.route.addr.addr.ibaddr.sgid,
-                self.id.route.addr.addr.ibaddr.dgid,
-            )
-        };
+        let (sgid, dgid) = unsafe { (self.id.route.addr.addr.ibaddr.sgid, self.id.route.addr.addr.ibaddr.dgid) };
         p.sgid = sgid;
         p.dgid = dgid;
         p.pkey = 0xffffu16.to_be();
@@ -341,20 +321,12 @@ pub unsafe fn read_sockaddr(sa: *const sockaddr) -> Res<Option<CmSockAddr>> {
             if s.sin_addr.s_addr == 0 {
                 ip = [0; 16]; // wildcard
             }
-            Ok(Some(CmSockAddr {
-                ip,
-                v6: false,
-                port: u16::from_be(s.sin_port),
-            }))
+            Ok(Some(CmSockAddr { ip, v6: false, port: u16::from_be(s.sin_port) }))
         }
         libc::AF_INET6 => {
             // SAFETY: an AF_INET6 address is a sockaddr_in6.
             let s = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
-            Ok(Some(CmSockAddr {
-                ip: s.sin6_addr.s6_addr,
-                v6: true,
-                port: u16::from_be(s.sin6_port),
-            }))
+            Ok(Some(CmSockAddr { ip: s.sin6_addr.s6_addr, v6: true, port: u16::from_be(s.sin6_port) }))
         }
         _ => Err(Errno(libc::EAFNOSUPPORT)),
     }
@@ -418,11 +390,7 @@ mod tests {
     fn sockaddr_round_trip_v4_v6() {
         // SAFETY: plain data.
         let mut st: sockaddr_storage = unsafe { std::mem::zeroed() };
-        let v4 = CmSockAddr {
-            ip: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1],
-            v6: false,
-            port: 7174,
-        };
+        let v4 = CmSockAddr { ip: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1], v6: false, port: 7174 };
         // SAFETY: local storage.
         unsafe { write_sockaddr(&mut st, &v4) };
         // SAFETY: filled above.
@@ -431,42 +399,23 @@ mod tests {
         assert_eq!(u16::from_be(sin.sin_port), 7174);
         assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [198, 18, 0, 1]);
         // SAFETY: a valid sockaddr_in.
-        assert_eq!(
-            unsafe { read_sockaddr((&st as *const sockaddr_storage).cast()) },
-            Ok(Some(v4))
-        );
-        let v6 = CmSockAddr {
-            ip: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9],
-            v6: true,
-            port: 1,
-        };
+        assert_eq!(unsafe { read_sockaddr((&st as *const sockaddr_storage).cast()) }, Ok(Some(v4)));
+        let v6 = CmSockAddr { ip: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], v6: true, port: 1 };
         // SAFETY: local storage.
         unsafe { write_sockaddr(&mut st, &v6) };
         // SAFETY: a valid sockaddr_in6.
-        assert_eq!(
-            unsafe { read_sockaddr((&st as *const sockaddr_storage).cast()) },
-            Ok(Some(v6))
-        );
+        assert_eq!(unsafe { read_sockaddr((&st as *const sockaddr_storage).cast()) }, Ok(Some(v6)));
         // SAFETY: a valid sockaddr_in6 (128-byte storage).
-        assert_eq!(
-            unsafe { addrlen((&st as *const sockaddr_storage).cast()) },
-            28
-        );
+        assert_eq!(unsafe { addrlen((&st as *const sockaddr_storage).cast()) }, 28);
         // The IPv4 wildcard is the all-zero address.
         // SAFETY: plain data.
         let mut w: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         w.sin_family = libc::AF_INET as libc::sa_family_t;
         // SAFETY: a valid sockaddr_in.
-        assert_eq!(
-            unsafe { read_sockaddr((&w as *const libc::sockaddr_in).cast()) },
-            Ok(Some(CmSockAddr::default()))
-        );
+        assert_eq!(unsafe { read_sockaddr((&w as *const libc::sockaddr_in).cast()) }, Ok(Some(CmSockAddr::default())));
         w.sin_family = 99;
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { read_sockaddr((&w as *const libc::sockaddr_in).cast()) },
-            Err(Errno(libc::EAFNOSUPPORT))
-        );
+        assert_eq!(unsafe { read_sockaddr((&w as *const libc::sockaddr_in).cast()) }, Err(Errno(libc::EAFNOSUPPORT)));
     }
 
     #[test]

@@ -23,9 +23,7 @@ fn create_cqs(id: &mut ShimId, send_size: u32, recv_size: u32) -> Res<()> {
             return Err(last());
         }
         // SAFETY: as above; the channel was made on the same context.
-        id.id.recv_cq = unsafe {
-            crate::cq::ibv_create_cq(ctx, recv_size as c_int, me, id.id.recv_cq_channel, 0)
-        };
+        id.id.recv_cq = unsafe { crate::cq::ibv_create_cq(ctx, recv_size as c_int, me, id.id.recv_cq_channel, 0) };
         if id.id.recv_cq.is_null() {
             return Err(last());
         }
@@ -37,9 +35,7 @@ fn create_cqs(id: &mut ShimId, send_size: u32, recv_size: u32) -> Res<()> {
             return Err(last());
         }
         // SAFETY: as above.
-        id.id.send_cq = unsafe {
-            crate::cq::ibv_create_cq(ctx, send_size as c_int, me, id.id.send_cq_channel, 0)
-        };
+        id.id.send_cq = unsafe { crate::cq::ibv_create_cq(ctx, send_size as c_int, me, id.id.send_cq_channel, 0) };
         if id.id.send_cq.is_null() {
             return Err(last());
         }
@@ -118,16 +114,8 @@ pub fn create_qp_ex(id: &mut ShimId, attr: &mut ibv_qp_init_attr_ex) -> Res<()> 
     {
         return Err(Errno::INVAL);
     }
-    let send = if !attr.send_cq.is_null() || !id.id.send_cq.is_null() {
-        0
-    } else {
-        attr.cap.max_send_wr
-    };
-    let recv = if !attr.recv_cq.is_null() || !id.id.recv_cq.is_null() {
-        0
-    } else {
-        attr.cap.max_recv_wr
-    };
+    let send = if !attr.send_cq.is_null() || !id.id.send_cq.is_null() { 0 } else { attr.cap.max_send_wr };
+    let recv = if !attr.recv_cq.is_null() || !id.id.recv_cq.is_null() { 0 } else { attr.cap.max_recv_wr };
     if let Err(e) = create_cqs(id, send, recv) {
         destroy_cqs(id);
         return Err(e);
@@ -219,10 +207,7 @@ pub fn create_srq_ex(id: &mut ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()
         attr.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
         attr.pd = id.id.pd;
     }
-    let mut a = ibv_srq_init_attr {
-        srq_context: attr.srq_context,
-        attr: attr.attr,
-    };
+    let mut a = ibv_srq_init_attr { srq_context: attr.srq_context, attr: attr.attr };
     // SAFETY: the id's PD (ours); a valid attribute block.
     let srq = unsafe { crate::srq::ibv_create_srq(attr.pd, &mut a) };
     if srq.is_null() {
@@ -240,28 +225,17 @@ pub fn create_srq_ex(id: &mut ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_qp(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    qp_init_attr: *mut ibv_qp_init_attr,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> c_int {
     // SAFETY: NULL or the application's attributes.
-    with_id(id, |i| {
-        create_qp(i, pd, unsafe { qp_init_attr.as_mut() }.ok_or(Errno::INVAL)?)
-    })
+    with_id(id, |i| create_qp(i, pd, unsafe { qp_init_attr.as_mut() }.ok_or(Errno::INVAL)?))
 }
 
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_qp_ex(
-    id: *mut rdma_cm_id,
-    qp_init_attr: *mut ibv_qp_init_attr_ex,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, qp_init_attr: *mut ibv_qp_init_attr_ex) -> c_int {
     // SAFETY: NULL or the application's attributes.
-    with_id(id, |i| {
-        create_qp_ex(i, unsafe { qp_init_attr.as_mut() }.ok_or(Errno::INVAL)?)
-    })
+    with_id(id, |i| create_qp_ex(i, unsafe { qp_init_attr.as_mut() }.ok_or(Errno::INVAL)?))
 }
 
 /// # Safety
@@ -277,11 +251,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_srq(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    attr: *mut ibv_srq_init_attr,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> c_int {
     with_id(id, |i| {
         // SAFETY: NULL or the application's attributes.
         let a = unsafe { attr.as_mut() }.ok_or(Errno::INVAL)?;
@@ -301,14 +271,9 @@ pub unsafe extern "C" fn rdma_create_srq(
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_srq_ex(
-    id: *mut rdma_cm_id,
-    attr: *mut ibv_srq_init_attr_ex,
-) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
     // SAFETY: NULL or the application's attributes.
-    with_id(id, |i| {
-        create_srq_ex(i, unsafe { attr.as_mut() }.ok_or(Errno::INVAL)?)
-    })
+    with_id(id, |i| create_srq_ex(i, unsafe { attr.as_mut() }.ok_or(Errno::INVAL)?))
 }
 
 /// # Safety
