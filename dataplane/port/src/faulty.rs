@@ -161,6 +161,9 @@ impl<P: Port> Port for FaultyPort<P> {
     fn kick(&mut self) -> bool {
         self.inner.kick()
     }
+    fn rx_ring_drops(&mut self) -> u64 {
+        self.inner.rx_ring_drops()
+    }
     /// The inner port's: a frame held back for reordering or left in `overflow` comes out on
     /// the next receive pass, which an lcore makes before it sleeps.
     fn rx_wake(&self) -> crate::RxWake {

@@ -136,6 +136,12 @@ pub trait Port: Send {
     fn kick(&mut self) -> bool {
         false
     }
+    /// Frames the kernel dropped since the last call because this port's receive ring was full
+    /// (the af_packet PMD's sockets: `PACKET_STATISTICS`, which the read resets). Frames lost
+    /// before pmrxe ever saw them, invisible to every other counter. Default: 0 (no such ring).
+    fn rx_ring_drops(&mut self) -> u64 {
+        0
+    }
     /// How an idle lcore learns that frames arrived on this port (`idle.mode = "wait"`).
     /// Default: nothing tells ([`RxWake::Poll`]).
     fn rx_wake(&self) -> RxWake {

@@ -96,6 +96,12 @@ impl Port for DpdkLink {
             Inner::Faulty(f) => f.kick(),
         }
     }
+    fn rx_ring_drops(&mut self) -> u64 {
+        match &mut self.port {
+            Inner::Plain(p) => p.rx_ring_drops(),
+            Inner::Faulty(f) => f.rx_ring_drops(),
+        }
+    }
     fn rx_wake(&self) -> pmrxe_port::RxWake {
         self.port().rx_wake()
     }

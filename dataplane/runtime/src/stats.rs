@@ -40,6 +40,9 @@ counters! {
         /// Wait mode: times another thread was found competing for the lcore's CPU (the lcore
         /// then blocks as soon as it finds nothing, without its spin window, for a while).
         cpu_contended,
+        /// Frames the kernel dropped because a port's receive ring was full, before pmrxe saw
+        /// them (af_packet: the sockets' `PACKET_STATISTICS`; read every 100 ms while idle).
+        rx_ring_drops,
         /// Frames received.
         rx_packets,
         /// Bytes received.

@@ -71,6 +71,9 @@ struct Scratch {
 pub const BURST: usize = 32;
 /// Frames a port queues for transmit (or for its own loopback) before `tx_burst`.
 const TX_QUEUE: usize = BURST * 4;
+/// How often an idle lcore asks its ports what the kernel dropped from their receive rings
+/// (one getsockopt per af_packet socket): 100 ms.
+const RING_CHECK_NS: u64 = 100_000_000;
 /// Receive bursts per port in one pass at most: receiving keeps up with what one pass can queue
 /// for transmit (TX_QUEUE), so queues between lcores stay short.
 const RX_BURSTS: usize = TX_QUEUE / BURST;
@@ -458,6 +461,8 @@ pub struct Lcore<L: Port> {
     grave: Sender<Box<dyn Send>>,
     handoff: Option<Arc<Handoff<L::Buf>>>,
     last_solicit: Instant,
+    /// When the ports' receive rings were last asked what the kernel dropped.
+    last_ring_check: Instant,
     /// Reserved scratch: the receive burst, one for every port (ports are polled in turn).
     /// Boxed and taken out by pointer for the pass, which needs `&mut self` per frame: moving
     /// the array itself in and out was two memcpys per port per iteration, busy or not.
@@ -533,6 +538,7 @@ impl<L: Port> Lcore<L> {
             grave,
             handoff: None,
             last_solicit: Instant(0),
+            last_ring_check: Instant(0),
             rx: Some(Box::default()),
             lo_spare: Some(Box::default()),
             work: Vec::with_capacity(MAX_QPS_PER_LCORE),
@@ -577,6 +583,9 @@ impl<L: Port> Lcore<L> {
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             let work = self.poll_once(now);
+            if !work {
+                self.check_rings(now);
+            }
             if work {
                 bump(&self.stats.busy_iterations, 1);
                 bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
@@ -624,6 +633,20 @@ impl<L: Port> Lcore<L> {
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
+        }
+    }
+
+    /// On an idle iteration, at most every [`RING_CHECK_NS`]: count what the kernel dropped
+    /// from the ports' receive rings since the last look (`rx_ring_drops`; drops during a busy
+    /// stretch are counted at its end).
+    fn check_rings(&mut self, now: Instant) {
+        if now.0.saturating_sub(self.last_ring_check.0) < RING_CHECK_NS {
+            return;
+        }
+        self.last_ring_check = now;
+        let n: u64 = self.ports.iter_mut().map(|p| p.link.rx_ring_drops()).sum();
+        if n > 0 {
+            bump(&self.stats.rx_ring_drops, n);
         }
     }
 
