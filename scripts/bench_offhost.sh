@@ -87,13 +87,14 @@ veth() {
 }
 
 # config FILE SOCKET PREFIX IDLE CORE ITEM...: a service configuration. Each ITEM is a port,
-# port:NAME|DEVARGS|MAC|IP|MTU, or a static neighbour, neigh:IP|MAC.
+# port:NAME|DEVARGS|MAC|IP|MTU, or a static neighbour, neigh:IP|MAC. LCORE_NICE sets
+# [lcores] nice (default 0).
 config() {
   local file=$1 sock=$2 prefix=$3 idle=$4 core=$5; shift 5
   {
     echo "[service]"; echo "socket = \"$sock\""; echo "log = \"warn\""; echo "idle = $idle"
     echo "[eal]"; echo "hugepages = false"; echo "memory_mb = 512"; echo "file_prefix = \"$prefix\""
-    echo "[lcores]"; echo "cores = [$core]"; echo "main_core = $((1 - core))"
+    echo "[lcores]"; echo "cores = [$core]"; echo "main_core = $((1 - core))"; echo "nice = ${LCORE_NICE:-0}"
     local item name dev mac ip mtu
     for item in "$@"; do
       case $item in
@@ -178,12 +179,16 @@ done
 if part two; then
   log "two hosts: two services (af_xdp, MTU 3500, idle wait) in two namespaces, perftest over rdma_cm"
   veth pmrxe-h1 pmrxe-h2 pmrxe-bh1 pmrxe-bh2 3500 || { log "veth failed"; exit 1; }
+  # Each CPU is shared by one host's lcore and the other host's busy-polling perftest: the
+  # case `[lcores] nice` is for (docs/operations.md, "Sharing CPUs with applications").
+  export LCORE_NICE=-10
   config "$WORK/host1.toml" "$WORK/host1.sock" "pmrxe-offhost-h1" '{ mode = "wait" }' 1 \
     "port:pmrxe0|net_af_xdp0,iface=pmrxe-h1,start_queue=0,queue_count=1|02:00:0a:4f:00:01|10.79.2.1|3500" \
     "neigh:10.79.2.2|02:00:0a:4f:00:02" || exit 1
   config "$WORK/host2.toml" "$WORK/host2.sock" "pmrxe-offhost-h2" '{ mode = "wait" }' 0 \
     "port:pmrxe0|net_af_xdp0,iface=pmrxe-h2,start_queue=0,queue_count=1|02:00:0a:4f:00:02|10.79.2.2|3500" \
     "neigh:10.79.2.1|02:00:0a:4f:00:01" || exit 1
+  unset LCORE_NICE
   serve pmrxe-bh1 "$WORK/host1.toml" "$OUT/host1.log" || exit 1
   h1=$SERVED
   serve pmrxe-bh2 "$WORK/host2.toml" "$OUT/host2.log" || exit 1

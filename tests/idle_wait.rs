@@ -147,17 +147,21 @@ fn lcore_thread_stat(svc: &Service) -> Vec<String> {
     panic!("no pmrxe-lcore0 thread in {task}");
 }
 
-/// On a CPU it shares with a busy thread, the lcore runs at `lcores.nice` (-10 by default) and
-/// finds the competition (`cpu_contended`): it then gives the CPU back as soon as it finds
+/// On a CPU it shares with a busy thread, the lcore runs at `lcores.nice` (-5 here) and finds
+/// the competition (`cpu_contended`): it then gives the CPU back as soon as it finds
 /// nothing instead of spinning `spin_us`, which on a shared CPU only delays the thread that
 /// must run to answer. The traffic completes either way.
 #[test]
 fn an_lcore_that_shares_its_cpu_finds_the_competition_and_runs_at_its_niceness() {
     let _l = heavy_lock();
     let dir = TempDir::new("idle-shared");
-    let svc = Service::start_loopback();
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).expect("configs/loopback.toml");
+    assert!(base.contains("\n[lcores]\n"), "configs/loopback.toml has no [lcores] table");
+    let cfg = dir.join("shared.toml");
+    std::fs::write(&cfg, base.replacen("\n[lcores]\n", "\n[lcores]\nnice = -5\n", 1)).unwrap();
+    let svc = Service::start(Some(&cfg), None);
     // Field 19 of stat is the nice value (the 17th after the command).
-    assert_eq!(lcore_thread_stat(&svc)[16], "-10", "the lcore runs at lcores.nice");
+    assert_eq!(lcore_thread_stat(&svc)[16], "-5", "the lcore runs at lcores.nice");
     let contended0 = lcore_counter(&svc, "cpu_contended");
     // A busy nice-0 thread on the lcore's CPU (configs/loopback.toml: CPU 1) while a
     // ping-pong keeps the lcore working and spinning.

@@ -182,11 +182,12 @@ pub struct LcoreConfig {
     /// Permit several poll-mode lcores on one CPU (tests of many lcores on a small machine;
     /// only with idle back-off, or they starve each other). Default false.
     pub allow_shared_cores: bool,
-    /// Scheduling niceness of the poll-mode lcore threads (-20..=19; default -10). On a CPU
-    /// shared with application threads, an lcore woken by work must get the CPU at once, and
-    /// in `wait` mode it gives the CPU back when idle: -10 weights it about 9:1 against a
-    /// nice-0 thread. 0 leaves the threads as started. Needs root or CAP_SYS_NICE for a
-    /// negative value; without it the service logs a warning and runs on.
+    /// Scheduling niceness of the poll-mode lcore threads (-20..=19; default 0: left as
+    /// started). A negative value lets an lcore woken by work take a CPU it shares with
+    /// busy-polling application threads at once (-10 weights it about 9:1 against a nice-0
+    /// thread), at their expense: an event-driven receiver on that CPU then falls behind its
+    /// sender (fio's SEND test, which connects with rnr_retry 0, failed on RNR NAKs at -10).
+    /// Needs root or CAP_SYS_NICE; without it the service logs a warning and runs on.
     pub nice: i32,
 }
 
@@ -196,7 +197,7 @@ pub const MAX_LCORES: usize = 64;
 
 impl Default for LcoreConfig {
     fn default() -> Self {
-        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false, allow_shared_cores: false, nice: -10 }
+        LcoreConfig { cores: vec![1], main_core: 0, allow_main_core: false, allow_shared_cores: false, nice: 0 }
     }
 }
 
