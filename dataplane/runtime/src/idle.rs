@@ -167,18 +167,6 @@ impl Default for Contention {
     }
 }
 
-/// Set the calling thread's niceness (`lcores.nice`): `setpriority(PRIO_PROCESS, tid)`, which
-/// on Linux applies to that one thread.
-pub fn set_thread_nice(nice: i32) -> std::io::Result<()> {
-    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// Per-lcore idle state.
 #[derive(Debug)]
 pub struct Idle {

@@ -156,7 +156,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
                     tracing::warn!(core, "could not pin lcore {li} to its CPU");
                 }
                 if nice != 0 {
-                    if let Err(e) = pmrxe_runtime::idle::set_thread_nice(nice) {
+                    if let Err(e) = set_thread_nice(nice) {
                         tracing::warn!(nice, error = %e, "could not set lcore {li}'s niceness (lcores.nice; needs root or CAP_SYS_NICE): it competes with application threads on its CPU as an equal");
                     }
                 }
@@ -465,4 +465,16 @@ fn pending_signal(set: &libc::sigset_t) -> Option<i32> {
     // SAFETY: sigtimedwait with a zero timeout on our blocked set; no info requested.
     let s = unsafe { libc::sigtimedwait(set, core::ptr::null_mut(), &ts) };
     (s > 0).then_some(s)
+}
+
+/// Set the calling thread's niceness (`lcores.nice`): `setpriority(PRIO_PROCESS, tid)`, which
+/// on Linux applies to that one thread.
+fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
