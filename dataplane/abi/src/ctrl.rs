@@ -269,6 +269,20 @@ pub enum Request {
     CmSetOption { id: u32, level: i32, name: i32, value: Vec<u8> },
     /// `rdma_destroy_id`: sends what the kernel's destroy would (REJ/DREQ), drops the id.
     CmDestroyId { id: u32 },
+    // ---- multicast (appended: the encoding of every request above is unchanged) ----
+    /// `ibv_attach_mcast`: UD QP `qpn` also receives the datagrams sent to the multicast GID
+    /// `gid` (IPv4-mapped 224.0.0.0/4, or ff00::/8) on its device. EINVAL for another QP type
+    /// or a unicast GID, ENOMEM beyond [`crate::McastLimits`]; attaching twice is a no-op.
+    AttachMcast { qpn: u32, gid: [u8; 16] },
+    /// `ibv_detach_mcast` (EINVAL when `qpn` is not attached to `gid`).
+    DetachMcast { qpn: u32, gid: [u8; 16] },
+    /// `rdma_join_multicast` of the IPv4 group `addr` by an id bound to a device: event
+    /// MULTICAST_JOIN follows, with `dst` = the group and the UD parameters a sender needs (the
+    /// group's GID, QPN 0xFFFFFF, the port space's Q_Key). The client attaches the id's QP
+    /// itself when the event arrives, as librdmacm does.
+    CmJoinMulticast { id: u32, addr: CmSockAddr },
+    /// `rdma_leave_multicast` (EADDRNOTAVAIL when the id did not join `addr`).
+    CmLeaveMulticast { id: u32, addr: CmSockAddr },
 }
 
 /// A socket address as rdma_cm carries it: IPv4 as an IPv4-mapped IPv6 address.

@@ -11,6 +11,27 @@ use crate::sync::{AtomicU32, AtomicU64};
 /// eventfds at Hello.)
 pub const ABI_VERSION: u32 = 4;
 
+/// Multicast limits of every pmrxe device: reported by `ibv_query_device` and enforced by the
+/// service (`ibv_attach_mcast` fails with ENOMEM beyond them).
+pub struct McastLimits;
+
+impl McastLimits {
+    /// Groups with at least one attached QP, per device (`max_mcast_grp`).
+    pub const GROUPS: u32 = 1024;
+    /// QPs attached to one group (`max_mcast_qp_attach`; rxe's figure).
+    pub const QPS_PER_GROUP: u32 = 56;
+    /// Attachments on one device (`max_total_mcast_qp_attach`).
+    pub const TOTAL: u32 = 4096;
+    /// Attachments one client may hold on one device: a quarter of the total, so that no
+    /// client can take every attachment from the others.
+    pub const PER_CLIENT: u32 = Self::TOTAL / 4;
+    /// Groups one client's QPs may be members of on one device: a quarter of the groups.
+    pub const GROUPS_PER_CLIENT: u32 = Self::GROUPS / 4;
+}
+
+/// The QPN a multicast datagram carries (BTH destination QP 0xFFFFFF).
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+
 /// Maximum scatter/gather entries in a send WQE.
 pub const MAX_SEND_SGE: usize = 16;
 /// Maximum scatter/gather entries in a receive WQE.

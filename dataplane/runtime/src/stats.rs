@@ -65,6 +65,17 @@ counters! {
         rx_not_for_us,
         /// RoCE frames for an unknown QPN (dropped).
         rx_unknown_qp,
+        /// Multicast datagrams (BTH destination QP 0xFFFFFF) received for a group a QP of
+        /// this lcore's ports is attached to; each is delivered to every attached QP.
+        rx_multicast,
+        /// Copies of multicast datagrams placed for attached QPs (one per QP per datagram;
+        /// whether a QP takes it — Q_Key, a receive WQE — is in its own counters).
+        rx_multicast_copies,
+        /// Multicast datagrams this lcore's QPs sent that were also looped back to the sending
+        /// port's own attached QPs (as a NIC loops multicast back to its port's members).
+        tx_multicast_loopback,
+        /// IGMP messages sent: reports (joins, answers to queries) and leaves.
+        igmp_sent,
         /// RoCE frames for one of our QPs that arrived marked ECN Congestion Experienced.
         rx_ecn_ce,
         /// CNPs (BTH opcode 0x81) received and handed to their QP's reaction point.

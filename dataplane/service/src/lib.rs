@@ -23,6 +23,7 @@ pub mod cm;
 pub mod device;
 pub mod devnodes;
 pub mod limits;
+pub mod mcast;
 pub mod metrics;
 
 pub mod serve;

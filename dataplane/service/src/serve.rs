@@ -237,6 +237,7 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         limits: budget,
         capture,
         cm: Some(cm),
+        mcast: Mutex::new(Default::default()),
         access,
         refused: Default::default(),
     });

@@ -186,6 +186,16 @@ fn l2(frame: &[u8]) -> Result<(EtherType, usize)> {
     Ok((et, off))
 }
 
+/// The IP destination of a frame as a GID (IPv4-mapped for IPv4); `None` if it is not IP.
+pub fn dst_gid(frame: &[u8]) -> Option<[u8; 16]> {
+    let (et, ip) = l2(frame).ok()?;
+    match et {
+        EtherType::IPV4 => Some(v4_gid(ipv4::Packet::new_checked(&frame[ip..]).ok()?.dst_addr())),
+        EtherType::IPV6 => Some(ipv6::Packet::new_checked(&frame[ip..]).ok()?.dst_addr().octets()),
+        _ => None,
+    }
+}
+
 /// Compute the ICRC of a complete frame and store it in the last 4 bytes of the UDP
 /// datagram (= of `frame`, for frames built here). All lengths must already be set.
 pub fn finish_frame(frame: &mut [u8]) -> Result<()> {

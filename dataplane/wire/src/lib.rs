@@ -36,6 +36,7 @@ pub mod arp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod icmpv6;
+pub mod mcast;
 pub mod udp;
 pub mod bth;
 pub mod reth;

@@ -3,7 +3,7 @@
 use crate::boundary::{copy_cstr, ffi_boundary, handle, nonnull, ret_errno, ret_ptr, Errno, Handle, Res};
 use crate::client::{self, client};
 use crate::sys::*;
-use pmrxe_abi::ctrl::DeviceInfo;
+use pmrxe_abi::ctrl::{DeviceInfo, Request};
 use std::mem::{offset_of, size_of};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::raw::{c_char, c_int, c_void};
@@ -300,6 +300,9 @@ fn fill_device_attr(info: &DeviceInfo, a: &mut ibv_device_attr) {
     a.atomic_cap = s.atomic_cap;
     a.max_mw = i(s.max_mw);
     a.max_ah = i(s.max_ah);
+    a.max_mcast_grp = i(pmrxe_abi::McastLimits::GROUPS);
+    a.max_mcast_qp_attach = i(pmrxe_abi::McastLimits::QPS_PER_GROUP);
+    a.max_total_mcast_qp_attach = i(pmrxe_abi::McastLimits::TOTAL);
     a.max_srq = i(s.max_srq);
     a.max_srq_wr = i(s.max_srq_wr);
     a.max_srq_sge = i(s.max_srq_sge);
@@ -586,18 +589,44 @@ pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num:
     })
 }
 
+/// `ibv_attach_mcast`: the UD QP receives the datagrams sent to multicast group `gid` on its
+/// device (the service refuses other QP types, unicast GIDs and attachments beyond the limits
+/// `ibv_query_device` reports). `lid` is unused on RoCE.
+///
 /// # Safety
-/// `gid` is writable (unused: multicast is not supported).
+/// `qp` is ours; `gid` is readable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    crate::boundary::set_errno(libc::EOPNOTSUPP);
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    mcast(qp, gid, true)
 }
 
+/// `ibv_detach_mcast` (EINVAL when the QP is not attached to `gid`).
+///
 /// # Safety
 /// See `ibv_attach_mcast`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    crate::boundary::set_errno(libc::EOPNOTSUPP);
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    mcast(qp, gid, false)
+}
+
+fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
+    ffi_boundary(libc::EIO, || {
+        ret_errno((|| {
+            if gid.is_null() {
+                return Err(Errno::INVAL);
+            }
+            // SAFETY: `gid` is the caller's readable ibv_gid (16 bytes, any bit pattern valid);
+            // read unaligned, as an application may pass any pointer.
+            let gid: [u8; 16] = unsafe { std::ptr::read_unaligned(gid as *const [u8; 16]) };
+            mcast_qp(qp, gid, attach)
+        })())
+    })
+}
+
+/// Attach (or detach) `qp` to the multicast group `gid` at the service.
+pub(crate) fn mcast_qp(qp: *mut ibv_qp, gid: [u8; 16], attach: bool) -> Res<()> {
+    // SAFETY: magic-checked QP.
+    let q = unsafe { crate::qp::ShimQp::from_qp(qp) }?;
+    let req = if attach { Request::AttachMcast { qpn: q.qpn, gid } } else { Request::DetachMcast { qpn: q.qpn, gid } };
+    client::existing()?.call_ok(&req)
 }

@@ -53,6 +53,7 @@ use crate::stats::{bump, DropStats, LcoreStats};
 mod completions;
 use completions::{CqTarget, CqWriter};
 mod doorbells;
+mod mcast;
 mod neighbours;
 mod objects;
 mod rx;
@@ -177,6 +178,11 @@ pub enum Cmd {
     AddAh { client: u32, ah: u32, av: AddressVector },
     /// Drop an address handle.
     RemoveAh { client: u32, ah: u32 },
+    /// The QPs attached to multicast group `gid` on device `device` are now `members` (empty:
+    /// the group is gone from the device). Every lcore holds every group of its ports (a
+    /// datagram may arrive on any lcore's queue); only the one told to `announce` sends the
+    /// IGMP report when a group appears and the leave when it goes.
+    McastGroup { device: u32, gid: [u8; 16], members: Vec<u32>, announce: bool },
     /// Per-QP statistics: (QPN, owning client, counters).
     QpStats { done: Sender<Vec<(u32, u32, pmrxe_transport::QpStats)>> },
     /// A shared receive queue and its ring.
@@ -228,6 +234,9 @@ struct PathCache {
     l3: wire::L3Info,
     /// The destination is one of this port's own addresses: loop back inside the device.
     local: bool,
+    /// The destination is a multicast group (its group MAC; looped back to the port's own
+    /// members too).
+    mcast: bool,
     /// Eth/IP/UDP and the ICRC prefix state for the last two RoCE lengths sent on this path (a
     /// QP that sends both requests and responses alternates two lengths: data and ACKs).
     headers: [Option<wire::frame::HeaderTemplate>; 2],
@@ -319,8 +328,17 @@ struct PortSlot<L: Port> {
     /// of one per frame) and given back when a QP's poll produced nothing, so a visit that
     /// ends the QP's turn costs no allocation and free. Last in, first out (cache-warm).
     spare: ArrayVec<L::Buf, BURST>,
+    /// Multicast groups with QPs attached on this port (few: a linear search).
+    groups: Vec<McastGroup>,
     /// Declared last, so dropped after every buffer above (buffers never outlive their pool).
     link: L,
+}
+
+/// A multicast group of a port and the QPs attached to it (of every lcore: a datagram that
+/// arrives on one lcore is copied to the others that own members).
+struct McastGroup {
+    gid: [u8; 16],
+    members: Vec<u32>,
 }
 
 impl<L: Port> PortSlot<L> {
@@ -507,7 +525,7 @@ impl<L: Port> Lcore<L> {
             .into_iter()
             .map(|(link, dev)| {
                 let ips = dev.gids.iter().map(gid_to_ip).collect();
-                PortSlot { link, dev, ips, tx: ArrayVec::new(), lo: Box::default(), spare: ArrayVec::new() }
+                PortSlot { link, dev, ips, tx: ArrayVec::new(), lo: Box::default(), spare: ArrayVec::new(), groups: Vec::new() }
             })
             .collect();
         let lc = Lcore {

@@ -140,6 +140,7 @@ impl<L: Port> Lcore<L> {
                 self.ahs.insert((client, ah), av);
                 self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
             }
+            Cmd::McastGroup { device, gid, members, announce } => self.set_group(device, gid, members, announce),
             Cmd::RemoveAh { client, ah } => {
                 self.ahs.remove(&(client, ah));
                 self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);

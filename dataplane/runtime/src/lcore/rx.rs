@@ -120,7 +120,7 @@ impl<L: Port> Lcore<L> {
             wire::parse_frame_routed(data, &mut pkt.hdr, &mut pkt.frame, |qpn| {
                 if let Some(h) = handoff {
                     let owner = h.owner(qpn);
-                    if owner != me % h.lcores() && qpn != 1 && engine.slot(qpn).is_none() {
+                    if owner != me % h.lcores() && qpn != 1 && qpn != pmrxe_abi::MULTICAST_QPN && engine.slot(qpn).is_none() {
                         to = Some(owner);
                         return false;
                     }
@@ -131,6 +131,11 @@ impl<L: Port> Lcore<L> {
         match parsed {
             Ok(false) => to,
             Ok(true) => {
+                if u32::from(pkt.hdr.bth.dest_qp) == pmrxe_abi::MULTICAST_QPN && wire::mcast::is_multicast_gid(&pkt.frame.dst_gid) {
+                    // The frame stays with this lcore: lcores owning other members get copies.
+                    self.on_multicast(pi, now, data, &mut pkt, may_hand_off);
+                    return None;
+                }
                 let f = &pkt.frame;
                 if !self.ports[pi].dev.gids.contains(&f.dst_gid) {
                     bump(&self.stats.rx_not_for_us, 1);
@@ -200,6 +205,8 @@ impl<L: Port> Lcore<L> {
             Err(e) => {
                 if e == wire::Error::BadIcrc {
                     bump(&self.stats.rx_icrc_errors, 1);
+                } else if e == wire::Error::NotUdp && self.on_igmp(pi, data) {
+                    return None;
                 } else if matches!(e, wire::Error::NotIp | wire::Error::NotUdp | wire::Error::NotRoce | wire::Error::Icmpv6) {
                     bump(&self.stats.rx_not_for_us, 1);
                 } else {
@@ -217,7 +224,7 @@ impl<L: Port> Lcore<L> {
     /// RDMA_CM accept) may have rung its doorbell after this pass read it; the peer's SEND
     /// must still find the WQE, as it would on a NIC that reads the queue on arrival.
     /// `at`: the QP's engine slot.
-    fn pull_recv_wqes(&mut self, qpn: u32, at: u32) {
+    pub(super) fn pull_recv_wqes(&mut self, qpn: u32, at: u32) {
         // Looked at read-only first: a QP with receive WQEs at hand (every SEND of a steady
         // stream) costs two loads here, not a re-filing on the engine's lists.
         let Some(qp) = self.engine.qp_at(at) else { return };

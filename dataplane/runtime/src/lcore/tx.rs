@@ -146,8 +146,9 @@ struct LcorePorts<'a, L: Port> {
 #[derive(Default)]
 struct Burst {
     /// Frames of this burst to seal (short packets: ICRC over the finished frame) and show
-    /// the capture tap, once the burst is built: (loopback, index, header length, seal).
-    built: ArrayVec<(bool, u16, u8, bool), BURST>,
+    /// the capture tap, once the burst is built, and multicast frames to loop back to the
+    /// port's own group members: (loopback, index, header length, seal, multicast).
+    built: ArrayVec<(bool, u16, u8, bool, bool), BURST>,
     /// The QP's cached path was checked for its connected path in this burst: later packets
     /// on that path use it as it is (nothing the check reads — the QP's attributes, the
     /// neighbour table — changes inside a burst).
@@ -225,7 +226,7 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
             return; // the engine's retransmission recovers once ARP/ND resolves
         };
         self.burst.connected_checked = connected;
-        let local = path.local;
+        let (local, mcast) = (path.local, path.mcast);
         let Some(header) = path.header(t.len) else {
             bump(&stats.tx_build_errors, 1);
             return;
@@ -242,9 +243,10 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
             return;
         }
         let seal = t.tail_crc.is_none();
-        if seal || self.burst.tap {
+        let mcast = mcast && !port.groups.is_empty();
+        if seal || self.burst.tap || mcast {
             let at = if local { port.lo.len() } else { port.tx.len() };
-            self.burst.built.push((local, at as u16, header.header_len() as u8, seal));
+            self.burst.built.push((local, at as u16, header.header_len() as u8, seal, mcast));
         }
         if local {
             port.lo.push(b);
@@ -263,7 +265,7 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
     /// stall per packet); then the capture tap.
     fn end_burst(&mut self, s: &mut QpSlot, qpn: u32) {
         let port = &mut self.ports[s.dev];
-        for &(local, at, hl, seal) in &self.burst.built {
+        for &(local, at, hl, seal, mcast) in &self.burst.built {
             let b = if local { &mut port.lo[usize::from(at)] } else { &mut port.tx[usize::from(at)] };
             if seal && wire::seal_frame(b.data_mut(), usize::from(hl)).is_err() {
                 bump(&self.stats.tx_build_errors, 1);
@@ -272,6 +274,9 @@ impl<L: Port> TxPort<QpSlot> for LcorePorts<'_, L> {
                 if let Some(t) = self.tap {
                     t.frame(true, Some(qpn), b.data());
                 }
+            }
+            if mcast {
+                super::mcast::loop_back_multicast(port, usize::from(at), self.stats);
             }
         }
         self.burst.built.clear();
@@ -289,8 +294,15 @@ fn path_for<'a, L: Port>(cache: &'a mut Option<PathCache>, port: &PortSlot<L>, n
     if !hit {
         let dst_ip = gid_to_ip(&av.dgid);
         let src_ip = port.ips.get(av.sgid_index as usize).copied().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        let local = port.owns_ip(dst_ip);
-        let dmac = if local { Some(port.dev.mac) } else { av.dmac.or_else(|| neigh.lookup(dst_ip, now.0)) }?;
+        // A multicast group's datagrams go to its group MAC (and, through the burst's end, to
+        // the port's own members); nothing is resolved.
+        let group = wire::mcast::group_mac(&av.dgid);
+        let local = group.is_none() && port.owns_ip(dst_ip);
+        let dmac = match group {
+            Some(m) => Some(m.0),
+            None if local => Some(port.dev.mac),
+            None => av.dmac.or_else(|| neigh.lookup(dst_ip, now.0)),
+        }?;
         let l3 = wire::L3Info {
             src_mac: MacAddr(port.dev.mac),
             dst_mac: MacAddr(dmac),
@@ -303,7 +315,7 @@ fn path_for<'a, L: Port>(cache: &'a mut Option<PathCache>, port: &PortSlot<L>, n
             udp_sport: wire::udp_sport(av.flow_label, src_qpn, dest_qpn),
             ip_id: 0,
         };
-        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, headers: [None; 2], next_header: 0 });
+        *cache = Some(PathCache { av: *av, dest_qpn, neigh_gen: gen, l3, local, mcast: group.is_some(), headers: [None; 2], next_header: 0 });
     }
     cache.as_mut()
 }

@@ -204,6 +204,9 @@ impl CmCore {
             .device
             .or_else(|| self.ports.iter().position(|p| p.cfg.owns(dip)))
             .or_else(|| self.ports.iter().position(|p| p.cfg.routes(dip)))
+            // A multicast group is reached through the first device with an address of its
+            // family (the kernel's default multicast route); bind the id to choose another.
+            .or_else(|| if dip.is_multicast() { self.ports.iter().position(|p| p.cfg.addr_like(dip).is_some()) } else { None })
             .or_else(|| (is_loopback(dip) && !self.ports.is_empty()).then_some(LOOPBACK_DEVICE));
         let Some(pi) = chosen else { return fail(libc::EADDRNOTAVAIL, "no pmrxe device owns or routes to the destination") };
         let sip = if r.bound && !is_wildcard(&r.src) {

@@ -125,6 +125,7 @@ impl CmCore {
             backlog: 0,
             pending: 0,
             unread: true,
+            joins: Vec::new(),
         };
         let h = self.handle();
         self.ids.insert(h, rec);

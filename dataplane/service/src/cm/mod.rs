@@ -23,6 +23,7 @@ mod connect;
 mod events;
 mod ids;
 mod listen;
+mod mcast;
 mod qp_attr;
 mod request;
 #[cfg(test)]
@@ -332,6 +333,8 @@ struct IdRec {
     /// A passive child whose CONNECT_REQUEST the client has not read yet (counted in its
     /// listener's `pending`).
     unread: bool,
+    /// The multicast groups the id joined (`rdma_join_multicast`).
+    joins: Vec<CmSockAddr>,
 }
 
 impl IdRec {

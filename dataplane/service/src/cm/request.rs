@@ -19,7 +19,9 @@ pub(super) fn named_id(req: &Request) -> Option<u32> {
         | Request::CmDisconnect { id }
         | Request::CmInitQpAttr { id, .. }
         | Request::CmSetOption { id, .. }
-        | Request::CmDestroyId { id } => Some(id),
+        | Request::CmDestroyId { id }
+        | Request::CmJoinMulticast { id, .. }
+        | Request::CmLeaveMulticast { id, .. } => Some(id),
         _ => None,
     }
 }
@@ -89,6 +91,7 @@ impl CmCore {
                         backlog: 0,
                         pending: 0,
                         unread: false,
+                        joins: Vec::new(),
                     },
                 );
                 (Response::CmId { id: h }, None)
@@ -220,6 +223,8 @@ impl CmCore {
                 self.destroy(now, id);
                 ok()
             }
+            Request::CmJoinMulticast { id, addr } => self.join_multicast(client, id, addr),
+            Request::CmLeaveMulticast { id, addr } => self.leave_multicast(client, id, addr),
             _ => fail(libc::EINVAL, "not an rdma_cm request"),
         }
     }

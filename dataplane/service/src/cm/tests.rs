@@ -469,3 +469,47 @@ fn unknown_port_space_qp_type_and_wide_qpn_are_refused() {
     let r = req(&mut c, 1, Request::CmAccept { id: a, qpn: u32::MAX, conn: CmConnParam::default() });
     assert!(matches!(r, Response::Err { errno: libc::EINVAL, .. }), "{r:?}");
 }
+
+#[test]
+fn multicast_join_and_leave_as_the_kernel_cma_does_on_roce() {
+    let mut c = CmCore::new(vec![port(0, A), port(1, B)]);
+    let (ch, fd) = channel(&mut c, 1);
+    let g = [239, 1, 2, 3];
+    let err = |r: Response| match r {
+        Response::Err { errno, .. } => errno,
+        r => panic!("{r:?}"),
+    };
+    // An id bound to no device, and an RC id, cannot join.
+    let u = id(&mut c, 1, ch, PortSpace::UDP.0, IBV_QPT_UD, 5);
+    assert_eq!(err(req(&mut c, 1, Request::CmJoinMulticast { id: u, addr: v4(g, 0) })), libc::EINVAL);
+    let rc = id(&mut c, 1, ch, PortSpace::TCP.0, IBV_QPT_RC, 6);
+    req(&mut c, 1, Request::CmBindAddr { id: rc, addr: v4(B, 0) });
+    assert_eq!(err(req(&mut c, 1, Request::CmJoinMulticast { id: rc, addr: v4(g, 0) })), libc::EINVAL);
+    // rdma_resolve_addr to the group from B (bound), then join: MULTICAST_JOIN at once.
+    req(&mut c, 1, Request::CmResolveAddr { id: u, src: Some(v4(B, 0)), dst: v4(g, 0), timeout_ms: 100 });
+    assert_eq!(kinds(&events(&fd)), [event::ADDR_RESOLVED]);
+    assert_eq!(req(&mut c, 1, Request::CmJoinMulticast { id: u, addr: v4(g, 0) }), Response::Ok);
+    let ev = events(&fd);
+    assert_eq!(kinds(&ev), [event::MULTICAST_JOIN]);
+    assert_eq!((ev[0].id, ev[0].context, ev[0].status), (u, 5, 0));
+    assert_eq!(ev[0].dst.ip, Ipv4Addr::from(g).to_ipv6_mapped().octets(), "the event names the group");
+    let ud = ev[0].ud.as_ref().expect("UD parameters");
+    assert_eq!((ud.qp_num, ud.qkey), (pmrxe_abi::MULTICAST_QPN, cma::UDP_QKEY));
+    assert_eq!(ud.ah_attr.dgid, Ipv4Addr::from(g).to_ipv6_mapped().octets(), "the group's GID is its IPv4-mapped address");
+    assert!(ud.ah_attr.is_global);
+    assert_eq!(ud.ah_attr.sgid_index, 1, "sent from B's IPv4 GID");
+    // Twice: EADDRINUSE. A unicast address: EINVAL. An IPv6 group: EOPNOTSUPP (RoCEv2).
+    assert_eq!(err(req(&mut c, 1, Request::CmJoinMulticast { id: u, addr: v4(g, 0) })), libc::EADDRINUSE);
+    assert_eq!(err(req(&mut c, 1, Request::CmJoinMulticast { id: u, addr: v4(A, 0) })), libc::EINVAL);
+    let v6 = CmSockAddr { ip: "ff0e::1".parse::<Ipv6Addr>().unwrap().octets(), v6: true, port: 0 };
+    assert_eq!(err(req(&mut c, 1, Request::CmJoinMulticast { id: u, addr: v6 })), libc::EOPNOTSUPP);
+    // Another client cannot join or leave through this id.
+    assert_eq!(err(req(&mut c, 2, Request::CmLeaveMulticast { id: u, addr: v4(g, 0) })), libc::EINVAL);
+    assert_eq!(req(&mut c, 1, Request::CmLeaveMulticast { id: u, addr: v4(g, 0) }), Response::Ok);
+    assert_eq!(err(req(&mut c, 1, Request::CmLeaveMulticast { id: u, addr: v4(g, 0) })), libc::EADDRNOTAVAIL);
+    // An unbound UD id resolving a group takes the first device with an IPv4 address.
+    let w = id(&mut c, 1, ch, PortSpace::UDP.0, IBV_QPT_UD, 9);
+    assert!(matches!(req(&mut c, 1, Request::CmResolveAddr { id: w, src: None, dst: v4(g, 0), timeout_ms: 100 }), Response::CmAddr { .. }));
+    assert_eq!(c.ids[&w].device, Some(0));
+    assert!(events(&fd).iter().all(|e| e.event == event::ADDR_RESOLVED));
+}

@@ -57,6 +57,8 @@ pub struct Shared {
     /// Peers refused admission (counted, logged at debug level only: a refused user can
     /// connect in a loop).
     pub refused: std::sync::atomic::AtomicU64,
+    /// Multicast groups and the QPs attached to them ([`crate::mcast`]).
+    pub mcast: Mutex<crate::mcast::McastTable>,
 }
 
 impl Shared {
@@ -116,6 +118,9 @@ struct SrqRec {
 
 struct QpRec {
     lcore: usize,
+    device: u32,
+    /// A UD QP (the only type that joins multicast groups).
+    ud: bool,
     init_cap: QpCap,
     db_slot: u16,
 }
@@ -255,6 +260,7 @@ macro_rules! lcore_call {
 }
 
 mod ah;
+mod mcast;
 mod attr;
 mod client;
 mod cq;
@@ -296,7 +302,9 @@ impl Session {
             | Request::CmDisconnect { .. }
             | Request::CmInitQpAttr { .. }
             | Request::CmSetOption { .. }
-            | Request::CmDestroyId { .. }) => self.cm(req),
+            | Request::CmDestroyId { .. }
+            | Request::CmJoinMulticast { .. }
+            | Request::CmLeaveMulticast { .. }) => self.cm(req),
             Request::ResizeCq { cq, cqe } => self.resize_cq(cq, cqe),
             Request::DestroyCq { cq } => self.destroy_cq(cq),
             Request::AddSegment { seg, base, len } => self.counted_segment(seg, true, |s| s.add_segment(seg, base, len, fds)),
@@ -321,6 +329,8 @@ impl Session {
             Request::DestroySrq { srq } => self.destroy_srq(srq),
             Request::CreateAh { pd, attr } => self.create_ah(pd, attr),
             Request::DestroyAh { ah } => self.destroy_ah(ah),
+            Request::AttachMcast { qpn, gid } => self.attach_mcast(qpn, gid),
+            Request::DetachMcast { qpn, gid } => self.detach_mcast(qpn, gid),
             Request::GetAsyncEvent => (Response::AsyncEvent(self.events.as_ref().and_then(|r| r.try_recv().ok())), vec![]),
         }
     }
@@ -333,6 +343,11 @@ impl Session {
         // rdma_cm ids first: their connections end with DREQ/REJ while the QPs still exist.
         if let Some(cm) = &sh.cm {
             cm.client_gone(self.id);
+        }
+        // Its QPs leave their multicast groups (the other members' lists are republished).
+        let qpns: Vec<u32> = self.objs.qps.keys().copied().collect();
+        for qpn in qpns {
+            self.leave_all_groups(qpn);
         }
         for lc in &sh.lcores {
             match lc.call(|tx| Cmd::RemoveClient { client: self.id, done: tx }) {

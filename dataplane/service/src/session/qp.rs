@@ -8,7 +8,7 @@ use pmrxe_abi::ring::init_ring;
 use pmrxe_abi::{Doorbell, QpSegmentLayout, ShmRecvWqe, ShmSendWqe};
 use pmrxe_runtime::lcore::{Cmd, QpSetup};
 use pmrxe_runtime::shm::Segment;
-use pmrxe_transport::{AttrMask, Qp, QpAttr, QpCaps};
+use pmrxe_transport::{AttrMask, Qp, QpAttr, QpCaps, QpType};
 
 use super::attr::{from_engine_attr, path_mtu, qp_type as decode_qp_type, to_engine_attr, QpTypeError};
 use pmrxe_config::LimitKind;
@@ -99,7 +99,7 @@ impl Session {
         };
         self.objs.db_used[slot] = true;
         let out_cap = QpCap { max_inline_data: caps.max_inline_data, ..cap };
-        self.objs.qps.insert(qpn, QpRec { lcore: lc, init_cap: out_cap, db_slot: slot as u16 });
+        self.objs.qps.insert(qpn, QpRec { lcore: lc, device, ud: ty == QpType::Ud, init_cap: out_cap, db_slot: slot as u16 });
         self.commit(reservation, qpn.into());
         let resp = (Response::Qp { qpn, cap: out_cap, layout, doorbell: Doorbell { lcore: sh.lcores[lc].index as u16, slot: slot as u16 } }, vec![fd]);
         drop_after_send(seg);
@@ -141,6 +141,8 @@ impl Session {
         let Some(q) = self.objs.qps.get(&qpn) else { return (err(libc::EINVAL, "no such QP"), vec![]) };
         let lc = q.lcore;
         let slot = q.db_slot;
+        // Detached first (as the kernel's uverbs does on destroy): no lcore delivers to it after.
+        self.leave_all_groups(qpn);
         let r: Result<(), i32> = lcore_call!(sh.lcores[lc], DestroyQp { qpn: qpn });
         self.objs.qps.remove(&qpn);
         self.objs.db_used[slot as usize] = false;

@@ -125,6 +125,7 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     }
     let mut event = ev;
     let mut status = msg.status;
+    let mut join_context: *mut std::os::raw::c_void = std::ptr::null_mut();
     match ev {
         RDMA_CM_EVENT_ADDR_RESOLVED | RDMA_CM_EVENT_ROUTE_RESOLVED => {
             id.set_src(&msg.src);
@@ -154,11 +155,26 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
         }
         RDMA_CM_EVENT_REJECTED | RDMA_CM_EVENT_DISCONNECTED if id.connect_error != 0 => return Ok(None),
         RDMA_CM_EVENT_REJECTED => super::id::modify_qp_err(id),
+        RDMA_CM_EVENT_MULTICAST_JOIN => {
+            // librdmacm `ucma_process_join`: the id's QP joins the group now (unless it joined
+            // send-only); a refusal becomes MULTICAST_ERROR.
+            let Some(j) = id.joins.iter().find(|j| j.ip == msg.dst.ip) else { return Ok(None) };
+            join_context = j.context;
+            if !id.id.qp.is_null() && !j.send_only {
+                if let Err(Errno(e)) = crate::device::mcast_qp(id.id.qp, j.ip, true) {
+                    event = RDMA_CM_EVENT_MULTICAST_ERROR;
+                    status = -e;
+                }
+            }
+        }
         RDMA_CM_EVENT_ESTABLISHED if !ud && (msg.dst.port != 0 || msg.dst.ip != [0; 16]) => id.set_dst(&msg.dst),
         _ => {}
     }
     let mut e = build(&msg, &mut id.id, std::ptr::null_mut(), event, ud);
     e.ev.status = status;
+    if ev == RDMA_CM_EVENT_MULTICAST_JOIN {
+        e.ev.param.ud.private_data = join_context;
+    }
     e.owner = ip;
     Ok(Some(e))
 }

@@ -1,6 +1,6 @@
 //! `rdma_cm_id` life cycle and the connection calls, with librdmacm's semantics (cma.c).
 use super::event::{ack, complete, is_ud};
-use super::{call_ok, channel, ids_insert, ids_remove, read_sockaddr, ret, ShimEventChannel, ShimId};
+use super::{call_ok, channel, ids_insert, ids_remove, read_sockaddr, ret, McJoin, ShimEventChannel, ShimId};
 use crate::boundary::{ffi_boundary, Errno, Handle, Res};
 use crate::client::client;
 use crate::sys::*;
@@ -671,27 +671,86 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     })
 }
 
-/// Multicast (and so mckey) is not offered: a clear EOPNOTSUPP.
+/// `rdma_join_multicast`: join the IPv4 group `addr` as a full member (the id's QP, if any,
+/// is attached when MULTICAST_JOIN is read; `context` is that event's `param.ud.private_data`).
 ///
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast(id: *mut rdma_cm_id, _addr: *mut sockaddr, _context: *mut c_void) -> c_int {
-    with_id(id, |_| Err(Errno::OPNOTSUPP))
+pub unsafe extern "C" fn rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int {
+    // SAFETY: forwarded.
+    with_id(id, |i| unsafe { join(i, addr, false, context) })
 }
 
+/// `rdma_join_multicast_ex`: as librdmacm, the address and the join flags must both be given;
+/// RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER joins without attaching the QP.
+///
 /// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_join_multicast_ex(id: *mut rdma_cm_id, _attr: *mut rdma_cm_join_mc_attr_ex, _context: *mut c_void) -> c_int {
-    with_id(id, |_| Err(Errno::OPNOTSUPP))
+pub unsafe extern "C" fn rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut rdma_cm_join_mc_attr_ex, context: *mut c_void) -> c_int {
+    with_id(id, |i| {
+        // SAFETY: the caller's attribute struct, if not NULL.
+        let a = unsafe { attr.as_ref() }.ok_or(Errno::INVAL)?;
+        if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0 || a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0 || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: forwarded.
+        unsafe { join(i, a.addr, a.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, context) }
+    })
 }
 
 /// # Safety
+/// `addr` is a readable sockaddr (or NULL).
+unsafe fn join(i: &mut ShimId, addr: *const sockaddr, send_only: bool, context: *mut c_void) -> Res<()> {
+    // SAFETY: forwarded.
+    let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
+    let ip = mapped_group(&a);
+    if i.joins.iter().any(|j| j.ip == ip) {
+        return Err(Errno(libc::EADDRINUSE));
+    }
+    // Recorded before the request: the event may be read by another thread as soon as the
+    // service writes it.
+    i.joins.push(McJoin { ip, context, send_only });
+    if let Err(e) = call_ok(&Request::CmJoinMulticast { id: i.handle, addr: a }) {
+        i.joins.retain(|j| j.ip != ip);
+        return Err(e);
+    }
+    complete(i)
+}
+
+/// The group's address as the service keeps it: an IPv4 group (or IPv4-mapped IPv6) as
+/// IPv4-mapped octets, which is also the group's GID.
+fn mapped_group(a: &pmrxe_abi::ctrl::CmSockAddr) -> [u8; 16] {
+    let v6 = std::net::Ipv6Addr::from(a.ip);
+    v6.to_ipv4_mapped().map_or(a.ip, |v4| v4.to_ipv6_mapped().octets())
+}
+
+/// `rdma_leave_multicast`: the QP leaves the group (ibv_detach_mcast) and the id forgets it;
+/// EADDRNOTAVAIL if the id did not join `addr`.
+///
+/// # Safety
 /// librdmacm contract.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    with_id(id, |_| Err(Errno::OPNOTSUPP))
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    with_id(id, |i| {
+        // SAFETY: forwarded.
+        let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
+        let ip = mapped_group(&a);
+        let Some(at) = i.joins.iter().position(|j| j.ip == ip) else { return Err(Errno(libc::EADDRNOTAVAIL)) };
+        let j = i.joins.remove(at);
+        if !i.id.qp.is_null() && !j.send_only {
+            // EINVAL: the QP was never attached (the join event was not read yet).
+            match crate::device::mcast_qp(i.id.qp, ip, false) {
+                Ok(()) | Err(Errno(libc::EINVAL)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        call_ok(&Request::CmLeaveMulticast { id: i.handle, addr: a })
+    })
 }
 
 /// ECE (enhanced connection establishment) is not offered.

@@ -163,6 +163,18 @@ pub struct ShimId {
     pub qp_init_attr: Option<Box<ibv_qp_init_attr>>,
     pub events: Mutex<EventCount>,
     pub events_cv: Condvar,
+    /// The multicast groups joined (`rdma_join_multicast`), by group address.
+    pub joins: Vec<McJoin>,
+}
+
+/// One `rdma_join_multicast` of an id.
+pub struct McJoin {
+    /// The group's address as the service names it (IPv4-mapped); also its GID.
+    pub ip: [u8; 16],
+    /// The application's context: MULTICAST_JOIN's `param.ud.private_data`.
+    pub context: *mut c_void,
+    /// RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: the QP is not attached (it only sends).
+    pub send_only: bool,
 }
 handle!(ShimId, rdma_cm_id, 0x504d_5845_434d_4944);
 
@@ -217,6 +229,7 @@ impl ShimId {
             qp_init_attr: None,
             events: Mutex::new(EventCount::default()),
             events_cv: Condvar::new(),
+            joins: Vec::new(),
         })
     }
 
