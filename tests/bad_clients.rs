@@ -213,7 +213,20 @@ fn bad_clients() {
     assert_eq!(c.call(&Request::ModifyQp { qpn, attr: rtr, mask: rtr_mask }, &[]).unwrap().0, Response::Ok, "INIT→RTR");
     let (r, _) = c.call(&Request::CreateQp { device: 0, pd, qp_type: 0, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }, &[]).unwrap();
     assert_eq!(errno(&r), Some(libc::EINVAL), "CreateQp type 0: {r:?}");
+    // Multicast: an RC QP or a unicast/garbage GID is refused; a UD QP attaches.
+    let group: [u8; 16] = std::net::Ipv4Addr::new(239, 5, 5, 5).to_ipv6_mapped().octets();
+    let (r, _) = c.call(&Request::AttachMcast { qpn, gid: group }, &[]).unwrap();
+    assert_eq!(errno(&r), Some(libc::EINVAL), "AttachMcast of an RC QP: {r:?}");
     assert_eq!(c.call(&Request::DestroyQp { qpn }, &[]).unwrap().0, Response::Ok);
+    let (r, _udfds) = c.call(&Request::CreateQp { device: 0, pd, qp_type: 4, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }, &[]).unwrap();
+    let Response::Qp { qpn: ud, .. } = r else { panic!("UD QP: {r:?}") };
+    for gid in [[0u8; 16], [0xaa; 16], std::net::Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets()] {
+        let (r, _) = c.call(&Request::AttachMcast { qpn: ud, gid }, &[]).unwrap();
+        assert_eq!(errno(&r), Some(libc::EINVAL), "AttachMcast {gid:?}: {r:?}");
+    }
+    assert_eq!(c.call(&Request::AttachMcast { qpn: ud, gid: group }, &[]).unwrap().0, Response::Ok);
+    let (r, _) = c.call(&Request::AttachMcast { qpn: 0xff_ffff, gid: group }, &[]).unwrap();
+    assert_eq!(errno(&r), Some(libc::EINVAL), "AttachMcast of QPN 0xFFFFFF: {r:?}");
     alive(&svc, "huge counts");
     eprintln!("bad clients: no-Hello, wrong ABI, double Hello, 23 huge/unknown-handle requests: all refused with an errno");
 
@@ -225,11 +238,14 @@ fn bad_clients() {
         ("DestroyCq(foreign)", Request::DestroyCq { cq }),
         ("CreateQp(foreign pd, cq)", Request::CreateQp { device: 0, pd, qp_type: 2, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }),
         ("AllocMr(foreign pd)", Request::AllocMr { pd, max_num_sg: 4 }),
+        ("AttachMcast(foreign qp)", Request::AttachMcast { qpn: ud, gid: group }),
+        ("DetachMcast(foreign qp)", Request::DetachMcast { qpn: ud, gid: group }),
     ] {
         let (r, _) = c2.call(&req, &[]).unwrap();
         assert!(errno(&r).is_some(), "{name} accepted: {r:?}");
     }
-    // c still owns them.
+    // c still owns them (its UD QP goes while attached: the service detaches it).
+    assert_eq!(c.call(&Request::DestroyQp { qpn: ud }, &[]).unwrap().0, Response::Ok, "owner's DestroyQp of an attached QP");
     let (r, _) = c.call(&Request::DestroyCq { cq }, &[]).unwrap();
     assert_eq!(r, Response::Ok, "owner's DestroyCq");
 

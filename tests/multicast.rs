@@ -148,3 +148,27 @@ fn mckey_between_two_namespaces_with_igmp_on_the_wire() {
     eprintln!("mckey across namespaces: 2 receivers x 20 datagrams; IGMP at A {:?}, at B {:?}", igmp_rows(&pa), igmp_rows(&pb));
     drop((a, b));
 }
+
+/// Two lcores sharing both ports (tests/multi_lcore.rs's layout): the two receivers are two
+/// clients, so their QPs live on different lcores; a datagram received on either lcore's queue
+/// is placed for its own member and handed, as a copy, to the other lcore.
+#[test]
+fn mckey_receivers_on_two_lcores_get_every_datagram() {
+    require_tool("mckey");
+    let _l = heavy_lock();
+    let dir = TempDir::new("mcast-twolc");
+    let base = std::fs::read_to_string(repo_root().join("configs/loopback.toml")).unwrap();
+    let cfg = base.replace("cores = [1]", "cores = [1, 0]").replace("main_core = 0", "main_core = 0\nallow_main_core = true");
+    assert_ne!(cfg, base, "loopback.toml layout changed: update this test");
+    let path = dir.join("two.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let svc = Service::start(Some(&path), None);
+    let (s, r1, r2) = mckey_fan_out(&svc, "198.18.0.1", &svc, "198.18.0.2", "239.1.1.9", 20);
+    assert_mckey(&s, &r1, &r2, "239.1.1.9");
+    let st = svc.stats_json();
+    let per = |n: &str| -> Vec<u64> { st["lcores"].as_array().expect("lcores").iter().map(|l| l["counters"][n].as_u64().unwrap_or(0)).collect() };
+    assert_eq!(per("rx_multicast").len(), 2, "two lcores: {st}");
+    assert!(per("rx_multicast_copies").iter().all(|&c| c >= 20), "each lcore placed copies for its receiver: {:?}", per("rx_multicast_copies"));
+    assert!(per("handoff_out").iter().sum::<u64>() >= 20, "copies handed between the lcores: {:?}", per("handoff_out"));
+    assert_nothing_left(&svc, Duration::from_secs(10), "mckey on two lcores");
+}
