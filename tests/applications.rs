@@ -5,7 +5,7 @@
 //! devices so every message crosses the ports), HPC Challenge and mpi4py under Open MPI, and
 //! Open MPI's libfabric MTL over the verbs provider and its ofi BTL over `verbs;ofi_rxd`. Each runs a few seconds of traffic beside
 //! its kernel-TCP equivalent in the same test, and prints both figures (docs/ecosystem.md).
-//! fio and MPICH also run across two services in two network namespaces.
+//! fio, rsockets and MPICH also run across two services in two network namespaces.
 //!
 //! A missing tool fails the test, naming its Debian package (scripts/setup.sh installs them).
 mod common;
@@ -317,6 +317,60 @@ fn iperf_and_a_checked_stream_over_rsockets_beside_kernel_tcp() {
     let tcp = iperf_mbs(&co);
     eprintln!("FIGURES iperf 2 -t 2, loopback config: rsockets over pmrxe {rs:.0} MB/s; kernel TCP (lo) {tcp:.0} MB/s");
     assert!(rs > 10.0, "iperf over rsockets: {rs} MB/s");
+}
+
+/// rsockets between two services in two namespaces: the byte-checked stream and iperf 2 from B
+/// (10.77.0.2) to A (10.77.0.1) over the veth, beside iperf 2 over kernel TCP on the same veth
+/// (kernel addresses 10.78.0.x on the two ends, as in the fio test).
+#[test]
+fn rsockets_stream_and_iperf_between_two_namespaces_beside_kernel_tcp() {
+    let iperf = require_tool("iperf");
+    let iperf = iperf.to_str().unwrap();
+    let cc = require_tool("cc");
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("rs");
+    let dir = TempDir::new("apps-netns-rsocket");
+    let (a, b) = ns.services(&dir);
+    let check = dir.join("rsocket_check");
+    compile_c("tests/rsocket_check.c", &check, &cc, &[]);
+    let check = check.to_str().unwrap();
+    let sent = |s: &Service| sum_counter(&s.stats_json(), "tx_bytes");
+    let b0 = sent(&b);
+    let bytes = (16u64 << 20).to_string();
+    let p = port_for(424).to_string();
+    let (so, co) = rdma_pair(&a, &b, true, &[check, "server", "10.77.0.1", &p, &bytes], "listening on", &[check, "client", "10.77.0.1", &p, &bytes, "10.77.0.2"]);
+    assert!(so.contains("OK stream: 16777216 bytes checked, 0 bad") && co.contains("OK stream"), "{so}\n{co}");
+    let db = sent(&b) - b0;
+    assert!(db >= 16 << 20, "the stream did not cross the veth: B sent {db} B");
+    let p = port_for(425).to_string();
+    let (_, co) = rdma_pair(
+        &a,
+        &b,
+        true,
+        &[iperf, "-s", "-B", "10.77.0.1", "-p", &p, "-f", "m", "-P", "1"],
+        "Server listening",
+        &[iperf, "-c", "10.77.0.1", "-B", "10.77.0.2", "-p", &p, "-t", "2", "-f", "m"],
+    );
+    let rs = iperf_mbs(&co);
+    let ip = require_tool("ip");
+    for (n, i, addr) in [(&ns.a, &ns.if_a, "10.78.0.1/24"), (&ns.b, &ns.if_b, "10.78.0.2/24")] {
+        let st = Command::new(&ip).args(["-n", n, "addr", "add", addr, "dev", i]).status().unwrap();
+        assert!(st.success(), "ip -n {n} addr add {addr} dev {i}");
+    }
+    let ipb = ip.to_str().unwrap();
+    let p = port_for(426);
+    let ps = p.to_string();
+    let (_, co) = tcp_pair(
+        &[ipb, "netns", "exec", &ns.a],
+        &[ipb, "netns", "exec", &ns.b],
+        dir.path(),
+        &[iperf, "-s", "-B", "10.78.0.1", "-p", &ps, "-f", "m", "-P", "1"],
+        p,
+        &[iperf, "-c", "10.78.0.1", "-p", &ps, "-t", "2", "-f", "m"],
+    );
+    let tcp = iperf_mbs(&co);
+    eprintln!("FIGURES iperf 2 -t 2, two namespaces (veth, MTU 1500): rsockets over pmrxe {rs:.0} MB/s; kernel TCP (same veth) {tcp:.0} MB/s");
+    assert!(rs > 1.0, "iperf over rsockets across namespaces: {rs} MB/s");
 }
 
 /// tests/mpi_pingpong.c's rows: (1 B half round trip in us, 1 MiB MB/s).

@@ -211,19 +211,16 @@ impl Drop for Tgtd {
     }
 }
 
-#[test]
-fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
-    for t in ["tgtd", "tgtadm", "iscsi-inq", "python3"] {
-        require_tool(t);
-    }
-    require_root();
-    let _l = heavy_lock();
-    let svc = Service::start_loopback();
-    let backing = svc.dir.join("lun.img");
+/// tgtd with the iSER driver under `pmrxe run` against `target` (a 64 MiB file-backed LUN), and
+/// libiscsi's iSER initiator against `initiator` reaching it at `addr`: iscsi-inq, then two
+/// sessions of a WRITE(10) and two READ(10)s checked against the backing file. Returns the
+/// frames the two services moved.
+fn iser_session(target: &Service, initiator_svc: &Service, addr: &str) -> u64 {
+    let backing = target.dir.join("lun.img");
     std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
-    let out = svc.dir.join("tgtd.out");
+    let out = target.dir.join("tgtd.out");
     let port = 4000 + std::process::id() % 1000;
-    let tgtd = Tgtd { run: spawn_verbs(&svc, &["tgtd", "-f", "-C", &port.to_string()], &out), port };
+    let tgtd = Tgtd { run: spawn_verbs(target, &["tgtd", "-f", "-C", &port.to_string()], &out), port };
     // The iser driver is up once tgtadm can name it (it registers after its rdma_cm portals
     // listen: an IPv6 and an IPv4 wildcard on port 3260, both AF-only).
     wait_until(Duration::from_secs(20), "tgtd's iser driver answering tgtadm", || tgtd.tgtadm(&["--mode", "target", "--op", "show"]).status.success());
@@ -235,12 +232,13 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
     tgtd.must(&["--mode", "target", "--op", "bind", "--tid", "1", "-I", "ALL"]);
     // tgt 1.0.85's iSER login wants the initiator in its name ACL too (its TCP login does not).
     tgtd.must(&["--mode", "target", "--op", "bind", "--tid", "1", "-Q", initiator]);
-    let url = format!("iser://198.18.0.1/{iqn}/1");
-    // Target and initiator share pmrxe0 (198.18.0.1): frames loop back inside the device.
+    let url = format!("iser://{addr}/{iqn}/1");
+    // Frames sent on the wire, or looped back inside a device (target and initiator on one).
     let frames = |j: &serde_json::Value| sum_counter(j, "tx_packets") + sum_counter(j, "rx_loopback");
-    let before = frames(&svc.stats_json());
+    let both = || frames(&target.stats_json()) + if std::ptr::eq(target, initiator_svc) { 0 } else { frames(&initiator_svc.stats_json()) };
+    let before = both();
 
-    let o = run_verbs(&svc, &["iscsi-inq", "-i", initiator, &url], T);
+    let o = run_verbs(initiator_svc, &["iscsi-inq", "-i", initiator, &url], T);
     assert!(o.ok() && o.output.contains("VIRTUAL-DISK"), "{}\ntgtd:\n{}", o.describe(), tail(&read_to_string_lossy(&out), 20));
     // Two sessions, each a write and two reads checked against the backing file: tgt learns of
     // connections and completions only through epoll on the CM event channel's and the CQ
@@ -248,14 +246,46 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
     // wakeup once left tgtd blocked in ibv_get_cq_event after the first session).
     let check = repo_root().join("tests/iser_check.py");
     for round in 0..2 {
-        let o = run_verbs(&svc, &["python3", check.to_str().unwrap(), &url, initiator, backing.to_str().unwrap()], T);
+        let o = run_verbs(initiator_svc, &["python3", check.to_str().unwrap(), &url, initiator, backing.to_str().unwrap()], T);
         assert!(o.ok() && o.output.contains("OK iser_check"), "round {round}: {}\ntgtd:\n{}", o.describe(), tail(&read_to_string_lossy(&out), 20));
     }
     let t0 = std::time::Instant::now();
     assert!(tgtd.tgtadm(&["--mode", "target", "--op", "show"]).status.success() && t0.elapsed() < Duration::from_secs(5), "tgtd stopped answering");
-    let tx = frames(&svc.stats_json()) - before;
+    let tx = both() - before;
     assert!(tx > 100, "iSER traffic did not go through the service: {tx} frames");
+    tx
+}
+
+#[test]
+fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
+    for t in ["tgtd", "tgtadm", "iscsi-inq", "python3"] {
+        require_tool(t);
+    }
+    require_root();
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    // Target and initiator share pmrxe0 (198.18.0.1): frames loop back inside the device.
+    let tx = iser_session(&svc, &svc, "198.18.0.1");
     eprintln!("iSER: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames");
+}
+
+/// The same between two services in two namespaces: tgtd's portal on A (10.77.0.1), the
+/// initiator on B; every PDU and data transfer crosses the veth (af_packet, path MTU 1024).
+#[test]
+fn iser_block_io_between_two_namespaces() {
+    for t in ["tgtd", "tgtadm", "iscsi-inq", "python3"] {
+        require_tool(t);
+    }
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("is");
+    let dir = TempDir::new("iser-netns");
+    let (a, b) = ns.services(&dir);
+    let rx_b0 = sum_counter(&b.stats_json(), "rx_bytes");
+    let tx = iser_session(&a, &b, "10.77.0.1");
+    let rx_b = sum_counter(&b.stats_json(), "rx_bytes") - rx_b0;
+    // Four 64 KiB READ(10)s reached B over the veth, at least.
+    assert!(rx_b >= 4 * 65536, "B received {rx_b} B");
+    eprintln!("iSER across namespaces: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames, B received {rx_b} B");
 }
 
 /// Daemons started in the foreground for one test, stopped on drop: SIGTERM first (slurmctld
