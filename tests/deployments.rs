@@ -496,47 +496,66 @@ fn run_logged(cmd: &mut Command, dir: &Path, name: &str, limit: Duration) -> (Op
 /// service must have sent the 1 MiB messages (a rank on the wrong service would loop back
 /// inside one device and leave the other at 0). The same job over the TCP BTL on the
 /// management veth gives the figure beside it.
+/// `mpirun --hostfile` from node A over both nodes: the hostfile (one slot per node's
+/// management address) and the `plm_rsh_agent` script that does what ssh would (enter the
+/// node's namespace with its `PMRXE_SOCKET`).
+struct Hostfile<'a> {
+    n: &'a TwoNodes,
+    hosts: std::path::PathBuf,
+    agent: std::path::PathBuf,
+}
+
+impl<'a> Hostfile<'a> {
+    fn new(n: &'a TwoNodes) -> Hostfile<'a> {
+        let hosts = n.dir.join("hostfile");
+        std::fs::write(&hosts, format!("{MGMT_A} slots=1\n{MGMT_B} slots=1\n")).unwrap();
+        let agent = n.dir.join("netns-rsh");
+        let node_case = |ip: &str| {
+            let (ns, svc) = n.node(ip);
+            format!("  {ip}) ns={ns} sock={} ;;\n", svc.socket.display())
+        };
+        std::fs::write(
+            &agent,
+            format!(
+                "#!/bin/sh\n# Open MPI's rsh launcher runs: AGENT HOST COMMAND...; enter HOST's namespace with its environment.\n\
+                 while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done\nhost=$1; shift\ncase $host in\n{}{}  *) echo \"netns-rsh: no node $host\" >&2; exit 1 ;;\nesac\n\
+                 exec ip netns exec \"$ns\" env PMRXE_SOCKET=\"$sock\" sh -c \"$*\"\n",
+                node_case(MGMT_A),
+                node_case(MGMT_B)
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Hostfile { n, hosts, agent }
+    }
+
+    /// `mpirun --hostfile -np 2 sh -c APP` started in node A with extra `mca` arguments (and
+    /// `-x` exports); (exit status, output in `name`).
+    fn mpirun(&self, mca: &[&str], app: &str, name: &str) -> (Option<std::process::ExitStatus>, String) {
+        let mut c = Command::new(require_tool("ip"));
+        c.args(["netns", "exec", &self.n.ns.a]).arg(require_tool("mpirun")).args(["--allow-run-as-root", "--hostfile"]).arg(&self.hosts);
+        c.args(["--mca", "plm_rsh_agent"]).arg(&self.agent).args(["--mca", "oob_tcp_if_include", "10.78.0.0/24"]).args(mca);
+        c.args(["-np", "2", "sh", "-c", app]).env("PMRXE_SOCKET", &self.n.a.socket);
+        run_logged(&mut c, self.n.dir.path(), name, Duration::from_secs(180))
+    }
+}
+
+/// Open MPI over UCX through each node's service, as the ping-pong job runs it.
+const UCX_ON_EACH_NODE: [&str; 10] = ["--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "-x", "UCX_NET_DEVICES=pmrxe0:1"];
+
 #[test]
 fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
-    let (mpicc, mpirun) = (require_tool("mpicc"), require_tool("mpirun"));
+    let mpicc = require_tool("mpicc");
+    require_tool("mpirun");
     require_tool("ip");
     let _l = heavy_lock();
     let n = TwoNodes::up("hf");
     let prog = n.dir.join("mpi_pingpong");
     compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
-    let hosts = n.dir.join("hostfile");
-    std::fs::write(&hosts, format!("{MGMT_A} slots=1\n{MGMT_B} slots=1\n")).unwrap();
-    let agent = n.dir.join("netns-rsh");
-    let node_case = |ip: &str| {
-        let (ns, svc) = n.node(ip);
-        format!("  {ip}) ns={ns} sock={} ;;\n", svc.socket.display())
-    };
-    std::fs::write(
-        &agent,
-        format!(
-            "#!/bin/sh\n# Open MPI's rsh launcher runs: AGENT HOST COMMAND...; enter HOST's namespace with its environment.\n\
-             while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done\nhost=$1; shift\ncase $host in\n{}{}  *) echo \"netns-rsh: no node $host\" >&2; exit 1 ;;\nesac\n\
-             exec ip netns exec \"$ns\" env PMRXE_SOCKET=\"$sock\" sh -c \"$*\"\n",
-            node_case(MGMT_A),
-            node_case(MGMT_B)
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mpirun_on_a = |mca: &[&str], app: &str, name: &str| {
-        let mut c = Command::new(require_tool("ip"));
-        c.args(["netns", "exec", &n.ns.a]).arg(&mpirun).args(["--allow-run-as-root", "--hostfile"]).arg(&hosts);
-        c.args(["--mca", "plm_rsh_agent"]).arg(&agent).args(["--mca", "oob_tcp_if_include", "10.78.0.0/24"]).args(mca);
-        c.args(["-np", "2", "sh", "-c", app]).env("PMRXE_SOCKET", &n.a.socket);
-        run_logged(&mut c, n.dir.path(), name, Duration::from_secs(120))
-    };
+    let h = Hostfile::new(&n);
     let (a0, b0) = n.sent();
     let app = format!("echo \"rank $OMPI_COMM_WORLD_RANK netns $(ip netns identify $$)\"; exec {} run -- {} {NODE_ITERS}", pmrxe_bin().display(), prog.display());
-    let (st, o) = mpirun_on_a(
-        &["--mca", "pml", "ucx", "--mca", "btl", "self", "-x", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "-x", "UCX_NET_DEVICES=pmrxe0:1"],
-        &app,
-        "mpirun.out",
-    );
+    let (st, o) = h.mpirun(&UCX_ON_EACH_NODE, &app, "mpirun.out");
     assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "mpirun: {st:?}\n{}", tail(&o, 40));
     for (rank, ns) in [(0, &n.ns.a), (1, &n.ns.b)] {
         assert!(o.contains(&format!("rank {rank} netns {ns}\n")), "rank {rank} did not run in {ns}:\n{o}");
@@ -545,10 +564,74 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
     let (da, db) = (da - a0, db - b0);
     assert!(da >= 20 << 20 && db >= 20 << 20, "each rank must use its own node's service: A sent {da} B, B sent {db} B\n{o}");
     let (lat, bw) = mpi_figures(&o);
-    let (st, t) = mpirun_on_a(&["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "10.78.0.0/24"], &format!("exec {} {NODE_ITERS}", prog.display()), "mpirun-tcp.out");
+    let (st, t) = h.mpirun(&["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "10.78.0.0/24"], &format!("exec {} {NODE_ITERS}", prog.display()), "mpirun-tcp.out");
     assert!(st.is_some_and(|s| s.success()) && t.contains("OK mpi"), "mpirun over TCP: {st:?}\n{}", tail(&t, 40));
     let (tlat, tbw) = mpi_figures(&t);
     eprintln!("FIGURES Open MPI 4.1.4 mpirun --hostfile, two namespaces, UCX rc_verbs through each node's pmrxe: 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s (A sent {da} B, B {db} B); ob1/tcp on the management veth: 1 B {tlat:.1} us, 1 MiB {tbw:.1} MB/s");
+}
+
+/// The applications tests/applications.rs runs on the loopback config, across the two nodes
+/// with `mpirun --hostfile` (one rank per node, each through its node's service):
+/// HPC Challenge (PingPong, RandomRing, PTRANS, HPL...: its own checks must pass), an mpi4py
+/// script (every byte and the allreduce checked), and Open MPI's ob1 PML over its ofi BTL on
+/// libfabric's `verbs;ofi_rxd` (mpi_pingpong's checks). Each service must have moved the
+/// job's traffic.
+#[test]
+fn hpcc_mpi4py_and_btl_ofi_across_two_namespaces() {
+    let hpcc = require_tool("hpcc");
+    let mpicc = require_tool("mpicc");
+    require_tool("mpirun");
+    let python = Path::new("/usr/bin/python3");
+    assert!(python.exists(), "/usr/bin/python3 missing (Debian python3, with python3-mpi4py)");
+    let _l = heavy_lock();
+    let n = TwoNodes::up("ap");
+    let h = Hostfile::new(&n);
+    let pmrxe = pmrxe_bin();
+    let moved = |what: &str, min: u64, before: (u64, u64), o: &str| {
+        let (da, db) = n.sent();
+        let (da, db) = (da - before.0, db - before.1);
+        assert!(da >= min && db >= min, "{what}: each node's service must carry its rank's traffic: A sent {da} B, B sent {db} B\n{}", tail(o, 30));
+        (da, db)
+    };
+
+    // HPC Challenge, N=200 on a 1x2 grid (hpcc reads hpccinf.txt from, and writes
+    // hpccoutf.txt to, its working directory: the nodes share the file system).
+    let inf = std::fs::read_to_string("/usr/share/doc/hpcc/examples/_hpccinf.txt").expect("hpcc's example hpccinf.txt");
+    let inf = inf.replacen("1000         Ns", "200          Ns", 1).replacen("80           NBs", "40           NBs", 1).replacen("2            Ps", "1            Ps", 1);
+    std::fs::write(n.dir.join("hpccinf.txt"), inf).unwrap();
+    let before = n.sent();
+    let app = format!("cd {} && exec {} run -- {}", n.dir.path().display(), pmrxe.display(), hpcc.display());
+    let (st, o) = h.mpirun(&UCX_ON_EACH_NODE, &app, "hpcc.out");
+    assert!(st.is_some_and(|s| s.success()), "hpcc: {st:?}\n{}", tail(&o, 40));
+    let r = std::fs::read_to_string(n.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
+    assert!(r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4, "{}", tail(&r, 80));
+    let (ha, hb) = moved("hpcc", 1 << 20, before, &o);
+    let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
+
+    // mpi4py (Debian's, built for Open MPI).
+    let script = repo_root().join("tests/mpi4py_check.py");
+    let before = n.sent();
+    let app = format!("exec {} run -- {} {}", pmrxe.display(), python.display(), script.display());
+    let (st, o) = h.mpirun(&UCX_ON_EACH_NODE, &app, "mpi4py.out");
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi4py Open MPI"), "mpi4py: {st:?}\n{}", tail(&o, 40));
+    moved("mpi4py", 10 << 20, before, &o);
+
+    // ob1 + btl ofi over libfabric's verbs provider with the rxd utility provider.
+    let prog = n.dir.join("mpi_pingpong");
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    let before = n.sent();
+    let app = format!("exec {} run -- {} 20", pmrxe.display(), prog.display());
+    let (st, o) = h.mpirun(&["--mca", "pml", "ob1", "--mca", "btl", "ofi,self", "--mca", "btl_ofi_mode", "2", "-x", "FI_PROVIDER=verbs;ofi_rxd"], &app, "btl-ofi.out");
+    assert!(st.is_some_and(|s| s.success()) && o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "btl ofi: {st:?}\n{}", tail(&o, 40));
+    moved("btl ofi", 20 << 20, before, &o);
+    let (lat, bw) = mpi_figures(&o);
+    eprintln!(
+        "FIGURES two namespaces, mpirun --hostfile: hpcc N=200 1x2 over UCX: PingPong {} us / {} GB/s, RandomRing {} us, PTRANS {} GB/s (A sent {ha} B, B {hb} B); mpi4py OK; ob1 + btl ofi (verbs;ofi_rxd): 1 B {lat:.1} us, 1 MiB {bw:.1} MB/s",
+        key("AvgPingPongLatency_usec"),
+        key("AvgPingPongBandwidth_GBytes"),
+        key("RandomlyOrderedRingLatency_usec"),
+        key("PTRANS_GBs")
+    );
 }
 
 /// Slurm on two nodes, one per network namespace ([`TwoNodes`]): slurmctld and slurmd
