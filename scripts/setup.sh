@@ -14,14 +14,15 @@
 #   (systemd-analyze), coreutils (timeout), fio, iperf (v2), sockperf, mpich + libmpich-dev
 #   (mpiexec.mpich, mpicc.mpich), hpcc, python3-mpi4py (tests/applications.rs), tgt (tgtd,
 #   tgtadm) and libiscsi-bin (iscsi-inq; tests/deployments.rs, iSER), slurm-wlm + munge
-#   (slurmctld, slurmd, srun --mpi=pmix, munged: tests/deployments.rs).
+#   (slurmctld, slurmd, srun --mpi=pmix, munged: tests/deployments.rs), libopenblas-dev,
+#   python3-setuptools and curl (HPC Challenge and mpi4py built for MPICH: scripts/lib/mpich-apps.sh).
 set -euo pipefail
 
 PKGS=(libdpdk-dev dpdk dpdk-dev libclang-dev pkg-config gcc libc6-dev libibverbs-dev
       ibverbs-utils rdma-core perftest tshark qperf iproute2 strace python3 util-linux passwd
       systemd coreutils python3-matplotlib iperf3 ucx-utils libfabric-bin python3-pyverbs
       rdmacm-utils librdmacm-dev openmpi-bin libopenmpi-dev valgrind
-      fio iperf sockperf mpich libmpich-dev hpcc python3-mpi4py
+      fio iperf sockperf mpich libmpich-dev hpcc python3-mpi4py libopenblas-dev python3-setuptools curl
       tgt libiscsi-bin slurm-wlm munge)
 
 # Nightly miri + rust-src (Miri's sysroot is built from rust-src on first use).
@@ -53,8 +54,15 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
+# HPC Challenge and mpi4py for MPICH (Debian builds both for Open MPI only), built once into
+# /var/cache/pmrxe/mpich from their verified sources (scripts/lib/mpich-apps.sh).
+mpich_apps() {
+  bash "$(dirname "$0")/lib/mpich-apps.sh"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PKGS[@]} packages and nightly miri + rust-src present"
+  mpich_apps
   exit 0
 fi
 
@@ -70,4 +78,5 @@ export DEBIAN_FRONTEND=noninteractive
 echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+mpich_apps
 echo "setup: done"

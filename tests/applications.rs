@@ -391,18 +391,77 @@ fn mpi_figures(out: &str) -> (f64, f64) {
 /// (`rx_loopback`), so port tx counters stay at 0: that is what an earlier try read as "0
 /// frames". Ranks on different devices (or hosts) put every message on the ports.
 fn mpich(prog: &Path, s0: &Service, dev0: &str, s1: &Service, dev1: &str) -> String {
-    let mpiexec = require_tool("mpiexec.mpich");
-    let (p, e) = under(s0, false);
-    let prog = prog.to_str().unwrap();
-    let (k0, k1) = (s0.socket.to_str().unwrap(), s1.socket.to_str().unwrap());
-    let args = [
-        "env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "MPIR_CVAR_NOLOCAL=1", mpiexec.to_str().unwrap(),
-        "-n", "1", "-env", "UCX_NET_DEVICES", dev0, "-env", "PMRXE_SOCKET", k0, prog, ":",
-        "-n", "1", "-env", "UCX_NET_DEVICES", dev1, "-env", "PMRXE_SOCKET", k1, prog,
-    ];
-    let o = Proc::spawn(&p, &args, &e, &s0.dir.join("mpich.out")).finish(Duration::from_secs(180));
+    let o = mpich_run(&[prog.to_str().unwrap()], &[], s0, dev0, s1, dev1, &s0.dir.join("mpich.out"));
     assert!(o.contains("OK mpi") && o.contains("allreduce of 100000 doubles checked"), "{o}");
     o
+}
+
+/// `mpiexec.mpich` of `prog` (a program and its arguments) with rank 0 on `s0`'s device `dev0`
+/// and rank 1 on `s1`'s `dev1` (UCX rc_verbs; `MPIR_CVAR_NOLOCAL=1` keeps MPICH's own shared
+/// memory out), extra `-genv` pairs, in `out`'s directory; the output, asserted successful.
+fn mpich_run(prog: &[&str], genv: &[(&str, &str)], s0: &Service, dev0: &str, s1: &Service, dev1: &str, out: &Path) -> String {
+    let mpiexec = require_tool("mpiexec.mpich");
+    let (p, e) = under(s0, false);
+    let (k0, k1) = (s0.socket.to_str().unwrap(), s1.socket.to_str().unwrap());
+    let wdir = out.parent().unwrap().to_str().unwrap();
+    let mut args = vec!["env", "UCX_TLS=rc_verbs,ud_verbs:aux,self", "MPIR_CVAR_NOLOCAL=1", mpiexec.to_str().unwrap(), "-wdir", wdir];
+    for (k, v) in genv {
+        args.extend(["-genv", k, v]);
+    }
+    args.extend(["-n", "1", "-env", "UCX_NET_DEVICES", dev0, "-env", "PMRXE_SOCKET", k0]);
+    args.extend(prog);
+    args.extend([":", "-n", "1", "-env", "UCX_NET_DEVICES", dev1, "-env", "PMRXE_SOCKET", k1]);
+    args.extend(prog);
+    Proc::spawn(&p, &args, &e, out).finish(Duration::from_secs(240))
+}
+
+/// HPC Challenge and mpi4py built for MPICH by scripts/lib/mpich-apps.sh (Debian builds both
+/// for Open MPI only): (hpcc, mpi4py's directory for PYTHONPATH).
+fn mpich_apps() -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::path::PathBuf::from(std::env::var_os("PMRXE_MPICH_APPS").unwrap_or_else(|| "/var/cache/pmrxe/mpich".into()));
+    let (hpcc, py) = (dir.join("bin/hpcc"), dir.join("python"));
+    assert!(hpcc.is_file() && py.join("mpi4py").is_dir(), "HPC Challenge / mpi4py for MPICH missing in {}: scripts/setup.sh builds them (scripts/lib/mpich-apps.sh)", dir.display());
+    (hpcc, py)
+}
+
+/// HPC Challenge and an mpi4py script under MPICH, ranks on `dev0` of `s0` and `dev1` of `s1`;
+/// each must pass its own checks and move at least `min` bytes through the services' ports.
+fn hpcc_and_mpi4py_under_mpich(dir: &Path, s0: &Service, dev0: &str, s1: &Service, dev1: &str, min: u64) -> String {
+    let (hpcc, py) = mpich_apps();
+    let sent = || sum_counter(&s0.stats_json(), "tx_bytes") + if std::ptr::eq(s0, s1) { 0 } else { sum_counter(&s1.stats_json(), "tx_bytes") };
+    hpcc_input(dir);
+    let t0 = sent();
+    mpich_run(&[hpcc.to_str().unwrap()], &[], s0, dev0, s1, dev1, &dir.join("hpcc-mpich.out"));
+    let figures = hpcc_checked(&std::fs::read_to_string(dir.join("hpccoutf.txt")).expect("hpccoutf.txt"));
+    let tx = sent() - t0;
+    assert!(tx >= min, "hpcc under MPICH did not cross pmrxe's ports: {tx} B");
+    let script = repo_root().join("tests/mpi4py_check.py");
+    let t0 = sent();
+    let o = mpich_run(&["/usr/bin/python3", script.to_str().unwrap()], &[("PYTHONPATH", py.to_str().unwrap())], s0, dev0, s1, dev1, &dir.join("mpi4py-mpich.out"));
+    assert!(o.contains("OK mpi4py MPICH Version"), "{o}");
+    let tx = sent() - t0;
+    assert!(tx >= 10 << 20, "mpi4py under MPICH did not cross pmrxe's ports: {tx} B");
+    figures
+}
+
+#[test]
+fn hpcc_and_mpi4py_under_mpich_across_pmrxe_ports() {
+    require_tool("mpiexec.mpich");
+    let _l = heavy_lock();
+    let svc = Service::start_loopback();
+    let f = hpcc_and_mpi4py_under_mpich(svc.dir.path(), &svc, "pmrxe0:1", &svc, "pmrxe1:1", 1 << 20);
+    eprintln!("FIGURES hpcc N=200 1x2 under MPICH 4.0.2 ch4:ucx (pmrxe0 <-> pmrxe1): {f}; mpi4py under MPICH: OK");
+}
+
+#[test]
+fn hpcc_and_mpi4py_under_mpich_between_two_namespaces() {
+    require_tool("mpiexec.mpich");
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("hm");
+    let dir = TempDir::new("apps-netns-hpcc-mpich");
+    let (a, b) = ns.services(&dir);
+    let f = hpcc_and_mpi4py_under_mpich(dir.path(), &a, "pmrxe0:1", &b, "pmrxe0:1", 1 << 20);
+    eprintln!("FIGURES hpcc N=200 1x2 under MPICH 4.0.2 ch4:ucx, two namespaces: {f}; mpi4py under MPICH: OK");
 }
 
 /// Open MPI's `mpirun -np 2` with `mca` settings and `env` exported, through pmrxe.
@@ -474,9 +533,7 @@ fn hpcc_under_open_mpi_over_ucx() {
     require_tool("mpirun");
     let _l = heavy_lock();
     let svc = Service::start_loopback();
-    let inf = std::fs::read_to_string("/usr/share/doc/hpcc/examples/_hpccinf.txt").expect("hpcc's example hpccinf.txt");
-    let inf = inf.replacen("1000         Ns", "200          Ns", 1).replacen("80           NBs", "40           NBs", 1).replacen("2            Ps", "1            Ps", 1);
-    std::fs::write(svc.dir.join("hpccinf.txt"), inf).unwrap();
+    hpcc_input(svc.dir.path());
     let tx0 = sum_counter(&svc.stats_json(), "tx_bytes");
     let mpirun = require_tool("mpirun");
     let (p, e) = under(&svc, false);
@@ -487,22 +544,9 @@ fn hpcc_under_open_mpi_over_ucx() {
         "-np", "1", "-x", "UCX_NET_DEVICES=pmrxe0:1", h, ":", "-np", "1", "-x", "UCX_NET_DEVICES=pmrxe1:1", h,
     ];
     Proc::spawn(&p, &args, &e, &svc.dir.join("hpcc.out")).finish(Duration::from_secs(240));
-    let r = std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
-    assert!(r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4, "{}", tail(&r, 80));
+    let rdma = hpcc_checked(&std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt"));
     let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
     assert!(tx >= 1 << 20, "hpcc did not cross pmrxe's ports: {tx} B");
-    let figures = |r: &str| {
-        let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
-        format!(
-            "PingPong latency avg {} us, bandwidth avg {} GB/s; RandomRing latency {} us, bandwidth {} GB/s; PTRANS {} GB/s",
-            key("AvgPingPongLatency_usec"),
-            key("AvgPingPongBandwidth_GBytes"),
-            key("RandomlyOrderedRingLatency_usec"),
-            key("RandomlyOrderedRingBandwidth_GBytes"),
-            key("PTRANS_GBs")
-        )
-    };
-    let rdma = figures(&r);
     // The same over Open MPI's TCP BTL (kernel, lo), no shim.
     std::fs::remove_file(svc.dir.join("hpccoutf.txt")).unwrap();
     let args = [
@@ -510,9 +554,8 @@ fn hpcc_under_open_mpi_over_ucx() {
         svc.dir.path().to_str().unwrap(), "-np", "2", h,
     ];
     Proc::spawn(&[], &args, &[], &svc.dir.join("hpcc-tcp.out")).finish(Duration::from_secs(240));
-    let t = std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt");
-    assert!(t.contains("Success=1"), "{}", tail(&t, 80));
-    eprintln!("FIGURES hpcc N=200 1x2, Open MPI over UCX rc_verbs (pmrxe0 <-> pmrxe1): {rdma}; ob1/tcp (lo): {}", figures(&t));
+    let t = hpcc_checked(&std::fs::read_to_string(svc.dir.join("hpccoutf.txt")).expect("hpccoutf.txt"));
+    eprintln!("FIGURES hpcc N=200 1x2, Open MPI over UCX rc_verbs (pmrxe0 <-> pmrxe1): {rdma}; ob1/tcp (lo): {t}");
 }
 
 /// mpi4py (Debian's, built against Open MPI) over UCX rc_verbs through pmrxe, and Open MPI's

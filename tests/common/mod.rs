@@ -1081,3 +1081,24 @@ pub fn for_all_users() -> &'static Path {
         d
     })
 }
+
+/// hpccinf.txt from hpcc's example with N 200, NB 40 and a 1x2 grid, written to `dir`.
+pub fn hpcc_input(dir: &Path) {
+    let inf = std::fs::read_to_string("/usr/share/doc/hpcc/examples/_hpccinf.txt").expect("hpcc's example hpccinf.txt");
+    let inf = inf.replacen("1000         Ns", "200          Ns", 1).replacen("80           NBs", "40           NBs", 1).replacen("2            Ps", "1            Ps", 1);
+    std::fs::write(dir.join("hpccinf.txt"), inf).unwrap();
+}
+
+/// hpcc's summary figures from hpccoutf.txt, after asserting its checks passed.
+pub fn hpcc_checked(r: &str) -> String {
+    assert!(r.contains("Success=1") && !r.contains("FAILED") && r.matches("PASSED").count() >= 4, "{}", tail(r, 80));
+    let key = |k: &str| r.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap_or("?").to_string();
+    format!(
+        "PingPong latency avg {} us, bandwidth avg {} GB/s; RandomRing latency {} us, bandwidth {} GB/s; PTRANS {} GB/s",
+        key("AvgPingPongLatency_usec"),
+        key("AvgPingPongBandwidth_GBytes"),
+        key("RandomlyOrderedRingLatency_usec"),
+        key("RandomlyOrderedRingBandwidth_GBytes"),
+        key("PTRANS_GBs")
+    )
+}
