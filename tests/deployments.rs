@@ -574,8 +574,9 @@ fn mpirun_hostfile_runs_one_rank_per_namespace_through_each_nodes_service() {
 /// with `mpirun --hostfile` (one rank per node, each through its node's service):
 /// HPC Challenge (PingPong, RandomRing, PTRANS, HPL...: its own checks must pass), an mpi4py
 /// script (every byte and the allreduce checked), and Open MPI's ob1 PML over its ofi BTL on
-/// libfabric's `verbs;ofi_rxd` (mpi_pingpong's checks). Each service must have moved the
-/// job's traffic.
+/// libfabric's `verbs;ofi_rxd` (mpi_pingpong's checks). Each service must have moved the job's
+/// traffic. (The cm PML over the ofi MTL on `verbs;ofi_rxm` cannot connect between hosts:
+/// docs/limits.md, "fi_pingpong between two hosts".)
 #[test]
 fn hpcc_mpi4py_and_btl_ofi_across_two_namespaces() {
     let hpcc = require_tool("hpcc");
