@@ -10,12 +10,18 @@
 #    1500 -> 1024), one busy lcore on CPU 1, the native harness on CPU 0: 64 KiB WRITE, 8 B
 #    WRITE rate, 8 B WRITE/SEND latency (`pmrxe bench --config`).
 # 2. kernel TCP over a veth pair between two namespaces at the same MTUs: iperf3 (64 KiB
-#    writes; client on CPU 0, server on CPU 1) and qperf tcp_lat (one-way).
+#    writes; client on CPU 0, server on CPU 1), qperf tcp_bw/tcp_lat (one-way), and at MTU
+#    3500 UCX over its tcp transport (ucx_perftest tag_bw 64 KiB, tag_lat 8 B).
 # 3. two hosts: two services in two namespaces joined by a veth (af_xdp, MTU 3500), each in its
-#    default `wait` idle mode, perftest over rdma_cm: ib_write_bw -R 64 KiB, ib_send_lat -R 8 B.
+#    default `wait` idle mode: perftest over rdma_cm (ib_write_bw -R 64 KiB, ib_send_lat -R 8 B),
+#    qperf -cm1 rc_bw 64 KiB / rc_lat 8 B (both qperf processes in a third namespace whose lo
+#    carries host 1's address for qperf's TCP control connection), ucx_perftest over rc_verbs
+#    (tag_bw 64 KiB, tag_lat 8 B; UCX wires up over 127.0.0.1). fi_pingpong cannot connect
+#    between two hosts over the verbs provider (docs/limits.md): no row.
 # 4. idle: a `wait`-mode service with no client, its CPU time over a few seconds (% of one
 #    core); the wake-up latency (`pmrxe bench --only wake`: the first 8 B WRITE round trip after
-#    silence) and the same service's warm latency (`--only lat`), then both again in `busy`.
+#    1 s of silence) and the same service's warm latency (`--only lat`), then both again in
+#    `busy`.
 #
 # Raw outputs in OUTDIR, and OUTDIR/offhost.json (bench_report.py renders it). Needs root
 # (namespaces, af_xdp). Every namespace, veth and service this script makes is removed on exit.
@@ -28,7 +34,7 @@ PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 [ "$(id -u)" -eq 0 ] || { echo "bench_offhost: must run as root (namespaces, af_xdp)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "bench_offhost: $BIN not built (cargo build --release)" >&2; exit 1; }
-for t in iperf3 qperf ib_write_bw ib_send_lat; do
+for t in iperf3 qperf ib_write_bw ib_send_lat ucx_perftest; do
   command -v "$t" >/dev/null || { echo "bench_offhost: $t missing (scripts/setup.sh installs it)" >&2; exit 1; }
 done
 [ -z "${OFFHOST_PARTS:-}" ] && rm -rf "$OUT"
@@ -50,7 +56,7 @@ if [ -z "${PMRXE_BENCH_LOCKED:-}" ]; then
 fi
 WORK=$(mktemp -d /tmp/pmrxe-offhost.XXXXXX)
 chmod 0755 "$WORK"
-NSS=(pmrxe-bo pmrxe-bt1 pmrxe-bt2 pmrxe-bh1 pmrxe-bh2)
+NSS=(pmrxe-bo pmrxe-bt1 pmrxe-bt2 pmrxe-bh1 pmrxe-bh2 pmrxe-bq)
 PIDS=()
 SERVED=
 log() { echo "== $*" >&2; }
@@ -172,6 +178,18 @@ part tcp && for mtu in 3500 1500; do
   timeout 60 ip netns exec pmrxe-bt2 "${RR[@]}" qperf -t "$D" -m 8 10.79.1.1 tcp_lat >"$OUT/tcp-qperf-lat-$mtu.txt" 2>&1 || log "qperf tcp_lat at MTU $mtu failed"
   timeout 60 ip netns exec pmrxe-bt2 "${RR[@]}" qperf -t "$D" -m 64K 10.79.1.1 tcp_bw >"$OUT/tcp-qperf-bw-$mtu.txt" 2>&1 || log "qperf tcp_bw at MTU $mtu failed"
   stop "$s"
+  # UCX's own tcp transport over the same veth: the counterpart of ucx_perftest over rc_verbs.
+  if [ "$mtu" = 3500 ]; then
+    for t in "tag_bw 65536" "tag_lat 8"; do
+      set -- $t
+      ip netns exec pmrxe-bt1 env UCX_TLS=tcp,self UCX_NET_DEVICES=pmrxe-t1 taskset -c 1 ucx_perftest -p 15204 >/dev/null 2>&1 &
+      s=$!; PIDS+=("$s")
+      for _ in $(seq 50); do ip netns exec pmrxe-bt1 ss -ltn 2>/dev/null | grep -q ':15204 ' && break; sleep 0.1; done
+      timeout 60 ip netns exec pmrxe-bt2 env UCX_TLS=tcp,self UCX_NET_DEVICES=pmrxe-t2 taskset -c 0 ucx_perftest 10.79.1.1 -p 15204 -t "$1" -s "$2" -n "$N" \
+        >"$OUT/tcp-ucx-$1.txt" 2>&1 || log "ucx_perftest $1 over tcp failed"
+      stop "$s"
+    done
+  fi
   ip netns del pmrxe-bt1; ip netns del pmrxe-bt2
 done
 
@@ -209,6 +227,29 @@ if part two; then
   }
   across two-ib_write_bw ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" -- ib_write_bw -R -d pmrxe0 -F -s 65536 -D "$D" 10.79.2.1
   across two-ib_send_lat ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" -- ib_send_lat -R -d pmrxe0 -F -s 8 -n "$N" 10.79.2.1
+  # qperf -cm1: its client reaches the server's TCP control port and its rdma_cm address by one
+  # name, so both run in a namespace whose lo carries 10.79.2.1; their QPs live on hosts 1 and 2.
+  ip netns add pmrxe-bq && ip -n pmrxe-bq link set lo up && ip -n pmrxe-bq addr add 10.79.2.1/32 dev lo
+  PMRXE_SOCKET=$WORK/host1.sock ip netns exec pmrxe-bq taskset -c 0 "$BIN" run -- qperf -lp 19766 >"$OUT/two-qperf.server.txt" 2>&1 &
+  s=$!; PIDS+=("$s")
+  for _ in $(seq 100); do ip netns exec pmrxe-bq ss -ltn 2>/dev/null | grep -q ':19766 ' && break; sleep 0.1; done
+  PMRXE_SOCKET=$WORK/host2.sock timeout 60 ip netns exec pmrxe-bq taskset -c 1 "$BIN" run -- qperf 10.79.2.1 -lp 19766 -cm1 -t "$D" -m 64K rc_bw \
+    >"$OUT/two-qperf-rc_bw.txt" 2>&1 || log "qperf rc_bw failed"
+  PMRXE_SOCKET=$WORK/host2.sock timeout 60 ip netns exec pmrxe-bq taskset -c 1 "$BIN" run -- qperf 10.79.2.1 -lp 19766 -cm1 -t "$D" -m 8 rc_lat \
+    >"$OUT/two-qperf-rc_lat.txt" 2>&1 || log "qperf rc_lat failed"
+  stop "$s"
+  ip netns del pmrxe-bq
+  # UCX over rc_verbs: server on host 1, client on host 2 (UCX's wire-up over 127.0.0.1).
+  for t in "tag_bw 65536" "tag_lat 8"; do
+    set -- $t
+    PMRXE_SOCKET=$WORK/host1.sock taskset -c 0 "$BIN" run -- env UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_NET_DEVICES=pmrxe0:1 ucx_perftest -p 15205 \
+      >"$OUT/two-ucx-$1.server.txt" 2>&1 &
+    s=$!; PIDS+=("$s")
+    for _ in $(seq 100); do ss -ltn 2>/dev/null | grep -q ':15205 ' && break; sleep 0.1; done
+    PMRXE_SOCKET=$WORK/host2.sock timeout 60 taskset -c 1 "$BIN" run -- env UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_NET_DEVICES=pmrxe0:1 \
+      ucx_perftest 127.0.0.1 -p 15205 -t "$1" -s "$2" -n "$N" >"$OUT/two-ucx-$1.txt" 2>&1 || log "ucx_perftest $1 over rc_verbs failed"
+    stop "$s"
+  done
   stop "$h1"; stop "$h2"
   ip netns del pmrxe-bh1; ip netns del pmrxe-bh2
 fi
@@ -231,7 +272,7 @@ sys.exit(0 if c["idle_iterations"] > 0 and (sys.argv[1] == "busy" or c["idle_sle
   sleep "$IDLE_S"
   t1=$(cpu_ticks "$pid"); s1=$(date +%s.%N)
   echo "{\"mode\": \"$mode\", \"ticks\": $((t1 - t0)), \"hz\": $(getconf CLK_TCK), \"seconds\": $(echo "$s1 - $s0" | bc)}" >"$OUT/idle-cpu-$mode.json"
-  PMRXE_SOCKET=$WORK/idle.sock "${RT[@]}" "$BIN" bench --socket "$WORK/idle.sock" --suite quick --only wake --wakes "$WAKES" --wake-gap-ms 200 --cpu 0 \
+  PMRXE_SOCKET=$WORK/idle.sock "${RT[@]}" "$BIN" bench --socket "$WORK/idle.sock" --suite quick --only wake --wakes "$WAKES" --wake-gap-ms 1000 --cpu 0 \
     --json "$OUT/wake-$mode.json" >"$OUT/wake-$mode.txt" 2>&1 || log "wake-up latency ($mode) failed"
   PMRXE_SOCKET=$WORK/idle.sock "${RT[@]}" "$BIN" bench --socket "$WORK/idle.sock" --suite quick --only lat --iters "$N" --cpu 0 \
     --json "$OUT/lat-$mode.json" >"$OUT/lat-$mode.txt" 2>&1 || log "warm latency ($mode) failed"

@@ -734,6 +734,16 @@ def qperf_num(name, key):
     return v * scale.get(u, 1.0)
 
 
+def ucx_final(name):
+    """ucx_perftest's `Final:` row: (median latency µs, average bandwidth MB/s), or None."""
+    for line in oread(name).splitlines():
+        if line.startswith("Final:"):
+            v = [float(x) for x in line.split()[1:] if re.match(r"^[\d.]+$", x)]
+            if len(v) >= 7:
+                return (v[1], v[5])
+    return None
+
+
 def perftest_row(name, col):
     for line in oread(name).splitlines():
         p = line.split()
@@ -790,6 +800,9 @@ if os.path.isdir(OFF):
             bwl = float(p[3]) * MIB / 1e9
     lat_typ = perftest_row("two-ib_send_lat.txt", 4)
     tcp_bw3500, tcp_lat3500 = rows[0][1], rows[0][3]
+    qrc_bw, qrc_lat = qperf_num("two-qperf-rc_bw.txt", "bw"), qperf_num("two-qperf-rc_lat.txt", "latency")
+    qtcp_bw = qperf_num("tcp-qperf-bw-3500.txt", "bw")
+    ucx = {(k, t): ucx_final(f"{k}-ucx-{t}.txt") for k in ("two", "tcp") for t in ("tag_bw", "tag_lat")}
     w("**Two hosts**: two services in two namespaces joined by a veth (af_xdp, MTU 3500), each in its")
     w("default `wait` idle mode, its lcore on its own CPU; perftest over rdma_cm (`-R`).")
     w("")
@@ -797,10 +810,19 @@ if os.path.isdir(OFF):
     w("|---|---:|---:|---:|")
     w(f"| `ib_write_bw -R` 64 KiB, GB/s | {f(bwl, 3)} | {f(tcp_bw3500)} (iperf3) | {ratio(bwl, tcp_bw3500)} |")
     w(f"| `ib_send_lat -R` 8 B, typical µs | {f(lat_typ)} | {f(tcp_lat3500)} (qperf tcp_lat) | {ratio(lat_typ, tcp_lat3500)} |")
+    w(f"| qperf `-cm1 rc_bw` 64 KiB, GB/s | {f(qrc_bw, 3)} | {f(qtcp_bw)} (qperf tcp_bw) | {ratio(qrc_bw, qtcp_bw)} |")
+    w(f"| qperf `-cm1 rc_lat` 8 B, µs (one-way) | {f(qrc_lat)} | {f(tcp_lat3500)} (qperf tcp_lat) | {ratio(qrc_lat, tcp_lat3500)} |")
+    ub, ut = ucx[("two", "tag_bw")], ucx[("tcp", "tag_bw")]
+    w(f"| ucx_perftest `tag_bw` 64 KiB over rc_verbs, GB/s | {f(ub[1] / 1e3 if ub else None, 3)} | {f(ut[1] / 1e3 if ut else None, 3)} (UCX tcp) | {ratio(ub[1] if ub else None, ut[1] if ut else None)} |")
+    ul, utl = ucx[("two", "tag_lat")], ucx[("tcp", "tag_lat")]
+    w(f"| ucx_perftest `tag_lat` 8 B over rc_verbs, median µs (one-way) | {f(ul[0] if ul else None)} | {f(utl[0] if utl else None)} (UCX tcp) | {ratio(ul[0] if ul else None, utl[0] if utl else None)} |")
+    w("")
+    w("fi_pingpong has no row: between two hosts it cannot connect over libfabric's verbs provider (its")
+    w("server binds 127.0.0.1; docs/limits.md).")
     w("")
     w("**Idle and wake-up** (the embedded loopback configuration, no client for the CPU figure):")
     w("")
-    w("| idle mode | CPU with no traffic, % of one core | wake-up: first 8 B WRITE after 200 ms of silence, p50 / p99 µs (one-way) | warm 8 B WRITE p50 µs |")
+    w("| idle mode | CPU with no traffic, % of one core | wake-up: first 8 B WRITE after 1 s of silence, p50 / p99 µs (one-way) | warm 8 B WRITE p50 µs |")
     w("|---|---:|---:|---:|")
     for mode in ("wait", "busy"):
         c = ojload(f"idle-cpu-{mode}.json")

@@ -137,6 +137,8 @@ struct PortInner {
     /// The af_packet PMD's sockets of this port (see [`EthPort::kick`]); empty for other
     /// drivers. Owned by the PMD, open until the port is closed in [`PortInner`]'s drop.
     kick_fds: Vec<RawFd>,
+    /// The af_xdp PMD's sockets of this port (their `XDP_STATISTICS`); empty for other drivers.
+    xdp_fds: Vec<RawFd>,
     /// What wakes an idle lcore for this port's frames ([`crate::Port::rx_wake`]).
     rx_wake: crate::RxWake,
     _rings: Option<Arc<RingSet>>,
@@ -167,6 +169,8 @@ pub struct EthPort {
     txq: u16,
     /// A burst went to an af_packet socket and no kick has succeeded since.
     unkicked: bool,
+    /// Per af_xdp socket of the port, the drops already counted (XDP_STATISTICS are totals).
+    xdp_seen: Vec<u64>,
 }
 
 impl std::fmt::Debug for EthPort {
@@ -335,6 +339,9 @@ impl EthPort {
         let mut info = sys::rte_eth_dev_info::default();
         // SAFETY: valid port id checked by DPDK; `info` is a valid out-struct.
         check(|| format!("rte_eth_dev_info_get({name})"), unsafe { sys::rte_eth_dev_info_get(id, &mut info) })?;
+        // The XDP sockets that exist before this port's queues are set up: the af_xdp PMD
+        // makes one per queue in its queue setup, so the new ones are this port's.
+        let xdp_before = if cstr_eq(info.driver_name, "net_af_xdp") { af_xdp_sockets() } else { Vec::new() };
         let mut conf = sys::rte_eth_conf::default();
         if let Some(mtu) = s.mtu {
             if mtu > info.max_mtu && info.max_mtu != 0 {
@@ -407,6 +414,8 @@ impl EthPort {
             crate::RxWake::Poll
         };
         tracing::debug!(port = %name, ?rx_wake, "idle wake-up source");
+        let xdp_fds: Vec<RawFd> = if cstr_eq(info.driver_name, "net_af_xdp") { af_xdp_sockets().into_iter().filter(|f| !xdp_before.contains(f)).collect() } else { Vec::new() };
+        tracing::debug!(port = %name, sockets = ?xdp_fds, "af_xdp sockets (drop statistics)");
         let inner = Arc::new(PortInner {
             port_id: id,
             name: name.clone(),
@@ -417,6 +426,7 @@ impl EthPort {
             tx_claimed: (0..s.tx_queues).map(|_| AtomicBool::new(false)).collect(),
             pool: pool.clone(),
             kick_fds,
+            xdp_fds,
             rx_wake,
             _rings: rings,
             _eal: eal.clone(),
@@ -445,7 +455,7 @@ impl EthPort {
             rx.store(false, Ordering::Release);
             return None;
         }
-        Some(EthPort { inner: inner.clone(), rxq, txq, unkicked: false })
+        Some(EthPort { inner: inner.clone(), rxq, txq, unkicked: false, xdp_seen: vec![0; inner.xdp_fds.len()] })
     }
 
     /// Another handle on the same port owning RX queue `rxq` and TX queue `txq` (for another
@@ -601,6 +611,24 @@ pub(crate) fn packet_socket_drops(fd: RawFd) -> u64 {
     }
 }
 
+/// Frames an AF_XDP socket lost on receive so far (`XDP_STATISTICS`: `rx_dropped`, frames the
+/// kernel could not place, e.g. with no buffer on the fill ring, plus `rx_ring_full`, frames
+/// that found the RX ring full). Totals since the socket was made; 0 when it cannot say.
+pub(crate) fn xdp_socket_drops(fd: RawFd) -> u64 {
+    // struct xdp_statistics (linux/if_xdp.h): six __u64 counters, rx_dropped first and
+    // rx_ring_full fourth; older kernels fill only the first three (the length says).
+    let mut st = [0u64; 6];
+    let mut len = std::mem::size_of_val(&st) as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `st`, a live local of that size, and
+    // updates `len`; `fd` is the PMD's socket, open while the port is (a wrong fd only fails).
+    let rc = unsafe { libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_STATISTICS, st.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 {
+        return 0;
+    }
+    let full = if len as usize >= 4 * 8 { st[3] } else { 0 };
+    st[0] + full
+}
+
 /// The AF_XDP sockets of this process (the af_xdp PMD's, made when its queues were set up).
 /// An XDP socket does not say which interface it is bound to (no getsockname), so a process
 /// with several af_xdp ports lists all of them for each: an lcore then wakes for another
@@ -748,7 +776,14 @@ impl Port for EthPort {
         EthPort::kick(self)
     }
     fn rx_ring_drops(&mut self) -> u64 {
-        self.inner.kick_fds.iter().map(|&fd| packet_socket_drops(fd)).sum()
+        let packet: u64 = self.inner.kick_fds.iter().map(|&fd| packet_socket_drops(fd)).sum();
+        let mut xdp = 0;
+        for (&fd, seen) in self.inner.xdp_fds.iter().zip(self.xdp_seen.iter_mut()) {
+            let total = xdp_socket_drops(fd);
+            xdp += total.saturating_sub(*seen);
+            *seen = total.max(*seen);
+        }
+        packet + xdp
     }
     fn rx_wake(&self) -> crate::RxWake {
         self.inner.rx_wake.clone()

@@ -137,7 +137,8 @@ pub trait Port: Send {
         false
     }
     /// Frames the kernel dropped since the last call because this port's receive ring was full
-    /// (the af_packet PMD's sockets: `PACKET_STATISTICS`, which the read resets). Frames lost
+    /// (the af_packet PMD's sockets: `PACKET_STATISTICS`, which the read resets; the af_xdp
+    /// PMD's: `XDP_STATISTICS`, totals, of which the port returns the growth). Frames lost
     /// before pmrxe ever saw them, invisible to every other counter. Default: 0 (no such ring).
     fn rx_ring_drops(&mut self) -> u64 {
         0

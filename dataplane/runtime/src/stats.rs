@@ -41,7 +41,8 @@ counters! {
         /// then blocks as soon as it finds nothing, without its spin window, for a while).
         cpu_contended,
         /// Frames the kernel dropped because a port's receive ring was full, before pmrxe saw
-        /// them (af_packet: the sockets' `PACKET_STATISTICS`; read every 100 ms while idle).
+        /// them (af_packet: the sockets' `PACKET_STATISTICS`; af_xdp: `XDP_STATISTICS`'
+        /// `rx_dropped` + `rx_ring_full`; read every 100 ms while idle).
         rx_ring_drops,
         /// Frames received.
         rx_packets,
