@@ -390,6 +390,21 @@ impl Connection {
         self.ring(db);
     }
 
+    /// After an empty CQ poll: if an lcore of this client's service sleeps — or was woken and
+    /// has not run yet — give up the CPU once (`sched_yield`). On a CPU shared by a
+    /// busy-polling application and an lcore in `wait` mode, the woken lcore otherwise waits
+    /// for the application's time slice to end: milliseconds, for a reply the application is
+    /// polling for. Costs nothing while the lcores are awake (one load per lcore); while they
+    /// sleep, the application is waiting anyway. The flag is the need-wakeup bit of this
+    /// client's own rows ([`crate::DoorbellRow::lcore_sleeping`]).
+    #[inline]
+    pub fn yield_to_waiting_lcore(&self) {
+        let page = self.page();
+        if (0..self.wake_fds.len()).any(|i| page.row(i).lcore_sleeping()) {
+            rustix::thread::sched_yield();
+        }
+    }
+
     /// True once the service announced it is going away.
     pub fn service_down(&self) -> bool {
         self.page().service_down.load(Ordering::Relaxed) != 0

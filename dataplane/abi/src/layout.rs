@@ -496,6 +496,14 @@ impl DoorbellRow {
     pub fn sleep_end(&self) {
         self.summary.fetch_and(!SUMMARY_SLEEPING, crate::sync::Ordering::Relaxed);
     }
+
+    /// Client side: the lcore has not run since it announced a sleep — it sleeps, or was woken
+    /// (by anyone: another client's post, a frame) and waits for a CPU. A client whose rung
+    /// doorbell claimed the wake-up sees its own row cleared at once.
+    #[inline]
+    pub fn lcore_sleeping(&self) -> bool {
+        self.summary.load(crate::sync::Ordering::Relaxed) & SUMMARY_SLEEPING != 0
+    }
 }
 
 fn page_round(n: u64) -> u64 {
@@ -516,6 +524,27 @@ mod tests {
         for i in 0..MAX_SEND_SGE {
             assert_eq!(w.sge(i), ShmSge { addr: 0x1000 * i as u64 + 7, length: i as u32 * 3, lkey: 0xabcd00 + i as u32 });
         }
+    }
+
+    /// What a polling client reads to decide whether to yield its CPU: its row says the lcore
+    /// sleeps from `sleep_begin` until the lcore runs again (`sleep_end`), whoever woke it; a
+    /// client whose doorbell claimed the wake-up stops seeing it at once, the others keep
+    /// seeing it until the lcore runs.
+    #[test]
+    fn a_client_sees_the_lcore_asleep_until_it_runs_again() {
+        // SAFETY: all-zero bytes are a valid ClientPage (integers and atomics).
+        let pages: Vec<Box<ClientPage>> = (0..2).map(|_| unsafe { Box::new_zeroed().assume_init() }).collect();
+        let (a, b) = (pages[0].row(0), pages[1].row(0));
+        assert!(!a.lcore_sleeping() && !b.lcore_sleeping());
+        assert!(!a.sleep_begin() && !b.sleep_begin(), "no doorbell pending: the lcore sleeps");
+        assert!(a.lcore_sleeping() && b.lcore_sleeping());
+        assert!(pages[0].ring(Doorbell { lcore: 0, slot: 5 }), "client A's post claims the wake-up");
+        assert!(!a.lcore_sleeping(), "A woke it: A does not wait on it");
+        assert!(b.lcore_sleeping(), "B's row still says asleep: the woken lcore has not run");
+        a.sleep_end();
+        b.sleep_end();
+        assert!(!a.lcore_sleeping() && !b.lcore_sleeping(), "running again");
+        assert!(a.take(|_| {}), "A's doorbell is still there for the lcore");
     }
 
     /// Issue 15: with `MAX_LCORES = 4` the doorbells of lcore k and k + 4 landed in the same

@@ -119,9 +119,15 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mu
                 unsafe { wc.add(i).write(cqe_to_wc(&e)) }
             })
             .map_err(|_| Errno::IO)?;
-            if n == 0 && crate::client::existing().is_ok_and(|cl| cl.dead_after_empty_poll()) {
-                // The service is gone: nothing will ever complete. Fail instead of hanging.
-                return Err(Errno::IO);
+            if n == 0 {
+                if let Ok(cl) = crate::client::existing() {
+                    if cl.dead_after_empty_poll() {
+                        // The service is gone: nothing will ever complete. Fail instead of hanging.
+                        return Err(Errno::IO);
+                    }
+                    drop(r);
+                    cl.yield_to_waiting_lcore();
+                }
             }
             Ok(n as c_int)
         })())
@@ -409,6 +415,12 @@ unsafe extern "C" fn ex_start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_a
             // Per the API, end_poll is not called when start_poll fails.
             // SAFETY: locked just above by this thread.
             unsafe { c.ring.raw_unlock() };
+            if rc == libc::ENOENT {
+                // Empty, as in `op_poll_cq`: let a woken lcore on this CPU run.
+                if let Ok(cl) = crate::client::existing() {
+                    cl.yield_to_waiting_lcore();
+                }
+            }
         }
         rc
     })
