@@ -89,7 +89,6 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<(u32, u32), Address
     loop {
         match s.sq.peek_into(&mut scratch.shm_send) {
             Ok(true) => {
-                any = true;
                 let w = &scratch.shm_send;
                 let client = s.client;
                 match convert::ShmSendWr::new(w, |h| ahs.get(&(client, h)).copied(), s.is_ud) {
@@ -108,6 +107,10 @@ fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<(u32, u32), Address
                         fatal(qp, &mut cq.sink(&s.cq));
                     }
                 }
+                // Work only when a WQE moved: a queue still full is not (an lcore that counted
+                // its retries as work never slept, and held a shared CPU from the program whose
+                // completions would make room).
+                any = true;
                 s.sq.advance();
                 bump(&stats.sq_wqes, 1);
                 if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
@@ -135,7 +138,6 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
         loop {
             match rq.peek_into(&mut scratch.shm_recv) {
                 Ok(true) => {
-                    any = true;
                     match convert::ShmRecvWr::new(&scratch.shm_recv) {
                         Ok(r) => {
                             if qp.post_recv(&r, &mut cq.sink(&s.cq)).is_err() {
@@ -148,6 +150,7 @@ pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch:
                             fatal(qp, &mut cq.sink(&s.cq));
                         }
                     }
+                    any = true;
                     rq.advance();
                     bump(&stats.rq_wqes, 1);
                 }
@@ -170,7 +173,6 @@ pub(super) fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scra
     loop {
         match x.ring.peek_into(scratch) {
             Ok(true) => {
-                any = true;
                 match convert::recv_wqe(scratch) {
                     Ok(r) => {
                         if srq.post_recv(r).is_err() {
@@ -180,6 +182,7 @@ pub(super) fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scra
                     }
                     Err(_) => bump(&stats.bad_wqes, 1),
                 }
+                any = true;
                 x.ring.advance();
                 bump(&stats.rq_wqes, 1);
             }
