@@ -66,11 +66,13 @@ fn metrics_endpoint_exports_the_stats_counters_after_pingpong() {
     assert_eq!(value(&idle, "pmrxe_devices "), Some(2.0));
     assert!(value(&idle, "pmrxe_lcore_idle_iterations_total{lcore=\"0\"}").unwrap_or(0.0) > 0.0, "{idle}");
 
-    // Traffic: an ibv_rc_pingpong pair; scrape while it runs to see its QPs.
+    // Traffic: an ibv_rc_pingpong pair; scrape while it runs to see its QPs. 20000 round trips:
+    // at ~20 µs each (since the shim yields to a woken lcore) 400 were over in 10 ms, before
+    // the first scrape.
     let port = port_for(90);
     let ps = port.to_string();
-    let server = ["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "400", "-p", &ps];
-    let client = ["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "400", "-p", &ps, "127.0.0.1"];
+    let server = ["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-n", "20000", "-p", &ps];
+    let client = ["ibv_rc_pingpong", "-d", "pmrxe1", "-g", "1", "-n", "20000", "-p", &ps, "127.0.0.1"];
     let pair = std::thread::scope(|sc| {
         let h = sc.spawn(|| run_pair(&svc, &server, &client, port, Duration::from_secs(90)));
         let t0 = Instant::now();
@@ -81,7 +83,7 @@ fn metrics_endpoint_exports_the_stats_counters_after_pingpong() {
                 during = Some(b);
                 break;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10)); // scrape interval while the pair runs
         }
         (h.join().unwrap(), during)
     });
