@@ -898,7 +898,11 @@ mod tests {
         let fd = s.as_raw_fd();
         assert!(af_packet_sockets(0).contains(&fd), "fd {fd} not found among {:?}", af_packet_sockets(0));
         assert!(!af_packet_sockets(u32::MAX).contains(&fd));
+        // Closed, it is listed no more. Compared by inode, not fd number: another test of this
+        // binary may open a packet socket that reuses the number at once (it failed a CI run so).
+        let ino = |f: std::os::fd::RawFd| std::fs::read_link(format!("/proc/self/fd/{f}")).ok();
+        let mine = ino(fd).expect("the socket's /proc/self/fd link");
         drop(s);
-        assert!(!af_packet_sockets(0).contains(&fd));
+        assert!(af_packet_sockets(0).into_iter().all(|f| ino(f).as_ref() != Some(&mine)), "the closed socket {mine:?} is still listed");
     }
 }
