@@ -54,6 +54,9 @@ fn mckey_fan_out(sender: &Service, send_from: &str, receivers: &Service, recv_on
     let (o1, o2) = (receivers.dir.join("mckey-r1.out"), receivers.dir.join("mckey-r2.out"));
     let mut r1 = spawn_verbs(receivers, &["mckey", "-m", group, "-b", recv_on, "-C", &c], &o1);
     let mut r2 = spawn_verbs(receivers, &["mckey", "-m", group, "-b", recv_on, "-C", &c], &o2);
+    // A head start for the receivers' joins, not a condition: mckey's stdout goes to a file,
+    // buffered until it exits, and the service shows no per-id join. The sender's own 3 s
+    // pause after joining is what mckey relies on; this only orders the three starts.
     std::thread::sleep(Duration::from_millis(1500));
     let s = run_verbs(sender, &["mckey", "-m", group, "-b", send_from, "-s", "-C", &c], T);
     let done = |child: &mut std::process::Child, out: &std::path::Path, name: &str| {
@@ -133,7 +136,12 @@ fn mckey_between_two_namespaces_with_igmp_on_the_wire() {
     assert_nothing_left(&a, Duration::from_secs(10), "mckey sender");
     assert_nothing_left(&b, Duration::from_secs(10), "mckey receivers");
     assert!(poll_until(Duration::from_secs(5), || counter(&a, "igmp_sent") >= 2 && counter(&b, "igmp_sent") >= 2), "IGMP sent: A {}, B {}", counter(&a, "igmp_sent"), counter(&b, "igmp_sent"));
-    std::thread::sleep(Duration::from_millis(500));
+    // Until each capture holds the other service's report and leave (tshark writes as it goes).
+    let want = |pcap: &std::path::Path, from: &str| {
+        let rows = igmp_rows(pcap);
+        ["0x16", "0x17"].iter().all(|t| rows.iter().any(|r| r.len() >= 3 && r[0] == from && r[2] == *t))
+    };
+    let _ = poll_until(Duration::from_secs(10), || want(&pa, "10.77.0.2") && want(&pb, "10.77.0.1"));
     for c in &mut caps {
         sigterm(c.id());
         let _ = wait_timeout(c, Duration::from_secs(10));
