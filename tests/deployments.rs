@@ -312,6 +312,25 @@ fn iser_block_io_through_tgt_and_libiscsi_with_data_checked() {
     eprintln!("iSER: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames");
 }
 
+/// The same between two services in two namespaces: tgtd's portal on A (10.77.0.1), the
+/// initiator on B; every PDU and data transfer crosses the veth (af_packet, path MTU 1024).
+#[test]
+fn iser_block_io_between_two_namespaces() {
+    for t in ["tgtd", "tgtadm", "iscsi-inq", "python3"] {
+        require_tool(t);
+    }
+    let _l = heavy_lock();
+    let ns = NetnsPair::up("is");
+    let dir = TempDir::new("iser-netns");
+    let (a, b) = ns.services(&dir);
+    let rx_b0 = sum_counter(&b.stats_json(), "rx_bytes");
+    let tx = iser_session(&a, &b, "10.77.0.1");
+    let rx_b = sum_counter(&b.stats_json(), "rx_bytes") - rx_b0;
+    // Four 64 KiB READ(10)s reached B over the veth, at least.
+    assert!(rx_b >= 4 * 65536, "B received {rx_b} B");
+    eprintln!("iSER across namespaces: iscsi-inq and 2 x (64 KiB WRITE(10) + 2 x 64 KiB READ(10)) checked; {tx} frames, B received {rx_b} B");
+}
+
 /// Daemons started in the foreground for one test, stopped on drop: SIGTERM first (slurmctld
 /// and slurmd then reap their own helpers, slurmscriptd and slurmstepd, instead of leaving
 /// them to init), SIGKILL after 5 s.

@@ -98,8 +98,13 @@ pub const CHANNEL_BACKLOG: usize = 1024;
 const MAX_ACKS_PER_READ: usize = 2 * CHANNEL_BACKLOG;
 /// Largest listen backlog (the kernel's ucma `max_backlog` default).
 pub const MAX_BACKLOG: u32 = 1024;
-/// RTR `min_rnr_timer` (IBA code 12: 0.64 ms).
-pub const MIN_RNR_TIMER: u8 = 12;
+/// RTR `min_rnr_timer` of a connected RC QP: IBA code 0, 655.36 ms, as the kernel's ib_cm
+/// gives every rdma_cm QP (`cm_init_qp_rtr_attr`). It is the delay this QP's RNR NAKs ask the
+/// peer to wait, so with the CMA's usual `rnr_retry` of 6 or 7 it is how long a receiver may
+/// run without a posted receive. Applications count on it: libiscsi 1.19 registers 255
+/// receive buffers (~0.4 s here) after its login response while tgtd may already send, and
+/// with 0.64 ms (code 12, what this was) tgtd's seven tries ended in 5 ms with RNR_RETRY_EXC.
+pub const MIN_RNR_TIMER: u8 = 0;
 /// How long (IBA exponent: 4.096 µs · 2^21 = 8.6 s) a SIDR server keeps its SIDR_REP to answer
 /// a retransmitted SIDR_REQ: two of the CMA requester's retransmission intervals (2^20). A
 /// later retransmission is shown to the consumer again, as the kernel shows every one; the

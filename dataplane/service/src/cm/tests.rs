@@ -193,6 +193,8 @@ fn rc_connect_accept_establish_disconnect() {
         Response::CmQpAttr { attr, mask } => {
             assert_eq!(attr.dest_qp_num, 0x123);
             assert_eq!(attr.max_dest_rd_atomic, 2);
+            // The kernel ib_cm's RNR NAK delay for rdma_cm QPs: code 0, 655.36 ms.
+            assert_eq!(attr.min_rnr_timer, 0);
             assert_eq!(attr.path_mtu, 5);
             assert!(attr.ah_attr.is_global);
             assert_eq!(attr.ah_attr.dgid, Gid::from_ip(IpAddr::V4(Ipv4Addr::from(A))).0);
