@@ -340,6 +340,8 @@ impl<T: Pod> Raw<T> {
 pub struct Producer<T: Pod> {
     raw: Raw<T>,
     head: u32,
+    /// The producer index as last published (the consumer reads `[tail, published)`).
+    published: u32,
     cached_tail: u32,
     _t: PhantomData<T>,
 }
@@ -358,7 +360,7 @@ impl<T: Pod> Producer<T> {
         let raw = unsafe { Raw::attach(base, len, capacity)? };
         let head = raw.hdr().producer.0.load(Ordering::Relaxed);
         let tail = raw.hdr().consumer.0.load(Ordering::Acquire);
-        Ok(Producer { raw, head, cached_tail: tail, _t: PhantomData })
+        Ok(Producer { raw, head, published: head, cached_tail: tail, _t: PhantomData })
     }
 
     /// Capacity of the ring.
@@ -509,6 +511,38 @@ impl<T: Pod> Producer<T> {
     /// Publish every staged item.
     pub fn publish(&mut self) {
         self.raw.hdr().producer.0.store(self.head, Ordering::Release);
+        self.published = self.head;
+    }
+
+    /// Items staged since the last [`Producer::publish`].
+    pub fn staged(&self) -> u32 {
+        self.head.wrapping_sub(self.published)
+    }
+
+    /// Drop every item staged since the last [`Producer::publish`]: the consumer never saw
+    /// them, and their slots are free again.
+    pub fn unstage(&mut self) {
+        self.head = self.published;
+    }
+
+    /// Let `f` read or change staged item `i` (0 = the oldest not yet published); `None` if
+    /// fewer than `i + 1` are staged. A batch built entry by entry (`ibv_wr_*`) completes its
+    /// newest entry this way, in its slot.
+    pub fn with_staged<R>(&mut self, i: u32, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        if i >= self.staged() {
+            return None;
+        }
+        let idx = self.published.wrapping_add(i);
+        // SAFETY: `idx` is in `[published, head)`, outside what the consumer may read
+        // (`[tail, published)`) until the next release store in publish(): as in stage_with(),
+        // this `&mut` is the only access while `f` runs; masked, aligned, and any bytes are a
+        // valid `T` (Pod).
+        #[cfg(not(loom))]
+        let r = f(unsafe { &mut *self.raw.slot(idx) });
+        // SAFETY: as above (the model checks the access against the consumer's reads).
+        #[cfg(loom)]
+        let r = unsafe { (*self.raw.slot(idx)).with_mut(|p| f(&mut *p)) };
+        Some(r)
     }
 
     /// Stage and publish one item.
@@ -738,6 +772,46 @@ mod tests {
                 assert_eq!(c.pop().unwrap(), Some(E { a: round, b: i }));
             }
             assert_eq!(c.pop().unwrap(), None);
+        }
+    }
+
+    /// A batch staged entry by entry: the consumer sees nothing until publish; staged entries
+    /// can be read back and changed in their slots; unstage gives their slots back, and the
+    /// next batch reuses them (as `ibv_wr_start` .. `ibv_wr_abort`/`ibv_wr_complete` do).
+    #[test]
+    fn staged_entries_are_changed_in_place_published_or_dropped() {
+        let mut s = seg();
+        let base = s.0.as_mut_ptr();
+        // SAFETY: `s` outlives the handles, is aligned and large enough.
+        let (mut p, mut c) = unsafe {
+            init_ring::<E>(base, 4).unwrap();
+            (Producer::<E>::attach(base, 4096, 4).unwrap(), Consumer::<E>::attach(base, 4096, 4).unwrap())
+        };
+        for round in 0..6u64 {
+            assert_eq!((p.staged(), p.with_staged(0, |e| e.a)), (0, None));
+            p.stage(E { a: round, b: 1 }).unwrap();
+            p.stage(E { a: round, b: 2 }).unwrap();
+            assert_eq!(p.staged(), 2);
+            assert_eq!(p.with_staged(1, |e| std::mem::replace(&mut e.b, 20)), Some(2));
+            assert_eq!(p.with_staged(2, |_| ()), None);
+            assert_eq!(c.pop().unwrap(), None, "staged entries are not visible");
+            if round % 2 == 0 {
+                p.unstage();
+                assert_eq!(p.staged(), 0);
+                // The two slots are free again: four fit.
+                for i in 0..4 {
+                    p.stage(E { a: round, b: 100 + i }).unwrap();
+                }
+                assert_eq!(p.stage(E { a: 9, b: 9 }), Err(PushError::Full(E { a: 9, b: 9 })));
+                p.unstage();
+                assert_eq!(c.pop().unwrap(), None, "dropped entries are never seen");
+            } else {
+                p.publish();
+                assert_eq!(p.staged(), 0);
+                assert_eq!(c.pop().unwrap(), Some(E { a: round, b: 1 }));
+                assert_eq!(c.pop().unwrap(), Some(E { a: round, b: 20 }));
+                assert_eq!(c.pop().unwrap(), None);
+            }
         }
     }
 

@@ -22,9 +22,10 @@ use std::os::raw::c_int;
 
 /// Send-queue producer state (under the QP's spinlock).
 pub struct SqState {
+    /// The send ring's producer. Between `ibv_wr_start` and `ibv_wr_complete` it holds the
+    /// `ibv_wr_*` batch staged in its slots (`Producer::staged`); every other post publishes
+    /// what it stages before the lock is released.
     pub prod: Producer<ShmSendWqe>,
-    /// WQEs built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
-    pub batch: Vec<ShmSendWqe>,
     /// First error seen by a `wr_*` builder call in the current batch.
     pub batch_err: Option<Errno>,
 }
@@ -340,14 +341,11 @@ fn create_qp(context: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Res<*mut
     b.qp_type = a.qp_type;
     crate::qpex::install(&mut ex);
     let lim = Limits { max_send_sge: cap.max_send_sge, max_recv_sge: cap.max_recv_sge, max_inline: cap.max_inline_data, qp_type: a.qp_type };
-    // A wr_start..wr_complete batch holds at most the ring's capacity (qpex::build refuses
-    // beyond it), so it never grows on the post path. Pages of it never touched stay virtual.
-    let batch = Vec::with_capacity(layout.sq_capacity as usize);
     let q = Box::new(ShimQp {
         ex: std::cell::UnsafeCell::new(ex),
         magic: ShimQp::MAGIC,
         qpn,
-        sq: SpinLock::new(SqState { prod, batch, batch_err: None }),
+        sq: SpinLock::new(SqState { prod, batch_err: None }),
         rq,
         _map: map,
         doorbell,

@@ -1,11 +1,14 @@
 //! The `ibv_wr_*` API: callbacks in `struct ibv_qp_ex` (all inline in `verbs.h`).
 //!
 //! `wr_start` takes the QP's send spinlock and keeps it until `wr_complete`/`wr_abort`, as
-//! providers do. Each builder appends a WQE (wr_id/flags from `qp->wr_id`/`qp->wr_flags`) to the
-//! QP's batch; `wr_set_*` complete the last one. `wr_complete` publishes the whole batch or
-//! nothing: the first builder error, or a ring without room for the batch (ENOMEM), discards it.
+//! providers do. Each builder writes a WQE (wr_id/flags from `qp->wr_id`/`qp->wr_flags`) straight
+//! into the next free slot of the send ring, staged but not published; `wr_set_*` complete the
+//! newest staged one in its slot. `wr_complete` publishes the whole batch (one release store, one
+//! doorbell) or nothing: after the first builder error, or a ring with no free slot for the next
+//! WQE (ENOMEM, as mlx5's builders), the batch is dropped (`Producer::unstage`) and the service
+//! never sees it. Nothing is built twice and nothing allocates.
 use crate::boundary::{ffi_boundary, Errno};
-use crate::post::{set_bind, set_inline, set_sges};
+use crate::post::{check_wqe, send_head, set_bind, set_inline, set_sges};
 use crate::qp::{ShimQp, SqState};
 use crate::sys::*;
 use pmrxe_abi::{send_flags, wr_opcode, ShmSendWqe};
@@ -53,7 +56,8 @@ fn fail(s: &mut SqState, e: Errno) {
     s.batch_err.get_or_insert(e);
 }
 
-/// Append a WQE for `opcode` and let `f` fill the opcode fields.
+/// Stage a WQE for `opcode` in the next ring slot and let `f` fill the opcode fields. After an
+/// error in this batch nothing more is staged (the batch is dropped at `wr_complete`).
 ///
 /// # Safety
 /// As [`st`]: `qp` is one of this shim's QPs and the calling thread holds its send lock.
@@ -61,20 +65,24 @@ unsafe fn build(qp: *mut ibv_qp_ex, opcode: u32, f: impl FnOnce(&mut ShmSendWqe)
     ffi_boundary((), || {
         // SAFETY: callback contract.
         let (q, s) = unsafe { st(qp) };
+        if s.batch_err.is_some() {
+            return;
+        }
         // SAFETY: fields of the QP's C struct, read through the raw pointer: the application
         // set them on this thread just before this callback.
         let (wr_id, wr_flags) = unsafe { ((*q.ex()).wr_id, (*q.ex()).wr_flags) };
-        let mut w = ShmSendWqe { wr_id, opcode, send_flags: wr_flags & !send_flags::INLINE, ..Default::default() };
-        f(&mut w);
-        if s.batch.len() >= s.prod.capacity() as usize {
-            fail(s, Errno::NOMEM);
-            return;
+        let r = s.prod.stage_with(|w: &mut ShmSendWqe| {
+            send_head(w, wr_id, opcode, wr_flags & !send_flags::INLINE);
+            f(w);
+            Ok::<(), Errno>(())
+        });
+        if let Err(e) = r {
+            fail(s, e);
         }
-        s.batch.push(w);
     })
 }
 
-/// Modify the last WQE of the batch (EINVAL if there is none).
+/// Modify the newest staged WQE in its slot (EINVAL if the batch has none).
 ///
 /// # Safety
 /// As [`st`]: `qp` is one of this shim's QPs and the calling thread holds its send lock.
@@ -82,10 +90,11 @@ unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut ShmSendWqe) -> R
     ffi_boundary((), || {
         // SAFETY: callback contract.
         let (q, s) = unsafe { st(qp) };
-        let r = match s.batch.last_mut() {
-            Some(w) => f(q, w),
-            None => Err(Errno::INVAL),
-        };
+        if s.batch_err.is_some() {
+            return;
+        }
+        let newest = s.prod.staged().wrapping_sub(1);
+        let r = s.prod.with_staged(newest, |w| f(q, w)).unwrap_or(Err(Errno::INVAL));
         if let Err(e) = r {
             fail(s, e);
         }
@@ -105,7 +114,8 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
         q.sq.raw_lock();
         // SAFETY: just locked.
         let s = unsafe { q.sq.raw_get() };
-        s.batch.clear();
+        // Every other post publishes what it stages before it unlocks: nothing is staged here.
+        debug_assert_eq!(s.prod.staged(), 0);
         s.batch_err = None;
     })
 }
@@ -118,14 +128,11 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     ffi_boundary(libc::EIO, || {
         // SAFETY: callback contract.
         let (q, s) = unsafe { st(qp) };
-        let batch = std::mem::take(&mut s.batch);
-        let r = match s.batch_err.take() {
-            Some(e) => Err(e),
-            None if batch.is_empty() => Ok(()),
-            None => q.post_batch(s, &batch),
-        };
-        s.batch = batch;
-        s.batch.clear();
+        let r = publish_batch(q, s);
+        if r.is_err() {
+            s.prod.unstage();
+        }
+        s.batch_err = None;
         // SAFETY: locked in wr_start by this thread.
         unsafe { q.sq.raw_unlock() };
         match r {
@@ -133,6 +140,24 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             Err(Errno(e)) => e,
         }
     })
+}
+
+/// Check the staged batch (the builders' first error, the QP state, each WQE as
+/// `ibv_post_send` checks it) and publish it with one doorbell.
+fn publish_batch(q: &ShimQp, s: &mut SqState) -> Result<(), Errno> {
+    if let Some(e) = s.batch_err {
+        return Err(e);
+    }
+    let n = s.prod.staged();
+    if n == 0 {
+        return Ok(());
+    }
+    q.may_post_send()?;
+    for i in 0..n {
+        s.prod.with_staged(i, |w| check_wqe(w, &q.lim)).unwrap_or(Err(Errno::IO))?;
+    }
+    crate::client::existing()?.publish(&mut s.prod, q.doorbell);
+    Ok(())
 }
 
 /// `ibv_wr_abort`: drop the batch and release the send lock.
@@ -143,7 +168,7 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     ffi_boundary((), || {
         // SAFETY: callback contract.
         let (q, s) = unsafe { st(qp) };
-        s.batch.clear();
+        s.prod.unstage();
         s.batch_err = None;
         // SAFETY: locked in wr_start by this thread.
         unsafe { q.sq.raw_unlock() };
