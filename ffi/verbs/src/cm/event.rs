@@ -14,8 +14,8 @@ pub struct ShimEvent {
     pub ev: rdma_cm_event,
     magic: u64,
     /// The id whose acknowledged-event count this event belongs to (the listener for
-    /// CONNECT_REQUEST, as librdmacm).
-    owner: *mut ShimId,
+    /// CONNECT_REQUEST, as librdmacm). Only ever used as `&ShimId`.
+    owner: *const ShimId,
     private_data: Vec<u8>,
 }
 handle!(ShimEvent, rdma_cm_event, 0x504d_5845_4345_5654);
@@ -65,7 +65,7 @@ pub(crate) fn build(msg: &CmEventMsg, id: *mut rdma_cm_id, listen_id: *mut rdma_
         private_data = msg.conn.private_data.clone();
         private_data.truncate(255);
     }
-    let mut b = Box::new(ShimEvent { ev, magic: <ShimEvent as Handle>::MAGIC, owner: std::ptr::null_mut(), private_data });
+    let mut b = Box::new(ShimEvent { ev, magic: <ShimEvent as Handle>::MAGIC, owner: std::ptr::null(), private_data });
     if !b.private_data.is_empty() {
         let p = b.private_data.as_ptr().cast();
         // Writing a Copy field of a union member is safe; it is the member filled above.
@@ -88,38 +88,39 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     let ev = msg.event;
     if ev == RDMA_CM_EVENT_CONNECT_REQUEST {
         let Some(lp) = msg.listen_id.and_then(ids_get) else { return Ok(None) };
-        // SAFETY: registered ids are live (removed from the map before they are freed).
-        let listener = unsafe { &mut *lp };
-        let sync = listener.sync != 0;
-        let mut new = ShimId::new(listener.id.channel, listener.id.context, listener.id.ps, listener.id.qp_type, msg.id, false);
+        // SAFETY: registered ids are live (removed from the map before they are freed); the
+        // listener is shared with the application's threads, so only ever `&ShimId`.
+        let listener = unsafe { &*lp };
+        let sync = listener.is_sync();
+        let new = ShimId::new(listener.channel_ptr(), listener.context(), listener.ps(), listener.qp_type(), msg.id, false);
         if let Some(d) = msg.device {
             new.attach_device(d)?;
         }
         new.set_src(&msg.src);
         new.set_dst(&msg.dst);
         new.set_path()?;
-        new.initiator_depth = msg.conn.initiator_depth;
-        new.responder_resources = msg.conn.responder_resources;
+        new.set_depths(msg.conn.initiator_depth, msg.conn.responder_resources);
         let np: *mut rdma_cm_id = new.into_c();
         ids_insert(msg.id, np.cast());
         if sync {
             // A synchronous listener's requests get their own channel (librdmacm
             // ucma_process_conn_req).
-            // SAFETY: `np` is the id made just above.
-            if let Err(e) = super::id::migrate(unsafe { &mut *np.cast::<ShimId>() }, std::ptr::null_mut()) {
+            // SAFETY: `np` is the id made just above (live, not handed out yet).
+            if let Err(e) = unsafe { ShimId::from_id(np) }.and_then(|n| super::id::migrate(n, std::ptr::null_mut())) {
                 // SAFETY: as above; the service forgets it on destroy.
                 let _ = super::id::destroy(np);
                 return Err(e);
             }
         }
-        let mut e = build(&msg, np, &mut listener.id, ev, is_ud(listener.id.qp_type));
+        let mut e = build(&msg, np, listener.c(), ev, is_ud(listener.qp_type()));
         e.owner = lp;
         return Ok(Some(e));
     }
     let Some(ip) = ids_get(msg.id) else { return Ok(None) };
-    // SAFETY: registered ids are live.
-    let id = unsafe { &mut *ip };
-    let ud = is_ud(id.id.qp_type);
+    // SAFETY: registered ids are live; the application may be using the id on another
+    // thread meanwhile, so only ever `&ShimId`.
+    let id = unsafe { &*ip };
+    let ud = is_ud(id.qp_type());
     if let Some(d) = msg.device {
         id.attach_device(d)?;
     }
@@ -133,13 +134,13 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
             if ev == RDMA_CM_EVENT_ROUTE_RESOLVED && status == 0 {
                 id.set_path()?;
             }
-            if ev == RDMA_CM_EVENT_ADDR_RESOLVED && id.cma_dev.is_null() && status == 0 {
+            if ev == RDMA_CM_EVENT_ADDR_RESOLVED && id.device().is_none() && status == 0 {
                 event = RDMA_CM_EVENT_ADDR_ERROR;
                 status = -libc::ENODEV;
             }
         }
         CM_EVENT_CONNECT_RESPONSE => {
-            if id.id.qp.is_null() {
+            if id.qp().is_null() {
                 // QP-less id: the application moves its QP and calls rdma_establish.
                 event = RDMA_CM_EVENT_CONNECT_RESPONSE;
             } else {
@@ -148,20 +149,21 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
                     Err(Errno(e)) => {
                         event = RDMA_CM_EVENT_CONNECT_ERROR;
                         status = -e;
-                        id.connect_error = 1;
+                        id.set_connect_error();
                     }
                 }
             }
         }
-        RDMA_CM_EVENT_REJECTED | RDMA_CM_EVENT_DISCONNECTED if id.connect_error != 0 => return Ok(None),
+        RDMA_CM_EVENT_REJECTED | RDMA_CM_EVENT_DISCONNECTED if id.connect_error() => return Ok(None),
         RDMA_CM_EVENT_REJECTED => super::id::modify_qp_err(id),
         RDMA_CM_EVENT_MULTICAST_JOIN => {
             // librdmacm `ucma_process_join`: the id's QP joins the group now (unless it joined
             // send-only); a refusal becomes MULTICAST_ERROR.
-            let Some(j) = id.joins.iter().find(|j| j.ip == msg.dst.ip) else { return Ok(None) };
+            let Some(j) = id.join_find(msg.dst.ip) else { return Ok(None) };
             join_context = j.context;
-            if !id.id.qp.is_null() && !j.send_only {
-                if let Err(Errno(e)) = crate::device::mcast_qp(id.id.qp, j.ip, true) {
+            let qp = id.qp();
+            if !qp.is_null() && !j.send_only {
+                if let Err(Errno(e)) = crate::device::mcast_qp(qp, j.ip, true) {
                     event = RDMA_CM_EVENT_MULTICAST_ERROR;
                     status = -e;
                 }
@@ -170,7 +172,7 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
         RDMA_CM_EVENT_ESTABLISHED if !ud && (msg.dst.port != 0 || msg.dst.ip != [0; 16]) => id.set_dst(&msg.dst),
         _ => {}
     }
-    let mut e = build(&msg, &mut id.id, std::ptr::null_mut(), event, ud);
+    let mut e = build(&msg, id.c(), std::ptr::null_mut(), event, ud);
     e.ev.status = status;
     if ev == RDMA_CM_EVENT_MULTICAST_JOIN {
         e.ev.param.ud.private_data = join_context;
@@ -245,16 +247,19 @@ pub(crate) fn ack(event: *mut rdma_cm_event) -> Res<()> {
 
 /// librdmacm `ucma_complete`: a synchronous id waits for its next event and keeps it in
 /// `id->event`; a failed event becomes the call's error.
-pub fn complete(id: &mut ShimId) -> Res<()> {
-    if id.sync == 0 {
+///
+/// Runs on the thread inside a call on the id: a synchronous id's `event` and `channel` are
+/// call fields no other thread writes (its private channel is read by nobody else).
+pub fn complete(id: &ShimId) -> Res<()> {
+    if !id.is_sync() {
         return Ok(());
     }
-    if !id.id.event.is_null() {
-        ack(id.id.event)?;
-        id.id.event = std::ptr::null_mut();
+    if !id.event().is_null() {
+        ack(id.event())?;
+        id.set_event(std::ptr::null_mut());
     }
-    let e = get(id.id.channel)?;
-    id.id.event = e;
+    let e = get(id.channel_ptr())?;
+    id.set_event(e);
     // SAFETY: just made by `get`.
     let (ev, status) = unsafe { ((*e).event, (*e).status) };
     if status != 0 {

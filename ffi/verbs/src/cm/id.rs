@@ -41,9 +41,9 @@ pub(crate) fn destroy(p: *mut rdma_cm_id) -> Res<()> {
         Err(e) => return Err(e),
     }
     ids_remove(id.handle);
-    if !id.id.event.is_null() {
-        let _ = ack(id.id.event);
-        id.id.event = std::ptr::null_mut();
+    if !id.event().is_null() {
+        let _ = ack(id.event());
+        id.set_event(std::ptr::null_mut());
     }
     {
         let mut g = id.events.lock().unwrap_or_else(|e| e.into_inner());
@@ -51,12 +51,13 @@ pub(crate) fn destroy(p: *mut rdma_cm_id) -> Res<()> {
             g = id.events_cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
-    // SAFETY: allocated with calloc/malloc (set_path, create_ep) and owned by the id.
+    // SAFETY: allocated with calloc/malloc (set_path, create_ep) and owned by the id; every
+    // event of it is acknowledged, so no other thread uses it any more.
     unsafe {
-        libc::free(id.id.route.path_rec.cast());
-        libc::free(id.connect);
+        libc::free(id.path_rec().cast());
+        libc::free(id.take_connect_data());
     }
-    let (sync, ch) = (id.sync != 0, id.id.channel);
+    let (sync, ch) = (id.is_sync(), id.channel_ptr());
     // SAFETY: validated above; the application gives it up.
     drop(unsafe { ShimId::take(p) });
     if sync {
@@ -67,8 +68,8 @@ pub(crate) fn destroy(p: *mut rdma_cm_id) -> Res<()> {
 }
 
 /// `rdma_migrate_id` (NULL channel: a private one, the id becomes synchronous).
-pub(crate) fn migrate(id: &mut ShimId, channel: *mut rdma_event_channel) -> Res<()> {
-    if id.sync != 0 && channel.is_null() {
+pub(crate) fn migrate(id: &ShimId, channel: *mut rdma_event_channel) -> Res<()> {
+    if id.is_sync() && channel.is_null() {
         return Err(Errno::INVAL);
     }
     let sync = channel.is_null();
@@ -85,20 +86,20 @@ pub(crate) fn migrate(id: &mut ShimId, channel: *mut rdma_event_channel) -> Res<
         }
         return Err(e);
     }
-    if id.sync != 0 {
-        if !id.id.event.is_null() {
-            let _ = ack(id.id.event);
-            id.id.event = std::ptr::null_mut();
+    if id.is_sync() {
+        if !id.event().is_null() {
+            let _ = ack(id.event());
+            id.set_event(std::ptr::null_mut());
         }
         // SAFETY: the id's old private channel.
-        unsafe { channel::rdma_destroy_event_channel(id.id.channel) };
+        unsafe { channel::rdma_destroy_event_channel(id.channel_ptr()) };
     }
-    id.sync = c_int::from(sync);
-    id.id.channel = channel;
+    id.set_sync(sync);
+    id.set_channel_ptr(channel);
     Ok(())
 }
 
-fn addr_response(id: &mut ShimId, r: Response) -> Res<()> {
+fn addr_response(id: &ShimId, r: Response) -> Res<()> {
     let Response::CmAddr { addr, device } = r else { return Err(Errno(libc::EPROTO)) };
     id.set_src(&addr);
     if let Some(d) = device {
@@ -111,7 +112,7 @@ fn addr_response(id: &mut ShimId, r: Response) -> Res<()> {
 ///
 /// # Safety
 /// `addr` is NULL or a socket address of its family's size.
-pub unsafe fn bind(id: &mut ShimId, addr: *const sockaddr) -> Res<()> {
+pub unsafe fn bind(id: &ShimId, addr: *const sockaddr) -> Res<()> {
     // SAFETY: forwarded.
     let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
     let (r, _) = client()?.call(&Request::CmBindAddr { id: id.handle, addr: a }, &[])?;
@@ -122,7 +123,7 @@ pub unsafe fn bind(id: &mut ShimId, addr: *const sockaddr) -> Res<()> {
 ///
 /// # Safety
 /// `src`, `dst` NULL or socket addresses.
-pub unsafe fn resolve_addr(id: &mut ShimId, src: *const sockaddr, dst: *const sockaddr, timeout_ms: c_int) -> Res<()> {
+pub unsafe fn resolve_addr(id: &ShimId, src: *const sockaddr, dst: *const sockaddr, timeout_ms: c_int) -> Res<()> {
     // SAFETY: forwarded.
     let d = unsafe { read_sockaddr(dst) }?.ok_or(Errno::INVAL)?;
     // SAFETY: forwarded.
@@ -135,11 +136,11 @@ pub unsafe fn resolve_addr(id: &mut ShimId, src: *const sockaddr, dst: *const so
 
 /// librdmacm `ucma_valid_param`.
 fn valid_param(id: &ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
-    if id.id.ps != RDMA_PS_TCP {
+    if id.ps() != RDMA_PS_TCP {
         return Ok(());
     }
     let Some(p) = p else {
-        return if id.id.qp.is_null() { Err(Errno::INVAL) } else { Ok(()) };
+        return if id.qp().is_null() { Err(Errno::INVAL) } else { Ok(()) };
     };
     if let Some(d) = id.device() {
         if p.responder_resources != MAX_RESP_RES && p.responder_resources > d.max_responder_resources {
@@ -157,13 +158,15 @@ fn conn_to_service(id: &ShimId, p: Option<&rdma_conn_param>, qp_num: u32, srq: u
     let mut c = CmConnParam {
         qp_num,
         srq,
-        responder_resources: id.responder_resources,
-        initiator_depth: id.initiator_depth,
+        responder_resources: id.responder_resources(),
+        initiator_depth: id.initiator_depth(),
         ..Default::default()
     };
-    if id.connect_len > 0 && !id.connect.is_null() {
-        // SAFETY: `connect` holds `connect_len` bytes (create_ep).
-        c.private_data.extend_from_slice(unsafe { std::slice::from_raw_parts(id.connect.cast::<u8>(), id.connect_len) });
+    let (data, len) = id.connect_data();
+    if len > 0 && !data.is_null() {
+        // SAFETY: `connect` holds `connect_len` bytes (create_ep), freed only by a call on the
+        // id (this thread's) or its destruction.
+        c.private_data.extend_from_slice(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) });
     }
     match p {
         Some(p) => {
@@ -185,7 +188,7 @@ fn conn_to_service(id: &ShimId, p: Option<&rdma_conn_param>, qp_num: u32, srq: u
 
 fn qp_num_srq(id: &ShimId, p: Option<&rdma_conn_param>) -> (u32, u8) {
     // SAFETY: id.qp is NULL or our live QP (rdma_create_qp).
-    match unsafe { id.id.qp.as_ref() } {
+    match unsafe { id.qp().as_ref() } {
         Some(q) => (q.qp_num, u8::from(!q.srq.is_null())),
         None => p.map(|p| (p.qp_num, p.srq)).unwrap_or((0, 0)),
     }
@@ -211,39 +214,42 @@ fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Res<()> {
 
 /// librdmacm `ucma_modify_qp_rtr` (INIT again with the CM's attributes, then RTR).
 pub fn modify_qp_rtr(id: &ShimId, resp_res: u8) -> Res<()> {
-    if id.id.qp.is_null() {
+    let qp = id.qp();
+    if qp.is_null() {
         return Ok(());
     }
     let (mut a, m) = init_qp_attr(id, IBV_QPS_INIT)?;
-    modify(id.id.qp, &mut a, m)?;
+    modify(qp, &mut a, m)?;
     let (mut a, m) = init_qp_attr(id, IBV_QPS_RTR)?;
     if resp_res != MAX_RESP_RES {
         a.max_dest_rd_atomic = resp_res;
     }
-    modify(id.id.qp, &mut a, m)
+    modify(qp, &mut a, m)
 }
 
 /// librdmacm `ucma_modify_qp_rts`.
 pub fn modify_qp_rts(id: &ShimId, init_depth: u8) -> Res<()> {
-    if id.id.qp.is_null() {
+    let qp = id.qp();
+    if qp.is_null() {
         return Ok(());
     }
     let (mut a, m) = init_qp_attr(id, IBV_QPS_RTS)?;
     if init_depth != MAX_INIT_DEPTH {
         a.max_rd_atomic = init_depth;
     }
-    modify(id.id.qp, &mut a, m)
+    modify(qp, &mut a, m)
 }
 
 /// librdmacm `ucma_modify_qp_err` (best effort).
 pub fn modify_qp_err(id: &ShimId) {
-    if id.id.qp.is_null() {
+    let qp = id.qp();
+    if qp.is_null() {
         return;
     }
     // SAFETY: plain C data.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = IBV_QPS_ERR;
-    let _ = modify(id.id.qp, &mut a, IBV_QP_STATE as c_int);
+    let _ = modify(qp, &mut a, IBV_QP_STATE as c_int);
 }
 
 /// librdmacm `ucma_process_conn_resp`: RTR, RTS, then the RTU.
@@ -256,45 +262,45 @@ pub fn process_conn_resp(id: &ShimId) -> Res<()> {
 }
 
 /// `rdma_connect`.
-pub fn connect(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
+pub fn connect(id: &ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
     valid_param(id, p)?;
     let d = id.device();
-    id.initiator_depth = match p {
+    let initiator_depth = match p {
         Some(p) if p.initiator_depth != MAX_INIT_DEPTH => p.initiator_depth,
         _ => d.map(|d| d.max_initiator_depth).unwrap_or(0),
     };
-    id.responder_resources = match p {
+    let responder_resources = match p {
         Some(p) if p.responder_resources != MAX_RESP_RES => p.responder_resources,
         _ => d.map(|d| d.max_responder_resources).unwrap_or(0),
     };
+    id.set_depths(initiator_depth, responder_resources);
     let (qpn, srq) = qp_num_srq(id, p);
     let conn = conn_to_service(id, p, qpn, srq);
     call_ok(&Request::CmConnect { id: id.handle, qpn, conn })?;
-    if id.connect_len > 0 {
-        // SAFETY: malloc'd by create_ep.
-        unsafe { libc::free(id.connect) };
-        id.connect = std::ptr::null_mut();
-        id.connect_len = 0;
+    if id.connect_data().1 > 0 {
+        // SAFETY: malloc'd by create_ep; taken out of the id, so freed once.
+        unsafe { libc::free(id.take_connect_data()) };
     }
     complete(id)
 }
 
 /// `rdma_accept`.
-pub fn accept(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
+pub fn accept(id: &ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
     valid_param(id, p)?;
     let d = id.device();
-    id.initiator_depth = match p {
+    let initiator_depth = match p {
         Some(p) if p.initiator_depth != MAX_INIT_DEPTH => p.initiator_depth,
-        _ => id.initiator_depth.min(d.map(|d| d.max_initiator_depth).unwrap_or(u8::MAX)),
+        _ => id.initiator_depth().min(d.map(|d| d.max_initiator_depth).unwrap_or(u8::MAX)),
     };
-    id.responder_resources = match p {
+    let responder_resources = match p {
         Some(p) if p.responder_resources != MAX_RESP_RES => p.responder_resources,
-        _ => id.responder_resources.min(d.map(|d| d.max_responder_resources).unwrap_or(u8::MAX)),
+        _ => id.responder_resources().min(d.map(|d| d.max_responder_resources).unwrap_or(u8::MAX)),
     };
-    let ud = is_ud(id.id.qp_type);
+    id.set_depths(initiator_depth, responder_resources);
+    let ud = is_ud(id.qp_type());
     if !ud {
-        modify_qp_rtr(id, id.responder_resources)?;
-        modify_qp_rts(id, id.initiator_depth)?;
+        modify_qp_rtr(id, responder_resources)?;
+        modify_qp_rts(id, initiator_depth)?;
     }
     let (qpn, srq) = qp_num_srq(id, p);
     let conn = conn_to_service(id, p, qpn, srq);
@@ -303,9 +309,9 @@ pub fn accept(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
         return Err(e);
     }
     if ud {
-        if id.sync != 0 && !id.id.event.is_null() {
-            let _ = ack(id.id.event);
-            id.id.event = std::ptr::null_mut();
+        if id.is_sync() && !id.event().is_null() {
+            let _ = ack(id.event());
+            id.set_event(std::ptr::null_mut());
         }
         return Ok(());
     }
@@ -313,15 +319,15 @@ pub fn accept(id: &mut ShimId, p: Option<&rdma_conn_param>) -> Res<()> {
 }
 
 /// `rdma_get_request` on a synchronous listener.
-pub fn get_request(listen: &mut ShimId) -> Res<*mut rdma_cm_id> {
-    if listen.sync == 0 {
+pub fn get_request(listen: &ShimId) -> Res<*mut rdma_cm_id> {
+    if !listen.is_sync() {
         return Err(Errno::INVAL);
     }
-    if !listen.id.event.is_null() {
-        let _ = ack(listen.id.event);
-        listen.id.event = std::ptr::null_mut();
+    if !listen.event().is_null() {
+        let _ = ack(listen.event());
+        listen.set_event(std::ptr::null_mut());
     }
-    let e = super::event::get(listen.id.channel)?;
+    let e = super::event::get(listen.channel_ptr())?;
     // SAFETY: just made by `get`.
     let ev = unsafe { &*e };
     let r = if ev.event == RDMA_CM_EVENT_REJECTED {
@@ -330,20 +336,19 @@ pub fn get_request(listen: &mut ShimId) -> Res<*mut rdma_cm_id> {
         Err(Errno(ev.status.unsigned_abs() as c_int))
     } else if ev.event != RDMA_CM_EVENT_CONNECT_REQUEST {
         Err(Errno::INVAL)
-    } else if let Some(qa) = listen.qp_init_attr.as_deref() {
-        let mut attr = *qa;
+    } else if let Some(mut attr) = listen.qp_init_attr() {
         // SAFETY: ev.id is the new id the event made.
-        super::qp::create_qp(unsafe { ShimId::from_id(ev.id) }?, listen.id.pd, &mut attr)
+        super::qp::create_qp(unsafe { ShimId::from_id(ev.id) }?, listen.pd(), &mut attr)
     } else {
         Ok(())
     };
     if let Err(err) = r {
-        listen.id.event = e;
+        listen.set_event(e);
         return Err(err);
     }
     // SAFETY: the event's new id.
     let new = unsafe { ShimId::from_id(ev.id) }?;
-    new.id.event = e;
+    new.set_event(e);
     Ok(ev.id)
 }
 
@@ -360,7 +365,7 @@ fn port_of(st: &sockaddr_storage) -> u16 {
 
 // ---- exports ----
 
-pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&mut ShimId) -> Res<()>) -> c_int {
+pub(crate) fn with_id(p: *mut rdma_cm_id, f: impl FnOnce(&ShimId) -> Res<()>) -> c_int {
     ffi_boundary(-1, || {
         // SAFETY: magic-checked.
         ret(unsafe { ShimId::from_id(p) }.and_then(f))
@@ -507,7 +512,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     with_id(id, |i| {
-        if !i.id.qp.is_null() {
+        if !i.qp().is_null() {
             return Err(Errno::INVAL);
         }
         process_conn_resp(i)
@@ -569,8 +574,8 @@ pub unsafe extern "C" fn rdma_set_option(id: *mut rdma_cm_id, level: c_int, optn
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
     ffi_boundary(0, || {
-        // SAFETY: magic-checked; the union's storage member covers every family.
-        unsafe { ShimId::from_id(id) }.map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_1.src_storage })).unwrap_or(0)
+        // SAFETY: magic-checked.
+        unsafe { ShimId::from_id(id) }.map(|i| port_of(&i.src_storage())).unwrap_or(0)
     })
 }
 
@@ -579,8 +584,8 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
     ffi_boundary(0, || {
-        // SAFETY: magic-checked; the union's storage member covers every family.
-        unsafe { ShimId::from_id(id) }.map(|i| port_of(unsafe { &i.id.route.addr.__bindgen_anon_2.dst_storage })).unwrap_or(0)
+        // SAFETY: magic-checked.
+        unsafe { ShimId::from_id(id) }.map(|i| port_of(&i.dst_storage())).unwrap_or(0)
     })
 }
 
@@ -606,13 +611,13 @@ pub unsafe extern "C" fn rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma
                     // SAFETY: the addrinfo's source address.
                     unsafe { bind(i, res.ai_src_addr) }?;
                     if !pd.is_null() {
-                        i.id.pd = pd;
+                        i.set_pd(pd);
                     }
                     // SAFETY: NULL or the application's attributes.
                     if let Some(qa) = unsafe { qp_init_attr.as_ref() } {
-                        let mut a = Box::new(*qa);
+                        let mut a = *qa;
                         a.qp_type = res.ai_qp_type as ibv_qp_type;
-                        i.qp_init_attr = Some(a);
+                        i.set_qp_init_attr(Some(a));
                     }
                     return Ok(());
                 }
@@ -633,8 +638,7 @@ pub unsafe extern "C" fn rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma
                     }
                     // SAFETY: both hold ai_connect_len bytes.
                     unsafe { std::ptr::copy_nonoverlapping(res.ai_connect.cast::<u8>(), c.cast::<u8>(), res.ai_connect_len) };
-                    i.connect = c;
-                    i.connect_len = res.ai_connect_len;
+                    i.set_connect_data(c, res.ai_connect_len);
                 }
                 Ok(())
             })();
@@ -652,13 +656,13 @@ pub unsafe extern "C" fn rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma
 fn destroy_ep(p: *mut rdma_cm_id) -> Res<()> {
     // SAFETY: magic-checked.
     let i = unsafe { ShimId::from_id(p) }?;
-    if !i.id.qp.is_null() {
+    if !i.qp().is_null() {
         super::qp::destroy_qp(i);
     }
-    if !i.id.srq.is_null() {
+    if !i.srq().is_null() {
         super::qp::destroy_srq(i);
     }
-    i.qp_init_attr = None;
+    i.set_qp_init_attr(None);
     destroy(p)
 }
 
@@ -705,18 +709,15 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut 
 
 /// # Safety
 /// `addr` is a readable sockaddr (or NULL).
-unsafe fn join(i: &mut ShimId, addr: *const sockaddr, send_only: bool, context: *mut c_void) -> Res<()> {
+unsafe fn join(i: &ShimId, addr: *const sockaddr, send_only: bool, context: *mut c_void) -> Res<()> {
     // SAFETY: forwarded.
     let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
     let ip = mapped_group(&a);
-    if i.joins.iter().any(|j| j.ip == ip) {
-        return Err(Errno(libc::EADDRINUSE));
-    }
     // Recorded before the request: the event may be read by another thread as soon as the
     // service writes it.
-    i.joins.push(McJoin { ip, context, send_only });
+    i.join_record(McJoin { ip, context, send_only })?;
     if let Err(e) = call_ok(&Request::CmJoinMulticast { id: i.handle, addr: a }) {
-        i.joins.retain(|j| j.ip != ip);
+        i.join_forget(ip);
         return Err(e);
     }
     complete(i)
@@ -740,11 +741,10 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut so
         // SAFETY: forwarded.
         let a = unsafe { read_sockaddr(addr) }?.ok_or(Errno::INVAL)?;
         let ip = mapped_group(&a);
-        let Some(at) = i.joins.iter().position(|j| j.ip == ip) else { return Err(Errno(libc::EADDRNOTAVAIL)) };
-        let j = i.joins.remove(at);
-        if !i.id.qp.is_null() && !j.send_only {
+        let Some(j) = i.join_forget(ip) else { return Err(Errno(libc::EADDRNOTAVAIL)) };
+        if !i.qp().is_null() && !j.send_only {
             // EINVAL: the QP was never attached (the join event was not read yet).
-            match crate::device::mcast_qp(i.id.qp, ip, false) {
+            match crate::device::mcast_qp(i.qp(), ip, false) {
                 Ok(()) | Err(Errno(libc::EINVAL)) => {}
                 Err(e) => return Err(e),
             }

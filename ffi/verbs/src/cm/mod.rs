@@ -27,7 +27,8 @@ use pmrxe_abi::ctrl::{CmSockAddr, Request};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::AtomicU32;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 /// `RDMA_MAX_PRIVATE_DATA` of `rdma_cma_abi.h`.
@@ -140,34 +141,71 @@ pub struct EventCount {
 
 /// An `rdma_cm_id`. The fields after `id` up to `sync` have the layout of librdmacm's
 /// `struct cma_id_private` (cma.c): rsockets, compiled into librdmacm, calls the internal
-/// `ucma_max_qpsize` (reads `cma_dev->max_qpsize`) and `ucma_complete` (reads `sync`, then
-/// calls our `rdma_get_cm_event` through the PLT) on ids it got from our `rdma_create_id`.
+/// `ucma_max_qpsize` (reads `cma_dev->max_qpsize`) and `ucma_complete` (reads `sync` and
+/// `id.event`, writes `id.event`, then calls our `rdma_get_cm_event` through the PLT) on ids
+/// it got from our `rdma_create_id`.
+///
+/// # Threads
+/// The shim only ever holds `&ShimId` ([`ShimId::from_id`]): an application may read events
+/// on one thread (`rdma_get_cm_event`, which processes them on the id: [`event`]) while it
+/// uses the id on another, and it reads fields of the C struct directly. So:
+///
+/// * The C struct `id` is in an `UnsafeCell` and is reached one field at a time through the
+///   raw pointer [`ShimId::c`], never as a reference. Who writes which field mirrors
+///   librdmacm (cma.c), which takes no lock for them either:
+///   - *call fields* (`qp`, `srq`, `pd`, the CQs and their channels, `channel`, `event`;
+///     accessors made by `call_fields!`) are written only by the thread inside a call on this
+///     id (`rdma_create_qp`, `rdma_migrate_id`, a synchronous id's wait in [`event::complete`],
+///     rsockets' `ucma_complete`...), or before the id is handed out. The application makes
+///     no call that changes one of them while another thread uses it (librdmacm's rules; e.g.
+///     rdma_migrate_id(3): nobody polls the current channel meanwhile). The thread reading
+///     events reads the id's `qp` (as `ucma_process_conn_resp` / `ucma_process_join`) and a
+///     listener's `channel`, `context`, `ps`, `qp_type` (as `ucma_process_conn_req`);
+///   - *route fields* (`route`, `verbs`, `port_num`, and `pd` while still NULL) are written
+///     by a call (`rdma_bind_addr`, `rdma_resolve_addr`) or by the thread reading the channel
+///     while it processes the id's event, before that event is handed out (as librdmacm's
+///     `ucma_query_addr` / `ucma_query_route` inside `rdma_get_cm_event`); the application
+///     reads them after the call returned or after it got the event. The shim's own two
+///     writers can overlap (the reply of `rdma_resolve_addr` and its ADDR_RESOLVED event), so
+///     they hold `route_lock`;
+///   - `context`, `ps`, `qp_type` are written by the shim only at creation.
+/// * The `cma_id_private` prefix that C code reads (`cma_dev`, `sync`) and the shim-only words
+///   around it are atomics, which have the layout of the C types.
+/// * The shim's own state: `handle` never changes; the rest is in atomics or mutexes.
 #[repr(C)]
 pub struct ShimId {
-    pub id: rdma_cm_id,
-    pub cma_dev: *const CmaDevice,
+    id: UnsafeCell<rdma_cm_id>,
+    /// Set once, by [`ShimId::attach_device`] (under `route_lock`); read by rsockets.
+    cma_dev: AtomicPtr<CmaDevice>,
     /// Connect data from `rdma_create_ep`'s `ai_connect` (malloc'd), prepended to the private
     /// data of the next `rdma_connect`.
-    pub connect: *mut c_void,
-    pub connect_len: usize,
+    connect: AtomicPtr<c_void>,
+    connect_len: AtomicUsize,
+    /// Layout only (librdmacm's event count, which the shim keeps in `events`); never written.
     events_completed: c_int,
-    pub connect_error: c_int,
-    /// Synchronous id: owns its private channel, calls wait for their event.
-    pub sync: c_int,
+    /// The internal CONNECT_RESPONSE failed: its REJECTED / DISCONNECTED are not reported.
+    /// Read and written by the thread reading the id's events.
+    connect_error: AtomicI32,
+    /// Synchronous id: owns its private channel, calls wait for their event. Read by rsockets.
+    sync: AtomicI32,
     magic: u64,
     /// The service's id handle.
     pub handle: u32,
-    pub initiator_depth: u8,
-    pub responder_resources: u8,
+    initiator_depth: AtomicU8,
+    responder_resources: AtomicU8,
     /// `rdma_create_ep` on a passive endpoint: the QP every `rdma_get_request` creates.
-    pub qp_init_attr: Option<Box<ibv_qp_init_attr>>,
+    qp_init_attr: Mutex<Option<ibv_qp_init_attr>>,
     pub events: Mutex<EventCount>,
     pub events_cv: Condvar,
-    /// The multicast groups joined (`rdma_join_multicast`), by group address.
-    pub joins: Vec<McJoin>,
+    /// The multicast groups joined (`rdma_join_multicast`), by group address: recorded by the
+    /// application's thread, read by the thread reading MULTICAST_JOIN.
+    joins: Mutex<Vec<McJoin>>,
+    /// Serialises the shim's writes of route fields (see "Threads").
+    route_lock: Mutex<()>,
 }
 
 /// One `rdma_join_multicast` of an id.
+#[derive(Clone, Copy)]
 pub struct McJoin {
     /// The group's address as the service names it (IPv4-mapped); also its GID.
     pub ip: [u8; 16],
@@ -178,16 +216,17 @@ pub struct McJoin {
 }
 handle!(ShimId, rdma_cm_id, 0x504d_5845_434d_4944);
 
-// SAFETY: the raw pointers are shim objects or malloc'd memory owned by the id; concurrent
-// use follows librdmacm's rules (the application serialises calls on one id).
+// SAFETY: the raw pointers are shim objects (process-wide), malloc'd memory owned by the id,
+// or the application's opaque contexts, which the shim never dereferences.
 unsafe impl Send for ShimId {}
-// SAFETY: as above; the shared counters are behind a Mutex.
+// SAFETY: every access through `&ShimId` is to an atomic, behind a mutex, or to a field of
+// the C struct under the per-field thread rules of "Threads" on `ShimId` (librdmacm's).
 unsafe impl Sync for ShimId {}
 
 /// Live ids by service handle (events name their id by handle).
 static IDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
 
-pub fn ids_insert(handle: u32, p: *mut ShimId) {
+pub fn ids_insert(handle: u32, p: *const ShimId) {
     IDS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(handle, p as usize);
 }
 pub fn ids_remove(handle: u32) {
@@ -195,16 +234,50 @@ pub fn ids_remove(handle: u32) {
         m.remove(&handle);
     }
 }
-pub fn ids_get(handle: u32) -> Option<*mut ShimId> {
-    IDS.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&handle).map(|p| *p as *mut ShimId)
+pub fn ids_get(handle: u32) -> Option<*const ShimId> {
+    IDS.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&handle).map(|p| *p as *const ShimId)
+}
+
+/// Getter and setter of call fields of the C id (see "Threads" on [`ShimId`]).
+macro_rules! call_fields {
+    ($($get:ident / $set:ident: $f:ident: $t:ty;)*) => {
+        impl ShimId {$(
+            #[doc = concat!("The C id's `", stringify!($f), "` (a call field).")]
+            pub fn $get(&self) -> $t {
+                // SAFETY: one field of our live id, copied through the raw pointer (no
+                // reference to the struct). A call field changes only on the thread inside a
+                // call on this id, which librdmacm's rules keep from overlapping this use of it
+                // (see "Threads" on `ShimId`).
+                unsafe { (*self.c()).$f }
+            }
+            #[doc = concat!("Set the C id's `", stringify!($f), "` (a call field).")]
+            pub fn $set(&self, v: $t) {
+                // SAFETY: one field of our live id, written through the raw pointer. The
+                // caller is the thread inside a call on this id (or the id is not handed out
+                // yet), the only one that may write a call field (see "Threads" on `ShimId`).
+                unsafe { (*self.c()).$f = v }
+            }
+        )*}
+    };
+}
+call_fields! {
+    qp / set_qp: qp: *mut ibv_qp;
+    srq / set_srq: srq: *mut ibv_srq;
+    pd / set_pd: pd: *mut ibv_pd;
+    send_cq / set_send_cq: send_cq: *mut ibv_cq;
+    recv_cq / set_recv_cq: recv_cq: *mut ibv_cq;
+    send_cq_channel / set_send_cq_channel: send_cq_channel: *mut ibv_comp_channel;
+    recv_cq_channel / set_recv_cq_channel: recv_cq_channel: *mut ibv_comp_channel;
+    channel_ptr / set_channel_ptr: channel: *mut rdma_event_channel;
+    event / set_event: event: *mut rdma_cm_event;
 }
 
 impl ShimId {
     /// # Safety
     /// `p` is NULL or an id this shim made and has not destroyed.
-    pub unsafe fn from_id<'a>(p: *mut rdma_cm_id) -> Res<&'a mut ShimId> {
+    pub unsafe fn from_id<'a>(p: *mut rdma_cm_id) -> Res<&'a ShimId> {
         // SAFETY: forwarded.
-        unsafe { ShimId::from_c_exclusive(p) }
+        unsafe { ShimId::from_c(p) }
     }
 
     pub fn new(channel: *mut rdma_event_channel, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type, handle: u32, sync: bool) -> Box<ShimId> {
@@ -215,100 +288,274 @@ impl ShimId {
         id.ps = ps;
         id.qp_type = qp_type;
         Box::new(ShimId {
-            id,
-            cma_dev: std::ptr::null(),
-            connect: std::ptr::null_mut(),
-            connect_len: 0,
+            id: UnsafeCell::new(id),
+            cma_dev: AtomicPtr::new(std::ptr::null_mut()),
+            connect: AtomicPtr::new(std::ptr::null_mut()),
+            connect_len: AtomicUsize::new(0),
             events_completed: 0,
-            connect_error: 0,
-            sync: c_int::from(sync),
+            connect_error: AtomicI32::new(0),
+            sync: AtomicI32::new(c_int::from(sync)),
             magic: <ShimId as Handle>::MAGIC,
             handle,
-            initiator_depth: 0,
-            responder_resources: 0,
-            qp_init_attr: None,
+            initiator_depth: AtomicU8::new(0),
+            responder_resources: AtomicU8::new(0),
+            qp_init_attr: Mutex::new(None),
             events: Mutex::new(EventCount::default()),
             events_cv: Condvar::new(),
-            joins: Vec::new(),
+            joins: Mutex::new(Vec::new()),
+            route_lock: Mutex::new(()),
         })
+    }
+
+    /// The C struct the application holds (`&id.id` as librdmacm hands it out). Its fields
+    /// are read and written through this pointer one at a time (see "Threads").
+    pub fn c(&self) -> *mut rdma_cm_id {
+        self.id.get()
+    }
+
+    /// The id's port space (written only at creation).
+    pub fn ps(&self) -> rdma_port_space {
+        // SAFETY: a field of our live id copied through the raw pointer; the shim writes it
+        // only in `new`, and librdmacm's applications do not change it.
+        unsafe { (*self.c()).ps }
+    }
+
+    /// The id's QP type (written only at creation).
+    pub fn qp_type(&self) -> ibv_qp_type {
+        // SAFETY: as `ps`.
+        unsafe { (*self.c()).qp_type }
+    }
+
+    /// The application's context of the id (the shim writes it only at creation; read for a
+    /// listener's CONNECT_REQUEST, as librdmacm's `ucma_process_conn_req` does).
+    pub fn context(&self) -> *mut c_void {
+        // SAFETY: a field of our live id copied through the raw pointer. Only the application
+        // writes it after creation, and not while it is reading the listener's events (it
+        // would race with librdmacm's same read).
+        unsafe { (*self.c()).context }
+    }
+
+    /// The id's verbs context (a route field).
+    pub fn verbs(&self) -> *mut ibv_context {
+        // SAFETY: a field of our live id copied through the raw pointer. Route fields are
+        // written by a call on this id or while its event is processed, before the event is
+        // handed out; the shim reads `verbs` in calls made after that (see "Threads").
+        unsafe { (*self.c()).verbs }
+    }
+
+    /// `route.path_rec` (a route field; malloc'd by [`ShimId::set_path`], owned by the id).
+    pub fn path_rec(&self) -> *mut ibv_sa_path_rec {
+        // SAFETY: as `verbs`.
+        unsafe { (*self.c()).route.path_rec }
+    }
+
+    /// A copy of the source address (`route.addr.src_storage`).
+    pub fn src_storage(&self) -> sockaddr_storage {
+        // SAFETY: a route field of our live id copied through the raw pointer (as `verbs`);
+        // the storage member of the C union covers every member, all plain bytes.
+        unsafe { std::ptr::addr_of!((*self.c()).route.addr.__bindgen_anon_1.src_storage).read() }
+    }
+
+    /// A copy of the destination address (`route.addr.dst_storage`).
+    pub fn dst_storage(&self) -> sockaddr_storage {
+        // SAFETY: as `src_storage`.
+        unsafe { std::ptr::addr_of!((*self.c()).route.addr.__bindgen_anon_2.dst_storage).read() }
+    }
+
+    /// Synchronous id?
+    pub fn is_sync(&self) -> bool {
+        self.sync.load(Ordering::Acquire) != 0
+    }
+
+    /// Make the id (a)synchronous (`rdma_migrate_id`, on the thread inside that call).
+    pub fn set_sync(&self, sync: bool) {
+        self.sync.store(c_int::from(sync), Ordering::Release);
+    }
+
+    /// The internal CONNECT_RESPONSE failed (see the field).
+    pub fn connect_error(&self) -> bool {
+        self.connect_error.load(Ordering::Relaxed) != 0
+    }
+
+    pub fn set_connect_error(&self) {
+        self.connect_error.store(1, Ordering::Relaxed);
+    }
+
+    pub fn initiator_depth(&self) -> u8 {
+        self.initiator_depth.load(Ordering::Relaxed)
+    }
+
+    pub fn responder_resources(&self) -> u8 {
+        self.responder_resources.load(Ordering::Relaxed)
+    }
+
+    /// Record the depths offered (CONNECT_REQUEST) or chosen (`rdma_connect`, `rdma_accept`).
+    pub fn set_depths(&self, initiator_depth: u8, responder_resources: u8) {
+        self.initiator_depth.store(initiator_depth, Ordering::Relaxed);
+        self.responder_resources.store(responder_resources, Ordering::Relaxed);
+    }
+
+    /// `rdma_create_ep`'s connect data: (malloc'd bytes, length), or (NULL, 0).
+    pub fn connect_data(&self) -> (*mut c_void, usize) {
+        (self.connect.load(Ordering::Acquire), self.connect_len.load(Ordering::Acquire))
+    }
+
+    /// Keep `rdma_create_ep`'s connect data (malloc'd, `len` bytes), for the next connect.
+    pub fn set_connect_data(&self, p: *mut c_void, len: usize) {
+        self.connect_len.store(len, Ordering::Release);
+        self.connect.store(p, Ordering::Release);
+    }
+
+    /// Give up the connect data: the caller frees the returned pointer (NULL if none).
+    pub fn take_connect_data(&self) -> *mut c_void {
+        self.connect_len.store(0, Ordering::Release);
+        self.connect.swap(std::ptr::null_mut(), Ordering::AcqRel)
+    }
+
+    /// The QP attributes of `rdma_create_ep` on a passive endpoint.
+    pub fn qp_init_attr(&self) -> Option<ibv_qp_init_attr> {
+        *self.qp_init_attr.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_qp_init_attr(&self, a: Option<ibv_qp_init_attr>) {
+        *self.qp_init_attr.lock().unwrap_or_else(|e| e.into_inner()) = a;
+    }
+
+    fn joins(&self) -> std::sync::MutexGuard<'_, Vec<McJoin>> {
+        self.joins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record a join of group `j.ip` (EADDRINUSE if the id already joined it).
+    pub fn join_record(&self, j: McJoin) -> Res<()> {
+        let mut g = self.joins();
+        if g.iter().any(|x| x.ip == j.ip) {
+            return Err(Errno(libc::EADDRINUSE));
+        }
+        g.push(j);
+        Ok(())
+    }
+
+    /// Forget the join of group `ip`, if any.
+    pub fn join_forget(&self, ip: [u8; 16]) -> Option<McJoin> {
+        let mut g = self.joins();
+        let at = g.iter().position(|j| j.ip == ip)?;
+        Some(g.remove(at))
+    }
+
+    /// The join of group `ip`, if any.
+    pub fn join_find(&self, ip: [u8; 16]) -> Option<McJoin> {
+        self.joins().iter().find(|j| j.ip == ip).copied()
     }
 
     /// The id's channel.
     pub fn channel(&self) -> Res<&'static ShimEventChannel> {
         // SAFETY: id.channel is set by the shim to one of its live channels.
-        unsafe { ShimEventChannel::from_c(self.id.channel) }
+        unsafe { ShimEventChannel::from_c(self.channel_ptr()) }
     }
 
     /// Attach the id to device `index` (librdmacm `ucma_get_device`): `verbs`, `pd`,
     /// `port_num`.
-    pub fn attach_device(&mut self, index: u32) -> Res<()> {
-        if !self.cma_dev.is_null() {
+    pub fn attach_device(&self, index: u32) -> Res<()> {
+        let _g = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.cma_dev.load(Ordering::Acquire).is_null() {
             return Ok(());
         }
         let d = cma_device(index)?;
-        self.cma_dev = d;
-        self.id.verbs = d.verbs;
-        if self.id.pd.is_null() {
-            self.id.pd = d.pd;
+        let c = self.c();
+        // SAFETY: route fields of our live id, written through the raw pointer under
+        // `route_lock` by a call on the id or while its event is processed, before the event
+        // is handed out (see "Threads"); `pd` is set only while still NULL, before any QP.
+        unsafe {
+            (*c).verbs = d.verbs;
+            if (*c).pd.is_null() {
+                (*c).pd = d.pd;
+            }
+            (*c).port_num = 1;
         }
-        self.id.port_num = 1;
+        self.cma_dev.store((d as *const CmaDevice).cast_mut(), Ordering::Release);
         Ok(())
     }
 
     pub fn device(&self) -> Option<&'static CmaDevice> {
         // SAFETY: set only from `cma_device`, process lifetime.
-        unsafe { self.cma_dev.as_ref() }
+        unsafe { self.cma_dev.load(Ordering::Acquire).as_ref() }
     }
 
     /// Record the source address (and keep the IB address in step).
-    pub fn set_src(&mut self, a: &CmSockAddr) {
-        let r = &mut self.id.route.addr;
-        // SAFETY: writing the storage member of a C union of sockaddrs.
-        unsafe { write_sockaddr(&mut r.__bindgen_anon_1.src_storage, a) };
-        r.addr.ibaddr.sgid.raw = a.ip;
-        r.addr.ibaddr.pkey = 0xffffu16.to_be();
+    pub fn set_src(&self, a: &CmSockAddr) {
+        // SAFETY: plain C data.
+        let mut st: sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: a local sockaddr_storage.
+        unsafe { write_sockaddr(&mut st, a) };
+        let _g = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.c();
+        // SAFETY: route fields of our live id, written through the raw pointer under
+        // `route_lock`, by a call on the id or while its event is processed (see "Threads").
+        // The union members are plain bytes.
+        unsafe {
+            std::ptr::addr_of_mut!((*r).route.addr.__bindgen_anon_1.src_storage).write(st);
+            (*r).route.addr.addr.ibaddr.sgid.raw = a.ip;
+            (*r).route.addr.addr.ibaddr.pkey = 0xffffu16.to_be();
+        }
     }
 
-    pub fn set_dst(&mut self, a: &CmSockAddr) {
-        let r = &mut self.id.route.addr;
-        // SAFETY: as above.
-        unsafe { write_sockaddr(&mut r.__bindgen_anon_2.dst_storage, a) };
-        r.addr.ibaddr.dgid.raw = a.ip;
+    pub fn set_dst(&self, a: &CmSockAddr) {
+        // SAFETY: plain C data.
+        let mut st: sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: a local sockaddr_storage.
+        unsafe { write_sockaddr(&mut st, a) };
+        let _g = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.c();
+        // SAFETY: as in `set_src`.
+        unsafe {
+            std::ptr::addr_of_mut!((*r).route.addr.__bindgen_anon_2.dst_storage).write(st);
+            (*r).route.addr.addr.ibaddr.dgid.raw = a.ip;
+        }
     }
 
     /// The route is resolved: one path record, as the kernel reports on RoCE.
-    pub fn set_path(&mut self) -> Res<()> {
-        if self.id.route.path_rec.is_null() {
-            // SAFETY: plain allocation, freed in destroy (free(3), as librdmacm).
-            let p = unsafe { libc::calloc(1, std::mem::size_of::<ibv_sa_path_rec>()) }.cast::<ibv_sa_path_rec>();
-            if p.is_null() {
-                return Err(Errno::NOMEM);
-            }
-            self.id.route.path_rec = p;
-        }
+    pub fn set_path(&self) -> Res<()> {
         let mtu = self.device().and_then(|d| {
             let c = client::existing().ok()?;
             // SAFETY: d.dev is one of our devices.
             let dev = unsafe { crate::device::ShimDevice::from_c(d.dev) }.ok()?;
             c.devices.get(dev.index as usize).map(|i| i.port.active_mtu)
         });
-        // SAFETY: allocated above, owned by the id.
-        let p = unsafe { &mut *self.id.route.path_rec };
-        // SAFETY: the union members are plain bytes.
-        let (sgid, dgid) = unsafe { (self.id.route.addr.addr.ibaddr.sgid, self.id.route.addr.addr.ibaddr.dgid) };
-        p.sgid = sgid;
-        p.dgid = dgid;
-        p.pkey = 0xffffu16.to_be();
-        p.numb_path = 1;
-        p.reversible = 1;
-        p.hop_limit = 64;
-        p.mtu_selector = 2; // exactly
-        p.mtu = mtu.unwrap_or(IBV_MTU_1024) as u8;
-        p.rate_selector = 2;
-        p.rate = 0; // not reported
-        p.packet_life_time_selector = 2;
-        p.packet_life_time = 16; // CMA_IBOE_PACKET_LIFETIME
-        self.id.route.num_paths = 1;
+        let _g = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self.c();
+        let mut p = self.path_rec();
+        if p.is_null() {
+            // SAFETY: plain allocation, freed in destroy (free(3), as librdmacm).
+            p = unsafe { libc::calloc(1, std::mem::size_of::<ibv_sa_path_rec>()) }.cast::<ibv_sa_path_rec>();
+            if p.is_null() {
+                return Err(Errno::NOMEM);
+            }
+            // SAFETY: a route field of our live id, written under `route_lock` (see "Threads").
+            unsafe { (*c).route.path_rec = p };
+        }
+        // SAFETY: route fields of our live id read under `route_lock`; the union members are
+        // plain bytes.
+        let (sgid, dgid) = unsafe { ((*c).route.addr.addr.ibaddr.sgid, (*c).route.addr.addr.ibaddr.dgid) };
+        // SAFETY: the id's path record (allocated above or earlier, owned by the id), which the
+        // application reads only after the event or call that set it.
+        let mut rec = unsafe { p.read() };
+        rec.sgid = sgid;
+        rec.dgid = dgid;
+        rec.pkey = 0xffffu16.to_be();
+        rec.numb_path = 1;
+        rec.reversible = 1;
+        rec.hop_limit = 64;
+        rec.mtu_selector = 2; // exactly
+        rec.mtu = mtu.unwrap_or(IBV_MTU_1024) as u8;
+        rec.rate_selector = 2;
+        rec.rate = 0; // not reported
+        rec.packet_life_time_selector = 2;
+        rec.packet_life_time = 16; // CMA_IBOE_PACKET_LIFETIME
+        // SAFETY: as the read above; then a route field of our live id, under `route_lock`.
+        unsafe {
+            p.write(rec);
+            (*c).route.num_paths = 1;
+        }
         Ok(())
     }
 }
@@ -429,6 +676,81 @@ mod tests {
         w.sin_family = 99;
         // SAFETY: as above.
         assert_eq!(unsafe { read_sockaddr((&w as *const libc::sockaddr_in).cast()) }, Err(Errno(libc::EAFNOSUPPORT)));
+    }
+
+    /// The event-reading thread and an application thread use one id at once, each through
+    /// `&ShimId` (as `rdma_get_cm_event` on one thread and calls on another do): joins
+    /// recorded and forgotten by both, route fields written by one while the other writes
+    /// call fields; every value is seen by the other thread afterwards.
+    #[test]
+    fn one_id_used_by_two_threads() {
+        let group = |t: u8, n: u8| {
+            let mut ip = [0u8; 16];
+            ip[10] = 0xff;
+            ip[11] = 0xff;
+            ip[12] = 224;
+            ip[13] = t;
+            ip[15] = n;
+            ip
+        };
+        let shared = group(9, 9);
+        let p = ShimId::new(std::ptr::null_mut(), std::ptr::null_mut(), RDMA_PS_UDP, IBV_QPT_UD, 7, false).into_c();
+        // SAFETY: just made, destroyed at the end of the test.
+        let id = unsafe { ShimId::from_id(p) }.unwrap();
+        let qp = std::ptr::NonNull::<ibv_qp>::dangling().as_ptr();
+        let results = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2u8)
+                .map(|t| {
+                    // Each thread holds `&ShimId` (what `from_id` gives every caller).
+                    s.spawn(move || {
+                        for n in 0..50u8 {
+                            id.join_record(McJoin { ip: group(t, n), context: std::ptr::without_provenance_mut(usize::from(n) + 1), send_only: t == 1 }).unwrap();
+                        }
+                        let won = id.join_record(McJoin { ip: shared, context: std::ptr::null_mut(), send_only: false });
+                        for n in (0..50u8).step_by(2) {
+                            let j = id.join_forget(group(t, n)).expect("recorded by this thread");
+                            assert_eq!((j.context as usize, j.send_only), (usize::from(n) + 1, t == 1));
+                        }
+                        if t == 0 {
+                            // The thread reading events: route fields and its own state.
+                            id.set_src(&CmSockAddr { ip: group(1, 2), v6: false, port: 7471 });
+                            id.set_dst(&CmSockAddr { ip: group(1, 3), v6: false, port: 7472 });
+                            id.set_connect_error();
+                        } else {
+                            // The application inside a call: call fields and the depths.
+                            id.set_qp(std::ptr::NonNull::<ibv_qp>::dangling().as_ptr());
+                            id.set_depths(3, 4);
+                        }
+                        won
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        // Exactly one thread recorded the group both joined; the other got EADDRINUSE.
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1);
+        assert!(results.contains(&Err(Errno(libc::EADDRINUSE))));
+        assert!(id.join_find(shared).is_some());
+        for t in 0..2u8 {
+            for n in 0..50u8 {
+                let j = id.join_find(group(t, n));
+                assert_eq!(j.map(|j| (j.context as usize, j.send_only)), (n % 2 == 1).then_some((usize::from(n) + 1, t == 1)));
+            }
+        }
+        assert_eq!(id.join_forget(group(0, 0)).map(|j| j.ip), None);
+        assert_eq!((id.qp(), id.initiator_depth(), id.responder_resources(), id.connect_error()), (qp, 3, 4, true));
+        assert_eq!((port_of_storage(&id.src_storage()), port_of_storage(&id.dst_storage())), (7471, 7472));
+        // SAFETY: route fields, no other thread left.
+        assert_eq!(unsafe { ((*id.c()).route.addr.addr.ibaddr.sgid.raw, (*id.c()).route.addr.addr.ibaddr.dgid.raw) }, (group(1, 2), group(1, 3)));
+        // The C struct is the one the application holds.
+        assert_eq!(id.c(), p);
+        // SAFETY: the id made above; nothing uses it any more.
+        drop(unsafe { ShimId::take(p) });
+    }
+
+    fn port_of_storage(st: &sockaddr_storage) -> u16 {
+        // SAFETY: an AF_INET address in a sockaddr_storage (write_sockaddr of a v4 address).
+        u16::from_be(unsafe { (*(st as *const sockaddr_storage).cast::<libc::sockaddr_in>()).sin_port })
     }
 
     #[test]

@@ -13,30 +13,34 @@ fn last() -> Errno {
 }
 
 /// librdmacm `ucma_create_cqs`.
-fn create_cqs(id: &mut ShimId, send_size: u32, recv_size: u32) -> Res<()> {
-    let ctx = id.id.verbs;
-    let me = (&mut id.id as *mut rdma_cm_id).cast();
+fn create_cqs(id: &ShimId, send_size: u32, recv_size: u32) -> Res<()> {
+    let ctx = id.verbs();
+    let me = id.c().cast();
     if recv_size > 0 {
         // SAFETY: the id's context (ours).
-        id.id.recv_cq_channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
-        if id.id.recv_cq_channel.is_null() {
+        let ch = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+        id.set_recv_cq_channel(ch);
+        if ch.is_null() {
             return Err(last());
         }
         // SAFETY: as above; the channel was made on the same context.
-        id.id.recv_cq = unsafe { crate::cq::ibv_create_cq(ctx, recv_size as c_int, me, id.id.recv_cq_channel, 0) };
-        if id.id.recv_cq.is_null() {
+        let cq = unsafe { crate::cq::ibv_create_cq(ctx, recv_size as c_int, me, ch, 0) };
+        id.set_recv_cq(cq);
+        if cq.is_null() {
             return Err(last());
         }
     }
     if send_size > 0 {
         // SAFETY: as above.
-        id.id.send_cq_channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
-        if id.id.send_cq_channel.is_null() {
+        let ch = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+        id.set_send_cq_channel(ch);
+        if ch.is_null() {
             return Err(last());
         }
         // SAFETY: as above.
-        id.id.send_cq = unsafe { crate::cq::ibv_create_cq(ctx, send_size as c_int, me, id.id.send_cq_channel, 0) };
-        if id.id.send_cq.is_null() {
+        let cq = unsafe { crate::cq::ibv_create_cq(ctx, send_size as c_int, me, ch, 0) };
+        id.set_send_cq(cq);
+        if cq.is_null() {
             return Err(last());
         }
     }
@@ -44,33 +48,33 @@ fn create_cqs(id: &mut ShimId, send_size: u32, recv_size: u32) -> Res<()> {
 }
 
 /// librdmacm `ucma_destroy_cqs`: only what `create_cqs` made is set in the id.
-fn destroy_cqs(id: &mut ShimId) {
+fn destroy_cqs(id: &ShimId) {
     // SAFETY: the CQs and channels were made by create_cqs on the id's context and are used by
     // no QP any more.
     unsafe {
-        if !id.id.recv_cq.is_null() {
-            crate::cq::ibv_destroy_cq(id.id.recv_cq);
-            if !id.id.send_cq.is_null() && id.id.send_cq != id.id.recv_cq {
-                crate::cq::ibv_destroy_cq(id.id.send_cq);
-                id.id.send_cq = std::ptr::null_mut();
+        if !id.recv_cq().is_null() {
+            crate::cq::ibv_destroy_cq(id.recv_cq());
+            if !id.send_cq().is_null() && id.send_cq() != id.recv_cq() {
+                crate::cq::ibv_destroy_cq(id.send_cq());
+                id.set_send_cq(std::ptr::null_mut());
             }
-            id.id.recv_cq = std::ptr::null_mut();
+            id.set_recv_cq(std::ptr::null_mut());
         }
-        if !id.id.send_cq.is_null() {
-            crate::cq::ibv_destroy_cq(id.id.send_cq);
-            id.id.send_cq = std::ptr::null_mut();
+        if !id.send_cq().is_null() {
+            crate::cq::ibv_destroy_cq(id.send_cq());
+            id.set_send_cq(std::ptr::null_mut());
         }
-        if !id.id.recv_cq_channel.is_null() {
-            crate::cq::ibv_destroy_comp_channel(id.id.recv_cq_channel);
-            if !id.id.send_cq_channel.is_null() && id.id.send_cq_channel != id.id.recv_cq_channel {
-                crate::cq::ibv_destroy_comp_channel(id.id.send_cq_channel);
-                id.id.send_cq_channel = std::ptr::null_mut();
+        if !id.recv_cq_channel().is_null() {
+            crate::cq::ibv_destroy_comp_channel(id.recv_cq_channel());
+            if !id.send_cq_channel().is_null() && id.send_cq_channel() != id.recv_cq_channel() {
+                crate::cq::ibv_destroy_comp_channel(id.send_cq_channel());
+                id.set_send_cq_channel(std::ptr::null_mut());
             }
-            id.id.recv_cq_channel = std::ptr::null_mut();
+            id.set_recv_cq_channel(std::ptr::null_mut());
         }
-        if !id.id.send_cq_channel.is_null() {
-            crate::cq::ibv_destroy_comp_channel(id.id.send_cq_channel);
-            id.id.send_cq_channel = std::ptr::null_mut();
+        if !id.send_cq_channel().is_null() {
+            crate::cq::ibv_destroy_comp_channel(id.send_cq_channel());
+            id.set_send_cq_channel(std::ptr::null_mut());
         }
     }
 }
@@ -87,7 +91,7 @@ fn modify(qp: *mut ibv_qp, a: &mut ibv_qp_attr, mask: c_int) -> Res<()> {
 fn init_qp(id: &ShimId, qp: *mut ibv_qp) -> Res<()> {
     let (mut a, m) = init_qp_attr(id, IBV_QPS_INIT)?;
     modify(qp, &mut a, m)?;
-    if id.id.qp_type != IBV_QPT_UD {
+    if id.qp_type() != IBV_QPT_UD {
         return Ok(());
     }
     a.qp_state = IBV_QPS_RTR;
@@ -98,39 +102,39 @@ fn init_qp(id: &ShimId, qp: *mut ibv_qp) -> Res<()> {
 }
 
 /// `rdma_create_qp_ex`.
-pub fn create_qp_ex(id: &mut ShimId, attr: &mut ibv_qp_init_attr_ex) -> Res<()> {
-    if !id.id.qp.is_null() || id.id.verbs.is_null() {
+pub fn create_qp_ex(id: &ShimId, attr: &mut ibv_qp_init_attr_ex) -> Res<()> {
+    if !id.qp().is_null() || id.verbs().is_null() {
         return Err(Errno::INVAL);
     }
     if attr.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || attr.pd.is_null() {
         attr.comp_mask |= IBV_QP_INIT_ATTR_PD;
-        attr.pd = id.id.pd;
+        attr.pd = id.pd();
     // SAFETY: the application's PD (ours: checked again by the create path).
-    } else if unsafe { (*attr.pd).context } != id.id.verbs {
+    } else if unsafe { (*attr.pd).context } != id.verbs() {
         return Err(Errno::INVAL);
     }
-    if (!id.id.recv_cq.is_null() && !attr.recv_cq.is_null() && id.id.recv_cq != attr.recv_cq)
-        || (!id.id.send_cq.is_null() && !attr.send_cq.is_null() && id.id.send_cq != attr.send_cq)
+    if (!id.recv_cq().is_null() && !attr.recv_cq.is_null() && id.recv_cq() != attr.recv_cq)
+        || (!id.send_cq().is_null() && !attr.send_cq.is_null() && id.send_cq() != attr.send_cq)
     {
         return Err(Errno::INVAL);
     }
-    let send = if !attr.send_cq.is_null() || !id.id.send_cq.is_null() { 0 } else { attr.cap.max_send_wr };
-    let recv = if !attr.recv_cq.is_null() || !id.id.recv_cq.is_null() { 0 } else { attr.cap.max_recv_wr };
+    let send = if !attr.send_cq.is_null() || !id.send_cq().is_null() { 0 } else { attr.cap.max_send_wr };
+    let recv = if !attr.recv_cq.is_null() || !id.recv_cq().is_null() { 0 } else { attr.cap.max_recv_wr };
     if let Err(e) = create_cqs(id, send, recv) {
         destroy_cqs(id);
         return Err(e);
     }
     if attr.send_cq.is_null() {
-        attr.send_cq = id.id.send_cq;
+        attr.send_cq = id.send_cq();
     }
     if attr.recv_cq.is_null() {
-        attr.recv_cq = id.id.recv_cq;
+        attr.recv_cq = id.recv_cq();
     }
-    if !id.id.srq.is_null() && attr.srq.is_null() {
-        attr.srq = id.id.srq;
+    if !id.srq().is_null() && attr.srq.is_null() {
+        attr.srq = id.srq();
     }
     // SAFETY: the id's context (ours); `attr` is a valid ibv_qp_init_attr_ex.
-    let qp = unsafe { crate::qp::vctx_create_qp_ex(id.id.verbs, attr) };
+    let qp = unsafe { crate::qp::vctx_create_qp_ex(id.verbs(), attr) };
     if qp.is_null() {
         let e = last();
         destroy_cqs(id);
@@ -143,13 +147,13 @@ pub fn create_qp_ex(id: &mut ShimId, attr: &mut ibv_qp_init_attr_ex) -> Res<()> 
         return Err(e);
     }
     // SAFETY: our live QP.
-    id.id.pd = unsafe { (*qp).pd };
-    id.id.qp = qp;
+    id.set_pd(unsafe { (*qp).pd });
+    id.set_qp(qp);
     Ok(())
 }
 
 /// `rdma_create_qp` (`pd` NULL: the id's PD).
-pub fn create_qp(id: &mut ShimId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Res<()> {
+pub fn create_qp(id: &ShimId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Res<()> {
     // SAFETY: plain C data.
     let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
     ex.qp_context = attr.qp_context;
@@ -160,7 +164,7 @@ pub fn create_qp(id: &mut ShimId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) 
     ex.qp_type = attr.qp_type;
     ex.sq_sig_all = attr.sq_sig_all;
     ex.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ex.pd = if pd.is_null() { id.id.pd } else { pd };
+    ex.pd = if pd.is_null() { id.pd() } else { pd };
     let r = create_qp_ex(id, &mut ex);
     attr.qp_context = ex.qp_context;
     attr.send_cq = ex.send_cq;
@@ -173,27 +177,27 @@ pub fn create_qp(id: &mut ShimId, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) 
 }
 
 /// `rdma_destroy_qp`.
-pub fn destroy_qp(id: &mut ShimId) {
-    if !id.id.qp.is_null() {
+pub fn destroy_qp(id: &ShimId) {
+    if !id.qp().is_null() {
         // SAFETY: the id's QP; the application gives it up.
-        unsafe { crate::qp::ibv_destroy_qp(id.id.qp) };
-        id.id.qp = std::ptr::null_mut();
+        unsafe { crate::qp::ibv_destroy_qp(id.qp()) };
+        id.set_qp(std::ptr::null_mut());
     }
     destroy_cqs(id);
 }
 
 /// `rdma_destroy_srq`.
-pub fn destroy_srq(id: &mut ShimId) {
-    if !id.id.srq.is_null() {
+pub fn destroy_srq(id: &ShimId) {
+    if !id.srq().is_null() {
         // SAFETY: the id's SRQ; the application gives it up.
-        unsafe { crate::srq::ibv_destroy_srq(id.id.srq) };
-        id.id.srq = std::ptr::null_mut();
+        unsafe { crate::srq::ibv_destroy_srq(id.srq()) };
+        id.set_srq(std::ptr::null_mut());
     }
 }
 
 /// `rdma_create_srq_ex` for basic SRQs (XRC: EOPNOTSUPP, as pmrxe has no XRC).
-pub fn create_srq_ex(id: &mut ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()> {
-    if id.id.verbs.is_null() {
+pub fn create_srq_ex(id: &ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()> {
+    if id.verbs().is_null() {
         return Err(Errno::INVAL);
     }
     if attr.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 {
@@ -205,7 +209,7 @@ pub fn create_srq_ex(id: &mut ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()
     }
     if attr.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || attr.pd.is_null() {
         attr.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
-        attr.pd = id.id.pd;
+        attr.pd = id.pd();
     }
     let mut a = ibv_srq_init_attr { srq_context: attr.srq_context, attr: attr.attr };
     // SAFETY: the id's PD (ours); a valid attribute block.
@@ -214,9 +218,9 @@ pub fn create_srq_ex(id: &mut ShimId, attr: &mut ibv_srq_init_attr_ex) -> Res<()
         return Err(last());
     }
     attr.attr = a.attr;
-    id.id.srq = srq;
+    id.set_srq(srq);
     // SAFETY: our live SRQ.
-    id.id.pd = unsafe { (*srq).pd };
+    id.set_pd(unsafe { (*srq).pd });
     Ok(())
 }
 
@@ -261,7 +265,7 @@ pub unsafe extern "C" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, a
         ex.attr = a.attr;
         ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
         ex.srq_type = IBV_SRQT_BASIC;
-        ex.pd = if pd.is_null() { i.id.pd } else { pd };
+        ex.pd = if pd.is_null() { i.pd() } else { pd };
         let r = create_srq_ex(i, &mut ex);
         a.attr = ex.attr;
         r
