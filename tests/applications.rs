@@ -83,15 +83,34 @@ impl Drop for Proc {
     }
 }
 
-/// `pmrxe run [--rsocket] --` against `svc`.
+thread_local! {
+    /// Whom the current test's programs run as: root (None), or a non-root user, through
+    /// `setpriv` (that user's uid, gid and groups, no capabilities) and the copies of `pmrxe`
+    /// and the shim that every user may read ([`for_all_users`]).
+    static RUN_AS: std::cell::RefCell<Option<&'static str>> = const { std::cell::RefCell::new(None) };
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// `pmrxe run [--rsocket] --` against `svc`, as [`RUN_AS`]'s user.
 fn under(svc: &Service, rsocket: bool) -> (Vec<&'static str>, Vec<(&'static str, &Path)>) {
-    let pmrxe: &'static str = Box::leak(pmrxe_bin().to_string_lossy().into_owned().into_boxed_str());
-    let mut p = vec![pmrxe, "run"];
+    let mut env = vec![("PMRXE_SOCKET", svc.socket.as_path())];
+    let mut p = match RUN_AS.with(|u| *u.borrow()) {
+        None => vec![leak(pmrxe_bin().to_string_lossy().into_owned())],
+        Some(u) => {
+            env.push(("HOME", Path::new("/tmp")));
+            let setpriv = leak(require_tool("setpriv").to_string_lossy().into_owned());
+            vec![setpriv, "--reuid", u, "--regid", u, "--init-groups", "--", leak(for_all_users().join("pmrxe").to_string_lossy().into_owned())]
+        }
+    };
+    p.push("run");
     if rsocket {
         p.push("--rsocket");
     }
     p.push("--");
-    (p, vec![("PMRXE_SOCKET", svc.socket.as_path())])
+    (p, env)
 }
 
 /// Run `server` (until `ready`) then `client`, both under `pmrxe run` against their services.
@@ -217,6 +236,39 @@ fn fio_rdma_write_read_send_beside_fio_tcp_on_the_loopback_service() {
     assert!(tx >= (3 * 64) << 20, "fio's blocks did not cross pmrxe's ports: {tx} B sent");
     let tcp = fio_tcp(&[], &[], svc.dir.path(), "127.0.0.1", port_for(403));
     eprintln!("FIGURES fio 64 KiB iodepth 4, loopback config: rdma write {w:.0} MB/s, read {r:.0} MB/s, send+crc32c {s:.0} MB/s; net tcp (lo) {tcp:.0} MB/s");
+}
+
+/// A user of a shared host is not root: fio (SEND mode, every block's crc32c checked by the
+/// server) and MPICH (ping-pong and allreduce, checked by the program) run as a non-root member
+/// of the group the service admits (`service.group`), through `setpriv` and `pmrxe run`, with
+/// their traffic counted in the service's ports.
+#[test]
+fn fio_and_mpich_run_as_a_non_root_member_of_the_service_group() {
+    require_tool("fio");
+    let mpicc = require_tool("mpicc.mpich");
+    require_tool("mpiexec.mpich");
+    let m = Member::create("ap");
+    let _l = heavy_lock();
+    let cfg = TempDir::new("apps-member-cfg");
+    let svc = Service::start(Some(&config_with_group(cfg.path(), &m.group)), None);
+    // The socket's directory: root's and not writable by others (the shim checks), readable by
+    // the member, who reaches the socket through the group.
+    std::fs::set_permissions(svc.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    RUN_AS.with(|u| *u.borrow_mut() = Some(leak(m.user.clone())));
+    let uid = String::from_utf8(Command::new("id").args(["-u", &m.user]).output().unwrap().stdout).unwrap();
+    let (p, e) = under(&svc, false);
+    let who = Proc::spawn(&p, &["id", "-u"], &e, &svc.dir.join("member-id.out")).finish(T);
+    assert!(uid.trim() != "0" && who.trim() == uid.trim(), "`pmrxe run -- id -u` as {}: {who:?} (expected {uid:?})", m.user);
+    let tx0 = sum_counter(&svc.stats_json(), "tx_bytes");
+    let s = fio_rdma(&svc, &svc, "198.18.0.1", Some("198.18.0.2"), "send", port_for(430));
+    let prog = svc.dir.join("mpi_pingpong_mpich");
+    compile_c("tests/mpi_pingpong.c", &prog, &mpicc, &[]);
+    let o = mpich(&prog, &svc, "pmrxe0:1", &svc, "pmrxe1:1");
+    let tx = sum_counter(&svc.stats_json(), "tx_bytes") - tx0;
+    // fio's 64 MiB plus MPICH's 100 ping-pongs of 1 MiB each way.
+    assert!(tx >= (64 + 200) << 20, "the member's traffic did not cross pmrxe's ports: {tx} B sent");
+    let (lat, bw) = mpi_figures(&o);
+    eprintln!("FIGURES as non-root member {}: fio send+crc32c {s:.0} MB/s; MPICH 1 B {lat:.1} us, 1 MiB {bw:.0} MB/s", m.user);
 }
 
 /// A SEND-mode server checking crc32c against a client that writes no verify headers fails:

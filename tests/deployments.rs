@@ -42,44 +42,6 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
 
-fn sh(prog: &str, args: &[&str]) {
-    let o = Command::new(require_tool(prog)).args(args).output().unwrap_or_else(|e| panic!("{prog}: {e}"));
-    assert!(o.status.success(), "{prog} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
-
-/// A group and a user in it, removed on drop.
-struct Member {
-    group: String,
-    user: String,
-}
-
-impl Member {
-    fn create(tag: &str) -> Member {
-        require_root();
-        let id = std::process::id() % 1_000_000;
-        let m = Member { group: format!("pmrxe-dg{tag}{id}"), user: format!("pmrxe-d1{tag}{id}") };
-        sh("groupadd", &[&m.group]);
-        sh("useradd", &["-M", "-U", "-s", "/usr/sbin/nologin", "-G", &m.group, &m.user]);
-        m
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = Command::new(require_tool("userdel")).arg(&self.user).output();
-        let _ = Command::new(require_tool("groupdel")).arg(&self.group).output();
-    }
-}
-
-/// The loopback config with `service.group = group`, written into `dir`.
-fn config_with_group(dir: &Path, group: &str) -> std::path::PathBuf {
-    let o = Command::new(pmrxe_bin()).args(["config", "default"]).output().unwrap();
-    let text = String::from_utf8(o.stdout).unwrap().replacen("[service]\n", &format!("[service]\ngroup = \"{group}\"\n"), 1);
-    let p = dir.join("service.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 /// `scripts/container.sh -- ARGS` as `user`, output to `out`; the container reaches `svc`.
 fn spawn_container(svc: &Service, user: &str, env: &[(&str, &str)], args: &[&str], out: &Path) -> Child {
     for t in ["unshare", "chroot", "mount", "ip", "setpriv"] {

@@ -215,25 +215,6 @@ pub trait Handle: Sized {
         Ok(h)
     }
 
-    /// [`Handle::from_c`] for the one handle type whose calls librdmacm's rules serialise per
-    /// object (an `rdma_cm_id`: the shim's CM code still mutates it in place). Every other
-    /// handle is shared between application threads and is reached only through `from_c`.
-    ///
-    /// # Safety
-    /// As [`Handle::from_c`]; in addition no other reference to the handle may exist while the
-    /// returned one is used (no other thread in a call on the same object).
-    unsafe fn from_c_exclusive<'a>(p: *mut Self::C) -> Res<&'a mut Self> {
-        if p.is_null() {
-            return Err(Errno::INVAL);
-        }
-        // SAFETY: as in `from_c`; exclusivity is the caller's contract.
-        let h = unsafe { &mut *p.cast::<Self>() };
-        if h.magic() != Self::MAGIC {
-            return Err(Errno::INVAL);
-        }
-        Ok(h)
-    }
-
     /// Box the handle and return the C pointer (the handle is live from now on: see
     /// [`Handle::find_live`]).
     fn into_c(self: Box<Self>) -> *mut Self::C {
