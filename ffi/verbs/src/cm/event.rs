@@ -1,6 +1,6 @@
 //! `rdma_get_cm_event`, `rdma_ack_cm_event`, `rdma_event_str`, and librdmacm's
 //! `ucma_complete` (how a synchronous id waits for its event).
-use super::{channel, ids_get, ids_insert, ShimEventChannel, ShimId};
+use super::{channel, ids_hold, ids_insert, ShimEventChannel, ShimId};
 use crate::boundary::{cancel, ffi_boundary, handle, set_errno, Errno, Handle, Res};
 use crate::pd::ah_attr_to_c;
 use crate::sys::*;
@@ -87,10 +87,9 @@ pub fn is_ud(qp_type: u32) -> bool {
 fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     let ev = msg.event;
     if ev == RDMA_CM_EVENT_CONNECT_REQUEST {
-        let Some(lp) = msg.listen_id.and_then(ids_get) else { return Ok(None) };
-        // SAFETY: registered ids are live (removed from the map before they are freed); the
-        // listener is shared with the application's threads, so only ever `&ShimId`.
-        let listener = unsafe { &*lp };
+        let Some(held) = msg.listen_id.and_then(ids_hold) else { return Ok(None) };
+        // The listener is shared with the application's threads: only ever `&ShimId`.
+        let listener = held.id();
         let sync = listener.is_sync();
         let new = ShimId::new(listener.channel_ptr(), listener.context(), listener.ps(), listener.qp_type(), msg.id, false);
         if let Some(d) = msg.device {
@@ -113,13 +112,12 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
             }
         }
         let mut e = build(&msg, np, listener.c(), ev, is_ud(listener.qp_type()));
-        e.owner = lp;
+        e.owner = held.deliver();
         return Ok(Some(e));
     }
-    let Some(ip) = ids_get(msg.id) else { return Ok(None) };
-    // SAFETY: registered ids are live; the application may be using the id on another
-    // thread meanwhile, so only ever `&ShimId`.
-    let id = unsafe { &*ip };
+    let Some(held) = ids_hold(msg.id) else { return Ok(None) };
+    // The application may be using the id on another thread meanwhile: only ever `&ShimId`.
+    let id = held.id();
     let ud = is_ud(id.qp_type());
     if let Some(d) = msg.device {
         id.attach_device(d)?;
@@ -177,7 +175,7 @@ fn process(msg: CmEventMsg) -> Res<Option<Box<ShimEvent>>> {
     if ev == RDMA_CM_EVENT_MULTICAST_JOIN {
         e.ev.param.ud.private_data = join_context;
     }
-    e.owner = ip;
+    e.owner = held.deliver();
     Ok(Some(e))
 }
 
@@ -209,9 +207,7 @@ pub(crate) fn get_step(channel: *mut rdma_event_channel) -> Res<GetStep> {
             channel::ack_request(fd, msg.id);
         }
         if let Some(e) = process(msg)? {
-            // SAFETY: owners are live ids (they wait for their events' acks before freeing).
-            let owner = unsafe { &*e.owner };
-            owner.events.lock().unwrap_or_else(|p| p.into_inner()).delivered += 1;
+            // Counted as delivered when its id was held (process); its ack ends the hold.
             return Ok(GetStep::Event(e.into_c()));
         }
     }

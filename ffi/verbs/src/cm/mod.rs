@@ -131,8 +131,9 @@ pub fn cma_device(index: u32) -> Res<&'static CmaDevice> {
     Ok(d)
 }
 
-/// Events of an id handed to the application and acknowledged (librdmacm's
-/// `events_completed`, which `rdma_destroy_id` waits for).
+/// Events of an id handed to the application, or being built for it ([`ids_hold`]), and those
+/// acknowledged (librdmacm's `events_reported`/`events_completed`, which `rdma_destroy_id`
+/// waits to be equal).
 #[derive(Default)]
 pub struct EventCount {
     pub delivered: u64,
@@ -234,8 +235,43 @@ pub fn ids_remove(handle: u32) {
         m.remove(&handle);
     }
 }
-pub fn ids_get(handle: u32) -> Option<*const ShimId> {
-    IDS.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.get(&handle).map(|p| *p as *const ShimId)
+/// The id registered as `handle`, held for an event: until the hold is given up (dropped, or
+/// handed to the event with [`Held::deliver`], whose ack gives it up) the id's
+/// `rdma_destroy_id` waits. The hold is counted under the map's lock, and `rdma_destroy_id`
+/// takes the id out of the map before it waits, so either the destroy comes first and the id
+/// is not found, or it waits for this event: an event is never built on a freed id.
+pub fn ids_hold(handle: u32) -> Option<Held> {
+    let map = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    let p = *map.as_ref()?.get(&handle)? as *const ShimId;
+    // SAFETY: a registered id is live while it is in the map (destroy removes it before it
+    // frees it), and the map's lock is held.
+    unsafe { &*p }.events.lock().unwrap_or_else(|e| e.into_inner()).delivered += 1;
+    Some(Held(p))
+}
+
+/// A registered id an event is being built for ([`ids_hold`]).
+pub struct Held(*const ShimId);
+
+impl Held {
+    pub fn id(&self) -> &ShimId {
+        // SAFETY: held (ids_hold): its destroy waits for this hold to end.
+        unsafe { &*self.0 }
+    }
+    /// The id as the owner of the event handed out: the event's ack gives the hold up.
+    pub fn deliver(self) -> *const ShimId {
+        let p = self.0;
+        std::mem::forget(self);
+        p
+    }
+}
+
+impl Drop for Held {
+    /// No event after all (or an error building it): as if delivered and acknowledged.
+    fn drop(&mut self) {
+        let id = self.id();
+        id.events.lock().unwrap_or_else(|e| e.into_inner()).acked += 1;
+        id.events_cv.notify_all();
+    }
 }
 
 /// Getter and setter of call fields of the C id (see "Threads" on [`ShimId`]).
@@ -744,6 +780,51 @@ mod tests {
         assert_eq!(unsafe { ((*id.c()).route.addr.addr.ibaddr.sgid.raw, (*id.c()).route.addr.addr.ibaddr.dgid.raw) }, (group(1, 2), group(1, 3)));
         // The C struct is the one the application holds.
         assert_eq!(id.c(), p);
+        // SAFETY: the id made above; nothing uses it any more.
+        drop(unsafe { ShimId::take(p) });
+    }
+
+    /// An event being built holds its id ([`ids_hold`]): a destroy that removed the id from
+    /// the map and waits (as `rdma_destroy_id` does) ends only after the hold is given up, a
+    /// delivered hold ends with the event's ack, and an id out of the map cannot be held.
+    #[test]
+    fn an_event_being_built_holds_its_id_against_destroy() {
+        const H: u32 = 0x7fff_0001;
+        let p = ShimId::new(std::ptr::null_mut(), std::ptr::null_mut(), RDMA_PS_TCP, IBV_QPT_RC, H, false).into_c();
+        ids_insert(H, p.cast());
+        // SAFETY: just made, freed at the end of the test.
+        let id = unsafe { ShimId::from_id(p) }.unwrap();
+        let counts = || {
+            let g = id.events.lock().unwrap();
+            (g.delivered, g.acked)
+        };
+        // Built, then not an event after all: as if delivered and acknowledged.
+        drop(ids_hold(H).expect("registered"));
+        assert_eq!(counts(), (1, 1));
+        // Delivered: held until the ack (here done by hand as `ack` does).
+        let owner = ids_hold(H).unwrap().deliver();
+        assert_eq!((owner, counts()), (p.cast_const().cast(), (2, 1)));
+        let held = ids_hold(H).unwrap();
+        let destroyed = std::thread::scope(|s| {
+            let d = s.spawn(|| {
+                // `rdma_destroy_id`: out of the map first, then wait for every held event.
+                ids_remove(H);
+                let mut g = id.events.lock().unwrap();
+                while g.acked < g.delivered {
+                    g = id.events_cv.wait(g).unwrap();
+                }
+                (g.delivered, g.acked)
+            });
+            // The event thread finishes building one event and gives the other up; the
+            // application acknowledges the delivered one. Only then can the destroy go on.
+            drop(held);
+            id.events.lock().unwrap().acked += 1;
+            id.events_cv.notify_all();
+            d.join().unwrap()
+        });
+        assert_eq!(destroyed, (3, 3));
+        assert!(ids_hold(H).is_none(), "a removed id cannot be held");
+        assert_eq!(counts(), (3, 3));
         // SAFETY: the id made above; nothing uses it any more.
         drop(unsafe { ShimId::take(p) });
     }
