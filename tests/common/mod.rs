@@ -1129,6 +1129,9 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        // Whatever the user still runs (a failed test's stragglers) would make userdel refuse
+        // and leave the user behind.
+        let _ = Command::new("pkill").args(["-KILL", "-u", &self.user]).output();
         let _ = Command::new(require_tool("userdel")).arg(&self.user).output();
         let _ = Command::new(require_tool("groupdel")).arg(&self.group).output();
     }

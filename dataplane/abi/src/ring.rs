@@ -528,6 +528,10 @@ impl<T: Pod> Producer<T> {
     /// Let `f` read or change staged item `i` (0 = the oldest not yet published); `None` if
     /// fewer than `i + 1` are staged. A batch built entry by entry (`ibv_wr_*`) completes its
     /// newest entry this way, in its slot.
+    ///
+    /// Like [`Producer::stage_with`], the `&mut T` covers shared memory: use it only on rings
+    /// whose consumer is trusted to keep to the index protocol (the shim's send and receive
+    /// queues), never on the service's completion rings.
     pub fn with_staged<R>(&mut self, i: u32, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         if i >= self.staged() {
             return None;

@@ -74,10 +74,18 @@ impl ShimQp {
         }
         for w in wqes {
             if sq.prod.stage_prefixed(w).is_err() {
+                // Nothing of a failed post may stay staged (the next publish would send it).
+                sq.prod.unstage();
                 return Err(Errno::IO);
             }
         }
-        client::existing()?.publish(&mut sq.prod, self.doorbell);
+        match client::existing() {
+            Ok(c) => c.publish(&mut sq.prod, self.doorbell),
+            Err(e) => {
+                sq.prod.unstage();
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
@@ -169,8 +177,15 @@ unsafe fn stage_list<W, T: Pod>(
         cur = next(w);
     }
     if staged > 0 {
-        // A queue implies a connection.
-        client::existing()?.publish(prod, db);
+        // A queue implies a connection; without one, nothing staged may stay for a later
+        // publish to send.
+        match client::existing() {
+            Ok(c) => c.publish(prod, db),
+            Err(e) => {
+                prod.unstage();
+                return Err(e);
+            }
+        }
     }
     if result.is_err() && !bad_wr.is_null() {
         // SAFETY: caller-provided out pointer.

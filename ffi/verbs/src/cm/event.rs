@@ -235,8 +235,7 @@ pub(crate) fn ack(event: *mut rdma_cm_event) -> Res<()> {
     let e = unsafe { ShimEvent::take(event) };
     // SAFETY: the owner waits for this ack before it is freed.
     if let Some(o) = unsafe { e.owner.as_ref() } {
-        o.events.lock().unwrap_or_else(|p| p.into_inner()).acked += 1;
-        o.events_cv.notify_all();
+        o.ack_one();
     }
     Ok(())
 }

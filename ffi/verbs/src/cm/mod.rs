@@ -249,6 +249,19 @@ pub fn ids_hold(handle: u32) -> Option<Held> {
     Some(Held(p))
 }
 
+impl ShimId {
+    /// One of the id's events acknowledged (or given up): wakes a waiting `rdma_destroy_id`.
+    /// The notify happens with the lock held, as librdmacm's `rdma_ack_cm_event` signals: the
+    /// destroy cannot see the last ack, free the id and its condvar before this call is done
+    /// with them.
+    pub fn ack_one(&self) {
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.acked += 1;
+        self.events_cv.notify_all();
+        drop(g);
+    }
+}
+
 /// A registered id an event is being built for ([`ids_hold`]).
 pub struct Held(*const ShimId);
 
@@ -268,9 +281,7 @@ impl Held {
 impl Drop for Held {
     /// No event after all (or an error building it): as if delivered and acknowledged.
     fn drop(&mut self) {
-        let id = self.id();
-        id.events.lock().unwrap_or_else(|e| e.into_inner()).acked += 1;
-        id.events_cv.notify_all();
+        self.id().ack_one();
     }
 }
 
