@@ -34,6 +34,11 @@ impl Proc {
         let f = File::create(out).unwrap();
         let mut c = Command::new(all[0]);
         c.args(&all[1..]).stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f).process_group(0);
+        if RUN_AS.with(|u| u.borrow().is_some()) {
+            // The test's own directory (a CI clone under a private mktemp directory) may be
+            // closed to the user; mpiexec's proxies change to their launcher's directory.
+            c.current_dir("/tmp");
+        }
         for (k, v) in env {
             c.env(k, v);
         }
@@ -478,7 +483,8 @@ fn mpich_run(prog: &[&str], genv: &[(&str, &str)], s0: &Service, dev0: &str, s1:
     }
     args.extend(["-n", "1", "-env", "UCX_NET_DEVICES", dev0, "-env", "PMRXE_SOCKET", k0]);
     args.extend(prog);
-    args.extend([":", "-n", "1", "-env", "UCX_NET_DEVICES", dev1, "-env", "PMRXE_SOCKET", k1]);
+    // -wdir is per executable: the second rank's too, or it starts in mpiexec's directory.
+    args.extend([":", "-n", "1", "-wdir", wdir, "-env", "UCX_NET_DEVICES", dev1, "-env", "PMRXE_SOCKET", k1]);
     args.extend(prog);
     Proc::spawn(&p, &args, &e, out).finish(Duration::from_secs(240))
 }
