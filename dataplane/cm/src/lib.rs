@@ -10,11 +10,12 @@
 //!   `pmrxe_wire`: after `check_len()` returns `Ok` no accessor panics; `parse` never panics.
 //! * Protocol (quinn style): [`Cm`], one per port, a deterministic state machine with explicit
 //!   time ([`Instant`], the transport engine's: one time type in the workspace, the only
-//!   thing this crate takes from `pmrxe_transport`). It reads no clock, owns no socket, knows nothing of lcores, QPs or
+//!   thing the protocol takes from `pmrxe_transport`). It reads no clock, owns no socket, knows nothing of lcores, QPs or
 //!   the shim: it consumes received MADs, consumer commands and `now`, and produces MADs to
 //!   send, a deadline and [`Event`]s. See [`Cm`] for the method taxonomy and polling order.
-//! * [`sim`]: two or more `Cm`s on a seeded simulated wire (loss, duplication, reordering,
-//!   delay) exchanging real frames, for tests.
+//! * `sim` (feature `sim`, tests only): two or more `Cm`s exchanging real frames over the
+//!   transport simulator's link (`pmrxe_transport::link`: seeded loss, duplication,
+//!   corruption, reordering, delay; one simulated wire for the workspace).
 //!
 //! Design, message flows, timers and what matches the kernel: `docs/cm.md`.
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod error;
 pub mod gsi;
 pub mod mad;
 pub mod msg;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod timers;
 pub mod types;

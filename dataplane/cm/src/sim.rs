@@ -1,36 +1,24 @@
-//! A deterministic simulated wire for CM tests (the transport's `sim.rs`, quinn's `Pair`):
-//! nodes (a [`Cm`] each) joined by a link with latency, a virtual clock, a seeded RNG that
-//! drops, duplicates and delays (reorders) MADs by rate, and filters that hit specific MADs.
+//! A deterministic simulated wire for CM tests (quinn's `Pair`): nodes (a [`Cm`] each) joined
+//! by the transport simulator's [`Link`] (latency, a seeded RNG that drops, duplicates,
+//! corrupts and delays (reorders) MADs by rate, filters that hit specific MADs) and a virtual
+//! clock.
 //!
 //! MADs cross as real RoCEv2 frames: [`gsi::build_mad_frame`] on the way out,
 //! [`gsi::parse_mad_frame`] (ICRC verified) on the way in, so every message exercises the
 //! wire format. Frames can be captured for a pcap.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 
-use pmrxe_wire::{MacAddr, Psn};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use pmrxe_wire::{frame_header_len, MacAddr, Psn};
+use pmrxe_transport::link::Link;
 
 use crate::gsi::{build_mad_frame, parse_mad_frame};
 use crate::timers::Instant;
 use crate::types::{Event, Gid, RoutePath};
 use crate::{Cm, CmConfig};
 
-/// What happens to one MAD.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// Deliver after the link latency.
-    Pass,
-    /// Discard.
-    Drop,
-    /// Deliver this many extra nanoseconds late (reordering).
-    Delay(u64),
-    /// Deliver twice.
-    Duplicate,
-}
+pub use pmrxe_transport::link::{Fault, Impairments};
 
 /// A MAD as filters and the trace see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,23 +34,6 @@ pub struct MadInfo {
     /// What the link did.
     pub fault: Fault,
 }
-
-/// Random impairments (rates in 0..=1).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Impairments {
-    /// Loss rate.
-    pub drop: f64,
-    /// Duplication rate.
-    pub duplicate: f64,
-    /// Rate of MADs delayed by up to `reorder_ns`.
-    pub reorder: f64,
-    /// Max extra delay.
-    pub reorder_ns: u64,
-}
-
-type Filter = Box<dyn FnMut(&MadInfo) -> Option<Fault>>;
-/// (delivery time, sequence number, destination node, frame), earliest first.
-type InFlight = BinaryHeap<Reverse<(Instant, u64, usize, Vec<u8>)>>;
 
 /// One host.
 #[derive(Debug)]
@@ -104,16 +75,13 @@ pub struct Sim {
     pub record: bool,
     /// Keep every frame sent, with its send time (for pcaps).
     pub capture: Option<Vec<(Instant, Vec<u8>)>>,
-    rng: SmallRng,
-    filters: Vec<Filter>,
-    in_flight: InFlight,
-    seq: u64,
+    link: Link<MadInfo>,
     psn: u32,
 }
 
 impl core::fmt::Debug for Sim {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("in_flight", &self.in_flight.len()).finish()
+        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("link", &self.link).finish()
     }
 }
 
@@ -141,10 +109,7 @@ impl Sim {
             trace: Vec::new(),
             record: true,
             capture: None,
-            rng: SmallRng::seed_from_u64(seed),
-            filters: Vec::new(),
-            in_flight: BinaryHeap::new(),
-            seq: 0,
+            link: Link::new(seed),
             psn: 0,
         }
     }
@@ -158,11 +123,11 @@ impl Sim {
     /// Add a filter; the first returning `Some` decides a MAD's fate before the random
     /// impairments. Filters keep their own state ("only the first REP").
     pub fn add_filter(&mut self, f: impl FnMut(&MadInfo) -> Option<Fault> + 'static) {
-        self.filters.push(Box::new(f));
+        self.link.add_filter(f);
     }
     /// Remove all filters.
     pub fn clear_filters(&mut self) {
-        self.filters.clear();
+        self.link.clear_filters();
     }
 
     fn node_of(&self, gid: Gid) -> Option<usize> {
@@ -191,40 +156,14 @@ impl Sim {
                 attr_id: u16::from_be_bytes([t.mad[16], t.mad[17]]),
                 fault: Fault::Pass,
             };
-            let fault = self.filters.iter_mut().find_map(|f| f(&info)).unwrap_or_else(|| {
-                let im = self.impair;
-                let r: f64 = self.rng.gen();
-                if r < im.drop {
-                    Fault::Drop
-                } else if r < im.drop + im.duplicate {
-                    Fault::Duplicate
-                } else if r < im.drop + im.duplicate + im.reorder && im.reorder_ns > 0 {
-                    Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
-                } else {
-                    Fault::Pass
-                }
-            });
+            let fault = self.link.fate(&info, &self.impair);
             info.fault = fault;
             if self.record {
                 self.trace.push(info);
             }
             let Some(dst) = dst else { continue };
-            let at = self.now.add_ns(self.latency_ns);
-            match fault {
-                Fault::Pass => self.enqueue(at, dst, frame),
-                Fault::Drop => {}
-                Fault::Delay(d) => self.enqueue(at.add_ns(d), dst, frame),
-                Fault::Duplicate => {
-                    self.enqueue(at, dst, frame.clone());
-                    self.enqueue(at.add_ns(1), dst, frame);
-                }
-            }
+            self.link.send(self.now.add_ns(self.latency_ns), dst, frame, fault, frame_header_len(false));
         }
-    }
-
-    fn enqueue(&mut self, at: Instant, dst: usize, frame: Vec<u8>) {
-        self.seq += 1;
-        self.in_flight.push(Reverse((at, self.seq, dst, frame)));
     }
 
     fn collect(&mut self) {
@@ -260,17 +199,13 @@ impl Sim {
     /// deadline, deliver/expire what is due. `false` when nothing is left to do.
     pub fn step(&mut self) -> bool {
         self.flush();
-        let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
+        let next_pkt = self.link.next_arrival();
         let next_timer = self.nodes.iter().filter_map(|n| n.cm.poll_timeout()).min();
         let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else { return false };
         if next > self.now {
             self.now = next;
         }
-        while let Some(Reverse((t, ..))) = self.in_flight.peek() {
-            if *t > self.now {
-                break;
-            }
-            let Reverse((_, _, dst, frame)) = self.in_flight.pop().expect("peeked");
+        while let Some((dst, frame)) = self.link.arrive(self.now) {
             self.deliver(dst, &frame);
         }
         let now = self.now;

@@ -117,7 +117,7 @@ fn soak_connect_disconnect_cycles_at_5_percent_loss() {
     const PARALLEL: u32 = 6;
     let mut sim = Sim::new(2, 2024, cfg());
     sim.record = false;
-    sim.impair = Impairments { drop: 0.05, duplicate: 0.02, reorder: 0.05, reorder_ns: 50_000 };
+    sim.impair = Impairments { drop: 0.05, duplicate: 0.02, reorder: 0.05, reorder_ns: 50_000, corrupt: 0.0 };
     sim.nodes[1].cm.listen(SID, 64).unwrap();
     let mut c = Consumer::auto();
     let mut started = 0u32;

@@ -50,6 +50,8 @@ pub mod dcqcn;
 pub mod engine;
 #[cfg(feature = "sim")]
 pub mod fabric;
+#[cfg(feature = "sim")]
+pub mod link;
 pub mod memops;
 pub mod packet;
 pub mod qp;

@@ -11,42 +11,24 @@
 //! on the lcore, so the wire format and both ICRC paths are exercised on every packet.
 //! Every packet is recorded in [`Sim::trace`] with its send time.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use pmrxe_wire::{BthRepr, Psn, Qpn, TransportHeaders};
 use pmrxe_wire::{emit_frame_headers, finish_frame, finish_frame_with_tail_crc, frame_header_len, parse_frame, parse_frame_deferred, udp_sport, L3Info, MacAddr, Opcode, Syndrome, ICRC_LEN};
 use pmrxe_mem::{MemTable, Reader};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
 use crate::cq::{Completions, CqSide, Cqe, Deferred, Delivery};
 use crate::engine::{Engine, TxPort};
+use crate::link::Link;
 use crate::AddressVector;
 use crate::packet::RxPacket;
 use crate::qp::{AsyncEvent, PostError, Qp, Transmit};
 use crate::wqe::{RecvWqe, SendWqe};
 use crate::timers::Instant;
 
-/// What happens to one packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// Deliver normally.
-    Pass,
-    /// Discard.
-    Drop,
-    /// Deliver after this many extra nanoseconds.
-    Delay(u64),
-    /// Deliver twice.
-    Duplicate,
-    /// Flip a bit of the last payload byte (the receiver's ICRC check drops it).
-    Corrupt,
-    /// Flip bit 4 of this byte of the RoCE part (0 = the first BTH byte), e.g. a RETH address
-    /// byte; the receiver's ICRC check must drop the packet before it has any effect.
-    CorruptAt(usize),
-}
+pub use crate::link::{Fault, Impairments};
 
 /// A packet as filters and the trace see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,22 +66,6 @@ impl PacketInfo {
     }
 }
 
-/// Random impairments (rates in 0..=1).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Impairments {
-    /// Loss rate.
-    pub drop: f64,
-    /// Duplication rate.
-    pub duplicate: f64,
-    /// Rate of packets delayed by up to `reorder_ns` (reordering).
-    pub reorder: f64,
-    /// Max extra delay of reordered packets.
-    pub reorder_ns: u64,
-    /// Corruption rate.
-    pub corrupt: f64,
-}
-
-type Filter = Box<dyn FnMut(&PacketInfo) -> Option<Fault>>;
 
 /// The simulator's CQ: every completion joins its node's log the moment the QP produces it, as
 /// the lcore's sink stages it into the consumer's ring; with a limit set
@@ -407,10 +373,6 @@ pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
 }
 
-/// A frame on the wire: (delivery time, send sequence number (ties keep send order),
-/// destination node, frame bytes). Ordered by time, then sequence.
-type InFlight = (Instant, u64, usize, Vec<u8>);
-
 /// The simulated network.
 pub struct Sim {
     /// Virtual time.
@@ -430,16 +392,13 @@ pub struct Sim {
     /// Packets a QP sends per visit of the ready list (the lcore's burst).
     pub burst: usize,
     outgoing: Vec<Outgoing>,
-    rng: SmallRng,
-    filters: Vec<Filter>,
-    in_flight: BinaryHeap<Reverse<InFlight>>,
-    seq: u64,
+    link: Link<PacketInfo>,
     buf: Vec<u8>,
 }
 
 impl core::fmt::Debug for Sim {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("in_flight", &self.in_flight.len()).finish()
+        f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("link", &self.link).finish()
     }
 }
 
@@ -463,10 +422,7 @@ impl Sim {
             max_burst: usize::MAX,
             burst: 32,
             outgoing: Vec::new(),
-            rng: SmallRng::seed_from_u64(seed),
-            filters: Vec::new(),
-            in_flight: BinaryHeap::new(),
-            seq: 0,
+            link: Link::new(seed),
             buf: vec![0u8; 10_000],
         }
     }
@@ -474,11 +430,11 @@ impl Sim {
     /// Add a filter; the first filter returning `Some` decides a packet's fate (before
     /// random impairments). Filters keep their own state (e.g. "only once").
     pub fn add_filter(&mut self, f: impl FnMut(&PacketInfo) -> Option<Fault> + 'static) {
-        self.filters.push(Box::new(f));
+        self.link.add_filter(f);
     }
     /// Remove all filters.
     pub fn clear_filters(&mut self) {
-        self.filters.clear();
+        self.link.clear_filters();
     }
     /// Node index owning `ip`'s GID.
     fn node_of(&self, gid: &[u8; 16]) -> Option<usize> {
@@ -534,64 +490,16 @@ impl Sim {
                 udp_sport: parsed.udp_sport,
                 fault: Fault::Pass,
             };
-            let mut fault = None;
-            for f in &mut self.filters {
-                if let Some(x) = f(&info) {
-                    fault = Some(x);
-                    break;
-                }
-            }
-            let fault = fault.unwrap_or_else(|| {
-                let im = self.impair;
-                let r: f64 = self.rng.gen();
-                if r < im.drop {
-                    Fault::Drop
-                } else if r < im.drop + im.duplicate {
-                    Fault::Duplicate
-                } else if r < im.drop + im.duplicate + im.corrupt {
-                    Fault::Corrupt
-                } else if r < im.drop + im.duplicate + im.corrupt + im.reorder && im.reorder_ns > 0 {
-                    Fault::Delay(self.rng.gen_range(1..=im.reorder_ns))
-                } else {
-                    Fault::Pass
-                }
-            });
+            let fault = self.link.fate(&info, &self.impair);
             info.fault = fault;
             if self.record {
                 self.trace.push(info);
             }
             let Some(dst) = dst else { continue };
-            let at = now.add_ns(self.latency_ns);
-            match fault {
-                Fault::Pass => self.enqueue(at, dst, frame),
-                Fault::Drop => {}
-                Fault::Delay(d) => self.enqueue(at.add_ns(d), dst, frame),
-                Fault::Duplicate => {
-                    self.enqueue(at, dst, frame.clone());
-                    self.enqueue(at.add_ns(1), dst, frame);
-                }
-                Fault::Corrupt => {
-                    let mut f = frame;
-                    let k = f.len() - ICRC_LEN - 1;
-                    f[k] ^= 0x10;
-                    self.enqueue(at, dst, f);
-                }
-                Fault::CorruptAt(k) => {
-                    let mut f = frame;
-                    if let Some(b) = f.get_mut(hl + k) {
-                        *b ^= 0x10;
-                    }
-                    self.enqueue(at, dst, f);
-                }
-            }
+            self.link.send(now.add_ns(self.latency_ns), dst, frame, fault, hl);
         }
         self.outgoing = out;
         sent
-    }
-
-    fn enqueue(&mut self, at: Instant, dst: usize, frame: Vec<u8>) {
-        self.seq += 1;
-        self.in_flight.push(Reverse((at, self.seq, dst, frame)));
     }
 
     fn collect(&mut self) {
@@ -635,7 +543,7 @@ impl Sim {
             self.transmit_node(i);
         }
         self.collect();
-        let next_pkt = self.in_flight.peek().map(|Reverse((t, ..))| *t);
+        let next_pkt = self.link.next_arrival();
         let next_timer = self.nodes.iter().filter_map(|n| n.engine.poll_timeout()).min();
         let busy = self.nodes.iter().any(|n| n.engine.has_ready());
         let Some(next) = [next_pkt, next_timer].into_iter().flatten().min() else {
@@ -645,11 +553,7 @@ impl Sim {
         if next > self.now {
             self.now = next;
         }
-        while let Some(Reverse((t, ..))) = self.in_flight.peek() {
-            if *t > self.now {
-                break;
-            }
-            let Reverse((_, _, dst, frame)) = self.in_flight.pop().expect("peeked");
+        while let Some((dst, frame)) = self.link.arrive(self.now) {
             self.deliver(dst, &frame);
         }
         let now = self.now;
