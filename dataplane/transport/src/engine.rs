@@ -23,13 +23,14 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::attr::{AttrMask, QpAttr, QpState};
+use crate::attr::{AttrMask, ModifyError, QpAttr, QpState};
 use crate::cq::{Bound, Completions, Delivery};
 use crate::memops::MemOps;
 use crate::packet::RxPacket;
 use crate::attr::AddressVector;
 use pmrxe_wire::{MsgPos, RxPrediction};
 use crate::qp::{PostError, Qp, Transmit};
+use crate::source::{Offer, Pulled, Queue, WorkSource};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::timers::Instant;
@@ -110,6 +111,13 @@ struct Entry<X> {
     /// ([`Engine::predict`]). (Boxed: 400 bytes inline would spread the entry over more cache
     /// lines.)
     rx_predict: Option<(u32, Box<RxPrediction>)>,
+}
+
+/// A malformed work request or a corrupt queue: the QP moves to ERROR (its outstanding WRs
+/// flush).
+fn fail<X, C: Completions<X> + ?Sized>(qp: &mut Qp, ext: &X, cq: &mut C) {
+    let a = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+    let _ = qp.modify(&a, AttrMask::STATE, &mut Bound { out: cq, ext });
 }
 
 /// QPs and SRQs owned by one lcore.
@@ -275,7 +283,7 @@ impl<X> Engine<X> {
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
         self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.qp)
     }
-    /// A QP, mutably (after changing it call [`Engine::kick`], or use [`Engine::with`]).
+    /// A QP, mutably (after changing it call [`Engine::kick`]).
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
         let s = self.slot_of(qpn)?;
         self.entries[s].as_deref_mut().map(|e| &mut e.qp)
@@ -301,13 +309,6 @@ impl<X> Engine<X> {
     #[inline]
     pub fn qp_at(&self, slot: u32) -> Option<&Qp> {
         self.entries.get(slot as usize)?.as_deref().map(|e| &e.qp)
-    }
-    /// Run `f` on a QP and its attachment, then re-file the QP on the work lists.
-    pub fn with<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut X) -> R) -> Option<R> {
-        let s = self.slot_of(qpn)?;
-        let r = self.entries[s].as_deref_mut().map(|e| f(&mut e.qp, &mut e.ext));
-        self.touch(s);
-        r
     }
     /// Every QP with its attachment.
     pub fn iter(&self) -> impl Iterator<Item = (&Qp, &X)> + '_ {
@@ -376,6 +377,97 @@ impl<X> Engine<X> {
             .collect();
         self.timers.clear();
         self.timers.extend(live);
+    }
+
+    /// Pull QP `qpn`'s new work requests from `src` (its doorbell rang): receive WRs first
+    /// (a SEND arriving in the same burst finds them), then send WRs, each in order until its
+    /// queue is empty or full. A full queue leaves the rest in the source
+    /// ([`Pulled::full`]: pull again after completions made room); a malformed entry is
+    /// consumed and moves the QP to ERROR, as does a corrupt queue (read no further). The QP
+    /// is re-filed on the work lists.
+    pub fn pull<S: WorkSource<X>, C: Completions<X> + ?Sized>(&mut self, qpn: u32, now: Instant, src: &mut S, cq: &mut C) -> Pulled {
+        self.pull_queues(qpn, Some(now), src, cq)
+    }
+
+    /// [`Engine::pull`] of the receive queue only: a request arrived that needs a receive WR
+    /// the QP lacks, and the source may hold one (a NIC reads its queue on arrival).
+    pub fn pull_recv<S: WorkSource<X>, C: Completions<X> + ?Sized>(&mut self, qpn: u32, src: &mut S, cq: &mut C) -> Pulled {
+        self.pull_queues(qpn, None, src, cq)
+    }
+
+    fn pull_queues<S: WorkSource<X>, C: Completions<X> + ?Sized>(&mut self, qpn: u32, send_at: Option<Instant>, src: &mut S, cq: &mut C) -> Pulled {
+        let mut p = Pulled::default();
+        let Some(s) = self.slot_of(qpn) else { return p };
+        let Some(e) = self.entries[s].as_deref_mut() else { return p };
+        let Entry { qp, ext, .. } = e;
+        loop {
+            match src.next_recv(qpn, ext) {
+                Offer::Wr(w) => {
+                    // The receive queue refuses when full (or while the QP is in RESET, or
+                    // on an SRQ): the WRs wait in the source.
+                    if qp.post_recv(&w, &mut Bound { out: &mut *cq, ext: &*ext }).is_err() {
+                        p.full = true;
+                        break;
+                    }
+                }
+                Offer::Empty => break,
+                Offer::Malformed => {
+                    p.malformed += 1;
+                    fail(qp, ext, cq);
+                }
+                Offer::Corrupt => {
+                    p.corrupt += 1;
+                    fail(qp, ext, cq);
+                    break;
+                }
+            }
+            src.consume(qpn, ext, Queue::Recv);
+            p.moved += 1;
+        }
+        src.finish(qpn, ext, Queue::Recv);
+        if let Some(now) = send_at {
+            loop {
+                let bad = match src.next_send(qpn, ext) {
+                    Offer::Wr(w) => match qp.post_send(now, &w, &mut Bound { out: &mut *cq, ext: &*ext }) {
+                        Ok(()) => false,
+                        Err(PostError::QueueFull) => {
+                            p.full = true;
+                            break;
+                        }
+                        Err(_) => true,
+                    },
+                    Offer::Empty => break,
+                    Offer::Malformed => true,
+                    Offer::Corrupt => {
+                        p.corrupt += 1;
+                        fail(qp, ext, cq);
+                        break;
+                    }
+                };
+                if bad {
+                    p.malformed += 1;
+                    fail(qp, ext, cq);
+                }
+                src.consume(qpn, ext, Queue::Send);
+                p.moved += 1;
+            }
+            src.finish(qpn, ext, Queue::Send);
+        }
+        self.touch(s);
+        p
+    }
+
+    /// Modify QP `qpn` (`None`: no such QP); a QP moved to RESET also has `src` drop what its
+    /// queues still hold.
+    pub fn modify<S: WorkSource<X>, C: Completions<X> + ?Sized>(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask, src: &mut S, cq: &mut C) -> Option<Result<(), ModifyError>> {
+        let s = self.slot_of(qpn)?;
+        let Entry { qp, ext, .. } = self.entries[s].as_deref_mut()?;
+        let r = qp.modify(attr, mask, &mut Bound { out: cq, ext: &*ext });
+        if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+            src.reset(qpn, ext);
+        }
+        self.touch(s);
+        Some(r)
     }
 
     /// Post a send WR to `qpn`.

@@ -11,7 +11,10 @@
 //! Callers drive the [`Engine`] (every QP of one lcore or one simulated node), through one
 //! surface that the lcore and the simulator both use:
 //!
-//! * posts: [`Engine::post_send`], [`Engine::post_recv`];
+//! * posts: [`Engine::pull`] (a QP's rung WRs from a [`WorkSource`]: the lcore's shared
+//!   rings, the simulator's `Rings`; the engine decides full queues, malformed entries and
+//!   corrupt rings) and [`Engine::modify`]; [`Engine::post_send`], [`Engine::post_recv`] for
+//!   embedders that post one WR at a time (tests);
 //! * frames in: [`Engine::predict`] (header prediction of a MIDDLE packet, keyed per QP and
 //!   port), then [`Engine::receive`] (the packet acts; the next prediction is recorded);
 //! * frames out: [`Engine::transmit`], which decides ready-list fairness and path gating (a QP
@@ -60,6 +63,7 @@ pub mod responder;
 mod rq;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod source;
 pub mod sq;
 pub mod srq;
 pub mod stats;
@@ -73,6 +77,7 @@ pub use memops::{AtomicOp, MemOps};
 pub use packet::RxPacket;
 pub use attr::{PRIVILEGED_QKEY_BIT, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, UnknownValue};
 pub use qp::{AsyncEvent, PostError, Qp, Transmit};
+pub use source::{Offer, Pulled, Queue, WorkSource};
 pub use srq::{Srq, SrqAttr};
 pub use stats::QpStats;
 pub use timers::{Instant, Timer};

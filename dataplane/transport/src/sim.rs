@@ -21,6 +21,7 @@ use pmrxe_mem::{MemTable, Reader};
 
 use crate::cq::{Completions, CqSide, Cqe, Deferred, Delivery};
 use crate::engine::{Engine, TxPort};
+use crate::source::{Offer, Pulled, Queue, WorkSource};
 use crate::link::Link;
 use crate::AddressVector;
 use crate::packet::RxPacket;
@@ -206,6 +207,68 @@ impl<X> TxPort<X> for Collect {
     fn end_burst(&mut self, _ext: &mut X, _qpn: u32) {}
 }
 
+/// One entry of a simulated client ring.
+#[derive(Clone, Copy, Debug)]
+pub enum Rung<W> {
+    /// A work request.
+    Wr(W),
+    /// An entry that is no valid work request (what a client that bypassed the shim writes).
+    Malformed,
+    /// A ring whose indices are corrupt from here on.
+    Corrupt,
+}
+
+/// A node's simulated client rings: the WRs a test rang in ([`Node::ring_send`],
+/// [`Node::ring_recv`]), pulled by the engine every step ([`Engine::pull`]) exactly as the
+/// lcore pulls a client's shared rings: receive first, a full queue leaves the rest rung, a
+/// malformed entry or a corrupt ring fails the QP.
+#[derive(Debug, Default)]
+pub struct Rings {
+    queues: std::collections::BTreeMap<u32, QpRings>,
+}
+
+/// One QP's simulated (send, receive) rings.
+type QpRings = (VecDeque<Rung<SendWqe>>, VecDeque<Rung<RecvWqe>>);
+
+impl Rings {
+    /// Entries rung and not yet taken by the engine, (send, receive), for `qpn`.
+    pub fn waiting(&self, qpn: u32) -> (usize, usize) {
+        self.queues.get(&qpn).map_or((0, 0), |(s, r)| (s.len(), r.len()))
+    }
+}
+
+fn offer<W: Copy>(q: Option<&Rung<W>>) -> Offer<W> {
+    match q {
+        None => Offer::Empty,
+        Some(Rung::Wr(w)) => Offer::Wr(*w),
+        Some(Rung::Malformed) => Offer::Malformed,
+        Some(Rung::Corrupt) => Offer::Corrupt,
+    }
+}
+
+impl<X> WorkSource<X> for Rings {
+    type Send<'a> = SendWqe;
+    type Recv<'a> = RecvWqe;
+    fn next_send(&mut self, qpn: u32, _ext: &mut X) -> Offer<SendWqe> {
+        offer(self.queues.get(&qpn).and_then(|(s, _)| s.front()))
+    }
+    fn next_recv(&mut self, qpn: u32, _ext: &mut X) -> Offer<RecvWqe> {
+        offer(self.queues.get(&qpn).and_then(|(_, r)| r.front()))
+    }
+    fn consume(&mut self, qpn: u32, _ext: &mut X, queue: Queue) {
+        if let Some((s, r)) = self.queues.get_mut(&qpn) {
+            match queue {
+                Queue::Send => drop(s.pop_front()),
+                Queue::Recv => drop(r.pop_front()),
+            }
+        }
+    }
+    fn finish(&mut self, _qpn: u32, _ext: &mut X, _queue: Queue) {}
+    fn reset(&mut self, qpn: u32, _ext: &mut X) {
+        self.queues.remove(&qpn);
+    }
+}
+
 /// One host on the simulated link.
 #[derive(Debug)]
 pub struct Node {
@@ -243,13 +306,18 @@ pub struct Node {
     pub rx_parse_drops: u64,
     /// Frames for a QPN this node does not have.
     pub rx_unknown_qp: u64,
+    /// Its simulated client rings.
+    pub rings: Rings,
+    /// What the engine's pulls of [`Node::rings`] did, summed (`full`: some pull found a
+    /// queue full).
+    pub pulled: Pulled,
 }
 
 impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
         let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
-        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0 }
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0, rings: Rings::default(), pulled: Pulled::default() }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -284,6 +352,47 @@ impl Node {
     pub fn post_recv(&mut self, qpn: u32, wqe: &RecvWqe) -> Result<(), PostError> {
         let (engine, _, mut cq) = self.parts();
         engine.post_recv(qpn, wqe, &mut cq)
+    }
+    /// Ring a send WR into `qpn`'s simulated client ring (the engine pulls it at the next
+    /// step, as the lcore pulls a client's ring when its doorbell rings).
+    pub fn ring_send(&mut self, qpn: u32, wqe: SendWqe) {
+        self.rings.queues.entry(qpn).or_default().0.push_back(Rung::Wr(wqe));
+    }
+    /// Ring a receive WR into `qpn`'s simulated client ring.
+    pub fn ring_recv(&mut self, qpn: u32, wqe: RecvWqe) {
+        self.rings.queues.entry(qpn).or_default().1.push_back(Rung::Wr(wqe));
+    }
+    /// Ring an entry that is not a work request (malformed or a corrupt ring) into a queue.
+    pub fn ring_bad(&mut self, qpn: u32, queue: Queue, entry: Rung<()>) {
+        let q = self.rings.queues.entry(qpn).or_default();
+        match (queue, entry) {
+            (_, Rung::Wr(())) => {}
+            (Queue::Send, Rung::Malformed) => q.0.push_back(Rung::Malformed),
+            (Queue::Send, Rung::Corrupt) => q.0.push_back(Rung::Corrupt),
+            (Queue::Recv, Rung::Malformed) => q.1.push_back(Rung::Malformed),
+            (Queue::Recv, Rung::Corrupt) => q.1.push_back(Rung::Corrupt),
+        }
+    }
+    /// Let the engine pull every QP's rung WRs ([`Engine::pull`]); true if any moved.
+    pub fn pull_rings(&mut self, now: Instant) -> bool {
+        let qpns: Vec<u32> = self.rings.queues.iter().filter(|(_, (s, r))| !s.is_empty() || !r.is_empty()).map(|(&q, _)| q).collect();
+        let mut moved = false;
+        for qpn in qpns {
+            let cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
+            let p = self.engine.pull(qpn, now, &mut self.rings, &mut { cq });
+            moved |= p.moved != 0;
+            self.pulled.moved += p.moved;
+            self.pulled.malformed += p.malformed;
+            self.pulled.corrupt += p.corrupt;
+            self.pulled.full |= p.full;
+        }
+        moved
+    }
+    /// Modify QP `qpn` through the engine ([`Engine::modify`]): a move to RESET also empties
+    /// its rings.
+    pub fn modify(&mut self, qpn: u32, attr: &crate::QpAttr, mask: crate::AttrMask) -> Option<Result<(), crate::ModifyError>> {
+        let mut cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
+        self.engine.modify(qpn, attr, mask, &mut self.rings, &mut cq)
     }
     /// Hand a packet to the QP it is for (see [`Engine::handle_packet`]).
     pub fn handle_packet(&mut self, now: Instant, pkt: &RxPacket<'_>) -> bool {
@@ -538,6 +647,10 @@ impl Sim {
     }
 
     fn step_inner(&mut self) -> bool {
+        let now = self.now;
+        for n in &mut self.nodes {
+            n.pull_rings(now);
+        }
         self.kick_all();
         for i in 0..self.nodes.len() {
             self.transmit_node(i);

@@ -2,7 +2,7 @@
 //! are produced (one publish per CQ and one fence per iteration for all CQs written), CQ
 //! overflow, asynchronous events, and completion events for armed CQs.
 use super::*;
-use pmrxe_transport::{Bound, Delivery};
+use pmrxe_transport::Delivery;
 
 /// Where a QP's completions go: its CQs, and the retired count of its own receive ring. (A
 /// part of the QP's slot of its own, so a sink can read it while the lcore holds the slot's
@@ -34,12 +34,6 @@ pub(super) struct CqWriter<'a> {
 impl<'a> CqWriter<'a> {
     pub(super) fn new(cqs: &'a mut Vec<Option<CqSlot>>, dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
         CqWriter { cqs, dirty, stats, clients: &[] }
-    }
-
-    /// The sink for calls into the QP whose completions go to `to`.
-    #[inline]
-    pub(super) fn sink<'w>(&'w mut self, to: &'w CqTarget) -> Bound<'w, Self, CqTarget> {
-        Bound { out: self, ext: to }
     }
 }
 

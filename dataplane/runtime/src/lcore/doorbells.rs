@@ -40,21 +40,17 @@ impl<L: Port> Lcore<L> {
         any
     }
 
-    /// Move a QP's new WQEs from its rings into the engine; a QP whose ring holds more than
-    /// the engine's queue takes goes on the backlog list, retried every iteration.
+    /// Move a QP's new WQEs from its rings into the engine ([`Engine::pull`]: receive
+    /// first, a full queue leaves the rest in the ring); a QP whose ring holds more than the
+    /// engine's queue takes goes on the backlog list, retried every iteration.
     pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let (ahs, stats, backlog, scratch) = (&self.ahs, &*self.stats, &mut self.backlog, &mut *self.scratch);
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
-        self.engine
-            .with(qpn, |qp, s| {
-                let any = drain_qp_rings(qp, s, ahs, stats, scratch, &mut cq, now);
-                if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
-                    s.backlog_listed = true;
-                    backlog.push(qpn);
-                }
-                any
-            })
-            .unwrap_or(false)
+        let mut src = RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let p = self.engine.pull(qpn, now, &mut src, &mut cq);
+        if p.full {
+            list_backlog(&mut self.backlog, qpn);
+        }
+        note_pull(&self.stats, p)
     }
 
     /// Retry the rings of QPs on the backlog list (completions may have made room).
@@ -63,12 +59,11 @@ impl<L: Port> Lcore<L> {
         let mut k = 0;
         while k < self.backlog.len() {
             let qpn = self.backlog[k];
-            any |= self.drain_rings(qpn, now);
-            let still = self.engine.with(qpn, |_, s| {
-                s.backlog_listed = s.backlog;
-                s.backlog
-            });
-            if still == Some(true) {
+            let mut src = RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
+            let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+            let p = self.engine.pull(qpn, now, &mut src, &mut cq);
+            any |= note_pull(&self.stats, p);
+            if p.full {
                 k += 1;
             } else {
                 self.backlog.swap_remove(k);
@@ -80,91 +75,104 @@ impl<L: Port> Lcore<L> {
     // ---- timers, transmit, completions --------------------------------------------------
 }
 
-/// Move a QP's new WQEs from its rings into its engine queues (receive first, so a SEND
-/// arriving in the same burst finds them).
-fn drain_qp_rings(qp: &mut Qp, s: &mut QpSlot, ahs: &HashMap<(u32, u32), AddressVector>, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>, now: Instant) -> bool {
-    s.backlog = false;
-    // Receive WQEs first so a SEND arriving in the same burst finds them.
-    let mut any = drain_rq(qp, s, stats, scratch, cq);
-    loop {
-        match s.sq.peek_into(&mut scratch.shm_send) {
-            Ok(true) => {
-                let w = &scratch.shm_send;
-                let client = s.client;
-                match convert::ShmSendWr::new(w, |h| ahs.get(&(client, h)).copied(), s.is_ud) {
-                    Ok(wr) => {
-                        if let Err(e) = qp.post_send(now, &wr, &mut cq.sink(&s.cq)) {
-                            if e == pmrxe_transport::PostError::QueueFull {
-                                s.backlog = true;
-                                break; // retry when completions free space
-                            }
-                            bump(&stats.bad_wqes, 1);
-                            fatal(qp, &mut cq.sink(&s.cq));
-                        }
-                    }
-                    Err(_) => {
-                        bump(&stats.bad_wqes, 1);
-                        fatal(qp, &mut cq.sink(&s.cq));
-                    }
-                }
-                // Work only when a WQE moved: a queue still full is not (an lcore that counted
-                // its retries as work never slept, and held a shared CPU from the program whose
-                // completions would make room).
-                any = true;
-                s.sq.advance();
-                bump(&stats.sq_wqes, 1);
-                if w.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
-                    bump(&stats.sq_inline_wqes, 1);
-                }
-            }
-            Ok(false) => break,
-            Err(_) => {
-                bump(&stats.ring_corrupt, 1);
-                fatal(qp, &mut cq.sink(&s.cq));
-                break;
-            }
-        }
+/// Count what a pull did; true if it was work: a WQE moved (a queue still full is not: an
+/// lcore that counted its retries as work never slept, and held a shared CPU from the
+/// program whose completions would make room).
+pub(super) fn note_pull(stats: &LcoreStats, p: Pulled) -> bool {
+    if p.malformed != 0 {
+        bump(&stats.bad_wqes, u64::from(p.malformed));
     }
-    s.sq.release();
-    any
+    if p.corrupt != 0 {
+        bump(&stats.ring_corrupt, u64::from(p.corrupt));
+    }
+    p.moved != 0
 }
 
-/// Move a QP's new receive WQEs from its ring into its receive queue (a full queue sets the
-/// slot's backlog flag). Also called when a request arrives that needs a receive WQE the queue
-/// lacks ([`Lcore::pull_recv_wqes`]).
-pub(super) fn drain_rq(qp: &mut Qp, s: &mut QpSlot, stats: &LcoreStats, scratch: &mut Scratch, cq: &mut CqWriter<'_>) -> bool {
-    let mut any = false;
-    if let Some(rq) = s.rq.as_mut() {
-        loop {
-            match rq.peek_into(&mut scratch.shm_recv) {
-                Ok(true) => {
-                    match convert::ShmRecvWr::new(&scratch.shm_recv) {
-                        Ok(r) => {
-                            if qp.post_recv(&r, &mut cq.sink(&s.cq)).is_err() {
-                                s.backlog = true;
-                                break; // full: leave it in the ring, retry next iteration
-                            }
-                        }
-                        Err(_) => {
-                            bump(&stats.bad_wqes, 1);
-                            fatal(qp, &mut cq.sink(&s.cq));
-                        }
-                    }
-                    any = true;
-                    rq.advance();
-                    bump(&stats.rq_wqes, 1);
+/// Put a QP whose queue was full on the backlog list (once; the list never grows past its
+/// reserved capacity).
+pub(super) fn list_backlog(backlog: &mut Vec<u32>, qpn: u32) {
+    if backlog.len() < backlog.capacity() && !backlog.contains(&qpn) {
+        backlog.push(qpn);
+    }
+}
+
+/// A QP's shared rings as the engine's [`WorkSource`]: each WQE is read once into the
+/// lcore's scratch copy (a client can rewrite its ring at any time) and converted there;
+/// `consume` advances the ring and counts it, `finish` publishes the consumer index.
+pub(super) struct RingSource<'a> {
+    pub(super) ahs: &'a HashMap<(u32, u32), AddressVector>,
+    pub(super) stats: &'a LcoreStats,
+    pub(super) scratch: &'a mut Scratch,
+}
+
+impl WorkSource<QpSlot> for RingSource<'_> {
+    type Send<'b>
+        = convert::ShmSendWr<'b>
+    where
+        Self: 'b;
+    type Recv<'b>
+        = convert::ShmRecvWr<'b>
+    where
+        Self: 'b;
+
+    fn next_send(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Send<'_>> {
+        match s.sq.peek_into(&mut self.scratch.shm_send) {
+            Ok(true) => {
+                let (ahs, client) = (self.ahs, s.client);
+                match convert::ShmSendWr::new(&self.scratch.shm_send, |h| ahs.get(&(client, h)).copied(), s.is_ud) {
+                    Ok(wr) => Offer::Wr(wr),
+                    Err(_) => Offer::Malformed,
                 }
-                Ok(false) => break,
-                Err(_) => {
-                    bump(&stats.ring_corrupt, 1);
-                    fatal(qp, &mut cq.sink(&s.cq));
-                    break;
+            }
+            Ok(false) => Offer::Empty,
+            Err(_) => Offer::Corrupt,
+        }
+    }
+
+    fn next_recv(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Recv<'_>> {
+        let Some(rq) = s.rq.as_mut() else { return Offer::Empty };
+        match rq.peek_into(&mut self.scratch.shm_recv) {
+            Ok(true) => match convert::ShmRecvWr::new(&self.scratch.shm_recv) {
+                Ok(wr) => Offer::Wr(wr),
+                Err(_) => Offer::Malformed,
+            },
+            Ok(false) => Offer::Empty,
+            Err(_) => Offer::Corrupt,
+        }
+    }
+
+    fn consume(&mut self, _qpn: u32, s: &mut QpSlot, queue: Queue) {
+        match queue {
+            Queue::Send => {
+                s.sq.advance();
+                bump(&self.stats.sq_wqes, 1);
+                if self.scratch.shm_send.send_flags & pmrxe_abi::send_flags::INLINE != 0 {
+                    bump(&self.stats.sq_inline_wqes, 1);
+                }
+            }
+            Queue::Recv => {
+                if let Some(rq) = s.rq.as_mut() {
+                    rq.advance();
+                    bump(&self.stats.rq_wqes, 1);
                 }
             }
         }
-        rq.release();
     }
-    any
+
+    fn finish(&mut self, _qpn: u32, s: &mut QpSlot, queue: Queue) {
+        match queue {
+            Queue::Send => s.sq.release(),
+            Queue::Recv => {
+                if let Some(rq) = s.rq.as_mut() {
+                    rq.release();
+                }
+            }
+        }
+    }
+
+    fn reset(&mut self, _qpn: u32, s: &mut QpSlot) {
+        s.reset_rings();
+    }
 }
 
 pub(super) fn drain_srq(x: &mut SrqSlot, srq: &mut Srq, stats: &LcoreStats, scratch: &mut ShmRecvWqe) -> bool {

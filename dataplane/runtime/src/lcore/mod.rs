@@ -37,7 +37,7 @@ use pmrxe_abi::{
 };
 use pmrxe_mem::{MemTable, Reader};
 use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, CompletionSink, Completions, CqSide, Cqe, Engine, Instant, Qp, QpAttr, QpType, QpnLayout, RxPacket, Srq, SrqAttr, Transmit, TxPort};
+use pmrxe_transport::{AddressVector, AttrMask, Completions, CqSide, Cqe, Engine, Instant, Offer, Pulled, Qp, QpAttr, QpType, QpnLayout, Queue, RxPacket, Srq, SrqAttr, Transmit, TxPort, WorkSource};
 use pmrxe_wire::{self as wire, MacAddr};
 
 use crate::call::CallError;
@@ -216,10 +216,6 @@ struct QpSlot {
     /// Its CQs (and its shared segment).
     cq: CqTarget,
     is_ud: bool,
-    /// WQEs are waiting in a ring because the engine queue was full.
-    backlog: bool,
-    /// On `Lcore::backlog` (listed once).
-    backlog_listed: bool,
     /// Eth/IP/UDP addressing of the last path this QP sent on.
     path: Option<PathCache>,
 }
@@ -713,7 +709,6 @@ impl QpSlot {
     /// discarded too (IBTA: a reset QP's queues are empty; completions it kept waiting for CQ
     /// room went with its queues), and every receive WQE ever posted counts as retired.
     fn reset_rings(&mut self) {
-        self.backlog = false;
         let _ = self.sq.discard_all();
         if let Some(rq) = self.rq.as_mut() {
             if let Ok(tail) = rq.discard_all() {
@@ -730,11 +725,6 @@ impl QpSlot {
 /// The QPN layout of a service with `lcores` lcores (what the service allocates QPNs by).
 pub fn qpn_layout(lcores: usize) -> QpnLayout {
     QpnLayout { lcores: lcores.max(1) as u32, slots: MAX_QPS_PER_LCORE as u32 }
-}
-
-fn fatal(qp: &mut Qp, cq: &mut dyn CompletionSink) {
-    let a = QpAttr { qp_state: pmrxe_transport::QpState::Err, ..QpAttr::default() };
-    let _ = qp.modify(&a, AttrMask::STATE, cq);
 }
 
 /// `enum ibv_event_type` code of an engine event.

@@ -115,17 +115,12 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(self.add_qp(*setup));
             }
             Cmd::ModifyQp { qpn, attr, mask, done } => {
-                let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-                let r = self
-                    .engine
-                    .with(qpn, |qp, s| {
-                        let r = qp.modify(&attr, mask, &mut w.sink(&s.cq)).map_err(|_| libc::EINVAL);
-                        if r.is_ok() && mask.contains(AttrMask::STATE) && attr.qp_state == pmrxe_transport::QpState::Reset {
-                            s.reset_rings();
-                        }
-                        r
-                    })
-                    .unwrap_or(Err(libc::EINVAL));
+                let mut src = super::doorbells::RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
+                let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+                let r = match self.engine.modify(qpn, &attr, mask, &mut src, &mut cq) {
+                    Some(Ok(())) => Ok(()),
+                    Some(Err(_)) | None => Err(libc::EINVAL),
+                };
                 let _ = done.send(r);
             }
             Cmd::QueryQp { qpn, done } => {
@@ -241,8 +236,6 @@ impl<L: Port> Lcore<L> {
             sq,
             rq,
             is_ud,
-            backlog: false,
-            backlog_listed: false,
             path: None,
         };
         self.engine.insert(s.qp, slot).map_err(|e| e.to_string())?;

@@ -239,15 +239,13 @@ impl<L: Port> Lcore<L> {
         if !qp.recv_queue_empty() {
             return;
         }
-        let (stats, backlog, scratch) = (&*self.stats, &mut self.backlog, &mut *self.scratch);
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, stats);
-        self.engine.with(qpn, |qp, s| {
-            super::doorbells::drain_rq(qp, s, stats, scratch, &mut cq);
-            if s.backlog && !s.backlog_listed && backlog.len() < backlog.capacity() {
-                s.backlog_listed = true;
-                backlog.push(qpn);
-            }
-        });
+        let mut src = super::doorbells::RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
+        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let p = self.engine.pull_recv(qpn, &mut src, &mut cq);
+        if p.full {
+            super::doorbells::list_backlog(&mut self.backlog, qpn);
+        }
+        super::doorbells::note_pull(&self.stats, p);
     }
 
     /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names
