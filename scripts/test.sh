@@ -54,8 +54,10 @@ step setup ./scripts/setup.sh
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step clippy-fuzz cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
 # The release build produces target/release/pmrxe and target/release/libpmrxe_verbs.so, which
-# the integration tests start; tests run optimised too (the soak and stress tests are CPU-bound).
-step build cargo build --release --workspace --all-targets
+# the integration tests start, and the test binaries; tests run optimised too (the soak and
+# stress tests are CPU-bound). Not the criterion benches: clippy has checked them and nothing
+# here runs them (scripts/bench.sh builds what it measures).
+step build cargo build --release --workspace --lib --bins --tests
 step test cargo test --release --workspace "$@"
 # Loom models of the MR table and the shared ring (`--cfg loom`, own target dir target/loom).
 step loom ./scripts/loom.sh
