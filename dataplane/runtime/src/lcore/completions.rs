@@ -31,9 +31,58 @@ pub(super) struct CqWriter<'a> {
     clients: &'a [ClientSlot],
 }
 
-impl<'a> CqWriter<'a> {
-    pub(super) fn new(cqs: &'a mut Vec<Option<CqSlot>>, dirty: &'a mut Vec<usize>, stats: &'a LcoreStats) -> Self {
-        CqWriter { cqs, dirty, stats, clients: &[] }
+/// The lcore's CQ stage: its CQs by index (QPs refer to theirs by index: no lookup per
+/// completion), the handle → index map (control path only), and the CQs written this
+/// iteration, published together at its end ([`Lcore::deliver_completions`]).
+pub(super) struct CqSet {
+    pub(super) slots: Vec<Option<CqSlot>>,
+    pub(super) index: HashMap<u32, usize>,
+    /// CQs with staged, unpublished completions (indices; each listed once: `CqSlot::fresh`).
+    pub(super) dirty: Vec<usize>,
+}
+
+impl CqSet {
+    /// Room for the CQs of `qps` QPs.
+    pub(super) fn new(qps: usize) -> Self {
+        // Every CQ written in one iteration is a send or receive CQ of one of this lcore's
+        // QPs: at most two per QP, so the dirty list never refuses one (a CQ left off it would
+        // not be published).
+        CqSet { slots: Vec::with_capacity(qps), index: HashMap::with_capacity(qps), dirty: Vec::with_capacity(2 * qps) }
+    }
+
+    /// The completion sink over these CQs for one step of the pass.
+    pub(super) fn writer<'a>(&'a mut self, stats: &'a LcoreStats) -> CqWriter<'a> {
+        CqWriter { cqs: &mut self.slots, dirty: &mut self.dirty, stats, clients: &[] }
+    }
+
+    /// Publish every CQ written this iteration (one release store each), then one full fence
+    /// for all of them, then take each CQ's arm and signal its channel. False if none was
+    /// written.
+    fn publish(&mut self, stats: &LcoreStats) -> bool {
+        if self.dirty.is_empty() {
+            return false;
+        }
+        for &k in &self.dirty {
+            let Some(cq) = self.slots[k].as_mut() else { continue };
+            if cq.fresh {
+                cq.fresh = false;
+                cq.ring.publish();
+            }
+        }
+        // The Dekker pair with the shim's `CqNotify::arm`: either we see the arm and signal,
+        // or the application's next poll sees these completions; `pmrxe_abi::CqNotify`.
+        pmrxe_abi::CqNotify::fence_after_publish();
+        for &k in &self.dirty {
+            let Some(cq) = self.slots[k].as_ref() else { continue };
+            if cq.notify().take_armed() {
+                if let Some(ch) = &cq.channel {
+                    ch.signal();
+                    bump(&stats.cq_events, 1);
+                }
+            }
+        }
+        self.dirty.clear();
+        true
     }
 }
 
@@ -103,38 +152,12 @@ impl<L: Port> Lcore<L> {
     /// kept (their CQ was full) and decides overflows (`Engine::deliver`: the CQ reports
     /// IBV_EVENT_CQ_ERR once through [`CqWriter`], the QP goes to ERROR, its completions kept
     /// until the consumer makes room); asynchronous events go to their clients. Then every CQ
-    /// written this iteration (here or, mostly, while the engine worked) is published.
+    /// written this iteration (here or, mostly, while the engine worked) is published
+    /// ([`CqSet::publish`]).
     pub(super) fn deliver_completions(&mut self, _now: Instant) -> bool {
-        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let mut w = self.cq.writer(&self.stats);
         w.clients = &self.clients;
-        let mut any = self.engine.deliver(&mut w);
-        if self.dirty_cqs.is_empty() {
-            return any;
-        }
-        // Publish every CQ written this iteration (one release store each)...
-        for k in 0..self.dirty_cqs.len() {
-            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_mut() else { continue };
-            if cq.fresh {
-                cq.fresh = false;
-                cq.ring.publish();
-            }
-        }
-        any = true;
-        // ...then one full fence for all of them, then take each CQ's arm (the Dekker pair
-        // with the shim's `CqNotify::arm`: either we see the arm and signal, or the
-        // application's next poll sees these completions; `pmrxe_abi::CqNotify`).
-        pmrxe_abi::CqNotify::fence_after_publish();
-        for k in 0..self.dirty_cqs.len() {
-            let Some(cq) = self.cqs[self.dirty_cqs[k]].as_ref() else { continue };
-            if cq.notify().take_armed() {
-                if let Some(ch) = &cq.channel {
-                    ch.signal();
-                    bump(&self.stats.cq_events, 1);
-                }
-            }
-            let _ = &cq.seg;
-        }
-        self.dirty_cqs.clear();
-        any
+        let any = self.engine.deliver(&mut w);
+        self.cq.publish(&self.stats) | any
     }
 }

@@ -2,10 +2,109 @@
 //! WQEs from their shared rings into the engine.
 use super::*;
 
+/// The lcore's post stage: what turns rung ring entries into engine work. Address handles
+/// (UD sends name them), the scratch copies ring entries are read into, the QPs whose
+/// doorbell rang this iteration, and the QPs whose rings hold more than the engine's queues
+/// took (retried every iteration).
+pub(super) struct Posts {
+    /// Address handles by (client, handle).
+    pub(super) ahs: HashMap<(u32, u32), AddressVector>,
+    /// Where ring entries are copied and converted (reused: no per-post clears or moves).
+    pub(super) scratch: Box<Scratch>,
+    /// Reserved scratch: QPNs whose doorbell rang this iteration.
+    work: Vec<u32>,
+    /// QPNs with WQEs left in their rings because the engine's queue was full.
+    backlog: Vec<u32>,
+    /// `backlog` membership by engine slot, one bit each: listing a QP stays O(1) however
+    /// many QPs a client keeps full.
+    listed: Vec<u64>,
+}
+
+impl Posts {
+    /// Room for `qps` QPs on the doorbell and backlog lists.
+    pub(super) fn new(qps: usize) -> Self {
+        Posts {
+            ahs: HashMap::with_capacity(1024),
+            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default() }),
+            work: Vec::with_capacity(qps),
+            backlog: Vec::with_capacity(qps),
+            listed: vec![0; qps.div_ceil(64)],
+        }
+    }
+
+    /// Set (`to`) or clear slot `s`'s bit in `listed`; whether it was set.
+    fn bit(&mut self, s: usize, to: bool) -> bool {
+        let (w, m) = (s / 64, 1u64 << (s % 64));
+        let Some(word) = self.listed.get_mut(w) else { return false };
+        let was = *word & m != 0;
+        if to {
+            *word |= m;
+        } else {
+            *word &= !m;
+        }
+        was
+    }
+
+    /// QP `qpn` (slot `slot`) is gone: off the backlog list.
+    pub(super) fn forget(&mut self, qpn: u32, slot: usize) {
+        if self.bit(slot, false) {
+            self.backlog.retain(|&q| q != qpn);
+        }
+    }
+
+    /// The rings as the engine's work source.
+    pub(super) fn source<'a>(&'a mut self, stats: &'a LcoreStats) -> RingSource<'a> {
+        RingSource { ahs: &self.ahs, stats, scratch: &mut self.scratch }
+    }
+
+    /// Let the engine pull QP `qpn`'s rings ([`Engine::pull`]; with `now` `None` only the
+    /// receive ring, [`Engine::pull_recv`]); a QP whose queue was full goes on the backlog
+    /// list (once). Work only when a WQE moved (`moved`): a queue still full is not (an
+    /// lcore that counted its retries as work never slept, and held a shared CPU from the
+    /// program whose completions would make room).
+    pub(super) fn pull(&mut self, engine: &mut Engine<QpSlot>, cqs: &mut CqSet, stats: &LcoreStats, qpn: u32, now: Option<Instant>) -> Pulled {
+        let mut src = self.source(stats);
+        let mut cq = cqs.writer(stats);
+        let p = match now {
+            Some(now) => engine.pull(qpn, now, &mut src, &mut cq),
+            None => engine.pull_recv(qpn, &mut src, &mut cq),
+        };
+        if p.full && self.backlog.len() < self.backlog.capacity() && !self.bit(engine.layout().slot(qpn), true) {
+            self.backlog.push(qpn);
+        }
+        if p.malformed != 0 {
+            bump(&stats.bad_wqes, u64::from(p.malformed));
+        }
+        if p.corrupt != 0 {
+            bump(&stats.ring_corrupt, u64::from(p.corrupt));
+        }
+        p
+    }
+
+    /// Retry the rings of QPs on the backlog list (completions may have made room); a QP
+    /// leaves the list once its rings fit.
+    fn pull_backlog(&mut self, engine: &mut Engine<QpSlot>, cqs: &mut CqSet, stats: &LcoreStats, now: Instant) -> bool {
+        let mut any = false;
+        let mut k = 0;
+        while k < self.backlog.len() {
+            let qpn = self.backlog[k];
+            let p = self.pull(engine, cqs, stats, qpn, Some(now));
+            any |= p.moved != 0;
+            if p.full {
+                k += 1;
+            } else {
+                self.backlog.swap_remove(k);
+                self.bit(engine.layout().slot(qpn), false);
+            }
+        }
+        any
+    }
+}
+
 impl<L: Port> Lcore<L> {
     pub(super) fn doorbells(&mut self, now: Instant) -> bool {
-        self.work.clear();
-        let (clients, work, srqs) = (&self.clients, &mut self.work, &mut self.srqs);
+        self.posts.work.clear();
+        let (clients, work, srqs) = (&self.clients, &mut self.posts.work, &mut self.srqs);
         for c in clients {
             c.page().row(self.index).take(|slot| {
                 let qpn = c.slots[slot];
@@ -19,9 +118,9 @@ impl<L: Port> Lcore<L> {
             });
         }
         let mut any = false;
-        for k in 0..self.work.len() {
-            let qpn = self.work[k];
-            any |= self.drain_rings(qpn, now);
+        for k in 0..self.posts.work.len() {
+            let qpn = self.posts.work[k];
+            any |= self.posts.pull(&mut self.engine, &mut self.cq, &self.stats, qpn, Some(now)).moved != 0;
         }
         any |= self.drain_srqs();
         any
@@ -33,67 +132,19 @@ impl<L: Port> Lcore<L> {
         for (&n, x) in self.srqs.iter_mut() {
             if x.backlog {
                 if let Some(srq) = self.engine.srq_mut(n) {
-                    any |= drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
+                    any |= drain_srq(x, srq, &self.stats, &mut self.posts.scratch.shm_recv);
                 }
             }
         }
         any
     }
 
-    /// Move a QP's new WQEs from its rings into the engine ([`Engine::pull`]: receive
-    /// first, a full queue leaves the rest in the ring); a QP whose ring holds more than the
-    /// engine's queue takes goes on the backlog list, retried every iteration.
-    pub(super) fn drain_rings(&mut self, qpn: u32, now: Instant) -> bool {
-        let mut src = RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        let p = self.engine.pull(qpn, now, &mut src, &mut cq);
-        if p.full {
-            list_backlog(&mut self.backlog, qpn);
-        }
-        note_pull(&self.stats, p)
-    }
-
     /// Retry the rings of QPs on the backlog list (completions may have made room).
     pub(super) fn drain_backlog(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        let mut k = 0;
-        while k < self.backlog.len() {
-            let qpn = self.backlog[k];
-            let mut src = RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
-            let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-            let p = self.engine.pull(qpn, now, &mut src, &mut cq);
-            any |= note_pull(&self.stats, p);
-            if p.full {
-                k += 1;
-            } else {
-                self.backlog.swap_remove(k);
-            }
-        }
-        any
+        self.posts.pull_backlog(&mut self.engine, &mut self.cq, &self.stats, now)
     }
 
     // ---- timers, transmit, completions --------------------------------------------------
-}
-
-/// Count what a pull did; true if it was work: a WQE moved (a queue still full is not: an
-/// lcore that counted its retries as work never slept, and held a shared CPU from the
-/// program whose completions would make room).
-pub(super) fn note_pull(stats: &LcoreStats, p: Pulled) -> bool {
-    if p.malformed != 0 {
-        bump(&stats.bad_wqes, u64::from(p.malformed));
-    }
-    if p.corrupt != 0 {
-        bump(&stats.ring_corrupt, u64::from(p.corrupt));
-    }
-    p.moved != 0
-}
-
-/// Put a QP whose queue was full on the backlog list (once; the list never grows past its
-/// reserved capacity).
-pub(super) fn list_backlog(backlog: &mut Vec<u32>, qpn: u32) {
-    if backlog.len() < backlog.capacity() && !backlog.contains(&qpn) {
-        backlog.push(qpn);
-    }
 }
 
 /// A QP's shared rings as the engine's [`WorkSource`]: each WQE is read once into the
@@ -115,6 +166,7 @@ impl WorkSource<QpSlot> for RingSource<'_> {
     where
         Self: 'b;
 
+    #[inline]
     fn next_send(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Send<'_>> {
         match s.sq.peek_into(&mut self.scratch.shm_send) {
             Ok(true) => {
@@ -129,6 +181,7 @@ impl WorkSource<QpSlot> for RingSource<'_> {
         }
     }
 
+    #[inline]
     fn next_recv(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Recv<'_>> {
         let Some(rq) = s.rq.as_mut() else { return Offer::Empty };
         match rq.peek_into(&mut self.scratch.shm_recv) {
@@ -141,6 +194,7 @@ impl WorkSource<QpSlot> for RingSource<'_> {
         }
     }
 
+    #[inline]
     fn consume(&mut self, _qpn: u32, s: &mut QpSlot, queue: Queue) {
         match queue {
             Queue::Send => {
@@ -159,6 +213,7 @@ impl WorkSource<QpSlot> for RingSource<'_> {
         }
     }
 
+    #[inline]
     fn finish(&mut self, _qpn: u32, s: &mut QpSlot, queue: Queue) {
         match queue {
             Queue::Send => s.sq.release(),

@@ -103,7 +103,7 @@ impl<L: Port> Lcore<L> {
             }
             self.pull_recv_wqes(qpn, at);
             bump(&self.stats.rx_multicast_copies, 1);
-            let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+            let mut cq = self.cq.writer(&self.stats);
             self.engine.receive(now, at, pi as u32, data, pkt, false, &*self.mem, &mut cq);
         }
         for o in (0..lcores).filter(|o| others & (1 << o) != 0) {

@@ -51,7 +51,8 @@ use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
 
 mod completions;
-use completions::{CqTarget, CqWriter};
+use completions::{CqSet, CqTarget};
+use doorbells::Posts;
 mod doorbells;
 mod mcast;
 mod neighbours;
@@ -263,7 +264,8 @@ struct CqSlot {
     /// The CQ's handle (what events name).
     handle: u32,
     client: u32,
-    seg: Arc<Segment>,
+    /// Keeps the CQ's segment mapped (its ring and `notify` point into it).
+    _seg: Arc<Segment>,
     ring: Producer<ShmCqe>,
     notify: *const CqNotify,
     channel: Option<Arc<EventFd>>,
@@ -271,7 +273,7 @@ struct CqSlot {
     refs: u32,
 }
 
-// SAFETY: `notify` points into `seg`, which the slot keeps alive; the slot moves between
+// SAFETY: `notify` points into `_seg`, which the slot keeps alive; the slot moves between
 // threads only inside a `Cmd` before the lcore owns it.
 unsafe impl Send for CqSlot {}
 
@@ -448,18 +450,12 @@ pub struct Lcore<L: Port> {
     cmds: Receiver<Cmd>,
     /// The transport engine: every QP and SRQ of this lcore, with the work lists.
     engine: Engine<QpSlot>,
-    /// CQs by index (QPs refer to theirs by index: no lookup per completion).
-    cqs: Vec<Option<CqSlot>>,
-    /// CQ handle → index (control path only).
-    cq_index: HashMap<u32, usize>,
-    /// CQs with staged, unpublished completions (indices; each listed once: `CqSlot::fresh`).
-    dirty_cqs: Vec<usize>,
+    /// The CQ stage: every CQ of this lcore, and those written this iteration.
+    cq: CqSet,
     srqs: HashMap<u32, SrqSlot>,
     clients: Vec<ClientSlot>,
-    /// Address handles by (client, handle).
-    ahs: HashMap<(u32, u32), AddressVector>,
-    /// Where ring entries are copied and converted (reused: no per-post clears or moves).
-    scratch: Box<Scratch>,
+    /// The post stage: address handles, the scratch WQEs, the doorbell and backlog lists.
+    posts: Posts,
     neigh: Neighbors,
     stats: Arc<LcoreStats>,
     drops: Arc<DropStats>,
@@ -483,14 +479,10 @@ pub struct Lcore<L: Port> {
     rx: Option<Box<ArrayVec<L::Buf, BURST>>>,
     /// Always empty between passes: swapped with a port's `lo` to receive its looped frames.
     lo_spare: Option<Box<ArrayVec<L::Buf, TX_QUEUE>>>,
-    /// Reserved scratch: QPNs whose doorbell rang this iteration.
-    work: Vec<u32>,
-    /// QPNs with WQEs left in their rings because the engine's queue was full.
-    backlog: Vec<u32>,
     /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
     gsi: Option<Arc<GsiPipe>>,
     /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
-    gsi_psn: u32,
+    gsi_psn: wire::Psn,
 }
 
 /// Capacity of the per-lcore QP table.
@@ -530,16 +522,10 @@ impl<L: Port> Lcore<L> {
             mem: Box::new(mem.reader().expect("more lcores than MemLimits::max_readers")),
             cmds: rx,
             engine: Engine::with_layout(QpnLayout { lcores: 1, slots: MAX_QPS_PER_LCORE as u32 }, 0),
-            cqs: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            cq_index: HashMap::with_capacity(MAX_QPS_PER_LCORE),
-            // Every CQ written in one iteration is a send or receive CQ of one of this lcore's
-            // QPs: at most two per QP, so the list never refuses one (a CQ left off it would
-            // not be published).
-            dirty_cqs: Vec::with_capacity(2 * MAX_QPS_PER_LCORE),
+            cq: CqSet::new(MAX_QPS_PER_LCORE),
             srqs: HashMap::with_capacity(256),
             clients: Vec::with_capacity(256),
-            ahs: HashMap::with_capacity(1024),
-            scratch: Box::new(Scratch { shm_send: ShmSendWqe::default(), shm_recv: ShmRecvWqe::default() }),
+            posts: Posts::new(MAX_QPS_PER_LCORE),
             neigh,
             stats: stats.clone(),
             drops: drops.clone(),
@@ -555,10 +541,8 @@ impl<L: Port> Lcore<L> {
             last_ring_check: Instant(0),
             rx: Some(Box::default()),
             lo_spare: Some(Box::default()),
-            work: Vec::with_capacity(MAX_QPS_PER_LCORE),
-            backlog: Vec::with_capacity(MAX_QPS_PER_LCORE),
             gsi: None,
-            gsi_psn: 0,
+            gsi_psn: wire::Psn::default(),
         };
         let stop = lc.stop.clone();
         (lc, LcoreHandle { cmds: CmdSender { tx, waker: waker.clone() }, waker, stats, drops, index, graveyard: grave_rx, stop })
@@ -642,7 +626,7 @@ impl<L: Port> Lcore<L> {
         // Shutdown: flush every QP to ERR so clients see WR_FLUSH_ERR (written into the CQ
         // rings as they are produced), then publish them.
         let now = self.clock.now();
-        let mut w = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let mut w = self.cq.writer(&self.stats);
         self.engine.fail_all(&mut w);
         self.deliver_completions(now);
         for c in &self.clients {

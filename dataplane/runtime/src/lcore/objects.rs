@@ -27,9 +27,9 @@ impl<L: Port> Lcore<L> {
                 for q in qpns {
                     self.remove_qp(q);
                 }
-                let cqs: Vec<u32> = self.cq_index.iter().filter(|(_, &i)| self.cqs[i].as_ref().is_some_and(|c| c.client == client)).map(|(k, _)| *k).collect();
+                let cqs: Vec<u32> = self.cq.index.iter().filter(|(_, &i)| self.cq.slots[i].as_ref().is_some_and(|c| c.client == client)).map(|(k, _)| *k).collect();
                 for k in cqs {
-                    if let Some(c) = self.cq_index.remove(&k).and_then(|i| self.cqs[i].take()) {
+                    if let Some(c) = self.cq.index.remove(&k).and_then(|i| self.cq.slots[i].take()) {
                         let _ = self.grave.send(Box::new(c));
                     }
                 }
@@ -39,11 +39,11 @@ impl<L: Port> Lcore<L> {
                         let _ = self.grave.send(Box::new((x, self.engine.remove_srq(k))));
                     }
                 }
-                self.ahs.retain(|&(c, _), _| c != client);
-                if self.ahs.capacity() > 4 * self.ahs.len().max(1024) {
-                    self.ahs.shrink_to(2 * self.ahs.len().max(1024));
+                self.posts.ahs.retain(|&(c, _), _| c != client);
+                if self.posts.ahs.capacity() > 4 * self.posts.ahs.len().max(1024) {
+                    self.posts.ahs.shrink_to(2 * self.posts.ahs.len().max(1024));
                 }
-                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.stats.address_handles.store(self.posts.ahs.len() as u64, Ordering::Relaxed);
                 if let Some(i) = self.clients.iter().position(|c| c.id == client) {
                     let c = self.clients.swap_remove(i);
                     let _ = self.grave.send(Box::new(c));
@@ -58,29 +58,29 @@ impl<L: Port> Lcore<L> {
                 };
                 let r = ring.map(|ring| {
                     let notify = seg.as_ptr() as *const CqNotify;
-                    let slot = CqSlot { handle: cq, client, seg, ring, notify, channel, fresh: false, refs: 0 };
-                    let i = match self.cqs.iter().position(Option::is_none) {
+                    let slot = CqSlot { handle: cq, client, _seg: seg, ring, notify, channel, fresh: false, refs: 0 };
+                    let i = match self.cq.slots.iter().position(Option::is_none) {
                         Some(i) => {
-                            self.cqs[i] = Some(slot);
+                            self.cq.slots[i] = Some(slot);
                             i
                         }
                         None => {
-                            self.cqs.push(Some(slot));
-                            self.cqs.len() - 1
+                            self.cq.slots.push(Some(slot));
+                            self.cq.slots.len() - 1
                         }
                     };
-                    if let Some(old) = self.cq_index.insert(cq, i).and_then(|o| self.cqs[o].take()) {
+                    if let Some(old) = self.cq.index.insert(cq, i).and_then(|o| self.cq.slots[o].take()) {
                         let _ = self.grave.send(Box::new(old));
                     }
                 });
                 let _ = done.send(r.map_err(|e| e.to_string()));
             }
             Cmd::RemoveCq { cq, done } => {
-                let r = match self.cq_index.get(&cq).and_then(|&i| self.cqs[i].as_ref()) {
+                let r = match self.cq.index.get(&cq).and_then(|&i| self.cq.slots[i].as_ref()) {
                     None => Err(libc::EINVAL),
                     Some(c) if c.refs > 0 => Err(libc::EBUSY),
                     Some(_) => {
-                        if let Some(c) = self.cq_index.remove(&cq).and_then(|i| self.cqs[i].take()) {
+                        if let Some(c) = self.cq.index.remove(&cq).and_then(|i| self.cq.slots[i].take()) {
                             let _ = self.grave.send(Box::new(c));
                         }
                         Ok(())
@@ -97,7 +97,7 @@ impl<L: Port> Lcore<L> {
                 self.flush_tx();
                 self.receive(now);
                 self.deliver_completions(now);
-                let r = match self.cq_index.get(&cq).and_then(|&i| self.cqs[i].as_mut()) {
+                let r = match self.cq.index.get(&cq).and_then(|&i| self.cq.slots[i].as_mut()) {
                     None => Err(libc::EINVAL),
                     Some(c) => {
                         let cap = c.ring.capacity();
@@ -115,8 +115,8 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(self.add_qp(*setup));
             }
             Cmd::ModifyQp { qpn, attr, mask, done } => {
-                let mut src = super::doorbells::RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
-                let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+                let mut src = self.posts.source(&self.stats);
+                let mut cq = self.cq.writer(&self.stats);
                 let r = match self.engine.modify(qpn, &attr, mask, &mut src, &mut cq) {
                     Some(Ok(())) => Ok(()),
                     Some(Err(_)) | None => Err(libc::EINVAL),
@@ -132,13 +132,13 @@ impl<L: Port> Lcore<L> {
                 let _ = done.send(r);
             }
             Cmd::AddAh { client, ah, av } => {
-                self.ahs.insert((client, ah), av);
-                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.posts.ahs.insert((client, ah), av);
+                self.stats.address_handles.store(self.posts.ahs.len() as u64, Ordering::Relaxed);
             }
             Cmd::McastGroup { device, gid, members, announce } => self.set_group(device, gid, members, announce),
             Cmd::RemoveAh { client, ah } => {
-                self.ahs.remove(&(client, ah));
-                self.stats.address_handles.store(self.ahs.len() as u64, Ordering::Relaxed);
+                self.posts.ahs.remove(&(client, ah));
+                self.stats.address_handles.store(self.posts.ahs.len() as u64, Ordering::Relaxed);
             }
             Cmd::AddSrq { srq, client, seg, layout, db_slot, done } => {
                 let r = (|| {
@@ -200,7 +200,7 @@ impl<L: Port> Lcore<L> {
 
     pub(super) fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
         let dev = self.ports.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
-        let (Some(&send_cq), Some(&recv_cq)) = (self.cq_index.get(&s.send_cq), self.cq_index.get(&s.recv_cq)) else {
+        let (Some(&send_cq), Some(&recv_cq)) = (self.cq.index.get(&s.send_cq), self.cq.index.get(&s.recv_cq)) else {
             return Err("unknown CQ".into());
         };
         let ci = self.clients.iter().position(|c| c.id == s.client).ok_or("unknown client")?;
@@ -244,7 +244,7 @@ impl<L: Port> Lcore<L> {
         }
         self.clients[ci].slots[s.db_slot as usize] = qpn;
         for cq in [send_cq, recv_cq] {
-            if let Some(c) = self.cqs[cq].as_mut() {
+            if let Some(c) = self.cq.slots[cq].as_mut() {
                 c.refs += 1;
             }
         }
@@ -254,7 +254,7 @@ impl<L: Port> Lcore<L> {
     pub(super) fn remove_qp(&mut self, qpn: u32) -> bool {
         let Some((qp, slot)) = self.engine.remove(qpn) else { return false };
         for cq in [slot.cq.send, slot.cq.recv] {
-            if let Some(c) = self.cqs[cq].as_mut() {
+            if let Some(c) = self.cq.slots[cq].as_mut() {
                 c.refs = c.refs.saturating_sub(1);
             }
         }
@@ -266,7 +266,7 @@ impl<L: Port> Lcore<L> {
                 *s = 0;
             }
         }
-        self.backlog.retain(|&q| q != qpn);
+        self.posts.forget(qpn, self.engine.layout().slot(qpn));
         let _ = self.grave.send(Box::new((qp, slot)));
         true
     }

@@ -185,7 +185,7 @@ impl<L: Port> Lcore<L> {
                 if pkt.hdr.bth.opcode.info().is_some_and(|i| i.needs_recv_wqe()) {
                     self.pull_recv_wqes(qpn, at);
                 }
-                let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+                let mut cq = self.cq.writer(&self.stats);
                 // The QP handles it; a MIDDLE that took the full parse becomes its prediction
                 // record (the engine's `receive`).
                 if self.engine.receive(now, at, pi as u32, data, &pkt, predicted.is_some(), &*self.mem, &mut cq) {
@@ -231,7 +231,7 @@ impl<L: Port> Lcore<L> {
         if let Some(n) = qp.srq() {
             if let (Some(srq), Some(x)) = (self.engine.srq_mut(n), self.srqs.get_mut(&n)) {
                 if srq.is_empty() {
-                    super::doorbells::drain_srq(x, srq, &self.stats, &mut self.scratch.shm_recv);
+                    super::doorbells::drain_srq(x, srq, &self.stats, &mut self.posts.scratch.shm_recv);
                 }
             }
             return;
@@ -239,13 +239,7 @@ impl<L: Port> Lcore<L> {
         if !qp.recv_queue_empty() {
             return;
         }
-        let mut src = super::doorbells::RingSource { ahs: &self.ahs, stats: &self.stats, scratch: &mut self.scratch };
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
-        let p = self.engine.pull_recv(qpn, &mut src, &mut cq);
-        if p.full {
-            super::doorbells::list_backlog(&mut self.backlog, qpn);
-        }
-        super::doorbells::note_pull(&self.stats, p);
+        self.posts.pull(&mut self.engine, &mut self.cq, &self.stats, qpn, None);
     }
 
     /// A RoCEv2 CNP (BTH opcode 0x81): validated whole (layout, ICRC), then the QP it names

@@ -7,7 +7,7 @@ use super::*;
 
 impl<L: Port> Lcore<L> {
     pub(super) fn timers(&mut self, now: Instant) -> bool {
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let mut cq = self.cq.writer(&self.stats);
         self.engine.handle_timeout(now, &*self.mem, &mut cq)
     }
 
@@ -18,7 +18,7 @@ impl<L: Port> Lcore<L> {
     pub(super) fn transmit(&mut self, now: Instant) -> bool {
         let mut any = self.drain_srqs();
         any |= self.drain_backlog(now);
-        let mut cq = CqWriter::new(&mut self.cqs, &mut self.dirty_cqs, &self.stats);
+        let mut cq = self.cq.writer(&self.stats);
         let mut ports = LcorePorts { ports: &mut self.ports, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), unresolved: None, burst: Burst::default() };
         any |= self.engine.transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
         if let Some((pi, ip)) = ports.unresolved {
@@ -68,8 +68,8 @@ impl<L: Port> Lcore<L> {
                 bump(&self.stats.cm_drops, 1);
                 continue;
             };
-            self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
-            let psn = wire::Psn::new(self.gsi_psn);
+            self.gsi_psn = self.gsi_psn.wrapping_add(1);
+            let psn = self.gsi_psn;
             match pmrxe_cm::gsi::build_mad_frame_into(buf, &out.path, MacAddr(port.dev.mac), MacAddr(dmac), psn, &out.mad) {
                 Ok(n) => {
                     let _ = b.resize(n);
