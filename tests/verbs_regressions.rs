@@ -21,7 +21,7 @@ fn same_device_rc_pingpong_loops_back_inside_the_device() {
         &svc,
         &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "200", "-p", &p],
         &["ibv_rc_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "200", "-p", &p, "127.0.0.1"],
-        200,
+        port_for(200),
         LIMIT,
     );
     r.assert_ok();
@@ -40,7 +40,7 @@ fn same_device_ud_pingpong_is_delivered() {
         &svc,
         &["ibv_ud_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "100", "-p", &p],
         &["ibv_ud_pingpong", "-d", "pmrxe0", "-g", "1", "-c", "-n", "100", "-p", &p, "127.0.0.1"],
-        201,
+        port_for(201),
         LIMIT,
     )
     .assert_ok();
@@ -57,7 +57,7 @@ fn rc_pingpong_without_gid_fails_at_rtr_instead_of_hanging() {
         &svc,
         &["ibv_rc_pingpong", "-d", "pmrxe0", "-n", "10", "-p", &p],
         &["ibv_rc_pingpong", "-d", "pmrxe1", "-n", "10", "-p", &p, "127.0.0.1"],
-        202,
+        port_for(202),
         Duration::from_secs(30),
     );
     let both = format!("SERVER {}\nCLIENT {}", r.server.describe(), r.client.describe());
@@ -117,7 +117,7 @@ fn perftest_inline_with_a_vendor_identity_perftest_knows() {
         &svc,
         &["ib_write_bw", "-d", "pmrxe0", "-F", "-s", "64", "-I", "64", "-n", "2000", "-p", &p],
         &["ib_write_bw", "-d", "pmrxe0", "-F", "-s", "64", "-I", "64", "-n", "2000", "-p", &p, "127.0.0.1"],
-        203,
+        port_for(203),
         LIMIT,
     );
     r.assert_ok();
