@@ -11,7 +11,7 @@
 //!   *pending* list while it holds async events or completions its CQ refused (the rest went
 //!   to the embedder's [`Completions`] the moment they were produced), and in the *timer
 //!   queue* while it has a deadline. Every operation that goes through the engine re-files the QP
-//!   ([`Engine::kick`]), so one iteration costs in proportion to the events, not to the QPs.
+//!   (`Engine::touch`), so one iteration costs in proportion to the events, not to the QPs.
 //! * **Lazy timers.** The timer queue is a binary heap holding at most one live deadline per
 //!   QP (`armed`): a QP is re-armed only when its deadline moves *earlier* (an ACK moving the
 //!   retransmission deadline later costs nothing); a deadline that fires early is checked
@@ -283,7 +283,10 @@ impl<X> Engine<X> {
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
         self.slot_of(qpn).and_then(|s| self.entries[s].as_deref()).map(|e| &e.qp)
     }
-    /// A QP, mutably (after changing it call [`Engine::kick`]).
+    /// A QP, mutably (after changing it call [`Engine::kick`]). For tests and the simulator
+    /// only (feature `sim`): an embedder changes QPs through the engine's calls
+    /// ([`Engine::pull`], [`Engine::modify`], [`Engine::receive`] ...), which re-file them.
+    #[cfg(feature = "sim")]
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
         let s = self.slot_of(qpn)?;
         self.entries[s].as_deref_mut().map(|e| &mut e.qp)
@@ -329,7 +332,9 @@ impl<X> Engine<X> {
         self.entries.iter().flatten().map(|e| e.qp.qpn())
     }
 
-    /// Re-file `qpn` on the work lists after a change made through [`Engine::qp_mut`].
+    /// Re-file `qpn` on the work lists after a change made through [`Engine::qp_mut`] (feature
+    /// `sim`).
+    #[cfg(feature = "sim")]
     pub fn kick(&mut self, qpn: u32) {
         if let Some(s) = self.slot_of(qpn) {
             self.touch(s);
