@@ -1,6 +1,6 @@
 //! Where a QP's new work requests come from, as the engine pulls them: for the runtime's
 //! lcore, the client's shared send and receive rings (WQEs converted in place); for the
-//! simulator, the WRs a test rang in ([`crate::sim::Node::ring_send`]). The engine decides
+//! simulator, the WRs a test rang in (`sim::Node::ring_send`). The engine decides
 //! what happens to each ([`crate::Engine::pull`]): receive WRs first, so a SEND arriving in the
 //! same burst finds them; a full queue leaves the WR in the source (the embedder retries);
 //! a malformed WR or a corrupt queue moves the QP to ERROR. One implementation for production
