@@ -405,32 +405,42 @@ impl<X> Engine<X> {
         let Some(s) = self.slot_of(qpn) else { return p };
         let Some(e) = self.entries[s].as_deref_mut() else { return p };
         let Entry { qp, ext, .. } = e;
-        loop {
-            match src.next_recv(qpn, ext) {
-                Offer::Wr(w) => {
-                    // The receive queue refuses when full (or while the QP is in RESET, or
-                    // on an SRQ): the WRs wait in the source.
-                    if qp.post_recv(&w, &mut Bound { out: &mut *cq, ext: &*ext }).is_err() {
-                        p.full = true;
+        // A queue still full since the last pull (a backlogged QP retried every pass) is not
+        // read: no entry is copied and converted just to be refused.
+        let recv_full = qp.recv_queue_full();
+        p.full |= recv_full;
+        if !recv_full {
+            loop {
+                match src.next_recv(qpn, ext) {
+                    Offer::Wr(w) => {
+                        // The receive queue refuses when full (or while the QP is in RESET, or
+                        // on an SRQ): the WRs wait in the source.
+                        if qp.post_recv(&w, &mut Bound { out: &mut *cq, ext: &*ext }).is_err() {
+                            p.full = true;
+                            break;
+                        }
+                    }
+                    Offer::Empty => break,
+                    Offer::Malformed => {
+                        p.malformed += 1;
+                        fail(qp, ext, cq);
+                    }
+                    Offer::Corrupt => {
+                        p.corrupt += 1;
+                        fail(qp, ext, cq);
                         break;
                     }
                 }
-                Offer::Empty => break,
-                Offer::Malformed => {
-                    p.malformed += 1;
-                    fail(qp, ext, cq);
-                }
-                Offer::Corrupt => {
-                    p.corrupt += 1;
-                    fail(qp, ext, cq);
-                    break;
-                }
+                src.consume(qpn, ext, Queue::Recv);
+                p.moved += 1;
             }
-            src.consume(qpn, ext, Queue::Recv);
-            p.moved += 1;
         }
         src.finish(qpn, ext, Queue::Recv);
-        if let Some(now) = send_at {
+        if let Some(now) = send_at.filter(|_| {
+            let full = qp.send_queue_full();
+            p.full |= full;
+            !full
+        }) {
             loop {
                 let bad = match src.next_send(qpn, ext) {
                     Offer::Wr(w) => match qp.post_send(now, &w, &mut Bound { out: &mut *cq, ext: &*ext }) {

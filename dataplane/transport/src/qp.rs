@@ -467,7 +467,7 @@ impl Qp {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
             _ => return Err(PostError::InvalidState),
         }
-        if self.sq.len() >= self.caps.max_send_wr as usize {
+        if self.send_queue_full() {
             return Err(PostError::QueueFull);
         }
         let op = wqe.op();
@@ -559,6 +559,19 @@ impl Qp {
             self.flush(cq);
         }
         Ok(())
+    }
+
+    /// Whether the send queue holds `max_send_wr` WQEs: a post now fails with
+    /// [`PostError::QueueFull`] until a completion retires one.
+    #[inline]
+    pub fn send_queue_full(&self) -> bool {
+        self.sq.len() >= self.caps.max_send_wr as usize
+    }
+
+    /// Whether the QP's own receive queue holds `max_recv_wr` WQEs (false on an SRQ).
+    #[inline]
+    pub fn recv_queue_full(&self) -> bool {
+        self.srq.is_none() && self.rq.len() >= self.caps.max_recv_wr as usize
     }
 
     /// Whether the QP's own receive queue holds no WQE, queued or in progress. When a request

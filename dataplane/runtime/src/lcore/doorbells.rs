@@ -14,7 +14,7 @@ pub(super) struct Posts {
     /// Reserved scratch: QPNs whose doorbell rang this iteration.
     work: Vec<u32>,
     /// QPNs with WQEs left in their rings because the engine's queue was full.
-    backlog: Vec<u32>,
+    pub(super) backlog: Vec<u32>,
     /// `backlog` membership by engine slot, one bit each: listing a QP stays O(1) however
     /// many QPs a client keeps full.
     listed: Vec<u64>,
@@ -141,6 +141,9 @@ impl<L: Port> Lcore<L> {
 
     /// Retry the rings of QPs on the backlog list (completions may have made room).
     pub(super) fn drain_backlog(&mut self, now: Instant) -> bool {
+        if self.posts.backlog.is_empty() {
+            return false;
+        }
         self.posts.pull_backlog(&mut self.engine, &mut self.cq, &self.stats, now)
     }
 
