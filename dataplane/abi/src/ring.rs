@@ -87,6 +87,10 @@ pub struct RingHeader {
 
 const _: () = assert!(core::mem::size_of::<RingHeader>() == RING_HEADER_LEN);
 
+/// Where the producer index (a `u32`) lies in the ring header: what a client that corrupts its
+/// own ring overwrites (the service's hostile-client tests write it directly).
+pub const PRODUCER_INDEX_OFFSET: usize = core::mem::offset_of!(RingHeader, producer);
+
 /// Why a ring could not be attached or used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingError {

@@ -1,9 +1,10 @@
 //! Client WQEs (untrusted bytes copied out of shared memory) → engine WQEs, and engine CQEs
 //! → client CQEs. Every field is range-checked here, once; the engine never sees a value a
 //! client could not legitimately have posted.
+use pmrxe_abi::ring::Consumer;
 use pmrxe_abi::{send_flags, wr_opcode, ShmCqe, ShmRecvWqe, ShmSendWqe, MAX_RECV_SGE};
 use pmrxe_mem::{Access, Key, Sge};
-use pmrxe_transport::{AddressVector, Cqe, RecvWqe, RecvWr, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
+use pmrxe_transport::{AddressVector, Cqe, Offer, RecvWqe, RecvWr, SendFlags, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 /// Why a client WQE was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +185,37 @@ impl RecvWr for ShmRecvWr<'_> {
     fn sge(&self, i: usize) -> Sge {
         let s = self.w.sge[i];
         Sge { addr: s.addr, len: s.length, lkey: Key(s.lkey) }
+    }
+}
+
+/// What a client's send ring offers the engine next ([`pmrxe_transport::WorkSource::next_send`]):
+/// the entry at the ring's tail copied once into `scratch` (the client can rewrite its ring at
+/// any time; only this copy is read), then checked there ([`ShmSendWr::new`]: a bad entry is
+/// [`Offer::Malformed`]); impossible ring indices are [`Offer::Corrupt`]. The entry stays in the
+/// ring until the caller advances past it. `ah` resolves UD address handles; `is_ud`: the QP
+/// is UD. The lcore's rings and the seeded simulator's client rings both offer through here.
+#[inline]
+pub fn offer_send<'a>(ring: &mut Consumer<ShmSendWqe>, scratch: &'a mut ShmSendWqe, ah: impl Fn(u32) -> Option<AddressVector>, is_ud: bool) -> Offer<ShmSendWr<'a>> {
+    match ring.peek_into(scratch) {
+        Ok(true) => match ShmSendWr::new(scratch, ah, is_ud) {
+            Ok(wr) => Offer::Wr(wr),
+            Err(_) => Offer::Malformed,
+        },
+        Ok(false) => Offer::Empty,
+        Err(_) => Offer::Corrupt,
+    }
+}
+
+/// [`offer_send`] for a receive ring.
+#[inline]
+pub fn offer_recv<'a>(ring: &mut Consumer<ShmRecvWqe>, scratch: &'a mut ShmRecvWqe) -> Offer<ShmRecvWr<'a>> {
+    match ring.peek_into(scratch) {
+        Ok(true) => match ShmRecvWr::new(scratch) {
+            Ok(wr) => Offer::Wr(wr),
+            Err(_) => Offer::Malformed,
+        },
+        Ok(false) => Offer::Empty,
+        Err(_) => Offer::Corrupt,
     }
 }
 

@@ -269,9 +269,24 @@ impl<X> WorkSource<X> for Rings {
     }
 }
 
+/// The client rings a simulated node's engine pulls every step ([`Engine::pull`]): the
+/// simulator's own [`Rings`] (transport WRs a test rings in), or an embedder's — the runtime's
+/// tests ring the clients' shared-memory WQEs and let its production conversion offer them,
+/// so that conversion runs under the seeded loss, duplication and reordering too.
+pub trait ClientRings: WorkSource<()> + Default {
+    /// The QPs with entries waiting in any of their rings (appended to `out`).
+    fn waiting_qps(&self, out: &mut Vec<u32>);
+}
+
+impl ClientRings for Rings {
+    fn waiting_qps(&self, out: &mut Vec<u32>) {
+        out.extend(self.queues.iter().filter(|(_, (s, r))| !s.is_empty() || !r.is_empty()).map(|(&q, _)| q));
+    }
+}
+
 /// One host on the simulated link.
 #[derive(Debug)]
-pub struct Node {
+pub struct Node<R = Rings> {
     /// Its QPs and SRQs.
     pub engine: Engine,
     /// Its memory table, through an epoch reader as an lcore reaches it (the engine's lookups
@@ -307,7 +322,7 @@ pub struct Node {
     /// Frames for a QPN this node does not have.
     pub rx_unknown_qp: u64,
     /// Its simulated client rings.
-    pub rings: Rings,
+    pub rings: R,
     /// What the engine's pulls of [`Node::rings`] did, summed (`full`: some pull found a
     /// queue full).
     pub pulled: Pulled,
@@ -316,8 +331,35 @@ pub struct Node {
 impl Node {
     /// A host at `ip` with an empty engine and memory table.
     pub fn new(ip: Ipv4Addr) -> Self {
+        Node::with_rings(ip)
+    }
+    /// Ring a send WR into `qpn`'s simulated client ring (the engine pulls it at the next
+    /// step, as the lcore pulls a client's ring when its doorbell rings).
+    pub fn ring_send(&mut self, qpn: u32, wqe: SendWqe) {
+        self.rings.queues.entry(qpn).or_default().0.push_back(Rung::Wr(wqe));
+    }
+    /// Ring a receive WR into `qpn`'s simulated client ring.
+    pub fn ring_recv(&mut self, qpn: u32, wqe: RecvWqe) {
+        self.rings.queues.entry(qpn).or_default().1.push_back(Rung::Wr(wqe));
+    }
+    /// Ring an entry that is not a work request (malformed or a corrupt ring) into a queue.
+    pub fn ring_bad(&mut self, qpn: u32, queue: Queue, entry: Rung<()>) {
+        let q = self.rings.queues.entry(qpn).or_default();
+        match (queue, entry) {
+            (_, Rung::Wr(())) => {}
+            (Queue::Send, Rung::Malformed) => q.0.push_back(Rung::Malformed),
+            (Queue::Send, Rung::Corrupt) => q.0.push_back(Rung::Corrupt),
+            (Queue::Recv, Rung::Malformed) => q.1.push_back(Rung::Malformed),
+            (Queue::Recv, Rung::Corrupt) => q.1.push_back(Rung::Corrupt),
+        }
+    }
+}
+
+impl<R: ClientRings> Node<R> {
+    /// A host at `ip` with an empty engine and memory table, and client rings of type `R`.
+    pub fn with_rings(ip: Ipv4Addr) -> Self {
         let mem = Arc::new(MemTable::new(Default::default())).reader().expect("a fresh table has reader slots");
-        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0, rings: Rings::default(), pulled: Pulled::default() }
+        Node { engine: Engine::new(), mem, ip, cqes: VecDeque::new(), events: VecDeque::new(), cq_limit: None, cq_overflows: Vec::new(), unresolved: Vec::new(), neigh_gen: 0, tx_neigh_holds: 0, tx_no_neighbor: 0, tx_spare: Vec::new(), rx_parse_drops: 0, rx_unknown_qp: 0, rings: R::default(), pulled: Pulled::default() }
     }
 
     /// The end of a step: the reader goes offline (as an lcore that parks), so invalidations
@@ -353,29 +395,10 @@ impl Node {
         let (engine, _, mut cq) = self.parts();
         engine.post_recv(qpn, wqe, &mut cq)
     }
-    /// Ring a send WR into `qpn`'s simulated client ring (the engine pulls it at the next
-    /// step, as the lcore pulls a client's ring when its doorbell rings).
-    pub fn ring_send(&mut self, qpn: u32, wqe: SendWqe) {
-        self.rings.queues.entry(qpn).or_default().0.push_back(Rung::Wr(wqe));
-    }
-    /// Ring a receive WR into `qpn`'s simulated client ring.
-    pub fn ring_recv(&mut self, qpn: u32, wqe: RecvWqe) {
-        self.rings.queues.entry(qpn).or_default().1.push_back(Rung::Wr(wqe));
-    }
-    /// Ring an entry that is not a work request (malformed or a corrupt ring) into a queue.
-    pub fn ring_bad(&mut self, qpn: u32, queue: Queue, entry: Rung<()>) {
-        let q = self.rings.queues.entry(qpn).or_default();
-        match (queue, entry) {
-            (_, Rung::Wr(())) => {}
-            (Queue::Send, Rung::Malformed) => q.0.push_back(Rung::Malformed),
-            (Queue::Send, Rung::Corrupt) => q.0.push_back(Rung::Corrupt),
-            (Queue::Recv, Rung::Malformed) => q.1.push_back(Rung::Malformed),
-            (Queue::Recv, Rung::Corrupt) => q.1.push_back(Rung::Corrupt),
-        }
-    }
     /// Let the engine pull every QP's rung WRs ([`Engine::pull`]); true if any moved.
     pub fn pull_rings(&mut self, now: Instant) -> bool {
-        let qpns: Vec<u32> = self.rings.queues.iter().filter(|(_, (s, r))| !s.is_empty() || !r.is_empty()).map(|(&q, _)| q).collect();
+        let mut qpns = Vec::new();
+        self.rings.waiting_qps(&mut qpns);
         let mut moved = false;
         for qpn in qpns {
             let cq = NodeCq { log: &mut self.cqes, events: &mut self.events, limit: self.cq_limit, overflows: &mut self.cq_overflows };
@@ -482,14 +505,14 @@ pub fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
     ip.to_ipv6_mapped().octets()
 }
 
-/// The simulated network.
-pub struct Sim {
+/// The simulated network (`R`: the nodes' client rings, see [`ClientRings`]).
+pub struct Sim<R = Rings> {
     /// Virtual time.
     pub now: Instant,
     /// One-way latency.
     pub latency_ns: u64,
     /// Hosts.
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Node<R>>,
     /// Random impairments.
     pub impair: Impairments,
     /// Every packet sent, in send order.
@@ -505,7 +528,7 @@ pub struct Sim {
     buf: Vec<u8>,
 }
 
-impl core::fmt::Debug for Sim {
+impl<R> core::fmt::Debug for Sim<R> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Sim").field("now", &self.now).field("nodes", &self.nodes.len()).field("link", &self.link).finish()
     }
@@ -518,8 +541,15 @@ pub struct Livelock;
 impl Sim {
     /// `n` nodes, seeded RNG, 1 µs latency.
     pub fn new(n: usize, seed: u64) -> Self {
+        Sim::with_rings(n, seed)
+    }
+}
+
+impl<R: ClientRings> Sim<R> {
+    /// [`Sim::new`] with client rings of type `R`.
+    pub fn with_rings(n: usize, seed: u64) -> Self {
         let nodes = (0..n)
-            .map(|i| Node::new(Ipv4Addr::new(10, 0, 0, i as u8 + 1)))
+            .map(|i| Node::with_rings(Ipv4Addr::new(10, 0, 0, i as u8 + 1)))
             .collect();
         Sim {
             now: Instant(0),
@@ -690,7 +720,7 @@ impl Sim {
 
     /// Run until `cond` holds or quiescence, at most `max_steps` steps; returns whether
     /// `cond` held.
-    pub fn drive_until(&mut self, max_steps: usize, mut cond: impl FnMut(&Sim) -> bool) -> bool {
+    pub fn drive_until(&mut self, max_steps: usize, mut cond: impl FnMut(&Self) -> bool) -> bool {
         for _ in 0..max_steps {
             if cond(self) {
                 return true;
@@ -762,7 +792,7 @@ impl Default for PairParams {
     }
 }
 
-impl Sim {
+impl<R: ClientRings> Sim<R> {
     /// Create QP `qa` on node `a` and `qb` on node `b` and move both to RTS connected to
     /// each other (UD: RTS with Q_Key 0x11111111, no peer).
     pub fn connect(&mut self, a: usize, qa: u32, b: usize, qb: u32, p: &PairParams) {

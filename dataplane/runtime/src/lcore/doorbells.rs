@@ -171,29 +171,15 @@ impl WorkSource<QpSlot> for RingSource<'_> {
 
     #[inline]
     fn next_send(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Send<'_>> {
-        match s.sq.peek_into(&mut self.scratch.shm_send) {
-            Ok(true) => {
-                let (ahs, client) = (self.ahs, s.client);
-                match convert::ShmSendWr::new(&self.scratch.shm_send, |h| ahs.get(&(client, h)).copied(), s.is_ud) {
-                    Ok(wr) => Offer::Wr(wr),
-                    Err(_) => Offer::Malformed,
-                }
-            }
-            Ok(false) => Offer::Empty,
-            Err(_) => Offer::Corrupt,
-        }
+        let (ahs, client) = (self.ahs, s.client);
+        convert::offer_send(&mut s.sq, &mut self.scratch.shm_send, |h| ahs.get(&(client, h)).copied(), s.is_ud)
     }
 
     #[inline]
     fn next_recv(&mut self, _qpn: u32, s: &mut QpSlot) -> Offer<Self::Recv<'_>> {
-        let Some(rq) = s.rq.as_mut() else { return Offer::Empty };
-        match rq.peek_into(&mut self.scratch.shm_recv) {
-            Ok(true) => match convert::ShmRecvWr::new(&self.scratch.shm_recv) {
-                Ok(wr) => Offer::Wr(wr),
-                Err(_) => Offer::Malformed,
-            },
-            Ok(false) => Offer::Empty,
-            Err(_) => Offer::Corrupt,
+        match s.rq.as_mut() {
+            Some(rq) => convert::offer_recv(rq, &mut self.scratch.shm_recv),
+            None => Offer::Empty,
         }
     }
 
