@@ -1,7 +1,18 @@
 //! Completions: the engine's CQEs staged in place into the clients' shared CQ rings as they
 //! are produced (one publish per CQ and one fence per iteration for all CQs written), CQ
 //! overflow, asynchronous events, and completion events for armed CQs.
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pmrxe_port::Port;
+use pmrxe_transport::{Completions, CqSide, Cqe, Instant};
+
+use super::{event_code, qp_shared, ClientSlot, CqSlot, Lcore, QpSlot};
+use crate::convert;
+use crate::shm::Segment;
+use crate::stats::{bump, LcoreStats};
+
 use pmrxe_transport::Delivery;
 
 /// Where a QP's completions go: its CQs, and the retired count of its own receive ring. (A

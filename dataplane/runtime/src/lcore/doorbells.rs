@@ -1,6 +1,15 @@
 //! Doorbells: swap each rung doorbell word to 0 and move exactly those QPs' (and SRQs') new
 //! WQEs from their shared rings into the engine.
-use super::*;
+use std::collections::HashMap;
+
+use pmrxe_abi::{ShmRecvWqe, ShmSendWqe};
+use pmrxe_port::Port;
+use pmrxe_transport::{AddressVector, Engine, Instant, Offer, Pulled, Queue, Srq, WorkSource};
+
+use super::completions::CqSet;
+use super::{Lcore, QpSlot, Scratch, SrqSlot, SRQ_SLOT};
+use crate::convert;
+use crate::stats::{bump, LcoreStats};
 
 /// The lcore's post stage: what turns rung ring entries into engine work. Address handles
 /// (UD sends name them), the scratch copies ring entries are read into, the QPs whose

@@ -23,42 +23,47 @@
 //! no `MrRef` outlives the call that took it.
 //!
 //! This file holds the lcore's state and loop; each step lives in its own file:
-//! `objects.rs` (1), `rx.rs` (2), `neighbours.rs` (ARP/ND), `doorbells.rs` (3),
-//! `tx.rs` (4, 5, 7) and `completions.rs` (6).
+//! `objects.rs` (1), `rx.rs` (2), `neighbours.rs` (ARP/ND), `mcast.rs` (multicast, IGMP),
+//! `doorbells.rs` (3), `tx.rs` (4, 5), `completions.rs` (6) and `ports.rs` (7). The state a
+//! stage alone uses is that stage's struct: `CqSet` (completions.rs), `Posts` (doorbells.rs),
+//! `Ports` (ports.rs), `Qp1` (qp1.rs: connection-manager MADs) and `Sleeper` (sleep.rs: the
+//! idle policy).
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use crossbeam::channel::{Receiver, Sender};
 use pmrxe_abi::ring::{Consumer, Producer};
-use pmrxe_abi::{
-    ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS,
-};
+use pmrxe_abi::{ClientPage, CqNotify, CqSegmentLayout, QpSegmentLayout, QpShared, ShmCqe, ShmRecvWqe, ShmSendWqe, SrqSegmentLayout};
 use pmrxe_mem::{MemTable, Reader};
-use pmrxe_abi::SrqSegmentLayout;
-use pmrxe_transport::{AddressVector, AttrMask, Completions, CqSide, Cqe, Engine, Instant, Offer, Pulled, Qp, QpAttr, QpType, QpnLayout, Queue, RxPacket, Srq, SrqAttr, Transmit, TxPort, WorkSource};
-use pmrxe_wire::{self as wire, MacAddr};
+use pmrxe_port::Port;
+use pmrxe_transport::{AddressVector, AttrMask, Engine, Instant, Qp, QpAttr, QpnLayout, Srq, SrqAttr};
+use pmrxe_wire as wire;
 
 use crate::call::CallError;
 use crate::clock::Clock;
-use crate::convert;
-use crate::gsi::{GsiFrame, GsiPipe, MAX_GSI_FRAME};
+use crate::gsi::GsiPipe;
 use crate::idle::{Idle, Waker};
-use pmrxe_port::{ArrayVec, PacketBuf, Port};
-use crate::neigh::{gid_to_ip, Neighbors};
+use crate::neigh::Neighbors;
 use crate::shm::{EventFd, Segment};
 use crate::stats::{bump, DropStats, LcoreStats};
 
 mod completions;
-use completions::{CqSet, CqTarget};
-use doorbells::Posts;
 mod doorbells;
 mod mcast;
 mod neighbours;
 mod objects;
+mod ports;
+mod qp1;
 mod rx;
 mod sleep;
+
+use completions::{CqSet, CqTarget};
+use doorbells::Posts;
+use ports::Ports;
+use qp1::Qp1;
+use sleep::Sleeper;
 mod tx;
 
 /// The lcore's scratch WQEs: a client's ring entry is copied into `shm_*` (head and live tail
@@ -73,9 +78,6 @@ struct Scratch {
 pub const BURST: usize = 32;
 /// Frames a port queues for transmit (or for its own loopback) before `tx_burst`.
 const TX_QUEUE: usize = BURST * 4;
-/// How often an idle lcore asks its ports what the kernel dropped from their receive rings
-/// (one getsockopt per af_packet socket): 100 ms.
-const RING_CHECK_NS: u64 = 100_000_000;
 /// Receive bursts per port in one pass at most: receiving keeps up with what one pass can queue
 /// for transmit (TX_QUEUE), so queues between lcores stay short.
 const RX_BURSTS: usize = TX_QUEUE / BURST;
@@ -312,62 +314,6 @@ impl ClientSlot {
     }
 }
 
-struct PortSlot<L: Port> {
-    dev: DeviceConfig,
-    /// The GIDs as IP addresses (same order as `dev.gids`), converted once.
-    ips: Vec<IpAddr>,
-    tx: ArrayVec<L::Buf, TX_QUEUE>,
-    /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
-    /// back inside the device, as rxe and every NIC do, and received on the next iteration.
-    /// Boxed so that the receive pass takes it by swapping a pointer with `Lcore::lo_spare`
-    /// (moving the 1 KiB array in and out cost two memcpys per pass).
-    lo: Box<ArrayVec<L::Buf, TX_QUEUE>>,
-    /// Empty transmit buffers: taken from the port a burst at a time (one mempool call instead
-    /// of one per frame) and given back when a QP's poll produced nothing, so a visit that
-    /// ends the QP's turn costs no allocation and free. Last in, first out (cache-warm).
-    spare: ArrayVec<L::Buf, BURST>,
-    /// Multicast groups with QPs attached on this port (few: a linear search).
-    groups: Vec<McastGroup>,
-    /// Declared last, so dropped after every buffer above (buffers never outlive their pool).
-    link: L,
-}
-
-/// A multicast group of a port and the QPs attached to it (of every lcore: a datagram that
-/// arrives on one lcore is copied to the others that own members).
-struct McastGroup {
-    gid: [u8; 16],
-    members: Vec<u32>,
-}
-
-impl<L: Port> PortSlot<L> {
-    /// An empty transmit buffer (from `spare`, refilled in bulk; one at a time when the pool
-    /// cannot supply a whole burst).
-    #[inline]
-    fn alloc(&mut self) -> Option<L::Buf> {
-        if self.spare.is_empty() && self.link.alloc_bulk(&mut self.spare) == 0 {
-            return self.link.alloc();
-        }
-        self.spare.pop()
-    }
-
-    /// Return an unused buffer from [`PortSlot::alloc`] (emptied first; freed if there is no
-    /// room or it cannot be emptied).
-    #[inline]
-    fn give_back(&mut self, mut b: L::Buf) {
-        if !self.spare.is_full() && b.resize(0).is_some() {
-            self.spare.push(b);
-        }
-    }
-
-    fn owns_ip(&self, ip: IpAddr) -> bool {
-        self.ips.contains(&ip)
-    }
-    /// Our first address of the family of `like`.
-    fn ip_like(&self, like: IpAddr) -> Option<IpAddr> {
-        self.ips.iter().copied().find(|i| i.is_ipv4() == like.is_ipv4())
-    }
-}
-
 /// The sending side of an lcore's command queue: every command also signals the lcore's
 /// wake-up eventfd, so an lcore asleep in `wait` mode takes it at once (a system call on the
 /// control path only; an lcore that is awake finds the eventfd readable at its next sleep
@@ -443,7 +389,8 @@ pub trait Tap: Send {
 /// A poll-mode lcore.
 pub struct Lcore<L: Port> {
     index: usize,
-    ports: Vec<PortSlot<L>>,
+    /// The ports stage: devices, their queues, the receive scratch.
+    ports: Ports<L>,
     /// This lcore's epoch reader of the MR table (QSBR): `&*self.mem` is what the QPs copy
     /// through; `poll_once` ends with its quiescent point.
     mem: Box<Reader>,
@@ -460,29 +407,15 @@ pub struct Lcore<L: Port> {
     stats: Arc<LcoreStats>,
     drops: Arc<DropStats>,
     clock: Clock,
-    idle: Idle,
-    /// This lcore's wake-up eventfd and sleep flag (wait mode).
-    waker: Arc<Waker>,
-    /// Wait mode: some port cannot wake the lcore (no fd, not a ring pair): sleeps are bounded
-    /// by `max_sleep_us`.
-    wake_blind: bool,
+    /// The idle stage: the back-off or wait policy, the wake-up eventfd and sleep flag.
+    sleeper: Sleeper,
     stop: Arc<AtomicBool>,
     tap: Option<Box<dyn Tap>>,
     grave: Sender<Box<dyn Send>>,
     handoff: Option<Arc<Handoff<L::Buf>>>,
     last_solicit: Instant,
-    /// When the ports' receive rings were last asked what the kernel dropped.
-    last_ring_check: Instant,
-    /// Reserved scratch: the receive burst, one for every port (ports are polled in turn).
-    /// Boxed and taken out by pointer for the pass, which needs `&mut self` per frame: moving
-    /// the array itself in and out was two memcpys per port per iteration, busy or not.
-    rx: Option<Box<ArrayVec<L::Buf, BURST>>>,
-    /// Always empty between passes: swapped with a port's `lo` to receive its looped frames.
-    lo_spare: Option<Box<ArrayVec<L::Buf, TX_QUEUE>>>,
-    /// QP1 queues to and from the connection manager (None: QP1 frames are dropped).
-    gsi: Option<Arc<GsiPipe>>,
-    /// PSN of the next MAD this lcore sends from QP1 (receivers do not check it).
-    gsi_psn: wire::Psn,
+    /// The QP1 stage: MADs to and from the connection manager.
+    qp1: Qp1,
 }
 
 /// Capacity of the per-lcore QP table.
@@ -509,13 +442,7 @@ impl<L: Port> Lcore<L> {
         for (ip, mac) in neighbors {
             neigh.add_static(*ip, *mac);
         }
-        let ports = ports
-            .into_iter()
-            .map(|(link, dev)| {
-                let ips = dev.gids.iter().map(gid_to_ip).collect();
-                PortSlot { link, dev, ips, tx: ArrayVec::new(), lo: Box::default(), spare: ArrayVec::new(), groups: Vec::new() }
-            })
-            .collect();
+        let ports = Ports::new(ports);
         let lc = Lcore {
             index,
             ports,
@@ -530,19 +457,13 @@ impl<L: Port> Lcore<L> {
             stats: stats.clone(),
             drops: drops.clone(),
             clock: Clock::new(),
-            idle: Idle::new(idle),
-            waker: waker.clone(),
-            wake_blind: false,
+            sleeper: Sleeper::new(Idle::new(idle), waker.clone()),
             stop,
             tap,
             grave,
             handoff: None,
             last_solicit: Instant(0),
-            last_ring_check: Instant(0),
-            rx: Some(Box::default()),
-            lo_spare: Some(Box::default()),
-            gsi: None,
-            gsi_psn: wire::Psn::default(),
+            qp1: Qp1::default(),
         };
         let stop = lc.stop.clone();
         (lc, LcoreHandle { cmds: CmdSender { tx, waker: waker.clone() }, waker, stats, drops, index, graveyard: grave_rx, stop })
@@ -554,7 +475,7 @@ impl<L: Port> Lcore<L> {
         // QPNs of this lcore are `qpn % lcores == index`; the engine's slab follows.
         self.engine = Engine::with_layout(qpn_layout(h.lcores()), self.index);
         if let Some(w) = h.wakers.get(self.index) {
-            let _ = w.set(self.waker.clone());
+            let _ = w.set(self.sleeper.waker.clone());
         }
         self.handoff = Some(h);
     }
@@ -562,13 +483,13 @@ impl<L: Port> Lcore<L> {
     /// Carry QP1 (CM MADs) to and from the connection manager through `pipe`. Must be called
     /// before `run`.
     pub fn set_gsi(&mut self, pipe: Arc<GsiPipe>) {
-        pipe.set_lcore_waker(self.index, self.waker.clone());
-        self.gsi = Some(pipe);
+        pipe.set_lcore_waker(self.index, self.sleeper.waker.clone());
+        self.qp1.pipe = Some(pipe);
     }
 
     /// Run until the stop flag is set.
     pub fn run(&mut self) {
-        let wait = self.idle.mode() == pmrxe_config::IdleMode::Wait;
+        let wait = self.sleeper.idle.mode() == pmrxe_config::IdleMode::Wait;
         if wait {
             self.arm_wait();
         }
@@ -582,16 +503,16 @@ impl<L: Port> Lcore<L> {
             let now = self.clock.now();
             let work = self.poll_once(now);
             if !work {
-                self.check_rings(now);
+                self.ports.check_rings(now, &self.stats);
             }
             if work {
                 bump(&self.stats.busy_iterations, 1);
                 bump(&self.stats.busy_ns, self.clock.now().0.saturating_sub(now.0));
-                self.idle.work();
+                self.sleeper.idle.work();
                 if wait {
                     if last_look {
                         last_look = false;
-                        self.waker.sleep_end();
+                        self.sleeper.waker.sleep_end();
                     }
                     if peers {
                         self.wake_peers();
@@ -604,21 +525,21 @@ impl<L: Port> Lcore<L> {
                     if self.sleep() {
                         bump(&self.stats.idle_sleeps, 1);
                     }
-                } else if self.idle.spun_out(&self.stats.cpu_contended) {
-                    self.waker.sleep_begin();
+                } else if self.sleeper.idle.spun_out(&self.stats.cpu_contended) {
+                    self.sleeper.waker.sleep_begin();
                     std::sync::atomic::fence(Ordering::SeqCst);
                     last_look = true;
                 }
             } else {
                 bump(&self.stats.idle_iterations, 1);
                 // The next timer bounds a sleep; only worth computing when we may sleep.
-                let next = if self.idle.may_sleep() {
+                let next = if self.sleeper.idle.may_sleep() {
                     self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0) / 1000)
                 } else {
                     None
                 };
                 // Offline before a sleep: a parked lcore never delays an invalidation.
-                if self.idle.idle(next, || self.mem.offline()) {
+                if self.sleeper.idle.idle(next, || self.mem.offline()) {
                     bump(&self.stats.idle_sleeps, 1);
                 }
             }
@@ -631,20 +552,6 @@ impl<L: Port> Lcore<L> {
         self.deliver_completions(now);
         for c in &self.clients {
             c.page().service_down.store(1, Ordering::Release);
-        }
-    }
-
-    /// On an idle iteration, at most every [`RING_CHECK_NS`]: count what the kernel dropped
-    /// from the ports' receive rings since the last look (`rx_ring_drops`; drops during a busy
-    /// stretch are counted at its end).
-    fn check_rings(&mut self, now: Instant) {
-        if now.0.saturating_sub(self.last_ring_check.0) < RING_CHECK_NS {
-            return;
-        }
-        self.last_ring_check = now;
-        let n: u64 = self.ports.iter_mut().map(|p| p.link.rx_ring_drops()).sum();
-        if n > 0 {
-            bump(&self.stats.rx_ring_drops, n);
         }
     }
 
@@ -663,7 +570,7 @@ impl<L: Port> Lcore<L> {
         work |= self.gsi_transmit(now);
         work |= self.transmit(now);
         work |= self.deliver_completions(now);
-        work |= self.flush_tx();
+        work |= self.ports.flush(&self.stats);
         // End of the iteration: no MrRef is alive, a quiescent point for MR invalidation.
         self.mem.quiescent();
         work

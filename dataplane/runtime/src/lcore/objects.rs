@@ -1,6 +1,16 @@
 //! Control commands from the service: create, modify, query and destroy the objects an
 //! lcore owns (QPs, CQs, SRQs, clients, address handles), each answered on its reply channel.
-use super::*;
+use std::sync::atomic::Ordering;
+
+use crossbeam::channel::TryRecvError;
+use pmrxe_abi::ring::{Consumer, Producer};
+use pmrxe_abi::{CqNotify, ShmCqe, ShmRecvWqe, ShmSendWqe, DOORBELL_SLOTS};
+use pmrxe_port::Port;
+use pmrxe_transport::{Qp, QpType, Srq};
+
+use super::completions::CqTarget;
+use super::{ClientSlot, Cmd, CqSlot, Lcore, QpSetup, QpSlot, SrqSlot, SRQ_SLOT};
+use crate::stats::bump;
 
 impl<L: Port> Lcore<L> {
     pub(super) fn commands(&mut self) -> bool {
@@ -94,7 +104,7 @@ impl<L: Port> Lcore<L> {
                 let now = self.clock.now();
                 self.doorbells(now);
                 self.transmit(now);
-                self.flush_tx();
+                self.ports.flush(&self.stats);
                 self.receive(now);
                 self.deliver_completions(now);
                 let r = match self.cq.index.get(&cq).and_then(|&i| self.cq.slots[i].as_mut()) {
@@ -199,7 +209,7 @@ impl<L: Port> Lcore<L> {
     }
 
     pub(super) fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
-        let dev = self.ports.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
+        let dev = self.ports.slots.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
         let (Some(&send_cq), Some(&recv_cq)) = (self.cq.index.get(&s.send_cq), self.cq.index.get(&s.recv_cq)) else {
             return Err("unknown CQ".into());
         };
@@ -225,7 +235,7 @@ impl<L: Port> Lcore<L> {
             }
         }
         let mut s = s;
-        s.qp.set_congestion(self.ports[dev].dev.cc);
+        s.qp.set_congestion(self.ports.slots[dev].dev.cc);
         let qpn = s.qp.qpn();
         let is_ud = s.qp.qp_type() == QpType::Ud;
         let srq = s.qp.srq();

@@ -1,18 +1,21 @@
 //! Receive: `rx_burst` on every port, parse and validate, hand frames for another lcore's QPs
 //! over, and dispatch the rest by destination QPN to the owning QP (CNPs to its reaction point,
 //! QP1 MADs to the connection manager).
-use super::*;
+use pmrxe_port::{ArrayVec, PacketBuf, Port};
+use pmrxe_transport::{Instant, RxPacket};
+use pmrxe_wire as wire;
+
+use super::{Lcore, BURST, RX_BURSTS};
+use crate::stats::bump;
 
 impl<L: Port> Lcore<L> {
     pub(super) fn receive(&mut self, now: Instant) -> bool {
         let mut any = false;
-        let (Some(mut rx), Some(mut lo)) = (self.rx.take(), self.lo_spare.take()) else {
-            unreachable!("the receive scratch is put back at the end of every pass")
-        };
-        for pi in 0..self.ports.len() {
-            if !self.ports[pi].lo.is_empty() {
+        let (mut rx, mut lo) = self.ports.take_scratch();
+        for pi in 0..self.ports.slots.len() {
+            if !self.ports.slots[pi].lo.is_empty() {
                 any = true;
-                std::mem::swap(&mut self.ports[pi].lo, &mut lo);
+                std::mem::swap(&mut self.ports.slots[pi].lo, &mut lo);
                 bump(&self.stats.rx_loopback, lo.len() as u64);
                 // Consumed frames go back to the pool a burst at a time, as received ones do.
                 let mut spent: ArrayVec<L::Buf, BURST> = ArrayVec::new();
@@ -34,7 +37,7 @@ impl<L: Port> Lcore<L> {
             // port's queue grow (on the loopback ring pair, to the whole ring: 1024 frames,
             // 4 MiB of frames gone cold in cache by the time they are read).
             for _ in 0..RX_BURSTS {
-                let n = self.ports[pi].link.rx_burst(&mut rx);
+                let n = self.ports.slots[pi].link.rx_burst(&mut rx);
                 if n == 0 {
                     break;
                 }
@@ -61,7 +64,7 @@ impl<L: Port> Lcore<L> {
                 }
             }
         }
-        (self.rx, self.lo_spare) = (Some(rx), Some(lo));
+        self.ports.put_scratch(rx, lo);
         if self.handoff.is_some() {
             // Handed-over frames go back to the pool a burst at a time too (one put per frame
             // was 64 instructions per handed-over 8 B WRITE).
@@ -137,7 +140,7 @@ impl<L: Port> Lcore<L> {
                     return None;
                 }
                 let f = &pkt.frame;
-                if !self.ports[pi].dev.gids.contains(&f.dst_gid) {
+                if !self.ports.slots[pi].dev.gids.contains(&f.dst_gid) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
                 }
@@ -158,7 +161,7 @@ impl<L: Port> Lcore<L> {
                     } else if !f.check.verify(f.payload) {
                         self.count_bad_icrc();
                     } else {
-                        self.gsi_receive(pi, data);
+                        self.qp1.receive(self.ports.slots[pi].dev.index, data, &self.stats);
                     }
                     return None;
                 }
@@ -257,7 +260,7 @@ impl<L: Port> Lcore<L> {
                 return None;
             }
         };
-        if !self.ports[pi].owns_ip(f.dst_ip) {
+        if !self.ports.slots[pi].owns_ip(f.dst_ip) {
             bump(&self.stats.rx_not_for_us, 1);
             return None;
         }
@@ -290,25 +293,5 @@ impl<L: Port> Lcore<L> {
     pub(super) fn count_bad_icrc(&self) {
         bump(&self.stats.rx_icrc_errors, 1);
         bump(&self.drops.by_reason[wire::Error::BadIcrc.index()], 1);
-    }
-
-    /// A valid RoCE frame for QP1: a copy goes to the connection manager's queue (fixed-size
-    /// slots allocated up front; full or oversize → dropped and counted, the CM retransmits).
-    pub(super) fn gsi_receive(&mut self, pi: usize, data: &[u8]) {
-        let Some(pipe) = &self.gsi else {
-            bump(&self.stats.rx_unknown_qp, 1);
-            return;
-        };
-        if data.len() > MAX_GSI_FRAME {
-            bump(&self.stats.cm_drops, 1);
-            return;
-        }
-        let mut f = GsiFrame { device: self.ports[pi].dev.index, len: data.len() as u16, data: [0; MAX_GSI_FRAME] };
-        f.data[..data.len()].copy_from_slice(data);
-        if pipe.push_rx(f) {
-            bump(&self.stats.cm_rx, 1);
-        } else {
-            bump(&self.stats.cm_drops, 1);
-        }
     }
 }

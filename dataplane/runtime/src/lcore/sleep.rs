@@ -31,16 +31,38 @@
 //! with work.
 use std::time::Duration;
 
-use super::*;
+use std::sync::Arc;
+
+use pmrxe_port::Port;
+
+use super::ports::Ports;
+use super::Lcore;
+use crate::idle::{Idle, Waker};
+
 
 /// The longest sleep in any case: a wake-up source nobody thought of costs at most this.
 const MAX_BLOCK: Duration = Duration::from_secs(1);
 
-impl<L: Port> Lcore<L> {
-    /// Build the epoll set (once, on the lcore thread).
-    pub(super) fn arm_wait(&mut self) {
+/// The idle stage's state: the policy (spin window, back-off), this lcore's wake-up eventfd
+/// and sleep flag, and whether some port cannot wake it.
+pub(super) struct Sleeper {
+    pub(super) idle: Idle,
+    /// This lcore's wake-up eventfd and sleep flag (wait mode).
+    pub(super) waker: Arc<Waker>,
+    /// Wait mode: some port cannot wake the lcore (no fd, not a ring pair): sleeps are bounded
+    /// by `max_sleep_us`.
+    wake_blind: bool,
+}
+
+impl Sleeper {
+    pub(super) fn new(idle: Idle, waker: Arc<Waker>) -> Self {
+        Sleeper { idle, waker, wake_blind: false }
+    }
+
+    /// Build the epoll set over the ports' receive fds (once, on the lcore thread).
+    fn arm<L: Port>(&mut self, ports: &Ports<L>, lcore: usize) {
         let mut fds = Vec::new();
-        for p in &self.ports {
+        for p in &ports.slots {
             match p.link.rx_wake() {
                 pmrxe_port::RxWake::Fds(f) => fds.extend(f),
                 pmrxe_port::RxWake::Local => {}
@@ -48,9 +70,29 @@ impl<L: Port> Lcore<L> {
             }
         }
         if let Err(e) = self.idle.arm(&self.waker, &fds) {
-            tracing::warn!(lcore = self.index, error = %e, "no epoll set: the lcore sleeps in max_sleep_us steps");
+            tracing::warn!(lcore, error = %e, "no epoll set: the lcore sleeps in max_sleep_us steps");
             self.wake_blind = true;
         }
+    }
+
+    /// How long to block: 1 s at most; `max_sleep_us` when a port cannot wake the lcore or
+    /// still holds frames (`held`); never past the next QP deadline `until` (ns from now).
+    fn timeout(&self, held: bool, until: Option<u64>) -> Duration {
+        let mut timeout = MAX_BLOCK;
+        if self.wake_blind || held {
+            timeout = timeout.min(self.idle.max_sleep());
+        }
+        if let Some(ns) = until {
+            timeout = timeout.min(Duration::from_nanos(ns));
+        }
+        timeout
+    }
+}
+
+impl<L: Port> Lcore<L> {
+    /// Build the epoll set (once, on the lcore thread).
+    pub(super) fn arm_wait(&mut self) {
+        self.sleeper.arm(&self.ports, self.index);
     }
 
     /// After a pass with work (wait mode, several lcores): wake the peers that sleep — this
@@ -78,26 +120,18 @@ impl<L: Port> Lcore<L> {
             return false;
         }
         // (QPs held for a neighbour bound the sleep through the engine's next deadline.)
-        let mut bounded = self.wake_blind;
-        for p in &mut self.ports {
-            bounded |= p.link.kick();
-        }
-        let mut timeout = MAX_BLOCK;
-        if bounded {
-            timeout = timeout.min(self.idle.max_sleep());
-        }
-        if let Some(d) = self.next_deadline() {
-            timeout = timeout.min(Duration::from_nanos(d.0.saturating_sub(self.clock.now().0)));
-        }
+        let held = self.ports.kick_all();
+        let until = self.next_deadline().map(|d| d.0.saturating_sub(self.clock.now().0));
+        let timeout = self.sleeper.timeout(held, until);
         // Offline before the sleep: a sleeping lcore never delays an MR invalidation.
         self.mem.offline();
-        self.idle.block(&self.waker, Some(timeout));
+        self.sleeper.idle.block(&self.sleeper.waker, Some(timeout));
         self.sleep_end();
         true
     }
 
     fn sleep_end(&self) {
-        self.waker.sleep_end();
+        self.sleeper.waker.sleep_end();
         for c in &self.clients {
             c.page().row(self.index).sleep_end();
         }

@@ -3,7 +3,16 @@
 //! straight into a port buffer, Eth/IP/UDP from the QP's path cache, the ICRC from the
 //! transport's tail CRC or over a short frame once its burst is built; QP1 MADs from the
 //! connection manager; `tx_burst`.
-use super::*;
+use std::net::IpAddr;
+
+use pmrxe_port::{ArrayVec, PacketBuf, Port};
+use pmrxe_transport::{AddressVector, Instant, Transmit, TxPort};
+use pmrxe_wire::{self as wire, MacAddr};
+
+use super::ports::PortSlot;
+use super::{Lcore, PathCache, QpSlot, Tap, BURST};
+use crate::neigh::{gid_to_ip, Neighbors};
+use crate::stats::{bump, LcoreStats};
 
 impl<L: Port> Lcore<L> {
     pub(super) fn timers(&mut self, now: Instant) -> bool {
@@ -15,112 +24,23 @@ impl<L: Port> Lcore<L> {
     /// engine's): each ready QP sends up to a burst into its port's buffers through
     /// [`LcorePorts`] (transport headers + payload straight into the buffer, then Eth/IP/UDP
     /// from the QP's path cache and the ICRC).
-    pub(super) fn transmit(&mut self, now: Instant) -> bool {
-        let mut any = self.drain_srqs();
-        any |= self.drain_backlog(now);
-        let mut cq = self.cq.writer(&self.stats);
-        let mut ports = LcorePorts { ports: &mut self.ports, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), unresolved: None, burst: Burst::default() };
-        any |= self.engine.transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
-        if let Some((pi, ip)) = ports.unresolved {
-            self.solicit(pi, ip, now);
-        }
-        any
-    }
-
-    /// MADs the connection manager wants sent from QP1 of one of our ports.
+    /// MADs the connection manager wants sent from QP1 of one of our ports (the QP1 stage).
     pub(super) fn gsi_transmit(&mut self, now: Instant) -> bool {
-        // Every iteration: one load of the queue, no Arc clone (refcount traffic) unless a MAD
-        // is waiting.
-        let Some(pipe) = self.gsi.as_ref().filter(|p| p.tx.get(self.index).is_some_and(|q| !q.is_empty())).cloned() else {
-            return false;
-        };
-        let Some(q) = pipe.tx.get(self.index) else { return false };
-        let mut any = false;
-        let mut unresolved: Option<(usize, IpAddr)> = None;
-        for _ in 0..BURST {
-            let Some(out) = q.pop() else { break };
-            any = true;
-            let Some(pi) = self.ports.iter().position(|p| p.dev.index == out.device) else {
-                bump(&self.stats.cm_drops, 1);
-                continue;
-            };
-            let port = &mut self.ports[pi];
-            if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
-                bump(&self.stats.cm_drops, 1);
-                continue;
-            }
-            let dst_ip = out.path.dgid.to_ip();
-            let local = port.owns_ip(dst_ip);
-            let dmac = if local { Some(port.dev.mac) } else { self.neigh.lookup(dst_ip, now.0) };
-            let Some(dmac) = dmac else {
-                bump(&self.stats.tx_no_neighbor, 1);
-                bump(&self.stats.cm_drops, 1);
-                unresolved = Some((pi, dst_ip));
-                continue;
-            };
-            let Some(mut b) = port.alloc() else {
-                bump(&self.stats.tx_alloc_failures, 1);
-                bump(&self.stats.cm_drops, 1);
-                continue;
-            };
-            let need = pmrxe_cm::gsi::mad_frame_len(dst_ip.is_ipv6());
-            let Some(buf) = b.resize(need) else {
-                bump(&self.stats.cm_drops, 1);
-                continue;
-            };
-            self.gsi_psn = self.gsi_psn.wrapping_add(1);
-            let psn = self.gsi_psn;
-            match pmrxe_cm::gsi::build_mad_frame_into(buf, &out.path, MacAddr(port.dev.mac), MacAddr(dmac), psn, &out.mad) {
-                Ok(n) => {
-                    let _ = b.resize(n);
-                }
-                Err(_) => {
-                    bump(&self.stats.tx_build_errors, 1);
-                    continue;
-                }
-            }
-            if let Some(tap) = &self.tap {
-                if tap.active() {
-                    tap.frame(true, Some(1), b.data());
-                }
-            }
-            bump(&self.stats.cm_tx, 1);
-            if local {
-                port.lo.push(b);
-            } else {
-                port.tx.push(b);
-            }
-        }
+        let (any, unresolved) = self.qp1.transmit(self.index, &mut self.ports, &self.neigh, &self.stats, self.tap.as_deref(), now);
         if let Some((pi, ip)) = unresolved {
             self.solicit(pi, ip, now);
         }
         any
     }
 
-    pub(super) fn flush_tx(&mut self) -> bool {
-        let mut any = false;
-        for p in &mut self.ports {
-            if p.tx.is_empty() {
-                // Nothing new for this port: make sure what earlier bursts left inside the
-                // device goes out (af_packet; a no-op elsewhere). Not work: a kernel that keeps
-                // refusing is retried on the next pass, after any idle back-off.
-                if p.link.kick() {
-                    bump(&self.stats.tx_kicks_held, 1);
-                }
-                continue;
-            }
-            any = true;
-            let bytes: usize = p.tx.iter().map(|b| b.data().len()).sum();
-            let want = p.tx.len();
-            let sent = p.link.tx_burst(&mut p.tx);
-            bump(&self.stats.tx_packets, sent as u64);
-            if sent == want {
-                bump(&self.stats.tx_bytes, bytes as u64);
-            } else {
-                bump(&self.stats.tx_backpressure, 1);
-                let left: usize = p.tx.iter().map(|b| b.data().len()).sum();
-                bump(&self.stats.tx_bytes, (bytes - left) as u64);
-            }
+    pub(super) fn transmit(&mut self, now: Instant) -> bool {
+        let mut any = self.drain_srqs();
+        any |= self.drain_backlog(now);
+        let mut cq = self.cq.writer(&self.stats);
+        let mut ports = LcorePorts { ports: &mut self.ports.slots, neigh: &self.neigh, stats: &self.stats, tap: self.tap.as_deref(), unresolved: None, burst: Burst::default() };
+        any |= self.engine.transmit(now, &*self.mem, &mut ports, &mut cq, BURST);
+        if let Some((pi, ip)) = ports.unresolved {
+            self.solicit(pi, ip, now);
         }
         any
     }
@@ -132,7 +52,7 @@ const MAX_OUTER_LEN: usize = wire::eth::HEADER_LEN + wire::ipv6::HEADER_LEN + wi
 /// The lcore's ports as the engine's transmit sees them (`TxPort`): DPDK buffers, the
 /// neighbour table, each QP's path cache in its slot.
 struct LcorePorts<'a, L: Port> {
-    ports: &'a mut Vec<PortSlot<L>>,
+    ports: &'a mut [PortSlot<L>],
     neigh: &'a Neighbors,
     stats: &'a LcoreStats,
     tap: Option<&'a dyn Tap>,
