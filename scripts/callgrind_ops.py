@@ -28,7 +28,7 @@ import sys
 
 # Functions of the lcore loop itself: they run every pass, with or without work.
 LOOP = re.compile(
-    r"Lcore<L>::run$|Lcore<L>>::(receive|transmit|flush_tx|doorbells|deliver_completions|drain_srqs)$"
+    r"Lcore<L>::run$|Lcore<L>>::(receive|transmit|doorbells|deliver_completions|drain_srqs)$|Ports<L>::flush$"
     r"|rx_burst|tx_burst|::kick$|try_recv|ArrayQueue<T>::pop$|Idle::idle|^0x[0-9a-f]+$|Engine<X>::(handle_timeout|drain_pending|transmit|deliver)$"
     r"|clock::|__tls_get_addr")
 

@@ -634,6 +634,73 @@ impl Qp {
         self.timers.next_timeout()
     }
 
+    // ---- the dispatcher: a received packet to the role it is for -------------------------
+
+    /// Hand a received packet to the QP. `mem` is the lcore's memory table, `srq` the SRQ
+    /// this QP draws from (if any).
+    ///
+    /// A packet whose ICRC check was deferred (`pkt.icrc()`) is checked here before it has any
+    /// effect, except the payload of a WRITE MIDDLE/LAST continuing a validated message and of
+    /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
+    /// land where the rest of the message will write them anyway): see docs/reliability.md,
+    /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
+    pub fn handle_packet<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, pkt: &crate::RxPacket<'_>, mem: &M, srq: Option<&mut crate::Srq>, cq: &mut C) {
+        self.stats.rx_packets += 1;
+        if self.write_middle_predicted(now, pkt, mem) {
+            return;
+        }
+        let Some(info) = pkt.hdr.bth.opcode.info() else {
+            self.stats.dropped += 1;
+            return;
+        };
+        if info.qp != self.qp_type.wire() {
+            self.stats.dropped += 1;
+            return;
+        }
+        if !self.is_from_peer(pkt) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let deferred = match pkt.icrc() {
+            // (A short frame's check is already made: nothing to gain from placing first.)
+            Some(c) if c.settled().is_none() && self.may_place_before_icrc(info, pkt) => Some(c),
+            Some(c) => {
+                if !c.verify(pkt.payload()) {
+                    self.stats.icrc_errors += 1;
+                    return;
+                }
+                None
+            }
+            None => None,
+        };
+        // Notification point: ECN-CE from our peer (requests and responses alike) → CNP. For a
+        // packet still under check, only once the check passed.
+        if deferred.is_none() {
+            self.on_ecn(now, pkt.frame.tclass);
+        }
+        let icrc_ok = if info.is_response() {
+            if self.qp_type == QpType::Rc {
+                self.on_response(now, &pkt.hdr, pkt.payload(), mem, deferred, cq)
+            } else {
+                self.stats.dropped += 1;
+                true
+            }
+        } else {
+            self.on_request_packet(pkt, mem, srq, deferred, cq)
+        };
+        if !icrc_ok {
+            self.stats.icrc_errors += 1;
+        } else if deferred.is_some() {
+            self.on_ecn(now, pkt.frame.tclass);
+        }
+    }
+
+    /// RC/UC path check: the source must be our peer (when both are known).
+    #[inline]
+    pub(crate) fn is_from_peer(&self, pkt: &crate::RxPacket<'_>) -> bool {
+        self.qp_type == QpType::Ud || self.attr.ah_attr.dgid == [0; 16] || pkt.frame.src_gid == [0; 16] || pkt.frame.src_gid == self.attr.ah_attr.dgid
+    }
+
     /// Service every expired timer (completions of a failed retry to `cq`).
     pub fn handle_timeout<M: crate::MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, mem: &M, cq: &mut C) {
         let _ = mem;

@@ -207,71 +207,6 @@ fn mem_to_resp(e: MemError) -> RespError {
 }
 
 impl Qp {
-    /// Hand a received packet to the QP. `mem` is the lcore's memory table, `srq` the SRQ
-    /// this QP draws from (if any).
-    ///
-    /// A packet whose ICRC check was deferred (`pkt.icrc()`) is checked here before it has any
-    /// effect, except the payload of a WRITE MIDDLE/LAST continuing a validated message and of
-    /// a READ response MIDDLE, which is checked while it is placed (one pass; the bytes can only
-    /// land where the rest of the message will write them anyway): see docs/reliability.md,
-    /// "ICRC and placement". A bad ICRC drops the packet, counted in `icrc_errors`.
-    pub fn handle_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, cq: &mut C) {
-        self.stats.rx_packets += 1;
-        if self.write_middle_predicted(now, pkt, mem) {
-            return;
-        }
-        let Some(info) = pkt.hdr.bth.opcode.info() else {
-            self.stats.dropped += 1;
-            return;
-        };
-        if info.qp != self.qp_type.wire() {
-            self.stats.dropped += 1;
-            return;
-        }
-        if !self.is_from_peer(pkt) {
-            self.stats.dropped += 1;
-            return;
-        }
-        let deferred = match pkt.icrc() {
-            // (A short frame's check is already made: nothing to gain from placing first.)
-            Some(c) if c.settled().is_none() && self.may_place_before_icrc(info, pkt) => Some(c),
-            Some(c) => {
-                if !c.verify(pkt.payload()) {
-                    self.stats.icrc_errors += 1;
-                    return;
-                }
-                None
-            }
-            None => None,
-        };
-        // Notification point: ECN-CE from our peer (requests and responses alike) → CNP. For a
-        // packet still under check, only once the check passed.
-        if deferred.is_none() {
-            self.on_ecn(now, pkt.frame.tclass);
-        }
-        let icrc_ok = if info.is_response() {
-            if self.qp_type == QpType::Rc {
-                self.on_response(now, &pkt.hdr, pkt.payload(), mem, deferred, cq)
-            } else {
-                self.stats.dropped += 1;
-                true
-            }
-        } else {
-            self.on_request_packet(pkt, mem, srq, deferred, cq)
-        };
-        if !icrc_ok {
-            self.stats.icrc_errors += 1;
-        } else if deferred.is_some() {
-            self.on_ecn(now, pkt.frame.tclass);
-        }
-    }
-
-    /// RC/UC path check: the source must be our peer (when both are known).
-    #[inline]
-    fn is_from_peer(&self, pkt: &RxPacket<'_>) -> bool {
-        self.qp_type == QpType::Ud || self.attr.ah_attr.dgid == [0; 16] || pkt.frame.src_gid == [0; 16] || pkt.frame.src_gid == self.attr.ah_attr.dgid
-    }
-
     /// Header prediction's second half (the first is the receiver's `RxPrediction`): the
     /// common packet of a long WRITE — a WRITE MIDDLE at the expected PSN continuing the
     /// message in progress, with a full PMTU of payload and its ICRC still to check — handled
@@ -285,7 +220,7 @@ impl Qp {
     /// offset and the expected PSN advanced, an ACK queued for AckReq (RC), ECN noted after
     /// the check. `tests/fast_path.rs` runs both paths over the same packet streams.
     #[inline]
-    fn write_middle_predicted<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
+    pub(crate) fn write_middle_predicted<M: MemOps + ?Sized>(&mut self, now: Instant, pkt: &RxPacket<'_>, mem: &M) -> bool {
         // RC and UC WRITE MIDDLE share their low five opcode bits: every other packet (an 8 B
         // WRITE's ONLY, an ACK) leaves at this first compare, and the rest is out of line (the
         // small-packet path keeps its code compact).
@@ -346,7 +281,7 @@ impl Qp {
     /// the READ's local buffer). Everything else — FIRST/ONLY (RETH or receive WQE chosen by the
     /// packet), SEND (bytes past a message's end stay untouched), acknowledgements, atomics,
     /// UD — is verified first.
-    fn may_place_before_icrc(&self, info: &pmrxe_wire::OpInfo, pkt: &RxPacket<'_>) -> bool {
+    pub(crate) fn may_place_before_icrc(&self, info: &pmrxe_wire::OpInfo, pkt: &RxPacket<'_>) -> bool {
         if pkt.payload().is_empty() || !matches!(info.pos, MsgPos::Middle | MsgPos::Last) {
             return false;
         }
@@ -367,7 +302,7 @@ impl Qp {
 
     /// The request half of `handle_packet` (after the ICRC gate); returns false if a deferred
     /// ICRC check failed (the packet then had no effect).
-    fn on_request_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
+    pub(crate) fn on_request_packet<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, pkt: &RxPacket<'_>, mem: &M, srq: Option<&mut Srq>, deferred: Option<IcrcCheck>, cq: &mut C) -> bool {
         match self.state {
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {}
             _ => {

@@ -66,6 +66,7 @@ impl<L: Port> Ports<L> {
 
     /// `tx_burst` what each port queued this pass; a port with nothing new is kicked instead
     /// (see below). Returns whether any port had frames.
+    #[inline]
     pub(super) fn flush(&mut self, stats: &LcoreStats) -> bool {
         let mut any = false;
         for p in &mut self.slots {

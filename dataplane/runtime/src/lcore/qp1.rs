@@ -26,9 +26,16 @@ impl Qp1 {
     /// MADs the connection manager queued for lcore `lcore`, built into frames on the port of
     /// their device (or its loopback queue). Returns whether any was taken, and a next hop to
     /// solicit (port index, address) when one was not resolved.
+    /// Every pass: a look at the queue, inline; the work out of line.
+    #[inline]
+    pub(super) fn has_work(&self, lcore: usize) -> bool {
+        self.pipe.as_ref().and_then(|p| p.tx.get(lcore)).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Only after [`Qp1::has_work`].
+    #[inline(never)]
     pub(super) fn transmit<L: Port>(&mut self, lcore: usize, ports: &mut Ports<L>, neigh: &Neighbors, stats: &LcoreStats, tap: Option<&dyn Tap>, now: Instant) -> (bool, Option<(usize, IpAddr)>) {
-        // Every iteration: one load of the queue.
-        let Some(q) = self.pipe.as_ref().and_then(|p| p.tx.get(lcore)).filter(|q| !q.is_empty()) else {
+        let Some(q) = self.pipe.as_ref().and_then(|p| p.tx.get(lcore)) else {
             return (false, None);
         };
         let mut any = false;

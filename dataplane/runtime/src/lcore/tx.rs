@@ -25,7 +25,11 @@ impl<L: Port> Lcore<L> {
     /// [`LcorePorts`] (transport headers + payload straight into the buffer, then Eth/IP/UDP
     /// from the QP's path cache and the ICRC).
     /// MADs the connection manager wants sent from QP1 of one of our ports (the QP1 stage).
+    #[inline]
     pub(super) fn gsi_transmit(&mut self, now: Instant) -> bool {
+        if !self.qp1.has_work(self.index) {
+            return false;
+        }
         let (any, unresolved) = self.qp1.transmit(self.index, &mut self.ports, &self.neigh, &self.stats, self.tap.as_deref(), now);
         if let Some((pi, ip)) = unresolved {
             self.solicit(pi, ip, now);
