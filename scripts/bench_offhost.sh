@@ -45,7 +45,9 @@ OUT=$(cd "$OUT" && pwd)
 unset PMRXE_SOCKET
 RT=() RR=()
 [ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(nice -n -15)
-# OFFHOST_PARTS: which parts run (default all): kpath tcp two idle.
+# OFFHOST_PARTS: which parts run (default all): kpath tcp two idle. OFFHOST_PROFILE=1: also
+# profile the lcore's CPU (perf, kernel symbols) under 64 KiB WRITE on each kernel path
+# (kpath-PMD-profile.txt by function, -profile-dso.txt by binary/kernel).
 PARTS=" ${OFFHOST_PARTS:-kpath tcp two idle} "
 part() { [[ $PARTS == *" $1 "* ]]; }
 if [ $QUICK = 1 ]; then D=1; N=2000; WAKES=5; IDLE_S=2; else D=3; N=20000; WAKES=20; IDLE_S=5; fi
@@ -159,6 +161,22 @@ part kpath && for pmd in af_xdp af_packet; do
   timeout 300 ip netns exec pmrxe-bo "${RT[@]}" "$BIN" bench --config "$WORK/kpath-$pmd.toml" --suite quick --sizes 64K \
     --only rate,bw,lat --ops write --rate-sizes 8 --duration "$D" --iters "$N" --cpu 0 \
     --json "$OUT/kpath-$pmd.json" >"$OUT/kpath-$pmd.txt" 2>&1 || log "kernel path $pmd: bench failed (see $OUT/kpath-$pmd.txt)"
+  if [ "${OFFHOST_PROFILE:-0}" = 1 ]; then
+    # Where the lcore CPU's time goes at 64 KiB WRITE: a timer-sampled profile of CPU 1 (the
+    # lcore, and the kernel work of its system calls and softirqs) with kernel symbols, split
+    # by user / kernel and by function.
+    log "kernel path $pmd: profile of CPU 1 under 64 KiB WRITE"
+    timeout 120 ip netns exec pmrxe-bo "$BIN" bench --config "$WORK/kpath-$pmd.toml" --suite quick --sizes 64K \
+      --only bw --ops write --duration 6 --cpu 0 >"$OUT/kpath-$pmd-profiled.txt" 2>&1 &
+    b=$!
+    sleep 2
+    perf record -C 1 -e cpu-clock -F 4999 -g -o "$OUT/kpath-$pmd.perf.data" -- sleep 3 >/dev/null 2>&1
+    wait "$b"
+    perf report -i "$OUT/kpath-$pmd.perf.data" --no-children --sort sym --stdio -g none --percent-limit 0.7 \
+      >"$OUT/kpath-$pmd-profile.txt" 2>/dev/null
+    perf report -i "$OUT/kpath-$pmd.perf.data" --no-children --sort dso --stdio -g none \
+      >"$OUT/kpath-$pmd-profile-dso.txt" 2>/dev/null
+  fi
   ip netns del pmrxe-bo
 done
 
