@@ -385,3 +385,67 @@ fn sigkilled_client_mid_traffic_is_cleaned_up_and_service_keeps_serving() {
     )
     .assert_ok();
 }
+
+/// Started under a real-time policy on a single CPU (`taskset -c 0 chrt -f 10 pmrxe serve`,
+/// what an operator who wants a real-time data path types): the service comes up and serves,
+/// its lcore runs SCHED_FIFO at the priority it was given, and every other thread runs
+/// SCHED_OTHER. (When every thread kept FIFO, EAL's start-up waited forever for a control
+/// thread that could not run on the CPU its creator held.)
+#[test]
+fn started_under_sched_fifo_on_one_cpu_only_the_lcores_keep_it() {
+    require_root();
+    let chrt = require_tool("chrt");
+    let taskset = require_tool("taskset");
+    let _l = heavy_lock();
+    let dir = TempDir::new("svc-fifo");
+    let socket = dir.join("pmrxe.sock");
+    let log = dir.join("service.log");
+    let logf = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(taskset)
+        .args(["-c", "0"])
+        .arg(chrt)
+        .args(["-f", "10"])
+        .arg(pmrxe_bin())
+        .arg("serve")
+        .env("PMRXE_SOCKET", &socket)
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().unwrap())
+        .stderr(logf)
+        .spawn()
+        .expect("spawn pmrxe serve");
+    let pid = child.id();
+    let ready = poll_until(Duration::from_secs(30), || socket.exists() && pmrxe_at(&socket).arg("stats").output().is_ok_and(|o| o.status.success()));
+    // Thread name, policy and real-time priority of every thread (/proc/PID/task/TID/stat fields
+    // 2, 41, 40).
+    let threads: Vec<(String, u32, u32)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| {
+                let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+                let (name, rest) = (stat[stat.find('(')? + 1..stat.rfind(')')?].to_string(), &stat[stat.rfind(')')? + 2..]);
+                let f: Vec<&str> = rest.split(' ').collect();
+                // `rest` starts at field 3 (state): field n is f[n - 3].
+                Some((name, f.get(38)?.parse().ok()?, f.get(37)?.parse().ok()?))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    sigterm(pid);
+    let st = wait_timeout(&mut child, Duration::from_secs(10));
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = read_to_string_lossy(&log);
+    assert!(ready, "the service did not come up within 30 s; log:\n{}", tail(&text, 20));
+    assert!(st.is_some_and(|s| s.success()), "no clean exit after SIGTERM ({st:?}); log:\n{}", tail(&text, 20));
+    let lcores: Vec<_> = threads.iter().filter(|t| t.0.starts_with("pmrxe-lcore")).collect();
+    assert!(!lcores.is_empty(), "no lcore thread among {threads:?}");
+    for (name, policy, prio) in &threads {
+        if name.starts_with("pmrxe-lcore") {
+            assert_eq!((*policy, *prio), (1, 10), "{name}: not SCHED_FIFO at priority 10: {threads:?}");
+        } else {
+            assert_eq!(*policy, 0, "{name}: a control thread kept the real-time policy: {threads:?}");
+        }
+    }
+    assert!(text.contains("started under a real-time policy"), "the service did not say what it did; log:\n{}", tail(&text, 20));
+}

@@ -208,6 +208,10 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         "machine": machine(),
         "units": { "mops": "million operations per second", "gb_per_s": "1e9 bytes per second", "latency": "microseconds, one-way = round trip / 2" },
     });
+    let limits_only = args.crc || args.c2c || args.memcpy;
+    // A service this run spawns starts before the driver pins itself: it inherits neither the
+    // driver's CPU nor, through it, a CPU shared with the driver's spinning thread.
+    let mut spawned = if limits_only || args.socket.is_some() { None } else { Some(Service::spawn(args.config.as_deref())?) };
     if core_affinity::set_for_current(core_affinity::CoreId { id: args.cpu }) {
         out["driver_cpu"] = json!(args.cpu);
     } else {
@@ -232,13 +236,13 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         out["memcpy"] = Value::Array(m);
         return write_json(args, &out);
     }
-    let (mut service, socket) = match &args.socket {
-        Some(s) => (None, s.clone()),
-        None => {
-            let s = Service::spawn(args.config.as_deref())?;
+    let (mut service, socket) = match (&args.socket, spawned.take()) {
+        (Some(s), _) => (None, s.clone()),
+        (None, Some(s)) => {
             let p = s.socket.clone();
             (Some(s), p)
         }
+        (None, None) => unreachable!("spawned above unless a socket was given"),
     };
     out["service"] = json!({ "socket": socket, "spawned": service.is_some(), "idle": if args.config.is_none() && service.is_some() { "busy" } else { "as configured" } });
     let ctx = connect_retry(&socket, service.as_mut(), Duration::from_secs(30))?;

@@ -64,6 +64,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
         tracing::warn!(group = %cfg.service.group, "no such group on this host: only root and the service's user may use pmrxe (scripts/install.sh creates it)");
     }
     let crc = calibrate_crc(&cfg);
+    // Started under a real-time policy (`chrt -f 10 pmrxe serve`): only the lcores keep it. The
+    // control threads (this one, EAL's, the connection manager's) run SCHED_OTHER, so that a
+    // busy lcore or a busy control thread at the same priority on one CPU cannot starve the
+    // other (EAL's start-up waited forever on a CPU it shared with a FIFO spinner).
+    let rt = take_realtime_policy();
     let eal = Eal::init(&EalConfig::from_config(&cfg))?;
     let nl = cfg.lcores.cores.len().max(1);
     // Several lcores: each gets its own RX/TX queue pair on every port (QPs are spread per
@@ -154,6 +159,11 @@ pub fn serve(cfg: Config) -> Result<(), ServeError> {
             .spawn(move || {
                 if !core_affinity::set_for_current(core_affinity::CoreId { id: core as usize }) {
                     tracing::warn!(core, "could not pin lcore {li} to its CPU");
+                }
+                if let Some((policy, prio)) = rt {
+                    if let Err(e) = set_thread_policy(policy, prio) {
+                        tracing::warn!(error = %e, "could not give lcore {li} the real-time policy the service was started with");
+                    }
                 }
                 if nice != 0 {
                     if let Err(e) = set_thread_nice(nice) {
@@ -466,6 +476,45 @@ fn pending_signal(set: &libc::sigset_t) -> Option<i32> {
     // SAFETY: sigtimedwait with a zero timeout on our blocked set; no info requested.
     let s = unsafe { libc::sigtimedwait(set, core::ptr::null_mut(), &ts) };
     (s > 0).then_some(s)
+}
+
+/// If the calling thread runs under a real-time policy (SCHED_FIFO or SCHED_RR), move it to
+/// SCHED_OTHER and return the policy and priority it had (for the lcores); else `None`.
+fn take_realtime_policy() -> Option<(i32, i32)> {
+    // SAFETY: sched_getscheduler/getparam on the calling thread (0) write only `param`.
+    let (policy, prio) = unsafe {
+        let policy = libc::sched_getscheduler(0);
+        let mut param = libc::sched_param { sched_priority: 0 };
+        if policy < 0 || libc::sched_getparam(0, &mut param) != 0 {
+            return None;
+        }
+        (policy & !libc::SCHED_RESET_ON_FORK, param.sched_priority)
+    };
+    if policy != libc::SCHED_FIFO && policy != libc::SCHED_RR {
+        return None;
+    }
+    match set_thread_policy(libc::SCHED_OTHER, 0) {
+        Ok(()) => {
+            tracing::info!(policy = if policy == libc::SCHED_FIFO { "SCHED_FIFO" } else { "SCHED_RR" }, priority = prio, "started under a real-time policy: the lcores keep it, the control threads run SCHED_OTHER");
+            Some((policy, prio))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "started under a real-time policy and could not leave it for the control threads");
+            None
+        }
+    }
+}
+
+/// Set the calling thread's scheduling policy and priority (`sched_setscheduler` on thread 0,
+/// which on Linux is the calling thread).
+fn set_thread_policy(policy: i32, prio: i32) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: prio };
+    // SAFETY: reads `param`, which lives across the call.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Set the calling thread's niceness (`lcores.nice`): `setpriority(PRIO_PROCESS, tid)`, which
