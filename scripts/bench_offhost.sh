@@ -45,7 +45,8 @@ OUT=$(cd "$OUT" && pwd)
 unset PMRXE_SOCKET
 RT=() RR=()
 [ "${BENCH_RT:-0}" = 1 ] && RT=(chrt -f 10) RR=(nice -n -15)
-# OFFHOST_PARTS: which parts run (default all): kpath tcp two idle. OFFHOST_PROFILE=1: also
+# OFFHOST_PARTS: which parts run (default all): kpath tcp two idle. OFFHOST_TWO_IDLE: the idle
+# mode of the two-host services (default wait). OFFHOST_PROFILE=1: also
 # profile the lcore's CPU (perf, kernel symbols) under 64 KiB WRITE on each kernel path
 # (kpath-PMD-profile.txt by function, -profile-dso.txt by binary/kernel).
 PARTS=" ${OFFHOST_PARTS:-kpath tcp two idle} "
@@ -218,10 +219,10 @@ if part two; then
   # Each CPU is shared by one host's lcore and the other host's busy-polling perftest: the
   # case `[lcores] nice` is for (docs/operations.md, "Sharing CPUs with applications").
   export LCORE_NICE=-10
-  config "$WORK/host1.toml" "$WORK/host1.sock" "pmrxe-offhost-h1" '{ mode = "wait" }' 1 \
+  config "$WORK/host1.toml" "$WORK/host1.sock" "pmrxe-offhost-h1" "{ mode = \"${OFFHOST_TWO_IDLE:-wait}\" }" 1 \
     "port:pmrxe0|net_af_xdp0,iface=pmrxe-h1,start_queue=0,queue_count=1|02:00:0a:4f:00:01|10.79.2.1|3500" \
     "neigh:10.79.2.2|02:00:0a:4f:00:02" || exit 1
-  config "$WORK/host2.toml" "$WORK/host2.sock" "pmrxe-offhost-h2" '{ mode = "wait" }' 0 \
+  config "$WORK/host2.toml" "$WORK/host2.sock" "pmrxe-offhost-h2" "{ mode = \"${OFFHOST_TWO_IDLE:-wait}\" }" 0 \
     "port:pmrxe0|net_af_xdp0,iface=pmrxe-h2,start_queue=0,queue_count=1|02:00:0a:4f:00:02|10.79.2.2|3500" \
     "neigh:10.79.2.1|02:00:0a:4f:00:01" || exit 1
   unset LCORE_NICE
