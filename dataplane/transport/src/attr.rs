@@ -2,6 +2,8 @@
 //! capacities, `ibv_qp_attr` and its mask bits, and the per-transition required/optional mask
 //! table (`transition_masks`, from `pmrxe_qp_table`, shared with the shim).
 
+use pmrxe_wire::{Psn, Qpn};
+
 /// Transport service type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QpType {
@@ -164,12 +166,13 @@ pub struct QpAttr {
     pub path_mtu: PathMtu,
     /// Q_Key (UD).
     pub qkey: u32,
-    /// Expected PSN of the responder.
-    pub rq_psn: u32,
+    /// Expected PSN of the responder (24 bits by type: a client's wider value is refused by
+    /// the decoder at the trust boundary, never truncated here).
+    pub rq_psn: Psn,
     /// First PSN of the requester.
-    pub sq_psn: u32,
+    pub sq_psn: Psn,
     /// Remote QPN (RC/UC).
-    pub dest_qp_num: u32,
+    pub dest_qp_num: Qpn,
     /// `ibv_access_flags` for remote access to this QP (REMOTE_WRITE/READ/ATOMIC).
     pub qp_access_flags: u32,
     /// P_Key index.
@@ -205,9 +208,9 @@ impl Default for QpAttr {
             cur_qp_state: QpState::Reset,
             path_mtu: PathMtu::Mtu1024,
             qkey: 0,
-            rq_psn: 0,
-            sq_psn: 0,
-            dest_qp_num: 0,
+            rq_psn: Psn::new(0),
+            sq_psn: Psn::new(0),
+            dest_qp_num: Qpn::new(0),
             qp_access_flags: 0,
             pkey_index: 0,
             timeout: 14,

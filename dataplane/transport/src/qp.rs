@@ -7,7 +7,6 @@
 use std::collections::VecDeque;
 
 use pmrxe_mem::PdHandle;
-use pmrxe_wire::Psn;
 
 use crate::attr::{transition_masks, AddressVector, AttrMask, CreateError, ModifyError, PathMtu, QpAttr, QpCaps, QpState, QpType, MAX_QP_WR, MAX_RD_ATOMIC};
 use crate::completer::CompState;
@@ -263,12 +262,11 @@ impl Qp {
             return None;
         }
         self.cnp_pending = false;
-        let dest = self.attr.dest_qp_num;
-        let len = pmrxe_wire::CnpRepr::new(pmrxe_wire::Qpn::new(dest)).emit(buf).ok()?;
+        let len = pmrxe_wire::CnpRepr::new(self.attr.dest_qp_num).emit(buf).ok()?;
         let mut av = self.attr.ah_attr;
         av.traffic_class = self.cc.np.map_or(0, |n| n.cnp_dscp << 2);
         self.stats.cnp_sent += 1;
-        Some(Transmit { len, av: Some(av), dest_qpn: dest, src_qpn: self.qpn, tail_crc: None })
+        Some(Transmit { len, av: Some(av), dest_qpn: self.attr.dest_qp_num.value(), src_qpn: self.qpn, tail_crc: None })
     }
 
     /// Signal every send WR (`sq_sig_all` of `ibv_qp_init_attr`).
@@ -354,9 +352,6 @@ impl Qp {
         if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
             return Err(ModifyError::InvalidValue("port_num"));
         }
-        if mask.contains(AttrMask::DEST_QPN) && attr.dest_qp_num > 0x00FF_FFFF {
-            return Err(ModifyError::InvalidValue("dest_qp_num"));
-        }
         if mask.contains(AttrMask::CAP) {
             return Err(ModifyError::InvalidAttributes(AttrMask::CAP));
         }
@@ -373,11 +368,11 @@ impl Qp {
             EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify,
         );
         if mask.contains(AttrMask::RQ_PSN) {
-            self.resp.reset_psn(Psn::new(attr.rq_psn));
+            self.resp.reset_psn(attr.rq_psn);
         }
         if mask.contains(AttrMask::SQ_PSN) {
-            self.req.reset_psn(Psn::new(attr.sq_psn));
-            self.comp.reset_psn(Psn::new(attr.sq_psn));
+            self.req.reset_psn(attr.sq_psn);
+            self.comp.reset_psn(attr.sq_psn);
         }
         if mask.contains(AttrMask::RETRY_CNT) || mask.contains(AttrMask::RNR_RETRY) {
             self.comp.reset_retry(&self.attr);
@@ -821,7 +816,7 @@ impl Qp {
     /// (the runtime resolves the path before the QP's send state advances). `None` when the
     /// next WQE is a local operation or there is nothing to send.
     pub fn next_path(&self) -> Option<(&AddressVector, u32)> {
-        let connected = (&self.attr.ah_attr, self.attr.dest_qp_num);
+        let connected = (&self.attr.ah_attr, self.attr.dest_qp_num.value());
         if self.resp.has_output() || self.cnp_pending {
             return Some(connected);
         }

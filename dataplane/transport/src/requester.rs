@@ -289,7 +289,7 @@ impl Qp {
         let ud = if self.qp_type == QpType::Ud { self.sq_side.ud(idx) } else { None };
         let (dest_qpn, av) = match ud {
             Some(ud) => (ud.remote_qpn, Some(ud.av)),
-            _ => (self.attr.dest_qp_num, None),
+            _ => (self.attr.dest_qp_num.value(), None),
         };
         let k = e.tx_pkt;
         let psn = e.first_psn.wrapping_add(k);
@@ -456,7 +456,7 @@ impl Qp {
         if self.qp_type == QpType::Rc && psn.distance(self.comp.psn()) >= window {
             return Some(None);
         }
-        let mut h = bth(opcode, self.attr.dest_qp_num, psn);
+        let mut h = bth(opcode, self.attr.dest_qp_num.value(), psn);
         h.ack_req = self.qp_type == QpType::Rc && self.req.wants_ack(psn, self.comp.psn(), window, false);
         let (head, body) = buf[..len].split_at_mut(wire_bth::HEADER_LEN);
         h.emit_bytes(head.try_into().ok()?);
@@ -469,7 +469,7 @@ impl Qp {
         self.entry_mut(idx).tx_pkt += 1;
         self.stats.tx_fast_path += 1;
         self.packet_sent(now, idx, psn, psn.wrapping_add(1), plen, len, false, cq);
-        Some(Some(Transmit { len, av: None, dest_qpn: self.attr.dest_qp_num, src_qpn: self.qpn, tail_crc: Some(tail_crc) }))
+        Some(Some(Transmit { len, av: None, dest_qpn: self.attr.dest_qp_num.value(), src_qpn: self.qpn, tail_crc: Some(tail_crc) }))
     }
 
     /// A local protection error while gathering (IBTA / mlx5 status; rxe reports

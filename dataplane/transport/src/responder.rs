@@ -798,7 +798,7 @@ impl Qp {
     pub(crate) fn poll_response<M: MemOps + ?Sized, C: CompletionSink + ?Sized>(&mut self, mem: &M, buf: &mut [u8], cq: &mut C) -> Option<Transmit> {
         loop {
             let o = *self.resp.out.front()?;
-            let dest = self.attr.dest_qp_num;
+            let dest = self.attr.dest_qp_num.value();
             let msn = Msn::new(self.resp.msn);
             let me = self.qpn;
             let tx = |(len, tail_crc)| Transmit { len, av: None, dest_qpn: dest, src_qpn: me, tail_crc };

@@ -76,17 +76,17 @@ pub fn to_engine_attr(a: &AbiQpAttr, mask: AttrMask) -> Result<QpAttr, BadValue>
     let cur_state = if has(AttrMask::CUR_STATE) { qp_state(a.cur_qp_state).map_err(|e| BadValue { field: "cur_qp_state", ..e })? } else { QpState::default() };
     let mtu = if has(AttrMask::PATH_MTU) { path_mtu(a.path_mtu)? } else { PathMtu::default() };
     let dest_qp_num = if has(AttrMask::DEST_QPN) {
-        Qpn::try_from(a.dest_qp_num).map_err(|_| BadValue { field: "dest_qp_num", value: a.dest_qp_num })?.value()
+        Qpn::try_from(a.dest_qp_num).map_err(|_| BadValue { field: "dest_qp_num", value: a.dest_qp_num })?
     } else {
-        0
+        Qpn::default()
     };
     Ok(QpAttr {
         qp_state: state,
         cur_qp_state: cur_state,
         path_mtu: mtu,
         qkey: a.qkey,
-        rq_psn: Psn::new(a.rq_psn).value(),
-        sq_psn: Psn::new(a.sq_psn).value(),
+        rq_psn: Psn::new(a.rq_psn),
+        sq_psn: Psn::new(a.sq_psn),
         dest_qp_num,
         qp_access_flags: a.qp_access_flags,
         pkey_index: a.pkey_index,
@@ -118,9 +118,9 @@ pub fn from_engine_attr(a: &QpAttr, cap: QpCap) -> AbiQpAttr {
         path_mtu: a.path_mtu as u32,
         path_mig_state: 0,
         qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn.value(),
+        sq_psn: a.sq_psn.value(),
+        dest_qp_num: a.dest_qp_num.value(),
         qp_access_flags: a.qp_access_flags,
         cap,
         ah_attr: AhAttr {
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(to_engine_attr(&rtr, m), Err(BadValue { field: "path_mtu", value: 9 }));
         // Not named: the garbage is not read.
         let a = to_engine_attr(&rtr, AttrMask::STATE | AttrMask::DEST_QPN).expect("path_mtu is not in the mask");
-        assert_eq!((a.qp_state, a.dest_qp_num), (QpState::Rtr, 0x11));
+        assert_eq!((a.qp_state, a.dest_qp_num.value()), (QpState::Rtr, 0x11));
         // An unknown target state, or current state, is EINVAL, not RESET.
         let bad = AbiQpAttr { qp_state: 42, cur_qp_state: 3, ..Default::default() };
         assert_eq!(to_engine_attr(&bad, AttrMask::STATE), Err(BadValue { field: "qp_state", value: 42 }));
@@ -192,6 +192,6 @@ mod tests {
         assert_eq!(to_engine_attr(&far, m), Err(BadValue { field: "dest_qp_num", value: 0x0100_0011 }));
         // PSNs keep their low 24 bits, as the kernel's drivers do.
         let rts = AbiQpAttr { qp_state: 3, sq_psn: 0xAB12_3456, ..Default::default() };
-        assert_eq!(to_engine_attr(&rts, AttrMask::STATE | AttrMask::SQ_PSN).map(|a| a.sq_psn), Ok(0x12_3456));
+        assert_eq!(to_engine_attr(&rts, AttrMask::STATE | AttrMask::SQ_PSN).map(|a| a.sq_psn.value()), Ok(0x12_3456));
     }
 }
