@@ -342,15 +342,22 @@ impl Node {
     pub fn ring_recv(&mut self, qpn: u32, wqe: RecvWqe) {
         self.rings.queues.entry(qpn).or_default().1.push_back(Rung::Wr(wqe));
     }
-    /// Ring an entry that is not a work request (malformed or a corrupt ring) into a queue.
-    pub fn ring_bad(&mut self, qpn: u32, queue: Queue, entry: Rung<()>) {
+    /// Ring an entry that is no valid work request into a queue (what a client that bypassed
+    /// the shim's checks writes): the engine consumes it and fails the QP.
+    pub fn ring_malformed(&mut self, qpn: u32, queue: Queue) {
         let q = self.rings.queues.entry(qpn).or_default();
-        match (queue, entry) {
-            (_, Rung::Wr(())) => {}
-            (Queue::Send, Rung::Malformed) => q.0.push_back(Rung::Malformed),
-            (Queue::Send, Rung::Corrupt) => q.0.push_back(Rung::Corrupt),
-            (Queue::Recv, Rung::Malformed) => q.1.push_back(Rung::Malformed),
-            (Queue::Recv, Rung::Corrupt) => q.1.push_back(Rung::Corrupt),
+        match queue {
+            Queue::Send => q.0.push_back(Rung::Malformed),
+            Queue::Recv => q.1.push_back(Rung::Malformed),
+        }
+    }
+    /// Make a queue's ring corrupt from here on (impossible indices): the engine fails the QP
+    /// and reads that ring no further.
+    pub fn ring_corrupt(&mut self, qpn: u32, queue: Queue) {
+        let q = self.rings.queues.entry(qpn).or_default();
+        match queue {
+            Queue::Send => q.0.push_back(Rung::Corrupt),
+            Queue::Recv => q.1.push_back(Rung::Corrupt),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! QP; RESET empties the rings.
 mod common;
 use common::*;
-use pmrxe_transport::sim::{Impairments, PairParams, Rung};
+use pmrxe_transport::sim::{Impairments, PairParams};
 use pmrxe_transport::{AttrMask, QpAttr, QpCaps, QpState, Queue, WcStatus};
 
 const MSGS: u64 = 24;
@@ -63,7 +63,7 @@ fn a_malformed_entry_fails_the_qp_and_the_wrs_after_it_flush() {
     sim.nodes[A].ring_send(QA, write(0, &src, 0, 1024, dst.addr, dst.rkey()));
     sim.nodes[A].ring_send(QA, write(1, &src, 1024, 1024, dst.addr + 1024, dst.rkey()));
     drive(&mut sim);
-    sim.nodes[A].ring_bad(QA, Queue::Send, Rung::Malformed);
+    sim.nodes[A].ring_malformed(QA, Queue::Send);
     sim.nodes[A].ring_send(QA, write(3, &src, 2048, 1024, dst.addr + 2048, dst.rkey()));
     drive(&mut sim);
 
@@ -84,9 +84,9 @@ fn a_corrupt_ring_fails_the_qp_and_is_read_no_further() {
     let mut sim = pair_with(&PairParams::default(), 4);
     let src = reg(&sim, A, 1024, ALL);
     let dst = reg(&sim, B, 1024, ALL);
-    sim.nodes[A].ring_bad(QA, Queue::Send, Rung::Corrupt);
+    sim.nodes[A].ring_corrupt(QA, Queue::Send);
     sim.nodes[A].ring_send(QA, write(0, &src, 0, 1024, dst.addr, dst.rkey()));
-    sim.nodes[B].ring_bad(QB, Queue::Recv, Rung::Corrupt);
+    sim.nodes[B].ring_corrupt(QB, Queue::Recv);
     drive(&mut sim);
     assert!(sim.nodes[A].pulled.corrupt >= 1 && sim.nodes[B].pulled.corrupt >= 1);
     assert_eq!(sim.nodes[A].pulled.moved, 0);
