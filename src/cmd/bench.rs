@@ -211,7 +211,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
     let limits_only = args.crc || args.c2c || args.memcpy;
     // A service this run spawns starts before the driver pins itself: it inherits neither the
     // driver's CPU nor, through it, a CPU shared with the driver's spinning thread.
-    let mut spawned = if limits_only || args.socket.is_some() { None } else { Some(Service::spawn(args.config.as_deref())?) };
+    let spawned = if limits_only || args.socket.is_some() { None } else { Some(Service::spawn(args.config.as_deref())?) };
     if core_affinity::set_for_current(core_affinity::CoreId { id: args.cpu }) {
         out["driver_cpu"] = json!(args.cpu);
     } else {
@@ -236,7 +236,7 @@ fn bench(args: &BenchArgs) -> io::Result<()> {
         out["memcpy"] = Value::Array(m);
         return write_json(args, &out);
     }
-    let (mut service, socket) = match (&args.socket, spawned.take()) {
+    let (mut service, socket) = match (&args.socket, spawned) {
         (Some(s), _) => (None, s.clone()),
         (None, Some(s)) => {
             let p = s.socket.clone();

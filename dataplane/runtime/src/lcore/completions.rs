@@ -6,14 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pmrxe_port::Port;
-use pmrxe_transport::{Completions, CqSide, Cqe, Instant};
+use pmrxe_transport::{Completions, CqSide, Cqe, Delivery, Instant};
 
 use super::{event_code, qp_shared, ClientSlot, CqSlot, Lcore, QpSlot};
 use crate::convert;
 use crate::shm::Segment;
 use crate::stats::{bump, LcoreStats};
-
-use pmrxe_transport::Delivery;
 
 /// Where a QP's completions go: its CQs, and the retired count of its own receive ring. (A
 /// part of the QP's slot of its own, so a sink can read it while the lcore holds the slot's

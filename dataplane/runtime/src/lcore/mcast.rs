@@ -20,8 +20,8 @@ use crate::stats::{bump, LcoreStats};
 impl<L: Port> Lcore<L> {
     /// `Cmd::McastGroup`.
     pub(super) fn set_group(&mut self, device: u32, gid: [u8; 16], members: Vec<u32>, announce: bool) {
-        let Some(pi) = self.ports.slots.iter().position(|p| p.dev.index == device) else { return };
-        let groups = &mut self.ports.slots[pi].groups;
+        let Some(pi) = self.ports.of_device(device) else { return };
+        let groups = &mut self.ports[pi].groups;
         let at = groups.iter().position(|g| g.gid == gid);
         let change = match (at, members.is_empty()) {
             (Some(i), true) => {
@@ -48,8 +48,8 @@ impl<L: Port> Lcore<L> {
 
     /// An IGMPv2 report (`join`) or leave for `group`, from the port's first IPv4 address.
     fn send_igmp(&mut self, pi: usize, group: std::net::Ipv4Addr, join: bool) {
-        let Some(IpAddr::V4(src)) = self.ports.slots[pi].ips.iter().copied().find(IpAddr::is_ipv4) else { return };
-        let mac = MacAddr(self.ports.slots[pi].dev.mac);
+        let Some(IpAddr::V4(src)) = self.ports[pi].ips.iter().copied().find(IpAddr::is_ipv4) else { return };
+        let mac = MacAddr(self.ports[pi].dev.mac);
         self.emit_control(pi, |buf| wire::mcast::emit_igmp_frame(buf, mac, src, group, join).ok());
         bump(&self.stats.igmp_sent, 1);
     }
@@ -59,12 +59,12 @@ impl<L: Port> Lcore<L> {
     /// receives the query answers; every lcore knows every group of its ports.) Returns whether
     /// the frame was a query.
     pub(super) fn on_igmp(&mut self, pi: usize, data: &[u8]) -> bool {
-        if self.ports.slots[pi].groups.is_empty() {
+        if self.ports[pi].groups.is_empty() {
             return false;
         }
         let Some(asked) = wire::mcast::parse_igmp_query(data) else { return false };
-        for i in 0..self.ports.slots[pi].groups.len() {
-            let Some(group) = wire::mcast::gid_ipv4_group(&self.ports.slots[pi].groups[i].gid) else { continue };
+        for i in 0..self.ports[pi].groups.len() {
+            let Some(group) = wire::mcast::gid_ipv4_group(&self.ports[pi].groups[i].gid) else { continue };
             if asked.is_none_or(|a| a == group) {
                 self.send_igmp(pi, group, true);
             }
@@ -77,7 +77,7 @@ impl<L: Port> Lcore<L> {
     /// port `pi`, and (when `may_hand_off`: not for a copy handed over) copied to every other
     /// lcore that owns one.
     pub(super) fn on_multicast(&mut self, pi: usize, now: Instant, data: &[u8], pkt: &mut RxPacket<'_>, may_hand_off: bool) {
-        let Some(gi) = self.ports.slots[pi].groups.iter().position(|g| g.gid == pkt.frame.dst_gid) else {
+        let Some(gi) = self.ports[pi].groups.iter().position(|g| g.gid == pkt.frame.dst_gid) else {
             bump(&self.stats.rx_not_for_us, 1);
             return;
         };
@@ -96,8 +96,8 @@ impl<L: Port> Lcore<L> {
         let lcores = self.handoff.as_ref().map_or(1, |h| h.lcores());
         let me = self.index % lcores;
         let mut others: u64 = 0;
-        for k in 0..self.ports.slots[pi].groups[gi].members.len() {
-            let qpn = self.ports.slots[pi].groups[gi].members[k];
+        for k in 0..self.ports[pi].groups[gi].members.len() {
+            let qpn = self.ports[pi].groups[gi].members[k];
             let owner = qpn as usize % lcores;
             if owner != me {
                 if may_hand_off {
@@ -115,7 +115,7 @@ impl<L: Port> Lcore<L> {
             self.engine.receive(now, at, pi as u32, data, pkt, false, &*self.mem, &mut cq);
         }
         for o in (0..lcores).filter(|o| others & (1 << o) != 0) {
-            let Some(mut b) = self.ports.slots[pi].alloc() else {
+            let Some(mut b) = self.ports[pi].alloc() else {
                 bump(&self.stats.tx_alloc_failures, 1);
                 continue;
             };
@@ -124,7 +124,7 @@ impl<L: Port> Lcore<L> {
                     room.copy_from_slice(data);
                     self.hand_over(o, pi, b);
                 }
-                None => self.ports.slots[pi].give_back(b),
+                None => self.ports[pi].give_back(b),
             }
         }
     }

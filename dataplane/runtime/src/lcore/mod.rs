@@ -58,13 +58,13 @@ mod ports;
 mod qp1;
 mod rx;
 mod sleep;
+mod tx;
 
 use completions::{CqSet, CqTarget};
 use doorbells::Posts;
 use ports::Ports;
 use qp1::Qp1;
 use sleep::Sleeper;
-mod tx;
 
 /// The lcore's scratch WQEs: a client's ring entry is copied into `shm_*` (head and live tail
 /// only, `Consumer::peek_into`: the untrusted bytes are read once); `post_send` reads a send

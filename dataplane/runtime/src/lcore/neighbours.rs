@@ -15,7 +15,7 @@ impl<L: Port> Lcore<L> {
             bump(&self.stats.rx_malformed, 1);
             return;
         };
-        let (src, for_us) = (IpAddr::V4(a.source_ip), self.ports.slots[pi].owns_ip(IpAddr::V4(a.target_ip)));
+        let (src, for_us) = (IpAddr::V4(a.source_ip), self.ports[pi].owns_ip(IpAddr::V4(a.target_ip)));
         if a.operation == wire::ArpOp::Request && for_us {
             // A peer resolving our address is about to talk to us (as Linux, learn it).
             self.neigh.learn(src, a.source_mac.0, now.0);
@@ -24,7 +24,7 @@ impl<L: Port> Lcore<L> {
             // asked about or already know.
             self.neigh.answer(src, a.source_mac.0, now.0);
         }
-        let port = &self.ports.slots[pi];
+        let port = &self.ports[pi];
         if a.operation != wire::ArpOp::Request || !for_us {
             return;
         }
@@ -47,11 +47,11 @@ impl<L: Port> Lcore<L> {
         };
         match f.nd {
             wire::NdRepr::Solicit { target, src_lladdr } => {
-                let for_us = self.ports.slots[pi].owns_ip(IpAddr::V6(target));
+                let for_us = self.ports[pi].owns_ip(IpAddr::V6(target));
                 if let Some(mac) = src_lladdr.filter(|_| for_us) {
                     self.neigh.learn(IpAddr::V6(f.src_ip), mac.0, now.0);
                 }
-                let port = &self.ports.slots[pi];
+                let port = &self.ports[pi];
                 if !port.owns_ip(IpAddr::V6(target)) || f.src_ip.is_unspecified() {
                     return;
                 }
@@ -70,7 +70,7 @@ impl<L: Port> Lcore<L> {
 
     /// Queue a small control frame (ARP/ND) built by `build` into a fresh buffer.
     pub(super) fn emit_control(&mut self, pi: usize, build: impl FnOnce(&mut [u8]) -> Option<usize>) {
-        let port = &mut self.ports.slots[pi];
+        let port = &mut self.ports[pi];
         if port.tx.len() >= port.tx.capacity() {
             return;
         }
@@ -94,8 +94,8 @@ impl<L: Port> Lcore<L> {
             return;
         }
         self.last_solicit = now;
-        let mac = MacAddr(self.ports.slots[pi].dev.mac);
-        let Some(src) = self.ports.slots[pi].ip_like(ip) else { return };
+        let mac = MacAddr(self.ports[pi].dev.mac);
+        let Some(src) = self.ports[pi].ip_like(ip) else { return };
         match (ip, src) {
             (IpAddr::V4(t), IpAddr::V4(src)) => {
                 let req = wire::ArpRepr { operation: wire::ArpOp::Request, source_mac: mac, source_ip: src, target_mac: MacAddr([0; 6]), target_ip: t };

@@ -209,7 +209,7 @@ impl<L: Port> Lcore<L> {
     }
 
     pub(super) fn add_qp(&mut self, s: QpSetup) -> Result<(), String> {
-        let dev = self.ports.slots.iter().position(|p| p.dev.index == s.device).ok_or("device not on this lcore")?;
+        let dev = self.ports.of_device(s.device).ok_or("device not on this lcore")?;
         let (Some(&send_cq), Some(&recv_cq)) = (self.cq.index.get(&s.send_cq), self.cq.index.get(&s.recv_cq)) else {
             return Err("unknown CQ".into());
         };
@@ -235,7 +235,7 @@ impl<L: Port> Lcore<L> {
             }
         }
         let mut s = s;
-        s.qp.set_congestion(self.ports.slots[dev].dev.cc);
+        s.qp.set_congestion(self.ports[dev].dev.cc);
         let qpn = s.qp.qpn();
         let is_ud = s.qp.qp_type() == QpType::Ud;
         let srq = s.qp.srq();

@@ -33,6 +33,21 @@ pub(super) struct Ports<L: Port> {
     last_ring_check: Instant,
 }
 
+impl<L: Port> std::ops::Index<usize> for Ports<L> {
+    type Output = PortSlot<L>;
+    #[inline]
+    fn index(&self, pi: usize) -> &PortSlot<L> {
+        &self.slots[pi]
+    }
+}
+
+impl<L: Port> std::ops::IndexMut<usize> for Ports<L> {
+    #[inline]
+    fn index_mut(&mut self, pi: usize) -> &mut PortSlot<L> {
+        &mut self.slots[pi]
+    }
+}
+
 impl<L: Port> Ports<L> {
     pub(super) fn new(ports: Vec<(L, DeviceConfig)>) -> Self {
         let slots = ports
@@ -127,7 +142,7 @@ pub(super) struct PortSlot<L: Port> {
     pub(super) tx: ArrayVec<L::Buf, TX_QUEUE>,
     /// Frames this port sent to one of its own addresses (two QPs of the same device): looped
     /// back inside the device, as rxe and every NIC do, and received on the next iteration.
-    /// Boxed so that the receive pass takes it by swapping a pointer with `Lcore::lo_spare`
+    /// Boxed so that the receive pass takes it by swapping a pointer with `Ports::lo_spare`
     /// (moving the 1 KiB array in and out cost two memcpys per pass).
     pub(super) lo: Box<ArrayVec<L::Buf, TX_QUEUE>>,
     /// Empty transmit buffers: taken from the port a burst at a time (one mempool call instead

@@ -47,7 +47,7 @@ impl Qp1 {
                 bump(&stats.cm_drops, 1);
                 continue;
             };
-            let port = &mut ports.slots[pi];
+            let port = &mut ports[pi];
             if port.tx.len() >= port.tx.capacity() || port.lo.len() >= port.lo.capacity() {
                 bump(&stats.cm_drops, 1);
                 continue;

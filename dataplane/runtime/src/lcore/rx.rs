@@ -13,9 +13,9 @@ impl<L: Port> Lcore<L> {
         let mut any = false;
         let (mut rx, mut lo) = self.ports.take_scratch();
         for pi in 0..self.ports.slots.len() {
-            if !self.ports.slots[pi].lo.is_empty() {
+            if !self.ports[pi].lo.is_empty() {
                 any = true;
-                std::mem::swap(&mut self.ports.slots[pi].lo, &mut lo);
+                std::mem::swap(&mut self.ports[pi].lo, &mut lo);
                 bump(&self.stats.rx_loopback, lo.len() as u64);
                 // Consumed frames go back to the pool a burst at a time, as received ones do.
                 let mut spent: ArrayVec<L::Buf, BURST> = ArrayVec::new();
@@ -37,7 +37,7 @@ impl<L: Port> Lcore<L> {
             // port's queue grow (on the loopback ring pair, to the whole ring: 1024 frames,
             // 4 MiB of frames gone cold in cache by the time they are read).
             for _ in 0..RX_BURSTS {
-                let n = self.ports.slots[pi].link.rx_burst(&mut rx);
+                let n = self.ports[pi].link.rx_burst(&mut rx);
                 if n == 0 {
                     break;
                 }
@@ -140,7 +140,7 @@ impl<L: Port> Lcore<L> {
                     return None;
                 }
                 let f = &pkt.frame;
-                if !self.ports.slots[pi].dev.gids.contains(&f.dst_gid) {
+                if !self.ports[pi].dev.gids.contains(&f.dst_gid) {
                     bump(&self.stats.rx_not_for_us, 1);
                     return None;
                 }
@@ -161,7 +161,7 @@ impl<L: Port> Lcore<L> {
                     } else if !f.check.verify(f.payload) {
                         self.count_bad_icrc();
                     } else {
-                        self.qp1.receive(self.ports.slots[pi].dev.index, data, &self.stats);
+                        self.qp1.receive(self.ports[pi].dev.index, data, &self.stats);
                     }
                     return None;
                 }
@@ -260,7 +260,7 @@ impl<L: Port> Lcore<L> {
                 return None;
             }
         };
-        if !self.ports.slots[pi].owns_ip(f.dst_ip) {
+        if !self.ports[pi].owns_ip(f.dst_ip) {
             bump(&self.stats.rx_not_for_us, 1);
             return None;
         }
